@@ -1,0 +1,51 @@
+#pragma once
+// run_threads(n, fn): the in-process SPMD launcher. Runs fn(Comm&) on n ranks, each
+// a thread, and returns when all have returned. If any rank throws, the others are
+// woken out of whatever collective they wait in (PeerAborted), and run_threads
+// rethrows the first failure as RankFailure naming the rank.
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "dtensor/comm/threads/thread_comm.hpp"
+
+namespace dtensor {
+
+template <class F>
+void run_threads(int nranks, F&& fn, RunOptions options = {}) {
+  DTENSOR_CHECK(nranks >= 1, InvalidArgument, "run_threads: needs at least one rank, got ", nranks);
+  auto world = std::make_shared<detail::World>(nranks, options);
+  std::vector<int> members(nranks);
+  std::iota(members.begin(), members.end(), 0);
+  auto group = std::make_shared<detail::Group>(world, std::move(members));
+  std::vector<std::exception_ptr> errors(nranks);
+
+  auto body = [&](int r) {
+    try {
+      ThreadComm comm(group, r);
+      fn(static_cast<Comm&>(comm));
+    } catch (const PeerAborted&) {
+      errors[r] = std::current_exception();
+    } catch (const std::exception& e) {
+      errors[r] = std::current_exception();
+      world->abort(r, e.what());
+    } catch (...) {
+      errors[r] = std::current_exception();
+      world->abort(r, "an exception that is not a std::exception");
+    }
+    world->mark_finished(r);
+  };
+
+  std::vector<std::thread> threads;
+  threads.reserve(nranks - 1);
+  for (int r = 1; r < nranks; ++r) threads.emplace_back(body, r);
+  body(0);
+  for (auto& t : threads) t.join();
+
+  if (const int failed = world->failed_rank(); failed >= 0)
+    throw RankFailure(failed, world->failure(), errors[failed]);
+}
+
+}  // namespace dtensor

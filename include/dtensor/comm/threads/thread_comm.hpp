@@ -1,0 +1,360 @@
+#pragma once
+// ThreadComm: the in-process runtime's communicator. Ranks are threads of one
+// process; a collective publishes pointers to its buffers in a per-rank slot, the
+// ranks synchronise, and then each rank copies (or reduces) its own share straight
+// from its peers' memory, all ranks in parallel. No serialisation, no staging.
+//
+// Every collective starts and ends with a synchronisation point: the first makes the
+// peers' buffers visible, the last keeps them alive until every peer has read them.
+// After the first, each rank checks that its peers called the same collective (kind
+// and sequence number), so a mismatch is reported instead of corrupting memory.
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/threads/world.hpp"
+
+namespace dtensor {
+namespace detail {
+
+enum class OpKind : std::uint8_t {
+  Barrier, AllReduce, Broadcast, AllGather, ReduceScatter, AllToAll, Scatter, Gather, Split
+};
+inline const char* name(OpKind k) {
+  constexpr const char* names[] = {"barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                                   "all_to_all", "scatter", "gather", "split"};
+  return names[static_cast<int>(k)];
+}
+
+struct Group;
+
+// What a rank publishes for the collective in progress. Written by its owner before
+// a synchronisation point, read by peers after it.
+struct alignas(64) Slot {
+  std::atomic<uint64_t> tick{0};  // synchronisation points passed
+  OpKind op{};
+  uint64_t seq = 0;
+  DType dtype{};
+  ReduceOp rop{};
+  int root = 0;
+  std::size_t count = 0;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  Block send_block{};
+  const Block* send_blocks = nullptr;
+  int color = 0, key = 0;
+  std::shared_ptr<Group> split_result;
+  std::vector<std::byte> scratch;  // all_reduce: this rank's reduced chunk
+};
+
+// A rendezvous mailbox for messages from one rank to another.
+struct Mailbox {
+  std::atomic<int> state{0};  // 0 empty, 1 posted, 2 taken
+  const void* data = nullptr;
+  std::size_t bytes = 0;
+  int tag = 0;
+};
+
+struct Group {
+  std::shared_ptr<World> world;
+  std::vector<int> world_ranks;  // group rank -> world rank
+  std::unique_ptr<Slot[]> slots;
+  std::unique_ptr<Mailbox[]> mail;  // [src * n + dst]
+
+  Group(std::shared_ptr<World> w, std::vector<int> members)
+      : world(std::move(w)), world_ranks(std::move(members)),
+        slots(std::make_unique<Slot[]>(world_ranks.size())),
+        mail(std::make_unique<Mailbox[]>(world_ranks.size() * world_ranks.size())) {}
+  int size() const { return static_cast<int>(world_ranks.size()); }
+};
+
+}  // namespace detail
+
+class ThreadComm final : public Comm {
+ public:
+  ThreadComm(std::shared_ptr<detail::Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return g_->size(); }
+  std::string backend() const override { return "threads"; }
+  int world_rank() const { return g_->world_ranks[rank_]; }
+
+  void barrier() override {
+    begin(detail::OpKind::Barrier);
+    end();
+  }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    auto& me = begin(detail::OpKind::AllReduce, [&](detail::Slot& s) {
+      s.send = send, s.recv = recv, s.count = count, s.dtype = t, s.rop = op;
+    });
+    check_same(&detail::Slot::count, "element count");
+    check_same(&detail::Slot::rop, "reduction");
+    // Phase 1: reduce my chunk of every rank's input into my scratch, in rank order
+    // (the result does not depend on which rank computes it).
+    const std::size_t elem = size_of(t);
+    const Block mine = chunk(count, rank_);
+    me.scratch.resize(static_cast<std::size_t>(mine.len) * elem);
+    const Block whole = Block::contiguous(0, mine.len);
+    if (mine.len > 0) {
+      detail::copy_block(slot(0).send, mine, me.scratch.data(), whole, elem);
+      for (int k = 1; k < size(); ++k)
+        detail::reduce_block(t, op, slot(k).send, mine, me.scratch.data(), whole);
+      if (op == ReduceOp::Avg) detail::divide_block(t, me.scratch.data(), whole, size());
+    }
+    sync();
+    // Phase 2: every rank copies every chunk into its own output.
+    for (int k = 0; k < size(); ++k)
+      detail::copy_block(slot(k).scratch.data(), Block::contiguous(0, chunk(count, k).len), recv,
+                         chunk(count, k), elem);
+    end();
+  }
+
+  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    begin(detail::OpKind::Broadcast, [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root; });
+    check_same(&detail::Slot::root, "root");
+    check_same(&detail::Slot::count, "element count");
+    if (rank_ != root)
+      detail::copy_block(slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
+                         size_of(t));
+    end();
+  }
+
+  void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+                  DType t) override {
+    check_peer_list(recv_blocks, "all_gather");
+    begin(detail::OpKind::AllGather, [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
+    check_same(&detail::Slot::dtype, "element type");
+    for (int k = 0; k < size(); ++k) {
+      guarded_size_check(slot(k).send_block, recv_blocks[k], k);
+      detail::copy_block(slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
+    }
+    end();
+  }
+
+  void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
+                      DType t, ReduceOp op) override {
+    check_peer_list(send_blocks, "reduce_scatter");
+    begin(detail::OpKind::ReduceScatter, [&](detail::Slot& s) {
+      s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
+    });
+    check_same(&detail::Slot::dtype, "element type");
+    check_same(&detail::Slot::rop, "reduction");
+    for (int k = 0; k < size(); ++k) guarded_size_check(slot(k).send_blocks[rank_], recv_block, k);
+    detail::copy_block(slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
+    for (int k = 1; k < size(); ++k) detail::reduce_block(t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
+    if (op == ReduceOp::Avg) detail::divide_block(t, recv, recv_block, size());
+    end();
+  }
+
+  void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
+                  std::span<const Block> recv_blocks, DType t) override {
+    check_peer_list(send_blocks, "all_to_all");
+    check_peer_list(recv_blocks, "all_to_all");
+    begin(detail::OpKind::AllToAll, [&](detail::Slot& s) {
+      s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
+    });
+    check_same(&detail::Slot::dtype, "element type");
+    for (int k = 0; k < size(); ++k) {
+      guarded_size_check(slot(k).send_blocks[rank_], recv_blocks[k], k);
+      detail::copy_block(slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
+    }
+    end();
+  }
+
+  void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+               int root) override {
+    if (rank_ == root) check_peer_list(send_blocks, "scatter");
+    begin(detail::OpKind::Scatter, [&](detail::Slot& s) {
+      s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
+    });
+    check_same(&detail::Slot::root, "root");
+    check_same(&detail::Slot::dtype, "element type");
+    guarded_size_check(slot(root).send_blocks[rank_], recv_block, root);
+    detail::copy_block(slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
+    end();
+  }
+
+  void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
+              int root) override {
+    if (rank_ == root) check_peer_list(recv_blocks, "gather");
+    begin(detail::OpKind::Gather, [&](detail::Slot& s) {
+      s.send = send, s.send_block = send_block, s.root = root, s.dtype = t;
+    });
+    check_same(&detail::Slot::root, "root");
+    check_same(&detail::Slot::dtype, "element type");
+    if (rank_ == root)
+      for (int k = 0; k < size(); ++k) {
+        guarded_size_check(slot(k).send_block, recv_blocks[k], k);
+        detail::copy_block(slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
+      }
+    end();
+  }
+
+  void send(const void* buf, std::size_t count, DType t, int dst, int tag) override {
+    check_peer(dst, "send");
+    auto& box = g_->mail[rank_ * size() + dst];
+    auto where = [&] { return detail::cat("send to rank ", dst, " (tag ", tag, ")"); };
+    wait_for([&] { return box.state.load() == 0; }, where, dst);
+    box.data = buf, box.bytes = count * size_of(t), box.tag = tag;
+    box.state.store(1);
+    world().notify();
+    wait_for([&] { return box.state.load() == 2; }, where, dst);
+    box.state.store(0);
+    world().notify();
+  }
+
+  void recv(void* buf, std::size_t count, DType t, int src, int tag) override {
+    check_peer(src, "recv");
+    auto& box = g_->mail[src * size() + rank_];
+    wait_for([&] { return box.state.load() == 1; },
+             [&] { return detail::cat("recv from rank ", src, " (tag ", tag, ")"); }, src);
+    if (box.tag != tag || box.bytes != count * size_of(t))
+      world().fail(world_rank(), CommError(detail::cat(
+                                     "dtensor: rank ", rank_, ": recv from rank ", src, " expected tag ", tag, " and ",
+                                     count * size_of(t), " bytes, but the matching send has tag ", box.tag, " and ",
+                                     box.bytes, " bytes")));
+    if (box.bytes) std::memcpy(buf, box.data, box.bytes);
+    box.state.store(2);
+    world().notify();
+  }
+
+  std::unique_ptr<Comm> split(int color, int key) override {
+    auto& me = begin(detail::OpKind::Split, [&](detail::Slot& s) { s.color = color, s.key = key; });
+    std::vector<int> members;  // group ranks with my color, ordered by (key, rank)
+    if (color >= 0) {
+      for (int k = 0; k < size(); ++k)
+        if (slot(k).color == color) members.push_back(k);
+      std::stable_sort(members.begin(), members.end(),
+                       [&](int a, int b) { return slot(a).key < slot(b).key; });
+      if (members.front() == rank_) {
+        std::vector<int> wr;
+        for (int k : members) wr.push_back(g_->world_ranks[k]);
+        me.split_result = std::make_shared<detail::Group>(g_->world, std::move(wr));
+      }
+    }
+    sync();
+    std::unique_ptr<Comm> out;
+    if (color >= 0) {
+      const int my_index = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+      out = std::make_unique<ThreadComm>(slot(members.front()).split_result, my_index);
+    }
+    end();
+    return out;
+  }
+
+ private:
+  detail::World& world() const { return *g_->world; }
+  detail::Slot& slot(int k) const { return g_->slots[k]; }
+
+  // Balanced split of `count` elements: all_reduce's work share for rank k.
+  Block chunk(std::size_t count, int k) const {
+    const auto n = static_cast<int64_t>(count);
+    const int64_t lo = n * k / size(), hi = n * (k + 1) / size();
+    return Block::contiguous(lo, hi - lo);
+  }
+
+  template <class Where>
+  void wait_for_all(uint64_t tick, Where&& where) {
+    world().wait(
+        world_rank(),
+        [&] {
+          for (int k = 0; k < size(); ++k)
+            if (slot(k).tick.load() < tick) return false;
+          return true;
+        },
+        where,
+        [&]() -> std::string {
+          for (int k = 0; k < size(); ++k)
+            if (slot(k).tick.load() < tick && world().finished(g_->world_ranks[k]))
+              return detail::cat("group rank ", k, " (world rank ", g_->world_ranks[k],
+                                 ") returned from its function without joining this collective");
+          return {};
+        });
+  }
+
+  template <class Ready, class Where>
+  void wait_for(Ready&& ready, Where&& where, int peer) {
+    world().wait(world_rank(), ready, where, [&]() -> std::string {
+      if (world().finished(g_->world_ranks[peer]))
+        return detail::cat("rank ", peer, " returned from its function without the matching call");
+      return {};
+    });
+  }
+
+  std::string where() const {
+    std::string missing;
+    const uint64_t t = g_->slots[rank_].tick.load();
+    for (int k = 0; k < size(); ++k)
+      if (slot(k).tick.load() < t) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+    return detail::cat(name(op_), " #", seq_, " on a communicator of ", size(), " ranks",
+                       missing.empty() ? std::string() : " (waiting for group rank(s) " + missing + ")");
+  }
+
+  // Synchronisation point: publish my progress, wait until every rank has reached it.
+  void sync() {
+    auto& me = slot(rank_);
+    const uint64_t t = me.tick.load(std::memory_order_relaxed) + 1;
+    me.tick.store(t);
+    world().notify();
+    wait_for_all(t, [&] { return where(); });
+  }
+
+  template <class Fill = void (*)(detail::Slot&)>
+  detail::Slot& begin(detail::OpKind op, Fill&& fill = [](detail::Slot&) {}) {
+    if (world().aborted())
+      throw PeerAborted(detail::cat("dtensor: rank ", world_rank(), ": ", name(op), " refused: rank ",
+                                    world().failed_rank(), " failed: ", world().failure()));
+    op_ = op;
+    ++seq_;
+    auto& me = slot(rank_);
+    me.op = op;
+    me.seq = seq_;
+    fill(me);
+    sync();
+    for (int k = 0; k < size(); ++k)
+      if (slot(k).op != op || slot(k).seq != seq_)
+        world().fail(world_rank(), CommError(detail::cat(
+                                       "dtensor: collective mismatch on a communicator of ", size(), " ranks: rank ",
+                                       rank_, " called ", name(op), " #", seq_, " while rank ", k, " called ",
+                                       name(slot(k).op), " #", slot(k).seq)));
+    return me;
+  }
+  void end() { sync(); }
+
+  template <class F>
+  void check_same(F detail::Slot::*field, const char* what) {
+    for (int k = 0; k < size(); ++k)
+      if (slot(k).*field != slot(rank_).*field)
+        world().fail(world_rank(), CommError(detail::cat("dtensor: ", name(op_), " #", seq_, ": rank ", rank_,
+                                                         " and rank ", k, " disagree on the ", what)));
+  }
+
+  void guarded_size_check(const Block& from, const Block& to, int peer) {
+    if (from.numel() != to.numel())
+      world().fail(world_rank(), CommError(detail::cat("dtensor: ", name(op_), " #", seq_, ": rank ", peer, " sends ",
+                                                       from.numel(), " elements to rank ", rank_, ", which expects ",
+                                                       to.numel(), "; the ranks disagree on the sizes")));
+  }
+
+  void check_peer_list(std::span<const Block> blocks, const char* op) const {
+    DTENSOR_CHECK(static_cast<int>(blocks.size()) == size(), InvalidArgument, op, ": ", blocks.size(),
+                  " blocks given for a communicator of ", size(), " ranks");
+  }
+  void check_peer(int peer, const char* op) const {
+    DTENSOR_CHECK(peer >= 0 && peer < size() && peer != rank_, InvalidArgument, op, ": rank ", rank_,
+                  " named peer ", peer, " on a communicator of ", size(), " ranks");
+  }
+
+  std::shared_ptr<detail::Group> g_;
+  int rank_;
+  detail::OpKind op_{};
+  uint64_t seq_ = 0;
+};
+
+}  // namespace dtensor

@@ -1,0 +1,273 @@
+#pragma once
+// Making DTensors: distribute (scatter a global tensor from one rank), from_local
+// (wrap blocks the ranks already hold), and fills (zeros, ones, full, rand, randn)
+// that never materialise the global tensor.
+//
+// Partial placements hold terms whose reduction is the value. A value put into a
+// Partial<Sum> mesh dim is held by the rank at coordinate 0 and the other ranks hold
+// zeros; under Partial<Avg|Max|Min> every rank holds the value itself.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/tensor/box.hpp"
+
+namespace dtensor {
+
+namespace detail {
+
+template <class DT>
+DT make_dtensor(const typename DT::Mesh& mesh, ShardLayout<DT::rank> layout) {
+  const auto shape = layout.local_shape(DT::placement_state, mesh.shape(), mesh.coords());
+  return DT(mesh, std::move(layout), Tensor<typename DT::value_type, DT::rank>::uninitialized(shape));
+}
+
+// Whether this rank holds zeros instead of the value: a Partial<Sum> mesh dim
+// where its coordinate is not 0.
+template <std::size_t M>
+bool holds_zero_term(const PlacementState<M>& ps, const std::array<int, M>& coords) {
+  for (std::size_t m = 0; m < M; ++m)
+    if (ps[m].is_partial() && ps[m].op == ReduceOp::Sum && coords[m] != 0) return true;
+  return false;
+}
+
+template <int M, class... P>
+constexpr void check_mesh_matches() {
+  static_assert(sizeof...(P) == static_cast<std::size_t>(M),
+                "dtensor: the number of placements must equal the number of mesh dimensions; "
+                "give one placement per mesh dim (e.g. <Shard<0>, Replicate> for a 2-D mesh)");
+}
+
+// Counter-based random numbers: element i of a tensor filled with `seed` depends on
+// (seed, i) alone, so every rank fills its block exactly as one rank fills the whole.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline double uniform01(uint64_t seed, uint64_t i, uint64_t stream = 0) {
+  return static_cast<double>(mix64(mix64(seed ^ (stream * 0xD1B54A32D192ED03ull)) + i) >> 11) * 0x1.0p-53;
+}
+template <class T>
+T uniform_value(uint64_t seed, uint64_t i) {
+  return static_cast<T>(uniform01(seed, i));
+}
+template <class T>
+T normal_value(uint64_t seed, uint64_t i) {
+  const double u1 = 1.0 - uniform01(seed, i, 1), u2 = uniform01(seed, i, 2);  // u1 in (0, 1]
+  return static_cast<T>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2));
+}
+
+// Fills this rank's block with gen(global linear index).
+template <class DT, class Gen>
+DT generate(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const Splits<DT::rank>& splits, Gen&& gen) {
+  using T = typename DT::value_type;
+  DT x = make_dtensor<DT>(mesh, ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
+  T* out = x.local().data();
+  if (holds_zero_term(DT::placement_state, mesh.coords())) {
+    std::fill_n(out, x.local().numel(), T{});
+    return x;
+  }
+  for_each_box_run(shape, x.local_offset(), x.local_shape(), [&](int64_t in, int64_t o, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) out[o + k] = gen(static_cast<uint64_t>(in + k));
+  });
+  return x;
+}
+
+}  // namespace detail
+
+// Scatters `global`, read on rank `src` of the mesh only, into a DTensor. The other
+// ranks may pass an empty tensor. Collective.
+template <class... P, class T, int Rank, int M>
+DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMesh<M>& mesh, int src = 0,
+                                  const std::type_identity_t<Splits<Rank>>& splits = {}) {
+  detail::check_mesh_matches<M, P...>();
+  using DT = DTensor<T, Rank, P...>;
+  Comm& comm = mesh.comm();
+  DTENSOR_CHECK(src >= 0 && src < comm.size(), InvalidArgument, "distribute: source rank ", src,
+                " is outside the mesh of ", comm.size(), " ranks");
+  DTENSOR_CHECK(global.device().is_host() || comm.rank() != src, InvalidArgument,
+                "distribute: the global tensor must be on the host");
+  Shape<Rank> shape = comm.rank() == src ? global.shape() : Shape<Rank>{};
+  comm.broadcast(shape.data(), Rank, DType::Int64, src);
+  DT x = detail::make_dtensor<DT>(mesh, ShardLayout<Rank>::make(shape, DT::placement_state, mesh.shape(), splits));
+
+  // The source packs every rank's block, in rank order, into one staging buffer.
+  std::vector<T> staging;
+  detail::SmallVector<Block, 16> blocks(comm.size());
+  if (comm.rank() == src) {
+    int64_t total = 0;
+    std::vector<std::pair<Shape<Rank>, Shape<Rank>>> boxes(comm.size());
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto c = mesh.coords_of(r);
+      const bool zero = detail::holds_zero_term(DT::placement_state, c);
+      boxes[r] = {x.layout().local_offset(DT::placement_state, mesh.shape(), c),
+                  x.layout().local_shape(DT::placement_state, mesh.shape(), c)};
+      const int64_t n = zero ? 0 : numel(boxes[r].second);
+      blocks[r] = Block::contiguous(total, n);
+      total += n;
+    }
+    staging.resize(static_cast<std::size_t>(total));
+    for (int r = 0; r < comm.size(); ++r)
+      if (blocks[r].len > 0)
+        detail::copy_box_out(global.data(), shape, boxes[r].first, boxes[r].second, staging.data() + blocks[r].offset);
+  }
+  const bool zero = detail::holds_zero_term(DT::placement_state, mesh.coords());
+  comm.scatter(staging.data(), blocks, x.local().data(), Block::contiguous(0, zero ? 0 : x.local().numel()),
+               dtype_of<T>(), src);
+  if (zero) x.local().fill(T{});
+  return x;
+}
+
+enum class FromLocalCheck { Validate, Trust };
+
+// Wraps the block each rank holds. `global_shape` and `splits` must be the same on
+// every rank; the block sizes follow the chunk rule unless `splits` gives them. With
+// FromLocalCheck::Validate (the default) one all-gather of shapes checks that every
+// rank's block has the shape the layout gives it and the same element type, and
+// throws the same error on every rank if not.
+template <class... P, class T, int Rank, int M>
+DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& mesh,
+                                  const std::type_identity_t<Shape<Rank>>& global_shape,
+                                  const std::type_identity_t<Splits<Rank>>& splits = {}, FromLocalCheck check = FromLocalCheck::Validate) {
+  detail::check_mesh_matches<M, P...>();
+  using DT = DTensor<T, Rank, P...>;
+  ShardLayout<Rank> layout;
+  std::string error;
+  try {
+    layout = ShardLayout<Rank>::make(global_shape, DT::placement_state, mesh.shape(), splits);
+  } catch (const InvalidArgument& e) {
+    error = e.what();
+  }
+  if (check == FromLocalCheck::Validate) {
+    // Per rank: [ok, dtype, local shape, expected local shape, global shape].
+    constexpr int W = 2 + 3 * Rank;
+    std::array<int64_t, W> mine{};
+    mine[0] = error.empty();
+    mine[1] = static_cast<int64_t>(dtype_of<T>());
+    const Shape<Rank> expect = error.empty() ? layout.local_shape(DT::placement_state, mesh.shape(), mesh.coords())
+                                             : Shape<Rank>{};
+    for (int d = 0; d < Rank; ++d)
+      mine[2 + d] = local.extent(d), mine[2 + Rank + d] = expect[d], mine[2 + 2 * Rank + d] = global_shape[d];
+    Comm& comm = mesh.comm();
+    std::vector<int64_t> all(static_cast<std::size_t>(W) * comm.size());
+    detail::SmallVector<Block, 16> rb(comm.size());
+    for (int r = 0; r < comm.size(); ++r) rb[r] = Block::contiguous(int64_t{r} * W, W);
+    comm.all_gather(mine.data(), Block::contiguous(0, W), all.data(), rb, DType::Int64);
+    for (int r = 0; r < comm.size(); ++r) {
+      const int64_t* e = all.data() + static_cast<std::size_t>(r) * W;
+      auto shape_at = [&](int at) {
+        Shape<Rank> s{};
+        for (int d = 0; d < Rank; ++d) s[d] = e[at + d];
+        return s;
+      };
+      DTENSOR_CHECK(e[0], InvalidArgument, "from_local: rank ", r, " gave an invalid layout",
+                    r == comm.rank() ? " (" + error + ")" : std::string());
+      DTENSOR_CHECK(e[1] == all[1], InvalidArgument, "from_local: rank ", r, " holds ",
+                    name(static_cast<DType>(e[1])), " elements but rank 0 holds ", name(static_cast<DType>(all[1])));
+      DTENSOR_CHECK(shape_at(2 + 2 * Rank) == global_shape, InvalidArgument, "from_local: rank ", r,
+                    " declares the global shape ", to_string(shape_at(2 + 2 * Rank)), " but rank ", comm.rank(),
+                    " declares ", to_string(global_shape));
+      DTENSOR_CHECK(shape_at(2) == shape_at(2 + Rank), InvalidArgument, "from_local: rank ", r,
+                    " holds a local block of shape ", to_string(shape_at(2)), " but the placements ",
+                    DT::placements_string(), " of a ", to_string(global_shape),
+                    " tensor give it ", to_string(shape_at(2 + Rank)));
+    }
+  }
+  if (!error.empty()) throw InvalidArgument(error);
+  return DT(mesh, std::move(layout), std::move(local));
+}
+
+// Wraps the blocks the ranks hold, of any sizes: the global shape and the block
+// sizes are read from the local shapes (one all-gather). Ranks that share a block
+// (replicas) must hold the same extent; every rank gets the same error if not.
+template <class... P, class T, int Rank, int M>
+DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& mesh) {
+  detail::check_mesh_matches<M, P...>();
+  using DT = DTensor<T, Rank, P...>;
+  Comm& comm = mesh.comm();
+  std::vector<int64_t> all(static_cast<std::size_t>(Rank + 1) * comm.size());
+  std::array<int64_t, Rank + 1> mine{};
+  mine[0] = static_cast<int64_t>(dtype_of<T>());
+  for (int d = 0; d < Rank; ++d) mine[1 + d] = local.extent(d);
+  detail::SmallVector<Block, 16> rb(comm.size());
+  for (int r = 0; r < comm.size(); ++r) rb[r] = Block::contiguous(int64_t{r} * (Rank + 1), Rank + 1);
+  comm.all_gather(mine.data(), Block::contiguous(0, Rank + 1), all.data(), rb, DType::Int64);
+
+  Shape<Rank> global{};
+  Splits<Rank> splits;
+  for (int d = 0; d < Rank; ++d) {
+    const auto g = detail::sharding_mesh_dims(DT::placement_state, d);
+    const int64_t nb = detail::block_count(g, mesh.shape(), g.n);
+    std::vector<int64_t> sizes(nb, -1);
+    for (int r = 0; r < comm.size(); ++r) {
+      const int64_t* e = all.data() + static_cast<std::size_t>(r) * (Rank + 1);
+      DTENSOR_CHECK(e[0] == all[0], InvalidArgument, "from_local: rank ", r, " holds ", name(static_cast<DType>(e[0])),
+                    " elements but rank 0 holds ", name(static_cast<DType>(all[0])));
+      auto& s = sizes[detail::block_index(g, mesh.shape(), mesh.coords_of(r))];
+      DTENSOR_CHECK(s < 0 || s == e[1 + d], InvalidArgument, "from_local: rank ", r, " holds extent ", e[1 + d],
+                    " along tensor dim ", d, " but another rank holding the same ",
+                    g.n ? "block" : "unsharded dim", " holds ", s);
+      s = e[1 + d];
+    }
+    for (auto s : sizes) global[d] += g.n ? s : 0;
+    if (g.n) splits[d] = std::move(sizes);
+    else global[d] = sizes[0];
+  }
+  ShardLayout<Rank> layout = ShardLayout<Rank>::make(global, DT::placement_state, mesh.shape(), splits);
+  return DT(mesh, std::move(layout), std::move(local));
+}
+
+// A DTensor whose value is `value` everywhere.
+template <class T, class... P, std::size_t R, int M>
+DTensor<T, static_cast<int>(R), P...> full(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh, T value,
+                                           const Splits<static_cast<int>(R)>& splits = {}) {
+  detail::check_mesh_matches<M, P...>();
+  return detail::generate<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits, [&](uint64_t) { return value; });
+}
+template <class T, class... P, std::size_t R, int M>
+DTensor<T, static_cast<int>(R), P...> zeros(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
+                                            const Splits<static_cast<int>(R)>& splits = {}) {
+  return full<T, P...>(shape, mesh, T{0}, splits);
+}
+template <class T, class... P, std::size_t R, int M>
+DTensor<T, static_cast<int>(R), P...> ones(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
+                                           const Splits<static_cast<int>(R)>& splits = {}) {
+  return full<T, P...>(shape, mesh, T{1}, splits);
+}
+
+// Uniform in [0, 1) and standard normal fills. Element i of the global tensor
+// depends on (seed, i) only: the result equals rand<T>(shape, seed) on one rank,
+// whatever the placements and the mesh.
+template <class T, class... P, std::size_t R, int M>
+DTensor<T, static_cast<int>(R), P...> rand(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
+                                           uint64_t seed, const Splits<static_cast<int>(R)>& splits = {}) {
+  detail::check_mesh_matches<M, P...>();
+  return detail::generate<DTensor<T, static_cast<int>(R), P...>>(
+      shape, mesh, splits, [&](uint64_t i) { return detail::uniform_value<T>(seed, i); });
+}
+template <class T, class... P, std::size_t R, int M>
+DTensor<T, static_cast<int>(R), P...> randn(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
+                                            uint64_t seed, const Splits<static_cast<int>(R)>& splits = {}) {
+  detail::check_mesh_matches<M, P...>();
+  return detail::generate<DTensor<T, static_cast<int>(R), P...>>(
+      shape, mesh, splits, [&](uint64_t i) { return detail::normal_value<T>(seed, i); });
+}
+
+// The single-rank references of the fills above.
+template <class T, std::size_t R>
+Tensor<T, static_cast<int>(R)> rand(const std::array<int64_t, R>& shape, uint64_t seed) {
+  auto t = Tensor<T, static_cast<int>(R)>::uninitialized(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = detail::uniform_value<T>(seed, static_cast<uint64_t>(i));
+  return t;
+}
+template <class T, std::size_t R>
+Tensor<T, static_cast<int>(R)> randn(const std::array<int64_t, R>& shape, uint64_t seed) {
+  auto t = Tensor<T, static_cast<int>(R)>::uninitialized(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = detail::normal_value<T>(seed, static_cast<uint64_t>(i));
+  return t;
+}
+
+}  // namespace dtensor

@@ -1,0 +1,147 @@
+#pragma once
+// Tensor<T, Rank>: a dense row-major tensor owned by one rank.
+//
+// Value semantics like Eigen's Matrix: copying copies the elements, moving is free.
+// The storage lives on a Device (host today; CUDA through its backend); element
+// access is for host tensors only.
+#include <algorithm>
+#include <cassert>
+#include <concepts>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "dtensor/tensor/device.hpp"
+#include "dtensor/tensor/shape.hpp"
+#include "dtensor/util/error.hpp"
+
+namespace dtensor {
+
+template <class T, int Rank>
+class Tensor {
+  static_assert(Rank >= 0, "dtensor::Tensor: Rank must be >= 0");
+  static_assert(std::is_trivially_copyable_v<T>,
+                "dtensor::Tensor: elements are moved as raw bytes between ranks, so T must be "
+                "trivially copyable (use float, double or an integer type)");
+
+ public:
+  using value_type = T;
+  static constexpr int rank = Rank;
+
+  Tensor() : Tensor(Shape<Rank>{}) {}
+
+  // Zero-filled tensor of the given shape.
+  explicit Tensor(const Shape<Rank>& shape, Device device = Device::host())
+      : Tensor(uninitialized(shape, device)) {
+    fill_zero();
+  }
+
+  // Tensor holding `values` in row-major order; their count must match the shape.
+  Tensor(const Shape<Rank>& shape, std::vector<T> values) : Tensor(uninitialized(shape)) {
+    DTENSOR_CHECK(static_cast<int64_t>(values.size()) == numel(), InvalidArgument,
+                  "Tensor: shape ", to_string(shape), " holds ", numel(), " elements but ",
+                  values.size(), " values were given");
+    std::copy(values.begin(), values.end(), data());
+  }
+
+  // Storage whose contents are unspecified: for outputs about to be overwritten.
+  static Tensor uninitialized(const Shape<Rank>& shape, Device device = Device::host()) {
+    return Tensor(shape, device, Uninit{});
+  }
+
+  static Tensor full(const Shape<Rank>& shape, T value) {
+    Tensor t = uninitialized(shape);
+    std::fill_n(t.data(), t.numel(), value);
+    return t;
+  }
+
+  Tensor(const Tensor& o) : Tensor(uninitialized(o.shape_, o.device_)) {
+    if (device_.is_host())
+      std::memcpy(data(), o.data(), bytes());
+    else
+      throw InvalidArgument("dtensor: copying a device tensor needs the CUDA backend");
+  }
+  Tensor& operator=(const Tensor& o) {
+    if (this != &o) *this = Tensor(o);
+    return *this;
+  }
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+
+  const Shape<Rank>& shape() const { return shape_; }
+  int64_t extent(int d) const { return shape_[d]; }
+  int64_t numel() const { return dtensor::numel(shape_); }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
+  Device device() const { return device_; }
+  Shape<Rank> strides() const { return row_major_strides(shape_); }
+
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+
+  template <std::integral... I>
+    requires(sizeof...(I) == Rank)
+  T& operator()(I... idx) {
+    return data()[offset(idx...)];
+  }
+  template <std::integral... I>
+    requires(sizeof...(I) == Rank)
+  const T& operator()(I... idx) const {
+    return data()[offset(idx...)];
+  }
+
+  void fill(T value) {
+    require_host("fill");
+    std::fill_n(data(), numel(), value);
+  }
+
+  // Element-wise equality of shapes and values (host tensors).
+  friend bool operator==(const Tensor& a, const Tensor& b) {
+    a.require_host("operator==");
+    b.require_host("operator==");
+    return a.shape_ == b.shape_ && std::equal(a.data(), a.data() + a.numel(), b.data());
+  }
+
+ private:
+  struct Uninit {};
+  struct Free {
+    Device device;
+    void operator()(T* p) const noexcept {
+      if (p) detail::memory_space(device).deallocate(p, device.index);
+    }
+  };
+
+  Tensor(const Shape<Rank>& shape, Device device, Uninit)
+      : shape_(shape), device_(device), data_(nullptr, Free{device}) {
+    for (auto e : shape)
+      DTENSOR_CHECK(e >= 0, InvalidArgument, "Tensor: negative extent in shape ",
+                    to_string(shape));
+    auto space = detail::memory_space(device);
+    data_.reset(static_cast<T*>(space.allocate(bytes(), device.index)));
+  }
+
+  void fill_zero() {
+    if (device_.is_host() && numel() > 0) std::memset(data(), 0, bytes());
+  }
+
+  void require_host(const char* what) const {
+    DTENSOR_CHECK(device_.is_host(), InvalidArgument, "Tensor::", what,
+                  " reads elements on the host, but this tensor lives on ", to_string(device_));
+  }
+
+  template <class... I>
+  int64_t offset(I... idx) const {
+    assert(device_.is_host());
+    int64_t off = 0;
+    int d = 0;
+    ((assert(idx >= 0 && idx < shape_[d]), off = off * shape_[d++] + static_cast<int64_t>(idx)),
+     ...);
+    return off;
+  }
+
+  Shape<Rank> shape_{};
+  Device device_{};
+  std::unique_ptr<T, Free> data_;
+};
+
+}  // namespace dtensor

@@ -1,0 +1,21 @@
+# Installs dtensor into a fresh prefix, then configures and builds a consumer that
+# uses find_package(dtensor), and another that uses add_subdirectory.
+file(REMOVE_RECURSE ${WORK_DIR})
+file(MAKE_DIRECTORY ${WORK_DIR})
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed: ${ARGN}\n${out}\n${err}")
+  endif()
+endfunction()
+set(prefix ${WORK_DIR}/prefix)
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/lib -DCMAKE_CXX_COMPILER=${CXX} -DDTENSOR_BUILD_TESTS=OFF
+    -DDTENSOR_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${prefix})
+run(${CMAKE_COMMAND} --install ${WORK_DIR}/lib)
+foreach(mode find_package add_subdirectory)
+  run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${WORK_DIR}/${mode} -DCMAKE_CXX_COMPILER=${CXX}
+      -DCMAKE_PREFIX_PATH=${prefix} -DMODE=${mode} -DDTENSOR_SOURCE=${SOURCE_DIR})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/${mode})
+  run(${WORK_DIR}/${mode}/consumer)
+endforeach()
+message(STATUS "find_package(dtensor) and add_subdirectory both build and run")

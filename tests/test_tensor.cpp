@@ -1,0 +1,57 @@
+#include <dtensor/dtensor.hpp>
+
+#include <doctest/doctest.h>
+
+using namespace dtensor;
+
+TEST_CASE("Tensor: shape, element access, row-major order") {
+  Tensor<float, 3> t({2, 3, 4});
+  CHECK(t.numel() == 24);
+  CHECK(t.shape() == Shape<3>{2, 3, 4});
+  CHECK(t.strides() == Shape<3>{12, 4, 1});
+  CHECK(t(1, 2, 3) == 0.f);  // zero-filled
+  t(1, 2, 3) = 5.f;
+  CHECK(t.data()[23] == 5.f);
+  Tensor<int, 2> v({2, 2}, {1, 2, 3, 4});
+  CHECK(v(1, 0) == 3);
+  CHECK_THROWS_WITH_AS((Tensor<int, 2>({2, 2}, {1, 2, 3})), doctest::Contains("holds 4 elements but 3 values"),
+                       InvalidArgument);
+  CHECK_THROWS_WITH_AS((Tensor<int, 1>(Shape<1>{-1})), doctest::Contains("negative extent"), InvalidArgument);
+}
+
+TEST_CASE("Tensor: copies are deep, moves are free, empty and rank-0 tensors work") {
+  Tensor<double, 1> a({3}, {1, 2, 3});
+  Tensor<double, 1> b = a;
+  b(0) = 9;
+  CHECK(a(0) == 1);
+  const double* p = b.data();
+  Tensor<double, 1> c = std::move(b);
+  CHECK(c.data() == p);
+  Tensor<float, 2> e({0, 5});
+  CHECK(e.numel() == 0);
+  CHECK(e == Tensor<float, 2>({0, 5}));
+  Tensor<float, 0> s;
+  CHECK(s.numel() == 1);
+  s() = 2.f;
+  CHECK(s() == 2.f);
+}
+
+TEST_CASE("Tensor: data is aligned for vectorised Eigen access, and Eigen views alias it") {
+  Tensor<float, 2> m({3, 2}, {1, 2, 3, 4, 5, 6});
+  CHECK(reinterpret_cast<std::uintptr_t>(m.data()) % 64 == 0);
+  auto e = as_eigen(m);
+  CHECK(e.rows() == 3);
+  CHECK(e(2, 1) == 6.f);  // row-major
+  e(0, 0) = 10;
+  CHECK(m(0, 0) == 10.f);
+  Tensor<double, 1> v({3}, {1, 2, 3});
+  CHECK(as_eigen(v).dot(as_eigen(v)) == 14.0);
+  Tensor<double, 3> t({2, 2, 2});
+  as_eigen_array(t).setConstant(2);
+  CHECK(t(1, 1, 1) == 2);
+}
+
+TEST_CASE("Tensor: a device tensor without the CUDA backend is a clear error") {
+  CHECK_THROWS_WITH_AS((Tensor<float, 1>(Shape<1>{4}, Device::cuda(0))), doctest::Contains("needs the CUDA backend"),
+                       InvalidArgument);
+}
