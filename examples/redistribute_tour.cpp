@@ -2,8 +2,14 @@
 // through several placements. Each plan below was computed by the compiler; the
 // program prints it, runs it, and checks the result against the original matrix.
 //
-// Run: build/examples/redistribute_tour       (4 threads, no launcher needed)
+// Run: build/examples/redistribute_tour                      4 in-process ranks
+//      mpirun -np 4 build/examples/redistribute_tour_mpi     4 MPI processes
+// The code is the same: run() picks the runtime from how the program was started.
+#ifdef DTENSOR_WITH_MPI
+#include <dtensor/mpi.hpp>
+#else
 #include <dtensor/dtensor.hpp>
+#endif
 
 #include <cstdio>
 #include <iostream>
@@ -21,13 +27,13 @@ auto step(const X& x, const Tensor<double, 2>& expected, const char* why) {
   return y;
 }
 
-int main() {
+int main(int argc, char** argv) {
   // The global matrix, known to rank 0 only: A(i, j) = 10 i + j.
   Tensor<double, 2> a({10, 6});
   for (int i = 0; i < 10; ++i)
     for (int j = 0; j < 6; ++j) a(i, j) = 10 * i + j;
 
-  run_threads(4, [&](Comm& comm) {
+  auto program = [&](Comm& comm) {
     DeviceMesh<2> mesh(comm, {2, 2});  // ranks (0 1 / 2 3)
 
     // Rows over mesh dim 0, columns over mesh dim 1. 10 rows over 2 are 5 + 5.
@@ -46,7 +52,13 @@ int main() {
     auto s = step<Shard<0>, Shard<1>>(p, a, "reduce-scatter the partial sums into columns");
     // Everything everywhere.
     auto full = step<Replicate, Replicate>(s, a, "replicate on every rank");
-    if (comm.rank() == 3) std::printf("\nrank 3 holds A(9, 5) = %g\n", full.local()(9, 5));
-  });
-  std::cout << "all redistributions preserved the matrix\n";
+    if (comm.rank() == 3) std::printf("\nrank 3 (%s) holds A(9, 5) = %g\n", comm.backend().c_str(), full.local()(9, 5));
+    if (comm.rank() == 0) std::cout << "all redistributions preserved the matrix\n";
+  };
+#ifdef DTENSOR_WITH_MPI
+  run(argc, argv, 4, program);
+#else
+  (void)argc, (void)argv;
+  run_threads(4, program);
+#endif
 }

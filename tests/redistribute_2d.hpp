@@ -1,6 +1,6 @@
 #pragma once
-// Every transition between placement pairs on 2-D meshes (2x2 and 2x3, and 3x2 for
-// asymmetry), one source group per translation unit so that they build in parallel.
+// Every transition between placement pairs on 2-D meshes (2x2, 2x3, 3x2, and the
+// degenerate 1x3 and 2x1), one source group per translation unit so that they build in parallel.
 // Per mesh dim: Replicate, Shard<0>, Shard<1>, Partial<Sum>, Partial<Max>
 // (Partial<Sum> and Partial<Max> on different mesh dims of one tensor is rejected
 // by DTensor, since the order of the two reductions would matter).
@@ -35,8 +35,8 @@ void all_transitions_from(const Mesh& mesh, const Shape<2>& shape) {
 
 template <class... First>
 void all_2d_transitions_from() {
-  for (auto [a, b] : {std::pair{2, 2}, std::pair{2, 3}, std::pair{3, 2}})
-    run_threads(a * b, [&](Comm& comm) {
+  for (auto [a, b] : {std::pair{2, 2}, std::pair{2, 3}, std::pair{3, 2}, std::pair{1, 3}, std::pair{2, 1}})
+    spmd(a * b, [&](Comm& comm) {
       DeviceMesh<2> mesh(comm, {a, b});
       for (const auto& shape : {Shape<2>{12, 6}, Shape<2>{7, 5}, Shape<2>{3, 1}, Shape<2>{0, 4}}) {
         (all_transitions_from<float, First>(mesh, shape), ...);

@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include "spmd.hpp"
+
 #include <map>
 #include <vector>
 

@@ -5,13 +5,16 @@
 
 #include <doctest/doctest.h>
 
+#include "spmd.hpp"
+
 #include <numeric>
 
 using namespace dtensor;
+using dtensor::test::spmd;
 
 TEST_CASE("all_reduce: sum, avg, max, min, in place and out of place, int and float") {
   for (int n = 1; n <= 5; ++n)
-    run_threads(n, [n](Comm& comm) {
+    spmd(n, [n](Comm& comm) {
       const int r = comm.rank();
       for (std::size_t count : {0, 1, 3, 1000}) {
         std::vector<double> v(count);
@@ -38,7 +41,7 @@ TEST_CASE("all_reduce: sum, avg, max, min, in place and out of place, int and fl
 
 TEST_CASE("all_gather(v), reduce_scatter(v), all_to_all(v): even, uneven, empty") {
   for (int n = 1; n <= 5; ++n)
-    run_threads(n, [n](Comm& comm) {
+    spmd(n, [n](Comm& comm) {
       const int r = comm.rank();
       // all_gatherv with counts 3,0,2,... including empty contributions
       std::vector<int64_t> counts(n);
@@ -82,7 +85,7 @@ TEST_CASE("all_gather(v), reduce_scatter(v), all_to_all(v): even, uneven, empty"
 }
 
 TEST_CASE("broadcast, scatterv, gatherv from every root; send and recv") {
-  run_threads(4, [](Comm& comm) {
+  spmd(4, [](Comm& comm) {
     const int r = comm.rank();
     for (int root = 0; root < 4; ++root) {
       std::vector<double> b(3, r == root ? 7.0 + root : -1.0);
@@ -115,7 +118,7 @@ TEST_CASE("broadcast, scatterv, gatherv from every root; send and recv") {
 }
 
 TEST_CASE("split: colors, key order, negative color, nested splits") {
-  run_threads(6, [](Comm& comm) {
+  spmd(6, [](Comm& comm) {
     const int r = comm.rank();
     auto sub = comm.split(r % 2, -r);  // reversed order by key
     REQUIRE(sub);
@@ -137,17 +140,16 @@ TEST_CASE("split: colors, key order, negative color, nested splits") {
 
 TEST_CASE("bad arguments are clear errors") {
   CHECK_THROWS_WITH_AS(run_threads(0, [](Comm&) {}), doctest::Contains("at least one rank"), InvalidArgument);
-  CHECK_THROWS_WITH_AS(run_threads(2,
-                                   [](Comm& comm) {
-                                     std::vector<double> b(1);
-                                     broadcast<double>(comm, b, 2);
-                                   }),
-                       doctest::Contains("root rank 2 is outside the communicator of 2 ranks"), RankFailure);
-  CHECK_THROWS_WITH_AS(run_threads(2,
-                                   [](Comm& comm) {
-                                     std::vector<float> s(1), r(2);
-                                     std::vector<int64_t> c{1, 1, 1};
-                                     all_gatherv<float>(comm, s, r, c);
-                                   }),
-                       doctest::Contains("3 counts given for a communicator of 2 ranks"), RankFailure);
+  // Checked on every rank before any communication: every rank throws the same error.
+  spmd(2, [](Comm& comm) {
+    std::vector<double> b(1);
+    CHECK_THROWS_WITH_AS(broadcast<double>(comm, b, 2),
+                         doctest::Contains("root rank 2 is outside the communicator of 2 ranks"), InvalidArgument);
+    std::vector<float> s(1), r(2);
+    std::vector<int64_t> c{1, 1, 1};
+    CHECK_THROWS_WITH_AS(all_gatherv<float>(comm, s, r, c),
+                         doctest::Contains("3 counts given for a communicator of 2 ranks"), InvalidArgument);
+    std::vector<int> v(1);
+    CHECK_THROWS_WITH_AS(send<int>(comm, v, comm.rank()), doctest::Contains("named peer"), InvalidArgument);
+  });
 }

@@ -8,7 +8,7 @@ using V = std::vector<int64_t>;
 
 TEST_CASE("distribute reads the global tensor on the source rank only") {
   for (int src = 0; src < 4; ++src)
-    run_threads(4, [&](Comm& comm) {
+    spmd(4, [&](Comm& comm) {
       DeviceMesh<2> mesh(comm, {2, 2});
       const auto g = iota_tensor<float, 3>(Shape<3>{5, 3, 4});
       // Other ranks pass a tensor of the wrong shape: it must not be read.
@@ -17,16 +17,15 @@ TEST_CASE("distribute reads the global tensor on the source rank only") {
       CHECK(x.local() == box_of(g, off, ext));
       CHECK(x.full_tensor() == g);
     });
-  CHECK_THROWS_WITH_AS(run_threads(2,
-                                   [](Comm& comm) {
-                                     DeviceMesh<1> mesh(comm);
-                                     (void)distribute<Replicate>(Tensor<float, 1>({2}), mesh, 5);
-                                   }),
-                       doctest::Contains("source rank 5 is outside the mesh of 2 ranks"), RankFailure);
+  spmd(2, [](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    CHECK_THROWS_WITH_AS(distribute<Replicate>(Tensor<float, 1>({2}), mesh, 5),
+                         doctest::Contains("source rank 5 is outside the mesh of 2 ranks"), InvalidArgument);
+  });
 }
 
 TEST_CASE("distribute into Partial: Sum keeps the value on coordinate 0, Max on every rank") {
-  run_threads(3, [](Comm& comm) {
+  spmd(3, [](Comm& comm) {
     DeviceMesh<1> mesh(comm);
     const auto g = iota_tensor<double, 2>(Shape<2>{4, 4});
     auto s = distribute<Partial<Sum>>(g, mesh);
@@ -39,7 +38,7 @@ TEST_CASE("distribute into Partial: Sum keeps the value on coordinate 0, Max on 
 }
 
 TEST_CASE("explicit uneven sizes are kept through redistribution where the mesh dims allow") {
-  run_threads(4, [](Comm& comm) {
+  spmd(4, [](Comm& comm) {
     DeviceMesh<2> mesh(comm, {2, 2});
     const auto g = iota_tensor<double, 2>(Shape<2>{8, 3});
     auto x = distribute<Shard<0>, Replicate>(g, mesh, 0, {V{7, 1}, V{}});
@@ -64,7 +63,7 @@ TEST_CASE("explicit uneven sizes are kept through redistribution where the mesh 
 }
 
 TEST_CASE("from_local without a global shape reads arbitrary block sizes from the ranks") {
-  run_threads(4, [](Comm& comm) {
+  spmd(4, [](Comm& comm) {
     DeviceMesh<1> mesh(comm);
     const V rows{5, 0, 2, 3};
     const auto g = iota_tensor<float, 2>(Shape<2>{10, 3});
@@ -77,18 +76,18 @@ TEST_CASE("from_local without a global shape reads arbitrary block sizes from th
     CHECK(y.local().shape() == Shape<2>{10, comm.rank() < 3 ? 1 : 0});
     CHECK(reconstruct(y) == g);
   });
-  CHECK_THROWS_WITH_AS(run_threads(2,
-                                   [](Comm& comm) {
-                                     DeviceMesh<1> mesh(comm);
-                                     (void)from_local<Shard<0>>(Tensor<float, 2>({2, comm.rank() + 1}), mesh);
-                                   }),
-                       doctest::Contains("along tensor dim 1 but another rank holding the same unsharded dim"),
-                       RankFailure);
+  spmd(2, [](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    CHECK_THROWS_WITH_AS(from_local<Shard<0>>(Tensor<float, 2>({2, comm.rank() + 1}), mesh),
+                         doctest::Contains("along tensor dim 1 but another rank holding the same unsharded dim"),
+                         InvalidArgument);
+  });
 }
 
 TEST_CASE("fills: zeros, ones, full; Partial<Sum> holds the value once") {
-  run_threads(6, [](Comm& comm) {
-    DeviceMesh<2> mesh(comm, {3, 2});
+  for (auto [a, b] : {std::pair{3, 2}, std::pair{2, 2}, std::pair{1, 3}})
+  spmd(a * b, [a = a, b = b](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {a, b});
     auto z = zeros<double, Shard<0>, Partial<Sum>>(Shape<2>{5, 2}, mesh);
     CHECK(z.full_tensor() == Tensor<double, 2>({5, 2}));
     auto f = full<float, Shard<1>, Partial<Sum>>(Shape<2>{4, 7}, mesh, 2.5f);
@@ -109,7 +108,7 @@ TEST_CASE("rand and randn equal the single-rank fill, whatever the placements an
   for (int64_t i = 0; i < big.numel(); ++i) mean += big.data()[i] / big.numel();
   CHECK(std::abs(mean) < 0.05);
   CHECK(rand<float>(shape, 1235) != u);
-  run_threads(4, [&](Comm& comm) {
+  spmd(4, [&](Comm& comm) {
     DeviceMesh<1> line(comm);
     DeviceMesh<2> grid(comm, {2, 2});
     CHECK(rand<float, Shard<0>>(shape, line, 1234).full_tensor() == u);

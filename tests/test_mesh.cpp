@@ -2,37 +2,42 @@
 
 #include <doctest/doctest.h>
 
+#include "spmd.hpp"
+
 using namespace dtensor;
+using dtensor::test::spmd;
 
 TEST_CASE("DeviceMesh: row-major coordinates and one communicator per mesh dim") {
-  run_threads(6, [](Comm& comm) {
-    DeviceMesh<2> mesh(comm, {2, 3});
+  for (auto [a, b] : {std::pair{2, 3}, std::pair{2, 2}, std::pair{1, 3}})
+  spmd(a * b, [a = a, b = b](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {a, b});
     const int r = comm.rank();
-    CHECK(mesh.coords() == std::array<int, 2>{r / 3, r % 3});
+    CHECK(mesh.coords() == std::array<int, 2>{r / b, r % b});
     CHECK(mesh.rank_of(mesh.coords()) == r);
-    CHECK(mesh.comm(0).size() == 2);
-    CHECK(mesh.comm(1).size() == 3);
+    CHECK(mesh.comm(0).size() == a);
+    CHECK(mesh.comm(1).size() == b);
     CHECK(mesh.comm(0).rank() == mesh.coord(0));
     CHECK(mesh.comm(1).rank() == mesh.coord(1));
     std::vector<int64_t> v{r};
     all_reduce<int64_t>(mesh.comm(1), v);  // sum over my row
-    CHECK(v[0] == 3 * (r / 3) * 3 + 3);
+    CHECK(v[0] == b * (r / b) * b + b * (b - 1) / 2);
     v = {r};
     all_reduce<int64_t>(mesh.comm(0), v);  // sum over my column
-    CHECK(v[0] == 2 * (r % 3) + 3);
-    CHECK(mesh.to_string() == "DeviceMesh(2x3, threads)");
+    CHECK(v[0] == a * (r % b) + b * a * (a - 1) / 2);
+    CHECK(mesh.to_string() == "DeviceMesh(" + std::to_string(a) + "x" + std::to_string(b) + ", " + comm.backend() + ")");
   });
 }
 
 TEST_CASE("DeviceMesh: 3-D mesh and sub-meshes") {
-  run_threads(8, [](Comm& comm) {
-    DeviceMesh<3> mesh(comm, {2, 2, 2});
+  for (int x : {2, 1})
+  spmd(4 * x, [x](Comm& comm) {
+    DeviceMesh<3> mesh(comm, {x, 2, 2});
     auto plane = mesh.submesh<2>({2, 0});  // dims reordered: (z, x)
-    CHECK(plane.shape() == std::array<int, 2>{2, 2});
+    CHECK(plane.shape() == std::array<int, 2>{2, x});
     CHECK(plane.coords() == std::array<int, 2>{mesh.coord(2), mesh.coord(0)});
     std::vector<int64_t> v{mesh.coord(1)};
     all_reduce<int64_t>(plane.comm(), v);
-    CHECK(v[0] == 4 * mesh.coord(1));  // a plane shares its y coordinate
+    CHECK(v[0] == 2 * x * mesh.coord(1));  // a plane shares its y coordinate
     auto line = mesh.submesh<1>({1});
     CHECK(line.size() == 2);
     CHECK(line.coord(0) == mesh.coord(1));
@@ -41,7 +46,7 @@ TEST_CASE("DeviceMesh: 3-D mesh and sub-meshes") {
 
 TEST_CASE("DeviceMesh: shapes that do not match the communicator are errors on every rank") {
   std::atomic<int> caught{0};
-  run_threads(4, [&](Comm& comm) {
+  if (!spmd(4, [&](Comm& comm) {
     try {
       DeviceMesh<2> mesh(comm, {2, 3});
     } catch (const InvalidArgument& e) {
@@ -61,6 +66,7 @@ TEST_CASE("DeviceMesh: shapes that do not match the communicator are errors on e
       CHECK(std::string(e.what()).find("dim 2 is not a distinct dimension of a 2-D mesh") != std::string::npos);
       ++caught;
     }
-  });
-  CHECK(caught == 12);
+  }))
+    return;
+  CHECK(caught == (dtensor::test::under_mpi() ? 3 : 12));
 }

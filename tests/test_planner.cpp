@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "spmd.hpp"
+
 using namespace dtensor;
 
 template <class From, class To>
@@ -71,7 +73,7 @@ TEST_CASE("where the best order depends on the links, the cost model picks it at
 
   // Both candidates compute the same result on a real mesh.
   for (bool slow_first : {true, false})
-    run_threads(6, [&](Comm& comm) {
+    dtensor::test::spmd(6, [&](Comm& comm) {
       std::array<LinkCost, 2> links{LinkCost{1e-6, 1e9}, LinkCost{1e-6, 1e12}};
       if (!slow_first) std::swap(links[0], links[1]);
       DeviceMesh<2> mesh(comm, {2, 3}, links);

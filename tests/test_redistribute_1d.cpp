@@ -11,7 +11,7 @@ using Placements1D = std::tuple<Placements<Replicate>, Placements<Shard<0>>, Pla
 
 template <class T>
 void all_transitions_1d(int n) {
-  run_threads(n, [&](Comm& comm) {
+  spmd(n, [&](Comm& comm) {
     DeviceMesh<1> mesh(comm);
     for (const auto& shape : shapes_for(n))
       for_each_pair<Placements1D>([&]<class From, class To>() {

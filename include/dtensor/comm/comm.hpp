@@ -5,7 +5,8 @@
 // collective, never per element.
 //
 // Contract, for every runtime:
-//  * all ranks of a communicator call the same collectives in the same order;
+//  * all ranks of a communicator call the same collectives in the same order, with
+//    the same root, reduction and element type;
 //  * an error on any rank (bad sizes, a peer that failed, a timeout) ends the
 //    collective with an exception on every rank instead of a hang;
 //  * `send` may equal `recv` where noted (in-place).
@@ -36,6 +37,7 @@ class Comm {
   virtual void broadcast(void* buf, std::size_t count, DType, int root) = 0;
 
   // Rank k's `send_block` of `send` lands in `recv_blocks[k]` of `recv` on every rank.
+  // recv_blocks must be the same on every rank (they describe the gathered result).
   virtual void all_gather(const void* send, Block send_block, void* recv,
                           std::span<const Block> recv_blocks, DType) = 0;
 

@@ -1,0 +1,387 @@
+#pragma once
+// MpiComm: the Comm interface over MPI, for programs launched with mpirun.
+//
+// Collectives map to the matching MPI call (MPI_Allreduce, MPI_Allgatherv,
+// MPI_Reduce_scatter, MPI_Alltoallv, MPI_Bcast, MPI_Scatterv, MPI_Gatherv). Where
+// the Blocks are strided (a range along an inner tensor dim), MPI reads and writes
+// them in place through vector datatypes and MPI_Alltoallw; Allgatherv, Scatterv
+// and Gatherv get plain types, and a strided block there is packed locally. Every
+// call runs under MPI_ERRORS_RETURN and a failure becomes a CommError carrying MPI's
+// error string and the operation's name.
+//
+// Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
+#include <mpi.h>
+
+#include <climits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtensor/comm/comm.hpp"
+#include "dtensor/util/error.hpp"
+
+namespace dtensor {
+
+namespace detail {
+
+inline void check_mpi(int rc, const char* op) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw CommError(detail::cat("dtensor: ", op, " failed: ", std::string(text, len)));
+}
+
+inline MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::Int8: return MPI_INT8_T;
+    case DType::UInt8: return MPI_UINT8_T;
+    case DType::Int32: return MPI_INT32_T;
+    case DType::UInt32: return MPI_UINT32_T;
+    case DType::Int64: return MPI_INT64_T;
+    case DType::UInt64: return MPI_UINT64_T;
+    case DType::Float32: return MPI_FLOAT;
+    default: return MPI_DOUBLE;
+  }
+}
+
+// Avg is a sum followed by a division on each rank.
+inline MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max: return MPI_MAX;
+    case ReduceOp::Min: return MPI_MIN;
+    default: return MPI_SUM;
+  }
+}
+
+inline int mpi_count(int64_t n, const char* op) {
+  DTENSOR_CHECK(n <= INT_MAX, InvalidArgument, op, ": ", n,
+                " elements in one message exceed MPI's int count; split the tensor into smaller pieces");
+  return static_cast<int>(n);
+}
+
+// A committed MPI datatype for one Block (offset excluded: it goes in the byte
+// displacement), freed on destruction.
+class BlockType {
+ public:
+  BlockType(const Block& b, DType t, const char* op) {
+    if (b.is_contiguous()) {
+      check_mpi(MPI_Type_contiguous(mpi_count(b.numel(), op), mpi_type(t), &type_), op);
+    } else {
+      check_mpi(MPI_Type_vector(mpi_count(b.count, op), mpi_count(b.len, op), mpi_count(b.stride, op), mpi_type(t),
+                                &type_),
+                op);
+    }
+    check_mpi(MPI_Type_commit(&type_), op);
+  }
+  BlockType(const BlockType&) = delete;
+  BlockType& operator=(const BlockType&) = delete;
+  BlockType(BlockType&& o) noexcept : type_(o.type_) { o.type_ = MPI_DATATYPE_NULL; }
+  ~BlockType() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+  MPI_Datatype get() const { return type_; }
+  // How many of this type to send or receive: an empty block must be 0, not one
+  // element of an empty type, or MPI implementations that skip empty messages on
+  // one side (Open MPI's scatterv does) leave the other side waiting.
+  static int count(const Block& b) { return b.numel() > 0 ? 1 : 0; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+// Collectives with several algorithms (Allgatherv, Scatterv, Gatherv) are given
+// plain element types and element counts: Open MPI 4.1 picks its algorithm from
+// the send count and type, and ranks that differ (one element of a derived type
+// here, zero elements there) can pick different algorithms and hang. A strided
+// block is packed into (or unpacked from) a contiguous buffer instead.
+class Contiguous {
+ public:
+  Contiguous(const void* base, const Block& b, DType t) {
+    const std::size_t elem = size_of(t);
+    if (b.is_contiguous()) {
+      data_ = static_cast<const std::byte*>(base) + b.offset * elem;
+    } else {
+      packed_.resize(static_cast<std::size_t>(b.numel()) * elem);
+      copy_block(base, b, packed_.data(), Block::contiguous(0, b.numel()), elem);
+      data_ = packed_.data();
+    }
+  }
+  const void* data() const { return data_; }
+
+ private:
+  const void* data_ = nullptr;
+  std::vector<std::byte> packed_;
+};
+
+class ContiguousOut {
+ public:
+  ContiguousOut(void* base, const Block& b, DType t) : base_(base), block_(b), elem_(size_of(t)) {
+    if (!b.is_contiguous()) packed_.resize(static_cast<std::size_t>(b.numel()) * elem_);
+  }
+  ContiguousOut(const ContiguousOut&) = delete;
+  ContiguousOut& operator=(const ContiguousOut&) = delete;
+  void* data() { return packed_.empty() ? static_cast<std::byte*>(base_) + block_.offset * elem_ : packed_.data(); }
+  ~ContiguousOut() {  // after the collective: unpack
+    if (!packed_.empty()) copy_block(packed_.data(), Block::contiguous(0, block_.numel()), base_, block_, elem_);
+  }
+
+ private:
+  void* base_;
+  Block block_;
+  std::size_t elem_;
+  std::vector<std::byte> packed_;
+};
+
+// Blocks that are contiguous and lie one after another in rank order: the plain
+// v-collectives apply, with counts and displacements in elements.
+inline bool packed_in_order(std::span<const Block> blocks) {  // in rank order, no gaps
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    if (!blocks[k].is_contiguous()) return false;
+    if (k > 0 && blocks[k].offset != blocks[k - 1].offset + blocks[k - 1].numel()) return false;
+  }
+  return true;
+}
+inline bool all_contiguous(std::span<const Block> blocks) {
+  for (const auto& b : blocks)
+    if (!b.is_contiguous()) return false;
+  return true;
+}
+
+}  // namespace detail
+
+class MpiComm final : public Comm {
+ public:
+  // Wraps `comm`, which this object frees on destruction if `owned`. Errors on it
+  // are returned to dtensor, not fatal.
+  explicit MpiComm(MPI_Comm comm, bool owned = true) : comm_(comm), owned_(owned) {
+    detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+  // A duplicate of MPI_COMM_WORLD: dtensor's traffic never mixes with the program's.
+  static std::unique_ptr<MpiComm> world() {
+    MPI_Comm dup;
+    detail::check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
+    return std::make_unique<MpiComm>(dup, true);
+  }
+  ~MpiComm() override {
+    if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  MPI_Comm native() const { return comm_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  void barrier() override { detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+  void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
+    detail::check_mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op),
+                                    comm_),
+                      "MPI_Allreduce");
+    if (op == ReduceOp::Avg) detail::divide_block(t, recv, Block::contiguous(0, n), size_);
+  }
+
+  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    detail::check_mpi(MPI_Bcast(buf, detail::mpi_count(static_cast<int64_t>(count), "broadcast"), detail::mpi_type(t),
+                                root, comm_),
+                      "MPI_Bcast");
+  }
+
+  void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+                  DType t) override {
+    check_peers(recv_blocks, "all_gather");
+    // recv_blocks are the same on every rank (Comm's contract), so every rank takes
+    // the same branch.
+    if (detail::all_contiguous(recv_blocks)) {
+      auto [counts, displs] = counts_displs(recv_blocks, "all_gather");
+      detail::Contiguous in(send, send_block, t);
+      detail::check_mpi(MPI_Allgatherv(in.data(), detail::mpi_count(send_block.numel(), "all_gather"),
+                                       detail::mpi_type(t), recv, counts.data(), displs.data(), detail::mpi_type(t),
+                                       comm_),
+                        "MPI_Allgatherv");
+      return;
+    }
+    // Strided: the same send block to every peer, each peer's block into its place.
+    std::vector<Block> sends(size_, send_block);
+    alltoallw(send, sends, recv, recv_blocks, t, "all_gather (MPI_Alltoallw)");
+  }
+
+  void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+                      ReduceOp op) override {
+    check_peers(send_blocks, "reduce_scatter");
+    const std::size_t elem = size_of(t);
+    std::vector<int> counts(size_);
+    for (int k = 0; k < size_; ++k) counts[k] = detail::mpi_count(send_blocks[k].numel(), "reduce_scatter");
+    DTENSOR_CHECK(counts[rank_] == recv_block.numel(), CommError, "reduce_scatter: rank ", rank_, " receives ",
+                  recv_block.numel(), " elements but its piece has ", counts[rank_]);
+    // MPI_Reduce_scatter wants the pieces packed in rank order and the output contiguous.
+    const bool direct_in = detail::packed_in_order(send_blocks) && (size_ == 0 || send_blocks[0].offset == 0);
+    std::vector<std::byte> packed, out;
+    const void* in = send;
+    if (!direct_in) {
+      int64_t total = 0;
+      for (auto c : counts) total += c;
+      packed.resize(static_cast<std::size_t>(total) * elem);
+      int64_t at = 0;
+      for (int k = 0; k < size_; ++k) {
+        detail::copy_block(send, send_blocks[k], packed.data(), Block::contiguous(at, counts[k]), elem);
+        at += counts[k];
+      }
+      in = packed.data();
+    }
+    void* dst = static_cast<std::byte*>(recv) + recv_block.offset * elem;
+    if (!recv_block.is_contiguous()) {
+      out.resize(static_cast<std::size_t>(recv_block.numel()) * elem);
+      dst = out.data();
+    }
+    detail::check_mpi(MPI_Reduce_scatter(in, dst, counts.data(), detail::mpi_type(t), detail::mpi_op(op), comm_),
+                      "MPI_Reduce_scatter");
+    if (!recv_block.is_contiguous())
+      detail::copy_block(out.data(), Block::contiguous(0, recv_block.numel()), recv, recv_block, elem);
+    if (op == ReduceOp::Avg) detail::divide_block(t, recv, recv_block, size_);
+  }
+
+  void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
+                  std::span<const Block> recv_blocks, DType t) override {
+    check_peers(send_blocks, "all_to_all");
+    check_peers(recv_blocks, "all_to_all");
+    // Always MPI_Alltoallw: whether this rank's blocks happen to be contiguous (a
+    // shard of one row, an empty shard) differs from rank to rank, and every rank
+    // must make the same MPI call.
+    alltoallw(send, send_blocks, recv, recv_blocks, t, "all_to_all (MPI_Alltoallw)");
+  }
+
+  void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+               int root) override {
+    const std::size_t elem = size_of(t);
+    std::vector<int> counts, displs;
+    std::vector<std::byte> packed;
+    const void* in = send;
+    if (rank_ == root) {
+      check_peers(send_blocks, "scatter");
+      if (detail::all_contiguous(send_blocks)) {
+        std::tie(counts, displs) = counts_displs(send_blocks, "scatter");
+      } else {
+        counts.resize(size_), displs.resize(size_);
+        int64_t at = 0;
+        for (int k = 0; k < size_; ++k) at += send_blocks[k].numel();
+        packed.resize(static_cast<std::size_t>(at) * elem);
+        at = 0;
+        for (int k = 0; k < size_; ++k) {
+          counts[k] = detail::mpi_count(send_blocks[k].numel(), "scatter");
+          displs[k] = detail::mpi_count(at, "scatter");
+          detail::copy_block(send, send_blocks[k], packed.data(), Block::contiguous(at, counts[k]), elem);
+          at += counts[k];
+        }
+        in = packed.data();
+      }
+    }
+    detail::ContiguousOut out(recv, recv_block, t);
+    detail::check_mpi(MPI_Scatterv(in, counts.data(), displs.data(), detail::mpi_type(t), out.data(),
+                                   detail::mpi_count(recv_block.numel(), "scatter"), detail::mpi_type(t), root, comm_),
+                      "MPI_Scatterv");
+  }
+
+  void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
+              int root) override {
+    const std::size_t elem = size_of(t);
+    std::vector<int> counts, displs;
+    std::vector<std::byte> packed;
+    const bool direct = rank_ != root || detail::all_contiguous(recv_blocks);
+    if (rank_ == root) {
+      check_peers(recv_blocks, "gather");
+      counts.resize(size_), displs.resize(size_);
+      int64_t at = 0;
+      for (int k = 0; k < size_; ++k) {
+        counts[k] = detail::mpi_count(recv_blocks[k].numel(), "gather");
+        displs[k] = detail::mpi_count(direct ? recv_blocks[k].offset : at, "gather");
+        at += counts[k];
+      }
+      if (!direct) packed.resize(static_cast<std::size_t>(at) * elem);
+    }
+    detail::Contiguous in(send, send_block, t);
+    detail::check_mpi(MPI_Gatherv(in.data(), detail::mpi_count(send_block.numel(), "gather"), detail::mpi_type(t),
+                                  direct ? recv : packed.data(), counts.data(), displs.data(), detail::mpi_type(t), root,
+                                  comm_),
+                      "MPI_Gatherv");
+    if (!direct)
+      for (int k = 0; k < size_; ++k)
+        detail::copy_block(packed.data(), Block::contiguous(displs[k], counts[k]), recv, recv_blocks[k], elem);
+  }
+
+  void send(const void* buf, std::size_t count, DType t, int dst, int tag) override {
+    check_peer(dst, "send");
+    detail::check_mpi(MPI_Send(buf, detail::mpi_count(static_cast<int64_t>(count), "send"), detail::mpi_type(t), dst,
+                               tag, comm_),
+                      "MPI_Send");
+  }
+
+  void recv(void* buf, std::size_t count, DType t, int src, int tag) override {
+    check_peer(src, "recv");
+    MPI_Status status;
+    // Probe first so that a message of the wrong size is an error, not truncation.
+    detail::check_mpi(MPI_Probe(src, tag, comm_, &status), "MPI_Probe");
+    int got = 0;
+    detail::check_mpi(MPI_Get_count(&status, detail::mpi_type(t), &got), "MPI_Get_count");
+    DTENSOR_CHECK(got == static_cast<int64_t>(count), CommError, "recv from rank ", src, " (tag ", tag, ") expected ",
+                  count, " elements but the message has ", got);
+    detail::check_mpi(MPI_Recv(buf, got, detail::mpi_type(t), src, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+  }
+
+  std::unique_ptr<Comm> split(int color, int key) override {
+    MPI_Comm out;
+    detail::check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "MPI_Comm_split");
+    if (out == MPI_COMM_NULL) return nullptr;
+    return std::make_unique<MpiComm>(out, true);
+  }
+
+ private:
+  void check_peers(std::span<const Block> blocks, const char* op) const {
+    DTENSOR_CHECK(static_cast<int>(blocks.size()) == size_, InvalidArgument, op, ": ", blocks.size(),
+                  " blocks given for a communicator of ", size_, " ranks");
+  }
+  void check_peer(int peer, const char* op) const {
+    DTENSOR_CHECK(peer >= 0 && peer < size_ && peer != rank_, InvalidArgument, op, ": rank ", rank_, " named peer ",
+                  peer, " on a communicator of ", size_, " ranks");
+  }
+
+  static std::pair<std::vector<int>, std::vector<int>> counts_displs(std::span<const Block> blocks, const char* op) {
+    std::vector<int> c(blocks.size()), d(blocks.size());
+    for (std::size_t k = 0; k < blocks.size(); ++k)
+      c[k] = detail::mpi_count(blocks[k].numel(), op), d[k] = detail::mpi_count(blocks[k].offset, op);
+    return {std::move(c), std::move(d)};
+  }
+
+  // Per-peer datatypes: strided blocks are read and written in place. (Alltoallw has
+// one algorithm, so derived types are safe here.)
+  void alltoallw(const void* send, std::span<const Block> sb, void* recv, std::span<const Block> rb, DType t,
+                 const char* op) {
+    const int elem = static_cast<int>(size_of(t));
+    std::vector<detail::BlockType> st, rt;
+    st.reserve(size_), rt.reserve(size_);
+    std::vector<int> scount(size_), rcount(size_), sd(size_), rd(size_);
+    std::vector<MPI_Datatype> stypes(size_), rtypes(size_);
+    for (int k = 0; k < size_; ++k) {
+      st.emplace_back(sb[k], t, op);
+      rt.emplace_back(rb[k], t, op);
+      stypes[k] = st.back().get(), rtypes[k] = rt.back().get();
+      scount[k] = detail::BlockType::count(sb[k]), rcount[k] = detail::BlockType::count(rb[k]);
+      sd[k] = detail::mpi_count(sb[k].offset * elem, op);
+      rd[k] = detail::mpi_count(rb[k].offset * elem, op);
+    }
+    detail::check_mpi(MPI_Alltoallw(send, scount.data(), sd.data(), stypes.data(), recv, rcount.data(), rd.data(),
+                                    rtypes.data(), comm_),
+                      "MPI_Alltoallw");
+  }
+
+  MPI_Comm comm_;
+  bool owned_;
+  int rank_ = 0, size_ = 0;
+};
+
+}  // namespace dtensor
