@@ -55,3 +55,15 @@ TEST_CASE("Tensor: a device tensor without the CUDA backend is a clear error") {
   CHECK_THROWS_WITH_AS((Tensor<float, 1>(Shape<1>{4}, Device::cuda(0))), doctest::Contains("needs the CUDA backend"),
                        InvalidArgument);
 }
+
+TEST_CASE("large host blocks are reused instead of returned to the system") {
+  const float* first = nullptr;
+  {
+    Tensor<float, 1> big = Tensor<float, 1>::uninitialized({1 << 20});
+    first = big.data();
+  }
+  Tensor<float, 1> again = Tensor<float, 1>::uninitialized({(1 << 20) - 5});  // same size class
+  CHECK(again.data() == first);
+  Tensor<float, 1> zeroed({1 << 18});  // a reused block is still zero-filled when asked
+  for (int64_t i = 0; i < zeroed.numel(); i += 4096) REQUIRE(zeroed(i) == 0.f);
+}

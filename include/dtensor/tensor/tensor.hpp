@@ -106,18 +106,19 @@ class Tensor {
   struct Uninit {};
   struct Free {
     Device device;
+    std::size_t bytes;
     void operator()(T* p) const noexcept {
-      if (p) detail::memory_space(device).deallocate(p, device.index);
+      if (p) detail::memory_space(device).deallocate(p, bytes, device.index);
     }
   };
 
   Tensor(const Shape<Rank>& shape, Device device, Uninit)
-      : shape_(shape), device_(device), data_(nullptr, Free{device}) {
+      : shape_(shape), device_(device), data_(nullptr, Free{device, 0}) {
     for (auto e : shape)
       DTENSOR_CHECK(e >= 0, InvalidArgument, "Tensor: negative extent in shape ",
                     to_string(shape));
     auto space = detail::memory_space(device);
-    data_.reset(static_cast<T*>(space.allocate(bytes(), device.index)));
+    data_ = std::unique_ptr<T, Free>(static_cast<T*>(space.allocate(bytes(), device.index)), Free{device, bytes()});
   }
 
   void fill_zero() {

@@ -13,19 +13,29 @@
 
 namespace dtensor {
 
-template <class F>
-void run_threads(int nranks, F&& fn, RunOptions options = {}) {
+// The communicators of n in-process ranks, for threads the caller runs itself (a
+// benchmark harness, a thread pool): element r must only be used by rank r's thread.
+// run_threads is the launcher to prefer: it also handles failures.
+inline std::vector<std::unique_ptr<ThreadComm>> make_thread_comms(int nranks, RunOptions options = {}) {
   DTENSOR_CHECK(nranks >= 1, InvalidArgument, "run_threads: needs at least one rank, got ", nranks);
   auto world = std::make_shared<detail::World>(nranks, options);
   std::vector<int> members(nranks);
   std::iota(members.begin(), members.end(), 0);
   auto group = std::make_shared<detail::Group>(world, std::move(members));
+  std::vector<std::unique_ptr<ThreadComm>> comms;
+  for (int r = 0; r < nranks; ++r) comms.push_back(std::make_unique<ThreadComm>(group, r));
+  return comms;
+}
+
+template <class F>
+void run_threads(int nranks, F&& fn, RunOptions options = {}) {
+  auto comms = make_thread_comms(nranks, options);
+  detail::World* world = &comms[0]->world();
   std::vector<std::exception_ptr> errors(nranks);
 
   auto body = [&](int r) {
     try {
-      ThreadComm comm(group, r);
-      fn(static_cast<Comm&>(comm));
+      fn(static_cast<Comm&>(*comms[r]));
     } catch (const PeerAborted&) {
       errors[r] = std::current_exception();
     } catch (const std::exception& e) {

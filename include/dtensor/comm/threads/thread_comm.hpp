@@ -83,6 +83,7 @@ class ThreadComm final : public Comm {
   int size() const override { return g_->size(); }
   std::string backend() const override { return "threads"; }
   int world_rank() const { return g_->world_ranks[rank_]; }
+  detail::World& world() const { return *g_->world; }
 
   void barrier() override {
     begin(detail::OpKind::Barrier);
@@ -249,7 +250,6 @@ class ThreadComm final : public Comm {
   }
 
  private:
-  detail::World& world() const { return *g_->world; }
   detail::Slot& slot(int k) const { return g_->slots[k]; }
 
   // Balanced split of `count` elements: all_reduce's work share for rank k.
