@@ -9,6 +9,7 @@
 #include <tuple>
 #include <utility>
 
+#include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 
 namespace dtensor {
@@ -69,6 +70,7 @@ Tensor<T, Rank> apply_step(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, 
   };
 
   Tensor<T, Rank> y = Tensor<T, Rank>::uninitialized(out_shape, x.device());
+  if constexpr (communicates(S.kind)) CommCounter::record(S.kind, S.mesh_dim, x.bytes());
   if constexpr (S.kind == StepKind::AllReduce) {
     comm.all_reduce(x.data(), y.data(), static_cast<std::size_t>(x.numel()), dt, S.op);
   } else if constexpr (S.kind == StepKind::AllGather) {

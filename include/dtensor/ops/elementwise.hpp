@@ -1,0 +1,253 @@
+#pragma once
+// Elementwise operators. The output placements follow from the operands', per mesh
+// dim, at compile time:
+//   equal placements (not Partial)        local
+//   Shard<d> with Replicate               the replicated operand is sliced locally
+//   Shard<d> with Shard<e>                the second is moved to Shard<d> (all-to-all)
+//   P<Sum|Avg> + or - the same Partial    stays Partial, local
+//   P<Sum|Avg> + or - Replicate           the replicated operand becomes a term (local)
+//   P<Sum|Avg> * or / Replicate           stays Partial (linear in the Partial)
+//   Partial with Shard<d>                 reduce-scatter of the Partial to Shard<d>
+//   anything else with a Partial          the Partial is reduced first (all-reduce)
+// Nonlinear unary functions of a Partial need its value: all-reduce first. Scalars
+// act as Replicate operands.
+#include <cmath>
+
+#include "dtensor/ops/placement_algebra.hpp"
+#include "dtensor/tensor/eigen.hpp"
+
+namespace dtensor {
+
+enum class BinaryOp { Add, Sub, Mul, Div };
+
+namespace detail {
+
+constexpr bool is_linear_partial(const PlacementDesc& p) {
+  return p.is_partial() && (p.op == ReduceOp::Sum || p.op == ReduceOp::Avg);
+}
+
+struct BinaryTargets {
+  PlacementDesc a, b, out;
+};
+
+// The placements both operands are brought to on one mesh dim, and the output's.
+constexpr BinaryTargets binary_targets(BinaryOp k, PlacementDesc a, PlacementDesc b) {
+  constexpr PlacementDesc R{};
+  if (a.is_partial() || b.is_partial()) {
+    // A Partial facing a Shard is reduce-scattered to that Shard.
+    if (a.is_shard()) return {a, a, a};
+    if (b.is_shard()) return {b, b, b};
+    const bool additive = k == BinaryOp::Add || k == BinaryOp::Sub;
+    if (additive) {
+      if (is_linear_partial(a) && (b == a || b.is_replicate())) return {a, a, a};
+      if (is_linear_partial(b) && a.is_replicate()) return {b, b, b};
+    } else {
+      // Linear in the numerator / in one factor: the other side must be a value.
+      if (is_linear_partial(a) && b.is_replicate()) return {a, R, a};
+      if (k == BinaryOp::Mul && is_linear_partial(b) && a.is_replicate()) return {R, b, b};
+      if (k == BinaryOp::Mul && is_linear_partial(a) && is_linear_partial(b)) return {R, b, b};
+      if (is_linear_partial(a) && b.is_partial()) return {a, R, a};
+    }
+    return {R, R, R};  // reduce whatever is Partial
+  }
+  if (a == b) return {a, a, a};
+  if (a.is_shard()) return {a, a, a};
+  return {b, b, b};
+}
+
+template <std::size_t M>
+struct BinaryPlan {
+  PlacementState<M> a{}, b{}, out{};
+};
+template <std::size_t M>
+constexpr BinaryPlan<M> binary_plan(BinaryOp k, const PlacementState<M>& a, const PlacementState<M>& b) {
+  BinaryPlan<M> p;
+  for (std::size_t m = 0; m < M; ++m) {
+    const auto t = binary_targets(k, a[m], b[m]);
+    p.a[m] = t.a, p.b[m] = t.b, p.out[m] = t.out;
+  }
+  return p;
+}
+
+// Nonlinear unary functions need the value; negation and scaling are linear.
+template <std::size_t M>
+constexpr PlacementState<M> unary_targets(const PlacementState<M>& a, bool linear) {
+  PlacementState<M> t = a;
+  for (auto& p : t)
+    if (p.is_partial() && !(linear && is_linear_partial(p))) p = PlacementDesc{};
+  return t;
+}
+
+template <BinaryOp K>
+struct binary_op_name {};  // names the operator in strict-mode diagnostics
+
+template <BinaryOp K, class A, class B>
+auto apply_binary(const A& a, const B& b) {
+  if constexpr (K == BinaryOp::Add) return a + b;
+  else if constexpr (K == BinaryOp::Sub) return a - b;
+  else if constexpr (K == BinaryOp::Mul) return a * b;
+  else return a / b;
+}
+
+// Both operands on the same placements must also hold the same blocks.
+template <int Rank>
+void check_same_blocks(const ShardLayout<Rank>& a, const ShardLayout<Rank>& b, const char* op) {
+  DTENSOR_CHECK(a.global == b.global, InvalidArgument, op, ": operand shapes ", to_string(a.global), " and ",
+                to_string(b.global), " differ");
+  for (int d = 0; d < Rank; ++d)
+    DTENSOR_CHECK(a.blocks[d] == b.blocks[d], InvalidArgument, op, ": the operands are sharded along tensor dim ", d,
+                  " with different block sizes; redistribute one of them with the other's Splits first");
+}
+
+// True where a scalar added to a Partial<Sum> term must be left out: it belongs to
+// one term only (coordinate 0), like a value made Partial.
+template <std::size_t M>
+bool scalar_is_zero_here(const PlacementState<M>& ps, const std::array<int, M>& coords) {
+  return holds_zero_term(ps, coords);
+}
+
+}  // namespace detail
+
+// a (op) b, elementwise, for DTensors of one shape on one mesh.
+template <BinaryOp K, class Policy = Implicit, class T, int Rank, class... PA, class... PB>
+auto binary(const DTensor<T, Rank, PA...>& a, const DTensor<T, Rank, PB...>& b) {
+  static_assert(sizeof...(PA) == sizeof...(PB), "dtensor elementwise: both operands must live on the same mesh");
+  static constexpr auto plan = detail::binary_plan<sizeof...(PA)>(K, describe_all<PA...>(), describe_all<PB...>());
+  using QA = placements_t<plan.a>;
+  using QB = placements_t<plan.b>;
+  static_assert(detail::check_policy<Policy, detail::binary_op_name<K>, Placements<PA...>, Placements<PB...>,
+                                     detail::communicates<Placements<PA...>, QA>() ||
+                                         detail::communicates<Placements<PB...>, QB>()>::ok);
+  const auto a2 = redistribute_as<QA>(a);
+  const auto b2 = redistribute_as<QB>(b);
+  detail::check_same_blocks(a2.layout(), b2.layout(), "elementwise operator");
+  using Out = dtensor_t<T, Rank, placements_t<plan.out>>;
+  auto out = Tensor<T, Rank>::uninitialized(a2.local().shape());
+  as_eigen_array(out) = detail::apply_binary<K>(as_eigen_array(a2.local()), as_eigen_array(b2.local()));
+  return Out(a.mesh(), a2.layout(), std::move(out));
+}
+
+template <class Policy = Implicit, class X, class Y>
+  requires(is_dtensor_v<X> && is_dtensor_v<Y>)
+auto add(const X& a, const Y& b) { return binary<BinaryOp::Add, Policy>(a, b); }
+template <class Policy = Implicit, class X, class Y>
+  requires(is_dtensor_v<X> && is_dtensor_v<Y>)
+auto sub(const X& a, const Y& b) { return binary<BinaryOp::Sub, Policy>(a, b); }
+template <class Policy = Implicit, class X, class Y>
+  requires(is_dtensor_v<X> && is_dtensor_v<Y>)
+auto mul(const X& a, const Y& b) { return binary<BinaryOp::Mul, Policy>(a, b); }
+template <class Policy = Implicit, class X, class Y>
+  requires(is_dtensor_v<X> && is_dtensor_v<Y>)
+auto div(const X& a, const Y& b) { return binary<BinaryOp::Div, Policy>(a, b); }
+
+// x (op) s for a scalar s (a Replicate operand): Partial<Sum|Avg> stays Partial.
+template <BinaryOp K, class Policy = Implicit, class T, int Rank, class... P>
+auto binary_scalar(const DTensor<T, Rank, P...>& x, T s) {
+  static constexpr auto plan =
+      detail::binary_plan<sizeof...(P)>(K, describe_all<P...>(), PlacementState<sizeof...(P)>{});
+  using Q = placements_t<plan.a>;
+  static_assert(detail::check_policy<Policy, detail::binary_op_name<K>, Placements<P...>, Q,
+                                     detail::communicates<Placements<P...>, Q>()>::ok);
+  const auto x2 = redistribute_as<Q>(x);
+  // Added to a Partial<Sum>, the scalar is one term: the other ranks add nothing.
+  const bool additive = K == BinaryOp::Add || K == BinaryOp::Sub;
+  if (additive && detail::scalar_is_zero_here(plan.a, x.mesh().coords())) s = T{0};
+  auto out = Tensor<T, Rank>::uninitialized(x2.local().shape());
+  as_eigen_array(out) = detail::apply_binary<K>(as_eigen_array(x2.local()), s);
+  return decltype(x2)(x.mesh(), x2.layout(), std::move(out));
+}
+
+template <class Policy = Implicit, class X>
+  requires is_dtensor_v<X>
+auto add(const X& x, typename X::value_type s) { return binary_scalar<BinaryOp::Add, Policy>(x, s); }
+template <class Policy = Implicit, class X>
+  requires is_dtensor_v<X>
+auto sub(const X& x, typename X::value_type s) { return binary_scalar<BinaryOp::Sub, Policy>(x, s); }
+template <class Policy = Implicit, class X>
+  requires is_dtensor_v<X>
+auto mul(const X& x, typename X::value_type s) { return binary_scalar<BinaryOp::Mul, Policy>(x, s); }
+template <class Policy = Implicit, class X>
+  requires is_dtensor_v<X>
+auto div(const X& x, typename X::value_type s) { return binary_scalar<BinaryOp::Div, Policy>(x, s); }
+
+namespace detail {
+template <class F>
+struct unary_op_name {};
+
+// f applied to every element; `linear` functions keep Partial<Sum|Avg>.
+template <class Policy, bool Linear, class F, class T, int Rank, class... P>
+auto unary(const DTensor<T, Rank, P...>& x, F&& f) {
+  static constexpr auto targets = unary_targets<sizeof...(P)>(describe_all<P...>(), Linear);
+  using Q = placements_t<targets>;
+  static_assert(check_policy<Policy, unary_op_name<F>, Placements<P...>, Q, communicates<Placements<P...>, Q>()>::ok);
+  const auto x2 = redistribute_as<Q>(x);
+  auto out = Tensor<T, Rank>::uninitialized(x2.local().shape());
+  as_eigen_array(out) = f(as_eigen_array(x2.local()));
+  return decltype(x2)(x.mesh(), x2.layout(), std::move(out));
+}
+}  // namespace detail
+
+#define DTENSOR_UNARY(fn, linear, expr)                                                 \
+  template <class Policy = Implicit, class X>                                           \
+  auto fn(const X& x) {                                                                 \
+    return detail::unary<Policy, linear>(x, [](const auto& a) { return (expr).eval(); }); \
+  }
+DTENSOR_UNARY(neg, true, -a)
+DTENSOR_UNARY(exp, false, a.exp())
+DTENSOR_UNARY(log, false, a.log())
+DTENSOR_UNARY(sqrt, false, a.sqrt())
+DTENSOR_UNARY(abs, false, a.abs())
+DTENSOR_UNARY(relu, false, a.max(typename std::decay_t<decltype(a)>::Scalar(0)))
+DTENSOR_UNARY(tanh, false, a.tanh())
+DTENSOR_UNARY(sigmoid, false, (typename std::decay_t<decltype(a)>::Scalar(1) + (-a).exp()).inverse())
+#undef DTENSOR_UNARY
+
+// Bias broadcast on a matrix: m(i, j) + v(j) for every row (Along::Rows), or
+// m(i, j) + v(i) for every column (Along::Columns). The vector is brought to the
+// matrix's split of the dim it runs along (sliced, gathered or made a term).
+enum class Along { Rows, Columns };
+
+namespace detail {
+template <Along A, std::size_t M>
+constexpr PlacementState<M> bias_targets(const PlacementState<M>& m) {
+  const int dim = A == Along::Rows ? 1 : 0;  // the matrix dim the vector runs along
+  PlacementState<M> v{};
+  for (std::size_t i = 0; i < M; ++i) {
+    if (m[i].is_shard(dim)) v[i] = PlacementDesc{PlacementKind::Shard, 0, ReduceOp::Sum};
+    else if (is_linear_partial(m[i])) v[i] = m[i];  // the vector becomes a term too
+  }
+  return v;
+}
+template <std::size_t M>
+constexpr PlacementState<M> value_of_partials(PlacementState<M> m) {
+  for (auto& p : m)
+    if (p.is_partial() && !is_linear_partial(p)) p = PlacementDesc{};
+  return m;
+}
+struct bias_op_name {};
+}  // namespace detail
+
+template <Along A, class Policy = Implicit, class T, class... PM, class... PV>
+auto add_bias(const DTensor<T, 2, PM...>& m, const DTensor<T, 1, PV...>& v) {
+  static constexpr auto mt = detail::value_of_partials<sizeof...(PM)>(describe_all<PM...>());
+  static constexpr auto vt = detail::bias_targets<A, sizeof...(PM)>(mt);
+  using QM = placements_t<mt>;
+  using QV = placements_t<vt>;
+  static_assert(detail::check_policy<Policy, detail::bias_op_name, Placements<PM...>, Placements<PV...>,
+                                     detail::communicates<Placements<PM...>, QM>() ||
+                                         detail::communicates<Placements<PV...>, QV>()>::ok);
+  const auto m2 = redistribute_as<QM>(m);
+  const auto v2 = redistribute_as<QV>(v);
+  constexpr int dim = A == Along::Rows ? 1 : 0;
+  DTENSOR_CHECK(v2.shape()[0] == m2.shape()[dim] && v2.layout().blocks[0] == m2.layout().blocks[dim],
+                InvalidArgument, "add_bias: a vector of ", v2.shape()[0], " elements (blocks must match) against ",
+                m2.shape()[dim], " matrix ", A == Along::Rows ? "columns" : "rows");
+  auto out = Tensor<T, 2>::uninitialized(m2.local().shape());
+  if constexpr (A == Along::Rows)
+    as_eigen(out) = as_eigen(m2.local()).rowwise() + as_eigen(v2.local()).transpose();
+  else
+    as_eigen(out) = as_eigen(m2.local()).colwise() + as_eigen(v2.local());
+  return decltype(m2)(m.mesh(), m2.layout(), std::move(out));
+}
+
+}  // namespace dtensor

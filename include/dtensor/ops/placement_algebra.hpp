@@ -1,0 +1,63 @@
+#pragma once
+// From placement values back to placement types. Operators compute their operands'
+// target placements and their output's as constexpr PlacementState values; these
+// helpers turn them into the types that redistribute and DTensor take.
+#include <utility>
+
+#include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/ops/policy.hpp"
+
+namespace dtensor {
+namespace detail {
+
+template <ReduceOp Op>
+using reduce_tag = std::conditional_t<Op == ReduceOp::Sum, Sum,
+                                      std::conditional_t<Op == ReduceOp::Avg, Avg,
+                                                         std::conditional_t<Op == ReduceOp::Max, Max, Min>>>;
+
+template <PlacementDesc D>
+struct placement_type {
+  using type = std::conditional_t<D.is_shard(), Shard<(D.dim < 0 ? 0 : D.dim)>,
+                                  std::conditional_t<D.is_partial(), Partial<reduce_tag<D.op>>, Replicate>>;
+};
+
+template <auto State, class Seq = std::make_index_sequence<State.size()>>
+struct placements_type;
+template <auto State, std::size_t... I>
+struct placements_type<State, std::index_sequence<I...>> {
+  using type = Placements<typename placement_type<State[I]>::type...>;
+};
+
+template <class T, int Rank, class PList>
+struct dtensor_type;
+template <class T, int Rank, class... P>
+struct dtensor_type<T, Rank, Placements<P...>> {
+  using type = DTensor<T, Rank, P...>;
+};
+
+// Whether redistributing From -> To issues any collective, whichever candidate runs.
+template <class From, class To>
+constexpr bool communicates() {
+  using R = Redistribution<From, To>;
+  for (int c = 0; c < R::candidates.count; ++c)
+    if (R::candidates.plans[c].collectives() > 0) return true;
+  return false;
+}
+
+}  // namespace detail
+
+// The placement list of a constexpr PlacementState, as a type.
+template <auto State>
+using placements_t = typename detail::placements_type<State>::type;
+
+// DTensor<T, Rank, P...> for a Placements<P...> list.
+template <class T, int Rank, class PList>
+using dtensor_t = typename detail::dtensor_type<T, Rank, PList>::type;
+
+// redistribute to a Placements<Q...> list.
+template <class PList, class T, int Rank, class... P>
+auto redistribute_as(const DTensor<T, Rank, P...>& x) {
+  return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x); }(PList{});
+}
+
+}  // namespace dtensor

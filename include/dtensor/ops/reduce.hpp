@@ -1,0 +1,214 @@
+#pragma once
+// Reductions over one tensor dim, norms, and softmax along a dim.
+//
+// Reducing over a sharded dim leaves each rank with the reduction of its block: the
+// result is Partial (Sum for sum and mean, Max, Min), or, with Reduced::Value, the
+// value (one all-reduce). The mean is the sum divided by the global extent, so it
+// is exact on uneven shards (3,3,3,1 or 3,3,3,0), unlike a mean of local means.
+// A Partial operand that the reduction does not commute with (sum of Partial<Max>,
+// max of Partial<Sum>) is reduced first.
+#include <cmath>
+#include <limits>
+
+#include "dtensor/ops/elementwise.hpp"
+
+namespace dtensor {
+
+enum class Reduced { Partial, Value };
+enum class Reduction { Sum, Mean, Max, Min };
+
+namespace detail {
+
+constexpr ReduceOp partial_of(Reduction r) {
+  return r == Reduction::Max ? ReduceOp::Max : r == Reduction::Min ? ReduceOp::Min : ReduceOp::Sum;
+}
+constexpr bool commutes(Reduction r, ReduceOp partial) {
+  if (r == Reduction::Sum || r == Reduction::Mean) return partial == ReduceOp::Sum || partial == ReduceOp::Avg;
+  return partial == partial_of(r);
+}
+
+template <std::size_t M>
+struct ReductionPlan {
+  PlacementState<M> in{}, out{}, value{};
+};
+template <std::size_t M>
+constexpr ReductionPlan<M> reduction_plan(Reduction r, int dim, const PlacementState<M>& x) {
+  ReductionPlan<M> p;
+  for (std::size_t m = 0; m < M; ++m) {
+    PlacementDesc in = x[m];
+    if (in.is_partial() && !commutes(r, in.op)) in = PlacementDesc{};
+    p.in[m] = in;
+    PlacementDesc out = in;
+    if (in.is_shard(dim)) out = partial_desc(partial_of(r));
+    else if (in.is_shard() && in.dim > dim) out.dim = in.dim - 1;
+    p.out[m] = out;
+    p.value[m] = out.is_partial() ? PlacementDesc{} : out;
+  }
+  return p;
+}
+
+template <Reduction R>
+struct reduction_name {};
+
+template <Reduction R, class T>
+T identity() {
+  if constexpr (R == Reduction::Max) return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+  else if constexpr (R == Reduction::Min) return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
+  else return T{0};
+}
+
+// out[o, i] = reduction over j of in[o, j, i] (outer, reduced, inner), in rank order.
+template <Reduction R, class T>
+void reduce_local(const T* in, T* out, int64_t outer, int64_t len, int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o) {
+    T* dst = out + o * inner;
+    std::fill_n(dst, inner, identity<R, T>());
+    for (int64_t j = 0; j < len; ++j) {
+      const T* src = in + (o * len + j) * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        if constexpr (R == Reduction::Max) dst[i] = std::max(dst[i], src[i]);
+        else if constexpr (R == Reduction::Min) dst[i] = std::min(dst[i], src[i]);
+        else dst[i] += src[i];
+      }
+    }
+  }
+}
+
+template <Reduction R, int D, Reduced Mode, class Policy, class T, int Rank, class... P>
+auto reduce(const DTensor<T, Rank, P...>& x) {
+  static_assert(D >= 0 && D < Rank, "dtensor reduction: the reduced dim must be one of the tensor's dims");
+  constexpr std::size_t M = sizeof...(P);
+  static constexpr auto plan = reduction_plan<M>(R, D, describe_all<P...>());
+  using QIn = placements_t<plan.in>;
+  using QOut = placements_t<plan.out>;
+  constexpr bool finalize = Mode == Reduced::Value;
+  static_assert(check_policy<Policy, reduction_name<R>, Placements<P...>, QOut,
+                             communicates<Placements<P...>, QIn>() ||
+                                 (finalize && communicates<QOut, placements_t<plan.value>>())>::ok);
+  const auto x2 = redistribute_as<QIn>(x);
+  ShardLayout<Rank - 1> layout;
+  for (int d = 0, o = 0; d < Rank; ++d)
+    if (d != D) layout.global[o] = x.shape()[d], layout.blocks[o++] = x2.layout().blocks[d];
+  const auto ls = x2.local().shape();
+  Shape<Rank - 1> out_shape{};
+  for (int d = 0, o = 0; d < Rank; ++d)
+    if (d != D) out_shape[o++] = ls[d];
+  auto out = Tensor<T, Rank - 1>::uninitialized(out_shape);
+  reduce_local<R == Reduction::Mean ? Reduction::Sum : R>(x2.local().data(), out.data(), outer_size(ls, D), ls[D],
+                                                           inner_size(ls, D));
+  if constexpr (R == Reduction::Mean) {  // the global extent, not the local one: exact on uneven shards
+    const T n = static_cast<T>(x.shape()[D]);
+    for (int64_t i = 0; i < out.numel(); ++i) out.data()[i] /= n;
+  }
+  dtensor_t<T, Rank - 1, QOut> y(x.mesh(), std::move(layout), std::move(out));
+  if constexpr (finalize) return redistribute_as<placements_t<plan.value>>(y);
+  else return y;
+}
+
+// All-reduces `buf` over the mesh dims where `ps` shards `dim` (all dims if dim < 0).
+template <std::size_t M, int N>
+void all_reduce_over_shards(const PlacementState<M>& ps, int dim, const DeviceMesh<N>& mesh, void* buf,
+                            std::size_t count, DType t, ReduceOp op) {
+  for (std::size_t m = 0; m < M; ++m)
+    if (ps[m].is_shard() && (dim < 0 || ps[m].dim == dim)) {
+      CommCounter::record(StepKind::AllReduce, static_cast<int>(m), count * size_of(t));
+      mesh.comm(static_cast<int>(m)).all_reduce(buf, buf, count, t, op);
+    }
+}
+
+template <std::size_t M>
+constexpr PlacementState<M> values_of(PlacementState<M> ps) {
+  for (auto& p : ps)
+    if (p.is_partial()) p = PlacementDesc{};
+  return ps;
+}
+
+struct norm_name {};
+struct softmax_name {};
+
+}  // namespace detail
+
+// sum<D>(x), mean<D>(x), max<D>(x), min<D>(x): the reduction over tensor dim D.
+template <int D, Reduced Mode = Reduced::Partial, class Policy = Implicit, class X>
+auto sum(const X& x) { return detail::reduce<Reduction::Sum, D, Mode, Policy>(x); }
+template <int D, Reduced Mode = Reduced::Partial, class Policy = Implicit, class X>
+auto mean(const X& x) { return detail::reduce<Reduction::Mean, D, Mode, Policy>(x); }
+template <int D, Reduced Mode = Reduced::Partial, class Policy = Implicit, class X>
+auto max(const X& x) { return detail::reduce<Reduction::Max, D, Mode, Policy>(x); }
+template <int D, Reduced Mode = Reduced::Partial, class Policy = Implicit, class X>
+auto min(const X& x) { return detail::reduce<Reduction::Min, D, Mode, Policy>(x); }
+
+// The L2 norm and the largest absolute value of all elements, on every rank.
+// Collective: one all-reduce per sharded mesh dim (a Partial operand is reduced first).
+template <class Policy = Implicit, class T, int Rank, class... P>
+T norm2(const DTensor<T, Rank, P...>& x) {
+  static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
+  static_assert(detail::check_policy<Policy, detail::norm_name, Placements<P...>, placements_t<ps>, true>::ok);
+  const auto x2 = redistribute_as<placements_t<ps>>(x);
+  T s = as_eigen_array(x2.local()).square().sum();
+  detail::all_reduce_over_shards(ps, -1, x.mesh(), &s, 1, dtype_of<T>(), ReduceOp::Sum);
+  return std::sqrt(s);
+}
+template <class Policy = Implicit, class T, int Rank, class... P>
+T norm_max(const DTensor<T, Rank, P...>& x) {
+  static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
+  static_assert(detail::check_policy<Policy, detail::norm_name, Placements<P...>, placements_t<ps>, true>::ok);
+  const auto x2 = redistribute_as<placements_t<ps>>(x);
+  T s = x2.local().numel() ? as_eigen_array(x2.local()).abs().maxCoeff() : T{0};
+  detail::all_reduce_over_shards(ps, -1, x.mesh(), &s, 1, dtype_of<T>(), ReduceOp::Max);
+  return s;
+}
+
+namespace detail {
+// Numerically stable softmax (or log-softmax) along D: the maximum and the sum of
+// exponentials are all-reduced over the mesh dims that shard D. Partial operands
+// are reduced first; the output keeps the operand's other placements.
+template <int D, bool Log, class Policy, class T, int Rank, class... P>
+auto softmax_impl(const DTensor<T, Rank, P...>& x) {
+  static_assert(D >= 0 && D < Rank, "dtensor softmax: the dim must be one of the tensor's dims");
+  static constexpr auto ps = values_of<sizeof...(P)>(describe_all<P...>());
+  static constexpr bool sharded = [] {
+    for (auto p : ps)
+      if (p.is_shard(D)) return true;
+    return false;
+  }();
+  static_assert(check_policy<Policy, softmax_name, Placements<P...>, placements_t<ps>,
+                             sharded || communicates<Placements<P...>, placements_t<ps>>()>::ok);
+  auto y = redistribute_as<placements_t<ps>>(x);
+  Tensor<T, Rank>& t = y.local();
+  const auto ls = t.shape();
+  const int64_t outer = outer_size(ls, D), len = ls[D], inner = inner_size(ls, D);
+  auto stats = Tensor<T, 1>::uninitialized({outer * inner});
+  reduce_local<Reduction::Max>(t.data(), stats.data(), outer, len, inner);
+  all_reduce_over_shards(ps, D, x.mesh(), stats.data(), stats.numel(), dtype_of<T>(), ReduceOp::Max);
+  // Shift by the maximum; log-softmax keeps the shifted value (exp of it could
+  // underflow to 0 and its log to -inf), softmax its exponential.
+  auto sums = Tensor<T, 1>(Shape<1>{outer * inner});
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < len; ++j)
+      for (int64_t i = 0; i < inner; ++i) {
+        T& v = t.data()[(o * len + j) * inner + i];
+        const T shifted = v - stats.data()[o * inner + i];
+        const T e = std::exp(shifted);
+        sums.data()[o * inner + i] += e;
+        v = Log ? shifted : e;
+      }
+  all_reduce_over_shards(ps, D, x.mesh(), sums.data(), sums.numel(), dtype_of<T>(), ReduceOp::Sum);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < len; ++j)
+      for (int64_t i = 0; i < inner; ++i) {
+        T& v = t.data()[(o * len + j) * inner + i];
+        const T sum = sums.data()[o * inner + i];
+        if constexpr (Log) v -= std::log(sum);
+        else v /= sum;
+      }
+  return y;
+}
+}  // namespace detail
+
+template <int D, class Policy = Implicit, class X>
+auto softmax(const X& x) { return detail::softmax_impl<D, false, Policy>(x); }
+template <int D, class Policy = Implicit, class X>
+auto log_softmax(const X& x) { return detail::softmax_impl<D, true, Policy>(x); }
+
+}  // namespace dtensor

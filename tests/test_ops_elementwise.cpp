@@ -1,0 +1,165 @@
+// Elementwise operators on every pair of placements of a 1-D mesh (and a 2x2
+// mesh), against the same operation on the global tensor.
+#include "ops_support.hpp"
+
+#include <cmath>
+
+using namespace dtensor;
+using namespace dtensor::test;
+
+// Output placements, decided by the compiler.
+template <class X>
+using P1 = typename X::placements;
+using DS0 = DTensor<float, 2, Shard<0>>;
+using DS1 = DTensor<float, 2, Shard<1>>;
+using DR = DTensor<float, 2, Replicate>;
+using DPS = DTensor<float, 2, Partial<Sum>>;
+using DPM = DTensor<float, 2, Partial<Max>>;
+static_assert(std::is_same_v<P1<decltype(add(std::declval<DS0>(), std::declval<DR>()))>, Placements<Shard<0>>>);
+static_assert(std::is_same_v<P1<decltype(add(std::declval<DR>(), std::declval<DS1>()))>, Placements<Shard<1>>>);
+static_assert(std::is_same_v<P1<decltype(add(std::declval<DPS>(), std::declval<DPS>()))>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(add(std::declval<DPS>(), std::declval<DR>()))>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(mul(std::declval<DPS>(), std::declval<DR>()))>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(mul(std::declval<DPS>(), std::declval<DPS>()))>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(div(std::declval<DR>(), std::declval<DPS>()))>, Placements<Replicate>>);
+static_assert(std::is_same_v<P1<decltype(add(std::declval<DPS>(), std::declval<DS1>()))>, Placements<Shard<1>>>);
+static_assert(std::is_same_v<P1<decltype(add(std::declval<DPM>(), std::declval<DPM>()))>, Placements<Replicate>>);
+static_assert(std::is_same_v<P1<decltype(mul(std::declval<DPS>(), 2.f))>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(neg(std::declval<DPS>()))>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(exp(std::declval<DPS>()))>, Placements<Replicate>>);
+
+using Set = std::tuple<Placements<Replicate>, Placements<Shard<0>>, Placements<Shard<1>>, Placements<Partial<Sum>>,
+                       Placements<Partial<Avg>>, Placements<Partial<Max>>>;
+
+template <class T, BinaryOp K, class PA, class PB>
+struct CheckBinary;
+template <class T, BinaryOp K, class... PA, class... PB>
+struct CheckBinary<T, K, Placements<PA...>, Placements<PB...>> {
+  template <int M>
+  static void run(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
+    const auto ga = iota_tensor<T, 2>(shape);
+    const auto gb = positive<T, 2>(shape);  // nonzero: a divisor
+    auto y = binary<K>(make_source<PA...>(ga, mesh), make_source<PB...>(gb, mesh));
+    Tensor<T, 2> ref(shape);
+    as_eigen_array(ref) = detail::apply_binary<K>(as_eigen_array(ga), as_eigen_array(gb));
+    INFO(names<PA...>(), " op ", names<PB...>(), " shape ", to_string(shape), " on ", mesh.to_string());
+    CHECK(close(reconstruct(y), ref));
+  }
+};
+
+template <class T>
+void all_binary_pairs() {
+  on_1d_meshes([](const DeviceMesh<1>& mesh) {
+    for (const auto& shape : op_shapes(mesh.size()))
+      for_each_pair<Set>([&]<class A, class B>() {
+        CheckBinary<T, BinaryOp::Add, A, B>::run(mesh, shape);
+        CheckBinary<T, BinaryOp::Sub, A, B>::run(mesh, shape);
+        CheckBinary<T, BinaryOp::Mul, A, B>::run(mesh, shape);
+        CheckBinary<T, BinaryOp::Div, A, B>::run(mesh, shape);
+      });
+  });
+}
+
+TEST_CASE("binary operators on every pair of 1-D placements, double") { all_binary_pairs<double>(); }
+TEST_CASE("binary operators on every pair of 1-D placements, float") { all_binary_pairs<float>(); }
+
+TEST_CASE("binary operators on a 2x2 mesh, nested and mixed placements") {
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    for (const auto& shape : {Shape<2>{5, 7}, Shape<2>{1, 3}}) {
+      CheckBinary<double, BinaryOp::Add, Placements<Shard<0>, Shard<0>>, Placements<Shard<1>, Replicate>>::run(mesh, shape);
+      CheckBinary<double, BinaryOp::Mul, Placements<Partial<Sum>, Shard<1>>, Placements<Replicate, Partial<Sum>>>::run(mesh, shape);
+      CheckBinary<double, BinaryOp::Sub, Placements<Partial<Sum>, Partial<Avg>>, Placements<Replicate, Replicate>>::run(mesh, shape);
+      CheckBinary<float, BinaryOp::Div, Placements<Shard<1>, Partial<Max>>, Placements<Partial<Sum>, Shard<0>>>::run(mesh, shape);
+    }
+  });
+}
+
+template <class F, class G>
+void check_unary(F&& op, G&& ref_fn, bool positive_input) {
+  on_1d_meshes([&](const DeviceMesh<1>& mesh) {
+    for (const auto& shape : op_shapes(mesh.size())) {
+      const auto g = positive_input ? positive<double, 2>(shape) : iota_tensor<double, 2>(shape);
+      Tensor<double, 2> ref(shape);
+      as_eigen_array(ref) = ref_fn(as_eigen_array(g));
+      CHECK(close(reconstruct(op(make_source<Shard<1>>(g, mesh))), ref));
+      CHECK(close(reconstruct(op(make_source<Partial<Sum>>(g, mesh))), ref));
+      CHECK(close(reconstruct(op(make_source<Partial<Max>>(g, mesh))), ref));
+      CHECK(close(reconstruct(op(make_source<Replicate>(g, mesh))), ref));
+    }
+  });
+}
+
+TEST_CASE("unary functions") {
+  check_unary([](const auto& x) { return neg(x); }, [](const auto& a) { return (-a).eval(); }, false);
+  check_unary([](const auto& x) { return exp(mul(x, 0.1)); }, [](const auto& a) { return (a * 0.1).exp().eval(); }, false);
+  check_unary([](const auto& x) { return log(x); }, [](const auto& a) { return a.log().eval(); }, true);
+  check_unary([](const auto& x) { return sqrt(x); }, [](const auto& a) { return a.sqrt().eval(); }, true);
+  check_unary([](const auto& x) { return abs(x); }, [](const auto& a) { return a.abs().eval(); }, false);
+  check_unary([](const auto& x) { return relu(x); }, [](const auto& a) { return a.max(0.0).eval(); }, false);
+  check_unary([](const auto& x) { return tanh(mul(x, 0.1)); }, [](const auto& a) { return (a * 0.1).tanh().eval(); }, false);
+  check_unary([](const auto& x) { return sigmoid(x); }, [](const auto& a) { return (1.0 + (-a).exp()).inverse().eval(); }, false);
+}
+
+TEST_CASE("scalar operands: a scalar added to Partial<Sum> terms is added once") {
+  check_unary([](const auto& x) { return add(x, 2.5); }, [](const auto& a) { return (a + 2.5).eval(); }, false);
+  check_unary([](const auto& x) { return sub(x, 1.0); }, [](const auto& a) { return (a - 1.0).eval(); }, false);
+  check_unary([](const auto& x) { return mul(x, -3.0); }, [](const auto& a) { return (a * -3.0).eval(); }, false);
+  check_unary([](const auto& x) { return div(x, 4.0); }, [](const auto& a) { return (a / 4.0).eval(); }, false);
+}
+
+TEST_CASE("bias broadcast along rows and columns") {
+  on_1d_meshes([](const DeviceMesh<1>& mesh) {
+    for (const auto& shape : op_shapes(mesh.size())) {
+      const auto g = iota_tensor<double, 2>(shape);
+      const auto row = positive<double, 1>({shape[1]});
+      const auto col = positive<double, 1>({shape[0]});
+      Tensor<double, 2> ref_r(shape), ref_c(shape);
+      as_eigen(ref_r) = as_eigen(g).rowwise() + as_eigen(row).transpose();
+      as_eigen(ref_c) = as_eigen(g).colwise() + as_eigen(col);
+      CHECK(close(reconstruct(add_bias<Along::Rows>(make_source<Shard<1>>(g, mesh), make_source<Replicate>(row, mesh))), ref_r));
+      CHECK(close(reconstruct(add_bias<Along::Rows>(make_source<Shard<0>>(g, mesh), make_source<Shard<0>>(row, mesh))), ref_r));
+      CHECK(close(reconstruct(add_bias<Along::Rows>(make_source<Partial<Sum>>(g, mesh), make_source<Replicate>(row, mesh))), ref_r));
+      CHECK(close(reconstruct(add_bias<Along::Columns>(make_source<Shard<0>>(g, mesh), make_source<Shard<0>>(col, mesh))), ref_c));
+      CHECK(close(reconstruct(add_bias<Along::Columns>(make_source<Partial<Max>>(g, mesh), make_source<Partial<Sum>>(col, mesh))), ref_c));
+    }
+  });
+}
+
+TEST_CASE("communication accounting: exactly the collectives the rules call for") {
+  spmd(3, [](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    const auto g = iota_tensor<double, 2>({7, 5});
+    auto s0 = make_source<Shard<0>>(g, mesh);
+    auto s1 = make_source<Shard<1>>(g, mesh);
+    auto r = make_source<Replicate>(g, mesh);
+    auto p = make_source<Partial<Sum>>(g, mesh);
+    auto count = [](auto&& f) {
+      CommCounter c;
+      f();
+      return std::pair{c.count(), c.count(StepKind::AllReduce)};
+    };
+    CHECK(count([&] { (void)add(s0, r); }) == std::pair{0, 0});
+    CHECK(count([&] { (void)add(p, p); }) == std::pair{0, 0});
+    CHECK(count([&] { (void)mul(p, r); }) == std::pair{0, 0});
+    CHECK(count([&] { (void)add(p, 1.0); }) == std::pair{0, 0});
+    CHECK(count([&] { (void)mul(p, p); }) == std::pair{1, 1});
+    CHECK(count([&] { (void)exp(p); }) == std::pair{1, 1});
+    CHECK(count([&] { (void)add(s0, s1); }) == std::pair{1, 0});  // one all-to-all
+    CommCounter c;
+    (void)add(p, s0);
+    CHECK(c.count(StepKind::ReduceScatter) == 1);
+    CHECK(c.count() == 1);
+    CHECK(c.bytes() == 7 * 5 * sizeof(double));
+  });
+}
+
+TEST_CASE("operands split into different blocks are a clear error") {
+  spmd(2, [](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    const auto g = iota_tensor<double, 2>({4, 2});
+    auto a = distribute<Shard<0>>(g, mesh);
+    auto b = distribute<Shard<0>>(g, mesh, 0, {std::vector<int64_t>{3, 1}, {}});
+    CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("different block sizes"), InvalidArgument);
+  });
+}
