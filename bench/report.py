@@ -53,6 +53,28 @@ def main(out):
         print("### Dispatch overhead (tiny tensors)\n")
         table(["operation", "elements", "baseline ns", "dtensor ns", "added ns", "ratio"], rows)
 
+    o = load(out / "ops.json")
+    if o:
+        rows = []
+        for op, args in (("add", (1, 64)), ("matmul", (1, 4)), ("sum", (1, 16))):
+            for n in args:
+                ours, base = o.get(f"BM_dtensor_{op}/{n}"), o.get(f"BM_eigen_{op}/{n}")
+                if ours and base:
+                    rows.append([op, str(n), f"{ns(base):.0f}", f"{ns(ours):.0f}", f"{ns(ours) - ns(base):.0f}",
+                                 f"{ns(ours) / ns(base):.2f}"])
+        print("### Operator dispatch overhead (1-rank mesh, no communication)\n")
+        table(["operator", "size", "Eigen ns", "dtensor ns", "added ns", "ratio"], rows)
+        rows = []
+        for what, args in (("gemm", (256, 512)), ("cg", (512, 2048))):
+            for n in args:
+                base = o.get(f"BM_single_rank_{what}/{n}/real_time")
+                ours = o.get(f"BM_distributed_{what}/{n}/real_time/threads:2")
+                if ours and base:
+                    rows.append([what, str(n), f"{ns(base) / 1e3:.0f}", f"{ns(ours) / 1e3:.0f}",
+                                 f"{ns(base) / ns(ours):.2f}"])
+        print("### Distributed matmul and CG, 2 in-process ranks vs single-rank Eigen (same total problem)\n")
+        table(["kernel", "n", "Eigen 1 rank us", "dtensor 2 ranks us", "speedup"], rows)
+
     c = load(out / "collectives.json")
     if c:
         rows = []

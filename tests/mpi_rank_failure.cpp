@@ -1,14 +1,36 @@
-// Under mpirun -np 3: rank 1 throws while ranks 0 and 2 wait in a collective. The
-// job must end with rank 1's message (MPI_Abort), not hang.
+// Fault injection under mpirun -np 3; the mode is the first argument:
+//   throw     rank 1 throws while ranks 0 and 2 wait in a collective
+//   mismatch  rank 1 calls a barrier where the others call all_reduce
+//   sizes     rank 2 contributes fewer elements to an all_gather
+//   timeout   rank 1 arrives 5 s late; DTENSOR_TIMEOUT_S=1 for the others
+//   early     rank 1 returns without calling the collective the others wait in
+// Each must end the job with a message naming the failing rank and the collective
+// (run_mpi's MPI_Abort), never hang; ctest checks the message.
 #include <dtensor/mpi.hpp>
 
+#include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <thread>
 
 int main(int argc, char** argv) {
-  return dtensor::run_mpi(argc, argv, [](dtensor::Comm& comm) {
-    if (comm.rank() == 1) throw std::runtime_error("rank 1 gives up on purpose");
+  const std::string mode = argc > 1 ? argv[1] : "throw";
+  return dtensor::run_mpi(argc, argv, [&](dtensor::Comm& comm) {
     std::vector<double> v(4, 1.0);
-    dtensor::all_reduce<double>(comm, v);
+    if (mode == "throw" && comm.rank() == 1) throw std::runtime_error("rank 1 gives up on purpose");
+    if (mode == "early" && comm.rank() == 1) return;
+    if (mode == "mismatch" && comm.rank() == 1) {
+      comm.barrier();
+    } else if (mode == "sizes") {
+      std::vector<double> in(2, 1.0), out(2 * comm.size());
+      dtensor::detail::SmallVector<dtensor::Block, 16> blocks(comm.size());
+      for (int k = 0; k < comm.size(); ++k) blocks[k] = dtensor::Block::contiguous(2 * k, 2);
+      comm.all_gather(in.data(), dtensor::Block::contiguous(0, comm.rank() == 2 ? 1 : 2), out.data(), blocks,
+                      dtensor::DType::Float64);
+    } else {
+      if (mode == "timeout" && comm.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(5));
+      dtensor::all_reduce<double>(comm, v);
+    }
     std::printf("not reached\n");
   });
 }

@@ -48,6 +48,28 @@ TEST_CASE("a rank that throws while the others wait in a collective fails the ru
   CHECK(seconds_since(t0) < 5);  // woken by the abort, not by the 30 s timeout
 }
 
+TEST_CASE("a rank that throws after a collective fails the others in their next one, naming the plan step") {
+  std::atomic<int> with_step{0};
+  CHECK_THROWS_WITH_AS(run_threads(3,
+                                   [&](Comm& comm) {
+                                     DeviceMesh<1> mesh(comm);
+                                     auto x = ones<double, Shard<0>>(Shape<2>{6, 2}, mesh);
+                                     auto y = redistribute<Replicate>(x);  // all ranks complete this one
+                                     if (comm.rank() == 0) throw std::runtime_error("rank zero quits after it");
+                                     try {
+                                       auto z = redistribute<Shard<1>>(redistribute<Partial<Sum>>(y));
+                                     } catch (const PeerAborted& e) {
+                                       const std::string w = e.what();
+                                       if (w.find("[in redistribute [P(sum)] -> [S(1)], step 1 of 1: reduce_scatter "
+                                                  "on mesh dim 0]") != std::string::npos)
+                                         ++with_step;
+                                       throw;
+                                     }
+                                   }),
+                       "dtensor: rank 0 failed: rank zero quits after it", RankFailure);
+  CHECK(with_step == 2);
+}
+
 TEST_CASE("a rank that throws in the middle of a redistribution fails every rank") {
   CHECK_THROWS_WITH_AS(run_threads(4,
                                    [](Comm& comm) {
@@ -162,7 +184,7 @@ TEST_CASE("from_local with different element types or global shapes across ranks
     try {
       (void)from_local<Shard<0>>(Tensor<float, 1>({2}), mesh, Shape<1>{comm.rank() == 0 ? 4 : 5});
     } catch (const InvalidArgument& e) {
-      CHECK(std::string(e.what()).find("declares the global shape") != std::string::npos);
+      CHECK(std::string(e.what()) == "dtensor: from_local: rank 1 declares the global shape [5] but rank 0 declares [4]");
       ++caught;
     }
   });

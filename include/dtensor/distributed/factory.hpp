@@ -167,9 +167,11 @@ DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& me
                     r == comm.rank() ? " (" + error + ")" : std::string());
       DTENSOR_CHECK(e[1] == all[1], InvalidArgument, "from_local: rank ", r, " holds ",
                     name(static_cast<DType>(e[1])), " elements but rank 0 holds ", name(static_cast<DType>(all[1])));
-      DTENSOR_CHECK(shape_at(2 + 2 * Rank) == global_shape, InvalidArgument, "from_local: rank ", r,
-                    " declares the global shape ", to_string(shape_at(2 + 2 * Rank)), " but rank ", comm.rank(),
-                    " declares ", to_string(global_shape));
+      Shape<Rank> first{};  // rank 0's declaration: every rank compares with the same one
+      for (int d = 0; d < Rank; ++d) first[d] = all[2 + 2 * Rank + d];
+      DTENSOR_CHECK(shape_at(2 + 2 * Rank) == first, InvalidArgument, "from_local: rank ", r,
+                    " declares the global shape ", to_string(shape_at(2 + 2 * Rank)), " but rank 0 declares ",
+                    to_string(first));
       DTENSOR_CHECK(shape_at(2) == shape_at(2 + Rank), InvalidArgument, "from_local: rank ", r,
                     " holds a local block of shape ", to_string(shape_at(2)), " but the placements ",
                     DT::placements_string(), " of a ", to_string(global_shape),

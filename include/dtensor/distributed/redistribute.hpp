@@ -106,6 +106,26 @@ Tensor<T, Rank> apply_step(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, 
   return y;
 }
 
+// A collective that fails inside a redistribution says which step of which plan.
+template <class R, int C, std::size_t I, class F>
+auto with_step_context(F&& step) {
+  auto context = [] {
+    const auto& plan = R::candidates.plans[C];
+    const Step& st = plan.steps[I];
+    return detail::cat(" [in redistribute ", to_string(R::from), " -> ", to_string(R::to), ", step ", I + 1, " of ",
+                       plan.nsteps, ": ", name(st.kind), " on mesh dim ", st.mesh_dim, "]");
+  };
+  try {
+    return step();
+  } catch (const PeerAborted& e) {
+    throw PeerAborted(e.what() + context());
+  } catch (const CollectiveTimeout& e) {
+    throw CollectiveTimeout(e.what() + context());
+  } catch (const CommError& e) {
+    throw CommError(e.what() + context());
+  }
+}
+
 template <class R, int C, class T, int Rank, int M>
 Tensor<T, Rank> run_plan(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, const DeviceMesh<M>& mesh,
                          const std::type_identity_t<Splits<Rank>>& target) {
@@ -116,7 +136,9 @@ Tensor<T, Rank> run_plan(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, co
     Tensor<T, Rank> cur;
     const Tensor<T, Rank>* in = &x;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((cur = apply_step<plan.steps[I], plan.states[I], plan.states[I + 1], R::to>(*in, layout, mesh, target),
+      ((cur = with_step_context<R, C, I>([&] {
+          return apply_step<plan.steps[I], plan.states[I], plan.states[I + 1], R::to>(*in, layout, mesh, target);
+        }),
         in = &cur),
        ...);
     }(std::make_index_sequence<plan.nsteps>{});

@@ -57,8 +57,9 @@ class Tensor {
   }
 
   Tensor(const Tensor& o) : Tensor(uninitialized(o.shape_, o.device_)) {
-    if (device_.is_host())
-      std::memcpy(data(), o.data(), bytes());
+    if (device_.is_host()) {
+      if (bytes() > 0) std::memcpy(data(), o.data(), bytes());  // an empty tensor holds no pointer
+    }
     else
       throw InvalidArgument("dtensor: copying a device tensor needs the CUDA backend");
   }

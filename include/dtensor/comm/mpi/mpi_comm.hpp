@@ -10,11 +10,23 @@
 // error string and the operation's name.
 //
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
+//
+// Guarded mode (DTENSOR_CHECK_COLLECTIVES=1, or DTENSOR_TIMEOUT_S=seconds): before
+// each collective the ranks exchange a signature (sequence number, kind, element
+// type, reduction, root, size) with a non-blocking all-gather polled against the
+// timeout. Ranks that call different collectives or disagree on sizes get a
+// CommError on every rank instead of a hang or corrupted memory; a rank that never
+// arrives makes the others raise CollectiveTimeout (and run_mpi then aborts the
+// job). Off by default: it costs one small all-gather per collective.
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
@@ -158,6 +170,9 @@ class MpiComm final : public Comm {
     detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    if (const char* t = std::getenv("DTENSOR_TIMEOUT_S")) timeout_s_ = std::atof(t);
+    const char* c = std::getenv("DTENSOR_CHECK_COLLECTIVES");
+    guarded_ = timeout_s_ > 0 || (c && *c && *c != '0');
   }
   // A duplicate of MPI_COMM_WORLD: dtensor's traffic never mixes with the program's.
   static std::unique_ptr<MpiComm> world() {
@@ -176,10 +191,14 @@ class MpiComm final : public Comm {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
-  void barrier() override { detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    enter("barrier", DType::Int8, ReduceOp::Sum, 0, 0);
+    detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
+  }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
+    enter("all_reduce", t, op, 0, n, /*same_count=*/true);
     detail::check_mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op),
                                     comm_),
                       "MPI_Allreduce");
@@ -187,6 +206,7 @@ class MpiComm final : public Comm {
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
+    enter("broadcast", t, ReduceOp::Sum, root, static_cast<int64_t>(count), true);
     detail::check_mpi(MPI_Bcast(buf, detail::mpi_count(static_cast<int64_t>(count), "broadcast"), detail::mpi_type(t),
                                 root, comm_),
                       "MPI_Bcast");
@@ -195,6 +215,13 @@ class MpiComm final : public Comm {
   void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
                   DType t) override {
     check_peers(recv_blocks, "all_gather");
+    const auto& sig = enter("all_gather", t, ReduceOp::Sum, 0, send_block.numel());
+    if (guarded_)  // each rank's contribution must fill the block reserved for it
+      for (int k = 0; k < size_; ++k)
+        if (sig[k].count != recv_blocks[k].numel())
+          throw CommError(detail::cat("dtensor: all_gather #", seq_, ": rank ", k, " sends ", sig[k].count,
+                                      " elements to rank ", rank_, ", which expects ", recv_blocks[k].numel(),
+                                      "; the ranks disagree on the sizes"));
     // recv_blocks are the same on every rank (Comm's contract), so every rank takes
     // the same branch.
     if (detail::all_contiguous(recv_blocks)) {
@@ -214,6 +241,7 @@ class MpiComm final : public Comm {
   void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                       ReduceOp op) override {
     check_peers(send_blocks, "reduce_scatter");
+    enter("reduce_scatter", t, op, 0, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts(size_);
     for (int k = 0; k < size_; ++k) counts[k] = detail::mpi_count(send_blocks[k].numel(), "reduce_scatter");
@@ -250,6 +278,7 @@ class MpiComm final : public Comm {
                   std::span<const Block> recv_blocks, DType t) override {
     check_peers(send_blocks, "all_to_all");
     check_peers(recv_blocks, "all_to_all");
+    enter("all_to_all", t, ReduceOp::Sum, 0, 0);
     // Always MPI_Alltoallw: whether this rank's blocks happen to be contiguous (a
     // shard of one row, an empty shard) differs from rank to rank, and every rank
     // must make the same MPI call.
@@ -258,6 +287,7 @@ class MpiComm final : public Comm {
 
   void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                int root) override {
+    enter("scatter", t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
     std::vector<std::byte> packed;
@@ -289,6 +319,7 @@ class MpiComm final : public Comm {
 
   void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
               int root) override {
+    enter("gather", t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
     std::vector<std::byte> packed;
@@ -334,6 +365,7 @@ class MpiComm final : public Comm {
   }
 
   std::unique_ptr<Comm> split(int color, int key) override {
+    enter("split", DType::Int8, ReduceOp::Sum, 0, 0);
     MPI_Comm out;
     detail::check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "MPI_Comm_split");
     if (out == MPI_COMM_NULL) return nullptr;
@@ -341,6 +373,52 @@ class MpiComm final : public Comm {
   }
 
  private:
+  struct Signature {
+    int64_t seq, kind, dtype, op, root, count;
+  };
+
+  // Guarded mode: exchange and compare signatures (see the top of this file).
+  // Returns every rank's signature; empty when not guarded.
+  const std::vector<Signature>& enter(const char* op, DType t, ReduceOp rop, int root, int64_t count,
+                                      bool same_count = false) {
+    if (!guarded_) return signatures_;
+    ++seq_;
+    const int64_t kind = static_cast<int64_t>(std::hash<std::string_view>{}(op) & 0xffffff);
+    const Signature mine{seq_, kind, static_cast<int64_t>(t), static_cast<int64_t>(rop), root, count};
+    signatures_.resize(size_);
+    MPI_Request req;
+    detail::check_mpi(MPI_Iallgather(&mine, 6, MPI_INT64_T, signatures_.data(), 6, MPI_INT64_T, comm_, &req),
+                      "MPI_Iallgather");
+    wait(req, op);
+    for (int k = 0; k < size_; ++k) {
+      const Signature& o = signatures_[k];
+      if (o.seq != mine.seq || o.kind != mine.kind)
+        throw CommError(detail::cat("dtensor: collective mismatch on a communicator of ", size_, " ranks: rank ",
+                                    rank_, " called ", op, " #", seq_, " while rank ", k,
+                                    " called a different collective (#", o.seq, ")"));
+      if (o.dtype != mine.dtype || o.op != mine.op || o.root != mine.root || (same_count && o.count != count))
+        throw CommError(detail::cat("dtensor: ", op, " #", seq_, ": rank ", rank_, " and rank ", k,
+                                    " disagree on the element type, reduction, root or element count"));
+    }
+    return signatures_;
+  }
+
+  // Polls a request against the timeout, yielding the core while it waits.
+  void wait(MPI_Request& req, const char* op) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      detail::check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) return;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (timeout_s_ > 0 && waited > timeout_s_)
+        throw CollectiveTimeout(detail::cat("dtensor: rank ", rank_, ": ", op, " #", seq_, " timed out after ",
+                                            timeout_s_, " s waiting for the other ranks to call it "
+                                            "(DTENSOR_TIMEOUT_S)"));
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
+    }
+  }
+
   void check_peers(std::span<const Block> blocks, const char* op) const {
     DTENSOR_CHECK(static_cast<int>(blocks.size()) == size_, InvalidArgument, op, ": ", blocks.size(),
                   " blocks given for a communicator of ", size_, " ranks");
@@ -382,6 +460,10 @@ class MpiComm final : public Comm {
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 0;
+  bool guarded_ = false;
+  double timeout_s_ = 0;
+  int64_t seq_ = 0;
+  std::vector<Signature> signatures_;
 };
 
 }  // namespace dtensor

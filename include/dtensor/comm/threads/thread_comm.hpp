@@ -131,10 +131,9 @@ class ThreadComm final : public Comm {
     check_peer_list(recv_blocks, "all_gather");
     begin(detail::OpKind::AllGather, [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
     check_same(&detail::Slot::dtype, "element type");
-    for (int k = 0; k < size(); ++k) {
-      guarded_size_check(slot(k).send_block, recv_blocks[k], k);
+    for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
+    for (int k = 0; k < size(); ++k)
       detail::copy_block(slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
-    }
     end();
   }
 
@@ -146,7 +145,7 @@ class ThreadComm final : public Comm {
     });
     check_same(&detail::Slot::dtype, "element type");
     check_same(&detail::Slot::rop, "reduction");
-    for (int k = 0; k < size(); ++k) guarded_size_check(slot(k).send_blocks[rank_], recv_block, k);
+    for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_block, k);
     detail::copy_block(slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
     for (int k = 1; k < size(); ++k) detail::reduce_block(t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
     if (op == ReduceOp::Avg) detail::divide_block(t, recv, recv_block, size());
@@ -161,10 +160,9 @@ class ThreadComm final : public Comm {
       s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
     });
     check_same(&detail::Slot::dtype, "element type");
-    for (int k = 0; k < size(); ++k) {
-      guarded_size_check(slot(k).send_blocks[rank_], recv_blocks[k], k);
+    for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_blocks[k], k);
+    for (int k = 0; k < size(); ++k)
       detail::copy_block(slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
-    }
     end();
   }
 
@@ -176,7 +174,7 @@ class ThreadComm final : public Comm {
     });
     check_same(&detail::Slot::root, "root");
     check_same(&detail::Slot::dtype, "element type");
-    guarded_size_check(slot(root).send_blocks[rank_], recv_block, root);
+    check_size(slot(root).send_blocks[rank_], recv_block, root);
     detail::copy_block(slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
     end();
   }
@@ -189,11 +187,11 @@ class ThreadComm final : public Comm {
     });
     check_same(&detail::Slot::root, "root");
     check_same(&detail::Slot::dtype, "element type");
-    if (rank_ == root)
-      for (int k = 0; k < size(); ++k) {
-        guarded_size_check(slot(k).send_block, recv_blocks[k], k);
+    if (rank_ == root) {
+      for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
+      for (int k = 0; k < size(); ++k)
         detail::copy_block(slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
-      }
+    }
     end();
   }
 
@@ -335,11 +333,16 @@ class ThreadComm final : public Comm {
                                                          " and rank ", k, " disagree on the ", what)));
   }
 
-  void guarded_size_check(const Block& from, const Block& to, int peer) {
-    if (from.numel() != to.numel())
-      world().fail(world_rank(), CommError(detail::cat("dtensor: ", name(op_), " #", seq_, ": rank ", peer, " sends ",
-                                                       from.numel(), " elements to rank ", rank_, ", which expects ",
-                                                       to.numel(), "; the ranks disagree on the sizes")));
+  // Only the receiving rank sees a size mismatch, so it cannot leave at once: its
+  // peers may be copying from its buffers. It takes part in the closing
+  // synchronisation (copying nothing), then aborts the run.
+  void check_size(const Block& from, const Block& to, int peer) {
+    if (from.numel() == to.numel()) return;
+    CommError e(detail::cat("dtensor: ", name(op_), " #", seq_, ": rank ", peer, " sends ", from.numel(),
+                            " elements to rank ", rank_, ", which expects ", to.numel(),
+                            "; the ranks disagree on the sizes"));
+    end();
+    world().fail(world_rank(), e);
   }
 
   void check_peer_list(std::span<const Block> blocks, const char* op) const {

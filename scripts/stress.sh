@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs every fault-injection case N times (default 100) and counts the outcomes: a
+# case passes when it ends with its error message; a hang (killed by the 60 s
+# guard) or a crash without the message is a failure. Not part of CI (it is long).
+#   scripts/stress.sh [N]          after building build/ (scripts/test.sh does)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-100}
+bin=build/tests
+export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+inprocess=(
+  "a rank that throws while the others wait in a collective*"
+  "a rank that throws after a collective*"
+  "a rank that throws in the middle of a redistribution*"
+  "a rank that returns early*"
+  "mismatched collectives and sizes*"
+  "a collective that waits past the timeout*"
+  "point-to-point: mismatched tags*"
+  "from_local with a wrong local shape*"
+)
+declare -A mpi=(
+  [throw]="dtensor: rank 1 failed: rank 1 gives up on purpose"
+  [mismatch]="collective mismatch on a communicator of 3 ranks"
+  [sizes]="rank 2 sends 1 elements to rank [012], which expects 2"
+  [timeout]="all_reduce #1 timed out after 1 s"
+  [early]="all_reduce #1 timed out after 1 s"
+)
+
+printf "| case | runs | ok | hangs | other failures |\n|---|---|---|---|---|\n"
+for tc in "${inprocess[@]}"; do
+  ok=0 hang=0 bad=0
+  for ((i = 0; i < n; ++i)); do
+    timeout 60 "$bin/test_faults" -tc="$tc" > /dev/null 2>&1
+    case $? in 0) ((ok++)) ;; 124) ((hang++)) ;; *) ((bad++)) ;; esac
+  done
+  printf "| in-process: %s | %d | %d | %d | %d |\n" "${tc%\*}" "$n" "$ok" "$hang" "$bad"
+done
+if [[ -x $bin/mpi_rank_failure ]]; then
+  for mode in "${!mpi[@]}"; do
+    ok=0 hang=0 bad=0
+    for ((i = 0; i < n; ++i)); do
+      out=$(DTENSOR_CHECK_COLLECTIVES=1 DTENSOR_TIMEOUT_S=1 timeout 60 mpiexec -n 3 "$bin/mpi_rank_failure" "$mode" 2>&1)
+      rc=$?
+      if [[ $rc == 124 ]]; then ((hang++))
+      elif grep -Eq "${mpi[$mode]}" <<< "$out" && ! grep -q "not reached" <<< "$out"; then ((ok++))
+      else ((bad++)); fi
+    done
+    printf "| MPI (3 processes): %s | %d | %d | %d | %d |\n" "$mode" "$n" "$ok" "$hang" "$bad"
+  done
+fi

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command of README.md and CI: installs the dependencies, builds and runs
+# every test, then builds a focused subset under sanitizers and runs it:
+#   AddressSanitizer + UndefinedBehaviorSanitizer: runtime, layout, redistribution,
+#     construction and fault tests (build-asan/)
+#   ThreadSanitizer: the in-process runtime's tests (build-tsan/)
+# Any sanitizer report fails the run. DTENSOR_SKIP_SANITIZERS=1 skips that part.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=${DTENSOR_JOBS:-2}
+
+./scripts/setup.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+[[ "${DTENSOR_SKIP_SANITIZERS:-0}" == 1 ]] && exit 0
+
+asan_tests=(test_tensor test_comm test_faults test_mesh test_layout test_factory test_redistribute_1d)
+tsan_tests=(test_comm test_faults test_mesh test_redistribute_1d)
+list() { local IFS=';'; echo "$*"; }
+
+echo "== sanitizers: address,undefined on ${asan_tests[*]}"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DDTENSOR_SANITIZE=address,undefined -DDTENSOR_BUILD_EXAMPLES=OFF \
+  -DDTENSOR_TEST_ONLY="$(list "${asan_tests[@]}")" > /dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+echo "== sanitizers: thread on ${tsan_tests[*]}"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DDTENSOR_SANITIZE=thread -DDTENSOR_BUILD_EXAMPLES=OFF \
+  -DDTENSOR_TEST_ONLY="$(list "${tsan_tests[@]}")" > /dev/null
+cmake --build build-tsan -j"$jobs"
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  ctest --test-dir build-tsan --output-on-failure -j"$jobs"
