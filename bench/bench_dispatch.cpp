@@ -25,14 +25,7 @@ Tensor<float, 2> eigen_copy(const Tensor<float, 2>& in) {
   return out;
 }
 
-struct OneRank {
-  std::vector<std::unique_ptr<ThreadComm>> comms = make_thread_comms(1);
-  DeviceMesh<1> mesh{*comms[0]};
-};
-OneRank& one_rank() {
-  static OneRank r;
-  return r;
-}
+using bench::one_rank;
 
 Shape<2> tiny(int64_t n) { return {1, n}; }
 

@@ -11,14 +11,7 @@ using namespace dtensor;
 
 namespace {
 
-struct OneRank {
-  std::vector<std::unique_ptr<ThreadComm>> comms = make_thread_comms(1);
-  DeviceMesh<1> mesh{*comms[0]};
-};
-OneRank& one_rank() {
-  static OneRank r;
-  return r;
-}
+using bench::one_rank;
 
 // --- dispatch: dtensor op vs the Eigen call on the local block (output allocated in both)
 void BM_eigen_add(benchmark::State& state) {

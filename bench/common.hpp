@@ -27,6 +27,17 @@ inline dtensor::Comm& comm_for(const benchmark::State& state) {
   return *set[state.thread_index()];
 }
 
+// A mesh of one in-process rank, for measuring what dtensor adds when nothing is
+// communicated.
+struct OneRank {
+  std::vector<std::unique_ptr<dtensor::ThreadComm>> comms = dtensor::make_thread_comms(1);
+  dtensor::DeviceMesh<1> mesh{*comms[0]};
+};
+inline OneRank& one_rank() {
+  static OneRank r;
+  return r;
+}
+
 // nccl-tests bus bandwidth factors: what each rank must move, relative to the
 // algorithm's bytes (the full buffer of all_reduce, the gathered output of
 // all_gather, the input of reduce_scatter, the per-rank buffer of all_to_all).

@@ -98,7 +98,7 @@ Tensor<T, Rank> apply_step(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, 
                Block::contiguous(0, y.numel()), sizeof(T));
   } else {  // MakePartial: the value stays whole under Avg, Max, Min; for Sum one rank keeps it
     if (S.op == ReduceOp::Sum && c != 0)
-      y = Tensor<T, Rank>(out_shape, x.device());
+      std::fill_n(y.data(), y.numel(), T{0});
     else
       copy_block(x.data(), Block::contiguous(0, x.numel()), y.data(), Block::contiguous(0, y.numel()), sizeof(T));
   }
