@@ -16,8 +16,11 @@ def load(path):
     return runs
 
 def ns(b):
+    """Wall time of one operation. With ->Threads(n), Google Benchmark divides the wall
+    time by the iterations of all n threads together; every thread (rank) ran each
+    operation, so the time of one is n times the reported figure."""
     scale = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[b["time_unit"]]
-    return b["real_time"] * scale
+    return b["real_time"] * scale * b.get("threads", 1)
 
 def size_str(s):
     s = int(s)

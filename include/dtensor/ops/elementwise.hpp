@@ -118,8 +118,8 @@ auto binary(const DTensor<T, Rank, PA...>& a, const DTensor<T, Rank, PB...>& b) 
   static_assert(detail::check_policy<Policy, detail::binary_op_name<K>, Placements<PA...>, Placements<PB...>,
                                      detail::communicates<Placements<PA...>, QA>() ||
                                          detail::communicates<Placements<PB...>, QB>()>::ok);
-  const auto a2 = redistribute_as<QA>(a);
-  const auto b2 = redistribute_as<QB>(b);
+  const auto& a2 = redistribute_as<QA>(a);
+  const auto& b2 = redistribute_as<QB>(b);
   detail::check_same_blocks(a2.layout(), b2.layout(), "elementwise operator");
   using Out = dtensor_t<T, Rank, placements_t<plan.out>>;
   auto out = Tensor<T, Rank>::uninitialized(a2.local().shape());
@@ -148,13 +148,13 @@ auto binary_scalar(const DTensor<T, Rank, P...>& x, T s) {
   using Q = placements_t<plan.a>;
   static_assert(detail::check_policy<Policy, detail::binary_op_name<K>, Placements<P...>, Q,
                                      detail::communicates<Placements<P...>, Q>()>::ok);
-  const auto x2 = redistribute_as<Q>(x);
+  const auto& x2 = redistribute_as<Q>(x);
   // Added to a Partial<Sum>, the scalar is one term: the other ranks add nothing.
   const bool additive = K == BinaryOp::Add || K == BinaryOp::Sub;
   if (additive && detail::scalar_is_zero_here(plan.a, x.mesh().coords())) s = T{0};
   auto out = Tensor<T, Rank>::uninitialized(x2.local().shape());
   as_eigen_array(out) = detail::apply_binary<K>(as_eigen_array(x2.local()), s);
-  return decltype(x2)(x.mesh(), x2.layout(), std::move(out));
+  return std::decay_t<decltype(x2)>(x.mesh(), x2.layout(), std::move(out));
 }
 
 template <class Policy = Implicit, class X>
@@ -180,10 +180,10 @@ auto unary(const DTensor<T, Rank, P...>& x, F&& f) {
   static constexpr auto targets = unary_targets<sizeof...(P)>(describe_all<P...>(), Linear);
   using Q = placements_t<targets>;
   static_assert(check_policy<Policy, unary_op_name<F>, Placements<P...>, Q, communicates<Placements<P...>, Q>()>::ok);
-  const auto x2 = redistribute_as<Q>(x);
+  const auto& x2 = redistribute_as<Q>(x);
   auto out = Tensor<T, Rank>::uninitialized(x2.local().shape());
   as_eigen_array(out) = f(as_eigen_array(x2.local()));
-  return decltype(x2)(x.mesh(), x2.layout(), std::move(out));
+  return std::decay_t<decltype(x2)>(x.mesh(), x2.layout(), std::move(out));
 }
 }  // namespace detail
 
@@ -236,8 +236,8 @@ auto add_bias(const DTensor<T, 2, PM...>& m, const DTensor<T, 1, PV...>& v) {
   static_assert(detail::check_policy<Policy, detail::bias_op_name, Placements<PM...>, Placements<PV...>,
                                      detail::communicates<Placements<PM...>, QM>() ||
                                          detail::communicates<Placements<PV...>, QV>()>::ok);
-  const auto m2 = redistribute_as<QM>(m);
-  const auto v2 = redistribute_as<QV>(v);
+  const auto& m2 = redistribute_as<QM>(m);
+  const auto& v2 = redistribute_as<QV>(v);
   constexpr int dim = A == Along::Rows ? 1 : 0;
   DTENSOR_CHECK(v2.shape()[0] == m2.shape()[dim] && v2.layout().blocks[0] == m2.layout().blocks[dim],
                 InvalidArgument, "add_bias: a vector of ", v2.shape()[0], " elements (blocks must match) against ",
@@ -247,7 +247,7 @@ auto add_bias(const DTensor<T, 2, PM...>& m, const DTensor<T, 1, PV...>& v) {
     as_eigen(out) = as_eigen(m2.local()).rowwise() + as_eigen(v2.local()).transpose();
   else
     as_eigen(out) = as_eigen(m2.local()).colwise() + as_eigen(v2.local());
-  return decltype(m2)(m.mesh(), m2.layout(), std::move(out));
+  return std::decay_t<decltype(m2)>(m.mesh(), m2.layout(), std::move(out));
 }
 
 }  // namespace dtensor

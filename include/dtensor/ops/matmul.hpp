@@ -119,6 +119,10 @@ struct contraction_name {};  // names the operator in strict-mode diagnostics
 template <const ContractionSpec& S, class T>
 void contract_local(const T* a, const T* b, T* c, const std::array<int64_t, 4>& e) {  // e: batch, m, k, n
   using Map = Eigen::Map<const EigenRowMatrix<T>>;
+  if (e[3] == 1 && e[0] == 1) {  // matrix-vector (and dot): Eigen's GEMV, not a one-column GEMM
+    Eigen::Map<EigenVector<T>>(c, e[1]).noalias() = Map(a, e[1], e[2]) * Eigen::Map<const EigenVector<T>>(b, e[2]);
+    return;
+  }
   for (int64_t i = 0; i < e[0]; ++i) {
     Map am(a + i * e[1] * e[2], e[1], e[2]);
     Map bm(b + i * e[2] * e[3], e[2], e[3]);
@@ -150,8 +154,8 @@ auto contract(const DTensor<T, RA, PA...>& a, const DTensor<T, RB, PB...>& b) {
   DTENSOR_CHECK(dim(a.shape(), S.a.k) == dim(b.shape(), S.b.k) && dim(a.shape(), S.a.batch) == dim(b.shape(), S.b.batch),
                 InvalidArgument, "contraction of shapes ", to_string(a.shape()), " and ", to_string(b.shape()),
                 ": the contracted (and batch) extents differ");
-  const auto a2 = redistribute_as<QA>(a);
-  const auto b2 = redistribute_as<QB>(b);
+  const auto& a2 = redistribute_as<QA>(a);
+  const auto& b2 = redistribute_as<QB>(b);
   auto same_blocks = [&](int da, int db) {
     DTENSOR_CHECK(da < 0 || a2.layout().blocks[da] == b2.layout().blocks[db], InvalidArgument,
                   "contraction: the operands split tensor dims ", da, " and ", db,

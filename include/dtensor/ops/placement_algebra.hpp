@@ -54,10 +54,15 @@ using placements_t = typename detail::placements_type<State>::type;
 template <class T, int Rank, class PList>
 using dtensor_t = typename detail::dtensor_type<T, Rank, PList>::type;
 
-// redistribute to a Placements<Q...> list.
+// redistribute to a Placements<Q...> list. Where x already has those placements
+// this returns x itself (a reference), not a copy: operators bind the result with
+// `const auto&`, so an operand that needs no communication is not copied either.
 template <class PList, class T, int Rank, class... P>
-auto redistribute_as(const DTensor<T, Rank, P...>& x) {
-  return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x); }(PList{});
+decltype(auto) redistribute_as(const DTensor<T, Rank, P...>& x) {
+  if constexpr (std::is_same_v<PList, Placements<P...>>)
+    return (x);
+  else
+    return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x); }(PList{});
 }
 
 }  // namespace dtensor

@@ -85,7 +85,7 @@ auto reduce(const DTensor<T, Rank, P...>& x) {
   static_assert(check_policy<Policy, reduction_name<R>, Placements<P...>, QOut,
                              communicates<Placements<P...>, QIn>() ||
                                  (finalize && communicates<QOut, placements_t<plan.value>>())>::ok);
-  const auto x2 = redistribute_as<QIn>(x);
+  const auto& x2 = redistribute_as<QIn>(x);
   ShardLayout<Rank - 1> layout;
   for (int d = 0, o = 0; d < Rank; ++d)
     if (d != D) layout.global[o] = x.shape()[d], layout.blocks[o++] = x2.layout().blocks[d];
@@ -144,7 +144,7 @@ template <class Policy = Implicit, class T, int Rank, class... P>
 T norm2(const DTensor<T, Rank, P...>& x) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
   static_assert(detail::check_policy<Policy, detail::norm_name, Placements<P...>, placements_t<ps>, true>::ok);
-  const auto x2 = redistribute_as<placements_t<ps>>(x);
+  const auto& x2 = redistribute_as<placements_t<ps>>(x);
   T s = as_eigen_array(x2.local()).square().sum();
   detail::all_reduce_over_shards(ps, -1, x.mesh(), &s, 1, dtype_of<T>(), ReduceOp::Sum);
   return std::sqrt(s);
@@ -153,7 +153,7 @@ template <class Policy = Implicit, class T, int Rank, class... P>
 T norm_max(const DTensor<T, Rank, P...>& x) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
   static_assert(detail::check_policy<Policy, detail::norm_name, Placements<P...>, placements_t<ps>, true>::ok);
-  const auto x2 = redistribute_as<placements_t<ps>>(x);
+  const auto& x2 = redistribute_as<placements_t<ps>>(x);
   T s = x2.local().numel() ? as_eigen_array(x2.local()).abs().maxCoeff() : T{0};
   detail::all_reduce_over_shards(ps, -1, x.mesh(), &s, 1, dtype_of<T>(), ReduceOp::Max);
   return s;

@@ -64,8 +64,8 @@ DTensor<T, Rank, P...> concat(const DTensor<T, Rank, P...>& a, const DTensor<T, 
   for (int d = 0; d < Rank; ++d)
     DTENSOR_CHECK(d == D || (a.shape()[d] == b.shape()[d] && a.layout().blocks[d] == b.layout().blocks[d]),
                   InvalidArgument, "concat: the operands differ along tensor dim ", d, " (shape or blocks)");
-  const auto a2 = redistribute_as<Q>(a);
-  const auto b2 = redistribute_as<Q>(b);
+  const auto& a2 = redistribute_as<Q>(a);
+  const auto& b2 = redistribute_as<Q>(b);
   const auto la = a2.local().shape(), lb = b2.local().shape();
   Shape<Rank> ls = la;
   ls[D] = la[D] + lb[D];
