@@ -153,3 +153,31 @@ TEST_CASE("softmax along a sharded dim all-reduces a max and a sum, nothing else
     CHECK(local.count() == 0);
   });
 }
+
+template <class T, int Rank>
+Tensor<T, Rank> cast(const Tensor<double, Rank>& g) {
+  Tensor<T, Rank> t(g.shape());
+  for (int64_t i = 0; i < g.numel(); ++i) t.data()[i] = static_cast<T>(g.data()[i]);
+  return t;
+}
+
+TEST_CASE("reductions and softmax in float, against the double reference at float tolerance") {
+  on_1d_meshes([](const DeviceMesh<1>& mesh) {
+    for (const auto& shape : op_shapes(mesh.size())) {
+      const auto g = iota_tensor<double, 2>(shape);
+      const auto f = cast<float>(g);
+      Tensor<double, 2> scaled = g;  // softmax of 0.1 x: values of moderate range for float
+      for (int64_t i = 0; i < scaled.numel(); ++i) scaled.data()[i] *= 0.1;
+      auto check = [&](const auto& x) {
+        CHECK(close(reconstruct(sum<0>(x)), cast<float>(reference<Reduction::Sum>(g, 0))));
+        if (shape[1] > 0) CHECK(close(reconstruct(mean<1>(x)), cast<float>(reference<Reduction::Mean>(g, 1))));
+        CHECK(close(reconstruct(max<0>(x)), cast<float>(reference<Reduction::Max>(g, 0))));
+        CHECK(close(reconstruct(softmax<1>(mul(x, 0.1f))), cast<float>(softmax_reference<false>(scaled, 1))));
+      };
+      check(make_source<Shard<0>>(f, mesh));
+      check(make_source<Shard<1>>(f, mesh));
+      check(make_source<Partial<Sum>>(f, mesh));
+    }
+  });
+}
+
