@@ -25,7 +25,7 @@ declare -A mpi=(
   [mismatch]="collective mismatch on a communicator of 3 ranks"
   [sizes]="rank 2 sends 1 elements to rank [012], which expects 2"
   [timeout]="all_reduce #1 timed out after 1 s"
-  [early]="all_reduce #1 timed out after 1 s"
+  [early]="returned from its function"
 )
 
 printf "| case | runs | ok | hangs | other failures |\n|---|---|---|---|---|\n"

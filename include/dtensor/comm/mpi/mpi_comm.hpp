@@ -187,6 +187,15 @@ class MpiComm final : public Comm {
   MpiComm& operator=(const MpiComm&) = delete;
 
   MPI_Comm native() const { return comm_; }
+  bool guarded() const { return guarded_; }
+
+  // Guarded mode: a polled barrier at the end of run_mpi. A rank that returned while
+  // its peers still wait in a collective it skipped stays here, instead of entering
+  // MPI_Finalize (which can then keep the job from ending): the peers' timeout aborts
+  // the job, or this rank's own timeout names the problem.
+  void finish() {
+    if (guarded_) enter(kFinished, DType::Int8, ReduceOp::Sum, 0, 0);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
@@ -373,6 +382,7 @@ class MpiComm final : public Comm {
   }
 
  private:
+  static constexpr const char* kFinished = "the end of run_mpi";
   struct Signature {
     int64_t seq, kind, dtype, op, root, count;
   };
@@ -383,7 +393,7 @@ class MpiComm final : public Comm {
                                       bool same_count = false) {
     if (!guarded_) return signatures_;
     ++seq_;
-    const int64_t kind = static_cast<int64_t>(std::hash<std::string_view>{}(op) & 0xffffff);
+    const int64_t kind = op == kFinished ? -1 : static_cast<int64_t>(std::hash<std::string_view>{}(op) & 0xffffff);
     const Signature mine{seq_, kind, static_cast<int64_t>(t), static_cast<int64_t>(rop), root, count};
     signatures_.resize(size_);
     MPI_Request req;
@@ -392,6 +402,12 @@ class MpiComm final : public Comm {
     wait(req, op);
     for (int k = 0; k < size_; ++k) {
       const Signature& o = signatures_[k];
+      if (o.kind == -1 && mine.kind != -1)
+        throw CommError(detail::cat("dtensor: rank ", rank_, ": ", op, " #", seq_, ": rank ", k,
+                                    " returned from its function without joining this collective"));
+      if (mine.kind == -1 && o.kind != -1)
+        throw CommError(detail::cat("dtensor: rank ", rank_, " returned from its function while rank ", k,
+                                    " waits in its collective #", o.seq, ": a collective was skipped"));
       if (o.seq != mine.seq || o.kind != mine.kind)
         throw CommError(detail::cat("dtensor: collective mismatch on a communicator of ", size_, " ranks: rank ",
                                     rank_, " called ", op, " #", seq_, " while rank ", k,

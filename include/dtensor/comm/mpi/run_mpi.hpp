@@ -49,6 +49,7 @@ int run_mpi(int& argc, char**& argv, F&& fn) {
   try {
     auto world = MpiComm::world();
     fn(static_cast<Comm&>(*world));
+    world->finish();
   } catch (const std::exception& e) {
     detail::abort_job(rank, e.what());
   } catch (...) {
