@@ -99,7 +99,6 @@ DTensor<T, Rank, P...> make_source(const Tensor<T, Rank>& g, const DeviceMesh<M>
   Tensor<T, Rank> local = std::move(base).to_local();
   constexpr auto ps = describe_all<P...>();
   const auto off = base.local_offset();
-  const auto strides = row_major_strides(g.shape());
   detail::for_each_box_run(g.shape(), off, local.shape(), [&](int64_t in, int64_t o, int64_t n) {
     for (int64_t k = 0; k < n; ++k)
       for (int m = 0; m < M; ++m)
@@ -107,7 +106,6 @@ DTensor<T, Rank, P...> make_source(const Tensor<T, Rank>& g, const DeviceMesh<M>
           local.data()[o + k] =
               partial_term(ps[m].op, local.data()[o + k], in + k, m, mesh.coord(m), mesh.size(m));
   });
-  (void)strides;
   return from_local<P...>(std::move(local), mesh, g.shape(), base.layout().blocks);
 }
 

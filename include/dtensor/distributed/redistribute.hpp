@@ -6,6 +6,7 @@
 // its kind and dims as constants. Every collective reads the input and writes the
 // output in place through Blocks, so a step allocates only its output.
 #include <numeric>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -37,14 +38,6 @@ struct check_transitions<Placements<P...>, Placements<Q...>, std::index_sequence
       (check_redistribute_on_mesh_dim<static_cast<int>(I), P, Q>::ok && ...);
 };
 
-template <int Rank>
-std::vector<int64_t> offsets_of(const std::vector<int64_t>& sizes, std::size_t first, std::size_t n) {
-  std::vector<int64_t> off(n);
-  int64_t acc = 0;
-  for (std::size_t k = 0; k < n; ++k) off[k] = acc, acc += sizes[first + k];
-  return off;
-}
-
 // Runs one step: returns the new local block and updates `layout` to the state after it.
 template <Step S, auto Before, auto After, auto Target, class T, int Rank, int M>
 Tensor<T, Rank> apply_step(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, const DeviceMesh<M>& mesh,
@@ -63,10 +56,13 @@ Tensor<T, Rank> apply_step(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, 
 
   // Sizes along tensor dim d of the n pieces of this rank's block that line up
   // with the ranks of this mesh dim, and their offsets.
+  // (The sizes are a view into the layout; the offsets stay inline for ordinary meshes.)
   auto pieces = [&](const ShardLayout<Rank>& l, int d, const PlacementState<M>& outer) {
     const std::size_t first = static_cast<std::size_t>(block_index(sharding_mesh_dims(outer, d), ms, coords)) * n;
-    std::vector<int64_t> sizes(l.blocks[d].begin() + first, l.blocks[d].begin() + first + n);
-    return std::pair{sizes, offsets_of<Rank>(l.blocks[d], first, n)};
+    std::span<const int64_t> sizes(l.blocks[d].data() + first, static_cast<std::size_t>(n));
+    SmallVector<int64_t, 16> off(n);
+    for (int k = 1; k < n; ++k) off[k] = off[k - 1] + sizes[k - 1];
+    return std::pair{sizes, off};
   };
 
   Tensor<T, Rank> y = Tensor<T, Rank>::uninitialized(out_shape, x.device());

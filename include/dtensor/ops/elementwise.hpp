@@ -99,13 +99,6 @@ void check_same_blocks(const ShardLayout<Rank>& a, const ShardLayout<Rank>& b, c
                   " with different block sizes; redistribute one of them with the other's Splits first");
 }
 
-// True where a scalar added to a Partial<Sum> term must be left out: it belongs to
-// one term only (coordinate 0), like a value made Partial.
-template <std::size_t M>
-bool scalar_is_zero_here(const PlacementState<M>& ps, const std::array<int, M>& coords) {
-  return holds_zero_term(ps, coords);
-}
-
 }  // namespace detail
 
 // a (op) b, elementwise, for DTensors of one shape on one mesh.
@@ -151,7 +144,7 @@ auto binary_scalar(const DTensor<T, Rank, P...>& x, T s) {
   const auto& x2 = redistribute_as<Q>(x);
   // Added to a Partial<Sum>, the scalar is one term: the other ranks add nothing.
   const bool additive = K == BinaryOp::Add || K == BinaryOp::Sub;
-  if (additive && detail::scalar_is_zero_here(plan.a, x.mesh().coords())) s = T{0};
+  if (additive && detail::holds_zero_term(plan.a, x.mesh().coords())) s = T{0};
   auto out = Tensor<T, Rank>::uninitialized(x2.local().shape());
   as_eigen_array(out) = detail::apply_binary<K>(as_eigen_array(x2.local()), s);
   return std::decay_t<decltype(x2)>(x.mesh(), x2.layout(), std::move(out));
