@@ -9,7 +9,9 @@
 //    the same root, reduction and element type;
 //  * an error on any rank (bad sizes, a peer that failed, a timeout) ends the
 //    collective with an exception on every rank instead of a hang;
-//  * `send` may equal `recv` where noted (in-place).
+//  * `send` may equal `recv` where noted (in-place);
+//  * every buffer lives where device() says: host memory, or memory of that GPU
+//    (host values such as shapes go through comm/host_values.hpp).
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -18,6 +20,7 @@
 #include "dtensor/comm/block.hpp"
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/tensor/device.hpp"
 
 namespace dtensor {
 
@@ -27,7 +30,9 @@ class Comm {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "threads", "mpi", ...
+  virtual std::string backend() const = 0;  // "threads", "mpi", "nccl"
+  // Where the buffers of this communicator's calls live.
+  virtual Device device() const { return Device::host(); }
 
   virtual void barrier() = 0;
 
@@ -65,6 +70,17 @@ class Comm {
   // Ranks with the same color form a new communicator, ordered by (key, rank).
   // A negative color takes no part and gets nullptr.
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
+
+ protected:
+  // Argument checks every runtime makes before it touches a peer.
+  void check_peers(std::span<const Block> blocks, const char* op) const {
+    DTENSOR_CHECK(static_cast<int>(blocks.size()) == size(), InvalidArgument, op, ": ", blocks.size(),
+                  " blocks given for a communicator of ", size(), " ranks");
+  }
+  void check_peer(int peer, const char* op) const {
+    DTENSOR_CHECK(peer >= 0 && peer < size() && peer != rank(), InvalidArgument, op, ": rank ", rank(),
+                  " named peer ", peer, " on a communicator of ", size(), " ranks");
+  }
 };
 
 }  // namespace dtensor

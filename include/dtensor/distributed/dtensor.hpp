@@ -71,6 +71,9 @@ class DTensor {
     DTENSOR_CHECK(local_.shape() == local_shape(), InvalidArgument, "DTensor: local block has shape ",
                   dtensor::to_string(local_.shape()), " but the layout gives rank ", mesh_.rank(), " the shape ",
                   dtensor::to_string(local_shape()));
+    DTENSOR_CHECK(local_.device() == mesh_.device(), InvalidArgument, "DTensor: the local block lives on ",
+                  dtensor::to_string(local_.device()), " but the mesh's communicator (", mesh_.comm().backend(),
+                  ") moves buffers on ", dtensor::to_string(mesh_.device()), "; move the block with to(Device)");
   }
 
   const Tensor<T, Rank>& local() const& { return local_; }

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "dtensor/comm/host_values.hpp"
+#include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/tensor/box.hpp"
 
@@ -20,7 +22,7 @@ namespace detail {
 template <class DT>
 DT make_dtensor(const typename DT::Mesh& mesh, ShardLayout<DT::rank> layout) {
   const auto shape = layout.local_shape(DT::placement_state, mesh.shape(), mesh.coords());
-  return DT(mesh, std::move(layout), Tensor<typename DT::value_type, DT::rank>::uninitialized(shape));
+  return DT(mesh, std::move(layout), Tensor<typename DT::value_type, DT::rank>::uninitialized(shape, mesh.device()));
 }
 
 // Whether this rank holds zeros instead of the value: a Partial<Sum> mesh dim
@@ -60,19 +62,24 @@ T normal_value(uint64_t seed, uint64_t i) {
   return static_cast<T>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2));
 }
 
-// Fills this rank's block with gen(global linear index).
+// Fills this rank's block with gen(global linear index). On a GPU mesh the block is
+// generated on the host and copied over: the generators are host code.
 template <class DT, class Gen>
 DT generate(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const Splits<DT::rank>& splits, Gen&& gen) {
   using T = typename DT::value_type;
   DT x = make_dtensor<DT>(mesh, ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
-  T* out = x.local().data();
   if (holds_zero_term(DT::placement_state, mesh.coords())) {
-    std::fill_n(out, x.local().numel(), T{});
+    local::fill(x.local(), T{});
     return x;
   }
+  const bool on_host = x.local().device().is_host();
+  Tensor<T, DT::rank> host = on_host ? Tensor<T, DT::rank>() : Tensor<T, DT::rank>::uninitialized(x.local_shape());
+  T* out = on_host ? x.local().data() : host.data();
   for_each_box_run(shape, x.local_offset(), x.local_shape(), [&](int64_t in, int64_t o, int64_t n) {
     for (int64_t k = 0; k < n; ++k) out[o + k] = gen(static_cast<uint64_t>(in + k));
   });
+  if (!on_host && host.numel() > 0)
+    copy_bytes(x.local().data(), x.local().device(), host.data(), Device::host(), host.bytes());
   return x;
 }
 
@@ -88,10 +95,8 @@ DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMes
   Comm& comm = mesh.comm();
   DTENSOR_CHECK(src >= 0 && src < comm.size(), InvalidArgument, "distribute: source rank ", src,
                 " is outside the mesh of ", comm.size(), " ranks");
-  DTENSOR_CHECK(global.device().is_host() || comm.rank() != src, InvalidArgument,
-                "distribute: the global tensor must be on the host");
   Shape<Rank> shape = comm.rank() == src ? global.shape() : Shape<Rank>{};
-  comm.broadcast(shape.data(), Rank, DType::Int64, src);
+  broadcast_values(comm, shape.data(), Rank, src);
   DT x = detail::make_dtensor<DT>(mesh, ShardLayout<Rank>::make(shape, DT::placement_state, mesh.shape(), splits));
 
   // The source packs every rank's block, in rank order, into one staging buffer.
@@ -110,14 +115,24 @@ DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMes
       total += n;
     }
     staging.resize(static_cast<std::size_t>(total));
+    // A global tensor on a GPU is read through one host copy (distribute runs once, at setup).
+    const Tensor<T, Rank> host_copy = global.device().is_host() ? Tensor<T, Rank>() : global.to(Device::host());
+    const T* g = global.device().is_host() ? global.data() : host_copy.data();
     for (int r = 0; r < comm.size(); ++r)
       if (blocks[r].len > 0)
-        detail::copy_box_out(global.data(), shape, boxes[r].first, boxes[r].second, staging.data() + blocks[r].offset);
+        detail::copy_box_out(g, shape, boxes[r].first, boxes[r].second, staging.data() + blocks[r].offset);
   }
   const bool zero = detail::holds_zero_term(DT::placement_state, mesh.coords());
-  comm.scatter(staging.data(), blocks, x.local().data(), Block::contiguous(0, zero ? 0 : x.local().numel()),
-               dtype_of<T>(), src);
-  if (zero) x.local().fill(T{});
+  const Block mine = Block::contiguous(0, zero ? 0 : x.local().numel());
+  if (comm.device().is_host()) {
+    comm.scatter(staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
+  } else {
+    Tensor<T, 1> dev_staging(Shape<1>{static_cast<int64_t>(staging.size())}, comm.device());
+    if (!staging.empty())
+      detail::copy_bytes(dev_staging.data(), comm.device(), staging.data(), Device::host(), staging.size() * sizeof(T));
+    comm.scatter(dev_staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
+  }
+  if (zero) local::fill(x.local(), T{});
   return x;
 }
 
@@ -152,10 +167,7 @@ DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& me
     for (int d = 0; d < Rank; ++d)
       mine[2 + d] = local.extent(d), mine[2 + Rank + d] = expect[d], mine[2 + 2 * Rank + d] = global_shape[d];
     Comm& comm = mesh.comm();
-    std::vector<int64_t> all(static_cast<std::size_t>(W) * comm.size());
-    detail::SmallVector<Block, 16> rb(comm.size());
-    for (int r = 0; r < comm.size(); ++r) rb[r] = Block::contiguous(int64_t{r} * W, W);
-    comm.all_gather(mine.data(), Block::contiguous(0, W), all.data(), rb, DType::Int64);
+    const std::vector<int64_t> all = all_gather_values(comm, mine.data(), W);
     for (int r = 0; r < comm.size(); ++r) {
       const int64_t* e = all.data() + static_cast<std::size_t>(r) * W;
       auto shape_at = [&](int at) {
@@ -190,13 +202,10 @@ DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& me
   detail::check_mesh_matches<M, P...>();
   using DT = DTensor<T, Rank, P...>;
   Comm& comm = mesh.comm();
-  std::vector<int64_t> all(static_cast<std::size_t>(Rank + 1) * comm.size());
   std::array<int64_t, Rank + 1> mine{};
   mine[0] = static_cast<int64_t>(dtype_of<T>());
   for (int d = 0; d < Rank; ++d) mine[1 + d] = local.extent(d);
-  detail::SmallVector<Block, 16> rb(comm.size());
-  for (int r = 0; r < comm.size(); ++r) rb[r] = Block::contiguous(int64_t{r} * (Rank + 1), Rank + 1);
-  comm.all_gather(mine.data(), Block::contiguous(0, Rank + 1), all.data(), rb, DType::Int64);
+  const std::vector<int64_t> all = all_gather_values(comm, mine.data(), Rank + 1);
 
   Shape<Rank> global{};
   Splits<Rank> splits;
@@ -227,7 +236,10 @@ template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> full(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh, T value,
                                            const Splits<static_cast<int>(R)>& splits = {}) {
   detail::check_mesh_matches<M, P...>();
-  return detail::generate<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits, [&](uint64_t) { return value; });
+  using DT = DTensor<T, static_cast<int>(R), P...>;
+  DT x = detail::make_dtensor<DT>(mesh, ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
+  local::fill(x.local(), detail::holds_zero_term(DT::placement_state, mesh.coords()) ? T{0} : value);
+  return x;
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> zeros(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,

@@ -37,6 +37,8 @@ class DeviceMesh {
   const Coords& coords() const { return s_->coords; }
   int coord(int dim) const { return s_->coords[dim]; }
   Comm& comm() const { return *s_->world; }
+  // Where the local blocks of DTensors on this mesh live (the communicator's device).
+  Device device() const { return s_->world->device(); }
   Comm& comm(int dim) const { return *s_->dim_comms[dim]; }
   const std::array<LinkCost, NDim>& links() const { return s_->links; }
 

@@ -13,12 +13,10 @@
 // act as Replicate operands.
 #include <cmath>
 
+#include "dtensor/compute/local.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
-#include "dtensor/tensor/eigen.hpp"
 
 namespace dtensor {
-
-enum class BinaryOp { Add, Sub, Mul, Div };
 
 namespace detail {
 
@@ -81,14 +79,6 @@ constexpr PlacementState<M> unary_targets(const PlacementState<M>& a, bool linea
 template <BinaryOp K>
 struct binary_op_name {};  // names the operator in strict-mode diagnostics
 
-template <BinaryOp K, class A, class B>
-auto apply_binary(const A& a, const B& b) {
-  if constexpr (K == BinaryOp::Add) return a + b;
-  else if constexpr (K == BinaryOp::Sub) return a - b;
-  else if constexpr (K == BinaryOp::Mul) return a * b;
-  else return a / b;
-}
-
 // Both operands on the same placements must also hold the same blocks.
 template <int Rank>
 void check_same_blocks(const ShardLayout<Rank>& a, const ShardLayout<Rank>& b, const char* op) {
@@ -115,8 +105,8 @@ auto binary(const DTensor<T, Rank, PA...>& a, const DTensor<T, Rank, PB...>& b) 
   const auto& b2 = redistribute_as<QB>(b);
   detail::check_same_blocks(a2.layout(), b2.layout(), "elementwise operator");
   using Out = dtensor_t<T, Rank, placements_t<plan.out>>;
-  auto out = Tensor<T, Rank>::uninitialized(a2.local().shape());
-  as_eigen_array(out) = detail::apply_binary<K>(as_eigen_array(a2.local()), as_eigen_array(b2.local()));
+  auto out = Tensor<T, Rank>::uninitialized(a2.local().shape(), a2.local().device());
+  local::binary(K, a2.local(), b2.local(), out);
   return Out(a.mesh(), a2.layout(), std::move(out));
 }
 
@@ -145,8 +135,8 @@ auto binary_scalar(const DTensor<T, Rank, P...>& x, T s) {
   // Added to a Partial<Sum>, the scalar is one term: the other ranks add nothing.
   const bool additive = K == BinaryOp::Add || K == BinaryOp::Sub;
   if (additive && detail::holds_zero_term(plan.a, x.mesh().coords())) s = T{0};
-  auto out = Tensor<T, Rank>::uninitialized(x2.local().shape());
-  as_eigen_array(out) = detail::apply_binary<K>(as_eigen_array(x2.local()), s);
+  auto out = Tensor<T, Rank>::uninitialized(x2.local().shape(), x2.local().device());
+  local::binary_scalar(K, x2.local(), s, out);
   return std::decay_t<decltype(x2)>(x.mesh(), x2.layout(), std::move(out));
 }
 
@@ -164,35 +154,36 @@ template <class Policy = Implicit, class X>
 auto div(const X& x, typename X::value_type s) { return binary_scalar<BinaryOp::Div, Policy>(x, s); }
 
 namespace detail {
-template <class F>
+template <UnaryFn F>
 struct unary_op_name {};
 
-// f applied to every element; `linear` functions keep Partial<Sum|Avg>.
-template <class Policy, bool Linear, class F, class T, int Rank, class... P>
-auto unary(const DTensor<T, Rank, P...>& x, F&& f) {
-  static constexpr auto targets = unary_targets<sizeof...(P)>(describe_all<P...>(), Linear);
+// F applied to every element; only negation keeps Partial<Sum|Avg> (it is linear).
+template <UnaryFn F, class Policy, class T, int Rank, class... P>
+auto unary(const DTensor<T, Rank, P...>& x) {
+  static constexpr auto targets = unary_targets<sizeof...(P)>(describe_all<P...>(), F == UnaryFn::Neg);
   using Q = placements_t<targets>;
   static_assert(check_policy<Policy, unary_op_name<F>, Placements<P...>, Q, communicates<Placements<P...>, Q>()>::ok);
   const auto& x2 = redistribute_as<Q>(x);
-  auto out = Tensor<T, Rank>::uninitialized(x2.local().shape());
-  as_eigen_array(out) = f(as_eigen_array(x2.local()));
+  auto out = Tensor<T, Rank>::uninitialized(x2.local().shape(), x2.local().device());
+  local::unary(F, x2.local(), out);
   return std::decay_t<decltype(x2)>(x.mesh(), x2.layout(), std::move(out));
 }
 }  // namespace detail
 
-#define DTENSOR_UNARY(fn, linear, expr)                                                 \
-  template <class Policy = Implicit, class X>                                           \
-  auto fn(const X& x) {                                                                 \
-    return detail::unary<Policy, linear>(x, [](const auto& a) { return (expr).eval(); }); \
+#define DTENSOR_UNARY(fn, F)                            \
+  template <class Policy = Implicit, class X>           \
+    requires is_dtensor_v<X>                            \
+  auto fn(const X& x) {                                 \
+    return detail::unary<UnaryFn::F, Policy>(x);        \
   }
-DTENSOR_UNARY(neg, true, -a)
-DTENSOR_UNARY(exp, false, a.exp())
-DTENSOR_UNARY(log, false, a.log())
-DTENSOR_UNARY(sqrt, false, a.sqrt())
-DTENSOR_UNARY(abs, false, a.abs())
-DTENSOR_UNARY(relu, false, a.max(typename std::decay_t<decltype(a)>::Scalar(0)))
-DTENSOR_UNARY(tanh, false, a.tanh())
-DTENSOR_UNARY(sigmoid, false, (typename std::decay_t<decltype(a)>::Scalar(1) + (-a).exp()).inverse())
+DTENSOR_UNARY(neg, Neg)
+DTENSOR_UNARY(exp, Exp)
+DTENSOR_UNARY(log, Log)
+DTENSOR_UNARY(sqrt, Sqrt)
+DTENSOR_UNARY(abs, Abs)
+DTENSOR_UNARY(relu, Relu)
+DTENSOR_UNARY(tanh, Tanh)
+DTENSOR_UNARY(sigmoid, Sigmoid)
 #undef DTENSOR_UNARY
 
 // Bias broadcast on a matrix: m(i, j) + v(j) for every row (Along::Rows), or
@@ -235,11 +226,8 @@ auto add_bias(const DTensor<T, 2, PM...>& m, const DTensor<T, 1, PV...>& v) {
   DTENSOR_CHECK(v2.shape()[0] == m2.shape()[dim] && v2.layout().blocks[0] == m2.layout().blocks[dim],
                 InvalidArgument, "add_bias: a vector of ", v2.shape()[0], " elements (blocks must match) against ",
                 m2.shape()[dim], " matrix ", A == Along::Rows ? "columns" : "rows");
-  auto out = Tensor<T, 2>::uninitialized(m2.local().shape());
-  if constexpr (A == Along::Rows)
-    as_eigen(out) = as_eigen(m2.local()).rowwise() + as_eigen(v2.local()).transpose();
-  else
-    as_eigen(out) = as_eigen(m2.local()).colwise() + as_eigen(v2.local());
+  auto out = Tensor<T, 2>::uninitialized(m2.local().shape(), m2.local().device());
+  local::add_bias(m2.local(), v2.local(), A == Along::Rows, out);
   return std::decay_t<decltype(m2)>(m.mesh(), m2.layout(), std::move(out));
 }
 

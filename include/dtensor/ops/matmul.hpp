@@ -116,21 +116,6 @@ inline constexpr ContractionSpec kDot{{-1, -1, 0, -1}, {-1, -1, 0, -1}, {-1, -1,
 template <const ContractionSpec& S>
 struct contraction_name {};  // names the operator in strict-mode diagnostics
 
-template <const ContractionSpec& S, class T>
-void contract_local(const T* a, const T* b, T* c, const std::array<int64_t, 4>& e) {  // e: batch, m, k, n
-  using Map = Eigen::Map<const EigenRowMatrix<T>>;
-  if (e[3] == 1 && e[0] == 1) {  // matrix-vector (and dot): Eigen's GEMV, not a one-column GEMM
-    Eigen::Map<EigenVector<T>>(c, e[1]).noalias() = Map(a, e[1], e[2]) * Eigen::Map<const EigenVector<T>>(b, e[2]);
-    return;
-  }
-  for (int64_t i = 0; i < e[0]; ++i) {
-    Map am(a + i * e[1] * e[2], e[1], e[2]);
-    Map bm(b + i * e[2] * e[3], e[2], e[3]);
-    Eigen::Map<EigenRowMatrix<T>> cm(c + i * e[1] * e[3], e[1], e[3]);
-    cm.noalias() = am * bm;
-  }
-}
-
 }  // namespace detail
 
 // The contraction `S` of a and b (see the strategies above). Collective where the
@@ -184,11 +169,12 @@ auto contract(const DTensor<T, RA, PA...>& a, const DTensor<T, RB, PB...>& b) {
     if (S.c.m >= 0) out_shape[S.c.m] = e[1];
     if (S.c.n >= 0) out_shape[S.c.n] = e[3];
   }
-  auto out = Tensor<T, RC>::uninitialized(out_shape);
+  local::require_same_device(a2.local(), b2.local(), "contraction");
+  auto out = Tensor<T, RC>::uninitialized(out_shape, a2.local().device());
   if (e[2] == 0)
-    std::fill_n(out.data(), out.numel(), T{0});  // an empty slice of k contributes zeros
-  else
-    detail::contract_local<S>(a2.local().data(), b2.local().data(), out.data(), e);
+    local::fill(out, T{0});  // an empty slice of k contributes zeros
+  else if (out.numel() > 0)
+    local::gemm(out.device(), a2.local().data(), b2.local().data(), out.data(), e);
   return Out(a.mesh(), std::move(layout), std::move(out));
 }
 
@@ -231,8 +217,8 @@ auto transpose(const DTensor<T, 2, P...>& x) {
   using Out = dtensor_t<T, 2, placements_t<ps>>;
   ShardLayout<2> layout{{x.shape()[1], x.shape()[0]}, {x.layout().blocks[1], x.layout().blocks[0]}};
   const auto ls = x.local().shape();
-  auto out = Tensor<T, 2>::uninitialized({ls[1], ls[0]});
-  as_eigen(out) = as_eigen(x.local()).transpose();
+  auto out = Tensor<T, 2>::uninitialized({ls[1], ls[0]}, x.local().device());
+  local::transpose(x.local(), out);
   return Out(x.mesh(), std::move(layout), std::move(out));
 }
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "dtensor/comm/host_values.hpp"
 #include "dtensor/ops/elementwise.hpp"
 
 namespace dtensor {
@@ -50,28 +51,8 @@ constexpr ReductionPlan<M> reduction_plan(Reduction r, int dim, const PlacementS
 template <Reduction R>
 struct reduction_name {};
 
-template <Reduction R, class T>
-T identity() {
-  if constexpr (R == Reduction::Max) return std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
-  else if constexpr (R == Reduction::Min) return std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
-  else return T{0};
-}
-
-// out[o, i] = reduction over j of in[o, j, i] (outer, reduced, inner), in rank order.
-template <Reduction R, class T>
-void reduce_local(const T* in, T* out, int64_t outer, int64_t len, int64_t inner) {
-  for (int64_t o = 0; o < outer; ++o) {
-    T* dst = out + o * inner;
-    std::fill_n(dst, inner, identity<R, T>());
-    for (int64_t j = 0; j < len; ++j) {
-      const T* src = in + (o * len + j) * inner;
-      for (int64_t i = 0; i < inner; ++i) {
-        if constexpr (R == Reduction::Max) dst[i] = std::max(dst[i], src[i]);
-        else if constexpr (R == Reduction::Min) dst[i] = std::min(dst[i], src[i]);
-        else dst[i] += src[i];
-      }
-    }
-  }
+constexpr LocalReduce local_reduce(Reduction r) {
+  return r == Reduction::Max ? LocalReduce::Max : r == Reduction::Min ? LocalReduce::Min : LocalReduce::Sum;
 }
 
 template <Reduction R, int D, Reduced Mode, class Policy, class T, int Rank, class... P>
@@ -93,13 +74,11 @@ auto reduce(const DTensor<T, Rank, P...>& x) {
   Shape<Rank - 1> out_shape{};
   for (int d = 0, o = 0; d < Rank; ++d)
     if (d != D) out_shape[o++] = ls[d];
-  auto out = Tensor<T, Rank - 1>::uninitialized(out_shape);
-  reduce_local<R == Reduction::Mean ? Reduction::Sum : R>(x2.local().data(), out.data(), outer_size(ls, D), ls[D],
-                                                           inner_size(ls, D));
-  if constexpr (R == Reduction::Mean) {  // the global extent, not the local one: exact on uneven shards
-    const T n = static_cast<T>(x.shape()[D]);
-    for (int64_t i = 0; i < out.numel(); ++i) out.data()[i] /= n;
-  }
+  const Device dev = x2.local().device();
+  auto out = Tensor<T, Rank - 1>::uninitialized(out_shape, dev);
+  local::reduce_dim<local_reduce(R)>(dev, x2.local().data(), out.data(), outer_size(ls, D), ls[D], inner_size(ls, D));
+  if constexpr (R == Reduction::Mean)  // the global extent, not the local one: exact on uneven shards
+    local::binary_scalar(BinaryOp::Div, out, static_cast<T>(x.shape()[D]), out);
   dtensor_t<T, Rank - 1, QOut> y(x.mesh(), std::move(layout), std::move(out));
   if constexpr (finalize) return redistribute_as<placements_t<plan.value>>(y);
   else return y;
@@ -113,6 +92,15 @@ void all_reduce_over_shards(const PlacementState<M>& ps, int dim, const DeviceMe
     if (ps[m].is_shard() && (dim < 0 || ps[m].dim == dim)) {
       CommCounter::record(StepKind::AllReduce, static_cast<int>(m), count * size_of(t));
       mesh.comm(static_cast<int>(m)).all_reduce(buf, buf, count, t, op);
+    }
+}
+// The same for one host value (a norm's partial result).
+template <std::size_t M, int N, class T>
+void all_reduce_value_over_shards(const PlacementState<M>& ps, const DeviceMesh<N>& mesh, T& value, ReduceOp op) {
+  for (std::size_t m = 0; m < M; ++m)
+    if (ps[m].is_shard()) {
+      CommCounter::record(StepKind::AllReduce, static_cast<int>(m), sizeof(T));
+      all_reduce_values(mesh.comm(static_cast<int>(m)), &value, 1, op);
     }
 }
 
@@ -145,8 +133,8 @@ T norm2(const DTensor<T, Rank, P...>& x) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
   static_assert(detail::check_policy<Policy, detail::norm_name, Placements<P...>, placements_t<ps>, true>::ok);
   const auto& x2 = redistribute_as<placements_t<ps>>(x);
-  T s = as_eigen_array(x2.local()).square().sum();
-  detail::all_reduce_over_shards(ps, -1, x.mesh(), &s, 1, dtype_of<T>(), ReduceOp::Sum);
+  T s = local::sum_squares(x2.local());
+  detail::all_reduce_value_over_shards(ps, x.mesh(), s, ReduceOp::Sum);
   return std::sqrt(s);
 }
 template <class Policy = Implicit, class T, int Rank, class... P>
@@ -154,8 +142,8 @@ T norm_max(const DTensor<T, Rank, P...>& x) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
   static_assert(detail::check_policy<Policy, detail::norm_name, Placements<P...>, placements_t<ps>, true>::ok);
   const auto& x2 = redistribute_as<placements_t<ps>>(x);
-  T s = x2.local().numel() ? as_eigen_array(x2.local()).abs().maxCoeff() : T{0};
-  detail::all_reduce_over_shards(ps, -1, x.mesh(), &s, 1, dtype_of<T>(), ReduceOp::Max);
+  T s = local::max_abs(x2.local());
+  detail::all_reduce_value_over_shards(ps, x.mesh(), s, ReduceOp::Max);
   return s;
 }
 
@@ -178,30 +166,14 @@ auto softmax_impl(const DTensor<T, Rank, P...>& x) {
   Tensor<T, Rank>& t = y.local();
   const auto ls = t.shape();
   const int64_t outer = outer_size(ls, D), len = ls[D], inner = inner_size(ls, D);
-  auto stats = Tensor<T, 1>::uninitialized({outer * inner});
-  reduce_local<Reduction::Max>(t.data(), stats.data(), outer, len, inner);
+  const Device dev = t.device();
+  auto stats = Tensor<T, 1>::uninitialized({outer * inner}, dev);
+  local::reduce_dim<LocalReduce::Max>(dev, t.data(), stats.data(), outer, len, inner);
   all_reduce_over_shards(ps, D, x.mesh(), stats.data(), stats.numel(), dtype_of<T>(), ReduceOp::Max);
-  // Shift by the maximum; log-softmax keeps the shifted value (exp of it could
-  // underflow to 0 and its log to -inf), softmax its exponential.
-  auto sums = Tensor<T, 1>(Shape<1>{outer * inner});
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < len; ++j)
-      for (int64_t i = 0; i < inner; ++i) {
-        T& v = t.data()[(o * len + j) * inner + i];
-        const T shifted = v - stats.data()[o * inner + i];
-        const T e = std::exp(shifted);
-        sums.data()[o * inner + i] += e;
-        v = Log ? shifted : e;
-      }
+  auto sums = Tensor<T, 1>::uninitialized({outer * inner}, dev);
+  local::softmax_shift<Log>(dev, t.data(), stats.data(), sums.data(), outer, len, inner);
   all_reduce_over_shards(ps, D, x.mesh(), sums.data(), sums.numel(), dtype_of<T>(), ReduceOp::Sum);
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < len; ++j)
-      for (int64_t i = 0; i < inner; ++i) {
-        T& v = t.data()[(o * len + j) * inner + i];
-        const T sum = sums.data()[o * inner + i];
-        if constexpr (Log) v -= std::log(sum);
-        else v /= sum;
-      }
+  local::softmax_finish<Log>(dev, t.data(), sums.data(), outer, len, inner);
   return y;
 }
 }  // namespace detail

@@ -49,8 +49,10 @@ DTensor<T, Rank, P...> slice(const DTensor<T, Rank, P...>& x, int64_t begin, int
   Shape<Rank> box = x.local().shape(), from{};
   box[D] = hi - lo;
   from[D] = lo;
-  auto out = Tensor<T, Rank>::uninitialized(box);
-  detail::copy_box_out(x.local().data(), x.local().shape(), from, box, out.data());
+  // Only dim D is cut, so the box is one strided block of the local tensor.
+  auto out = Tensor<T, Rank>::uninitialized(box, x.local().device());
+  local::copy_block(out.device(), x.local().data(), range_block(x.local().shape(), D, lo, hi - lo), out.data(),
+                    Block::contiguous(0, out.numel()), sizeof(T));
   return DTensor<T, Rank, P...>(x.mesh(), std::move(layout), std::move(out));
 }
 
@@ -69,13 +71,13 @@ DTensor<T, Rank, P...> concat(const DTensor<T, Rank, P...>& a, const DTensor<T, 
   const auto la = a2.local().shape(), lb = b2.local().shape();
   Shape<Rank> ls = la;
   ls[D] = la[D] + lb[D];
-  auto out = Tensor<T, Rank>::uninitialized(ls);
-  // Row-major: for each outer index, a's run along D (and inner dims) then b's.
-  const int64_t outer = outer_size(la, D), ra = la[D] * inner_size(la, D), rb = lb[D] * inner_size(lb, D);
-  for (int64_t o = 0; o < outer; ++o) {
-    std::copy_n(a2.local().data() + o * ra, ra, out.data() + o * (ra + rb));
-    std::copy_n(b2.local().data() + o * rb, rb, out.data() + o * (ra + rb) + ra);
-  }
+  local::require_same_device(a2.local(), b2.local(), "concat");
+  auto out = Tensor<T, Rank>::uninitialized(ls, a2.local().device());
+  // Row-major: along D, a's rows come first, then b's; each is one strided block of out.
+  local::copy_block(out.device(), a2.local().data(), Block::contiguous(0, a2.local().numel()), out.data(),
+                    range_block(ls, D, 0, la[D]), sizeof(T));
+  local::copy_block(out.device(), b2.local().data(), Block::contiguous(0, b2.local().numel()), out.data(),
+                    range_block(ls, D, la[D], lb[D]), sizeof(T));
   ShardLayout<Rank> layout = a2.layout();
   layout.global[D] = a.shape()[D] + b.shape()[D];
   dtensor_t<T, Rank, Q> joined_x(a.mesh(), std::move(layout), std::move(out));
@@ -119,8 +121,9 @@ DTensor<T, static_cast<int>(NewRank), Q...> reshape(const DTensor<T, Rank, P...>
   Shape<R2> local_shape = layout.local_shape(qs, x.mesh().shape(), x.mesh().coords());
   DTENSOR_CHECK(numel(local_shape) == x.local().numel(), InvalidArgument, "reshape: the placements ",
                 DTensor<T, R2, Q...>::placements_string(), " do not describe this rank's block after the reshape");
-  Tensor<T, R2> out = Tensor<T, R2>::uninitialized(local_shape);
-  std::copy_n(x.local().data(), x.local().numel(), out.data());  // row-major order is unchanged
+  Tensor<T, R2> out = Tensor<T, R2>::uninitialized(local_shape, x.local().device());
+  if (out.numel() > 0)  // row-major order is unchanged
+    detail::copy_bytes(out.data(), out.device(), x.local().data(), x.local().device(), out.bytes());
   return DTensor<T, R2, Q...>(x.mesh(), std::move(layout), std::move(out));
 }
 

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <string>
@@ -32,11 +33,16 @@ inline std::string to_string(Device d) {
 
 namespace detail {
 
-// A memory space allocates and frees raw bytes on one kind of device. Backends
-// (CUDA) install theirs; the host one is always present.
+// A memory space allocates, clears and copies raw bytes on one kind of device.
+// Backends (CUDA) install theirs; the host one is always present. Device work is
+// ordered on the calling thread's stream; a copy that touches host memory returns
+// once that memory may be used.
 struct MemorySpace {
   void* (*allocate)(std::size_t bytes, int device_index);
   void (*deallocate)(void* p, std::size_t bytes, int device_index) noexcept;
+  void (*zero)(void* p, std::size_t bytes, int device_index);
+  // dst (on dst_device) <- src (on src_device); either side may be the host.
+  void (*copy)(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes);
 };
 
 inline constexpr std::size_t kHostAlignment = 64;  // a cache line; Eigen's vectors want >= 32
@@ -103,18 +109,33 @@ inline void host_deallocate(void* p, std::size_t bytes, int) noexcept {
   ::operator delete(p, std::align_val_t{kHostAlignment});
 }
 
-inline MemorySpace*& cuda_memory_space() {
-  static MemorySpace* space = nullptr;  // set by the CUDA backend when it is included
+inline void host_zero(void* p, std::size_t bytes, int) {
+  if (bytes) std::memset(p, 0, bytes);
+}
+inline void host_copy(void* dst, Device, const void* src, Device, std::size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+inline const MemorySpace*& cuda_memory_space() {
+  static const MemorySpace* space = nullptr;  // set by the CUDA backend (dtensor/cuda.hpp)
   return space;
 }
 
-inline MemorySpace memory_space(Device d) {
-  if (d.is_host()) return {&host_allocate, &host_deallocate};
-  if (!cuda_memory_space())
-    throw InvalidArgument(
-        "dtensor: a tensor on " + to_string(d) +
-        " needs the CUDA backend, which this program does not include");
+[[noreturn]] inline void no_cuda_backend(Device d) {
+  throw InvalidArgument("dtensor: a tensor on " + to_string(d) +
+                        " needs the CUDA backend: include <dtensor/cuda.hpp> and link dtensor::cuda");
+}
+
+inline const MemorySpace& memory_space(Device d) {
+  static constexpr MemorySpace host{&host_allocate, &host_deallocate, &host_zero, &host_copy};
+  if (d.is_host()) return host;
+  if (!cuda_memory_space()) no_cuda_backend(d);
   return *cuda_memory_space();
+}
+
+// Copies bytes between any two devices (the CUDA space handles every pair with a device).
+inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  memory_space(dst_device.is_host() ? src_device : dst_device).copy(dst, dst_device, src, src_device, bytes);
 }
 
 }  // namespace detail

@@ -2,8 +2,8 @@
 // Tensor<T, Rank>: a dense row-major tensor owned by one rank.
 //
 // Value semantics like Eigen's Matrix: copying copies the elements, moving is free.
-// The storage lives on a Device (host today; CUDA through its backend); element
-// access is for host tensors only.
+// The storage lives on a Device (the host, or a GPU through the CUDA backend);
+// element access is for host tensors only, `to(Device)` moves between them.
 #include <algorithm>
 #include <cassert>
 #include <concepts>
@@ -57,11 +57,7 @@ class Tensor {
   }
 
   Tensor(const Tensor& o) : Tensor(uninitialized(o.shape_, o.device_)) {
-    if (device_.is_host()) {
-      if (bytes() > 0) std::memcpy(data(), o.data(), bytes());  // an empty tensor holds no pointer
-    }
-    else
-      throw InvalidArgument("dtensor: copying a device tensor needs the CUDA backend");
+    if (bytes() > 0) detail::copy_bytes(data(), device_, o.data(), o.device_, bytes());  // empty: no pointer
   }
   Tensor& operator=(const Tensor& o) {
     if (this != &o) *this = Tensor(o);
@@ -69,6 +65,14 @@ class Tensor {
   }
   Tensor(Tensor&&) noexcept = default;
   Tensor& operator=(Tensor&&) noexcept = default;
+
+  // A copy on `device` (host <-> device, or device to device). A tensor already
+  // there is copied too: the result never shares storage.
+  Tensor to(Device device) const {
+    Tensor t = uninitialized(shape_, device);
+    if (bytes() > 0) detail::copy_bytes(t.data(), device, data(), device_, bytes());
+    return t;
+  }
 
   const Shape<Rank>& shape() const { return shape_; }
   int64_t extent(int d) const { return shape_[d]; }
@@ -118,12 +122,12 @@ class Tensor {
     for (auto e : shape)
       DTENSOR_CHECK(e >= 0, InvalidArgument, "Tensor: negative extent in shape ",
                     to_string(shape));
-    auto space = detail::memory_space(device);
+    const auto& space = detail::memory_space(device);
     data_ = std::unique_ptr<T, Free>(static_cast<T*>(space.allocate(bytes(), device.index)), Free{device, bytes()});
   }
 
   void fill_zero() {
-    if (device_.is_host() && numel() > 0) std::memset(data(), 0, bytes());
+    if (numel() > 0) detail::memory_space(device_).zero(data(), bytes(), device_.index);
   }
 
   void require_host(const char* what) const {

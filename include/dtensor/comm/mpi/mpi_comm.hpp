@@ -435,14 +435,6 @@ class MpiComm final : public Comm {
     }
   }
 
-  void check_peers(std::span<const Block> blocks, const char* op) const {
-    DTENSOR_CHECK(static_cast<int>(blocks.size()) == size_, InvalidArgument, op, ": ", blocks.size(),
-                  " blocks given for a communicator of ", size_, " ranks");
-  }
-  void check_peer(int peer, const char* op) const {
-    DTENSOR_CHECK(peer >= 0 && peer < size_ && peer != rank_, InvalidArgument, op, ": rank ", rank_, " named peer ",
-                  peer, " on a communicator of ", size_, " ranks");
-  }
 
   static std::pair<std::vector<int>, std::vector<int>> counts_displs(std::span<const Block> blocks, const char* op) {
     std::vector<int> c(blocks.size()), d(blocks.size());

@@ -15,6 +15,7 @@ namespace dtensor {
 
 // The communicators of n in-process ranks, for threads the caller runs itself (a
 // benchmark harness, a thread pool): element r must only be used by rank r's thread.
+// With device buffers, each thread first calls cuda::set_device (run_threads does).
 // run_threads is the launcher to prefer: it also handles failures.
 inline std::vector<std::unique_ptr<ThreadComm>> make_thread_comms(int nranks, RunOptions options = {}) {
   DTENSOR_CHECK(nranks >= 1, InvalidArgument, "run_threads: needs at least one rank, got ", nranks);
@@ -35,6 +36,7 @@ void run_threads(int nranks, F&& fn, RunOptions options = {}) {
 
   auto body = [&](int r) {
     try {
+      if (!options.device.is_host()) detail::device_backend(options.device).bind_thread(options.device.index);
       fn(static_cast<Comm&>(*comms[r]));
     } catch (const PeerAborted&) {
       errors[r] = std::current_exception();

@@ -8,6 +8,10 @@
 // peers' buffers visible, the last keeps them alive until every peer has read them.
 // After the first, each rank checks that its peers called the same collective (kind
 // and sequence number), so a mismatch is reported instead of corrupting memory.
+//
+// With device buffers (RunOptions::device) the copies run on each rank's stream.
+// A rank waits for its stream before each synchronisation point, so what it
+// publishes is complete and what it read from its peers is done before they reuse it.
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
@@ -18,6 +22,7 @@
 
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/comm/threads/world.hpp"
+#include "dtensor/compute/movement.hpp"
 
 namespace dtensor {
 namespace detail {
@@ -49,7 +54,7 @@ struct alignas(64) Slot {
   const Block* send_blocks = nullptr;
   int color = 0, key = 0;
   std::shared_ptr<Group> split_result;
-  std::vector<std::byte> scratch;  // all_reduce: this rank's reduced chunk
+  Tensor<std::byte, 1> scratch;  // all_reduce: this rank's reduced chunk (on the comm's device)
 };
 
 // A rendezvous mailbox for messages from one rank to another.
@@ -77,11 +82,13 @@ struct Group {
 
 class ThreadComm final : public Comm {
  public:
-  ThreadComm(std::shared_ptr<detail::Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  ThreadComm(std::shared_ptr<detail::Group> g, int rank)
+      : g_(std::move(g)), rank_(rank), device_(g_->world->options().device) {}
 
   int rank() const override { return rank_; }
   int size() const override { return g_->size(); }
   std::string backend() const override { return "threads"; }
+  Device device() const override { return device_; }
   int world_rank() const { return g_->world_ranks[rank_]; }
   detail::World& world() const { return *g_->world; }
 
@@ -100,19 +107,21 @@ class ThreadComm final : public Comm {
     // (the result does not depend on which rank computes it).
     const std::size_t elem = size_of(t);
     const Block mine = chunk(count, rank_);
-    me.scratch.resize(static_cast<std::size_t>(mine.len) * elem);
+    const auto need = static_cast<int64_t>(mine.len * elem);
+    if (me.scratch.numel() < need) me.scratch = Tensor<std::byte, 1>::uninitialized({need}, device_);
     const Block whole = Block::contiguous(0, mine.len);
     if (mine.len > 0) {
-      detail::copy_block(slot(0).send, mine, me.scratch.data(), whole, elem);
+      local::copy_block(device_, slot(0).send, mine, me.scratch.data(), whole, elem);
       for (int k = 1; k < size(); ++k)
-        detail::reduce_block(t, op, slot(k).send, mine, me.scratch.data(), whole);
-      if (op == ReduceOp::Avg) detail::divide_block(t, me.scratch.data(), whole, size());
+        local::reduce_block(device_, t, op, slot(k).send, mine, me.scratch.data(), whole);
+      if (op == ReduceOp::Avg) local::divide_block(device_, t, me.scratch.data(), whole, size());
     }
+    wait_device();
     sync();
     // Phase 2: every rank copies every chunk into its own output.
     for (int k = 0; k < size(); ++k)
-      detail::copy_block(slot(k).scratch.data(), Block::contiguous(0, chunk(count, k).len), recv,
-                         chunk(count, k), elem);
+      local::copy_block(device_, slot(k).scratch.data(), Block::contiguous(0, chunk(count, k).len), recv,
+                        chunk(count, k), elem);
     end();
   }
 
@@ -121,67 +130,67 @@ class ThreadComm final : public Comm {
     check_same(&detail::Slot::root, "root");
     check_same(&detail::Slot::count, "element count");
     if (rank_ != root)
-      detail::copy_block(slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
-                         size_of(t));
+      local::copy_block(device_, slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
+                        size_of(t));
     end();
   }
 
   void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
                   DType t) override {
-    check_peer_list(recv_blocks, "all_gather");
+    check_peers(recv_blocks, "all_gather");
     begin(detail::OpKind::AllGather, [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
     check_same(&detail::Slot::dtype, "element type");
     for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
     for (int k = 0; k < size(); ++k)
-      detail::copy_block(slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
+      local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
     end();
   }
 
   void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
                       DType t, ReduceOp op) override {
-    check_peer_list(send_blocks, "reduce_scatter");
+    check_peers(send_blocks, "reduce_scatter");
     begin(detail::OpKind::ReduceScatter, [&](detail::Slot& s) {
       s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
     });
     check_same(&detail::Slot::dtype, "element type");
     check_same(&detail::Slot::rop, "reduction");
     for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_block, k);
-    detail::copy_block(slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
-    for (int k = 1; k < size(); ++k) detail::reduce_block(t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
-    if (op == ReduceOp::Avg) detail::divide_block(t, recv, recv_block, size());
+    local::copy_block(device_, slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
+    for (int k = 1; k < size(); ++k) local::reduce_block(device_, t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
+    if (op == ReduceOp::Avg) local::divide_block(device_, t, recv, recv_block, size());
     end();
   }
 
   void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
                   std::span<const Block> recv_blocks, DType t) override {
-    check_peer_list(send_blocks, "all_to_all");
-    check_peer_list(recv_blocks, "all_to_all");
+    check_peers(send_blocks, "all_to_all");
+    check_peers(recv_blocks, "all_to_all");
     begin(detail::OpKind::AllToAll, [&](detail::Slot& s) {
       s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
     });
     check_same(&detail::Slot::dtype, "element type");
     for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_blocks[k], k);
     for (int k = 0; k < size(); ++k)
-      detail::copy_block(slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
+      local::copy_block(device_, slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
     end();
   }
 
   void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                int root) override {
-    if (rank_ == root) check_peer_list(send_blocks, "scatter");
+    if (rank_ == root) check_peers(send_blocks, "scatter");
     begin(detail::OpKind::Scatter, [&](detail::Slot& s) {
       s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
     });
     check_same(&detail::Slot::root, "root");
     check_same(&detail::Slot::dtype, "element type");
     check_size(slot(root).send_blocks[rank_], recv_block, root);
-    detail::copy_block(slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
+    local::copy_block(device_, slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
     end();
   }
 
   void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
               int root) override {
-    if (rank_ == root) check_peer_list(recv_blocks, "gather");
+    if (rank_ == root) check_peers(recv_blocks, "gather");
     begin(detail::OpKind::Gather, [&](detail::Slot& s) {
       s.send = send, s.send_block = send_block, s.root = root, s.dtype = t;
     });
@@ -190,7 +199,7 @@ class ThreadComm final : public Comm {
     if (rank_ == root) {
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
       for (int k = 0; k < size(); ++k)
-        detail::copy_block(slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
+        local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
     }
     end();
   }
@@ -200,6 +209,7 @@ class ThreadComm final : public Comm {
     auto& box = g_->mail[rank_ * size() + dst];
     auto where = [&] { return detail::cat("send to rank ", dst, " (tag ", tag, ")"); };
     wait_for([&] { return box.state.load() == 0; }, where, dst);
+    wait_device();  // the message is complete before the receiver reads it
     box.data = buf, box.bytes = count * size_of(t), box.tag = tag;
     box.state.store(1);
     world().notify();
@@ -218,7 +228,8 @@ class ThreadComm final : public Comm {
                                      "dtensor: rank ", rank_, ": recv from rank ", src, " expected tag ", tag, " and ",
                                      count * size_of(t), " bytes, but the matching send has tag ", box.tag, " and ",
                                      box.bytes, " bytes")));
-    if (box.bytes) std::memcpy(buf, box.data, box.bytes);
+    if (box.bytes) detail::copy_bytes(buf, device_, box.data, device_, box.bytes);
+    wait_device();  // read before the sender may reuse its buffer
     box.state.store(2);
     world().notify();
   }
@@ -314,6 +325,7 @@ class ThreadComm final : public Comm {
     me.op = op;
     me.seq = seq_;
     fill(me);
+    wait_device();  // what this rank publishes must be complete before its peers read it
     sync();
     for (int k = 0; k < size(); ++k)
       if (slot(k).op != op || slot(k).seq != seq_)
@@ -323,7 +335,14 @@ class ThreadComm final : public Comm {
                                        name(slot(k).op), " #", slot(k).seq)));
     return me;
   }
-  void end() { sync(); }
+  void end() {
+    wait_device();  // this rank's reads of its peers' buffers are done before they move on
+    sync();
+  }
+
+  void wait_device() const {
+    if (!device_.is_host()) detail::device_backend(device_).synchronize();
+  }
 
   template <class F>
   void check_same(F detail::Slot::*field, const char* what) {
@@ -345,17 +364,10 @@ class ThreadComm final : public Comm {
     world().fail(world_rank(), e);
   }
 
-  void check_peer_list(std::span<const Block> blocks, const char* op) const {
-    DTENSOR_CHECK(static_cast<int>(blocks.size()) == size(), InvalidArgument, op, ": ", blocks.size(),
-                  " blocks given for a communicator of ", size(), " ranks");
-  }
-  void check_peer(int peer, const char* op) const {
-    DTENSOR_CHECK(peer >= 0 && peer < size() && peer != rank_, InvalidArgument, op, ": rank ", rank_,
-                  " named peer ", peer, " on a communicator of ", size(), " ranks");
-  }
 
   std::shared_ptr<detail::Group> g_;
   int rank_;
+  Device device_;
   detail::OpKind op_{};
   uint64_t seq_ = 0;
 };

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtensor/tensor/device.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {
@@ -28,6 +29,10 @@ struct RunOptions {
   // Busy-wait iterations before yielding, then blocking. Larger values cut latency
   // when every rank has a core of its own.
   int spin = 256;
+  // Where the ranks' buffers live. Device::cuda(i): every rank is a thread on GPU i
+  // with a stream of its own, and collectives are device-to-device copies (needs
+  // dtensor/cuda.hpp). Several ranks may share one GPU.
+  Device device = Device::host();
 
   static std::chrono::milliseconds default_timeout() {
     if (const char* s = std::getenv("DTENSOR_TIMEOUT_S")) {
