@@ -11,6 +11,7 @@ endfunction()
 set(prefix ${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/lib -DCMAKE_CXX_COMPILER=${CXX} -DDTENSOR_BUILD_TESTS=OFF
     -DDTENSOR_BUILD_EXAMPLES=OFF -DCMAKE_INSTALL_PREFIX=${prefix})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/lib)  # the CUDA kernels library, where CUDA is found
 run(${CMAKE_COMMAND} --install ${WORK_DIR}/lib)
 foreach(mode find_package add_subdirectory)
   run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install/consumer -B ${WORK_DIR}/${mode} -DCMAKE_CXX_COMPILER=${CXX}

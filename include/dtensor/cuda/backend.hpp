@@ -1,0 +1,93 @@
+#pragma once
+// The CUDA device backend: fills dtensor's device-compute table (compute/
+// device_backend.hpp) and memory space with the kernels of kernels/, cuBLAS and
+// stream-ordered memory, and installs them when this header is included.
+#include "dtensor/compute/device_backend.hpp"
+#include "dtensor/cuda/blas.hpp"
+#include "dtensor/cuda/kernels.hpp"
+#include "dtensor/cuda/memory.hpp"
+
+namespace dtensor::cuda {
+
+namespace detail {
+
+// A reduction to one value, read back on the host (norms).
+template <class Kernel>
+double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel) {
+  if (n == 0) return 0.0;
+  cudaStream_t s = current_stream();
+  int dev = 0;
+  DTENSOR_CUDA(cudaGetDevice(&dev));
+  void* out = allocate(8, dev);  // one element of any type
+  double v = 0;
+  try {
+    kernel(t, a, n, out, s);
+    if (t == DType::Float32) {
+      float f = 0;
+      DTENSOR_CUDA(cudaMemcpyAsync(&f, out, sizeof f, cudaMemcpyDeviceToHost, s));
+      DTENSOR_CUDA(cudaStreamSynchronize(s));
+      v = f;
+    } else {
+      DTENSOR_CUDA(cudaMemcpyAsync(&v, out, sizeof v, cudaMemcpyDeviceToHost, s));
+      DTENSOR_CUDA(cudaStreamSynchronize(s));
+    }
+  } catch (...) {
+    deallocate(out, 8, dev);
+    throw;
+  }
+  deallocate(out, 8, dev);
+  return v;
+}
+
+inline const ::dtensor::detail::DeviceBackend& backend_table() {
+  namespace k = kernels;
+  static constexpr ::dtensor::detail::DeviceBackend table{
+      .bind_thread = [](int device) { set_device(device); },
+      .synchronize = [] { synchronize(); },
+      .copy_block = [](const void* src, Block sb, void* dst, Block db,
+                       std::size_t elem) { k::copy_block(src, sb, dst, db, elem, current_stream()); },
+      .reduce_block = [](DType t, ReduceOp op, const void* src, Block sb, void* dst,
+                         Block db) { k::reduce_block(t, op, src, sb, dst, db, current_stream()); },
+      .divide_block = [](DType t, void* dst, Block db,
+                         int terms) { k::divide_block(t, dst, db, terms, current_stream()); },
+      .fill = [](DType t, void* dst, int64_t n, double v) { k::fill(t, dst, n, v, current_stream()); },
+      .binary = [](DType t, BinaryOp op, const void* a, const void* b, void* out,
+                   int64_t n) { k::binary(t, op, a, b, out, n, current_stream()); },
+      .binary_scalar = [](DType t, BinaryOp op, const void* a, double s, void* out,
+                          int64_t n) { k::binary_scalar(t, op, a, s, out, n, current_stream()); },
+      .unary = [](DType t, UnaryFn f, const void* a, void* out,
+                  int64_t n) { k::unary(t, f, a, out, n, current_stream()); },
+      .add_bias = [](DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols,
+                     bool along_rows) { k::add_bias(t, m, v, out, rows, cols, along_rows, current_stream()); },
+      .transpose = [](DType t, const void* in, void* out, int64_t rows,
+                      int64_t cols) { k::transpose(t, in, out, rows, cols, current_stream()); },
+      .reduce_dim = [](DType t, LocalReduce r, const void* in, void* out, int64_t outer, int64_t len,
+                       int64_t inner) {
+        k::reduce_dim(t, r, in, out, outer, len, inner, current_stream());
+      },
+      .sum_squares = [](DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, k::sum_squares); },
+      .max_abs = [](DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, k::max_abs); },
+      .softmax_shift = [](DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
+                          bool log) { k::softmax_shift(t, x, max, sums, outer, len, inner, log, current_stream()); },
+      .softmax_finish = [](DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner,
+                           bool log) { k::softmax_finish(t, x, sums, outer, len, inner, log, current_stream()); },
+      .gemm = [](DType t, int64_t batch, int64_t m, int64_t n, int64_t kk, const void* a, const void* b,
+                 void* c) { gemm(t, batch, m, n, kk, a, b, c); },
+  };
+  return table;
+}
+
+}  // namespace detail
+
+// Makes device tensors usable: called when dtensor/cuda.hpp is included.
+inline bool install() {
+  ::dtensor::detail::cuda_memory_space() = &memory_space();
+  ::dtensor::detail::cuda_backend_slot() = &detail::backend_table();
+  return true;
+}
+
+namespace detail {
+inline const bool installed = install();  // once per program, before main
+}
+
+}  // namespace dtensor::cuda

@@ -1,0 +1,85 @@
+#pragma once
+// The host-side entry points of dtensor's CUDA kernels (kernels/*.cuh). They are
+// compiled once by nvcc into the dtensor_cuda_kernels library, so that the rest of
+// dtensor, and the user's code, can stay plain C++ built by the host compiler.
+//
+// Every function is asynchronous on `stream`, takes element counts (not bytes)
+// unless it says otherwise, accepts empty inputs (n == 0: nothing is launched, but
+// sum_squares and max_abs still write their 0),
+// and throws dtensor::CudaError if a launch fails. Element types are run-time
+// DType values: one switch per call, never per element.
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dtensor/comm/block.hpp"
+#include "dtensor/comm/dtype.hpp"
+#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/compute/functions.hpp"
+
+namespace dtensor::cuda::kernels {
+
+// The operators' names for the functions (compute/functions.hpp).
+using Binary = ::dtensor::BinaryOp;
+using Unary = ::dtensor::UnaryFn;
+using Reduce = ::dtensor::LocalReduce;
+
+// --- data movement (collectives' pack/unpack and redistribution's local steps) ---
+
+// dst[db] = src[sb], element by element in order. The blocks hold the same number of
+// elements but may cut it into runs differently. `elem` is the element size in bytes.
+void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem, cudaStream_t stream);
+
+// dst[db] (op)= src[sb]; Avg accumulates like Sum (divide_block finishes it).
+void reduce_block(DType t, ReduceOp op, const void* src, Block sb, void* dst, Block db, cudaStream_t stream);
+
+// dst[db] /= terms (integer division for integer types).
+void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream);
+
+// dst[0, n) = value (converted to the element type).
+void fill(DType t, void* dst, int64_t n, double value, cudaStream_t stream);
+
+// --- elementwise ---
+
+// out[i] = a[i] (op) b[i]; out may alias a or b.
+void binary(DType t, Binary op, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
+
+// out[i] = a[i] (op) s.
+void binary_scalar(DType t, Binary op, const void* a, double s, void* out, int64_t n, cudaStream_t stream);
+
+// out[i] = f(a[i]) (floating-point types; Neg and Abs also for integers).
+void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t stream);
+
+// out = m + v broadcast over an m of rows x cols (row-major): v(j) added to every
+// row when `along_rows` (v has cols elements), else v(i) added to every column.
+void add_bias(DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows,
+              cudaStream_t stream);
+
+// out[c, r] = in[r, c] for an in of rows x cols.
+void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// --- reductions ---
+
+// in viewed as [outer, len, inner] (row-major): out[o, i] = reduction over j of
+// in[o, j, i]. len == 0 gives the identity (0, -inf / lowest, +inf / max).
+void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
+                cudaStream_t stream);
+
+// *out = sum of a[i]^2 over [0, n)  (out: one element on the device).
+void sum_squares(DType t, const void* a, int64_t n, void* out, cudaStream_t stream);
+
+// *out = max of |a[i]| over [0, n), 0 for n == 0  (out: one element on the device).
+void max_abs(DType t, const void* a, int64_t n, void* out, cudaStream_t stream);
+
+// Softmax along the middle dim of x viewed as [outer, len, inner], in two passes
+// around the all-reduces of a sharded dim:
+//  softmax_shift: with m = max[o, i]: x = x - m (log) or exp(x - m) (not log), and
+//                 sums[o, i] = sum over j of exp(x[o, j, i] - m).
+//  softmax_finish: x = x - log(sums[o, i]) (log) or x / sums[o, i] (not log).
+void softmax_shift(DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
+                   bool log, cudaStream_t stream);
+void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log,
+                    cudaStream_t stream);
+
+}  // namespace dtensor::cuda::kernels

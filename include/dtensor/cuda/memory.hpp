@@ -1,0 +1,104 @@
+#pragma once
+// Device memory: stream-ordered allocation (cudaMallocAsync from the device's
+// default pool) and copies between any two devices.
+//
+// A rank allocates and frees on its own stream, so a block freed by one operator
+// is reused by the next without a device synchronisation. The pool keeps freed
+// memory instead of returning it to the driver at each synchronisation (its release
+// threshold is raised once per device): that is what makes it a caching allocator.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <limits>
+#include <mutex>
+
+#include "dtensor/cuda/stream.hpp"
+#include "dtensor/tensor/device.hpp"
+
+namespace dtensor::cuda {
+
+namespace detail {
+
+inline void keep_pool_memory(int device) {
+  static std::mutex m;
+  static bool done[64] = {};
+  std::lock_guard lk(m);
+  if (device < 0 || device >= 64 || done[device]) return;
+  cudaMemPool_t pool;
+  DTENSOR_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t threshold = std::numeric_limits<uint64_t>::max();
+  DTENSOR_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  done[device] = true;
+}
+
+// Whether this thread works on `device` (then its stream orders the allocation).
+inline bool bound_to(int device) {
+  const auto& s = ::dtensor::cuda::detail::thread_stream();
+  return s.stream && s.device == device;
+}
+
+inline void* allocate(std::size_t bytes, int device) {
+  if (bytes == 0) return nullptr;
+  keep_pool_memory(device);
+  void* p = nullptr;
+  if (bound_to(device)) {
+    DTENSOR_CUDA(cudaMallocAsync(&p, bytes, current_stream()));
+  } else {
+    // A thread that does not work on this device: synchronise, so that the block is
+    // valid on every stream (an async allocation is valid only on its own stream).
+    DeviceGuard g(device);
+    DTENSOR_CUDA(cudaMallocAsync(&p, bytes, cudaStreamPerThread));
+    DTENSOR_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+  }
+  return p;
+}
+
+inline void deallocate(void* p, std::size_t, int device) noexcept {
+  if (!p) return;
+  if (bound_to(device)) {
+    (void)cudaFreeAsync(p, detail::thread_stream().stream);
+    return;
+  }
+  // Freed by a thread that did not queue the work on it (a tensor outliving its
+  // rank's thread): wait for all of the device's work first.
+  int previous = 0;
+  (void)cudaGetDevice(&previous);
+  (void)cudaSetDevice(device);
+  (void)cudaDeviceSynchronize();
+  (void)cudaFreeAsync(p, cudaStreamPerThread);
+  (void)cudaStreamSynchronize(cudaStreamPerThread);
+  (void)cudaSetDevice(previous);
+}
+
+inline void zero(void* p, std::size_t bytes, int device) {
+  if (!bytes) return;
+  if (bound_to(device)) return DTENSOR_CUDA(cudaMemsetAsync(p, 0, bytes, current_stream()));
+  DeviceGuard g(device);
+  DTENSOR_CUDA(cudaMemset(p, 0, bytes));
+}
+
+// Any pair of devices (unified addressing tells the driver the direction). A copy
+// to or from the host returns when the host memory may be used: host buffers here
+// are pageable, so the copy is synchronous for them anyway.
+inline void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  if (!bytes) return;
+  const int dev = dst_device.is_host() ? src_device.index : dst_device.index;
+  if (!bound_to(dev)) {
+    DeviceGuard g(dev);
+    DTENSOR_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    return;
+  }
+  cudaStream_t s = current_stream();
+  DTENSOR_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  if (dst_device.is_host() || src_device.is_host()) DTENSOR_CUDA(cudaStreamSynchronize(s));
+}
+
+}  // namespace detail
+
+inline const ::dtensor::detail::MemorySpace& memory_space() {
+  static constexpr ::dtensor::detail::MemorySpace space{&detail::allocate, &detail::deallocate, &detail::zero,
+                                                        &detail::copy};
+  return space;
+}
+
+}  // namespace dtensor::cuda

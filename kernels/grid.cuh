@@ -1,0 +1,60 @@
+#pragma once
+// How dtensor's kernels cover their index space: 1-D grid-stride loops over 64-bit
+// indices, grids of a capped size, and the one block-wide reduction they share.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace dtensor::cuda::kernels::detail {
+
+constexpr int kThreads = 256;  // per block, everywhere: block_reduce's shared buffer is sized for it
+// Enough blocks to fill any current GPU several times over; past that, each thread
+// loops, which costs less than launching blocks (and keeps gridDim.x far from its limit).
+constexpr int64_t kMaxBlocks = 8192;
+
+// Blocks for n independent items (n > 0) at kThreads per block.
+inline unsigned blocks_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+// The grid-stride loop: for (int64_t i = first(); i < n; i += stride()). 64-bit from
+// the first product on, so that tensors of more than 2^31 elements index correctly.
+__device__ inline int64_t first() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ inline int64_t stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+// q = a / b, r = a % b for a >= 0, b > 0. A 64-bit division is emulated in
+// software (dozens of instructions); most indices fit in 32 bits, where the
+// hardware path is several times cheaper and keeps index math off the critical path.
+__device__ inline void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
+  if (((a | b) >> 32) == 0) {
+    const auto ua = static_cast<uint32_t>(a), ub = static_cast<uint32_t>(b);
+    q = ua / ub;
+    r = ua - static_cast<uint32_t>(q) * ub;
+  } else {
+    q = a / b;
+    r = a - q * b;
+  }
+}
+
+// Combines the kThreads values `v` of a block with `op` (associative and
+// commutative) and returns the result to every thread. The tree runs in shared
+// memory rather than with warp shuffles so that it works for every element type,
+// 1-byte integers included. Every thread of the block must call it; it may be
+// called again right away (the buffer is released before returning).
+template <class T, class Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T buf[kThreads];
+  const unsigned t = threadIdx.x;
+  buf[t] = v;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (t < half) buf[t] = op(buf[t], buf[t + half]);
+    __syncthreads();
+  }
+  const T result = buf[0];
+  __syncthreads();
+  return result;
+}
+
+}  // namespace dtensor::cuda::kernels::detail

@@ -1,0 +1,491 @@
+// The host launchers of kernels.hpp: argument checks, the one DType switch per call,
+// the fast paths that need no kernel (copies, memsets), and the launches themselves.
+// Every launch is checked with DTENSOR_CUDA_LAUNCHED, every empty input returns before
+// any CUDA call, and grids are capped (the kernels loop over the rest).
+#include "dtensor/cuda/kernels.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "block_copy.cuh"
+#include "dtensor/cuda/error.hpp"
+#include "dtensor/util/error.hpp"
+#include "elementwise.cuh"
+#include "grid.cuh"
+#include "reduce.cuh"
+#include "softmax.cuh"
+
+namespace dtensor::cuda::kernels {
+namespace {
+
+using detail::blocks_for;
+using detail::kMaxBlocks;
+using detail::kThreads;
+using detail::Runs;
+
+constexpr const char* name(Binary op) {
+  constexpr const char* names[] = {"add", "sub", "mul", "div"};
+  return names[static_cast<int>(op)];
+}
+constexpr const char* name(Unary f) {
+  constexpr const char* names[] = {"neg", "exp", "log", "sqrt", "abs", "relu", "tanh", "sigmoid"};
+  return names[static_cast<int>(f)];
+}
+
+void check_size(int64_t n, const char* fn) {
+  DTENSOR_CHECK(n >= 0, InvalidArgument, "cuda::kernels::", fn, ": negative size ", n);
+}
+
+void check_blocks(const Block& s, const Block& d, const char* fn) {
+  DTENSOR_CHECK(s.count >= 0 && s.len >= 0 && d.count >= 0 && d.len >= 0, InvalidArgument, "cuda::kernels::", fn,
+                ": a block with a negative count or run length");
+  DTENSOR_CHECK(s.numel() == d.numel(), InvalidArgument, "cuda::kernels::", fn, ": the source block holds ",
+                s.numel(), " elements and the destination block ", d.numel());
+}
+
+// A contiguous block as one run of all its elements: offsets are then offset + e, and
+// a block of count <= 1 (whose stride means nothing) needs no special case.
+Runs runs_of(const Block& b) {
+  return b.is_contiguous() ? Runs{b.offset, b.numel(), b.numel()} : Runs{b.offset, b.stride, b.len};
+}
+
+// Calls f(W{}) with the unsigned integer type W that moves an element of `bytes` bytes.
+template <class F>
+void visit_width(std::size_t bytes, F&& f) {
+  switch (bytes) {
+    case 1: return f(std::uint8_t{});
+    case 2: return f(std::uint16_t{});
+    case 4: return f(std::uint32_t{});
+    default: return f(std::uint64_t{});
+  }
+}
+
+// `v` as a T, refusing values an integer T cannot hold: the conversion of an
+// out-of-range double is undefined behaviour. A float takes them as infinities.
+template <class T>
+T to_element(double v, const char* fn) {
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr float inf = std::numeric_limits<float>::infinity();
+    if (std::isfinite(v) && std::abs(v) > std::numeric_limits<float>::max()) return v > 0 ? inf : -inf;
+  } else if constexpr (std::is_integral_v<T>) {
+    // Exact bounds: lowest is 0 or -2^k, and max + 1 is 2^k (for 64 bits, the double
+    // nearest max already is 2^k, and adding 1 leaves it there).
+    const double lo = static_cast<double>(std::numeric_limits<T>::lowest());
+    const double hi = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;
+    const double t = std::trunc(v);
+    DTENSOR_CHECK(t >= lo && t < hi, InvalidArgument, "cuda::kernels::", fn, ": the value ", v,
+                  " does not fit the element type ", ::dtensor::name(dtype_of<T>()));
+  }
+  return static_cast<T>(v);
+}
+
+// Stream-ordered scratch memory: allocated and freed in the stream's order, so it
+// never makes the host wait, and freed on every path out of the launcher.
+template <class T>
+class Scratch {
+ public:
+  Scratch(std::size_t n, cudaStream_t stream) : stream_(stream) {
+    DTENSOR_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&p_), n * sizeof(T), stream));
+  }
+  ~Scratch() { (void)cudaFreeAsync(p_, stream_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  T* get() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+// cudaMemcpy2D rejects pitches past the device's cudaDevAttrMaxPitch, which is
+// 2^31 - 1 bytes on every current GPU.
+constexpr int64_t kMaxPitch = std::numeric_limits<int32_t>::max();
+// Below this many bytes per run, a 2-D copy moves rows too narrow for the copy
+// engine to be efficient; the index-mapping kernel is faster.
+constexpr int64_t kMin2DRunBytes = 256;
+
+template <class T, ReduceOp Op>
+void launch_reduce_block(const void* src, Runs s, void* dst, Runs d, int64_t n, bool contiguous,
+                         cudaStream_t stream) {
+  using detail::Layout;
+  const auto* in = static_cast<const T*>(src);
+  auto* out = static_cast<T*>(dst);
+  if (contiguous) detail::reduce_runs<T, Op, Layout::Contiguous><<<blocks_for(n), kThreads, 0, stream>>>(in, s, out, d, n);
+  else detail::reduce_runs<T, Op, Layout::Strided><<<blocks_for(n), kThreads, 0, stream>>>(in, s, out, d, n);
+  DTENSOR_CUDA_LAUNCHED();
+}
+
+// One partial result per grid block, then one block to combine them: no
+// atomics, which 1-byte integers lack, and the same answer run to run.
+constexpr int64_t kMaxPartials = 1024;
+
+template <class T, class Acc, class Map, class Op>
+void reduce_to_scalar(const T* a, int64_t n, T* out, Acc init, Map map, Op op, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(n), kMaxPartials));
+  if (blocks == 1) {
+    detail::reduce_all<T, Acc, T><<<1, kThreads, 0, stream>>>(a, n, out, init, map, op);
+    DTENSOR_CUDA_LAUNCHED();
+    return;
+  }
+  Scratch<Acc> partials(blocks, stream);
+  detail::reduce_all<T, Acc, Acc><<<blocks, kThreads, 0, stream>>>(a, n, partials.get(), init, map, op);
+  DTENSOR_CUDA_LAUNCHED();
+  detail::finish_all<<<1, kThreads, 0, stream>>>(partials.get(), static_cast<int64_t>(blocks), out, init, op);
+  DTENSOR_CUDA_LAUNCHED();
+}
+
+template <class T>
+T identity(Reduce r) {
+  using L = std::numeric_limits<T>;
+  if (r == Reduce::Max) return L::has_infinity ? -L::infinity() : L::lowest();
+  if (r == Reduce::Min) return L::has_infinity ? L::infinity() : L::max();
+  return T(0);
+}
+
+template <class T, class Op>
+void launch_reduce_dim(const T* in, T* out, int64_t len, int64_t inner, int64_t outs, T init, Op op,
+                       cudaStream_t stream) {
+  if (detail::reduce_by_rows(len, inner, outs)) {
+    const auto blocks = static_cast<unsigned>(std::min(outs, kMaxBlocks));
+    detail::reduce_rows<<<blocks, kThreads, 0, stream>>>(in, out, len, inner, outs, init, op);
+  } else {
+    detail::reduce_columns<<<blocks_for(outs), kThreads, 0, stream>>>(in, out, len, inner, outs, init, op);
+  }
+  DTENSOR_CUDA_LAUNCHED();
+}
+
+template <class T, bool Log>
+void launch_softmax_shift(T* x, const T* max, T* sums, int64_t len, int64_t inner, int64_t outs,
+                          cudaStream_t stream) {
+  if (detail::reduce_by_rows(len, inner, outs)) {
+    const auto blocks = static_cast<unsigned>(std::min(outs, kMaxBlocks));
+    detail::softmax_shift_rows<T, Log><<<blocks, kThreads, 0, stream>>>(x, max, sums, len, inner, outs);
+  } else {
+    detail::softmax_shift_columns<T, Log><<<blocks_for(outs), kThreads, 0, stream>>>(x, max, sums, len, inner, outs);
+  }
+  DTENSOR_CUDA_LAUNCHED();
+}
+
+void check_floating(DType t, const char* fn) {
+  DTENSOR_CHECK(t == DType::Float32 || t == DType::Float64, InvalidArgument, "cuda::kernels::", fn,
+                " is defined for float32 and float64, not ", ::dtensor::name(t));
+}
+
+}  // namespace
+
+// --- data movement ---
+
+void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem, cudaStream_t stream) {
+  check_blocks(sb, db, "copy_block");
+  const int64_t n = sb.numel();
+  if (n == 0 || elem == 0) return;
+  const auto* s = static_cast<const std::byte*>(src);
+  auto* d = static_cast<std::byte*>(dst);
+  const auto size = static_cast<int64_t>(elem);
+
+  if (sb.is_contiguous() && db.is_contiguous()) {
+    const std::byte* from = s + sb.offset * size;
+    std::byte* to = d + db.offset * size;
+    // cudaMemcpyDefault: the pointers' kinds come from unified addressing, so a
+    // pinned host buffer works as well as device memory.
+    if (from != to) DTENSOR_CUDA(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n * size), cudaMemcpyDefault, stream));
+    return;
+  }
+
+  // Equal runs on both sides (equal element counts make the run counts equal too).
+  const int64_t run_bytes = sb.len * size;
+  if (sb.len == db.len && sb.stride >= sb.len && db.stride >= db.len && run_bytes >= kMin2DRunBytes &&
+      sb.stride * size <= kMaxPitch && db.stride * size <= kMaxPitch) {
+    DTENSOR_CUDA(cudaMemcpy2DAsync(d + db.offset * size, static_cast<std::size_t>(db.stride * size),
+                                   s + sb.offset * size, static_cast<std::size_t>(sb.stride * size),
+                                   static_cast<std::size_t>(run_bytes), static_cast<std::size_t>(sb.count),
+                                   cudaMemcpyDefault, stream));
+    return;
+  }
+
+  // The index-mapping kernel, on the widest word that every offset, stride, run
+  // length and both base addresses are aligned to: a block of floats whose runs are
+  // all even moves as 8-byte words, in half the loads and stores.
+  Runs rs = runs_of(sb), rd = runs_of(db);
+  int64_t width = size;
+  if (width != 1 && width != 2 && width != 4 && width != 8) {  // any other size moves as bytes
+    for (Runs* r : {&rs, &rd}) r->offset *= width, r->stride *= width, r->len *= width;
+    width = 1;
+  }
+  const auto aligned = [](const void* p, int64_t w) { return reinterpret_cast<std::uintptr_t>(p) % w == 0; };
+  while (width < 8 && aligned(src, 2 * width) && aligned(dst, 2 * width)) {
+    bool even = true;
+    for (const Runs* r : {&rs, &rd}) even = even && r->offset % 2 == 0 && r->stride % 2 == 0 && r->len % 2 == 0;
+    if (!even) break;
+    for (Runs* r : {&rs, &rd}) r->offset /= 2, r->stride /= 2, r->len /= 2;
+    width *= 2;
+  }
+  const int64_t words = n * size / width;
+  visit_width(static_cast<std::size_t>(width), [&](auto tag) {
+    using W = decltype(tag);
+    detail::copy_runs<W><<<blocks_for(words), kThreads, 0, stream>>>(static_cast<const W*>(src), rs,
+                                                                    static_cast<W*>(dst), rd, words);
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void reduce_block(DType t, ReduceOp op, const void* src, Block sb, void* dst, Block db, cudaStream_t stream) {
+  check_blocks(sb, db, "reduce_block");
+  const int64_t n = sb.numel();
+  if (n == 0) return;
+  const bool contiguous = sb.is_contiguous() && db.is_contiguous();
+  const Runs s = runs_of(sb), d = runs_of(db);
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: return launch_reduce_block<T, ReduceOp::Sum>(src, s, dst, d, n, contiguous, stream);
+      case ReduceOp::Max: return launch_reduce_block<T, ReduceOp::Max>(src, s, dst, d, n, contiguous, stream);
+      case ReduceOp::Min: return launch_reduce_block<T, ReduceOp::Min>(src, s, dst, d, n, contiguous, stream);
+    }
+  });
+}
+
+void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream) {
+  DTENSOR_CHECK(db.count >= 0 && db.len >= 0, InvalidArgument,
+                "cuda::kernels::divide_block: a block with a negative count or run length");
+  DTENSOR_CHECK(terms != 0, InvalidArgument, "cuda::kernels::divide_block: division by zero terms");
+  const int64_t n = db.numel();
+  if (n == 0) return;
+  const Runs d = runs_of(db);
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    using detail::Layout;
+    auto* p = static_cast<T*>(dst);
+    const auto by = static_cast<T>(terms);
+    if (db.is_contiguous()) detail::divide_runs<T, Layout::Contiguous><<<blocks_for(n), kThreads, 0, stream>>>(p, d, by, n);
+    else detail::divide_runs<T, Layout::Strided><<<blocks_for(n), kThreads, 0, stream>>>(p, d, by, n);
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void fill(DType t, void* dst, int64_t n, double value, cudaStream_t stream) {
+  check_size(n, "fill");
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T v = to_element<T>(value, "fill");
+    // All-zero bits are zero in every dtype (but -0.0 is not all zeros).
+    if (v == T(0) && !(std::is_floating_point_v<T> && std::signbit(value))) {
+      DTENSOR_CUDA(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * sizeof(T), stream));
+      return;
+    }
+    detail::fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), v, n);
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+// --- elementwise ---
+
+void binary(DType t, Binary op, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream) {
+  check_size(n, name(op));
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* x = static_cast<const T*>(a);
+    const auto* y = static_cast<const T*>(b);
+    auto* z = static_cast<T*>(out);
+    const unsigned g = blocks_for(n);
+    switch (op) {
+      case Binary::Add: detail::binary_kernel<T, Binary::Add><<<g, kThreads, 0, stream>>>(x, y, z, n); break;
+      case Binary::Sub: detail::binary_kernel<T, Binary::Sub><<<g, kThreads, 0, stream>>>(x, y, z, n); break;
+      case Binary::Mul: detail::binary_kernel<T, Binary::Mul><<<g, kThreads, 0, stream>>>(x, y, z, n); break;
+      case Binary::Div: detail::binary_kernel<T, Binary::Div><<<g, kThreads, 0, stream>>>(x, y, z, n); break;
+    }
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void binary_scalar(DType t, Binary op, const void* a, double s, void* out, int64_t n, cudaStream_t stream) {
+  check_size(n, name(op));
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* x = static_cast<const T*>(a);
+    const T v = to_element<T>(s, name(op));
+    auto* z = static_cast<T*>(out);
+    const unsigned g = blocks_for(n);
+    switch (op) {
+      case Binary::Add: detail::binary_scalar_kernel<T, Binary::Add><<<g, kThreads, 0, stream>>>(x, v, z, n); break;
+      case Binary::Sub: detail::binary_scalar_kernel<T, Binary::Sub><<<g, kThreads, 0, stream>>>(x, v, z, n); break;
+      case Binary::Mul: detail::binary_scalar_kernel<T, Binary::Mul><<<g, kThreads, 0, stream>>>(x, v, z, n); break;
+      case Binary::Div: detail::binary_scalar_kernel<T, Binary::Div><<<g, kThreads, 0, stream>>>(x, v, z, n); break;
+    }
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t stream) {
+  check_size(n, name(f));
+  const bool for_integers = f == Unary::Neg || f == Unary::Abs || f == Unary::Relu;
+  DTENSOR_CHECK(for_integers || t == DType::Float32 || t == DType::Float64, InvalidArgument, "cuda::kernels::unary: ",
+                name(f), " is defined for float32 and float64, not ", ::dtensor::name(t));
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* x = static_cast<const T*>(a);
+    auto* z = static_cast<T*>(out);
+    const unsigned g = blocks_for(n);
+    switch (f) {
+      case Unary::Neg: detail::unary_kernel<T, Unary::Neg><<<g, kThreads, 0, stream>>>(x, z, n); break;
+      case Unary::Abs: detail::unary_kernel<T, Unary::Abs><<<g, kThreads, 0, stream>>>(x, z, n); break;
+      case Unary::Relu: detail::unary_kernel<T, Unary::Relu><<<g, kThreads, 0, stream>>>(x, z, n); break;
+      default:
+        if constexpr (std::is_floating_point_v<T>) {
+          switch (f) {
+            case Unary::Exp: detail::unary_kernel<T, Unary::Exp><<<g, kThreads, 0, stream>>>(x, z, n); break;
+            case Unary::Log: detail::unary_kernel<T, Unary::Log><<<g, kThreads, 0, stream>>>(x, z, n); break;
+            case Unary::Sqrt: detail::unary_kernel<T, Unary::Sqrt><<<g, kThreads, 0, stream>>>(x, z, n); break;
+            case Unary::Tanh: detail::unary_kernel<T, Unary::Tanh><<<g, kThreads, 0, stream>>>(x, z, n); break;
+            default: detail::unary_kernel<T, Unary::Sigmoid><<<g, kThreads, 0, stream>>>(x, z, n); break;
+          }
+        }
+        break;
+    }
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void add_bias(DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows,
+              cudaStream_t stream) {
+  check_size(rows, "add_bias");
+  check_size(cols, "add_bias");
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* x = static_cast<const T*>(m);
+    const auto* b = static_cast<const T*>(v);
+    auto* z = static_cast<T*>(out);
+    if (along_rows) detail::add_bias_kernel<T, true><<<blocks_for(n), kThreads, 0, stream>>>(x, b, z, cols, n);
+    else detail::add_bias_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(x, b, z, cols, n);
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, cudaStream_t stream) {
+  check_size(rows, "transpose");
+  check_size(cols, "transpose");
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  const std::size_t elem = size_of(t);
+  if (rows == 1 || cols == 1) {  // a vector: the same elements in the same order
+    if (in != out) DTENSOR_CUDA(cudaMemcpyAsync(out, in, static_cast<std::size_t>(n) * elem, cudaMemcpyDefault, stream));
+    return;
+  }
+  using detail::kTile;
+  const int64_t tiles_c = (cols + kTile - 1) / kTile;
+  const int64_t tiles = (rows + kTile - 1) / kTile * tiles_c;
+  const auto blocks = static_cast<unsigned>(std::min(tiles, kMaxBlocks));
+  const dim3 threads(kTile, detail::kTileRows);
+  visit_width(elem, [&](auto tag) {
+    using W = decltype(tag);
+    detail::transpose_kernel<<<blocks, threads, 0, stream>>>(static_cast<const W*>(in), static_cast<W*>(out), rows,
+                                                             cols, tiles_c, tiles);
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+// --- reductions ---
+
+void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
+                cudaStream_t stream) {
+  check_size(outer, "reduce_dim");
+  check_size(len, "reduce_dim");
+  check_size(inner, "reduce_dim");
+  const int64_t outs = outer * inner;
+  if (outs == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* x = static_cast<const T*>(in);
+    auto* y = static_cast<T*>(out);
+    const T init = identity<T>(r);
+    switch (r) {
+      case Reduce::Sum: return launch_reduce_dim(x, y, len, inner, outs, init, detail::SumOp{}, stream);
+      case Reduce::Max: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MaxOp{}, stream);
+      case Reduce::Min: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MinOp{}, stream);
+    }
+  });
+}
+
+void sum_squares(DType t, const void* a, int64_t n, void* out, cudaStream_t stream) {
+  check_size(n, "sum_squares");
+  if (n == 0) {  // the empty sum, written without a launch (all-zero bits are zero in every dtype)
+    DTENSOR_CUDA(cudaMemsetAsync(out, 0, size_of(t), stream));
+    return;
+  }
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    // float accumulates in double: a thread may add up thousands of squares before the
+    // tree, and the loads, not the arithmetic, bound the kernel.
+    using Acc = std::conditional_t<std::is_same_v<T, float>, double, detail::wrap_t<T>>;
+    reduce_to_scalar(static_cast<const T*>(a), n, static_cast<T*>(out), Acc(0), detail::Square<Acc>{},
+                     detail::SumOp{}, stream);
+  });
+}
+
+void max_abs(DType t, const void* a, int64_t n, void* out, cudaStream_t stream) {
+  check_size(n, "max_abs");
+  if (n == 0) {
+    DTENSOR_CUDA(cudaMemsetAsync(out, 0, size_of(t), stream));
+    return;
+  }
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    reduce_to_scalar(static_cast<const T*>(a), n, static_cast<T*>(out), T(0), detail::Magnitude{},
+                     detail::MaxNanOp{}, stream);
+  });
+}
+
+void softmax_shift(DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner, bool log,
+                   cudaStream_t stream) {
+  check_floating(t, "softmax_shift");
+  check_size(outer, "softmax_shift");
+  check_size(len, "softmax_shift");
+  check_size(inner, "softmax_shift");
+  const int64_t outs = outer * inner;
+  if (outs == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      auto* p = static_cast<T*>(x);
+      const auto* m = static_cast<const T*>(max);
+      auto* s = static_cast<T*>(sums);
+      if (log) launch_softmax_shift<T, true>(p, m, s, len, inner, outs, stream);
+      else launch_softmax_shift<T, false>(p, m, s, len, inner, outs, stream);
+    }
+  });
+}
+
+void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log,
+                    cudaStream_t stream) {
+  check_floating(t, "softmax_finish");
+  check_size(outer, "softmax_finish");
+  check_size(len, "softmax_finish");
+  check_size(inner, "softmax_finish");
+  const int64_t n = outer * len * inner;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      auto* p = static_cast<T*>(x);
+      const auto* s = static_cast<const T*>(sums);
+      if (log) detail::softmax_finish_kernel<T, true><<<blocks_for(n), kThreads, 0, stream>>>(p, s, len, inner, n);
+      else detail::softmax_finish_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(p, s, len, inner, n);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+}  // namespace dtensor::cuda::kernels

@@ -1,0 +1,128 @@
+#pragma once
+// Reductions: along the middle dim of an [outer, len, inner] view (reduce_dim), and of
+// a whole array into one device scalar (sum_squares, max_abs), plus the combining
+// operators that block_copy.cuh's reduce_block shares.
+#include <cstdint>
+#include <type_traits>
+
+#include "grid.cuh"
+
+namespace dtensor::cuda::kernels::detail {
+
+// Integer arithmetic that may overflow is done on the unsigned type of the same width,
+// where it wraps by definition (signed overflow is undefined behaviour); the wrapped
+// result converts back to the signed value the host path gives in practice.
+template <class T, bool = std::is_integral_v<T>>
+struct wrap { using type = T; };
+template <class T>
+struct wrap<T, true> { using type = std::make_unsigned_t<T>; };
+template <class T>
+using wrap_t = typename wrap<T>::type;
+
+// The combining operators. Max and Min are std::max and std::min exactly, the host
+// path's semantics: the left operand (the accumulator) wins ties, and a NaN on the
+// right is not propagated into a non-NaN accumulator.
+struct SumOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<wrap_t<T>>(static_cast<wrap_t<T>>(a) + static_cast<wrap_t<T>>(b)));
+    else return a + b;
+  }
+};
+struct MaxOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const { return a < b ? b : a; }
+};
+struct MinOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const { return b < a ? b : a; }
+};
+// For max_abs: a norm of data holding a NaN is NaN, whatever order the tree takes.
+struct MaxNanOp {
+  template <class T>
+  __device__ T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) return (a < b || b != b) ? b : a;
+    else return a < b ? b : a;
+  }
+};
+
+// --- reduce_dim: out[o, i] = op over j of in[o, j, i] ---
+
+// One thread per output: coalesced when inner is wide (a warp reads consecutive i).
+template <class T, class Op>
+__global__ void reduce_columns(const T* __restrict__ in, T* __restrict__ out, int64_t len, int64_t inner, int64_t outs,
+                               T init, Op op) {
+  for (int64_t k = first(); k < outs; k += stride()) {
+    int64_t o, i;
+    divmod(k, inner, o, i);
+    const T* p = in + o * len * inner + i;
+    T acc = init;
+    for (int64_t j = 0; j < len; ++j) acc = op(acc, p[j * inner]);
+    out[k] = acc;
+  }
+}
+
+// One block per output: for a narrow inner (a softmax or sum over the last dim, where
+// the threads of a block then read consecutive elements) and for a few long outputs,
+// which one thread each would leave the GPU idle.
+template <class T, class Op>
+__global__ void reduce_rows(const T* __restrict__ in, T* __restrict__ out, int64_t len, int64_t inner, int64_t outs,
+                            T init, Op op) {
+  for (int64_t k = blockIdx.x; k < outs; k += gridDim.x) {  // uniform per block: block_reduce is safe inside
+    int64_t o, i;
+    divmod(k, inner, o, i);
+    const T* p = in + o * len * inner + i;
+    T acc = init;
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) acc = op(acc, p[j * inner]);
+    acc = block_reduce(acc, op);
+    if (threadIdx.x == 0) out[k] = acc;
+  }
+}
+
+// Whether reduce_rows beats reduce_columns for this shape (see their comments).
+inline bool reduce_by_rows(int64_t len, int64_t inner, int64_t outs) {
+  return len >= 32 && (inner < 32 || outs < 4096);
+}
+
+// --- whole-array reductions into one scalar ---
+
+// The element mapped into the accumulator: x^2 and |x|. Integers wrap (see wrap_t);
+// |lowest| wraps to lowest, as the host path's abs does.
+template <class Acc>
+struct Square {
+  template <class T>
+  __device__ Acc operator()(T x) const {
+    const Acc v = static_cast<Acc>(x);
+    return static_cast<Acc>(v * v);
+  }
+};
+struct Magnitude {
+  template <class T>
+  __device__ T operator()(T x) const {
+    if constexpr (std::is_same_v<T, float>) return fabsf(x);  // |-0.0| is +0.0, as std::abs
+    else if constexpr (std::is_same_v<T, double>) return fabs(x);
+    else if constexpr (std::is_signed_v<T>) return x < 0 ? static_cast<T>(wrap_t<T>(0) - static_cast<wrap_t<T>>(x)) : x;
+    else return x;
+  }
+};
+
+// Each block folds its grid-stride share of a[0, n) into out[blockIdx.x]. Launched
+// with one block, that is the final value; otherwise finish_all combines the blocks.
+template <class T, class Acc, class Out, class Map, class Op>
+__global__ void reduce_all(const T* __restrict__ a, int64_t n, Out* __restrict__ out, Acc init, Map map, Op op) {
+  Acc acc = init;
+  for (int64_t i = first(); i < n; i += stride()) acc = op(acc, map(a[i]));
+  acc = block_reduce(acc, op);
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<Out>(acc);
+}
+
+// One block: combines reduce_all's per-block values into the scalar.
+template <class Acc, class T, class Op>
+__global__ void finish_all(const Acc* __restrict__ partials, int64_t n, T* __restrict__ out, Acc init, Op op) {
+  Acc acc = init;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc = op(acc, partials[i]);
+  acc = block_reduce(acc, op);
+  if (threadIdx.x == 0) *out = static_cast<T>(acc);
+}
+
+}  // namespace dtensor::cuda::kernels::detail

@@ -1,0 +1,247 @@
+// DTensors on a GPU: the in-process runtime with device buffers (ranks as threads
+// sharing one GPU), 1, 2 and 4 ranks, 1-D and 2x2 meshes, even, uneven and empty
+// shapes. Every program runs twice, once on host tensors and once on device
+// tensors, and the device result (copied back) must equal the host one: bit for bit
+// where only data moves, within rounding where the GPU computes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include <dtensor/cuda.hpp>
+
+using namespace dtensor;
+
+namespace {
+
+template <class T, int R>
+Tensor<T, R> iota(const Shape<R>& shape) {
+  auto t = Tensor<T, R>::uninitialized(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<T>((i * 7919) % 23) - T(11) + T(0.25);
+  return t;
+}
+
+// Runs program(mesh) on n ranks with buffers on `dev`; returns rank 0's copy of the
+// global result on the host.
+template <int M, class Program>
+auto run_on(Device dev, const std::array<int, M>& mesh_shape, Program&& program) {
+  using Result = decltype(program(std::declval<const DeviceMesh<M>&>()).full_tensor());
+  int n = 1;
+  for (int s : mesh_shape) n *= s;
+  Result out;
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      n,
+      [&](Comm& comm) {
+        DeviceMesh<M> mesh(comm, mesh_shape);
+        auto y = program(mesh).full_tensor();
+        REQUIRE(y.device() == dev);
+        if (comm.rank() == 0) out = y.to(Device::host());
+      },
+      opt);
+  return out;
+}
+
+template <class T, int R>
+void check_close(const Tensor<T, R>& got, const Tensor<T, R>& want, double tol) {
+  REQUIRE(got.shape() == want.shape());
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.data()[i], w = want.data()[i];
+    if (std::isnan(w)) {
+      CHECK(std::isnan(g));
+      continue;
+    }
+    REQUIRE_MESSAGE(std::abs(g - w) <= tol * (1 + std::abs(w)), "element ", i, ": gpu ", g, " host ", w);
+  }
+}
+
+// Host and device runs of one program must agree.
+template <int M, class Program>
+void same_on_gpu(const std::array<int, M>& mesh_shape, Program&& program, double tol = 0) {
+  const auto host = run_on<M>(Device::host(), mesh_shape, program);
+  const auto gpu = run_on<M>(Device::cuda(0), mesh_shape, program);
+  if (tol == 0)
+    CHECK(gpu == host);
+  else
+    check_close(gpu, host, tol);
+}
+
+std::vector<Shape<2>> shapes(int n) { return {{2 * n, 3 * n}, {2 * n + 1, 3 * n - 1}, {n - 1, 2}, {3, 0}}; }
+
+using Set = std::tuple<Placements<Replicate>, Placements<Shard<0>>, Placements<Shard<1>>, Placements<Partial<Sum>>,
+                       Placements<Partial<Max>>>;
+
+template <class A, class B>
+struct Redistribute1D;
+template <class P, class Q>
+struct Redistribute1D<Placements<P>, Placements<Q>> {
+  static void run(int n, const Shape<2>& shape) {
+    // The pairs the compiler accepts (Shard -> Partial and Partial<A> -> Partial<B> do not compile).
+    if constexpr (!(is_shard_v<P> && is_partial_v<Q>) && !(is_partial_v<P> && is_partial_v<Q> && !std::is_same_v<P, Q>)) {
+      const auto g = iota<float, 2>(shape);
+      INFO(DTensor<float, 2, P>::placements_string(), " -> ", DTensor<float, 2, Q>::placements_string(), " on ", n,
+           " ranks, shape ", to_string(shape));
+      same_on_gpu<1>({n}, [&](const DeviceMesh<1>& mesh) { return redistribute<Q>(distribute<P>(g, mesh)); });
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("device tensors: allocation, copies, errors") {
+  const auto h = iota<double, 2>({5, 7});
+  auto d = h.to(Device::cuda(0));
+  CHECK(d.device() == Device::cuda(0));
+  const Tensor<double, 2> d2 = d;  // device-to-device copy
+  CHECK(d2.to(Device::host()) == h);
+  const Tensor<float, 1> z(Shape<1>{1000}, Device::cuda(0));  // zero-filled on the device
+  CHECK(z.to(Device::host()) == Tensor<float, 1>(Shape<1>{1000}));
+  CHECK_THROWS_WITH_AS(d.fill(1.0), doctest::Contains("lives on cuda:0"), InvalidArgument);
+
+  // A host block on a mesh whose communicator moves device buffers, and the reverse.
+  RunOptions opt;
+  opt.device = Device::cuda(0);
+  CHECK_THROWS_WITH_AS(run_threads(
+                           2,
+                           [&](Comm& comm) {
+                             DeviceMesh<1> mesh(comm);
+                             DTensor<double, 2, Replicate> x(mesh, {{5, 7}, {}}, h);
+                           },
+                           opt),
+                       doctest::Contains("local block lives on host"), RankFailure);
+  run_threads(2, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    auto x = distribute<Replicate>(h, mesh);
+    x.local() = d;  // a device block under a host mesh: operators refuse to mix them
+    CHECK_THROWS_WITH_AS((void)add(x, distribute<Replicate>(h, mesh)), doctest::Contains("one operand lives on"),
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("redistribution on device buffers, 1-D meshes of 1, 2 and 4 ranks") {
+  for (int n : {1, 2, 4})
+    for (const auto& shape : shapes(n))
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        (
+            [&]<std::size_t A>(std::integral_constant<std::size_t, A>) {
+              (Redistribute1D<std::tuple_element_t<A, Set>, std::tuple_element_t<I, Set>>::run(n, shape), ...);
+            }(std::integral_constant<std::size_t, I>{}),
+            ...);
+      }(std::make_index_sequence<std::tuple_size_v<Set>>{});
+}
+
+TEST_CASE("redistribution on device buffers, 2x2 mesh: all-to-all, nested shards, partials") {
+  for (const auto& shape : shapes(2)) {
+    const auto g = iota<double, 2>(shape);
+    INFO("shape ", to_string(shape));
+    same_on_gpu<2>({2, 2}, [&](const DeviceMesh<2>& mesh) {
+      return redistribute<Shard<1>, Shard<0>>(distribute<Shard<0>, Shard<1>>(g, mesh));
+    });
+    same_on_gpu<2>({2, 2}, [&](const DeviceMesh<2>& mesh) {
+      return redistribute<Shard<0>, Shard<0>>(distribute<Replicate, Shard<1>>(g, mesh));
+    });
+    same_on_gpu<2>({2, 2}, [&](const DeviceMesh<2>& mesh) {
+      return redistribute<Shard<1>, Replicate>(distribute<Partial<Sum>, Partial<Avg>>(g, mesh));
+    });
+    same_on_gpu<2>({2, 2}, [&](const DeviceMesh<2>& mesh) {
+      return redistribute<Replicate, Shard<0>>(redistribute<Partial<Sum>, Shard<0>>(distribute<Replicate, Shard<0>>(g, mesh)));
+    });
+  }
+}
+
+TEST_CASE("operators on device tensors agree with the host") {
+  for (int n : {1, 2, 4}) {
+    INFO(n, " ranks");
+    const auto a = iota<float, 2>({2 * n + 1, 3 * n + 2});
+    const auto b = iota<float, 2>({3 * n + 2, n + 3});
+    const auto c = iota<float, 2>({2 * n + 1, 3 * n + 2});
+    // Matrix products: every strategy of a 1-D mesh (local, row/col split, Partial sum).
+    same_on_gpu<1>({n}, [&](const auto& m) { return matmul(distribute<Shard<0>>(a, m), distribute<Replicate>(b, m)); }, 1e-5);
+    same_on_gpu<1>({n}, [&](const auto& m) { return matmul(distribute<Replicate>(a, m), distribute<Shard<1>>(b, m)); }, 1e-5);
+    same_on_gpu<1>({n}, [&](const auto& m) { return matmul(distribute<Shard<1>>(a, m), distribute<Shard<0>>(b, m)); }, 1e-5);
+    same_on_gpu<1>({n}, [&](const auto& m) {
+      return matvec(distribute<Shard<0>>(a, m), distribute<Replicate>(Tensor<float, 1>(Shape<1>{b.extent(0)}, std::vector<float>(b.data(), b.data() + b.extent(0))), m));
+    }, 1e-5);
+    // Elementwise, bias, unary functions.
+    same_on_gpu<1>({n}, [&](const auto& m) { return add(distribute<Shard<0>>(a, m), distribute<Shard<1>>(c, m)); });
+    same_on_gpu<1>({n}, [&](const auto& m) { return div(mul(distribute<Shard<1>>(a, m), 3.0f), 7.0f); });
+    same_on_gpu<1>({n}, [&](const auto& m) { return sigmoid(tanh(exp(mul(distribute<Shard<0>>(a, m), 0.1f)))); }, 1e-6);
+    same_on_gpu<1>({n}, [&](const auto& m) { return relu(abs(neg(distribute<Partial<Sum>>(a, m)))); });
+    same_on_gpu<1>({n}, [&](const auto& m) {
+      const Tensor<float, 1> v(Shape<1>{a.extent(1)}, std::vector<float>(a.data(), a.data() + a.extent(1)));
+      return add_bias<Along::Rows>(distribute<Shard<1>>(a, m), distribute<Replicate>(v, m));
+    });
+    // Reductions over sharded and unsharded dims, softmax along a sharded dim.
+    same_on_gpu<1>({n}, [&](const auto& m) { return sum<0, Reduced::Value>(distribute<Shard<0>>(a, m)); }, 1e-5);
+    same_on_gpu<1>({n}, [&](const auto& m) { return mean<1, Reduced::Value>(distribute<Shard<1>>(a, m)); }, 1e-5);
+    same_on_gpu<1>({n}, [&](const auto& m) { return max<1, Reduced::Value>(distribute<Shard<0>>(a, m)); });
+    same_on_gpu<1>({n}, [&](const auto& m) { return min<0, Reduced::Value>(distribute<Shard<1>>(a, m)); });
+    same_on_gpu<1>({n}, [&](const auto& m) { return softmax<1>(distribute<Shard<1>>(a, m)); }, 1e-5);
+    same_on_gpu<1>({n}, [&](const auto& m) { return log_softmax<0>(distribute<Shard<0>>(a, m)); }, 1e-5);
+    // Shapes: slice, concat, transpose, reshape; fills.
+    same_on_gpu<1>({n}, [&](const auto& m) { return slice<1>(distribute<Shard<1>>(a, m), 1, a.extent(1) - 1); });
+    same_on_gpu<1>({n}, [&](const auto& m) { return concat<0>(distribute<Shard<1>>(a, m), distribute<Shard<1>>(c, m)); });
+    same_on_gpu<1>({n}, [&](const auto& m) { return transpose(distribute<Shard<0>>(a, m)); });
+    same_on_gpu<1>({n}, [&](const auto& m) { return randn<double, Shard<1>>(Shape<2>{5, 2 * n + 1}, m, 42); });
+    same_on_gpu<1>({n}, [&](const auto& m) { return full<float, Shard<0>>(Shape<2>{2 * n + 1, 3}, m, 2.5f); });
+
+    // Norms come back to the host on every rank.
+    double host_norm = 0, gpu_norm = 0;
+    for (Device dev : {Device::host(), Device::cuda(0)}) {
+      RunOptions opt;
+      opt.device = dev;
+      run_threads(n, [&](Comm& comm) {
+        DeviceMesh<1> mesh(comm);
+        const double v = norm2(distribute<Shard<0>>(a.to(Device::host()), mesh)) + norm_max(distribute<Shard<1>>(a, mesh));
+        if (comm.rank() == 0) (dev.is_host() ? host_norm : gpu_norm) = v;
+      }, opt);
+    }
+    CHECK(gpu_norm == doctest::Approx(host_norm).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("2x2 mesh: batched matmul and a conjugate-gradient step on device tensors") {
+  const auto a = iota<double, 3>({3, 5, 6});
+  const auto b = iota<double, 3>({3, 6, 4});
+  same_on_gpu<2>({2, 2}, [&](const auto& m) {
+    return matmul(distribute<Shard<0>, Shard<1>>(a, m), distribute<Shard<0>, Replicate>(b, m));
+  }, 1e-12);
+  const auto s = iota<double, 2>({9, 9});
+  same_on_gpu<2>({2, 2}, [&](const auto& m) {
+    auto A = distribute<Shard<0>, Shard<1>>(s, m);
+    auto x = matmul(A, transpose(A));
+    return add(x, mul(x, 0.5));
+  }, 1e-12);
+}
+
+#ifdef DTENSOR_WITH_NCCL
+#include <dtensor/cuda/nccl_comm.hpp>
+
+// The same programs on a one-rank NCCL communicator (NCCL runs one rank per GPU,
+// so this is what one GPU can check): DTensors on it agree with the host.
+TEST_CASE("DTensors on a 1-rank NCCL communicator agree with the host") {
+  ncclUniqueId id;
+  DTENSOR_NCCL(ncclGetUniqueId(&id));
+  auto nccl = NcclComm::from_unique_id(id, 0, 1, 0);
+  REQUIRE(nccl->device() == Device::cuda(0));
+  DeviceMesh<1> mesh(*nccl);
+  const auto a = iota<float, 2>({7, 5});
+  const auto b = iota<float, 2>({5, 3});
+  auto check = [&](auto program, double tol) {
+    const auto gpu = program(mesh).full_tensor().to(Device::host());
+    Tensor<float, 2> host;
+    run_threads(1, [&](Comm& comm) { host = program(DeviceMesh<1>(comm)).full_tensor(); });
+    check_close(gpu, host, tol);
+  };
+  check([&](const DeviceMesh<1>& m) { return redistribute<Replicate>(distribute<Shard<1>>(a, m)); }, 0);
+  check([&](const DeviceMesh<1>& m) { return redistribute<Shard<0>>(distribute<Partial<Sum>>(a, m)); }, 0);
+  check([&](const DeviceMesh<1>& m) { return matmul(distribute<Shard<1>>(a, m), distribute<Shard<0>>(b, m)); }, 1e-5);
+  check([&](const DeviceMesh<1>& m) { return softmax<1>(distribute<Shard<1>>(a, m)); }, 1e-5);
+  check([&](const DeviceMesh<1>& m) { return add(distribute<Shard<0>>(a, m), distribute<Shard<1>>(a, m)); }, 0);
+  double n_gpu = norm2(distribute<Shard<0>>(a, mesh)), n_host = 0;
+  run_threads(1, [&](Comm& comm) { n_host = norm2(distribute<Shard<0>>(a, DeviceMesh<1>(comm))); });
+  CHECK(n_gpu == doctest::Approx(n_host).epsilon(1e-6));
+}
+#endif

@@ -1,0 +1,628 @@
+// NcclComm on real GPUs. With one GPU: a one-rank communicator on device 0 runs
+// every collective (contiguous, strided and empty blocks, in both the unguarded and
+// the guarded mode) against results computed on the host, and the error paths:
+// argument checks, size mismatches (reported by every rank in guarded mode, an
+// abort otherwise), abort(), a timeout. With two or more GPUs, the same process
+// drives one rank per GPU (init_all, a thread per rank) and runs the paths a single
+// rank never takes: uneven shards through grouped send/recv and per-root reduces,
+// point-to-point messages, split, and mismatches seen by several ranks.
+#include <doctest/doctest.h>
+
+#include <dtensor/cuda/nccl_comm.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace dtensor;
+using namespace std::chrono_literals;
+
+namespace {
+
+NcclOptions with_checks(bool guarded) {
+  NcclOptions o;
+  o.check_collectives = guarded;
+  return o;
+}
+
+// A one-rank communicator on device 0, on this thread's stream.
+std::unique_ptr<NcclComm> one_rank(NcclOptions options = {}) {
+  ncclUniqueId id;
+  DTENSOR_NCCL(ncclGetUniqueId(&id));
+  return NcclComm::from_unique_id(id, 0, 1, 0, options);
+}
+
+// Device memory on a communicator's GPU, filled and read back through its stream.
+template <class T>
+class DeviceVec {
+ public:
+  DeviceVec(const NcclComm& comm, const std::vector<T>& values)
+      : device_(comm.cuda_device()), stream_(comm.stream()), n_(values.size()) {
+    cuda::DeviceGuard g(device_);
+    DTENSOR_CUDA(cudaMalloc(&p_, std::max<std::size_t>(n_, 1) * sizeof(T)));
+    upload(values);
+  }
+  DeviceVec(const NcclComm& comm, std::size_t n, T fill) : DeviceVec(comm, std::vector<T>(n, fill)) {}
+  DeviceVec(const DeviceVec&) = delete;
+  DeviceVec& operator=(const DeviceVec&) = delete;
+  ~DeviceVec() {
+    cuda::detail::QuietDeviceGuard g(device_);
+    (void)cudaFree(p_);
+  }
+
+  T* data() { return p_; }
+  void upload(const std::vector<T>& values) {
+    cuda::DeviceGuard g(device_);
+    if (n_) DTENSOR_CUDA(cudaMemcpyAsync(p_, values.data(), n_ * sizeof(T), cudaMemcpyHostToDevice, stream_));
+    DTENSOR_CUDA(cudaStreamSynchronize(stream_));
+  }
+  std::vector<T> host() const {
+    cuda::DeviceGuard g(device_);
+    std::vector<T> out(n_);
+    if (n_) DTENSOR_CUDA(cudaMemcpyAsync(out.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost, stream_));
+    DTENSOR_CUDA(cudaStreamSynchronize(stream_));
+    return out;
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_;
+  std::size_t n_;
+  T* p_ = nullptr;
+};
+
+template <class T>
+std::vector<T> iota_vec(std::size_t n, T first) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(first + static_cast<T>(i));
+  return v;
+}
+
+// What a one-rank collective does: `dst` with block `db` replaced by `src`'s block `sb`.
+template <class T>
+std::vector<T> copied(const std::vector<T>& src, Block sb, std::vector<T> dst, Block db) {
+  detail::copy_block(src.data(), sb, dst.data(), db, sizeof(T));
+  return dst;
+}
+
+// Outside doctest's thread: checks that throw, reported by on_every_rank.
+void expect(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+template <class E, class F>
+void expect_throw(F&& f, const std::string& needle, const std::string& what) {
+  try {
+    f();
+  } catch (const E& e) {
+    expect(std::string(e.what()).find(needle) != std::string::npos,
+           what + ": the message lacks \"" + needle + "\": " + e.what());
+    return;
+  }
+  throw std::runtime_error(what + ": no exception");
+}
+
+// Runs f(comm) for every rank, each in a thread of its own; rethrows the first failure.
+void on_every_rank(std::vector<std::unique_ptr<NcclComm>>& comms, const std::function<void(NcclComm&)>& f) {
+  std::vector<std::exception_ptr> errors(comms.size());
+  std::vector<std::thread> threads;
+  for (std::size_t r = 0; r < comms.size(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        f(*comms[r]);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::vector<int> first_devices(int n) {
+  std::vector<int> d(static_cast<std::size_t>(n));
+  std::iota(d.begin(), d.end(), 0);
+  return d;
+}
+
+template <class T>
+void all_reduce_one_type(NcclComm& comm) {
+  const auto in = iota_vec<T>(7, T(1));
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    CAPTURE(name(op));
+    DeviceVec<T> send(comm, in), recv(comm, 7, T(0));
+    comm.all_reduce(send.data(), recv.data(), 7, dtype_of<T>(), op);
+    CHECK(recv.host() == in);  // one rank: every reduction is the identity
+    comm.all_reduce(send.data(), send.data(), 7, dtype_of<T>(), op);  // in place
+    CHECK(send.host() == in);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("NcclComm: a one-rank communicator describes itself") {
+  auto comm = one_rank();
+  CHECK(comm->backend() == "nccl");
+  CHECK(comm->rank() == 0);
+  CHECK(comm->size() == 1);
+  CHECK(comm->device() == Device::cuda(0));
+  CHECK(comm->cuda_device() == 0);
+  CHECK(comm->stream() == cuda::current_stream());  // the default: this thread's stream
+  CHECK_FALSE(comm->aborted());
+}
+
+TEST_CASE("NcclComm: a failed NCCL call becomes a CommError with the call and NCCL's text") {
+  CHECK_THROWS_WITH_AS(cuda::detail::check_nccl(ncclInvalidArgument, "ncclFrobnicate(x)", "f.cpp", 7),
+                       doctest::Contains("NCCL call ncclFrobnicate(x) failed: ncclInvalidArgument: "), CommError);
+  try {
+    DTENSOR_NCCL(ncclInvalidUsage);
+    FAIL("no exception");
+  } catch (const CommError& e) {
+    CHECK(std::string(e.what()).find(ncclGetErrorString(ncclInvalidUsage)) != std::string::npos);
+  }
+}
+
+TEST_CASE("NcclComm: bad construction arguments are InvalidArgument") {
+  ncclUniqueId id;
+  DTENSOR_NCCL(ncclGetUniqueId(&id));
+  CHECK_THROWS_AS(NcclComm::from_unique_id(id, 1, 1, 0), InvalidArgument);
+  CHECK_THROWS_WITH_AS(NcclComm::from_unique_id(id, 0, 1, 4096), doctest::Contains("does not exist"),
+                       InvalidArgument);
+  const int zero_twice[] = {0, 0};
+  CHECK_THROWS_WITH_AS(NcclComm::init_all(zero_twice), doctest::Contains("listed twice"), InvalidArgument);
+  CHECK_THROWS_AS(NcclComm::init_all(std::span<const int>{}), InvalidArgument);
+  NcclOptions o;
+  o.stream = cuda::current_stream();
+  const int zero[] = {0};
+  CHECK_THROWS_AS(NcclComm::init_all(zero, o), InvalidArgument);
+}
+
+TEST_CASE("NcclComm: all_reduce for every element type and reduction") {
+  for (bool guarded : {false, true}) {
+    CAPTURE(guarded);
+    auto comm = one_rank(with_checks(guarded));
+    CHECK(comm->guarded() == guarded);
+    all_reduce_one_type<int8_t>(*comm);
+    all_reduce_one_type<uint8_t>(*comm);
+    all_reduce_one_type<int32_t>(*comm);
+    all_reduce_one_type<uint32_t>(*comm);
+    all_reduce_one_type<int64_t>(*comm);
+    all_reduce_one_type<uint64_t>(*comm);
+    all_reduce_one_type<float>(*comm);
+    all_reduce_one_type<double>(*comm);
+    DeviceVec<float> empty(*comm, 1, 5.f);  // count 0 touches nothing
+    comm->all_reduce(empty.data(), empty.data(), 0, DType::Float32, ReduceOp::Sum);
+    CHECK(empty.host() == std::vector<float>{5.f});
+  }
+}
+
+TEST_CASE("NcclComm: broadcast") {
+  for (bool guarded : {false, true}) {
+    CAPTURE(guarded);
+    auto comm = one_rank(with_checks(guarded));
+    const auto v = iota_vec<double>(9, 0.5);
+    DeviceVec<double> buf(*comm, v);
+    comm->broadcast(buf.data(), 9, DType::Float64, 0);
+    CHECK(buf.host() == v);
+    comm->broadcast(buf.data(), 0, DType::Float64, 0);
+    CHECK(buf.host() == v);
+    CHECK_THROWS_AS(comm->broadcast(buf.data(), 9, DType::Float64, 1), InvalidArgument);
+    CHECK_FALSE(comm->aborted());
+  }
+}
+
+TEST_CASE("NcclComm: all_gather with contiguous, strided and empty blocks") {
+  for (bool guarded : {false, true}) {
+    CAPTURE(guarded);
+    auto comm = one_rank(with_checks(guarded));
+    const auto src = iota_vec<int32_t>(12, 100);
+    const std::vector<int32_t> zeros(12, -1);
+    struct Case {
+      const char* what;
+      Block send, recv;
+    };
+    const Case cases[] = {
+        {"contiguous, NCCL writes the output in place", Block::contiguous(2, 6), Block::contiguous(3, 6)},
+        {"strided output (columns 1..2 of 3 x 4)", Block::contiguous(0, 6), range_block(Shape<2>{3, 4}, 1, 1, 2)},
+        {"strided input (columns 0..1 of 3 x 4)", range_block(Shape<2>{3, 4}, 1, 0, 2), Block::contiguous(0, 6)},
+        {"both strided, cut into runs differently", Block{1, 2, 5, 3}, Block{0, 3, 4, 2}},
+        {"empty", Block::contiguous(0, 0), Block::contiguous(5, 0)},
+        {"empty strided", Block{0, 3, 4, 0}, Block{1, 0, 4, 2}},
+    };
+    for (const auto& c : cases) {
+      CAPTURE(c.what);
+      DeviceVec<int32_t> send(*comm, src), recv(*comm, zeros);
+      const Block blocks[] = {c.recv};
+      comm->all_gather(send.data(), c.send, recv.data(), blocks, DType::Int32);
+      CHECK(recv.host() == copied(src, c.send, zeros, c.recv));
+    }
+    // In place: this rank's piece already lies where the result wants it.
+    DeviceVec<int32_t> buf(*comm, src);
+    const Block mine = Block::contiguous(4, 5), blocks[] = {mine};
+    comm->all_gather(buf.data(), mine, buf.data(), blocks, DType::Int32);
+    CHECK(buf.host() == src);
+  }
+}
+
+TEST_CASE("NcclComm: reduce_scatter with contiguous, strided and empty blocks") {
+  for (bool guarded : {false, true}) {
+    CAPTURE(guarded);
+    auto comm = one_rank(with_checks(guarded));
+    const auto src = iota_vec<float>(12, 1.f);
+    const std::vector<float> zeros(12, 0.f);
+    struct Case {
+      const char* what;
+      Block send, recv;
+      ReduceOp op;
+    };
+    const Case cases[] = {
+        {"contiguous", Block::contiguous(0, 5), Block::contiguous(2, 5), ReduceOp::Sum},
+        {"strided input", range_block(Shape<2>{4, 3}, 1, 1, 2), Block::contiguous(0, 8), ReduceOp::Max},
+        {"strided output", Block::contiguous(3, 6), range_block(Shape<2>{3, 4}, 1, 2, 2), ReduceOp::Min},
+        {"both strided, Avg", Block{0, 3, 4, 2}, Block{1, 2, 5, 3}, ReduceOp::Avg},
+        {"empty", Block::contiguous(0, 0), Block{2, 0, 3, 3}, ReduceOp::Sum},
+    };
+    for (const auto& c : cases) {
+      CAPTURE(c.what);
+      DeviceVec<float> send(*comm, src), recv(*comm, zeros);
+      const Block blocks[] = {c.send};
+      comm->reduce_scatter(send.data(), blocks, recv.data(), c.recv, DType::Float32, c.op);
+      CHECK(recv.host() == copied(src, c.send, zeros, c.recv));
+    }
+    // Integer Avg: a sum, then a division by the number of ranks.
+    const auto isrc = iota_vec<int64_t>(6, 7);
+    DeviceVec<int64_t> send(*comm, isrc), recv(*comm, 6, int64_t{0});
+    const Block blocks[] = {Block::contiguous(0, 6)};
+    comm->reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, 6), DType::Int64, ReduceOp::Avg);
+    CHECK(recv.host() == isrc);
+  }
+}
+
+TEST_CASE("NcclComm: all_to_all, scatter and gather with strided and empty blocks") {
+  for (bool guarded : {false, true}) {
+    CAPTURE(guarded);
+    auto comm = one_rank(with_checks(guarded));
+    const auto src = iota_vec<uint64_t>(20, 1);
+    const std::vector<uint64_t> zeros(20, 0);
+    const std::pair<Block, Block> cases[] = {
+        {Block::contiguous(4, 8), Block::contiguous(10, 8)},
+        {range_block(Shape<2>{4, 5}, 1, 1, 3), Block::contiguous(0, 12)},
+        {Block::contiguous(1, 12), range_block(Shape<2>{4, 5}, 1, 2, 3)},
+        {Block{0, 3, 7, 2}, Block{1, 2, 9, 3}},
+        {Block::contiguous(0, 0), Block{3, 0, 4, 4}},
+    };
+    for (std::size_t i = 0; i < std::size(cases); ++i) {
+      CAPTURE(i);
+      const Block from = cases[i].first, to = cases[i].second;
+      const auto want = copied(src, from, zeros, to);
+      const Block froms[] = {from}, tos[] = {to};
+      {
+        DeviceVec<uint64_t> send(*comm, src), recv(*comm, zeros);
+        comm->all_to_all(send.data(), froms, recv.data(), tos, DType::UInt64);
+        CHECK(recv.host() == want);
+      }
+      {
+        DeviceVec<uint64_t> send(*comm, src), recv(*comm, zeros);
+        comm->scatter(send.data(), froms, recv.data(), to, DType::UInt64, 0);
+        CHECK(recv.host() == want);
+      }
+      {
+        DeviceVec<uint64_t> send(*comm, src), recv(*comm, zeros);
+        comm->gather(send.data(), from, recv.data(), tos, DType::UInt64, 0);
+        CHECK(recv.host() == want);
+      }
+    }
+  }
+}
+
+TEST_CASE("NcclComm: barrier, and split into a working communicator or none") {
+  for (bool guarded : {false, true}) {
+    CAPTURE(guarded);
+    auto comm = one_rank(with_checks(guarded));
+    comm->barrier();
+    comm->barrier();
+    auto sub = comm->split(3, 0);
+    REQUIRE(sub != nullptr);
+    CHECK(sub->backend() == "nccl");
+    CHECK(sub->size() == 1);
+    CHECK(sub->rank() == 0);
+    CHECK(sub->device() == Device::cuda(0));
+    auto& nsub = dynamic_cast<NcclComm&>(*sub);
+    CHECK(nsub.stream() == comm->stream());
+    CHECK(nsub.guarded() == guarded);
+    DeviceVec<int32_t> v(*comm, iota_vec<int32_t>(4, 1));
+    sub->all_reduce(v.data(), v.data(), 4, DType::Int32, ReduceOp::Sum);
+    CHECK(v.host() == iota_vec<int32_t>(4, 1));
+    sub->barrier();
+    CHECK(comm->split(-1, 0) == nullptr);
+    CHECK(comm->split(-7, 2) == nullptr);
+    comm->barrier();  // the parent still works
+  }
+}
+
+TEST_CASE("NcclComm: argument errors are InvalidArgument and leave the communicator usable") {
+  auto comm = one_rank(with_checks(false));
+  DeviceVec<float> v(*comm, 4, 1.f);
+  CHECK_THROWS_AS(comm->send(v.data(), 4, DType::Float32, 0, 0), InvalidArgument);  // no peer but itself
+  CHECK_THROWS_AS(comm->recv(v.data(), 4, DType::Float32, 1, 0), InvalidArgument);
+  const Block two[] = {Block::contiguous(0, 2), Block::contiguous(2, 2)};
+  CHECK_THROWS_WITH_AS(comm->all_gather(v.data(), Block::contiguous(0, 2), v.data(), two, DType::Float32),
+                       doctest::Contains("2 blocks given for a communicator of 1 ranks"), InvalidArgument);
+  const Block one[] = {Block::contiguous(0, 2)};
+  CHECK_THROWS_AS(comm->gather(v.data(), one[0], v.data(), one, DType::Float32, 3), InvalidArgument);
+  CHECK_FALSE(comm->aborted());
+  comm->all_reduce(v.data(), v.data(), 4, DType::Float32, ReduceOp::Sum);
+  CHECK(v.host() == std::vector<float>(4, 1.f));
+}
+
+TEST_CASE("NcclComm: guarded mode reports size mismatches on every rank and stays usable") {
+  auto comm = one_rank(with_checks(true));
+  DeviceVec<int32_t> a(*comm, 8, 1), b(*comm, 8, 0);
+  const Block four[] = {Block::contiguous(0, 4)}, five[] = {Block::contiguous(0, 5)};
+  CHECK_THROWS_WITH_AS(comm->all_gather(a.data(), Block::contiguous(0, 3), b.data(), four, DType::Int32),
+                       doctest::Contains("all_gather #1: rank 0 sends 3 elements to rank 0, which expects 4"),
+                       CommError);
+  CHECK_THROWS_WITH_AS(comm->reduce_scatter(a.data(), four, b.data(), Block::contiguous(0, 5), DType::Int32,
+                                            ReduceOp::Sum),
+                       doctest::Contains("reduce_scatter #2: rank 0 contributes 4 elements"), CommError);
+  CHECK_THROWS_WITH_AS(comm->all_to_all(a.data(), four, b.data(), five, DType::Int32),
+                       doctest::Contains("rank 0 sends 4 elements to rank 0, which expects 5"), CommError);
+  CHECK_THROWS_WITH_AS(comm->scatter(a.data(), four, b.data(), Block::contiguous(0, 5), DType::Int32, 0),
+                       doctest::Contains("the ranks disagree on the sizes"), CommError);
+  CHECK_THROWS_WITH_AS(comm->gather(a.data(), Block::contiguous(0, 5), b.data(), four, DType::Int32, 0),
+                       doctest::Contains("the ranks disagree on the sizes"), CommError);
+  // Nothing was queued: the communicator goes on.
+  CHECK_FALSE(comm->aborted());
+  comm->all_gather(a.data(), Block::contiguous(0, 4), b.data(), four, DType::Int32);
+  CHECK(b.host() == std::vector<int32_t>{1, 1, 1, 1, 0, 0, 0, 0});
+}
+
+TEST_CASE("NcclComm: unguarded, a rank whose own blocks disagree aborts the communicator") {
+  auto comm = one_rank(with_checks(false));
+  DeviceVec<int32_t> a(*comm, 8, 1), b(*comm, 8, 0);
+  const Block four[] = {Block::contiguous(0, 4)};
+  CHECK_THROWS_WITH_AS(comm->all_gather(a.data(), Block::contiguous(0, 3), b.data(), four, DType::Int32),
+                       doctest::Contains("the NCCL communicator was aborted"), CommError);
+  CHECK(comm->aborted());
+  CHECK_THROWS_WITH_AS(comm->barrier(), doctest::Contains("barrier refused: the NCCL communicator was aborted"),
+                       CommError);
+}
+
+TEST_CASE("NcclComm: after abort() every call is refused with a CommError") {
+  auto comm = one_rank(with_checks(false));
+  DeviceVec<float> v(*comm, 4, 2.f);
+  comm->abort();
+  CHECK(comm->aborted());
+  CHECK_THROWS_WITH_AS(comm->all_reduce(v.data(), v.data(), 4, DType::Float32, ReduceOp::Sum),
+                       doctest::Contains("communicator was aborted (abort() was called on it)"), CommError);
+  CHECK_THROWS_AS(comm->split(0, 0), CommError);
+  comm->abort();  // again: nothing happens
+}
+
+TEST_CASE("NcclComm: a collective that outlives the timeout aborts the communicator") {
+  // The collective queues behind a host function that sleeps, so it cannot finish
+  // within the limit. (On one rank an in-place sum queues nothing of NCCL's own, so
+  // the abort finds no NCCL kernel waiting behind the sleep.)
+  cudaStream_t stream;
+  {
+    cuda::DeviceGuard g(0);
+    DTENSOR_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  {
+    NcclOptions o = with_checks(false);
+    o.stream = stream;
+    o.timeout = 50ms;
+    auto comm = one_rank(o);
+    CHECK(comm->timeout() == 50ms);
+    CHECK(comm->stream() == stream);
+    DeviceVec<float> v(*comm, 4, 1.f);
+    DTENSOR_CUDA(cudaLaunchHostFunc(stream, [](void*) { std::this_thread::sleep_for(400ms); }, nullptr));
+    CHECK_THROWS_WITH_AS(comm->all_reduce(v.data(), v.data(), 4, DType::Float32, ReduceOp::Sum),
+                         doctest::Contains("rank 0: all_reduce #1 timed out after"), CollectiveTimeout);
+    CHECK(comm->aborted());
+    CHECK_THROWS_WITH_AS(comm->barrier(), doctest::Contains("communicator was aborted"), CommError);
+    DTENSOR_CUDA(cudaStreamSynchronize(stream));
+  }
+  DTENSOR_CUDA(cudaStreamDestroy(stream));
+}
+
+// --- several GPUs, one rank each, driven by one process ---
+
+TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and split across GPUs") {
+  const int gpus = cuda::device_count();
+  if (gpus < 2) {
+    MESSAGE("skipped: needs two GPUs, this machine has " << gpus);
+    return;
+  }
+  const int n = std::min(gpus, 4);
+  const auto devices = first_devices(n);
+  for (bool guarded : {false, true}) {
+    CAPTURE(guarded);
+    auto comms = NcclComm::init_all(devices, with_checks(guarded));
+    REQUIRE(comms.size() == static_cast<std::size_t>(n));
+    on_every_rank(comms, [&](NcclComm& c) {
+      const int r = c.rank();
+      expect(c.size() == n && c.cuda_device() == devices[r], "rank and device");
+
+      {  // all_reduce: float sum and integer average (a sum, then an integer division)
+        DeviceVec<float> f(c, 3, static_cast<float>(r + 1));
+        c.all_reduce(f.data(), f.data(), 3, DType::Float32, ReduceOp::Sum);
+        expect(f.host() == std::vector<float>(3, static_cast<float>(n * (n + 1) / 2)), "all_reduce sum");
+        DeviceVec<int64_t> i(c, 2, int64_t{r * n + 10});
+        c.all_reduce(i.data(), i.data(), 2, DType::Int64, ReduceOp::Avg);
+        const int64_t sum = int64_t{n} * (n - 1) / 2 * n + 10 * n;
+        expect(i.host() == std::vector<int64_t>(2, sum / n), "all_reduce integer avg");
+      }
+      // Uneven pieces: rank k holds k + 1 elements.
+      std::vector<Block> uneven(static_cast<std::size_t>(n));
+      int64_t total = 0;
+      for (int k = 0; k < n; ++k) uneven[k] = Block::contiguous(total, k + 1), total += k + 1;
+      {  // all_gather, uneven: grouped send/recv
+        DeviceVec<int32_t> mine(c, iota_vec<int32_t>(static_cast<std::size_t>(r + 1), 100 * r));
+        DeviceVec<int32_t> all(c, static_cast<std::size_t>(total), -1);
+        c.all_gather(mine.data(), Block::contiguous(0, r + 1), all.data(), uneven, DType::Int32);
+        std::vector<int32_t> want;
+        for (int k = 0; k < n; ++k)
+          for (int i = 0; i <= k; ++i) want.push_back(100 * k + i);
+        expect(all.host() == want, "all_gather uneven");
+      }
+      {  // all_gather, equal strided pieces: columns 2k, 2k+1 of a 2 x 2n matrix
+        DeviceVec<int32_t> mine(c, std::vector<int32_t>{2 * r, 2 * r + 1, 100 + 2 * r, 101 + 2 * r});
+        DeviceVec<int32_t> all(c, static_cast<std::size_t>(4 * n), -1);
+        std::vector<Block> cols(static_cast<std::size_t>(n));
+        for (int k = 0; k < n; ++k) cols[k] = range_block(Shape<2>{2, 2 * n}, 1, 2 * k, 2);
+        c.all_gather(mine.data(), Block::contiguous(0, 4), all.data(), cols, DType::Int32);
+        std::vector<int32_t> want;
+        for (int i = 0; i < 2; ++i)
+          for (int j = 0; j < 2 * n; ++j) want.push_back(100 * i + j);
+        expect(all.host() == want, "all_gather strided");
+      }
+      {  // reduce_scatter, uneven: one reduce per root
+        std::vector<double> in(static_cast<std::size_t>(total));
+        for (int64_t i = 0; i < total; ++i) in[i] = (r + 1) * double(i + 1);
+        DeviceVec<double> send(c, in), out(c, static_cast<std::size_t>(r + 1), 0.0);
+        c.reduce_scatter(send.data(), uneven, out.data(), Block::contiguous(0, r + 1), DType::Float64, ReduceOp::Sum);
+        std::vector<double> want;
+        for (int64_t i = uneven[r].offset; i < uneven[r].offset + r + 1; ++i)
+          want.push_back(double(i + 1) * n * (n + 1) / 2);
+        expect(out.host() == want, "reduce_scatter uneven");
+      }
+      {  // reduce_scatter, equal strided pieces: column k of a 3 x n matrix goes to rank k
+        std::vector<int32_t> m(static_cast<std::size_t>(3 * n));
+        for (int i = 0; i < 3; ++i)
+          for (int j = 0; j < n; ++j) m[i * n + j] = (r + 1) * (10 * i + j);
+        std::vector<Block> cols(static_cast<std::size_t>(n));
+        for (int k = 0; k < n; ++k) cols[k] = range_block(Shape<2>{3, n}, 1, k, 1);
+        DeviceVec<int32_t> send(c, m), out(c, 3, 0);
+        c.reduce_scatter(send.data(), cols, out.data(), Block::contiguous(0, 3), DType::Int32, ReduceOp::Max);
+        std::vector<int32_t> want;
+        for (int i = 0; i < 3; ++i) want.push_back(n * (10 * i + r));
+        expect(out.host() == want, "reduce_scatter strided max");
+      }
+      {  // all_to_all, uneven: rank r sends (r + k + 1) % 3 elements to rank k
+        auto count = [](int a, int b) { return int64_t{(a + b + 1) % 3}; };
+        std::vector<Block> sb(static_cast<std::size_t>(n)), rb(static_cast<std::size_t>(n));
+        std::vector<int32_t> in;
+        int64_t at = 0, rat = 0;
+        for (int k = 0; k < n; ++k) {
+          sb[k] = Block::contiguous(at, count(r, k)), at += count(r, k);
+          rb[k] = Block::contiguous(rat, count(k, r)), rat += count(k, r);
+          for (int i = 0; i < count(r, k); ++i) in.push_back(1000 * r + 10 * k + i);
+        }
+        DeviceVec<int32_t> send(c, in), out(c, static_cast<std::size_t>(rat), -1);
+        c.all_to_all(send.data(), sb, out.data(), rb, DType::Int32);
+        std::vector<int32_t> want;
+        for (int k = 0; k < n; ++k)
+          for (int i = 0; i < count(k, r); ++i) want.push_back(1000 * k + 10 * r + i);
+        expect(out.host() == want, "all_to_all uneven");
+      }
+      {  // scatter from the last rank, gather to rank 0, uneven
+        const int root = n - 1;
+        std::vector<int32_t> all;
+        for (int k = 0; k < n; ++k)
+          for (int i = 0; i <= k; ++i) all.push_back(10 * k + i);
+        DeviceVec<int32_t> src(c, all), piece(c, static_cast<std::size_t>(r + 1), -1);
+        c.scatter(src.data(), uneven, piece.data(), Block::contiguous(0, r + 1), DType::Int32, root);
+        expect(piece.host() == iota_vec<int32_t>(static_cast<std::size_t>(r + 1), 10 * r), "scatter uneven");
+        DeviceVec<int32_t> back(c, static_cast<std::size_t>(total), -1);
+        c.gather(piece.data(), Block::contiguous(0, r + 1), back.data(), uneven, DType::Int32, 0);
+        if (r == 0) expect(back.host() == all, "gather uneven");
+      }
+      if (r < 2) {  // send and recv between ranks 0 and 1, there and back
+        DeviceVec<float> msg(c, 5, r == 0 ? 3.5f : 0.f);
+        if (r == 0) c.send(msg.data(), 5, DType::Float32, 1, 7);
+        else c.recv(msg.data(), 5, DType::Float32, 0, 7);
+        if (r == 1) c.send(msg.data(), 5, DType::Float32, 0, 8);
+        else c.recv(msg.data(), 5, DType::Float32, 1, 8);
+        expect(msg.host() == std::vector<float>(5, 3.5f), "send and recv");
+      }
+      {  // split by parity; each part counts its members
+        auto sub = c.split(r % 2, -r);
+        expect(sub != nullptr, "split gives a communicator");
+        DeviceVec<int32_t> one(c, 1, 1);
+        sub->all_reduce(one.data(), one.data(), 1, DType::Int32, ReduceOp::Sum);
+        const int members = (n + 1 - r % 2) / 2;
+        expect(one.host() == std::vector<int32_t>{members} && sub->size() == members, "split sizes");
+        expect(sub->rank() == members - 1 - r / 2, "split orders ranks by key");
+        sub->barrier();
+      }
+      c.barrier();
+    });
+  }
+}
+
+TEST_CASE("NcclComm::init_all: guarded mode makes every rank report a mismatch") {
+  const int gpus = cuda::device_count();
+  if (gpus < 2) {
+    MESSAGE("skipped: needs two GPUs, this machine has " << gpus);
+    return;
+  }
+  const int n = std::min(gpus, 4);
+  auto comms = NcclComm::init_all(first_devices(n), with_checks(true));
+  on_every_rank(comms, [&](NcclComm& c) {
+    const int r = c.rank();
+    DeviceVec<int32_t> a(c, 16, r), b(c, 16, 0);
+    // Rank 0 thinks rank 1 sends 2 elements; rank 1 sends 3.
+    std::vector<Block> blocks(static_cast<std::size_t>(n));
+    for (int k = 0; k < n; ++k) blocks[k] = Block::contiguous(3 * k, 3);
+    if (r == 0) blocks[1] = Block::contiguous(3, 2);
+    expect_throw<CommError>([&] { c.all_gather(a.data(), Block::contiguous(0, 3), b.data(), blocks, DType::Int32); },
+                            "rank 1 sends 3 elements to rank 0, which expects 2", "all_gather mismatch");
+    // Different collectives.
+    expect_throw<CommError>(
+        [&] {
+          if (r == 0) c.barrier();
+          else c.all_reduce(a.data(), a.data(), 1, DType::Int32, ReduceOp::Sum);
+        },
+        "collective mismatch", "different collectives");
+    // A send and a recv that disagree on the tag: both sides report it.
+    if (r < 2)
+      expect_throw<CommError>(
+          [&] {
+            if (r == 0) c.send(a.data(), 4, DType::Int32, 1, 1);
+            else c.recv(a.data(), 4, DType::Int32, 0, 2);
+          },
+          "has tag", "send and recv tags");
+    // Nothing was queued: the communicator still works.
+    expect(!c.aborted(), "not aborted");
+    DeviceVec<int32_t> one(c, 1, 1);
+    c.all_reduce(one.data(), one.data(), 1, DType::Int32, ReduceOp::Sum);
+    expect(one.host() == std::vector<int32_t>{n}, "usable after the mismatches");
+  });
+}
+
+TEST_CASE("NcclComm::init_all: a rank that never joins makes the other time out") {
+  const int gpus = cuda::device_count();
+  if (gpus < 2) {
+    MESSAGE("skipped: needs two GPUs, this machine has " << gpus);
+    return;
+  }
+  NcclOptions o = with_checks(false);
+  o.timeout = 300ms;
+  auto comms = NcclComm::init_all(first_devices(2), o);
+  std::atomic<bool> timed_out{false};
+  on_every_rank(comms, [&](NcclComm& c) {
+    // Both ranks run the collective once: NCCL connects the ranks on the host at the
+    // first use, where a missing peer would block beyond the timeout's reach.
+    DeviceVec<float> v(c, 1024, 1.f);
+    c.all_reduce(v.data(), v.data(), 1024, DType::Float32, ReduceOp::Sum);
+    if (c.rank() == 0) {
+      expect_throw<CollectiveTimeout>([&] { c.all_reduce(v.data(), v.data(), 1024, DType::Float32, ReduceOp::Sum); },
+                                      "rank 0: all_reduce #2 timed out", "timeout");
+      expect(c.aborted(), "aborted after the timeout");
+      timed_out = true;
+    } else {
+      // Rank 1 skips the collective, then aborts its side too (a destroy could wait
+      // for the dead collective).
+      while (!timed_out) std::this_thread::sleep_for(10ms);
+      c.abort();
+    }
+  });
+}
