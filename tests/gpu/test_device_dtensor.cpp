@@ -1,15 +1,20 @@
-// DTensors on a GPU: the in-process runtime with device buffers (ranks as threads
+// DTensors on a device: the in-process runtime with device buffers (ranks as threads
 // sharing one GPU), 1, 2 and 4 ranks, 1-D and 2x2 meshes, even, uneven and empty
 // shapes. Every program runs twice, once on host tensors and once on device
 // tensors, and the device result (copied back) must equal the host one: bit for bit
-// where only data moves, within rounding where the GPU computes.
+// where only data moves, within rounding where the device computes.
+//
+// Built twice: with the CUDA backend (gpu_test_device_dtensor, label gpu, a real
+// GPU), and with the emulated device of tests/emulated_device.hpp
+// (test_device_emulated, every CI run), whose device pointers fault when the host
+// dereferences them, so that every device path of the core is exercised without a GPU.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <tuple>
 #include <vector>
 
-#include <dtensor/cuda.hpp>
+#include <dtensor/dtensor.hpp>
 
 using namespace dtensor;
 
