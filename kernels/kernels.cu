@@ -66,25 +66,6 @@ void visit_width(std::size_t bytes, F&& f) {
   }
 }
 
-// `v` as a T, refusing values an integer T cannot hold: the conversion of an
-// out-of-range double is undefined behaviour. A float takes them as infinities.
-template <class T>
-T to_element(double v, const char* fn) {
-  if constexpr (std::is_same_v<T, float>) {
-    constexpr float inf = std::numeric_limits<float>::infinity();
-    if (std::isfinite(v) && std::abs(v) > std::numeric_limits<float>::max()) return v > 0 ? inf : -inf;
-  } else if constexpr (std::is_integral_v<T>) {
-    // Exact bounds: lowest is 0 or -2^k, and max + 1 is 2^k (for 64 bits, the double
-    // nearest max already is 2^k, and adding 1 leaves it there).
-    const double lo = static_cast<double>(std::numeric_limits<T>::lowest());
-    const double hi = static_cast<double>(std::numeric_limits<T>::max()) + 1.0;
-    const double t = std::trunc(v);
-    DTENSOR_CHECK(t >= lo && t < hi, InvalidArgument, "cuda::kernels::", fn, ": the value ", v,
-                  " does not fit the element type ", ::dtensor::name(dtype_of<T>()));
-  }
-  return static_cast<T>(v);
-}
-
 // Stream-ordered scratch memory: allocated and freed in the stream's order, so it
 // never makes the host wait, and freed on every path out of the launcher.
 template <class T>
@@ -270,14 +251,14 @@ void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream) 
   });
 }
 
-void fill(DType t, void* dst, int64_t n, double value, cudaStream_t stream) {
+void fill(DType t, void* dst, int64_t n, Scalar value, cudaStream_t stream) {
   check_size(n, "fill");
   if (n == 0) return;
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    const T v = to_element<T>(value, "fill");
+    const T v = value.as<T>();
     // All-zero bits are zero in every dtype (but -0.0 is not all zeros).
-    if (v == T(0) && !(std::is_floating_point_v<T> && std::signbit(value))) {
+    if (v == T(0) && !(std::is_floating_point_v<T> && std::signbit(static_cast<double>(v)))) {
       DTENSOR_CUDA(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * sizeof(T), stream));
       return;
     }
@@ -307,13 +288,13 @@ void binary(DType t, Binary op, const void* a, const void* b, void* out, int64_t
   });
 }
 
-void binary_scalar(DType t, Binary op, const void* a, double s, void* out, int64_t n, cudaStream_t stream) {
+void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64_t n, cudaStream_t stream) {
   check_size(n, name(op));
   if (n == 0) return;
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     const auto* x = static_cast<const T*>(a);
-    const T v = to_element<T>(s, name(op));
+    const T v = s.as<T>();
     auto* z = static_cast<T*>(out);
     const unsigned g = blocks_for(n);
     switch (op) {

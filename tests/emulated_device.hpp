@@ -46,6 +46,7 @@ void typed(DType t, F&& f) {
 inline const detail::DeviceBackend& backend() {
   static constexpr detail::DeviceBackend table{
       .bind_thread = [](int) { ++calls(); },
+      .use_device = [](int) {},
       .synchronize = [] {},
       .copy_block = [](const void* src, Block sb, void* dst, Block db,
                        std::size_t elem) { ++calls(), detail::copy_block(real(src), sb, real(dst), db, elem); },
@@ -54,7 +55,7 @@ inline const detail::DeviceBackend& backend() {
       .divide_block = [](DType t, void* dst, Block db,
                          int terms) { ++calls(), detail::divide_block(t, real(dst), db, terms); },
       .fill = [](DType t, void* dst, int64_t n,
-                 double v) { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, static_cast<decltype(tag)>(v)); }); },
+                 Scalar v) { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, v.as<decltype(tag)>()); }); },
       .binary = [](DType t, BinaryOp op, const void* a, const void* b, void* out, int64_t n) {
         typed(t, [&](auto tag) {
           using T = decltype(tag);
@@ -64,11 +65,11 @@ inline const detail::DeviceBackend& backend() {
             o[i] = op == BinaryOp::Add ? x[i] + y[i] : op == BinaryOp::Sub ? x[i] - y[i] : op == BinaryOp::Mul ? x[i] * y[i] : x[i] / y[i];
         });
       },
-      .binary_scalar = [](DType t, BinaryOp op, const void* a, double s, void* out, int64_t n) {
+      .binary_scalar = [](DType t, BinaryOp op, const void* a, Scalar s, void* out, int64_t n) {
         typed(t, [&](auto tag) {
           using T = decltype(tag);
           const T* x = real<const T>(a);
-          const T y = static_cast<T>(s);
+          const T y = s.as<T>();
           T* o = real<T>(out);
           for (int64_t i = 0; i < n; ++i)
             o[i] = op == BinaryOp::Add ? x[i] + y : op == BinaryOp::Sub ? x[i] - y : op == BinaryOp::Mul ? x[i] * y : x[i] / y;

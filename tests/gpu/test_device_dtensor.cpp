@@ -192,14 +192,23 @@ TEST_CASE("operators on device tensors agree with the host") {
     same_on_gpu<1>({n}, [&](const auto& m) { return randn<double, Shard<1>>(Shape<2>{5, 2 * n + 1}, m, 42); });
     same_on_gpu<1>({n}, [&](const auto& m) { return full<float, Shard<0>>(Shape<2>{2 * n + 1, 3}, m, 2.5f); });
 
-    // Norms come back to the host on every rank.
+    // 64-bit integer scalars travel exactly (a double would round them).
+    const int64_t big = (int64_t{1} << 62) + 1;
+    same_on_gpu<1>({n}, [&](const auto& m) {
+      return add(full<int64_t, Shard<0>>(Shape<2>{2 * n + 1, 3}, m, big), int64_t{3});
+    });
+    same_on_gpu<1>({n}, [&](const auto& m) { return mul(distribute<Shard<1>>(Tensor<int64_t, 2>::full({3, n + 2}, big), m), int64_t{1}); });
+
+    // Norms and dot products come back to the host on every rank.
     double host_norm = 0, gpu_norm = 0;
     for (Device dev : {Device::host(), Device::cuda(0)}) {
       RunOptions opt;
       opt.device = dev;
       run_threads(n, [&](Comm& comm) {
         DeviceMesh<1> mesh(comm);
-        const double v = norm2(distribute<Shard<0>>(a.to(Device::host()), mesh)) + norm_max(distribute<Shard<1>>(a, mesh));
+        const Tensor<float, 1> u(Shape<1>{a.extent(1)}, std::vector<float>(a.data(), a.data() + a.extent(1)));
+        const double v = norm2(distribute<Shard<0>>(a.to(Device::host()), mesh)) + norm_max(distribute<Shard<1>>(a, mesh)) +
+                         value(dot(distribute<Shard<0>>(u, mesh), distribute<Shard<0>>(u, mesh)));
         if (comm.rank() == 0) (dev.is_host() ? host_norm : gpu_norm) = v;
       }, opt);
     }

@@ -217,7 +217,7 @@ template <class T>
 void check_fill(double value, std::size_t n, cudaStream_t s) {
   INFO("fill ", dtensor::name(dtype_of<T>()), " with ", value);
   Device<T> d(std::vector<T>(n + 1, T(99)), s);
-  k::fill(dtype_of<T>(), d.get(), static_cast<int64_t>(n), value, s);
+  k::fill(dtype_of<T>(), d.get(), static_cast<int64_t>(n), dtensor::Scalar::of(static_cast<T>(value)), s);
   std::vector<T> want(n, static_cast<T>(value));
   want.push_back(T(99));  // past the end: untouched
   const auto got = d.host();
@@ -237,8 +237,15 @@ TEST_CASE("fill") {
   check_fill<std::uint8_t>(200, 100, s);
   check_fill<std::uint64_t>(0, 100, s);
   check_fill<std::int64_t>(-123456789012.0, 5, s);
-  k::fill(DType::Float32, nullptr, 0, 1.0, s);  // empty
-  CHECK_THROWS_AS(k::fill(DType::Int8, nullptr, 1, 300.0, s), dtensor::InvalidArgument);
+  k::fill(DType::Float32, nullptr, 0, dtensor::Scalar::of(1.0f), s);  // empty
+  // 64-bit integers travel exactly (a double would round these).
+  check_fill<std::int64_t>(0, 3, s);
+  {
+    const std::int64_t big = std::numeric_limits<std::int64_t>::max() - 2;
+    Device<std::int64_t> d(std::vector<std::int64_t>(3, 0), s);
+    k::fill(DType::Int64, d.get(), 3, dtensor::Scalar::of(big), s);
+    check_equal(d.host(), std::vector<std::int64_t>(3, big), "fill int64 near max");
+  }
 }
 
 // --- elementwise ---
@@ -286,7 +293,7 @@ void check_elementwise(cudaStream_t s) {
     }
     k::binary(dtype_of<T>(), op, da.get(), db.get(), dout.get(), static_cast<int64_t>(n), s);
     check_close(dout.host(), want, default_tol<T>(), "binary");
-    k::binary_scalar(dtype_of<T>(), op, da.get(), 1.25, dout.get(), static_cast<int64_t>(n), s);
+    k::binary_scalar(dtype_of<T>(), op, da.get(), dtensor::Scalar::of(scalar), dout.get(), static_cast<int64_t>(n), s);
     check_close(dout.host(), want_s, default_tol<T>(), "binary_scalar");
   }
   // In place: out aliases a.
@@ -331,7 +338,8 @@ TEST_CASE("elementwise on integers") {
   for (std::size_t i = 0; i < n; ++i) want[i] = a[i] + b[i];
   check_equal(dout.host(), want, "int32 add");
 
-  k::binary_scalar(DType::Int32, k::Binary::Div, da.get(), 7, dout.get(), static_cast<int64_t>(n), s);
+  k::binary_scalar(DType::Int32, k::Binary::Div, da.get(), dtensor::Scalar::of(std::int32_t{7}), dout.get(),
+                   static_cast<int64_t>(n), s);
   for (std::size_t i = 0; i < n; ++i) want[i] = a[i] / 7;  // truncating, as in C++
   check_equal(dout.host(), want, "int32 div by scalar");
 

@@ -16,7 +16,7 @@ template <class T>
 struct Staged {
   Staged(const Comm& comm, const T* values, std::size_t n)
       : device(comm.device()),
-        buf(Shape<1>{device.is_host() ? 0 : static_cast<int64_t>(n)}, device) {
+        buf(Tensor<T, 1>::uninitialized(Shape<1>{device.is_host() ? 0 : static_cast<int64_t>(n)}, device)) {
     if (!device.is_host() && n) copy_bytes(buf.data(), device, values, Device::host(), n * sizeof(T));
   }
   T* on_comm(T* host) { return device.is_host() ? host : buf.data(); }
@@ -56,7 +56,7 @@ std::vector<T> all_gather_values(Comm& comm, const T* mine, std::size_t n) {
     return all;
   }
   detail::Staged<T> in(comm, mine, n);
-  Tensor<T, 1> out(Shape<1>{static_cast<int64_t>(all.size())}, dev);
+  auto out = Tensor<T, 1>::uninitialized(Shape<1>{static_cast<int64_t>(all.size())}, dev);
   comm.all_gather(in.buf.data(), Block::contiguous(0, static_cast<int64_t>(n)), out.data(), blocks, dtype_of<T>());
   if (!all.empty()) detail::copy_bytes(all.data(), Device::host(), out.data(), dev, all.size() * sizeof(T));
   return all;

@@ -22,6 +22,9 @@ namespace dtensor::detail {
 struct DeviceBackend {
   // The calling thread (a rank) works on `device`, with a stream of its own.
   void (*bind_thread)(int device);
+  // Before work on a tensor of `device`: binds a thread that has no device yet, and
+  // refuses one that works on another device (its stream could not order the work).
+  void (*use_device)(int device);
   // Waits for the calling thread's queued work.
   void (*synchronize)();
 
@@ -29,11 +32,11 @@ struct DeviceBackend {
   void (*copy_block)(const void* src, Block sb, void* dst, Block db, std::size_t elem);
   void (*reduce_block)(DType, ReduceOp, const void* src, Block sb, void* dst, Block db);
   void (*divide_block)(DType, void* dst, Block db, int terms);
-  void (*fill)(DType, void* dst, int64_t n, double value);
+  void (*fill)(DType, void* dst, int64_t n, Scalar value);
 
   // Elementwise.
   void (*binary)(DType, BinaryOp, const void* a, const void* b, void* out, int64_t n);
-  void (*binary_scalar)(DType, BinaryOp, const void* a, double s, void* out, int64_t n);
+  void (*binary_scalar)(DType, BinaryOp, const void* a, Scalar s, void* out, int64_t n);
   void (*unary)(DType, UnaryFn, const void* a, void* out, int64_t n);
   void (*add_bias)(DType, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows);
   void (*transpose)(DType, const void* in, void* out, int64_t rows, int64_t cols);
@@ -59,6 +62,7 @@ inline const DeviceBackend*& cuda_backend_slot() {
 // The backend for tensors on `d` (d must be a device, not the host).
 inline const DeviceBackend& device_backend(Device d) {
   if (!cuda_backend_slot()) no_cuda_backend(d);
+  cuda_backend_slot()->use_device(d.index);
   return *cuda_backend_slot();
 }
 

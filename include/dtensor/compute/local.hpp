@@ -33,7 +33,7 @@ template <class T, int R>
 void binary_scalar(BinaryOp k, const Tensor<T, R>& a, T s, Tensor<T, R>& out) {
   if (!a.device().is_host())
     return detail::device_backend(a.device())
-        .binary_scalar(dtype_of<T>(), k, a.data(), static_cast<double>(s), out.data(), a.numel());
+        .binary_scalar(dtype_of<T>(), k, a.data(), Scalar::of(s), out.data(), a.numel());
   auto x = as_eigen_array(a);
   auto o = as_eigen_array(out);
   switch (k) {

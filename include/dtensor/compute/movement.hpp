@@ -31,7 +31,7 @@ template <class T>
 void fill(Device d, T* dst, int64_t n, T value) {
   if (n == 0) return;
   if (d.is_host()) return void(std::fill_n(dst, n, value));
-  detail::device_backend(d).fill(dtype_of<T>(), dst, n, static_cast<double>(value));
+  detail::device_backend(d).fill(dtype_of<T>(), dst, n, Scalar::of(value));
 }
 template <class T, int R>
 void fill(Tensor<T, R>& t, T value) {

@@ -22,15 +22,12 @@ double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel) {
   double v = 0;
   try {
     kernel(t, a, n, out, s);
-    if (t == DType::Float32) {
-      float f = 0;
-      DTENSOR_CUDA(cudaMemcpyAsync(&f, out, sizeof f, cudaMemcpyDeviceToHost, s));
+    visit_dtype(t, [&](auto tag) {  // the kernel wrote one element of type t
+      decltype(tag) r{};
+      DTENSOR_CUDA(cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, s));
       DTENSOR_CUDA(cudaStreamSynchronize(s));
-      v = f;
-    } else {
-      DTENSOR_CUDA(cudaMemcpyAsync(&v, out, sizeof v, cudaMemcpyDeviceToHost, s));
-      DTENSOR_CUDA(cudaStreamSynchronize(s));
-    }
+      v = static_cast<double>(r);
+    });
   } catch (...) {
     deallocate(out, 8, dev);
     throw;
@@ -43,6 +40,15 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
   namespace k = kernels;
   static constexpr ::dtensor::detail::DeviceBackend table{
       .bind_thread = [](int device) { set_device(device); },
+      .use_device =
+          [](int device) {
+            const auto& ts = thread_stream();
+            if (ts.stream && ts.device == device) return;
+            if (!ts.stream) return set_device(device);  // this thread's first device work
+            throw InvalidArgument(::dtensor::detail::cat(
+                "dtensor: a tensor on cuda:", device, " is used by a thread that works on cuda:", ts.device,
+                "; each rank works on one GPU (call dtensor::cuda::set_device(", device, ") in that thread first)"));
+          },
       .synchronize = [] { synchronize(); },
       .copy_block = [](const void* src, Block sb, void* dst, Block db,
                        std::size_t elem) { k::copy_block(src, sb, dst, db, elem, current_stream()); },
@@ -50,10 +56,10 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
                          Block db) { k::reduce_block(t, op, src, sb, dst, db, current_stream()); },
       .divide_block = [](DType t, void* dst, Block db,
                          int terms) { k::divide_block(t, dst, db, terms, current_stream()); },
-      .fill = [](DType t, void* dst, int64_t n, double v) { k::fill(t, dst, n, v, current_stream()); },
+      .fill = [](DType t, void* dst, int64_t n, Scalar v) { k::fill(t, dst, n, v, current_stream()); },
       .binary = [](DType t, BinaryOp op, const void* a, const void* b, void* out,
                    int64_t n) { k::binary(t, op, a, b, out, n, current_stream()); },
-      .binary_scalar = [](DType t, BinaryOp op, const void* a, double s, void* out,
+      .binary_scalar = [](DType t, BinaryOp op, const void* a, Scalar s, void* out,
                           int64_t n) { k::binary_scalar(t, op, a, s, out, n, current_stream()); },
       .unary = [](DType t, UnaryFn f, const void* a, void* out,
                   int64_t n) { k::unary(t, f, a, out, n, current_stream()); },

@@ -71,6 +71,7 @@ class BlasHandle {
   bool tf32_ = false;
 };
 inline cublasHandle_t blas_handle() {
+  (void)current_stream();  // the stream first, so that it outlives the handle at thread exit
   thread_local BlasHandle h;
   return h.get();
 }
@@ -104,6 +105,10 @@ void gemm_typed(int64_t batch, int64_t m, int64_t n, int64_t k, const T* a, cons
 // c[i] = a[i] b[i], row-major, `batch` matrices [m, k] x [k, n], on this thread's stream.
 inline void gemm(DType t, int64_t batch, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
   if (batch == 0 || m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: zeros (cuBLAS rejects a leading dimension of 0)
+    DTENSOR_CUDA(cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch * m * n) * size_of(t), current_stream()));
+    return;
+  }
   if (t == DType::Float32)
     return detail::gemm_typed(batch, m, n, k, static_cast<const float*>(a), static_cast<const float*>(b),
                               static_cast<float*>(c));

@@ -37,8 +37,8 @@ void reduce_block(DType t, ReduceOp op, const void* src, Block sb, void* dst, Bl
 // dst[db] /= terms (integer division for integer types).
 void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream);
 
-// dst[0, n) = value (converted to the element type).
-void fill(DType t, void* dst, int64_t n, double value, cudaStream_t stream);
+// dst[0, n) = value (one element of type t).
+void fill(DType t, void* dst, int64_t n, Scalar value, cudaStream_t stream);
 
 // --- elementwise ---
 
@@ -46,7 +46,7 @@ void fill(DType t, void* dst, int64_t n, double value, cudaStream_t stream);
 void binary(DType t, Binary op, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
 
 // out[i] = a[i] (op) s.
-void binary_scalar(DType t, Binary op, const void* a, double s, void* out, int64_t n, cudaStream_t stream);
+void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64_t n, cudaStream_t stream);
 
 // out[i] = f(a[i]) (floating-point types; Neg and Abs also for integers).
 void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t stream);

@@ -8,6 +8,7 @@
 // threshold is raised once per device): that is what makes it a caching allocator.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -20,15 +21,28 @@ namespace dtensor::cuda {
 namespace detail {
 
 inline void keep_pool_memory(int device) {
+  static std::atomic<bool> done[64] = {};  // checked on every allocation: no lock on that path
+  if (device < 0 || device >= 64 || done[device].load(std::memory_order_acquire)) return;
   static std::mutex m;
-  static bool done[64] = {};
   std::lock_guard lk(m);
-  if (device < 0 || device >= 64 || done[device]) return;
+  if (done[device].load()) return;
   cudaMemPool_t pool;
   DTENSOR_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
   uint64_t threshold = std::numeric_limits<uint64_t>::max();
   DTENSOR_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  done[device] = true;
+  done[device].store(true, std::memory_order_release);
+}
+
+// Work from a thread that has no stream on `device`: done on the per-thread default
+// stream and waited for, after the thread's own queued work (which may produce the
+// data), so that the result is ready for any stream. The legacy default stream would
+// not do: dtensor's streams are non-blocking and never wait for it.
+template <class F>
+void on_the_side(int device, F&& f) {
+  if (const auto& ts = thread_stream(); ts.stream) DTENSOR_CUDA(cudaStreamSynchronize(ts.stream));
+  DeviceGuard g(device);
+  f(cudaStreamPerThread);
+  DTENSOR_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
 }
 
 // Whether this thread works on `device` (then its stream orders the allocation).
@@ -44,11 +58,9 @@ inline void* allocate(std::size_t bytes, int device) {
   if (bound_to(device)) {
     DTENSOR_CUDA(cudaMallocAsync(&p, bytes, current_stream()));
   } else {
-    // A thread that does not work on this device: synchronise, so that the block is
-    // valid on every stream (an async allocation is valid only on its own stream).
-    DeviceGuard g(device);
-    DTENSOR_CUDA(cudaMallocAsync(&p, bytes, cudaStreamPerThread));
-    DTENSOR_CUDA(cudaStreamSynchronize(cudaStreamPerThread));
+    // A thread that does not work on this device: the block is made valid on every
+    // stream (an async allocation is valid only on its own stream until then).
+    on_the_side(device, [&](cudaStream_t s) { DTENSOR_CUDA(cudaMallocAsync(&p, bytes, s)); });
   }
   return p;
 }
@@ -73,8 +85,7 @@ inline void deallocate(void* p, std::size_t, int device) noexcept {
 inline void zero(void* p, std::size_t bytes, int device) {
   if (!bytes) return;
   if (bound_to(device)) return DTENSOR_CUDA(cudaMemsetAsync(p, 0, bytes, current_stream()));
-  DeviceGuard g(device);
-  DTENSOR_CUDA(cudaMemset(p, 0, bytes));
+  on_the_side(device, [&](cudaStream_t s) { DTENSOR_CUDA(cudaMemsetAsync(p, 0, bytes, s)); });
 }
 
 // Any pair of devices (unified addressing tells the driver the direction). A copy
@@ -84,8 +95,7 @@ inline void copy(void* dst, Device dst_device, const void* src, Device src_devic
   if (!bytes) return;
   const int dev = dst_device.is_host() ? src_device.index : dst_device.index;
   if (!bound_to(dev)) {
-    DeviceGuard g(dev);
-    DTENSOR_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    on_the_side(dev, [&](cudaStream_t s) { DTENSOR_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s)); });
     return;
   }
   cudaStream_t s = current_stream();

@@ -298,7 +298,10 @@ class Buffer {
       DTENSOR_CUDA(cudaMallocHost(&p_, bytes));
     } else {
       DTENSOR_CUDA(cudaMalloc(&p_, bytes));
+      // On the legacy stream, which the comm's non-blocking stream does not wait
+      // for: finish it here (buffers are made once per communicator).
       DTENSOR_CUDA(cudaMemset(p_, 0, bytes));
+      DTENSOR_CUDA(cudaStreamSynchronize(nullptr));
     }
   }
   template <class T = std::byte>

@@ -57,6 +57,7 @@ inline void set_device(int device) {
   auto& s = detail::thread_stream();
   DTENSOR_CUDA(cudaSetDevice(device));
   if (s.device == device && s.stream) return;
+  if (s.stream) DTENSOR_CUDA(cudaStreamSynchronize(s.stream));
   if (s.owned && s.stream) DTENSOR_CUDA(cudaStreamDestroy(s.stream));
   s = {};
   DTENSOR_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
@@ -74,9 +75,11 @@ inline cudaStream_t current_stream() {
   return s.stream;
 }
 
-// Runs this thread's work on a stream the caller owns (and keeps alive).
+// Runs this thread's work on a stream the caller owns (and keeps alive). The old
+// stream's work is finished first: blocks it allocated are freed on the new one.
 inline void set_current_stream(cudaStream_t stream, int device) {
   auto& s = detail::thread_stream();
+  if (s.stream && s.stream != stream) DTENSOR_CUDA(cudaStreamSynchronize(s.stream));
   if (s.owned && s.stream) DTENSOR_CUDA(cudaStreamDestroy(s.stream));
   DTENSOR_CUDA(cudaSetDevice(device));
   s = {};

@@ -127,7 +127,7 @@ DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMes
   if (comm.device().is_host()) {
     comm.scatter(staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
   } else {
-    Tensor<T, 1> dev_staging(Shape<1>{static_cast<int64_t>(staging.size())}, comm.device());
+    auto dev_staging = Tensor<T, 1>::uninitialized(Shape<1>{static_cast<int64_t>(staging.size())}, comm.device());
     if (!staging.empty())
       detail::copy_bytes(dev_staging.data(), comm.device(), staging.data(), Device::host(), staging.size() * sizeof(T));
     comm.scatter(dev_staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);

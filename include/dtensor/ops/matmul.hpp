@@ -202,7 +202,7 @@ auto dot(const X& x, const Y& y) {
 // The value of a rank-0 DTensor on every rank (reduces a Partial). Collective.
 template <class T, class... P>
 T value(const DTensor<T, 0, P...>& x) {
-  return x.full_tensor()();
+  return x.full_tensor().to(Device::host())();
 }
 
 // The transpose of a matrix: Shard<0> and Shard<1> swap, nothing moves between ranks.

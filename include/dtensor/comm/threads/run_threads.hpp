@@ -28,24 +28,41 @@ inline std::vector<std::unique_ptr<ThreadComm>> make_thread_comms(int nranks, Ru
   return comms;
 }
 
+// With RunOptions::device, each rank thread works on that GPU with a stream of its
+// own. Rank 0 runs on the calling thread, which stays bound to the GPU afterwards.
 template <class F>
 void run_threads(int nranks, F&& fn, RunOptions options = {}) {
   auto comms = make_thread_comms(nranks, options);
   detail::World* world = &comms[0]->world();
   std::vector<std::exception_ptr> errors(nranks);
 
+  const bool on_device = !options.device.is_host();
+  // A rank is done when its queued device work is: its results may be read by
+  // another thread, and its last kernels' errors must fail the rank, not vanish.
+  auto finish_device_work = [&](bool quiet) {
+    if (!on_device) return;
+    if (!quiet) return detail::device_backend(options.device).synchronize();
+    try {
+      detail::device_backend(options.device).synchronize();
+    } catch (...) {  // the rank has already failed; its first error is the one reported
+    }
+  };
   auto body = [&](int r) {
     try {
-      if (!options.device.is_host()) detail::device_backend(options.device).bind_thread(options.device.index);
+      if (on_device) detail::device_backend(options.device).bind_thread(options.device.index);
       fn(static_cast<Comm&>(*comms[r]));
+      finish_device_work(false);
     } catch (const PeerAborted&) {
       errors[r] = std::current_exception();
+      finish_device_work(true);
     } catch (const std::exception& e) {
       errors[r] = std::current_exception();
       world->abort(r, e.what());
+      finish_device_work(true);
     } catch (...) {
       errors[r] = std::current_exception();
       world->abort(r, "an exception that is not a std::exception");
+      finish_device_work(true);
     }
     world->mark_finished(r);
   };
