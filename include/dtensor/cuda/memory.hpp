@@ -51,16 +51,30 @@ inline bool bound_to(int device) {
   return s.stream && s.device == device;
 }
 
+// cudaMallocAsync, and once more after the pool has returned its unused memory to
+// the driver: the pool keeps freed blocks, which other allocators (cuBLAS
+// workspaces, NCCL buffers) may need, and which a larger block may need whole.
+inline void malloc_async(void** p, std::size_t bytes, int device, cudaStream_t s) {
+  const cudaError_t e = cudaMallocAsync(p, bytes, s);
+  if (e != cudaErrorMemoryAllocation) return DTENSOR_CUDA(e);
+  (void)cudaGetLastError();
+  DTENSOR_CUDA(cudaDeviceSynchronize());  // blocks freed on any stream become reusable
+  cudaMemPool_t pool;
+  DTENSOR_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
+  DTENSOR_CUDA(cudaMemPoolTrimTo(pool, 0));
+  DTENSOR_CUDA(cudaMallocAsync(p, bytes, s));
+}
+
 inline void* allocate(std::size_t bytes, int device) {
   if (bytes == 0) return nullptr;
   keep_pool_memory(device);
   void* p = nullptr;
   if (bound_to(device)) {
-    DTENSOR_CUDA(cudaMallocAsync(&p, bytes, current_stream()));
+    malloc_async(&p, bytes, device, current_stream());
   } else {
     // A thread that does not work on this device: the block is made valid on every
     // stream (an async allocation is valid only on its own stream until then).
-    on_the_side(device, [&](cudaStream_t s) { DTENSOR_CUDA(cudaMallocAsync(&p, bytes, s)); });
+    on_the_side(device, [&](cudaStream_t s) { malloc_async(&p, bytes, device, s); });
   }
   return p;
 }
