@@ -435,7 +435,6 @@ class MpiComm final : public Comm {
     }
   }
 
-
   static std::pair<std::vector<int>, std::vector<int>> counts_displs(std::span<const Block> blocks, const char* op) {
     std::vector<int> c(blocks.size()), d(blocks.size());
     for (std::size_t k = 0; k < blocks.size(); ++k)

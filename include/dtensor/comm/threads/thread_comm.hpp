@@ -364,7 +364,6 @@ class ThreadComm final : public Comm {
     world().fail(world_rank(), e);
   }
 
-
   std::shared_ptr<detail::Group> g_;
   int rank_;
   Device device_;
