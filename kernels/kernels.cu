@@ -33,6 +33,16 @@ constexpr const char* name(Binary op) {
   constexpr const char* names[] = {"add", "sub", "mul", "div"};
   return names[static_cast<int>(op)];
 }
+// Calls f(std::integral_constant<Binary, op>{}): the operator as a kernel's template argument.
+template <class F>
+void visit_binary(Binary op, F&& f) {
+  switch (op) {
+    case Binary::Add: return f(std::integral_constant<Binary, Binary::Add>{});
+    case Binary::Sub: return f(std::integral_constant<Binary, Binary::Sub>{});
+    case Binary::Mul: return f(std::integral_constant<Binary, Binary::Mul>{});
+    case Binary::Div: return f(std::integral_constant<Binary, Binary::Div>{});
+  }
+}
 constexpr const char* name(Unary f) {
   constexpr const char* names[] = {"neg", "exp", "log", "sqrt", "abs", "relu", "tanh", "sigmoid"};
   return names[static_cast<int>(f)];
@@ -277,13 +287,9 @@ void binary(DType t, Binary op, const void* a, const void* b, void* out, int64_t
     const auto* x = static_cast<const T*>(a);
     const auto* y = static_cast<const T*>(b);
     auto* z = static_cast<T*>(out);
-    const unsigned g = blocks_for(n);
-    switch (op) {
-      case Binary::Add: detail::binary_kernel<T, Binary::Add><<<g, kThreads, 0, stream>>>(x, y, z, n); break;
-      case Binary::Sub: detail::binary_kernel<T, Binary::Sub><<<g, kThreads, 0, stream>>>(x, y, z, n); break;
-      case Binary::Mul: detail::binary_kernel<T, Binary::Mul><<<g, kThreads, 0, stream>>>(x, y, z, n); break;
-      case Binary::Div: detail::binary_kernel<T, Binary::Div><<<g, kThreads, 0, stream>>>(x, y, z, n); break;
-    }
+    visit_binary(op, [&](auto k) {
+      detail::binary_kernel<T, decltype(k)::value><<<blocks_for(n), kThreads, 0, stream>>>(x, y, z, n);
+    });
     DTENSOR_CUDA_LAUNCHED();
   });
 }
@@ -296,13 +302,9 @@ void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64
     const auto* x = static_cast<const T*>(a);
     const T v = s.as<T>();
     auto* z = static_cast<T*>(out);
-    const unsigned g = blocks_for(n);
-    switch (op) {
-      case Binary::Add: detail::binary_scalar_kernel<T, Binary::Add><<<g, kThreads, 0, stream>>>(x, v, z, n); break;
-      case Binary::Sub: detail::binary_scalar_kernel<T, Binary::Sub><<<g, kThreads, 0, stream>>>(x, v, z, n); break;
-      case Binary::Mul: detail::binary_scalar_kernel<T, Binary::Mul><<<g, kThreads, 0, stream>>>(x, v, z, n); break;
-      case Binary::Div: detail::binary_scalar_kernel<T, Binary::Div><<<g, kThreads, 0, stream>>>(x, v, z, n); break;
-    }
+    visit_binary(op, [&](auto k) {
+      detail::binary_scalar_kernel<T, decltype(k)::value><<<blocks_for(n), kThreads, 0, stream>>>(x, v, z, n);
+    });
     DTENSOR_CUDA_LAUNCHED();
   });
 }

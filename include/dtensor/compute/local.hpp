@@ -14,13 +14,9 @@ namespace dtensor::local {
 
 // --- elementwise ---
 
-template <class T, int R>
-void binary(BinaryOp k, const Tensor<T, R>& a, const Tensor<T, R>& b, Tensor<T, R>& out) {
-  require_same_device(a, b, "elementwise operator");
-  if (!a.device().is_host())
-    return detail::device_backend(a.device()).binary(dtype_of<T>(), k, a.data(), b.data(), out.data(), a.numel());
-  auto x = as_eigen_array(a), y = as_eigen_array(b);
-  auto o = as_eigen_array(out);
+// o = x (k) y for Eigen arrays or scalars.
+template <class O, class X, class Y>
+void assign_binary(BinaryOp k, O&& o, const X& x, const Y& y) {
   switch (k) {
     case BinaryOp::Add: o = x + y; break;
     case BinaryOp::Sub: o = x - y; break;
@@ -30,18 +26,19 @@ void binary(BinaryOp k, const Tensor<T, R>& a, const Tensor<T, R>& b, Tensor<T, 
 }
 
 template <class T, int R>
+void binary(BinaryOp k, const Tensor<T, R>& a, const Tensor<T, R>& b, Tensor<T, R>& out) {
+  require_same_device(a, b, "elementwise operator");
+  if (!a.device().is_host())
+    return detail::device_backend(a.device()).binary(dtype_of<T>(), k, a.data(), b.data(), out.data(), a.numel());
+  assign_binary(k, as_eigen_array(out), as_eigen_array(a), as_eigen_array(b));
+}
+
+template <class T, int R>
 void binary_scalar(BinaryOp k, const Tensor<T, R>& a, T s, Tensor<T, R>& out) {
   if (!a.device().is_host())
     return detail::device_backend(a.device())
         .binary_scalar(dtype_of<T>(), k, a.data(), Scalar::of(s), out.data(), a.numel());
-  auto x = as_eigen_array(a);
-  auto o = as_eigen_array(out);
-  switch (k) {
-    case BinaryOp::Add: o = x + s; break;
-    case BinaryOp::Sub: o = x - s; break;
-    case BinaryOp::Mul: o = x * s; break;
-    case BinaryOp::Div: o = x / s; break;
-  }
+  assign_binary(k, as_eigen_array(out), as_eigen_array(a), s);
 }
 
 template <class T, int R>
