@@ -38,7 +38,7 @@ class DeviceMesh {
   int coord(int dim) const { return s_->coords[dim]; }
   Comm& comm() const { return *s_->world; }
   // Where the local blocks of DTensors on this mesh live (the communicator's device).
-  Device device() const { return s_->world->device(); }
+  Device device() const { return s_->device; }
   Comm& comm(int dim) const { return *s_->dim_comms[dim]; }
   const std::array<LinkCost, NDim>& links() const { return s_->links; }
 
@@ -88,6 +88,7 @@ class DeviceMesh {
 
   struct State {
     std::shared_ptr<Comm> world;
+    Device device;  // world->device(), read once: every DTensor checks its block against it
     Coords shape{};
     Coords coords{};
     std::array<std::unique_ptr<Comm>, NDim> dim_comms;
@@ -107,6 +108,7 @@ class DeviceMesh {
     DTENSOR_CHECK(total == comm->size(), InvalidArgument, "DeviceMesh: a ", dims, " mesh has ", total,
                   " ranks but the communicator has ", comm->size());
     s_->world = std::move(comm);
+    s_->device = s_->world->device();
     s_->shape = shape;
     s_->links = links;
     s_->coords = coords_of(s_->world->rank());
