@@ -4,6 +4,10 @@
 //   sizes     rank 2 contributes fewer elements to an all_gather
 //   timeout   rank 1 arrives 5 s late; DTENSOR_TIMEOUT_S=1 for the others
 //   early     rank 1 returns without calling the collective the others wait in
+//   p2p       ranks 0 and 2 exchange messages with rank 1, which never posts its
+//             side (it sleeps 5 s); DTENSOR_TIMEOUT_S=1 for the others
+//   p2p_short rank 1 sends 3 elements where rank 0's irecv takes 4
+//   p2p_long  rank 1 sends 5 elements where rank 0's irecv takes 4 (MPI truncation)
 // Each must end the job with a message naming the failing rank and the collective
 // (run_mpi's MPI_Abort), never hang; ctest checks the message.
 #include <dtensor/mpi.hpp>
@@ -19,7 +23,24 @@ int main(int argc, char** argv) {
     std::vector<double> v(4, 1.0);
     if (mode == "throw" && comm.rank() == 1) throw std::runtime_error("rank 1 gives up on purpose");
     if (mode == "early" && comm.rank() == 1) return;
-    if (mode == "mismatch" && comm.rank() == 1) {
+    if (mode == "p2p") {
+      if (comm.rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        return;  // the job has been aborted by then
+      }
+      std::vector<double> in(4);
+      const dtensor::SendSpec s[] = {{1, 7, v.data(), dtensor::Region::contiguous(0, 4)}};
+      const dtensor::RecvSpec r[] = {{1, 7, in.data(), dtensor::Region::contiguous(0, 4)}};
+      comm.start_exchange(s, r, dtensor::DType::Float64).wait();
+    } else if (mode == "p2p_short" || mode == "p2p_long") {
+      if (comm.rank() == 1) {
+        std::vector<double> out(mode == "p2p_short" ? 3 : 5, 1.0);
+        dtensor::send<double>(comm, out, 0, 3);
+      } else if (comm.rank() == 0) {  // a non-blocking receive: the size is checked on arrival
+        comm.irecv(v.data(), dtensor::Region::contiguous(0, 4), dtensor::DType::Float64, 1, 3).wait();
+      }
+      comm.barrier();
+    } else if (mode == "mismatch" && comm.rank() == 1) {
       comm.barrier();
     } else if (mode == "sizes") {
       std::vector<double> in(2, 1.0), out(2 * comm.size());

@@ -4,7 +4,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -139,14 +141,341 @@ TEST_CASE("a collective that waits past the timeout raises CollectiveTimeout nam
   CHECK(seconds_since(t0) < 3);
 }
 
-TEST_CASE("point-to-point: mismatched tags are an error on both sides") {
-  CHECK_THROWS_WITH_AS(run_threads(2,
-                                   [](Comm& comm) {
-                                     std::vector<int> v(2);
-                                     if (comm.rank() == 0) send<int>(comm, v, 1, 3);
-                                     else recv<int>(comm, v, 0, 4);
-                                   }),
-                       doctest::Contains("expected tag 4"), RankFailure);
+TEST_CASE("point-to-point: mismatched tags are an error on both sides, reported at once as a deadlock") {
+  const auto t0 = Clock::now();
+  std::atomic<int> failed{0};
+  try {
+    run_threads(
+        2,
+        [&](Comm& comm) {
+          std::vector<int> v(2);
+          try {
+            if (comm.rank() == 0) send<int>(comm, v, 1, 3);
+            else recv<int>(comm, v, 0, 4);
+          } catch (const CommError&) {
+            ++failed;
+            throw;
+          }
+        },
+        with_timeout(30));
+    FAIL("no error");
+  } catch (const RankFailure& e) {
+    // Whichever rank notices describes both waits: the receive names the tag it
+    // expects and the tag that was sent instead.
+    const std::string what = e.what();
+    CHECK(what.find("deadlock") != std::string::npos);
+    CHECK(what.find("waiting for a message from rank 0 (tag 4, 2 elements of int32), but rank 0 sent tag(s) 3 that "
+                    "no receive of this rank matches") != std::string::npos);
+    CHECK(what.find("waiting for rank 1 to receive the message with tag 3") != std::string::npos);
+  }
+  CHECK(failed == 2);
+  CHECK(seconds_since(t0) < 5);  // not the 30 s timeout
+}
+
+namespace {
+// A ring exchange of 4 doubles with both neighbours, tags 1 (to the right) and 2.
+Request start_ring(Comm& comm, std::vector<double>& out, std::vector<double>& in) {
+  const int n = comm.size(), r = comm.rank();
+  out.assign(8, r), in.assign(8, -1);
+  const SendSpec s[] = {{(r + 1) % n, 1, out.data(), Region::contiguous(0, 4)},
+                        {(r + n - 1) % n, 2, out.data(), Region::contiguous(4, 4)}};
+  const RecvSpec q[] = {{(r + n - 1) % n, 1, in.data(), Region::contiguous(0, 4)},
+                        {(r + 1) % n, 2, in.data(), Region::contiguous(4, 4)}};
+  return comm.start_exchange(s, q, DType::Float64);
+}
+}  // namespace
+
+TEST_CASE("point-to-point: a rank that throws between start_exchange and wait fails every other rank at once") {
+  const auto t0 = Clock::now();
+  std::atomic<int> aborted{0};
+  try {
+    run_threads(
+        4,
+        [&](Comm& comm) {
+          // Heap buffers: when rank 2 unwinds they are freed, so a neighbour still
+          // reading them would be a use after free (which ASan would report).
+          auto out = std::make_unique<std::vector<double>>(), in = std::make_unique<std::vector<double>>();
+          if (comm.rank() == 2) {
+            Request req = start_ring(comm, *out, *in);
+            throw std::runtime_error("rank 2 gives up mid-exchange");
+          }
+          try {
+            Request req = start_ring(comm, *out, *in);  // refused if rank 2 has already failed
+            req.wait();      // a rank that does not need rank 2's messages completes it...
+            comm.barrier();  // ...and learns of the failure here
+          } catch (const PeerAborted& e) {
+            CHECK(std::string(e.what()).find("rank 2 failed: rank 2 gives up mid-exchange") != std::string::npos);
+            ++aborted;
+            throw;
+          }
+        },
+        with_timeout(30));
+    FAIL("run_threads returned normally");
+  } catch (const RankFailure& e) {
+    CHECK(e.rank() == 2);
+    CHECK(std::string(e.what()) == "dtensor: rank 2 failed: rank 2 gives up mid-exchange");
+  }
+  CHECK(aborted == 3);
+  CHECK(seconds_since(t0) < 5);
+}
+
+TEST_CASE("point-to-point: a rank that returns without posting its side is reported without waiting for the timeout") {
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH_AS(run_threads(
+                           3,
+                           [](Comm& comm) {
+                             if (comm.rank() == 1) return;
+                             std::vector<double> out, in;
+                             start_ring(comm, out, in).wait();
+                           },
+                           with_timeout(30)),
+                       doctest::Contains("rank 1 returned from its function without"), RankFailure);
+  CHECK(seconds_since(t0) < 5);
+  // A rank that posts its sends but drops the request before they are taken: they
+  // are withdrawn (its buffer is about to go), and the receiver is told.
+  CHECK_THROWS_WITH_AS(run_threads(
+                           2,
+                           [](Comm& comm) {
+                             std::vector<int> v(3, 1);
+                             if (comm.rank() == 0) {
+                               (void)comm.isend(v.data(), Region::contiguous(0, 3), DType::Int32, 1, 0);
+                               return;
+                             }
+                             std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                             recv<int>(comm, v, 0, 0);
+                           },
+                           with_timeout(30)),
+                       doctest::Contains("rank 0 returned from its function without sending the message with tag 0"),
+                       RankFailure);
+}
+
+TEST_CASE("point-to-point: a rank that never posts but stays alive makes the others time out") {
+  const auto t0 = Clock::now();
+  try {
+    run_threads(
+        3,
+        [](Comm& comm) {
+          if (comm.rank() == 2) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            return;
+          }
+          std::vector<double> out, in;
+          start_ring(comm, out, in).wait();
+        },
+        with_timeout(0.3));
+    FAIL("no timeout");
+  } catch (const RankFailure& e) {
+    const std::string what = e.what();
+    CHECK(what.find("point-to-point exchange on a communicator of 3 ranks, waiting for a message from rank 2") !=
+          std::string::npos);
+    CHECK(what.find("timed out after 0.3 s") != std::string::npos);
+    CHECK_THROWS_AS(std::rethrow_exception(e.original()), CollectiveTimeout);
+  }
+  CHECK(seconds_since(t0) < 3);
+}
+
+TEST_CASE("point-to-point: a test() loop also ends on a peer's failure") {
+  CHECK_THROWS_WITH_AS(run_threads(
+                           2,
+                           [](Comm& comm) {
+                             if (comm.rank() == 1) throw std::runtime_error("gone");
+                             std::vector<double> out, in;
+                             Request req = start_ring(comm, out, in);
+                             while (!req.test()) std::this_thread::yield();
+                           },
+                           with_timeout(30)),
+                       "dtensor: rank 1 failed: gone", RankFailure);
+  // ... and on the timeout, counted from the first test().
+  const auto t0 = Clock::now();
+  try {
+    run_threads(
+        2,
+        [](Comm& comm) {
+          std::vector<double> out, in;
+          if (comm.rank() == 1) return std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+          Request req = start_ring(comm, out, in);
+          while (!req.test()) std::this_thread::yield();
+        },
+        with_timeout(0.2));
+    FAIL("no timeout");
+  } catch (const RankFailure& e) {
+    CHECK(std::string(e.what()).find("timed out after 0.2 s of test()") != std::string::npos);
+    CHECK_THROWS_AS(std::rethrow_exception(e.original()), CollectiveTimeout);
+  }
+  CHECK(seconds_since(t0) < 3);
+}
+
+TEST_CASE("point-to-point: a size or type mismatch is a CommError on the receiver and an error on the sender") {
+  std::mutex m;
+  std::vector<std::string> errors;
+  auto run = [&](auto&& body) {
+    errors.clear();
+    CHECK_THROWS_AS(run_threads(
+                        2,
+                        [&](Comm& comm) {
+                          try {
+                            body(comm);
+                          } catch (const CommError& e) {
+                            std::lock_guard lk(m);
+                            errors.push_back(detail::cat("rank ", comm.rank(), ": ", e.what()));
+                            throw;
+                          }
+                        },
+                        with_timeout(30)),
+                    RankFailure);
+    std::sort(errors.begin(), errors.end());
+  };
+  run([](Comm& comm) {
+    std::vector<float> v(4);
+    if (comm.rank() == 0) comm.isend(v.data(), Region::contiguous(0, 3), DType::Float32, 1, 7).wait();
+    else comm.irecv(v.data(), Region::contiguous(0, 4), DType::Float32, 0, 7).wait();
+  });
+  REQUIRE(errors.size() == 2);
+  const std::string why =
+      "receive from rank 0 (tag 7) on a communicator of 2 ranks: the message has 3 elements but the receive expects 4";
+  CHECK(errors[1].find("rank 1: dtensor: rank 1: " + why) == 0);  // the receiver's own CommError
+  CHECK(errors[0].find("rank 0: dtensor: rank 0: ") == 0);
+  CHECK(errors[0].find("rank 1 failed: dtensor: rank 1: " + why) != std::string::npos);  // the sender learns why
+  run([](Comm& comm) {
+    std::vector<double> v(2);
+    if (comm.rank() == 0) comm.isend(v.data(), Region::contiguous(0, 2), DType::Float64, 1).wait();
+    else comm.irecv(v.data(), Region::contiguous(0, 2), DType::Int64, 0).wait();
+  });
+  REQUIRE(errors.size() == 2);
+  CHECK(errors[1].find("the message holds float64 elements but the receive expects int64") != std::string::npos);
+  CHECK(errors[0].find("the message holds float64 elements but the receive expects int64") != std::string::npos);
+}
+
+TEST_CASE("point-to-point: a receive that fails while its rank waits in a collective never frees a buffer a peer reads") {
+  // Rank 0 posts a receive of 4 elements, rank 1 sends 5, and both call all_gather.
+  // Rank 0 finds the mismatch while it waits in the all_gather, where rank 1 may be
+  // about to copy (or copying) from rank 0's send buffer: rank 0 must neither throw
+  // out of the collective's protocol there nor free that buffer under rank 1's copy
+  // (heap buffers: ASan or TSan would see it). The all_gather completes or fails
+  // with PeerAborted on both, the receive's own wait() reports the mismatch, and the
+  // run fails with it. Varying delays give the different interleavings.
+  const std::string why = "the message has 5 elements but the receive expects 4";
+  for (int iter = 0; iter < 24; ++iter) {
+    const int delay_us = (iter % 4) * 300;
+    std::atomic<int> recv_errors{0}, send_errors{0};
+    try {
+      run_threads(
+          2,
+          [&](Comm& comm) {
+            const int64_t n = 1 << 16;
+            auto mine = std::make_unique<std::vector<double>>(n, comm.rank() + 1.0);
+            auto all = std::make_unique<std::vector<double>>(2 * n, -1.0);
+            const Block blocks[] = {Block::contiguous(0, n), Block::contiguous(n, n)};
+            auto gather = [&] {
+              try {
+                comm.all_gather(mine->data(), Block::contiguous(0, n), all->data(), blocks, DType::Float64);
+                CHECK((*all)[0] == 1.0);
+                CHECK((*all)[2 * n - 1] == 2.0);
+              } catch (const PeerAborted& e) {
+                CHECK(std::string(e.what()).find(why) != std::string::npos);
+              }
+            };
+            if (comm.rank() == 0) {
+              std::vector<double> in(4, -1.0);
+              Request q = comm.irecv(in.data(), Region::contiguous(0, 4), DType::Float64, 1, 3);
+              gather();
+              try {
+                q.wait();
+              } catch (const CommError& e) {  // the exchange's own error, not a PeerAborted
+                CHECK(std::string(e.what()).find("rank 0: receive from rank 1 (tag 3) on a communicator of 2 "
+                                                 "ranks: " + why) != std::string::npos);
+                ++recv_errors;
+                throw;
+              }
+            } else {
+              std::vector<double> out(5, 7.0);
+              if (iter % 2) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+              Request s = comm.isend(out.data(), Region::contiguous(0, 5), DType::Float64, 0, 3);
+              if (iter % 2 == 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+              gather();
+              try {
+                s.wait();
+              } catch (const PeerAborted& e) {
+                CHECK(std::string(e.what()).find(why) != std::string::npos);
+                ++send_errors;
+              }
+            }
+          },
+          with_timeout(30));
+      FAIL("run_threads returned normally");
+    } catch (const RankFailure& e) {
+      CHECK(e.rank() == 0);
+      CHECK(std::string(e.what()).find(why) != std::string::npos);
+    }
+    CHECK(recv_errors == 1);
+    CHECK(send_errors == 1);
+  }
+}
+
+TEST_CASE("point-to-point: an exchange that fails inside another wait keeps its error for its own wait and test") {
+  std::atomic<int> checked{0};
+  CHECK_THROWS_WITH_AS(
+      run_threads(
+          2,
+          [&](Comm& comm) {
+            if (comm.rank() == 1) {
+              std::vector<int> bad(3, 1), good(2, 2);
+              comm.barrier();  // rank 0 has posted both receives
+              Request a = comm.isend(bad.data(), Region::contiguous(0, 3), DType::Int32, 0, 1);
+              Request b = comm.isend(good.data(), Region::contiguous(0, 2), DType::Int32, 0, 2);
+              CHECK_THROWS_AS(a.wait(), PeerAborted);  // refused
+              try {
+                b.wait();  // taken, or withdrawn on the abort
+              } catch (const PeerAborted&) {
+              }
+              return;
+            }
+            std::vector<int> x(2), y(2);
+            Request first = comm.irecv(x.data(), Region::contiguous(0, 2), DType::Int32, 1, 1);
+            Request second = comm.irecv(y.data(), Region::contiguous(0, 2), DType::Int32, 1, 2);
+            // The first exchange fails while this rank waits in the barrier or for the
+            // second one: they complete or see the run aborted, the first keeps the
+            // mismatch for itself.
+            comm.barrier();
+            try {
+              second.wait();
+            } catch (const PeerAborted& e) {
+              CHECK(std::string(e.what()).find("rank 0 failed") != std::string::npos);
+            }
+            for (int k = 0; k < 2; ++k)  // failed for good: every test() says so again
+              CHECK_THROWS_WITH_AS((void)first.test(), doctest::Contains("the message has 3 elements"), CommError);
+            CHECK_FALSE(first.done());
+            ++checked;
+            first.wait();
+          },
+          with_timeout(30)),
+      doctest::Contains("receive from rank 1 (tag 1) on a communicator of 2 ranks: the message has 3 elements"),
+      RankFailure);
+  CHECK(checked == 1);
+}
+
+TEST_CASE("point-to-point: ranks that all receive first deadlock, and every wait is named at once") {
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH_AS(run_threads(
+                           3,
+                           [](Comm& comm) {
+                             std::vector<int> v(1);
+                             recv<int>(comm, v, (comm.rank() + 1) % 3, 0);
+                             send<int>(comm, v, (comm.rank() + 2) % 3, 0);
+                           },
+                           with_timeout(30)),
+                       doctest::Contains("deadlock: every rank that has not returned waits for another"), RankFailure);
+  // A receive that waits while its sender sits in a barrier.
+  CHECK_THROWS_WITH_AS(run_threads(
+                           2,
+                           [](Comm& comm) {
+                             std::vector<int> v(1);
+                             if (comm.rank() == 0) recv<int>(comm, v, 1, 0);
+                             comm.barrier();
+                           },
+                           with_timeout(30)),
+                       doctest::Contains("barrier #1 on a communicator of 2 ranks"), RankFailure);
+  CHECK(seconds_since(t0) < 5);
 }
 
 TEST_CASE("from_local with a wrong local shape on one rank gives the same clear error on every rank") {

@@ -20,6 +20,7 @@
 #include "dtensor/comm/block.hpp"
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/comm/request.hpp"
 #include "dtensor/tensor/device.hpp"
 
 namespace dtensor {
@@ -62,10 +63,41 @@ class Comm {
   virtual void gather(const void* send, Block send_block, void* recv,
                       std::span<const Block> recv_blocks, DType, int root) = 0;
 
-  // Point to point. Messages between a pair of ranks are matched in order; the tag
-  // and the count must agree with the matching call, or both sides get an error.
-  virtual void send(const void* buf, std::size_t count, DType, int dst, int tag = 0) = 0;
-  virtual void recv(void* buf, std::size_t count, DType, int src, int tag = 0) = 0;
+  // Point to point (comm/request.hpp has the matching and failure rules).
+  //
+  // Posts every send and receive of `sends` and `recvs` and returns at once; the
+  // Request completes them. All messages of one exchange have the element type `t`.
+  // A runtime moves regions in place where it can (MPI derived datatypes, direct
+  // copies between in-process ranks) and packs them where it must (NCCL).
+  virtual Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) = 0;
+
+  Request isend(const void* buf, const Region& region, DType t, int dst, int tag = 0) {
+    const SendSpec s{dst, tag, buf, region};
+    return start_exchange({&s, 1}, {}, t);
+  }
+  Request irecv(void* buf, const Region& region, DType t, int src, int tag = 0) {
+    const RecvSpec r{src, tag, buf, region, false};
+    return start_exchange({}, {&r, 1}, t);
+  }
+  // Sends to `dst` and receives from `src` at once: a shift along a ring never
+  // deadlocks, whatever the order in which the ranks arrive.
+  void sendrecv(const void* send_buf, const Region& send_region, int dst, void* recv_buf, const Region& recv_region,
+                int src, DType t, int tag = 0) {
+    const SendSpec s{dst, tag, send_buf, send_region};
+    const RecvSpec r{src, tag, recv_buf, recv_region, false};
+    start_exchange({&s, 1}, {&r, 1}, t).wait();
+  }
+
+  // Blocking: `send` returns once `buf` may be reused (for the in-process runtime,
+  // when the receiver has taken the message), `recv` once the message has arrived.
+  virtual void send(const void* buf, std::size_t count, DType t, int dst, int tag = 0) {
+    check_peer(dst, "send");
+    isend(buf, Region::contiguous(0, static_cast<int64_t>(count)), t, dst, tag).wait();
+  }
+  virtual void recv(void* buf, std::size_t count, DType t, int src, int tag = 0) {
+    check_peer(src, "recv");
+    irecv(buf, Region::contiguous(0, static_cast<int64_t>(count)), t, src, tag).wait();
+  }
 
   // Ranks with the same color form a new communicator, ordered by (key, rank).
   // A negative color takes no part and gets nullptr.
@@ -76,6 +108,12 @@ class Comm {
   void check_peers(std::span<const Block> blocks, const char* op) const {
     DTENSOR_CHECK(static_cast<int>(blocks.size()) == size(), InvalidArgument, op, ": ", blocks.size(),
                   " blocks given for a communicator of ", size(), " ranks");
+  }
+  // Point-to-point peers may include this rank itself (start_exchange); the
+  // blocking send and recv refuse it (a blocking send to oneself cannot complete).
+  void check_exchange_peer(int peer, const char* op) const {
+    DTENSOR_CHECK(peer >= 0 && peer < size(), InvalidArgument, op, ": rank ", rank(), " named peer ", peer,
+                  " on a communicator of ", size(), " ranks");
   }
   void check_peer(int peer, const char* op) const {
     DTENSOR_CHECK(peer >= 0 && peer < size() && peer != rank(), InvalidArgument, op, ": rank ", rank(),

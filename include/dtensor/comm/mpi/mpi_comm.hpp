@@ -9,6 +9,25 @@
 // call runs under MPI_ERRORS_RETURN and a failure becomes a CommError carrying MPI's
 // error string and the operation's name.
 //
+// Point to point (start_exchange): MPI_Irecv and MPI_Isend on nested hvector
+// datatypes built from each Region, so faces of a block travel in place; the
+// Request polls them against DTENSOR_TIMEOUT_S (300 s when unset) and checks each
+// received size. The blocking send is Comm's, on top of it; the blocking recv
+// probes the size first. An exchange that fails (an MPI error, a message of the
+// wrong size) is failed for good: every later wait() or test() rethrows its error,
+// and the receives of the same batch that did complete are still finished
+// (accumulated) first.
+//
+// Abandoned exchanges: a Request dropped (or unwound, or failed) before it
+// completed cancels its pending receives. MPI cannot cancel the matching sends, so
+// a message meant for a cancelled receive may be queued, or still come, and the
+// next receive with the same peer and tag on this communicator would silently get
+// it instead of its own. The communicator is therefore poisoned for point to point
+// once an exchange is abandoned with a receive that did not complete: later
+// start_exchange, isend, irecv, sendrecv, send and recv on it throw CommError.
+// Collectives are not affected (MPI matches them apart from point to point); use
+// a new communicator (split) for further point-to-point traffic.
+//
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
 //
 // Guarded mode (DTENSOR_CHECK_COLLECTIVES=1, or DTENSOR_TIMEOUT_S=seconds): before
@@ -23,10 +42,14 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <exception>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
@@ -143,6 +166,303 @@ class ContiguousOut {
   Block block_;
   std::size_t elem_;
   std::vector<std::byte> packed_;
+};
+
+// A committed MPI datatype for the elements of a Region (its offset excluded: it goes
+// into the buffer pointer), freed on destruction. Nested hvectors from the innermost
+// dim out, so any strides work; a contiguous region needs no derived type at all.
+class RegionType {
+ public:
+  RegionType(const Region& region, DType t, const char* op) {
+    const Region r = region.simplified();
+    base_ = mpi_type(t);
+    numel_ = r.numel();
+    if (r.is_contiguous()) {
+      count_ = mpi_count(numel_, op);  // plain elements
+      return;
+    }
+    const auto elem = static_cast<MPI_Aint>(size_of(t));
+    MPI_Datatype inner = base_;
+    for (int d = r.ndim - 1; d >= 0; --d) {
+      MPI_Datatype outer;
+      const int n = mpi_count(r.extent[d], op);
+      const int rc = d == r.ndim - 1 && r.stride[d] == 1
+                         ? MPI_Type_contiguous(n, inner, &outer)
+                         : MPI_Type_create_hvector(n, 1, static_cast<MPI_Aint>(r.stride[d]) * elem, inner, &outer);
+      if (inner != base_) MPI_Type_free(&inner);
+      check_mpi(rc, op);
+      inner = outer;
+    }
+    type_ = inner;
+    check_mpi(MPI_Type_commit(&type_), op);
+    count_ = 1;
+  }
+  RegionType(const RegionType&) = delete;
+  RegionType& operator=(const RegionType&) = delete;
+  RegionType(RegionType&& o) noexcept
+      : type_(std::exchange(o.type_, MPI_DATATYPE_NULL)), base_(o.base_), count_(o.count_), numel_(o.numel_) {}
+  ~RegionType() {
+    if (type_ != MPI_DATATYPE_NULL) MPI_Type_free(&type_);
+  }
+  // The type and count to pass to MPI; an empty region is 0 elements.
+  MPI_Datatype type() const { return type_ != MPI_DATATYPE_NULL ? type_ : base_; }
+  int count() const { return count_; }
+  int64_t numel() const { return numel_; }
+  bool derived() const { return type_ != MPI_DATATYPE_NULL; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+  MPI_Datatype base_ = MPI_DATATYPE_NULL;
+  int count_ = 0;
+  int64_t numel_ = 0;
+};
+
+// One start_exchange on MPI: an MPI_Irecv per receive and an MPI_Isend per send,
+// on derived datatypes that read and write the regions in place (an accumulating
+// receive lands in a contiguous buffer and is added into its region on arrival).
+// MPI's own matching (per sender, communicator and tag, in posting order) is the
+// rule of request.hpp.
+// Why a communicator's point-to-point traffic is refused, once an abandoned exchange
+// may have left messages unmatched (empty: it is not). Shared by an MpiComm and its
+// exchanges, which may outlive it.
+struct P2PPoison {
+  std::string why;
+};
+
+class MpiExchange final : public PendingExchange {
+ public:
+  MpiExchange(MPI_Comm comm, int rank, double timeout_s, std::span<const SendSpec> sends,
+              std::span<const RecvSpec> recvs, DType t, std::shared_ptr<P2PPoison> poison)
+      : comm_(comm), rank_(rank), timeout_s_(timeout_s), t_(t), poison_(std::move(poison)) {
+    reqs_.assign(recvs.size() + sends.size(), MPI_REQUEST_NULL);
+    recvs_.reserve(recvs.size());
+    sends_.reserve(sends.size());
+    try {
+      post(sends, recvs);
+    } catch (...) {  // no destructor runs for a half-built object: release what was posted
+      abandon();
+      throw;
+    }
+  }
+  MpiExchange(const MpiExchange&) = delete;
+  MpiExchange& operator=(const MpiExchange&) = delete;
+  ~MpiExchange() override { abandon(); }
+
+  bool test() override {
+    poll();
+    if (left_ == 0) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (!polled_since_) polled_since_ = now;
+    check_timeout(*polled_since_, now);
+    return false;
+  }
+
+  void wait() override {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      poll();
+      if (left_ == 0) return;
+      check_timeout(start, std::chrono::steady_clock::now());
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
+    }
+  }
+
+ private:
+  struct Recv {
+    RecvSpec spec;
+    RegionType type;
+    std::vector<std::byte> staging;  // accumulate: the message, added into the region on arrival
+  };
+  struct Send {
+    int peer, tag;
+    int64_t numel;
+  };
+
+  void post(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
+    const auto elem = static_cast<int64_t>(size_of(t_));
+    // Receives first: a message to this rank itself then finds its receive posted.
+    for (const RecvSpec& r : recvs) {
+      const Region staged = Region::contiguous(0, r.region.numel());
+      Recv& x =
+          recvs_.emplace_back(Recv{r, RegionType(r.accumulate ? staged : r.region, t_, "start_exchange (recv)"), {}});
+      // (An empty region's offset may point anywhere: it is not applied.)
+      void* at = r.region.numel() ? static_cast<std::byte*>(r.buf) + r.region.offset * elem : r.buf;
+      if (r.accumulate) {
+        x.staging.resize(static_cast<std::size_t>(r.region.numel() * elem));
+        at = x.staging.data();
+      }
+      check_mpi(MPI_Irecv(at, x.type.count(), x.type.type(), r.peer, r.tag, comm_, &reqs_[recvs_.size() - 1]),
+                "MPI_Irecv");
+      ++left_;
+    }
+    for (const SendSpec& s : sends) {
+      // The datatype may be freed once the send is posted: MPI keeps what it needs.
+      const RegionType type(s.region, t_, "start_exchange (send)");
+      const void* at = type.numel() ? static_cast<const std::byte*>(s.buf) + s.region.offset * elem : s.buf;
+      sends_.push_back(Send{s.peer, s.tag, type.numel()});
+      MPI_Request& req = reqs_[recvs_.size() + sends_.size() - 1];
+      check_mpi(MPI_Isend(at, type.count(), type.type(), s.peer, s.tag, comm_, &req), "MPI_Isend");
+      ++left_;
+    }
+  }
+
+  // Never completed (an exception unwinds, the Request was dropped, or it failed):
+  // pending receives are cancelled and waited for (a cancelled receive completes at
+  // once unless its message is already arriving), so that MPI does not write into
+  // buffers the caller frees next; one that does not complete within a second is
+  // left to MPI, its staging buffer leaked rather than freed under it. A receive
+  // that was cancelled, or whose fate is unknown, may have a matching send queued
+  // or still to come: the communicator is poisoned (see the top of this file).
+  // Pending sends are released to MPI: a send cannot be cancelled. Never throws.
+  void abandon() noexcept {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (std::size_t i = 0; i < recvs_.size(); ++i)
+      if (reqs_[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs_[i]);
+    int unmatched = -1;  // a receive that may have left its message behind
+    for (std::size_t i = 0; i < recvs_.size(); ++i) {
+      while (reqs_[i] != MPI_REQUEST_NULL) {
+        int done = 0;
+        MPI_Status st;
+        if (MPI_Test(&reqs_[i], &done, &st) != MPI_SUCCESS) {
+          if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);  // Open MPI keeps a failed request
+          unmatched = static_cast<int>(i);
+          break;
+        }
+        if (done) {
+          int cancelled = 1;
+          if (MPI_Test_cancelled(&st, &cancelled) != MPI_SUCCESS || cancelled) unmatched = static_cast<int>(i);
+          break;  // not cancelled: it received its message, which is gone from the queue
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+          MPI_Request_free(&reqs_[i]);
+          (void)new std::vector<std::byte>(std::move(recvs_[i].staging));  // deliberately leaked, see above
+          unmatched = static_cast<int>(i);
+          break;
+        }
+        std::this_thread::yield();
+      }
+    }
+    for (std::size_t i = recvs_.size(); i < reqs_.size(); ++i)
+      if (reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);
+    if (unmatched >= 0 && poison_ && poison_->why.empty()) try {
+        const RecvSpec& r = recvs_[static_cast<std::size_t>(unmatched)].spec;
+        poison_->why = cat("an exchange abandoned (dropped, unwound or failed) before its receive from rank ",
+                           r.peer, " (tag ", r.tag, ") completed has left messages unmatched: the message for "
+                           "that receive may still be queued or on its way, and the next receive with that tag "
+                           "would take it instead of its own; point-to-point traffic on this communicator is "
+                           "refused (collectives still work; split a new communicator for point to point)");
+      } catch (...) {  // out of memory: a shorter reason, still not empty
+        poison_->why.assign("an abandoned exchange left messages unmatched");
+      }
+  }
+
+  // Completes what has arrived: checks each receive's size, adds accumulated ones.
+  // Every request that completed in this batch is finished, even after one of them
+  // failed (its completion cannot be reported again); the first failure is then
+  // thrown, and kept: the exchange is failed for good.
+  void poll() {
+    if (failed_) std::rethrow_exception(failed_);
+    if (left_ == 0) return;
+    try {
+      poll_batch();
+    } catch (...) {
+      failed_ = std::current_exception();
+      throw;
+    }
+  }
+
+  void poll_batch() {
+    const int n = static_cast<int>(reqs_.size());
+    int outcount = 0;
+    indices_.resize(reqs_.size());
+    statuses_.resize(reqs_.size());
+    const int rc = MPI_Testsome(n, reqs_.data(), &outcount, indices_.data(), statuses_.data());
+    if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) check_mpi(rc, "MPI_Testsome");
+    if (outcount == MPI_UNDEFINED) {  // nothing was active
+      left_ = 0;
+      return;
+    }
+    std::exception_ptr first;
+    for (int k = 0; k < outcount; ++k) {
+      --left_;
+      try {
+        finish_one(static_cast<std::size_t>(indices_[k]), statuses_[k], rc == MPI_ERR_IN_STATUS);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  // Request i has completed with status `st`: checks it, adds an accumulated receive.
+  void finish_one(std::size_t i, const MPI_Status& st, bool err_in_status) {
+    const bool failed = err_in_status && st.MPI_ERROR != MPI_SUCCESS;
+    if (failed && reqs_[i] != MPI_REQUEST_NULL) MPI_Request_free(&reqs_[i]);  // Open MPI keeps a failed request
+    if (i >= recvs_.size()) {  // a send
+      const Send& s = sends_[i - recvs_.size()];
+      if (failed)
+        check_mpi(st.MPI_ERROR, cat("send to rank ", s.peer, " (tag ", s.tag, ", ", s.numel, " elements)").c_str());
+      return;
+    }
+    Recv& r = recvs_[i];
+    auto what = [&] {
+      return cat("receive from rank ", r.spec.peer, " (tag ", r.spec.tag, ", ", r.type.numel(), " elements of ",
+                 dtensor::name(t_), ")");
+    };
+    if (failed) {
+      if (st.MPI_ERROR == MPI_ERR_TRUNCATE)
+        throw CommError(cat("dtensor: rank ", rank_, ": ", what(),
+                            ": the message is longer than the receive; the ranks disagree on the sizes"));
+      check_mpi(st.MPI_ERROR, what().c_str());
+    }
+    // Elements of the base type: MPI_Get_count for plain elements, MPI_Get_elements
+    // for a derived type (whose count would be MPI_UNDEFINED for a partial message).
+    int got = 0;
+    check_mpi(r.type.derived() ? MPI_Get_elements(&st, r.type.type(), &got) : MPI_Get_count(&st, r.type.type(), &got),
+              "MPI_Get_count");
+    if (got != r.type.numel())
+      throw CommError(cat("dtensor: rank ", rank_, ": ", what(), ": the message has ", got,
+                          " elements; the ranks disagree on the sizes"));
+    if (r.spec.accumulate)
+      reduce_region(t_, ReduceOp::Sum, r.staging.data(), Region::contiguous(0, r.type.numel()), r.spec.buf,
+                    r.spec.region);
+  }
+
+  void check_timeout(std::chrono::steady_clock::time_point since, std::chrono::steady_clock::time_point now) {
+    const double waited = std::chrono::duration<double>(now - since).count();
+    if (waited <= timeout_s_) return;
+    std::string pending;
+    int listed = 0, more = 0;
+    auto item = [&](std::string s) {
+      if (listed == 4) return void(++more);
+      pending += (listed++ ? ", " : "") + s;
+    };
+    for (std::size_t i = 0; i < recvs_.size(); ++i)
+      if (reqs_[i] != MPI_REQUEST_NULL)
+        item(cat("a message from rank ", recvs_[i].spec.peer, " (tag ", recvs_[i].spec.tag, ", ",
+                 recvs_[i].type.numel(), " elements)"));
+    for (std::size_t i = 0; i < sends_.size(); ++i)
+      if (reqs_[recvs_.size() + i] != MPI_REQUEST_NULL)
+        item(cat("rank ", sends_[i].peer, " to receive the message with tag ", sends_[i].tag, " (",
+                 sends_[i].numel, " elements)"));
+    if (more) pending += cat(" and ", more, " more");
+    throw CollectiveTimeout(cat("dtensor: rank ", rank_, ": point-to-point exchange timed out after ", timeout_s_,
+                                " s waiting for ", pending, " (DTENSOR_TIMEOUT_S)"));
+  }
+
+  MPI_Comm comm_;
+  int rank_;
+  double timeout_s_;
+  DType t_;
+  std::vector<Recv> recvs_;
+  std::vector<Send> sends_;
+  std::vector<MPI_Request> reqs_;  // receives, then sends; MPI_REQUEST_NULL once complete
+  std::size_t left_ = 0;  // requests posted and not complete
+  std::vector<int> indices_;
+  std::vector<MPI_Status> statuses_;
+  std::optional<std::chrono::steady_clock::time_point> polled_since_;
+  std::exception_ptr failed_;  // the first failure: later waits and tests rethrow it
+  std::shared_ptr<P2PPoison> poison_;
 };
 
 // Blocks that are contiguous and lie one after another in rank order: the plain
@@ -354,23 +674,43 @@ class MpiComm final : public Comm {
         detail::copy_block(packed.data(), Block::contiguous(displs[k], counts[k]), recv, recv_blocks[k], elem);
   }
 
-  void send(const void* buf, std::size_t count, DType t, int dst, int tag) override {
-    check_peer(dst, "send");
-    detail::check_mpi(MPI_Send(buf, detail::mpi_count(static_cast<int64_t>(count), "send"), detail::mpi_type(t), dst,
-                               tag, comm_),
-                      "MPI_Send");
+  // Point to point: see detail::MpiExchange. The blocking send is the base class's,
+  // on top of it. A wait lasts at most DTENSOR_TIMEOUT_S, or kExchangeTimeoutS when
+  // unset: a peer that never posts its side must end in an error, not a hang, even
+  // outside guarded mode.
+  static constexpr double kExchangeTimeoutS = 300;
+  Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
+    check_not_poisoned("start_exchange");
+    for (const SendSpec& s : sends) check_spec(s.peer, s.tag, s.region, "start_exchange (send)");
+    for (const RecvSpec& r : recvs) check_spec(r.peer, r.tag, r.region, "start_exchange (recv)");
+    return Request(
+        std::make_unique<detail::MpiExchange>(comm_, rank_, exchange_timeout_s(), sends, recvs, t, poison_));
   }
 
+  // The blocking recv probes first, so that a message of the wrong size is an error
+  // that leaves it queued (the caller may receive it with the right size), where
+  // the exchange's receive would have consumed it, truncated.
   void recv(void* buf, std::size_t count, DType t, int src, int tag) override {
+    check_not_poisoned("recv");
     check_peer(src, "recv");
+    const auto start = std::chrono::steady_clock::now();
     MPI_Status status;
-    // Probe first so that a message of the wrong size is an error, not truncation.
-    detail::check_mpi(MPI_Probe(src, tag, comm_, &status), "MPI_Probe");
+    for (int spins = 0;; ++spins) {
+      int found = 0;
+      detail::check_mpi(MPI_Iprobe(src, tag, comm_, &found, &status), "MPI_Iprobe");
+      if (found) break;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > exchange_timeout_s())
+        throw CollectiveTimeout(detail::cat("dtensor: rank ", rank_, ": recv from rank ", src, " (tag ", tag, ", ",
+                                            count, " elements) timed out after ", exchange_timeout_s(),
+                                            " s (DTENSOR_TIMEOUT_S)"));
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
+    }
     int got = 0;
     detail::check_mpi(MPI_Get_count(&status, detail::mpi_type(t), &got), "MPI_Get_count");
     DTENSOR_CHECK(got == static_cast<int64_t>(count), CommError, "recv from rank ", src, " (tag ", tag, ") expected ",
                   count, " elements but the message has ", got);
-    detail::check_mpi(MPI_Recv(buf, got, detail::mpi_type(t), src, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+    irecv(buf, Region::contiguous(0, static_cast<int64_t>(count)), t, src, tag).wait();
   }
 
   std::unique_ptr<Comm> split(int color, int key) override {
@@ -435,6 +775,24 @@ class MpiComm final : public Comm {
     }
   }
 
+  double exchange_timeout_s() const { return timeout_s_ > 0 ? timeout_s_ : kExchangeTimeoutS; }
+
+  // See "Abandoned exchanges" at the top of this file.
+  void check_not_poisoned(const char* op) const {
+    if (!poison_->why.empty())
+      throw CommError(detail::cat("dtensor: rank ", rank_, ": ", op, " refused: ", poison_->why));
+  }
+
+  void check_spec(int peer, int tag, const Region& region, const char* op) const {
+    check_exchange_peer(peer, op);
+    DTENSOR_CHECK(tag >= 0, InvalidArgument, op, ": rank ", rank_, " used tag ", tag, "; tags are non-negative");
+    DTENSOR_CHECK(region.ndim >= 0 && region.ndim <= kMaxRegionDims, InvalidArgument, op, ": a region of ",
+                  region.ndim, " dims");
+    for (int d = 0; d < region.ndim; ++d)
+      DTENSOR_CHECK(region.extent[d] >= 0 && region.stride[d] >= 0, InvalidArgument, op, ": ", to_string(region),
+                    " has a negative extent or stride");
+  }
+
   static std::pair<std::vector<int>, std::vector<int>> counts_displs(std::span<const Block> blocks, const char* op) {
     std::vector<int> c(blocks.size()), d(blocks.size());
     for (std::size_t k = 0; k < blocks.size(); ++k)
@@ -471,6 +829,7 @@ class MpiComm final : public Comm {
   double timeout_s_ = 0;
   int64_t seq_ = 0;
   std::vector<Signature> signatures_;
+  std::shared_ptr<detail::P2PPoison> poison_ = std::make_shared<detail::P2PPoison>();
 };
 
 }  // namespace dtensor

@@ -9,15 +9,40 @@
 // After the first, each rank checks that its peers called the same collective (kind
 // and sequence number), so a mismatch is reported instead of corrupting memory.
 //
+// A rank that leaves a collective by an exception (the run was aborted while it
+// waited, a mismatch, a device error) may have published buffers that peers are
+// reading, or are about to read once the last rank arrives. It marks itself gone
+// (Slot::state = kQuit) and waits for the peers that are reading (kReading: they
+// passed a synchronisation point and have not reached the next one), which takes
+// no more than their copies; a peer that passes a synchronisation point marks
+// itself reading first and then looks for a peer gone, and if there is one it
+// reads nothing and leaves too. (Both sides store, then load, sequentially
+// consistent: either the leaving rank sees the reader, or the reader sees it gone.)
+// So an abort never frees a buffer under a peer's copy.
+//
 // With device buffers (RunOptions::device) the copies run on each rank's stream.
 // A rank waits for its stream before each synchronisation point, so what it
 // publishes is complete and what it read from its peers is done before they reuse it.
+//
+// Point to point (start_exchange) works the same way without a synchronisation
+// point: a send publishes its buffer and region in a per-(sender, receiver)
+// mailbox, the receiver copies (or adds) straight from it into its own region and
+// marks it taken, and the sender's exchange completes once all its messages are
+// taken. No staging buffer, no copy on the sender's side.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <numeric>
+#include <optional>
+#include <span>
 #include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
@@ -41,7 +66,13 @@ struct Group;
 // What a rank publishes for the collective in progress. Written by its owner before
 // a synchronisation point, read by peers after it.
 struct alignas(64) Slot {
+  enum State : int {
+    kOut,      // not reading peers' buffers: between collectives, or at a synchronisation point
+    kReading,  // passed a synchronisation point and may read the peers' buffers until the next one
+    kQuit,     // left a collective by an exception (the run has been aborted); never reads again
+  };
   std::atomic<uint64_t> tick{0};  // synchronisation points passed
+  std::atomic<int> state{kOut};
   OpKind op{};
   uint64_t seq = 0;
   DType dtype{};
@@ -57,25 +88,393 @@ struct alignas(64) Slot {
   Tensor<std::byte, 1> scratch;  // all_reduce: this rank's reduced chunk (on the comm's device)
 };
 
-// A rendezvous mailbox for messages from one rank to another.
-struct Mailbox {
-  std::atomic<int> state{0};  // 0 empty, 1 posted, 2 taken
-  const void* data = nullptr;
-  std::size_t bytes = 0;
+// A message its sender has published (ThreadExchange): where its elements are. The
+// receiver copies them straight from the sender's buffer, then marks it done; the
+// sender's exchange owns it and completes once all of its messages are done.
+struct PostedSend {
+  enum State : int {
+    kPosted,    // in its mailbox, waiting for the receiver
+    kCopying,   // taken by the receiver, which is reading the buffer
+    kDone,      // read; the sender may reuse the buffer
+    kRejected,  // the receiver refused it (sizes or types disagree) and failed the run
+  };
   int tag = 0;
+  uint64_t seq = 0;  // this is the seq-th message with this tag from its sender to its receiver
+  const void* buf = nullptr;
+  Region region;
+  DType dtype{};
+  std::atomic<int> state{kPosted};
+};
+
+// Point-to-point messages from one rank to another that the receiver has not taken
+// yet. Matching is by sequence numbers: the k-th send with tag t matches the k-th
+// receive with tag t, whichever is posted first and whatever exchanges they are in.
+struct P2PBox {
+  std::mutex m;
+  std::vector<PostedSend*> posted;                   // in posting order
+  std::unordered_map<int, uint64_t> sent, received;  // per tag: sends and receives posted so far
 };
 
 struct Group {
   std::shared_ptr<World> world;
   std::vector<int> world_ranks;  // group rank -> world rank
   std::unique_ptr<Slot[]> slots;
-  std::unique_ptr<Mailbox[]> mail;  // [src * n + dst]
+  std::unique_ptr<P2PBox[]> boxes;  // [src * n + dst]
 
   Group(std::shared_ptr<World> w, std::vector<int> members)
       : world(std::move(w)), world_ranks(std::move(members)),
         slots(std::make_unique<Slot[]>(world_ranks.size())),
-        mail(std::make_unique<Mailbox[]>(world_ranks.size() * world_ranks.size())) {}
+        boxes(std::make_unique<P2PBox[]>(world_ranks.size() * world_ranks.size())) {}
   int size() const { return static_cast<int>(world_ranks.size()); }
+  P2PBox& box(int src, int dst) { return boxes[static_cast<std::size_t>(src) * world_ranks.size() + dst]; }
+};
+
+inline void wait_device(Device d) {
+  if (!d.is_host()) device_backend(d).synchronize();
+}
+
+// Waits until ready() while moving this rank's point-to-point receives forward
+// (World::InFlight): whatever a rank waits for, a peer may be blocked until one of
+// its receives is done, as under MPI, where every call progresses every request.
+// progress() never throws: an exchange that fails here (a size or type mismatch, a
+// device error) keeps its error for its own wait() or test() and aborts the world,
+// so a collective waiting here is not cut short in the middle of its protocol: it
+// completes, or sees the abort like any other and leaves through ThreadComm::leave.
+template <class Ready, class Where, class Deserted>
+void wait_progressing(World& world, int world_rank, Ready&& ready, Where&& where, Deserted&& deserted) {
+  auto& in_flight = world.in_flight(world_rank);
+  if (in_flight.empty()) return world.wait(world_rank, ready, where, deserted);
+  auto work = [&] {
+    for (auto* p : in_flight)
+      if (p->can_progress()) return true;
+    return false;
+  };
+  while (true) {
+    // By index: progress() never adds or removes exchanges.
+    for (std::size_t i = 0; i < in_flight.size(); ++i) in_flight[i]->progress();
+    if (ready()) return;
+    world.wait(world_rank, [&] { return ready() || work(); }, where, deserted);
+  }
+}
+
+// One start_exchange of a rank of the in-process runtime. Its sends are published
+// in the mailboxes without copying; each receive is done by this rank copying (or
+// adding) straight from the sender's buffer into its own, as soon as the matching
+// send is posted: at start_exchange, in test(), or in any wait of this rank.
+// A receive that fails (its message does not match, a device error) fails the run
+// and the exchange for good: its wait() and every test() rethrow that error.
+class ThreadExchange final : public PendingExchange, public World::InFlight {
+ public:
+  ThreadExchange(std::shared_ptr<Group> g, int rank, Device device, DType t, std::span<const SendSpec> sends,
+                 std::span<const RecvSpec> recvs)
+      : g_(std::move(g)), rank_(rank), world_rank_(g_->world_ranks[rank]), device_(device), t_(t),
+        sends_(std::make_unique<Send[]>(sends.size())), nsends_(sends.size()) {
+    // What is published must be complete before a receiver reads it.
+    if (!sends.empty()) wait_device(device_);
+    try {
+      recvs_.reserve(recvs.size());
+      for (const RecvSpec& r : recvs) {
+        P2PBox& box = g_->box(r.peer, rank_);
+        std::lock_guard lk(box.m);
+        recvs_.push_back(Recv{r, box.received[r.tag]++, false});
+      }
+      left_ = recvs_.size();
+      if (left_ > 0) {  // only receives need this rank's waits to move them forward
+        world().in_flight(world_rank_).push_back(this);
+        registered_ = true;
+      }
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        Send& s = sends_[i];
+        s.peer = sends[i].peer;
+        s.msg.tag = sends[i].tag, s.msg.buf = sends[i].buf, s.msg.region = sends[i].region, s.msg.dtype = t;
+        P2PBox& box = g_->box(rank_, s.peer);
+        std::lock_guard lk(box.m);
+        s.msg.seq = box.sent[s.msg.tag]++;
+        box.posted.push_back(&s.msg);
+      }
+    } catch (...) {  // out of memory: no destructor runs for a half-built object
+      abandon();
+      throw;
+    }
+    if (!sends.empty()) world().notify();
+  }
+
+  ThreadExchange(const ThreadExchange&) = delete;
+  ThreadExchange& operator=(const ThreadExchange&) = delete;
+  ~ThreadExchange() override { abandon(); }
+
+  bool test() override {
+    // Every exchange of this rank moves, as every MPI call progresses every request.
+    // Another exchange's failure is kept by it, for its own wait or test.
+    auto& in_flight = world().in_flight(world_rank_);
+    for (std::size_t i = 0; i < in_flight.size(); ++i) in_flight[i]->progress();
+    if (error_) std::rethrow_exception(error_);
+    if (complete()) return finish();
+    check_alive();
+    return false;
+  }
+
+  void wait() override {
+    wait_progressing(
+        world(), world_rank_, [&] { return complete() || error_ != nullptr; }, [&] { return where(); },
+        [&] { return deserted(); });
+    if (error_) std::rethrow_exception(error_);
+    finish();
+  }
+
+  bool can_progress() override {
+    if (error_) return false;
+    for (const Recv& r : recvs_)
+      if (!r.done && find(r, /*take=*/false)) return true;
+    return false;
+  }
+
+  // See World::InFlight: a failure is recorded (the run has been aborted by then),
+  // never thrown from here.
+  void progress() noexcept override {
+    if (error_ || left_ == 0) return;
+    try {
+      receive_posted();
+    } catch (...) {
+      error_ = std::current_exception();
+      if (!world().aborted()) {  // check_match and a device error have aborted it already
+        try {
+          std::rethrow_exception(error_);
+        } catch (const std::exception& e) {
+          world().abort(world_rank_, e.what());
+        } catch (...) {
+          world().abort(world_rank_, "an exception that is not a std::exception");
+        }
+      }
+    }
+  }
+
+ private:
+  // progress(), throwing what goes wrong.
+  void receive_posted() {
+    // Take every message already posted for a receive of this exchange...
+    std::vector<std::pair<Recv*, PostedSend*>> taken;
+    taken.reserve(left_);  // before any is taken: a message taken must be handed back
+    for (Recv& r : recvs_)
+      if (!r.done)
+        if (PostedSend* m = find(r, /*take=*/true)) taken.push_back({&r, m});
+    if (taken.empty()) return;
+    // ...and hand each one back to its sender when done with it, whatever happens:
+    // read (kDone), or refused (kRejected, after the run has been failed, so that the
+    // sender sees an error, not a completed send).
+    struct HandBack {
+      std::vector<std::pair<Recv*, PostedSend*>>& taken;
+      World& world;
+      Device device;
+      PostedSend::State state = PostedSend::kRejected;
+      ~HandBack() {
+        if (state == PostedSend::kRejected) try {
+            wait_device(device);  // copies already queued must not outlive the sender's buffer
+          } catch (...) {
+          }
+        for (auto& [r, m] : taken) m->state.store(state);
+        world.notify();
+      }
+    } hand_back{taken, world(), device_};
+    for (auto& [r, m] : taken) check_match(*r, *m);
+    const std::size_t elem = size_of(t_);
+    try {
+      for (auto& [r, m] : taken) {
+        if (r->spec.accumulate)
+          local::reduce_region(device_, t_, ReduceOp::Sum, m->buf, m->region, r->spec.buf, r->spec.region);
+        else
+          local::copy_region(device_, m->buf, m->region, r->spec.buf, r->spec.region, elem);
+      }
+      wait_device(device_);  // the reads are done before the senders reuse their buffers
+    } catch (const std::exception& e) {  // a device error: the senders must see a failed run
+      world().abort(world_rank_, e.what());
+      throw;
+    }
+    for (auto& [r, m] : taken) r->done = true;
+    left_ -= taken.size();
+    hand_back.state = PostedSend::kDone;
+  }
+
+  // Never completed (an exception unwinds, or the Request was dropped): withdraws the
+  // messages no receiver has taken, so none reads this buffer after it is gone, and
+  // waits for those being copied right now. That copy is a memcpy or a device copy
+  // already under way, so this wait is short and needs no peer to do anything more.
+  // The receivers of withdrawn messages get an error or a timeout.
+  void abandon() noexcept {
+    unregister();
+    bool withdrew = false;
+    for (std::size_t i = 0; i < nsends_; ++i) {
+      PostedSend& m = sends_[i].msg;
+      if (m.state.load() == PostedSend::kPosted) {
+        P2PBox& box = g_->box(rank_, sends_[i].peer);
+        std::lock_guard lk(box.m);
+        // Taken (kCopying) only under the lock, so still posted here means still in the box.
+        if (m.state.load() == PostedSend::kPosted) {
+          std::erase(box.posted, &m);
+          m.state.store(PostedSend::kDone);
+          withdrew = true;
+        }
+      }
+      for (int spins = 0; m.state.load() == PostedSend::kCopying; ++spins) {
+        if (spins < 64) cpu_relax();
+        else std::this_thread::yield();
+      }
+    }
+    if (withdrew) world().notify();
+  }
+
+  struct Send {
+    int peer = 0;
+    PostedSend msg;
+  };
+  struct Recv {
+    RecvSpec spec;
+    uint64_t seq = 0;  // the seq-th receive with this tag from this peer
+    bool done = false;
+  };
+
+  World& world() const { return *g_->world; }
+  bool finished(int peer) const { return world().finished(g_->world_ranks[peer]); }
+
+  bool sends_done() const {
+    for (std::size_t i = 0; i < nsends_; ++i)
+      if (int st = sends_[i].msg.state.load(); st != PostedSend::kDone && st != PostedSend::kRejected) return false;
+    return true;
+  }
+  bool complete() const { return left_ == 0 && sends_done(); }
+
+  // Complete: unregisters, and turns a message a receiver refused into this rank's error.
+  bool finish() {
+    unregister();
+    for (std::size_t i = 0; i < nsends_; ++i)
+      if (sends_[i].msg.state.load() == PostedSend::kRejected)
+        throw PeerAborted(cat("dtensor: rank ", world_rank_, ": send to rank ", sends_[i].peer, " (tag ",
+                              sends_[i].msg.tag, ") refused: rank ", world().failed_rank(),
+                              " failed: ", world().failure()));
+    return true;
+  }
+
+  void unregister() {
+    if (!registered_) return;
+    std::erase(world().in_flight(world_rank_), static_cast<World::InFlight*>(this));
+    registered_ = false;
+  }
+
+  // The message posted for `r`, if any; with `take`, removed from its mailbox and
+  // marked as being copied (under the mailbox's lock, so its sender cannot withdraw
+  // it meanwhile).
+  PostedSend* find(const Recv& r, bool take) {
+    P2PBox& box = g_->box(r.spec.peer, rank_);
+    std::lock_guard lk(box.m);
+    for (auto it = box.posted.begin(); it != box.posted.end(); ++it) {
+      PostedSend* m = *it;
+      if (m->tag != r.spec.tag || m->seq != r.seq) continue;
+      if (take) {
+        box.posted.erase(it);
+        m->state.store(PostedSend::kCopying);
+      }
+      return m;
+    }
+    return nullptr;
+  }
+
+  // A message and its receive must agree on the element type and count; if not,
+  // this rank fails the run (its sender, waiting for the message to be taken, gets
+  // the error too).
+  void check_match(const Recv& r, const PostedSend& m) {
+    std::string why;
+    if (m.dtype != t_)
+      why = cat("the message holds ", dtensor::name(m.dtype), " elements but the receive expects ",
+                dtensor::name(t_));
+    else if (m.region.numel() != r.spec.region.numel())
+      why = cat("the message has ", m.region.numel(), " elements but the receive expects ", r.spec.region.numel(),
+                "; the ranks disagree on the sizes");
+    if (why.empty()) return;
+    CommError e(cat("dtensor: rank ", world_rank_, ": receive from rank ", r.spec.peer, " (tag ", r.spec.tag,
+                    ") on a communicator of ", g_->size(), " ranks: ", why));
+    world().abort(world_rank_, e.what());  // before the sender learns its message was refused
+    throw e;
+  }
+
+  // What test() checks that wait() leaves to World::wait: another rank's failure,
+  // a peer that has returned, the timeout (from the first test() on).
+  void check_alive() {
+    if (world().aborted())
+      throw PeerAborted(cat("dtensor: rank ", world_rank_, ": ", where(), " abandoned because rank ",
+                            world().failed_rank(), " failed: ", world().failure()));
+    if (world().any_finished())
+      if (std::string why = deserted(); !why.empty())
+        world().fail(world_rank_, CommError(cat("dtensor: rank ", world_rank_, ": ", where(), ": ", why)));
+    const auto now = std::chrono::steady_clock::now();
+    if (!polled_since_) polled_since_ = now;
+    if (now - *polled_since_ > world().options().timeout)
+      world().fail(world_rank_,
+                   CollectiveTimeout(cat("dtensor: rank ", world_rank_, ": ", where(), " timed out after ",
+                                         world().options().timeout.count() / 1000.0,
+                                         " s of test() (set RunOptions::timeout or DTENSOR_TIMEOUT_S)")));
+  }
+
+  // A message that can never come or never be taken: its peer returned from its
+  // function. (A peer that returned has completed or withdrawn all its sends.) The
+  // peer's finished flag is read first: what it did before returning is then seen.
+  std::string deserted() {
+    for (const Recv& r : recvs_)
+      if (!r.done && finished(r.spec.peer) && !find(r, false))
+        return cat("rank ", r.spec.peer, " returned from its function without sending the message with tag ",
+                   r.spec.tag, " that this rank receives");
+    for (std::size_t i = 0; i < nsends_; ++i)
+      if (finished(sends_[i].peer) && sends_[i].msg.state.load() == PostedSend::kPosted)
+        return cat("rank ", sends_[i].peer, " returned from its function without receiving the message with tag ",
+                   sends_[i].msg.tag, " (", sends_[i].msg.region.numel(), " elements) that this rank sends it");
+    return {};
+  }
+
+  // The messages still awaited, for error messages. A receive whose peer has posted
+  // messages that no receive matches (another tag) says so: the usual mistake.
+  std::string where() {
+    std::string out;
+    int listed = 0, more = 0;
+    auto item = [&](std::string s) {
+      if (listed == 4) return void(++more);
+      out += (listed++ ? "; " : "") + s;
+    };
+    for (const Recv& r : recvs_) {
+      if (r.done) continue;
+      std::string s = cat("a message from rank ", r.spec.peer, " (tag ", r.spec.tag, ", ", r.spec.region.numel(),
+                          " elements of ", dtensor::name(t_), ")");
+      std::string other;
+      P2PBox& box = g_->box(r.spec.peer, rank_);
+      {
+        std::lock_guard lk(box.m);
+        for (const PostedSend* m : box.posted)
+          if (auto it = box.received.find(m->tag); it == box.received.end() || it->second <= m->seq)
+            other += cat(other.empty() ? "" : ", ", m->tag);
+      }
+      if (!other.empty())
+        s += cat(", but rank ", r.spec.peer, " sent tag(s) ", other, " that no receive of this rank matches");
+      item(std::move(s));
+    }
+    for (std::size_t i = 0; i < nsends_; ++i) {
+      const PostedSend& m = sends_[i].msg;
+      if (m.state.load() != PostedSend::kPosted) continue;
+      item(cat("rank ", sends_[i].peer, " to receive the message with tag ", m.tag, " (", m.region.numel(),
+               " elements of ", dtensor::name(m.dtype), ")"));
+    }
+    if (more) out += cat("; and ", more, " more");
+    return cat("point-to-point exchange on a communicator of ", g_->size(), " ranks, waiting for ", out);
+  }
+
+  std::shared_ptr<Group> g_;
+  int rank_, world_rank_;
+  Device device_;
+  DType t_;
+  std::unique_ptr<Send[]> sends_;  // PostedSend is published by address: never moved
+  std::size_t nsends_;
+  std::vector<Recv> recvs_;
+  std::size_t left_ = 0;  // receives not done
+  bool registered_ = false;
+  std::exception_ptr error_;  // set once a receive failed: the exchange is failed for good
+  std::optional<std::chrono::steady_clock::time_point> polled_since_;
 };
 
 }  // namespace detail
@@ -93,148 +492,154 @@ class ThreadComm final : public Comm {
   detail::World& world() const { return *g_->world; }
 
   void barrier() override {
-    begin(detail::OpKind::Barrier);
-    end();
+    collective([&] {
+      begin(detail::OpKind::Barrier);
+      end();
+    });
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
-    auto& me = begin(detail::OpKind::AllReduce, [&](detail::Slot& s) {
-      s.send = send, s.recv = recv, s.count = count, s.dtype = t, s.rop = op;
+    collective([&] {
+      auto& me = begin(detail::OpKind::AllReduce, [&](detail::Slot& s) {
+        s.send = send, s.recv = recv, s.count = count, s.dtype = t, s.rop = op;
+      });
+      check_same(&detail::Slot::count, "element count");
+      check_same(&detail::Slot::rop, "reduction");
+      // Phase 1: reduce my chunk of every rank's input into my scratch, in rank order
+      // (the result does not depend on which rank computes it).
+      const std::size_t elem = size_of(t);
+      const Block mine = chunk(count, rank_);
+      const auto need = static_cast<int64_t>(mine.len * elem);
+      if (me.scratch.numel() < need) me.scratch = Tensor<std::byte, 1>::uninitialized({need}, device_);
+      const Block whole = Block::contiguous(0, mine.len);
+      if (mine.len > 0) {
+        local::copy_block(device_, slot(0).send, mine, me.scratch.data(), whole, elem);
+        for (int k = 1; k < size(); ++k)
+          local::reduce_block(device_, t, op, slot(k).send, mine, me.scratch.data(), whole);
+        if (op == ReduceOp::Avg) local::divide_block(device_, t, me.scratch.data(), whole, size());
+      }
+      wait_device();
+      sync();
+      // Phase 2: every rank copies every chunk into its own output.
+      for (int k = 0; k < size(); ++k)
+        local::copy_block(device_, slot(k).scratch.data(), Block::contiguous(0, chunk(count, k).len), recv,
+                          chunk(count, k), elem);
+      end();
     });
-    check_same(&detail::Slot::count, "element count");
-    check_same(&detail::Slot::rop, "reduction");
-    // Phase 1: reduce my chunk of every rank's input into my scratch, in rank order
-    // (the result does not depend on which rank computes it).
-    const std::size_t elem = size_of(t);
-    const Block mine = chunk(count, rank_);
-    const auto need = static_cast<int64_t>(mine.len * elem);
-    if (me.scratch.numel() < need) me.scratch = Tensor<std::byte, 1>::uninitialized({need}, device_);
-    const Block whole = Block::contiguous(0, mine.len);
-    if (mine.len > 0) {
-      local::copy_block(device_, slot(0).send, mine, me.scratch.data(), whole, elem);
-      for (int k = 1; k < size(); ++k)
-        local::reduce_block(device_, t, op, slot(k).send, mine, me.scratch.data(), whole);
-      if (op == ReduceOp::Avg) local::divide_block(device_, t, me.scratch.data(), whole, size());
-    }
-    wait_device();
-    sync();
-    // Phase 2: every rank copies every chunk into its own output.
-    for (int k = 0; k < size(); ++k)
-      local::copy_block(device_, slot(k).scratch.data(), Block::contiguous(0, chunk(count, k).len), recv,
-                        chunk(count, k), elem);
-    end();
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    begin(detail::OpKind::Broadcast, [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root; });
-    check_same(&detail::Slot::root, "root");
-    check_same(&detail::Slot::count, "element count");
-    if (rank_ != root)
-      local::copy_block(device_, slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
-                        size_of(t));
-    end();
+    collective([&] {
+      begin(detail::OpKind::Broadcast, [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root; });
+      check_same(&detail::Slot::root, "root");
+      check_same(&detail::Slot::count, "element count");
+      if (rank_ != root)
+        local::copy_block(device_, slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
+                          size_of(t));
+      end();
+    });
   }
 
   void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
                   DType t) override {
     check_peers(recv_blocks, "all_gather");
-    begin(detail::OpKind::AllGather, [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
-    check_same(&detail::Slot::dtype, "element type");
-    for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
-    for (int k = 0; k < size(); ++k)
-      local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
-    end();
+    collective([&] {
+      begin(detail::OpKind::AllGather,
+            [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
+      check_same(&detail::Slot::dtype, "element type");
+      for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
+      for (int k = 0; k < size(); ++k)
+        local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
+      end();
+    });
   }
 
   void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
                       DType t, ReduceOp op) override {
     check_peers(send_blocks, "reduce_scatter");
-    begin(detail::OpKind::ReduceScatter, [&](detail::Slot& s) {
-      s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
+    collective([&] {
+      begin(detail::OpKind::ReduceScatter, [&](detail::Slot& s) {
+        s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
+      });
+      check_same(&detail::Slot::dtype, "element type");
+      check_same(&detail::Slot::rop, "reduction");
+      for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_block, k);
+      local::copy_block(device_, slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
+      for (int k = 1; k < size(); ++k)
+        local::reduce_block(device_, t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
+      if (op == ReduceOp::Avg) local::divide_block(device_, t, recv, recv_block, size());
+      end();
     });
-    check_same(&detail::Slot::dtype, "element type");
-    check_same(&detail::Slot::rop, "reduction");
-    for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_block, k);
-    local::copy_block(device_, slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
-    for (int k = 1; k < size(); ++k) local::reduce_block(device_, t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
-    if (op == ReduceOp::Avg) local::divide_block(device_, t, recv, recv_block, size());
-    end();
   }
 
   void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
                   std::span<const Block> recv_blocks, DType t) override {
     check_peers(send_blocks, "all_to_all");
     check_peers(recv_blocks, "all_to_all");
-    begin(detail::OpKind::AllToAll, [&](detail::Slot& s) {
-      s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
+    collective([&] {
+      begin(detail::OpKind::AllToAll, [&](detail::Slot& s) {
+        s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
+      });
+      check_same(&detail::Slot::dtype, "element type");
+      for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_blocks[k], k);
+      for (int k = 0; k < size(); ++k)
+        local::copy_block(device_, slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
+      end();
     });
-    check_same(&detail::Slot::dtype, "element type");
-    for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_blocks[k], k);
-    for (int k = 0; k < size(); ++k)
-      local::copy_block(device_, slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
-    end();
   }
 
   void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                int root) override {
     if (rank_ == root) check_peers(send_blocks, "scatter");
-    begin(detail::OpKind::Scatter, [&](detail::Slot& s) {
-      s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
+    collective([&] {
+      begin(detail::OpKind::Scatter, [&](detail::Slot& s) {
+        s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
+      });
+      check_same(&detail::Slot::root, "root");
+      check_same(&detail::Slot::dtype, "element type");
+      check_size(slot(root).send_blocks[rank_], recv_block, root);
+      local::copy_block(device_, slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
+      end();
     });
-    check_same(&detail::Slot::root, "root");
-    check_same(&detail::Slot::dtype, "element type");
-    check_size(slot(root).send_blocks[rank_], recv_block, root);
-    local::copy_block(device_, slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
-    end();
   }
 
   void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
               int root) override {
     if (rank_ == root) check_peers(recv_blocks, "gather");
-    begin(detail::OpKind::Gather, [&](detail::Slot& s) {
-      s.send = send, s.send_block = send_block, s.root = root, s.dtype = t;
+    collective([&] {
+      begin(detail::OpKind::Gather, [&](detail::Slot& s) {
+        s.send = send, s.send_block = send_block, s.root = root, s.dtype = t;
+      });
+      check_same(&detail::Slot::root, "root");
+      check_same(&detail::Slot::dtype, "element type");
+      if (rank_ == root) {
+        for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
+        for (int k = 0; k < size(); ++k)
+          local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
+      }
+      end();
     });
-    check_same(&detail::Slot::root, "root");
-    check_same(&detail::Slot::dtype, "element type");
-    if (rank_ == root) {
-      for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
-      for (int k = 0; k < size(); ++k)
-        local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
-    }
-    end();
   }
 
-  void send(const void* buf, std::size_t count, DType t, int dst, int tag) override {
-    check_peer(dst, "send");
-    auto& box = g_->mail[rank_ * size() + dst];
-    auto where = [&] { return detail::cat("send to rank ", dst, " (tag ", tag, ")"); };
-    wait_for([&] { return box.state.load() == 0; }, where, dst);
-    wait_device();  // the message is complete before the receiver reads it
-    box.data = buf, box.bytes = count * size_of(t), box.tag = tag;
-    box.state.store(1);
-    world().notify();
-    wait_for([&] { return box.state.load() == 2; }, where, dst);
-    box.state.store(0);
-    world().notify();
-  }
-
-  void recv(void* buf, std::size_t count, DType t, int src, int tag) override {
-    check_peer(src, "recv");
-    auto& box = g_->mail[src * size() + rank_];
-    wait_for([&] { return box.state.load() == 1; },
-             [&] { return detail::cat("recv from rank ", src, " (tag ", tag, ")"); }, src);
-    if (box.tag != tag || box.bytes != count * size_of(t))
-      world().fail(world_rank(), CommError(detail::cat(
-                                     "dtensor: rank ", rank_, ": recv from rank ", src, " expected tag ", tag, " and ",
-                                     count * size_of(t), " bytes, but the matching send has tag ", box.tag, " and ",
-                                     box.bytes, " bytes")));
-    if (box.bytes) detail::copy_bytes(buf, device_, box.data, device_, box.bytes);
-    wait_device();  // read before the sender may reuse its buffer
-    box.state.store(2);
-    world().notify();
+  // Point to point: see detail::ThreadExchange. The blocking send and recv are the
+  // base class's, on top of this: a send returns once its receiver has taken it.
+  Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
+    if (world().aborted())
+      throw PeerAborted(detail::cat("dtensor: rank ", world_rank(), ": point-to-point exchange refused: rank ",
+                                    world().failed_rank(), " failed: ", world().failure()));
+    for (const SendSpec& s : sends) check_spec(s.peer, s.tag, s.region, "start_exchange (send)");
+    for (const RecvSpec& r : recvs) check_spec(r.peer, r.tag, r.region, "start_exchange (recv)");
+    auto ex = std::make_unique<detail::ThreadExchange>(g_, rank_, device_, t, sends, recvs);
+    ex->progress();  // receives whose messages are already there complete now (a failure: see wait)
+    return Request(std::move(ex));
   }
 
   std::unique_ptr<Comm> split(int color, int key) override {
+    return collective([&] { return split_(color, key); });
+  }
+
+ private:
+  std::unique_ptr<Comm> split_(int color, int key) {
     auto& me = begin(detail::OpKind::Split, [&](detail::Slot& s) { s.color = color, s.key = key; });
     std::vector<int> members;  // group ranks with my color, ordered by (key, rank)
     if (color >= 0) {
@@ -258,7 +663,6 @@ class ThreadComm final : public Comm {
     return out;
   }
 
- private:
   detail::Slot& slot(int k) const { return g_->slots[k]; }
 
   // Balanced split of `count` elements: all_reduce's work share for rank k.
@@ -270,8 +674,8 @@ class ThreadComm final : public Comm {
 
   template <class Where>
   void wait_for_all(uint64_t tick, Where&& where) {
-    world().wait(
-        world_rank(),
+    detail::wait_progressing(
+        world(), world_rank(),
         [&] {
           for (int k = 0; k < size(); ++k)
             if (slot(k).tick.load() < tick) return false;
@@ -287,13 +691,15 @@ class ThreadComm final : public Comm {
         });
   }
 
-  template <class Ready, class Where>
-  void wait_for(Ready&& ready, Where&& where, int peer) {
-    world().wait(world_rank(), ready, where, [&]() -> std::string {
-      if (world().finished(g_->world_ranks[peer]))
-        return detail::cat("rank ", peer, " returned from its function without the matching call");
-      return {};
-    });
+  void check_spec(int peer, int tag, const Region& region, const char* op) const {
+    check_exchange_peer(peer, op);
+    // MPI's rule, kept here so that a program runs the same on both runtimes.
+    DTENSOR_CHECK(tag >= 0, InvalidArgument, op, ": rank ", rank_, " used tag ", tag, "; tags are non-negative");
+    DTENSOR_CHECK(region.ndim >= 0 && region.ndim <= kMaxRegionDims, InvalidArgument, op, ": a region of ",
+                  region.ndim, " dims");
+    for (int d = 0; d < region.ndim; ++d)
+      DTENSOR_CHECK(region.extent[d] >= 0 && region.stride[d] >= 0, InvalidArgument, op, ": ", to_string(region),
+                    " has a negative extent or stride");
   }
 
   std::string where() const {
@@ -306,12 +712,68 @@ class ThreadComm final : public Comm {
   }
 
   // Synchronisation point: publish my progress, wait until every rank has reached it.
-  void sync() {
+  // Arriving ends this rank's reads of the phase before (its device work is done:
+  // the callers wait for it). With `reads_follow` this rank then reads its peers'
+  // buffers: it says so (kReading) and only then checks that none of them has left
+  // (kQuit, see leave()); if one has, it reads nothing and leaves too.
+  void sync(bool reads_follow = true) {
     auto& me = slot(rank_);
     const uint64_t t = me.tick.load(std::memory_order_relaxed) + 1;
+    me.state.store(detail::Slot::kOut);
     me.tick.store(t);
     world().notify();
     wait_for_all(t, [&] { return where(); });
+    if (!reads_follow) return;
+    me.state.store(detail::Slot::kReading);  // seq_cst, before the loads below: see leave()
+    for (int k = 0; k < size(); ++k)
+      if (slot(k).state.load() == detail::Slot::kQuit)
+        throw PeerAborted(detail::cat("dtensor: rank ", world_rank(), ": ", name(op_), " #", seq_,
+                                      " on a communicator of ", size(), " ranks abandoned because rank ",
+                                      world().failed_rank(), " failed: ", world().failure()));
+  }
+
+  // Runs a collective's body. Whatever escapes it once this rank has published its
+  // buffers goes through leave() on its way out.
+  template <class Body>
+  auto collective(Body&& body) -> decltype(body()) {
+    try {
+      return body();
+    } catch (...) {
+      leave(std::current_exception());
+      throw;
+    }
+  }
+
+  // This rank leaves the collective in progress by an exception: before its buffers
+  // may go, it makes sure that no peer reads them. The run is aborted first (if this
+  // failure is not already the run's), so this rank's tick stays where it is for
+  // good: begin() refuses every later collective. Then it marks itself gone and waits
+  // for the peers that are reading; a peer that passes a synchronisation point from
+  // now on sees it gone and reads nothing (sync()). The peers it waits for are in the
+  // middle of their copies, with no wait in between, so this takes no longer than
+  // those copies. Never throws.
+  void leave(std::exception_ptr why) noexcept {
+    if (!in_collective_) return;
+    in_collective_ = false;
+    try {
+      wait_device();  // this rank's own copies from its peers' buffers are over
+    } catch (...) {
+    }
+    if (!world().aborted()) {  // a device error, out of memory: the run fails with it
+      try {
+        std::rethrow_exception(why);
+      } catch (const std::exception& e) {
+        world().abort(world_rank(), e.what());
+      } catch (...) {
+        world().abort(world_rank(), "an exception that is not a std::exception");
+      }
+    }
+    slot(rank_).state.store(detail::Slot::kQuit);  // seq_cst, before the loads below: see sync()
+    for (int k = 0; k < size(); ++k)
+      for (int spins = 0; k != rank_ && slot(k).state.load() == detail::Slot::kReading; ++spins) {
+        if (spins < 64) detail::cpu_relax();
+        else std::this_thread::yield();
+      }
   }
 
   template <class Fill = void (*)(detail::Slot&)>
@@ -326,6 +788,7 @@ class ThreadComm final : public Comm {
     me.seq = seq_;
     fill(me);
     wait_device();  // what this rank publishes must be complete before its peers read it
+    in_collective_ = true;  // from here on, peers may read this rank's buffers: see leave()
     sync();
     for (int k = 0; k < size(); ++k)
       if (slot(k).op != op || slot(k).seq != seq_)
@@ -337,12 +800,11 @@ class ThreadComm final : public Comm {
   }
   void end() {
     wait_device();  // this rank's reads of its peers' buffers are done before they move on
-    sync();
+    sync(/*reads_follow=*/false);
+    in_collective_ = false;
   }
 
-  void wait_device() const {
-    if (!device_.is_host()) detail::device_backend(device_).synchronize();
-  }
+  void wait_device() const { detail::wait_device(device_); }
 
   template <class F>
   void check_same(F detail::Slot::*field, const char* what) {
@@ -369,6 +831,7 @@ class ThreadComm final : public Comm {
   Device device_;
   detail::OpKind op_{};
   uint64_t seq_ = 0;
+  bool in_collective_ = false;  // between begin()'s publication and end()
 };
 
 }  // namespace dtensor

@@ -7,14 +7,23 @@
 // oversubscribing the cores do not burn them. A waiter wakes on progress, on an
 // abort (another rank failed), on a peer that returned from its function while it
 // is still awaited, or at the timeout.
+//
+// Deadlocks are reported at once instead of at the timeout: when every rank that
+// has not returned sleeps in wait() on a condition that no notify has touched since
+// it was last found false, no rank can ever make progress (only running ranks
+// publish, and every publication is followed by notify()). The last rank to go to
+// sleep sees it and fails the run with every rank's wait described (a point-to-point
+// tag mismatch: "rank 0 waits for tag 3 to be taken, rank 1 for a message with tag 4").
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/tensor/device.hpp"
@@ -23,8 +32,9 @@
 namespace dtensor {
 
 struct RunOptions {
-  // A collective that waits longer than this raises CollectiveTimeout on the rank
-  // that waits and aborts the run. Default: $DTENSOR_TIMEOUT_S, else 300 s.
+  // A collective or point-to-point wait that lasts longer than this raises
+  // CollectiveTimeout on the rank that waits and aborts the run. Default:
+  // $DTENSOR_TIMEOUT_S, else 300 s.
   std::chrono::milliseconds timeout = default_timeout();
   // Busy-wait iterations before yielding, then blocking. Larger values cut latency
   // when every rank has a core of its own.
@@ -56,8 +66,24 @@ inline void cpu_relax() {
 
 class World {
  public:
+  // Work a rank has in flight that every wait of that rank must move forward: the
+  // in-process runtime's posted receives (thread_comm.hpp). A peer's blocking send
+  // may wait for a receive this rank posted before the call it now waits in.
+  class InFlight {
+   public:
+    virtual bool can_progress() = 0;  // cheap and never throws: called under the World's lock
+    // Does what can be done without blocking. Never throws: it runs inside other
+    // waits of this rank (a collective's synchronisation, another exchange's wait),
+    // which must not be cut short by it. A failure is kept by the exchange, which
+    // aborts the world (so every rank learns) and rethrows it from its own wait or test.
+    virtual void progress() noexcept = 0;
+   protected:
+    ~InFlight() = default;
+  };
+
   World(int nranks, RunOptions opt)
-      : nranks_(nranks), opt_(opt), finished_(std::make_unique<std::atomic<bool>[]>(nranks)) {
+      : nranks_(nranks), opt_(opt), finished_(std::make_unique<std::atomic<bool>[]>(nranks)),
+        waiters_(nranks), in_flight_(nranks) {
     for (int r = 0; r < nranks; ++r) finished_[r].store(false);
   }
 
@@ -94,6 +120,9 @@ class World {
   bool finished(int world_rank) const { return finished_[world_rank].load(); }
   bool any_finished() const { return finished_count_.load() > 0; }
 
+  // What `world_rank` has in flight (see InFlight); only that rank's thread touches it.
+  std::vector<InFlight*>& in_flight(int world_rank) { return in_flight_[world_rank]; }
+
   // Called after publishing progress: wakes sleepers, if any, without a syscall otherwise.
   void notify() {
     if (sleepers_.load() > 0) notify_always();
@@ -120,19 +149,49 @@ class World {
       std::atomic<int>& n;
       ~Leave() { n.fetch_sub(1); }
     } leave{sleepers_};
+    // While this rank sleeps, a rank that finds the run deadlocked describes this
+    // wait through `where` (this thread cannot run meanwhile: it needs m_ to wake).
+    // `where` lives in the caller's frame: on every way out (an exception from
+    // deserted(), where() or a peer's describe() included), the entry is cleared
+    // under m_ before that frame can go, so no other rank calls a dead lambda.
+    Waiter& me = waiters_[world_rank];
+    struct Clear {
+      std::unique_lock<std::mutex>& lk;
+      Waiter& me;
+      void now() { me.stuck_at = 0, me.where = nullptr, me.describe = nullptr; }  // under m_
+      ~Clear() {
+        if (!lk.owns_lock()) lk.lock();  // unlocked by lk's destructor, which runs next
+        now();
+      }
+    } clear{lk, me};
+    using W = std::remove_reference_t<Where>;
+    me.where = static_cast<const void*>(&where);
+    me.describe = [](const void* w) -> std::string { return (*static_cast<W*>(const_cast<void*>(w)))(); };
     while (!ready()) {
       if (aborted_.load()) {
+        clear.now();
         lk.unlock();
         throw_aborted(world_rank, where());
       }
       if (any_finished()) {
         std::string why = deserted();
         if (!why.empty()) {
+          clear.now();
           lk.unlock();
           fail(world_rank, CommError(detail::cat("dtensor: rank ", world_rank, ": ", where(), ": ", why)));
         }
       }
+      me.stuck_at = gen_ + 1;  // found not ready since the last notify
+      if (std::optional<std::string> others = deadlock(world_rank)) {
+        std::string msg = detail::cat("dtensor: rank ", world_rank, ": ", where(),
+                                      ": deadlock: every rank that has not returned waits for another",
+                                      others->empty() ? std::string() : " (" + *others + ")");
+        clear.now();
+        lk.unlock();
+        fail(world_rank, CommError(msg));
+      }
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !ready()) {
+        clear.now();
         lk.unlock();
         fail(world_rank, CollectiveTimeout(detail::cat(
                              "dtensor: rank ", world_rank, ": ", where(), " timed out after ",
@@ -149,9 +208,38 @@ class World {
   }
 
  private:
+  // A rank asleep in wait(): the notify generation at which it last found its
+  // condition false (plus one; 0 while it runs), and how to describe its wait.
+  struct Waiter {
+    uint64_t stuck_at = 0;
+    const void* where = nullptr;
+    std::string (*describe)(const void*) = nullptr;
+  };
+
   void notify_always() {
-    { std::lock_guard lk(m_); }  // orders this notify after a waiter's check-then-sleep
+    {
+      std::lock_guard lk(m_);  // orders this notify after a waiter's check-then-sleep
+      ++gen_;
+    }
     cv_.notify_all();
+  }
+
+  // Under m_, with `world_rank` about to sleep: nothing unless every other rank has
+  // returned or sleeps stuck at the current generation; then what each one waits for.
+  std::optional<std::string> deadlock(int world_rank) const {
+    for (int k = 0; k < nranks_; ++k)
+      if (k != world_rank && !finished(k) && waiters_[k].stuck_at != gen_ + 1) return std::nullopt;
+    std::string out;
+    for (int k = 0; k < nranks_; ++k) {
+      if (k == world_rank) continue;
+      if (!out.empty()) out += "; ";
+      if (finished(k))
+        out += detail::cat("rank ", k, " has returned");
+      else
+        out += detail::cat("rank ", k, ": ",
+                           waiters_[k].describe ? waiters_[k].describe(waiters_[k].where) : std::string("waiting"));
+    }
+    return out;
   }
 
   [[noreturn]] void throw_aborted(int world_rank, const std::string& where) {
@@ -169,6 +257,9 @@ class World {
   std::string failure_;
   std::unique_ptr<std::atomic<bool>[]> finished_;
   std::atomic<int> finished_count_{0};
+  uint64_t gen_ = 0;              // notifications so far (under m_)
+  std::vector<Waiter> waiters_;   // per world rank (under m_)
+  std::vector<std::vector<InFlight*>> in_flight_;
 };
 
 }  // namespace detail
