@@ -5,18 +5,19 @@
 // cuda::current_stream()), in order with the kernels that produce and consume it.
 //
 // Mapping. all_reduce, broadcast: ncclAllReduce, ncclBroadcast. Avg is ncclAvg for
-// floating types (NCCL scales each term by 1/size before it sums, so the last bits
-// may differ from a sum followed by a division), and for integers a sum followed by
-// a division on each rank (truncating, like the other runtimes). all_gather and reduce_scatter use ncclAllGather and
-// ncclReduceScatter when every rank's piece has the same size, straight on the
-// caller's buffers when the pieces lie back to back in rank order, else through a
-// staging buffer packed and unpacked by the Block kernels. Pieces of unequal sizes
-// (uneven shards) go through grouped ncclSend/ncclRecv (all_gather) or one
-// ncclReduce per root in a group (reduce_scatter). all_to_all, scatter and gather
-// are grouped ncclSend/ncclRecv; strided blocks are packed into (or received in)
-// staging memory. Staging memory is stream-ordered (cudaMallocAsync/cudaFreeAsync
-// on the comm's stream). Every choice of NCCL call depends only on sizes all ranks
-// agree on, never on one rank's layout, so all ranks make the same NCCL calls.
+// floating types (NCCL 2.10 and newer; NCCL scales each term by 1/size before it
+// sums, so the last bits may differ from a sum followed by a division), and for
+// integers a sum followed by a division on each rank (truncating, like the other
+// runtimes). all_gather and reduce_scatter use ncclAllGather and ncclReduceScatter
+// when every rank's piece has the same size, straight on the caller's buffers when
+// the pieces lie back to back in rank order, else through a staging buffer packed
+// and unpacked by the Block kernels. Pieces of unequal sizes (uneven shards) go
+// through grouped ncclSend/ncclRecv (all_gather) or one ncclReduce per root in a
+// group (reduce_scatter). all_to_all, scatter and gather are grouped
+// ncclSend/ncclRecv; strided blocks are packed into (or received in) staging memory.
+// Staging memory is stream-ordered (cudaMallocAsync/cudaFreeAsync on the comm's
+// stream). Every choice of NCCL call depends only on sizes all ranks agree on, never
+// on one rank's layout, so all ranks make the same NCCL calls.
 //
 // Faults. After queueing a collective the calling thread waits for it, polling an
 // event (spinning briefly, then sleeping) and NCCL's asynchronous error state. An
@@ -32,11 +33,55 @@
 // signature (sequence number, kind, element type, reduction, root, element count and
 // the per-peer sizes of the blocks) and compare all of them; since every rank judges
 // the same table, a mismatch (different collectives, element types, roots or sizes)
-// throws the same CommError on every rank, and the communicator stays usable. Before
-// each send/recv the two ranks exchange tag, count and element type the same way.
+// throws the same CommError on every rank, and the communicator stays usable.
 // Without guarded mode, NCCL checks nothing: ranks that disagree on sizes hang
 // (until the timeout), or read and write the wrong amount of memory. A rank that
 // sees its own blocks disagree with each other reports it and aborts.
+//
+// Point to point (start_exchange, and through it isend, irecv, sendrecv and the
+// blocking send and recv). An exchange's messages to other ranks are grouped
+// sends and receives (ncclSend/ncclRecv in one ncclGroupStart/End); a region that is
+// not one contiguous run is packed into stream-ordered staging memory by the Block
+// kernels before the group, and a receive into such a region, or one that
+// accumulates, lands in staging and is unpacked (or added) after it, all on the
+// communicator's stream. When the exchange reaches NCCL:
+//  * an exchange that both sends to and receives from other ranks (a halo exchange,
+//    sendrecv) is issued at once: it runs while the caller computes on another stream;
+//  * one that only sends or only receives (isend, irecv) waits until then, or until
+//    the next wait() or test() of any of this communicator's Requests, and is issued
+//    in one group with everything posted since: `isend; irecv; wait; wait` on two
+//    ranks that both send first is one group on each rank, never a deadlock;
+//  * exchanges issued apart run one after the other on the stream (NCCL runs its
+//    groups in stream order): ranks must post messages that depend on each other in
+//    the same order of exchanges, as symmetric halo exchanges do;
+//  * collectives do not issue deferred exchanges: an isend or irecv posted before a
+//    collective and waited for after it reaches NCCL after the collective.
+// NCCL matches the messages between two ranks in order and knows no tags: within one
+// exchange (one group) the messages to and from each peer are ordered by tag (then by
+// posting order), so that messages of one exchange match by tag whatever order they
+// were listed in; across exchanges they match in posting order, tags unseen. Messages
+// to this rank itself are device copies, matched when their receive is posted, with a
+// send posted in the same exchange or before (buffered in staging until then); a
+// receive from itself posted before its send is a CommError.
+// Element counts are NOT checked for messages between ranks, in guarded mode or not:
+// NCCL cannot detect a mismatch, and a handshake would need the two ranks' exchanges to
+// pair up one to one, which isend/irecv need not. A mismatched count hangs (until the
+// timeout) or corrupts the messages that follow. Each region is checked locally (peer in
+// range, extents and strides non-negative, offsets in range of int64, a buffer when
+// there are elements).
+// Completion: a Request's wait() waits for an event recorded after the exchange (and its
+// unpacking) with the same polling, asynchronous-error checks, timeout (counted from the
+// start of wait()) and abort as the collectives; test() polls it once. Staging memory
+// is freed stream-ordered (cudaFreeAsync) as soon as the last use is queued, so it never
+// waits on the host and is never freed under the stream. A Request destroyed without
+// wait() abandons its exchange: one not yet issued is withdrawn (nothing reaches NCCL,
+// its peers time out); one already issued cannot be recalled from NCCL and stays queued
+// on the stream, completing when its peers match it (the caller's buffers must stay
+// valid until then, e.g. freed stream-ordered on the communicator's stream); if they
+// never do, the next wait or collective times out and aborts. A communicator destroyed
+// while an exchange is still running is aborted rather than destroyed, so that its
+// destructor cannot hang. An NcclComm must outlive its Requests' wait(): waiting on one
+// whose communicator is gone throws CommError.
 //
 // Blocking mode. Communicators are made in NCCL's blocking mode, so the calls that
 // NCCL runs on the host wait there for the peers, out of reach of the timeout: init,
@@ -48,9 +93,16 @@
 // NCCL answers ncclInProgress instead; every call then waits for it here, under the
 // timeout.)
 //
-// Limits: tags are checked in guarded mode only; they do not separate messages
-// (NCCL matches send and recv between two ranks in order). A communicator is used
-// by one thread at a time.
+// NCCL versions. NCCL 2.7 or newer (ncclSend/ncclRecv). Newer calls are used when the
+// nccl.h at hand has them, with fallbacks: ncclAvg (2.10; before, floating Avg is a sum
+// and a division), ncclGetLastError (2.13; before, messages lack NCCL's last error),
+// ncclCommInitRankConfig and non-blocking communicators (2.14; before, ncclCommInitRank,
+// always blocking), ncclCommSplit (2.18; before, split() all-gathers colors and keys,
+// the first member of each new communicator makes a unique id, a second all-gather hands
+// it out, and the members call ncclCommInitRank; DTENSOR_NCCL_SPLIT_BY_ID=1, set on every
+// rank, chooses that path with newer NCCL too).
+//
+// Limits: a communicator is used by one thread at a time, its Requests included.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -60,6 +112,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -72,12 +125,34 @@
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/cuda/kernels.hpp"
+#include "dtensor/cuda/memory.hpp"
 #include "dtensor/cuda/stream.hpp"
 #include "dtensor/util/error.hpp"
+
+// The oldest NCCL this header supports, and the newer calls it uses when present.
+#if !defined(NCCL_VERSION_CODE) || !defined(NCCL_VERSION)
+#error "dtensor: this nccl.h defines no NCCL_VERSION_CODE; NcclComm needs NCCL 2.7 or newer"
+#elif NCCL_VERSION_CODE < NCCL_VERSION(2, 7, 0)
+#error "dtensor: NcclComm needs NCCL 2.7 or newer (ncclSend/ncclRecv)"
+#endif
 
 namespace dtensor {
 
 namespace cuda::detail {
+
+// ncclAvg (2.10); before it, floating Avg is a Sum followed by a division, like integers.
+inline constexpr bool kNcclHasAvg = NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0);
+// ncclCommSplit (2.18); before it, split() goes through fresh unique ids.
+inline constexpr bool kNcclHasSplit = NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0);
+
+// ncclInProgress (2.14, non-blocking communicators); older NCCL never answers it.
+constexpr bool in_progress(ncclResult_t r) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+  return r == ncclInProgress;
+#else
+  return (void)r, false;
+#endif
+}
 
 inline const char* nccl_result_name(ncclResult_t r) {
   switch (r) {
@@ -87,18 +162,26 @@ inline const char* nccl_result_name(ncclResult_t r) {
     case ncclInternalError: return "ncclInternalError";
     case ncclInvalidArgument: return "ncclInvalidArgument";
     case ncclInvalidUsage: return "ncclInvalidUsage";
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
     case ncclRemoteError: return "ncclRemoteError";
+#endif
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
     case ncclInProgress: return "ncclInProgress";
+#endif
     default: return "ncclResult_t(unknown)";
   }
 }
 
 // NCCL's name and text for a result, and its last error message when it has one
-// (which may say more, e.g. which peer or which CUDA call).
+// (which may say more, e.g. which peer or which CUDA call; NCCL 2.13 and newer).
 inline std::string nccl_error_text(ncclResult_t r, ncclComm_t comm) {
   std::string s = ::dtensor::detail::cat(nccl_result_name(r), ": ", ncclGetErrorString(r));
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
   const char* last = ncclGetLastError(comm);
   if (last && *last) s += ::dtensor::detail::cat(" (NCCL's last error: ", last, ")");
+#else
+  (void)comm;
+#endif
   return s;
 }
 
@@ -154,12 +237,20 @@ inline ncclDataType_t nccl_type(DType t) {
 
 inline bool is_floating(DType t) { return t == DType::Float32 || t == DType::Float64; }
 
-// Avg: NCCL's own for floating types; for integers a Sum, which the caller divides.
+// Whether Avg is NCCL's own (floating types, NCCL 2.10 and newer) rather than a Sum
+// that the caller divides by the number of ranks.
+inline bool nccl_averages(ReduceOp op, DType t) { return op == ReduceOp::Avg && kNcclHasAvg && is_floating(t); }
+inline bool divide_after(ReduceOp op, DType t) { return op == ReduceOp::Avg && !nccl_averages(op, t); }
+
 inline ncclRedOp_t nccl_op(ReduceOp op, DType t) {
   switch (op) {
     case ReduceOp::Max: return ncclMax;
     case ReduceOp::Min: return ncclMin;
-    case ReduceOp::Avg: return is_floating(t) ? ncclAvg : ncclSum;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    case ReduceOp::Avg: return nccl_averages(op, t) ? ncclAvg : ncclSum;
+#else
+    case ReduceOp::Avg: return (void)t, ncclSum;
+#endif
     default: return ncclSum;
   }
 }
@@ -211,7 +302,12 @@ class Staging {
     return off;
   }
   void allocate() {
-    if (bytes_ > 0) DTENSOR_CUDA(cudaMallocAsync(&base_, bytes_, stream_));
+    if (bytes_ == 0) return;
+    // The default pool keeps freed blocks for reuse instead of returning them to the
+    // driver at each synchronisation, as for tensors (memory.hpp).
+    int device = -1;
+    if (cudaGetDevice(&device) == cudaSuccess) keep_pool_memory(device);
+    DTENSOR_CUDA(cudaMallocAsync(&base_, bytes_, stream_));
   }
   std::byte* at(std::size_t off) const { return static_cast<std::byte*>(base_) + off; }
 
@@ -366,16 +462,22 @@ class NcclComm final : public Comm {
       stream = cuda::current_stream();
     }
     cuda::DeviceGuard guard(device);
+    ncclComm_t raw = nullptr;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 1;
-    ncclComm_t raw = nullptr;
+    const char* call = "ncclCommInitRankConfig";
     const ncclResult_t r = ncclCommInitRankConfig(&raw, size, id, rank, &config);
+#else
+    const char* call = "ncclCommInitRank";  // no configuration before NCCL 2.14: always blocking
+    const ncclResult_t r = ncclCommInitRank(&raw, size, id, rank);
+#endif
     cuda::detail::NcclHandle handle(raw);
-    if (r != ncclSuccess && r != ncclInProgress) {
+    if (r != ncclSuccess && !cuda::detail::in_progress(r)) {
       const std::string why = cuda::detail::nccl_error_text(r, raw);
       handle.abort();  // what NCCL left of a failed init, if anything
-      throw CommError(detail::cat("dtensor: ", where, ": rank ", rank, " of ", size, " on CUDA device ", device,
-                                  ": ncclCommInitRankConfig failed: ", why));
+      throw CommError(detail::cat("dtensor: ", where, ": rank ", rank, " of ", size, " on CUDA device ", device, ": ",
+                                  call, " failed: ", why));
     }
     return std::unique_ptr<NcclComm>(new NcclComm(std::move(handle), device, nullptr, stream, settings(options)));
   }
@@ -401,7 +503,7 @@ class NcclComm final : public Comm {
     std::vector<cuda::detail::NcclHandle> handles;
     handles.reserve(raw.size());
     for (ncclComm_t c : raw) handles.emplace_back(c);
-    if (r != ncclSuccess && r != ncclInProgress) {
+    if (r != ncclSuccess && !cuda::detail::in_progress(r)) {
       const std::string why = cuda::detail::nccl_error_text(r, nullptr);
       for (auto& h : handles) h.abort();
       throw CommError(detail::cat("dtensor: ", where, ": ncclCommInitAll on ", n, " devices failed: ", why));
@@ -420,11 +522,26 @@ class NcclComm final : public Comm {
 
   ~NcclComm() override {
     cuda::detail::QuietDeviceGuard guard(device_);
-    comm_.reset();  // ncclCommDestroy; nothing left to do once aborted
+    link_->comm = nullptr;  // this communicator's Requests now refuse to wait
+    // Exchanges never issued: withdrawn. Messages to itself never received: dropped.
+    for (auto& s : pending_) release_staging(*s), s->status = ExchangeState::Status::Failed;
+    pending_.clear();
+    for (auto& m : self_queue_)
+      if (m.data) (void)cudaFreeAsync(m.data, stream_);
+    self_queue_.clear();
+    // An exchange may still be running (one abandoned in flight, whose peers never came):
+    // ncclCommDestroy could wait for it forever, ncclCommAbort does not.
+    bool busy = false;
+    if (exchanges_issued_ && comm_.get() && cudaEventRecord(done_, stream_) == cudaSuccess)
+      busy = cudaEventQuery(done_) == cudaErrorNotReady;
+    (void)cudaGetLastError();
+    if (busy) comm_.abort();
+    else comm_.reset();  // ncclCommDestroy; nothing left to do once aborted
     if (done_) (void)cudaEventDestroy(done_);
     if (follow_) (void)cudaEventDestroy(follow_);
-    sig_dev_.reset(), p2p_dev_.reset(), scratch_.reset();
-    sig_host_.reset(), p2p_host_.reset();
+    for (cudaEvent_t e : spare_events_) (void)cudaEventDestroy(e);
+    sig_dev_.reset(), scratch_.reset();
+    sig_host_.reset(), split_host_.reset();
   }
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -463,7 +580,7 @@ class NcclComm final : public Comm {
       if (count == 0) return;
       nccl(ncclAllReduce(send, recv, count, cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(), stream_),
            "ncclAllReduce");
-      if (op == ReduceOp::Avg && !cuda::detail::is_floating(t))
+      if (cuda::detail::divide_after(op, t))
         cuda::kernels::divide_block(t, recv, Block::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
     });
   }
@@ -585,8 +702,7 @@ class NcclComm final : public Comm {
         if (out_at != Staging::kNone)
           cuda::kernels::copy_block(out, Block::contiguous(0, n), recv, recv_block, elem, stream_);
       }
-      if (op == ReduceOp::Avg && !cuda::detail::is_floating(t))
-        cuda::kernels::divide_block(t, recv, recv_block, size_, stream_);
+      if (cuda::detail::divide_after(op, t)) cuda::kernels::divide_block(t, recv, recv_block, size_, stream_);
     });
   }
 
@@ -648,27 +764,155 @@ class NcclComm final : public Comm {
     });
   }
 
-  void send(const void* buf, std::size_t count, DType t, int dst, int tag) override {
-    check_peer(dst, "send");
-    point_to_point(true, buf, nullptr, count, t, dst, tag);
-  }
+  // Point to point; the top of this file says how exchanges reach NCCL and how they
+  // complete. The blocking send and recv are Comm's, on top of this.
+  Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
+    usable("start_exchange");
+    for (const auto& m : sends) check_message(m.peer, m.buf, m.region, "a send");
+    for (const auto& m : recvs) check_message(m.peer, m.buf, m.region, "a receive");
+    if (sends.empty() && recvs.empty()) return Request();
+    const std::size_t elem = size_of(t);
+    // Messages to itself are matched now, before anything is queued: a receive without
+    // its send, or of another size, is a CommError that leaves the communicator usable.
+    SelfPlan self = plan_self(sends, recvs, t);
 
-  void recv(void* buf, std::size_t count, DType t, int src, int tag) override {
-    check_peer(src, "recv");
-    point_to_point(false, nullptr, buf, count, t, src, tag);
+    auto st = std::make_shared<ExchangeState>();
+    st->dtype = t;
+    st->posted = Clock::now();
+    st->what = describe_exchange(sends, recvs);
+    // The staging layout: packed sends, receives that need unpacking, and the copies to
+    // itself between two strided regions of different shapes.
+    std::size_t bytes = 0;
+    auto reserve = [&](int64_t n) {
+      const std::size_t off = (bytes + 255) & ~std::size_t{255};
+      bytes = off + static_cast<std::size_t>(n) * elem;
+      return off;
+    };
+    struct Pack {
+      const SendSpec* spec;
+      std::size_t at;
+    };
+    std::vector<Pack> packs;
+    for (const auto& m : sends) {
+      const int64_t n = m.region.numel();
+      if (m.peer == rank_ || n == 0) continue;  // both sides skip empty messages
+      if (m.region.is_contiguous()) {
+        st->sends.push_back({m.peer, m.tag, static_cast<std::size_t>(n),
+                             const_cast<std::byte*>(cuda::detail::at(m.buf, m.region.simplified().offset, elem)),
+                             kInPlace});
+      } else {
+        const std::size_t at = reserve(n);
+        packs.push_back({&m, at});
+        st->sends.push_back({m.peer, m.tag, static_cast<std::size_t>(n), nullptr, at});
+      }
+    }
+    for (const auto& m : recvs) {
+      const int64_t n = m.region.numel();
+      if (m.peer == rank_ || n == 0) continue;
+      if (m.region.is_contiguous() && !m.accumulate) {
+        st->recvs.push_back({m.peer, m.tag, static_cast<std::size_t>(n),
+                             cuda::detail::at(m.buf, m.region.simplified().offset, elem), kInPlace});
+      } else {
+        const std::size_t at = reserve(n);
+        st->recvs.push_back({m.peer, m.tag, static_cast<std::size_t>(n), nullptr, at});
+        st->unpacks.push_back({at, m.buf, m.region, m.accumulate});
+      }
+    }
+    for (auto& mv : self.moves)
+      if (!mv.queued && needs_temp(sends[mv.source].region, recvs[mv.recv].region))
+        mv.temp = reserve(recvs[mv.recv].region.numel());
+    // Per peer, ordered by tag, then as posted: the peer orders its side the same way.
+    auto by_peer_and_tag = [](const ExchangeState::Message& a, const ExchangeState::Message& b) {
+      return a.peer != b.peer ? a.peer < b.peer : a.tag < b.tag;
+    };
+    std::stable_sort(st->sends.begin(), st->sends.end(), by_peer_and_tag);
+    std::stable_sort(st->recvs.begin(), st->recvs.end(), by_peer_and_tag);
+
+    cuda::DeviceGuard guard(device_);
+    what_ = st->what, phase_ = "", start_ = st->posted;
+    std::vector<SelfMessage> fresh;  // sends to itself that no receive has taken yet
+    try {
+      follow_caller_stream();
+      st->event = take_event();
+      if (bytes > 0) {
+        cuda::detail::keep_pool_memory(device_);
+        DTENSOR_CUDA(cudaMallocAsync(&st->staging, bytes, stream_));
+      }
+      for (const auto& p : packs)
+        pack(p.spec->buf, p.spec->region, static_cast<std::byte*>(st->staging) + p.at, elem);
+      // To itself: device copies, now.
+      for (const auto& mv : self.moves) {
+        const RecvSpec& r = recvs[mv.recv];
+        if (r.region.numel() == 0) continue;
+        if (mv.queued) {
+          unpack(t, self_queue_[mv.source].data, r.buf, r.region, r.accumulate);
+        } else {
+          const SendSpec& sp = sends[mv.source];
+          void* temp = mv.temp == kInPlace ? nullptr : static_cast<std::byte*>(st->staging) + mv.temp;
+          move_region(t, sp.buf, sp.region, r.buf, r.region, r.accumulate, temp);
+        }
+      }
+      for (std::size_t i : self.unmatched) {
+        const SendSpec& sp = sends[i];
+        SelfMessage m{sp.tag, t, sp.region.numel(), nullptr};
+        if (m.count > 0) {
+          cuda::detail::keep_pool_memory(device_);
+          DTENSOR_CUDA(cudaMallocAsync(&m.data, static_cast<std::size_t>(m.count) * elem, stream_));
+          fresh.push_back(m);
+          pack(sp.buf, sp.region, m.data, elem);
+        } else {
+          fresh.push_back(m);
+        }
+      }
+      // The receives have read their messages to itself (stream-ordered): free them.
+      for (std::size_t k = self.claimed.size(); k-- > 0;) {
+        auto it = self_queue_.begin() + static_cast<std::ptrdiff_t>(self.claimed[k]);
+        if (it->data) DTENSOR_CUDA(cudaFreeAsync(it->data, stream_));
+        self_queue_.erase(it);
+      }
+      self_queue_.insert(self_queue_.end(), fresh.begin(), fresh.end());
+      fresh.clear();
+
+      if (st->sends.empty() && st->recvs.empty()) {
+        // Nothing for NCCL: complete once the stream has passed the copies.
+        release_staging(*st);
+        DTENSOR_CUDA(cudaEventRecord(st->event, stream_));
+        st->status = ExchangeState::Status::Issued;
+      } else {
+        pending_.push_back(st);
+        // Sends and receives both: a halo exchange, issued now (with what waits before it).
+        if (!st->sends.empty() && !st->recvs.empty()) issue_pending();
+      }
+    } catch (const std::exception& e) {
+      give_up(*st, fresh, e.what());
+      throw;
+    } catch (...) {
+      give_up(*st, fresh, "an exception of unknown type");
+      throw;
+    }
+    return Request(std::make_unique<Exchange>(link_, std::move(st)));
   }
 
   std::unique_ptr<Comm> split(int color, int key) override {
     std::unique_ptr<Comm> out;
+    const char* by_id = std::getenv("DTENSOR_NCCL_SPLIT_BY_ID");
+    const bool fresh_ids = !cuda::detail::kNcclHasSplit || (by_id && *by_id && *by_id != '0');
     collective(Kind::Split, {}, {}, {}, [&] {
-      // A null config: the new communicator inherits this one's settings. The result
-      // goes to a member, not the stack: a non-blocking communicator (forced by
-      // NCCL_COMM_BLOCKING=0) writes it from NCCL's own thread when the split is done,
-      // which nccl() waits for.
-      split_result_ = nullptr;
-      nccl(ncclCommSplit(comm(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &split_result_, nullptr),
-           "ncclCommSplit");
-      cuda::detail::NcclHandle handle(std::exchange(split_result_, nullptr));
+      cuda::detail::NcclHandle handle;
+      if (fresh_ids) {
+        handle = split_by_unique_id(color, key);
+      } else {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+        // A null config: the new communicator inherits this one's settings. The result
+        // goes to a member, not the stack: a non-blocking communicator (forced by
+        // NCCL_COMM_BLOCKING=0) writes it from NCCL's own thread when the split is done,
+        // which nccl() waits for.
+        split_result_ = nullptr;
+        nccl(ncclCommSplit(comm(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &split_result_, nullptr),
+             "ncclCommSplit");
+        handle = cuda::detail::NcclHandle(std::exchange(split_result_, nullptr));
+#endif
+      }
       if (!handle.get()) return;  // no color: not a member of any new communicator
       out.reset(new NcclComm(std::move(handle), device_, stream_owner_, stream_, Settings{timeout_, guarded_}));
     });
@@ -824,21 +1068,28 @@ class NcclComm final : public Comm {
 
   void nccl(ncclResult_t r, const char* call) {
     if (r == ncclSuccess) return;
-    if (r == ncclInProgress) return ready(comm(), call);  // a non-blocking communicator
+    if (cuda::detail::in_progress(r)) return ready(comm(), call);  // a non-blocking communicator
     fail_local(detail::cat("dtensor: rank ", rank_, ": ", what_, phase_, ": NCCL call ", call, " failed: ",
                            cuda::detail::nccl_error_text(r, comm())));
   }
 
-  std::string elapsed() const {
-    const double s = std::chrono::duration<double>(Clock::now() - start_).count();
+  static std::string elapsed_since(Clock::time_point from) {
+    const double s = std::chrono::duration<double>(Clock::now() - from).count();
     return detail::cat(std::round(s * 1000) / 1000, " s");
   }
-  bool timed_out() const { return timeout_.count() > 0 && Clock::now() - start_ > timeout_; }
+  std::string elapsed() const { return elapsed_since(start_); }
+  bool timed_out_since(Clock::time_point from) const {
+    return timeout_.count() > 0 && Clock::now() - from > timeout_;
+  }
+  bool timed_out() const { return timed_out_since(start_); }
   [[noreturn]] void fail_timeout() {
-    const std::string msg = detail::cat(
+    std::string msg = detail::cat(
         "dtensor: rank ", rank_, ": ", what_, phase_, " timed out after ", elapsed(), " (limit ", timeout_.count(),
         " ms, from NcclOptions::timeout or DTENSOR_TIMEOUT_S): a peer did not join it, joined another collective, "
-        "or failed; the NCCL communicator was aborted");
+        "or failed");
+    if (!abandoned_.empty())
+      msg += detail::cat(" (", abandoned_, " was abandoned while in flight and may hold the stream)");
+    msg += "; the NCCL communicator was aborted";
     abort_comm(msg);
     throw CollectiveTimeout(msg);
   }
@@ -856,7 +1107,7 @@ class NcclComm final : public Comm {
       const ncclResult_t q = ncclCommGetAsyncError(c, &state);
       if (q != ncclSuccess) state = q;
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress)
+      if (!cuda::detail::in_progress(state))
         fail_local(detail::cat("dtensor: rank ", rank_, ": ", what_, phase_, ": NCCL call ", call, " failed: ",
                                cuda::detail::nccl_error_text(state, c)));
       if (timed_out()) fail_timeout();
@@ -864,36 +1115,47 @@ class NcclComm final : public Comm {
     }
   }
 
+  // One look at an event: true once the GPU has passed it. A GPU fault or an
+  // asynchronous NCCL error aborts the communicator and throws, naming `what` (the
+  // operation and its phase) and the time since `since`.
+  bool passed(cudaEvent_t event, const std::string& what, const char* phase, Clock::time_point since) {
+    const cudaError_t e = cudaEventQuery(event);
+    if (e == cudaSuccess) return true;
+    if (e != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      const std::string msg = detail::cat("dtensor: rank ", rank_, ": ", what, phase, ": the GPU reported ",
+                                          cudaGetErrorName(e), ": ", cudaGetErrorString(e), " after ",
+                                          elapsed_since(since),
+                                          " (it may come from earlier work on the stream); the NCCL communicator "
+                                          "was aborted");
+      abort_comm(msg);
+      throw CudaError(msg);
+    }
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm(), &async);
+    if (q != ncclSuccess) async = q;
+    if (async != ncclSuccess && !cuda::detail::in_progress(async)) {
+      const std::string msg = detail::cat("dtensor: rank ", rank_, ": ", what, phase, " failed after ",
+                                          elapsed_since(since), ": NCCL reported an asynchronous error: ",
+                                          cuda::detail::nccl_error_text(async, comm()),
+                                          "; the NCCL communicator was aborted");
+      abort_comm(msg);
+      throw CommError(msg);
+    }
+    return false;
+  }
+
   // Waits for everything queued so far, watching for NCCL's asynchronous errors and
   // the timeout. Never spins for long: after a few polls it sleeps between them.
   void wait() {
     DTENSOR_CUDA(cudaEventRecord(done_, stream_));
     for (int polls = 0;; ++polls) {
-      const cudaError_t e = cudaEventQuery(done_);
-      if (e == cudaSuccess) return;
-      if (e != cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        const std::string msg = detail::cat("dtensor: rank ", rank_, ": ", what_, phase_, ": the GPU reported ",
-                                            cudaGetErrorName(e), ": ", cudaGetErrorString(e), " after ", elapsed(),
-                                            " (it may come from earlier work on the stream); the NCCL communicator "
-                                            "was aborted");
-        abort_comm(msg);
-        throw CudaError(msg);
-      }
-      ncclResult_t async = ncclSuccess;
-      const ncclResult_t q = ncclCommGetAsyncError(comm(), &async);
-      if (q != ncclSuccess) async = q;
-      if (async != ncclSuccess && async != ncclInProgress) {
-        const std::string msg = detail::cat("dtensor: rank ", rank_, ": ", what_, phase_, " failed after ", elapsed(),
-                                            ": NCCL reported an asynchronous error: ",
-                                            cuda::detail::nccl_error_text(async, comm()),
-                                            "; the NCCL communicator was aborted");
-        abort_comm(msg);
-        throw CommError(msg);
-      }
+      if (passed(done_, what_, phase_, start_)) break;
       if (timed_out()) fail_timeout();
       pause(polls);
     }
+    // Everything queued before has finished, exchanges included.
+    exchanges_issued_ = false;
   }
 
   // --- guarded mode ---
@@ -999,55 +1261,455 @@ class NcclComm final : public Comm {
 
   // --- point to point ---
 
-  void point_to_point(bool sending, const void* out, void* in, std::size_t count, DType t, int peer, int tag) {
-    const char* op = sending ? "send" : "recv";
-    usable(op);
-    what_ = sending ? detail::cat("send to rank ", peer, " (tag ", tag, ")")
-                    : detail::cat("recv from rank ", peer, " (tag ", tag, ")");
-    phase_ = "";
-    start_ = Clock::now();
-    cuda::DeviceGuard guard(device_);
-    if (guarded_) handshake(sending, count, t, peer, tag);
-    phase_ = "";
-    if (count == 0) return;  // both sides skip it: their counts agree
-    enqueue_and_wait([&] {
-      if (sending) nccl(ncclSend(out, count, cuda::detail::nccl_type(t), peer, comm(), stream_), "ncclSend");
-      else nccl(ncclRecv(in, count, cuda::detail::nccl_type(t), peer, comm(), stream_), "ncclRecv");
-    });
+  // A Request's link to its communicator, cut when the communicator is destroyed.
+  struct Link {
+    NcclComm* comm;
+  };
+
+  static constexpr std::size_t kInPlace = static_cast<std::size_t>(-1);
+
+  // One exchange, shared by its Request and (while deferred) the communicator.
+  struct ExchangeState {
+    enum class Status { Deferred, Issued, Done, Failed };
+    struct Message {  // to or from another rank
+      int peer, tag;
+      std::size_t count;
+      void* buf;       // the caller's memory (at == kInPlace), else null
+      std::size_t at;  // else the byte offset of its packed copy in staging
+    };
+    struct Unpack {  // after the group: a receive's staging into its region
+      std::size_t at;
+      void* buf;
+      Region region;
+      bool accumulate;
+    };
+    ExchangeState() = default;
+    ExchangeState(const ExchangeState&) = delete;
+    ExchangeState& operator=(const ExchangeState&) = delete;
+    ~ExchangeState() {
+      if (event) (void)cudaEventDestroy(event);  // its communicator is gone (else it took the event back)
+    }
+    void* data(const Message& m) const { return m.at == kInPlace ? m.buf : static_cast<std::byte*>(staging) + m.at; }
+
+    std::string what;  // "exchange #3 (sends to rank 1; receives from rank 1)", for messages
+    DType dtype = DType::Float32;
+    std::vector<Message> sends, recvs;  // per peer in the order NCCL matches them
+    std::vector<Unpack> unpacks;
+    void* staging = nullptr;      // stream-ordered; freed once its last use is queued
+    cudaEvent_t event = nullptr;  // recorded after the exchange and its unpacking
+    Status status = Status::Deferred;
+    Clock::time_point posted{};
+  };
+
+  // The Request's side: completes the exchange through its communicator, or abandons it.
+  class Exchange final : public detail::PendingExchange {
+   public:
+    Exchange(std::shared_ptr<Link> link, std::shared_ptr<ExchangeState> state)
+        : link_(std::move(link)), state_(std::move(state)) {}
+    Exchange(const Exchange&) = delete;
+    Exchange& operator=(const Exchange&) = delete;
+    ~Exchange() override {
+      if (link_->comm) link_->comm->abandon(*state_);
+    }
+    bool test() override { return state_->status == ExchangeState::Status::Done || owner().test_exchange(*state_); }
+    void wait() override {
+      if (state_->status != ExchangeState::Status::Done) owner().wait_exchange(*state_);
+    }
+
+   private:
+    NcclComm& owner() const {
+      if (!link_->comm)
+        throw CommError(detail::cat("dtensor: ", state_->what,
+                                    ": its NcclComm was destroyed before the exchange was waited for"));
+      return *link_->comm;
+    }
+    std::shared_ptr<Link> link_;
+    std::shared_ptr<ExchangeState> state_;
+  };
+
+  // A message this rank sent to itself that no receive has taken yet: packed (stream-
+  // ordered memory) until one does.
+  struct SelfMessage {
+    int tag;
+    DType dtype;
+    int64_t count;
+    void* data;
+  };
+  // How an exchange's receives from itself find their sends: in self_queue_ (sent
+  // before) or in the same exchange.
+  struct SelfMove {
+    std::size_t recv;    // index in recvs
+    bool queued;         // source: self_queue_[source], else sends[source]
+    std::size_t source;
+    std::size_t temp = kInPlace;  // staging for a copy between two unlike strided regions
+  };
+  struct SelfPlan {
+    std::vector<SelfMove> moves;
+    std::vector<std::size_t> unmatched;  // sends to itself left for later receives
+    std::vector<std::size_t> claimed;    // self_queue_ entries taken, ascending
+  };
+
+  void check_message(int peer, const void* buf, const Region& r, const char* what) const {
+    check_exchange_peer(peer, "start_exchange");
+    DTENSOR_CHECK(r.ndim >= 0 && r.ndim <= kMaxRegionDims, InvalidArgument, "start_exchange: ", what,
+                  " to or from rank ", peer, " has a region of ", r.ndim, " dims (at most ", kMaxRegionDims, ")");
+    DTENSOR_CHECK(r.offset >= 0, InvalidArgument, "start_exchange: ", what, " has a negative offset: ", to_string(r));
+    int64_t n = 1, last = r.offset;
+    bool fits = true;
+    for (int d = 0; d < r.ndim; ++d) {
+      DTENSOR_CHECK(r.extent[d] >= 0 && r.stride[d] >= 0, InvalidArgument, "start_exchange: ", what,
+                    " has a negative extent or stride: ", to_string(r));
+      if (r.extent[d] == 0) return;  // empty: nothing is read or written
+      fits = fits && !__builtin_mul_overflow(n, r.extent[d], &n);
+      int64_t span = 0;
+      fits = fits && !__builtin_mul_overflow(r.extent[d] - 1, r.stride[d], &span) &&
+             !__builtin_add_overflow(last, span, &last);
+    }
+    DTENSOR_CHECK(fits, InvalidArgument, "start_exchange: ", what,
+                  " has a region whose size or reach overflows int64: ", to_string(r));
+    DTENSOR_CHECK(buf != nullptr, InvalidArgument, "start_exchange: ", what, " of ", n,
+                  " elements has a null buffer");
   }
 
-  // Guarded mode: the two ranks swap (role, tag, count, element type) and both
-  // compare, so both raise the same error on a mismatch, before any data moves.
-  void handshake(bool sending, std::size_t count, DType t, int peer, int tag) {
-    phase_ = " (comparing tag and size, guarded mode)";
-    constexpr std::size_t kFields = 4;
-    enqueue_and_wait([&] {
-      p2p_dev_.ensure(2 * kFields * sizeof(int64_t));
-      p2p_host_.ensure(2 * kFields * sizeof(int64_t));
-      int64_t* host = p2p_host_.get<int64_t>();
-      int64_t* dev = p2p_dev_.get<int64_t>();
-      host[0] = sending ? 1 : 2, host[1] = tag, host[2] = static_cast<int64_t>(count), host[3] = static_cast<int64_t>(t);
-      DTENSOR_CUDA(cudaMemcpyAsync(dev, host, kFields * sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
+  // Pairs this exchange's receives from itself with sends to itself: first those posted
+  // by earlier exchanges (in order), then this exchange's; by tag, in posting order.
+  SelfPlan plan_self(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) const {
+    SelfPlan plan;
+    std::vector<bool> queue_taken(self_queue_.size()), send_taken(sends.size());
+    for (std::size_t i = 0; i < recvs.size(); ++i) {
+      const RecvSpec& r = recvs[i];
+      if (r.peer != rank_) continue;
+      const int64_t n = r.region.numel();
+      auto agree = [&](int64_t sent, DType st) {
+        const std::string head =
+            detail::cat("dtensor: rank ", rank_, ": start_exchange: a receive from this rank itself (tag ", r.tag, ")");
+        if (st != t) throw CommError(detail::cat(head, " of ", name(t), " elements meets a send of ", name(st)));
+        if (sent != n) throw CommError(detail::cat(head, " of ", n, " elements meets a send of ", sent,
+                                                   "; the sizes disagree"));
+      };
+      bool found = false;
+      for (std::size_t q = 0; q < self_queue_.size() && !found; ++q)
+        if (!queue_taken[q] && self_queue_[q].tag == r.tag) {
+          agree(self_queue_[q].count, self_queue_[q].dtype);
+          queue_taken[q] = true, found = true;
+          plan.moves.push_back({i, true, q});
+        }
+      for (std::size_t j = 0; j < sends.size() && !found; ++j)
+        if (!send_taken[j] && sends[j].peer == rank_ && sends[j].tag == r.tag) {
+          agree(sends[j].region.numel(), t);
+          send_taken[j] = true, found = true;
+          plan.moves.push_back({i, false, j});
+        }
+      if (!found)
+        throw CommError(detail::cat("dtensor: rank ", rank_, ": start_exchange: a receive from this rank itself (tag ",
+                                    r.tag, ") has no send to itself with that tag, posted before it or in the same "
+                                    "exchange (NcclComm matches messages to itself when their receive is posted)"));
+    }
+    for (std::size_t j = 0; j < sends.size(); ++j)
+      if (sends[j].peer == rank_ && !send_taken[j]) plan.unmatched.push_back(j);
+    for (std::size_t q = 0; q < self_queue_.size(); ++q)
+      if (queue_taken[q]) plan.claimed.push_back(q);
+    return plan;
+  }
+
+  std::string describe_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs) {
+    auto peers = [](auto specs) {
+      std::vector<int> p;
+      for (const auto& m : specs) p.push_back(m.peer);
+      std::sort(p.begin(), p.end());
+      p.erase(std::unique(p.begin(), p.end()), p.end());
+      std::string s = p.size() == 1 ? "rank " : "ranks ";
+      for (std::size_t i = 0; i < p.size() && i < 8; ++i) s += detail::cat(i ? ", " : "", p[i]);
+      if (p.size() > 8) s += detail::cat(" and ", p.size() - 8, " more");
+      return s;
+    };
+    std::string s = detail::cat("exchange #", ++exchange_seq_, " (");
+    if (!sends.empty()) s += "sends to " + peers(sends);
+    if (!recvs.empty()) s += (sends.empty() ? "receives from " : "; receives from ") + peers(recvs);
+    return s + ")";
+  }
+
+  // Issues every deferred exchange, in posting order, as one NCCL group, then queues
+  // their unpacking, frees their staging (stream-ordered) and records their events.
+  void issue_pending() {
+    if (pending_.empty()) return;
+    std::vector<std::shared_ptr<ExchangeState>> batch;
+    batch.swap(pending_);
+    what_ = batch.size() == 1 ? batch[0]->what
+                              : detail::cat(batch.size(), " exchanges issued together (", batch.front()->what,
+                                            " to ", batch.back()->what, ")");
+    phase_ = "";
+    start_ = Clock::now();
+    try {
       {
         cuda::detail::GroupCall group;
         nccl(group.started(), "ncclGroupStart");
-        nccl(ncclSend(dev, kFields, ncclInt64, peer, comm(), stream_), "ncclSend (handshake)");
-        nccl(ncclRecv(dev + kFields, kFields, ncclInt64, peer, comm(), stream_), "ncclRecv (handshake)");
+        for (const auto& st : batch) {
+          const ncclDataType_t type = cuda::detail::nccl_type(st->dtype);
+          for (const auto& m : st->sends)
+            nccl(ncclSend(st->data(m), m.count, type, m.peer, comm(), stream_), "ncclSend");
+          for (const auto& m : st->recvs)
+            nccl(ncclRecv(st->data(m), m.count, type, m.peer, comm(), stream_), "ncclRecv");
+        }
         nccl(group.end(), "ncclGroupEnd");
       }
-      DTENSOR_CUDA(cudaMemcpyAsync(host + kFields, dev + kFields, kFields * sizeof(int64_t), cudaMemcpyDeviceToHost,
-                                   stream_));
+      exchanges_issued_ = true;
+      for (const auto& st : batch) {
+        for (const auto& u : st->unpacks)
+          unpack(st->dtype, static_cast<std::byte*>(st->staging) + u.at, u.buf, u.region, u.accumulate);
+        release_staging(*st);
+        DTENSOR_CUDA(cudaEventRecord(st->event, stream_));
+        st->status = ExchangeState::Status::Issued;
+      }
+    } catch (const std::exception& e) {
+      for (const auto& st : batch) fail_exchange(*st);
+      abort_comm(e.what());
+      throw;
+    } catch (...) {
+      for (const auto& st : batch) fail_exchange(*st);
+      abort_comm("an exception of unknown type");
+      throw;
+    }
+  }
+
+  bool test_exchange(ExchangeState& s) {
+    exchange_usable(s, "test");
+    cuda::DeviceGuard guard(device_);
+    issue_pending();  // progress: everything posted so far reaches NCCL
+    if (!passed(s.event, s.what, "", s.posted)) return false;
+    finish_exchange(s);
+    return true;
+  }
+
+  void wait_exchange(ExchangeState& s) {
+    exchange_usable(s, "wait");
+    cuda::DeviceGuard guard(device_);
+    issue_pending();
+    const Clock::time_point since = Clock::now();  // the timeout counts from here
+    for (int polls = 0;; ++polls) {
+      if (passed(s.event, s.what, "", s.posted)) return finish_exchange(s);
+      if (timed_out_since(since)) {
+        std::string msg = detail::cat(
+            "dtensor: rank ", rank_, ": ", s.what, " timed out after ", elapsed_since(since), " of waiting (limit ",
+            timeout_.count(), " ms, from NcclOptions::timeout or DTENSOR_TIMEOUT_S): a peer did not post the "
+            "matching messages, posted them in another order of exchanges or collectives, or failed");
+        if (!abandoned_.empty())
+          msg += detail::cat(" (", abandoned_, " was abandoned while in flight and may hold the stream)");
+        msg += "; the NCCL communicator was aborted";
+        fail_exchange(s);
+        abort_comm(msg);
+        throw CollectiveTimeout(msg);
+      }
+      pause(polls);
+    }
+  }
+
+  void exchange_usable(ExchangeState& s, const char* op) const {
+    if (s.status == ExchangeState::Status::Failed)
+      throw CommError(detail::cat("dtensor: rank ", rank_, ": ", s.what, ": ", op, " refused: the exchange failed (",
+                                  aborted_ ? abort_reason_ : std::string("see the first error"), ")"));
+    if (aborted_)
+      throw CommError(detail::cat("dtensor: rank ", rank_, ": ", s.what, ": ", op,
+                                  " refused: the NCCL communicator was aborted (", abort_reason_,
+                                  "); create a new communicator"));
+  }
+
+  void finish_exchange(ExchangeState& s) noexcept {
+    s.status = ExchangeState::Status::Done;
+    give_event(s);
+  }
+
+  void fail_exchange(ExchangeState& s) noexcept {
+    cuda::detail::QuietDeviceGuard guard(device_);
+    release_staging(s);
+    if (s.status != ExchangeState::Status::Done) s.status = ExchangeState::Status::Failed;
+  }
+
+  // A failure while posting: nothing of this exchange may run; its staging goes, and the
+  // communicator is aborted (an eager exchange may have reached NCCL, and the peers
+  // wait for these messages).
+  void give_up(ExchangeState& s, std::vector<SelfMessage>& fresh, const std::string& why) noexcept {
+    cuda::detail::QuietDeviceGuard guard(device_);
+    for (auto& m : fresh)
+      if (m.data) (void)cudaFreeAsync(m.data, stream_);
+    fresh.clear();
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p.get() == &s; }),
+                   pending_.end());
+    fail_exchange(s);
+    give_event(s);
+    abort_comm(why);
+  }
+
+  // The Request was destroyed before its exchange completed (never for one waited for).
+  void abandon(ExchangeState& s) noexcept {
+    cuda::detail::QuietDeviceGuard guard(device_);
+    if (s.status == ExchangeState::Status::Deferred) {
+      // Not issued: withdrawn. Nothing of it reaches NCCL; its packing already queued
+      // runs, then its staging is freed (stream-ordered).
+      pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [&](const auto& p) { return p.get() == &s; }),
+                     pending_.end());
+      fail_exchange(s);
+    } else if (s.status == ExchangeState::Status::Issued && !aborted_) {
+      const cudaError_t q = cudaEventQuery(s.event);
+      if (q != cudaSuccess && q != cudaErrorNotReady) (void)cudaGetLastError();
+      // In NCCL's hands and beyond recall: it stays queued (its staging is already
+      // freed stream-ordered behind it) and completes when its peers match it.
+      if (q != cudaSuccess) {
+        try {
+          abandoned_ = s.what;
+        } catch (...) {
+        }
+      }
+    }
+    give_event(s);
+  }
+
+  cudaEvent_t take_event() {
+    if (!spare_events_.empty()) {
+      cudaEvent_t e = spare_events_.back();
+      spare_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    DTENSOR_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  // An event no longer waited on goes back to the pool (recording it again later is fine
+  // even while an abandoned exchange's record of it is pending).
+  void give_event(ExchangeState& s) noexcept {
+    if (!s.event) return;
+    try {
+      spare_events_.push_back(s.event);
+    } catch (...) {
+      (void)cudaEventDestroy(s.event);
+    }
+    s.event = nullptr;
+  }
+
+  void release_staging(ExchangeState& s) noexcept {
+    if (s.staging) (void)cudaFreeAsync(std::exchange(s.staging, nullptr), stream_);
+  }
+
+  // --- regions on the device (every copy on the communicator's stream) ---
+
+  void copy_or_add(DType t, bool add, const void* src, Block sb, void* dst, Block db) {
+    if (add) cuda::kernels::reduce_block(t, ReduceOp::Sum, src, sb, dst, db, stream_);
+    else cuda::kernels::copy_block(src, sb, dst, db, size_of(t), stream_);
+  }
+
+  // Calls f(block, packed) for each Block of `region` in order, with the matching
+  // stretch of a contiguous run that starts at element `packed_offset`.
+  template <class F>
+  static void with_packed(const Region& region, int64_t packed_offset, F&& f) {
+    int64_t pos = packed_offset;
+    region.for_each_block([&](Block b) {
+      f(b, Block::contiguous(pos, b.numel()));
+      pos += b.numel();
     });
-    const int64_t* theirs = p2p_host_.get<int64_t>() + kFields;
-    if (theirs[0] == (sending ? 1 : 2))
-      throw CommError(detail::cat("dtensor: rank ", rank_, ": ", what_, ": rank ", peer,
-                                  sending ? " also sends to this rank instead of receiving"
-                                          : " also receives from this rank instead of sending",
-                                  "; the two ranks' calls do not match"));
-    if (theirs[1] != tag || theirs[2] != static_cast<int64_t>(count) || theirs[3] != static_cast<int64_t>(t))
-      throw CommError(detail::cat("dtensor: rank ", rank_, ": ", what_, " of ", count, " ", name(t),
-                                  " elements: the matching ", sending ? "recv" : "send", " on rank ", peer, " has tag ",
-                                  theirs[1], " and ", theirs[2], " ", dtype_name(theirs[3]), " elements"));
+  }
+
+  // dst[0, numel) = src[region].
+  void pack(const void* src, const Region& region, void* dst, std::size_t elem) {
+    with_packed(region, 0, [&](Block b, Block p) { cuda::kernels::copy_block(src, b, dst, p, elem, stream_); });
+  }
+  // dst[region] = (or +=) src[0, numel).
+  void unpack(DType t, const void* src, void* dst, const Region& region, bool add) {
+    with_packed(region, 0, [&](Block b, Block p) { copy_or_add(t, add, src, p, dst, b); });
+  }
+
+  static bool same_extents(const Region& a, const Region& b) {
+    if (a.ndim != b.ndim) return false;
+    for (int d = 0; d < a.ndim; ++d)
+      if (a.extent[d] != b.extent[d]) return false;
+    return true;
+  }
+  static bool needs_temp(const Region& from, const Region& to) {
+    return from.numel() > 0 && !same_extents(from, to) && !from.is_contiguous() && !to.is_contiguous();
+  }
+
+  // dst[dr] = (or +=) src[sr], the same number of elements: Block pairs when the
+  // regions have the same extents, straight from or to a contiguous one, else through
+  // `temp` (room for the elements, needs_temp).
+  void move_region(DType t, const void* src, const Region& sr, void* dst, const Region& dr, bool add, void* temp) {
+    if (same_extents(sr, dr)) {
+      detail::for_each_block_pair(sr, dr, [&](Block a, Block b) { copy_or_add(t, add, src, a, dst, b); });
+    } else if (sr.is_contiguous()) {
+      with_packed(dr, sr.simplified().offset, [&](Block b, Block p) { copy_or_add(t, add, src, p, dst, b); });
+    } else if (dr.is_contiguous()) {
+      with_packed(sr, dr.simplified().offset, [&](Block b, Block p) { copy_or_add(t, add, src, b, dst, p); });
+    } else {
+      pack(src, sr, temp, size_of(t));
+      unpack(t, temp, dst, dr, add);
+    }
+  }
+
+  // --- split without ncclCommSplit ---
+
+  // The ranks all-gather (color, key); the first member of each new communicator (by
+  // key, then rank) makes a unique id, which a second all-gather hands to the others;
+  // the members then make the communicator with ncclCommInitRank (blocking, like
+  // ncclCommSplit). Runs inside split()'s collective: a failure aborts this communicator.
+  cuda::detail::NcclHandle split_by_unique_id(int color, int key) {
+    constexpr std::size_t kIdWords = (sizeof(ncclUniqueId) + sizeof(int64_t) - 1) / sizeof(int64_t);
+    constexpr std::size_t kRow = 1 + kIdWords;  // a flag and an id; the first round uses 2 words
+    const std::size_t all = kRow * static_cast<std::size_t>(size_);
+    split_host_.ensure(all * sizeof(int64_t));
+    int64_t* host = split_host_.get<int64_t>();
+    cuda::detail::Staging dev_mem(stream_);
+    const std::size_t dev_at = dev_mem.reserve(static_cast<int64_t>(all), sizeof(int64_t));
+    dev_mem.allocate();
+    auto* dev = reinterpret_cast<int64_t*>(dev_mem.at(dev_at));
+    auto gather = [&](std::size_t words, const char* call) {
+      int64_t* mine = dev + static_cast<std::size_t>(rank_) * words;
+      DTENSOR_CUDA(cudaMemcpyAsync(mine, host + static_cast<std::size_t>(rank_) * words, words * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, stream_));
+      nccl(ncclAllGather(mine, dev, words, ncclInt64, comm(), stream_), call);
+      DTENSOR_CUDA(cudaMemcpyAsync(host, dev, words * static_cast<std::size_t>(size_) * sizeof(int64_t),
+                                   cudaMemcpyDeviceToHost, stream_));
+      wait();
+    };
+    phase_ = " (split by unique id: gathering colors and keys)";
+    host[2 * rank_] = color, host[2 * rank_ + 1] = key;
+    gather(2, "ncclAllGather (split colors)");
+    std::vector<std::pair<int64_t, int>> members;  // (key, rank) of this rank's color
+    if (color >= 0)
+      for (int k = 0; k < size_; ++k)
+        if (host[2 * k] == color) members.emplace_back(host[2 * k + 1], k);
+    std::sort(members.begin(), members.end());
+    const int leader = members.empty() ? -1 : members[0].second;
+    int index = 0;
+    while (index < static_cast<int>(members.size()) && members[index].second != rank_) ++index;
+
+    phase_ = " (split by unique id: handing out the unique ids)";
+    int64_t* row = host + static_cast<std::size_t>(rank_) * kRow;
+    std::fill(row, row + kRow, int64_t{0});
+    row[0] = 1;
+    std::string why;
+    if (leader == rank_) {
+      ncclUniqueId id;
+      const ncclResult_t r = ncclGetUniqueId(&id);
+      if (r == ncclSuccess) std::memcpy(row + 1, &id, sizeof id);
+      else row[0] = 0, why = cuda::detail::nccl_error_text(r, nullptr);
+    }
+    gather(kRow, "ncclAllGather (split unique ids)");
+    for (int k = 0; k < size_; ++k)
+      if (host[static_cast<std::size_t>(k) * kRow] == 0)
+        throw CommError(detail::cat("dtensor: rank ", rank_, ": ", what_, ": ncclGetUniqueId failed on rank ", k,
+                                    k == rank_ ? ": " + why : std::string(), "; the communicator was aborted"));
+    if (color < 0) return {};
+    ncclUniqueId id;
+    std::memcpy(&id, host + static_cast<std::size_t>(leader) * kRow + 1, sizeof id);
+    phase_ = " (split by unique id: ncclCommInitRank)";
+    ncclComm_t raw = nullptr;
+    const ncclResult_t r = ncclCommInitRank(&raw, static_cast<int>(members.size()), id, index);
+    cuda::detail::NcclHandle handle(raw);
+    if (r != ncclSuccess && !cuda::detail::in_progress(r)) {
+      const std::string text = cuda::detail::nccl_error_text(r, raw);
+      handle.abort();
+      fail_local(detail::cat("dtensor: rank ", rank_, ": ", what_, phase_, ": NCCL call ncclCommInitRank failed: ",
+                             text));
+    }
+    return handle;
   }
 
   // --- data movement ---
@@ -1122,19 +1784,27 @@ class NcclComm final : public Comm {
   cuda::detail::NcclHandle comm_;
   cudaEvent_t done_ = nullptr;
   cudaEvent_t follow_ = nullptr;  // the caller's stream, when it is not stream_
-  cuda::detail::Buffer<false> sig_dev_, p2p_dev_, scratch_;
-  cuda::detail::Buffer<true> sig_host_, p2p_host_;
+  cuda::detail::Buffer<false> sig_dev_, scratch_;
+  cuda::detail::Buffer<true> sig_host_, split_host_;
   int rank_ = 0, size_ = 0;
   std::chrono::milliseconds timeout_;
   bool guarded_;
   bool aborted_ = false;
   std::string abort_reason_;
   int64_t seq_ = 0;
-  ncclComm_t split_result_ = nullptr;
+  [[maybe_unused]] ncclComm_t split_result_ = nullptr;  // ncclCommSplit's result (NCCL 2.18 and newer)
   Kind kind_ = Kind::Barrier;
-  std::string what_;       // the call in progress, for messages: "all_gather #3", "send to rank 1 (tag 0)"
+  std::string what_;       // the call in progress, for messages: "all_gather #3", "exchange #2 (...)"
   const char* phase_ = "";  // and which part of it
   Clock::time_point start_{};
+  // Point to point.
+  std::shared_ptr<Link> link_ = std::make_shared<Link>(Link{this});
+  std::vector<std::shared_ptr<ExchangeState>> pending_;  // posted, deferred, not yet issued
+  std::vector<SelfMessage> self_queue_;                  // sent to itself, not yet received
+  std::vector<cudaEvent_t> spare_events_;
+  int64_t exchange_seq_ = 0;
+  bool exchanges_issued_ = false;  // since the stream was last seen idle
+  std::string abandoned_;          // the last exchange abandoned in flight, for timeout messages
 };
 
 }  // namespace dtensor
