@@ -13,6 +13,7 @@
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/util/small_vector.hpp"
 
 namespace dtensor {
 
