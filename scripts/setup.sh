@@ -2,7 +2,8 @@
 # Installs dtensor's build and test dependencies from Debian packages. Idempotent:
 # packages already present are left alone, and nothing is fetched when all are.
 #   scripts/setup.sh            build, test, MPI and benchmark libraries
-#   scripts/setup.sh --bench    also valgrind and matplotlib, for bench/callgrind.sh and bench/plot.py
+#   scripts/setup.sh --bench    also valgrind and matplotlib, for bench/callgrind.sh and bench/plot.py,
+#                               and PETSc with pkg-config, for bench_poisson (bench/poisson.sh)
 set -euo pipefail
 
 packages=(
@@ -12,7 +13,7 @@ packages=(
   libopenmpi-dev openmpi-bin  # the MPI runtime (optional at configure time)
   libbenchmark-dev          # bench/ (optional)
 )
-if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib); fi
+if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib petsc-dev pkg-config); fi
 
 missing=()
 for p in "${packages[@]}"; do
