@@ -1,7 +1,7 @@
 #pragma once
 // How dtensor's kernels cover their index space: 1-D grid-stride loops over 64-bit
 // indices, grids of a capped size, and the one block-wide reduction they share.
-#include <cuda_runtime.h>
+#include "portable.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -20,13 +20,13 @@ inline unsigned blocks_for(int64_t n) {
 
 // The grid-stride loop: for (int64_t i = first(); i < n; i += stride()). 64-bit from
 // the first product on, so that tensors of more than 2^31 elements index correctly.
-__device__ inline int64_t first() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
-__device__ inline int64_t stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+DTENSOR_DEVICE inline int64_t first() { return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+DTENSOR_DEVICE inline int64_t stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
 // q = a / b, r = a % b for a >= 0, b > 0. A 64-bit division is emulated in
 // software (dozens of instructions); most indices fit in 32 bits, where the
 // hardware path is several times cheaper and keeps index math off the critical path.
-__device__ inline void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
+DTENSOR_DEVICE inline void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
   if (((a | b) >> 32) == 0) {
     const auto ua = static_cast<uint32_t>(a), ub = static_cast<uint32_t>(b);
     q = ua / ub;
@@ -43,17 +43,17 @@ __device__ inline void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
 // 1-byte integers included. Every thread of the block must call it; it may be
 // called again right away (the buffer is released before returning).
 template <class T, class Op>
-__device__ T block_reduce(T v, Op op) {
-  __shared__ T buf[kThreads];
+DTENSOR_DEVICE T block_reduce(T v, Op op) {
+  DTENSOR_SHARED(T, buf, [kThreads]);
   const unsigned t = threadIdx.x;
   buf[t] = v;
-  __syncthreads();
+  DTENSOR_SYNCTHREADS();
   for (unsigned half = kThreads / 2; half > 0; half /= 2) {
     if (t < half) buf[t] = op(buf[t], buf[t + half]);
-    __syncthreads();
+    DTENSOR_SYNCTHREADS();
   }
   const T result = buf[0];
-  __syncthreads();
+  DTENSOR_SYNCTHREADS();
   return result;
 }
 

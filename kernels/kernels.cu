@@ -28,6 +28,7 @@ using detail::blocks_for;
 using detail::kMaxBlocks;
 using detail::kThreads;
 using detail::Runs;
+using detail::runs_of;
 
 constexpr const char* name(Binary op) {
   constexpr const char* names[] = {"add", "sub", "mul", "div"};
@@ -57,12 +58,6 @@ void check_blocks(const Block& s, const Block& d, const char* fn) {
                 ": a block with a negative count or run length");
   DTENSOR_CHECK(s.numel() == d.numel(), InvalidArgument, "cuda::kernels::", fn, ": the source block holds ",
                 s.numel(), " elements and the destination block ", d.numel());
-}
-
-// A contiguous block as one run of all its elements: offsets are then offset + e, and
-// a block of count <= 1 (whose stride means nothing) needs no special case.
-Runs runs_of(const Block& b) {
-  return b.is_contiguous() ? Runs{b.offset, b.numel(), b.numel()} : Runs{b.offset, b.stride, b.len};
 }
 
 // Calls f(W{}) with the unsigned integer type W that moves an element of `bytes` bytes.
@@ -114,11 +109,9 @@ void launch_reduce_block(const void* src, Runs s, void* dst, Runs d, int64_t n, 
 
 // One partial result per grid block, then one block to combine them: no
 // atomics, which 1-byte integers lack, and the same answer run to run.
-constexpr int64_t kMaxPartials = 1024;
-
 template <class T, class Acc, class Map, class Op>
 void reduce_to_scalar(const T* a, int64_t n, T* out, Acc init, Map map, Op op, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(blocks_for(n), kMaxPartials));
+  const unsigned blocks = detail::partial_blocks(n);
   if (blocks == 1) {
     detail::reduce_all<T, Acc, T><<<1, kThreads, 0, stream>>>(a, n, out, init, map, op);
     DTENSOR_CUDA_LAUNCHED();
@@ -129,14 +122,6 @@ void reduce_to_scalar(const T* a, int64_t n, T* out, Acc init, Map map, Op op, c
   DTENSOR_CUDA_LAUNCHED();
   detail::finish_all<<<1, kThreads, 0, stream>>>(partials.get(), static_cast<int64_t>(blocks), out, init, op);
   DTENSOR_CUDA_LAUNCHED();
-}
-
-template <class T>
-T identity(Reduce r) {
-  using L = std::numeric_limits<T>;
-  if (r == Reduce::Max) return L::has_infinity ? -L::infinity() : L::lowest();
-  if (r == Reduce::Min) return L::has_infinity ? L::infinity() : L::max();
-  return T(0);
 }
 
 template <class T, class Op>
@@ -200,28 +185,12 @@ void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem
     return;
   }
 
-  // The index-mapping kernel, on the widest word that every offset, stride, run
-  // length and both base addresses are aligned to: a block of floats whose runs are
-  // all even moves as 8-byte words, in half the loads and stores.
-  Runs rs = runs_of(sb), rd = runs_of(db);
-  int64_t width = size;
-  if (width != 1 && width != 2 && width != 4 && width != 8) {  // any other size moves as bytes
-    for (Runs* r : {&rs, &rd}) r->offset *= width, r->stride *= width, r->len *= width;
-    width = 1;
-  }
-  const auto aligned = [](const void* p, int64_t w) { return reinterpret_cast<std::uintptr_t>(p) % w == 0; };
-  while (width < 8 && aligned(src, 2 * width) && aligned(dst, 2 * width)) {
-    bool even = true;
-    for (const Runs* r : {&rs, &rd}) even = even && r->offset % 2 == 0 && r->stride % 2 == 0 && r->len % 2 == 0;
-    if (!even) break;
-    for (Runs* r : {&rs, &rd}) r->offset /= 2, r->stride /= 2, r->len /= 2;
-    width *= 2;
-  }
-  const int64_t words = n * size / width;
-  visit_width(static_cast<std::size_t>(width), [&](auto tag) {
+  // The index-mapping kernel (see word_copy).
+  const detail::WordCopy c = detail::word_copy(src, sb, dst, db, size);
+  visit_width(static_cast<std::size_t>(c.width), [&](auto tag) {
     using W = decltype(tag);
-    detail::copy_runs<W><<<blocks_for(words), kThreads, 0, stream>>>(static_cast<const W*>(src), rs,
-                                                                    static_cast<W*>(dst), rd, words);
+    detail::copy_runs<W><<<blocks_for(c.words), kThreads, 0, stream>>>(static_cast<const W*>(src), c.src,
+                                                                      static_cast<W*>(dst), c.dst, c.words);
     DTENSOR_CUDA_LAUNCHED();
   });
 }
@@ -393,7 +362,7 @@ void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int
     using T = decltype(tag);
     const auto* x = static_cast<const T*>(in);
     auto* y = static_cast<T*>(out);
-    const T init = identity<T>(r);
+    const T init = detail::identity<T>(r);
     switch (r) {
       case Reduce::Sum: return launch_reduce_dim(x, y, len, inner, outs, init, detail::SumOp{}, stream);
       case Reduce::Max: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MaxOp{}, stream);

@@ -2,9 +2,12 @@
 // Reductions: along the middle dim of an [outer, len, inner] view (reduce_dim), and of
 // a whole array into one device scalar (sum_squares, max_abs), plus the combining
 // operators that block_copy.cuh's reduce_block shares.
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
+#include "dtensor/compute/functions.hpp"
 #include "grid.cuh"
 
 namespace dtensor::cuda::kernels::detail {
@@ -24,23 +27,23 @@ using wrap_t = typename wrap<T>::type;
 // right is not propagated into a non-NaN accumulator.
 struct SumOp {
   template <class T>
-  __device__ T operator()(T a, T b) const {
+  DTENSOR_DEVICE T operator()(T a, T b) const {
     if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<wrap_t<T>>(static_cast<wrap_t<T>>(a) + static_cast<wrap_t<T>>(b)));
     else return a + b;
   }
 };
 struct MaxOp {
   template <class T>
-  __device__ T operator()(T a, T b) const { return a < b ? b : a; }
+  DTENSOR_DEVICE T operator()(T a, T b) const { return a < b ? b : a; }
 };
 struct MinOp {
   template <class T>
-  __device__ T operator()(T a, T b) const { return b < a ? b : a; }
+  DTENSOR_DEVICE T operator()(T a, T b) const { return b < a ? b : a; }
 };
 // For max_abs: a norm of data holding a NaN is NaN, whatever order the tree takes.
 struct MaxNanOp {
   template <class T>
-  __device__ T operator()(T a, T b) const {
+  DTENSOR_DEVICE T operator()(T a, T b) const {
     if constexpr (std::is_floating_point_v<T>) return (a < b || b != b) ? b : a;
     else return a < b ? b : a;
   }
@@ -48,10 +51,19 @@ struct MaxNanOp {
 
 // --- reduce_dim: out[o, i] = op over j of in[o, j, i] ---
 
+// The value of a reduction over no elements, which also starts every accumulation.
+template <class T>
+T identity(::dtensor::LocalReduce r) {
+  using L = std::numeric_limits<T>;
+  if (r == ::dtensor::LocalReduce::Max) return L::has_infinity ? -L::infinity() : L::lowest();
+  if (r == ::dtensor::LocalReduce::Min) return L::has_infinity ? L::infinity() : L::max();
+  return T(0);
+}
+
 // One thread per output: coalesced when inner is wide (a warp reads consecutive i).
 template <class T, class Op>
-__global__ void reduce_columns(const T* __restrict__ in, T* __restrict__ out, int64_t len, int64_t inner, int64_t outs,
-                               T init, Op op) {
+DTENSOR_KERNEL void reduce_columns(const T* __restrict__ in, T* __restrict__ out, int64_t len, int64_t inner,
+                                   int64_t outs, T init, Op op) {
   for (int64_t k = first(); k < outs; k += stride()) {
     int64_t o, i;
     divmod(k, inner, o, i);
@@ -66,8 +78,8 @@ __global__ void reduce_columns(const T* __restrict__ in, T* __restrict__ out, in
 // the threads of a block then read consecutive elements) and for a few long outputs,
 // which one thread each would leave the GPU idle.
 template <class T, class Op>
-__global__ void reduce_rows(const T* __restrict__ in, T* __restrict__ out, int64_t len, int64_t inner, int64_t outs,
-                            T init, Op op) {
+DTENSOR_KERNEL void reduce_rows(const T* __restrict__ in, T* __restrict__ out, int64_t len, int64_t inner, int64_t outs,
+                                T init, Op op) {
   for (int64_t k = blockIdx.x; k < outs; k += gridDim.x) {  // uniform per block: block_reduce is safe inside
     int64_t o, i;
     divmod(k, inner, o, i);
@@ -91,14 +103,14 @@ inline bool reduce_by_rows(int64_t len, int64_t inner, int64_t outs) {
 template <class Acc>
 struct Square {
   template <class T>
-  __device__ Acc operator()(T x) const {
+  DTENSOR_DEVICE Acc operator()(T x) const {
     const Acc v = static_cast<Acc>(x);
     return static_cast<Acc>(v * v);
   }
 };
 struct Magnitude {
   template <class T>
-  __device__ T operator()(T x) const {
+  DTENSOR_DEVICE T operator()(T x) const {
     if constexpr (std::is_same_v<T, float>) return fabsf(x);  // |-0.0| is +0.0, as std::abs
     else if constexpr (std::is_same_v<T, double>) return fabs(x);
     else if constexpr (std::is_signed_v<T>) return x < 0 ? static_cast<T>(wrap_t<T>(0) - static_cast<wrap_t<T>>(x)) : x;
@@ -106,10 +118,17 @@ struct Magnitude {
   }
 };
 
+// The blocks of reduce_all for n > 0 elements: one partial result per block, combined
+// by finish_all (one block) when there are more than one.
+constexpr int64_t kMaxPartials = 1024;
+inline unsigned partial_blocks(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>(blocks_for(n), kMaxPartials));
+}
+
 // Each block folds its grid-stride share of a[0, n) into out[blockIdx.x]. Launched
 // with one block, that is the final value; otherwise finish_all combines the blocks.
 template <class T, class Acc, class Out, class Map, class Op>
-__global__ void reduce_all(const T* __restrict__ a, int64_t n, Out* __restrict__ out, Acc init, Map map, Op op) {
+DTENSOR_KERNEL void reduce_all(const T* __restrict__ a, int64_t n, Out* __restrict__ out, Acc init, Map map, Op op) {
   Acc acc = init;
   for (int64_t i = first(); i < n; i += stride()) acc = op(acc, map(a[i]));
   acc = block_reduce(acc, op);
@@ -118,7 +137,7 @@ __global__ void reduce_all(const T* __restrict__ a, int64_t n, Out* __restrict__
 
 // One block: combines reduce_all's per-block values into the scalar.
 template <class Acc, class T, class Op>
-__global__ void finish_all(const Acc* __restrict__ partials, int64_t n, T* __restrict__ out, Acc init, Op op) {
+DTENSOR_KERNEL void finish_all(const Acc* __restrict__ partials, int64_t n, T* __restrict__ out, Acc init, Op op) {
   Acc acc = init;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc = op(acc, partials[i]);
   acc = block_reduce(acc, op);

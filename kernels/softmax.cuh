@@ -15,7 +15,7 @@ namespace dtensor::cuda::kernels::detail {
 
 // Log-softmax keeps the shifted value: exp of it could underflow to 0 and its log to -inf.
 template <bool Log, class T>
-__device__ inline T shift_one(T& x, T m) {
+DTENSOR_DEVICE inline T shift_one(T& x, T m) {
   const T shifted = x - m;
   const T e = dexp(shifted);
   x = Log ? shifted : e;
@@ -24,8 +24,8 @@ __device__ inline T shift_one(T& x, T m) {
 
 // One thread per (o, i), like reduce_columns.
 template <class T, bool Log>
-__global__ void softmax_shift_columns(T* __restrict__ x, const T* __restrict__ max, T* __restrict__ sums, int64_t len,
-                                      int64_t inner, int64_t outs) {
+DTENSOR_KERNEL void softmax_shift_columns(T* __restrict__ x, const T* __restrict__ max, T* __restrict__ sums,
+                                          int64_t len, int64_t inner, int64_t outs) {
   for (int64_t k = first(); k < outs; k += stride()) {
     int64_t o, i;
     divmod(k, inner, o, i);
@@ -39,7 +39,7 @@ __global__ void softmax_shift_columns(T* __restrict__ x, const T* __restrict__ m
 
 // One block per (o, i), like reduce_rows (reduce_by_rows picks between the two).
 template <class T, bool Log>
-__global__ void softmax_shift_rows(T* __restrict__ x, const T* __restrict__ max, T* __restrict__ sums, int64_t len,
+DTENSOR_KERNEL void softmax_shift_rows(T* __restrict__ x, const T* __restrict__ max, T* __restrict__ sums, int64_t len,
                                    int64_t inner, int64_t outs) {
   for (int64_t k = blockIdx.x; k < outs; k += gridDim.x) {  // uniform per block: block_reduce is safe inside
     int64_t o, i;
@@ -55,7 +55,7 @@ __global__ void softmax_shift_rows(T* __restrict__ x, const T* __restrict__ max,
 
 // Elementwise over all of x: element e = (o * len + j) * inner + i uses sums[o * inner + i].
 template <class T, bool Log>
-__global__ void softmax_finish_kernel(T* __restrict__ x, const T* __restrict__ sums, int64_t len, int64_t inner,
+DTENSOR_KERNEL void softmax_finish_kernel(T* __restrict__ x, const T* __restrict__ sums, int64_t len, int64_t inner,
                                       int64_t n) {
   const int64_t plane = len * inner;
   for (int64_t e = first(); e < n; e += stride()) {

@@ -1,0 +1,946 @@
+// The CUDA kernels of kernels/, built by the host compiler (kernels/portable.cuh) and
+// run by the host launcher (host_launch/launcher.hpp), each against a plain host
+// reference on awkward sizes (0, 1, 31, 33, 1023, 4097, strided and uneven blocks),
+// with kernels.cu's launch configurations and with uneven ones (odd block sizes, grids
+// smaller than the work, so that every grid-stride and block loop turns). Every case
+// runs under both of the launcher's orders, so that a missing barrier gives a wrong
+// result; every buffer is fenced by guards that ASan watches (scripts/test.sh runs this
+// test under ASan) and that are checked in the other builds, so that an index out of
+// range fails. No GPU is needed: this runs in every build.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "block_copy.cuh"
+#include "dtensor/comm/block.hpp"
+#include "elementwise.cuh"
+#include "host_launch/launcher.hpp"
+#include "reduce.cuh"
+#include "softmax.cuh"
+
+namespace {
+
+namespace kd = dtensor::cuda::kernels::detail;
+namespace hl = dtensor::test::host_launch;
+using dtensor::Block;
+using dtensor::DType;
+using hl::Dim3;
+using hl::Order;
+using kd::blockDim;
+using kd::blockIdx;
+using kd::gridDim;
+using kd::threadIdx;
+using Binary = dtensor::BinaryOp;
+using Unary = dtensor::UnaryFn;
+using Reduce = dtensor::LocalReduce;
+
+constexpr int64_t kSizes[] = {0, 1, 31, 33, 1023, 4097};
+constexpr Order kOrders[] = {Order::Forward, Order::Reverse};
+
+template <class... T, class F>
+void for_types(F&& f) {
+  (f.template operator()<T>(), ...);
+}
+
+// Strings for INFO, which shows a const char* as a pointer.
+std::string name(Order o) { return o == Order::Forward ? "forward" : "reverse"; }
+template <class T>
+std::string type_name() {
+  return dtensor::name(dtensor::dtype_of<T>());
+}
+
+// --- buffers ---
+
+// An array with guards on both sides: ASan reports any access to them, and guards_intact
+// catches a write to them in a build without ASan.
+template <class T>
+class Buffer {
+ public:
+  static constexpr std::size_t kPad = 64;  // bytes, a multiple of every element's alignment
+  static constexpr unsigned char kGuardByte = 0xeb;
+
+  explicit Buffer(std::size_t n) : n_(n), raw_(new std::byte[n * sizeof(T) + 2 * kPad]) {
+    std::memset(raw_, kGuardByte, n * sizeof(T) + 2 * kPad);
+#ifdef DTENSOR_HOST_LAUNCH_ASAN
+    ASAN_POISON_MEMORY_REGION(raw_, kPad);
+    ASAN_POISON_MEMORY_REGION(raw_ + kPad + n * sizeof(T), kPad);
+#endif
+  }
+  explicit Buffer(const std::vector<T>& v) : Buffer(v.size()) {
+    if (!v.empty()) std::memcpy(data(), v.data(), v.size() * sizeof(T));
+  }
+  ~Buffer() {
+#ifdef DTENSOR_HOST_LAUNCH_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(raw_, n_ * sizeof(T) + 2 * kPad);
+#endif
+    delete[] raw_;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  T* data() { return reinterpret_cast<T*>(raw_ + kPad); }
+  std::vector<T> values() const {
+    std::vector<T> v(n_);
+    if (n_ != 0) std::memcpy(v.data(), raw_ + kPad, n_ * sizeof(T));
+    return v;
+  }
+  bool guards_intact() const {
+#ifdef DTENSOR_HOST_LAUNCH_ASAN
+    return true;  // ASan has reported any access already
+#else
+    for (std::size_t i = 0; i < kPad; ++i)
+      if (raw_[i] != std::byte{kGuardByte} || raw_[kPad + n_ * sizeof(T) + i] != std::byte{kGuardByte}) return false;
+    return true;
+#endif
+  }
+
+ private:
+  std::size_t n_;
+  std::byte* raw_;
+};
+
+template <class T>
+std::vector<T> random_values(std::size_t n, double lo, double hi, unsigned seed) {
+  if constexpr (std::is_unsigned_v<T>) lo = std::max(lo, 0.0);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(dist(gen));
+  return v;
+}
+
+// --- comparisons ---
+
+template <class T>
+std::string show(T v) {
+  std::ostringstream s;
+  s.precision(17);
+  if constexpr (sizeof(T) == 1) s << static_cast<int>(v);
+  else s << v;
+  return s.str();
+}
+
+// Equal bit for bit, but any NaN equals any NaN.
+template <class T>
+bool same(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+    return a == b && std::signbit(a) == std::signbit(b);
+  } else {
+    return a == b;
+  }
+}
+
+// Within rel * max(1, |want|), NaN with NaN, infinities exactly; integers exactly.
+template <class T>
+bool close(T got, T want, double rel) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(got) || std::isnan(want) || std::isinf(got) || std::isinf(want)) return same(got, want);
+    return std::abs(static_cast<double>(got) - want) <= rel * std::max(1.0, std::abs(static_cast<double>(want)));
+  } else {
+    return got == want;
+  }
+}
+
+// "" if every element matches, else the first that does not.
+template <class T, class Eq>
+std::string mismatch(const std::vector<T>& got, const std::vector<T>& want, Eq eq) {
+  if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " and " + std::to_string(want.size());
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!eq(got[i], want[i])) return "element " + std::to_string(i) + ": got " + show(got[i]) + ", want " + show(want[i]);
+  return "";
+}
+template <class T>
+std::string mismatch(const std::vector<T>& got, const std::vector<T>& want) {
+  return mismatch(got, want, [](T a, T b) { return same(a, b); });
+}
+
+template <class T>
+double tolerance() {
+  return std::is_same_v<T, float> ? 2e-5 : 1e-12;
+}
+
+// --- launch configurations ---
+
+struct Config {
+  Dim3 grid, block;
+};
+std::string show(const Config& c) {
+  return "<<<" + std::to_string(c.grid.x) + ", " + std::to_string(c.block.x) + ">>>";
+}
+
+// For a grid-stride kernel over n items: kernels.cu's, then uneven ones (all of them,
+// or only the first, for the kernels tested on many layouts).
+std::vector<Config> stride_configs(int64_t n, bool all = true) {
+  std::vector<Config> c = {{Dim3{n > 0 ? kd::blocks_for(n) : 1u}, Dim3{kd::kThreads}},
+                           {Dim3{3}, Dim3{33}},
+                           {Dim3{1}, Dim3{1024}},
+                           {Dim3{2}, Dim3{1}}};
+  if (!all) c.resize(2);
+  return c;
+}
+
+// Runs f(config) for each configuration under each order.
+template <class F>
+void each_launch(const std::vector<Config>& configs, F&& f) {
+  for (Order o : kOrders) {
+    hl::ScopedOrder scoped(o);
+    for (const Config& c : configs) {
+      INFO("launch ", show(c), ", ", name(o), " order");
+      f(c);
+    }
+  }
+}
+
+// --- references ---
+
+template <Binary Op, class T>
+T ref_binary(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    // In a wider type, then converted back: modulo 2^bits, as the kernels wrap.
+    using W = std::conditional_t<std::is_signed_v<T>, long long, unsigned long long>;
+    const W x = a, y = b;
+    if constexpr (Op == Binary::Add) return static_cast<T>(x + y);
+    else if constexpr (Op == Binary::Sub) return static_cast<T>(x - y);
+    else if constexpr (Op == Binary::Mul) return static_cast<T>(x * y);
+    else return static_cast<T>(x / y);
+  } else {
+    if constexpr (Op == Binary::Add) return a + b;
+    else if constexpr (Op == Binary::Sub) return a - b;
+    else if constexpr (Op == Binary::Mul) return a * b;
+    else return a / b;
+  }
+}
+
+template <Unary F, class T>
+T ref_unary(T x) {
+  if constexpr (F == Unary::Neg) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(-static_cast<long long>(x));
+    else return -x;
+  } else if constexpr (F == Unary::Abs) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(x < 0 ? -static_cast<long long>(x) : x);
+    else return std::abs(x);
+  } else if constexpr (F == Unary::Relu) {
+    return x < T(0) ? T(0) : x;
+  } else if constexpr (F == Unary::Exp) {
+    return std::exp(x);
+  } else if constexpr (F == Unary::Log) {
+    return std::log(x);
+  } else if constexpr (F == Unary::Sqrt) {
+    return std::sqrt(x);
+  } else if constexpr (F == Unary::Tanh) {
+    return std::tanh(x);
+  } else {
+    return T(1) / (T(1) + std::exp(-x));
+  }
+}
+
+// Values that test the edges of a type first, then random ones.
+template <class T>
+std::vector<T> edgy_values(std::size_t n, unsigned seed) {
+  std::vector<T> v = random_values<T>(n, -100, 100, seed);
+  using L = std::numeric_limits<T>;
+  std::vector<T> edges = {L::lowest(), L::max(), T(0), T(1)};
+  if constexpr (std::is_signed_v<T>) edges.push_back(T(-1));
+  if constexpr (std::is_floating_point_v<T>)
+    edges.insert(edges.end(), {L::quiet_NaN(), -T(0), L::infinity(), -L::infinity(), L::denorm_min(), T(-0.5)});
+  for (std::size_t i = 0; i < std::min(n, edges.size()); ++i) v[i] = edges[i];
+  return v;
+}
+
+// ======================================================================================
+// The launcher itself: the execution model the kernels rely on.
+// ======================================================================================
+
+DTENSOR_KERNEL void indices_kernel(unsigned* out) {
+  const unsigned block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const unsigned thread = (threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+  const unsigned threads = blockDim.x * blockDim.y * blockDim.z;
+  unsigned* o = out + 4 * (block * threads + thread);
+  o[0] += 1;  // each slot exactly once
+  o[1] = blockIdx.x + 100 * blockIdx.y + 10000 * blockIdx.z;
+  o[2] = threadIdx.x + 100 * threadIdx.y + 10000 * threadIdx.z;
+  o[3] = gridDim.x + 10 * gridDim.y + 100 * gridDim.z + 1000 * blockDim.x + 100000 * blockDim.y + 10000000 * blockDim.z;
+}
+
+// Each thread gets its own copy of the arguments.
+DTENSOR_KERNEL void params_kernel(int n, int* out) {
+  n += static_cast<int>(threadIdx.x);
+  out[threadIdx.x] = n;
+}
+
+// Reverses each block's slice through dynamic shared memory.
+DTENSOR_KERNEL void reverse_kernel(const int* in, int* out) {
+  DTENSOR_DYNAMIC_SHARED(int, s);
+  const unsigned t = threadIdx.x, base = blockIdx.x * blockDim.x;
+  s[t] = in[base + t];
+  DTENSOR_SYNCTHREADS();
+  out[base + t] = s[blockDim.x - 1 - t];
+}
+
+// A block sum with its first barrier missing: what the launcher must expose.
+DTENSOR_KERNEL void racy_sum_kernel(const unsigned* in, unsigned* out) {
+  DTENSOR_SHARED(unsigned, buf, [kd::kThreads]);
+  const unsigned t = threadIdx.x;
+  buf[t] = in[t];
+  for (unsigned half = kd::kThreads / 2; half > 0; half /= 2) {
+    if (t < half) buf[t] += buf[t + half];
+    DTENSOR_SYNCTHREADS();
+  }
+  if (t == 0) *out = buf[0];
+}
+
+DTENSOR_KERNEL void divergent_barrier_kernel(int* out) {
+  if (threadIdx.x < 5) DTENSOR_SYNCTHREADS();
+  out[threadIdx.x] = 1;
+}
+
+DTENSOR_KERNEL void two_barriers_kernel(int* out) {
+  if (threadIdx.x % 2 == 0) DTENSOR_SYNCTHREADS();
+  else DTENSOR_SYNCTHREADS();
+  out[threadIdx.x] = 1;
+}
+
+DTENSOR_KERNEL void big_shared_kernel(double* out) {
+  DTENSOR_SHARED(double, big, [7000]);  // 56000 bytes: past the 48 KiB of a block
+  big[threadIdx.x] = 1;
+  out[threadIdx.x] = big[threadIdx.x];
+}
+
+#ifndef DTENSOR_HOST_LAUNCH_ASAN  // under ASan the overrun is reported, and the process ends
+DTENSOR_KERNEL void shared_overrun_kernel(int* out) {
+  DTENSOR_SHARED(int, small, [4]);
+  small[threadIdx.x] = 1;  // launched with 5 threads
+  out[threadIdx.x] = 1;
+}
+#endif
+
+TEST_CASE("host launcher: indices of a 3-D grid of 3-D blocks") {
+  const Dim3 grid{3, 2, 2}, block{5, 3, 2};
+  const unsigned blocks = 12, threads = 30;
+  for (Order o : kOrders) {
+    hl::ScopedOrder scoped(o);
+    Buffer<unsigned> out(std::vector<unsigned>(4 * blocks * threads, 0));
+    hl::launch(grid, block, 0, indices_kernel, out.data());
+    const std::vector<unsigned> v = out.values();
+    bool ok = true;
+    for (unsigned b = 0; b < blocks; ++b)
+      for (unsigned t = 0; t < threads; ++t) {
+        const unsigned* s = &v[4 * (b * threads + t)];
+        const unsigned bx = b % 3, by = b / 3 % 2, bz = b / 6, tx = t % 5, ty = t / 5 % 3, tz = t / 15;
+        ok = ok && s[0] == 1 && s[1] == bx + 100 * by + 10000 * bz && s[2] == tx + 100 * ty + 10000 * tz &&
+             s[3] == 3 + 20 + 200 + 5000 + 300000 + 20000000;
+      }
+    CHECK(ok);
+    CHECK(out.guards_intact());
+  }
+}
+
+TEST_CASE("host launcher: arguments, dynamic shared memory") {
+  Buffer<int> out(std::vector<int>(64, 0));
+  hl::launch(Dim3{1}, Dim3{64}, 0, params_kernel, 7, out.data());
+  std::vector<int> want(64);
+  for (int t = 0; t < 64; ++t) want[t] = 7 + t;
+  CHECK(mismatch(out.values(), want) == "");
+
+  for (Order o : kOrders) {
+    hl::ScopedOrder scoped(o);
+    std::vector<int> in(3 * 97);
+    for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int>(i);
+    Buffer<int> a(in), b(std::vector<int>(in.size(), -1));
+    hl::launch(Dim3{3}, Dim3{97}, 97 * sizeof(int), reverse_kernel, a.data(), b.data());
+    std::vector<int> reversed(in.size());
+    for (int blk = 0; blk < 3; ++blk)
+      for (int t = 0; t < 97; ++t) reversed[blk * 97 + t] = blk * 97 + 96 - t;
+    CHECK(mismatch(b.values(), reversed) == "");
+    CHECK(b.guards_intact());
+  }
+}
+
+TEST_CASE("host launcher: a missing barrier gives a wrong result in one of the orders") {
+  std::vector<unsigned> in(kd::kThreads);
+  for (unsigned i = 0; i < kd::kThreads; ++i) in[i] = i + 1;
+  const unsigned want = kd::kThreads * (kd::kThreads + 1) / 2;
+  bool wrong = false;
+  for (Order o : kOrders) {
+    hl::ScopedOrder scoped(o);
+    Buffer<unsigned> a(in), out(std::vector<unsigned>(1, 0));
+    hl::launch(Dim3{1}, Dim3{kd::kThreads}, 0, racy_sum_kernel, a.data(), out.data());
+    wrong = wrong || out.values()[0] != want;
+  }
+  CHECK(wrong);
+}
+
+TEST_CASE("host launcher: what a GPU rejects or leaves undefined fails the launch") {
+  Buffer<int> out(std::vector<int>(1024, 0));
+  Buffer<double> dout(std::vector<double>(64, 0));
+  CHECK_THROWS_WITH_AS(hl::launch(Dim3{1}, Dim3{64}, 0, divergent_barrier_kernel, out.data()),
+                       doctest::Contains("5 of the block's 64 threads wait at the barrier"), hl::LaunchError);
+  CHECK_THROWS_WITH_AS(hl::launch(Dim3{2}, Dim3{64}, 0, two_barriers_kernel, out.data()),
+                       doctest::Contains("wait at different barriers"), hl::LaunchError);
+  CHECK_THROWS_WITH_AS(hl::launch(Dim3{1}, Dim3{64}, 0, big_shared_kernel, dout.data()),
+                       doctest::Contains("bytes of shared memory in a block"), hl::LaunchError);
+  CHECK_THROWS_AS(hl::launch(Dim3{1}, Dim3{1025}, 0, params_kernel, 0, out.data()), hl::LaunchError);
+  CHECK_THROWS_AS(hl::launch(Dim3{1}, Dim3{32, 32, 2}, 0, params_kernel, 0, out.data()), hl::LaunchError);
+  CHECK_THROWS_AS(hl::launch(Dim3{0}, Dim3{1}, 0, params_kernel, 0, out.data()), hl::LaunchError);
+  CHECK_THROWS_AS(hl::launch(Dim3{1, 1, 65536}, Dim3{1}, 0, params_kernel, 0, out.data()), hl::LaunchError);
+  CHECK_THROWS_AS(hl::launch(Dim3{1}, Dim3{1}, 49153, reverse_kernel, out.data(), out.data()), hl::LaunchError);
+#ifndef DTENSOR_HOST_LAUNCH_ASAN
+  CHECK_THROWS_WITH_AS(hl::launch(Dim3{1}, Dim3{5}, 0, shared_overrun_kernel, out.data()),
+                       doctest::Contains("wrote past __shared__ small"), hl::LaunchError);
+#endif
+  // The launcher recovers from a launch abandoned mid-block.
+  hl::launch(Dim3{1}, Dim3{64}, 0, params_kernel, 1, out.data());
+  CHECK(out.values()[63] == 64);
+  CHECK(out.guards_intact());
+  CHECK(dout.guards_intact());
+}
+
+// ======================================================================================
+// The kernels.
+// ======================================================================================
+
+TEST_CASE("kernels on the host: fill") {
+  for_types<float, double, int8_t, uint8_t, int32_t, int64_t>([]<class T>() {
+    for (int64_t n : kSizes) {
+      INFO("n = ", n, ", ", type_name<T>());
+      const T v = std::is_signed_v<T> ? T(-3) : T(7);
+      each_launch(stride_configs(n), [&](const Config& c) {
+        Buffer<T> out(std::vector<T>(static_cast<std::size_t>(n), T(1)));
+        hl::launch(c.grid, c.block, 0, kd::fill_kernel<T>, out.data(), v, n);
+        CHECK(mismatch(out.values(), std::vector<T>(static_cast<std::size_t>(n), v)) == "");
+        CHECK(out.guards_intact());
+      });
+    }
+  });
+}
+
+template <class T, Binary Op>
+void check_binary(int64_t n) {
+  const auto size = static_cast<std::size_t>(n);
+  const std::vector<T> a = random_values<T>(size, -100, 100, 1);
+  std::vector<T> b = random_values<T>(size, -100, 100, 2);
+  if constexpr (Op == Binary::Div && std::is_integral_v<T>)
+    for (auto& x : b) x = x == T(0) ? T(3) : x;
+  const T s = Op == Binary::Div ? T(7) : T(-9);
+  std::vector<T> want(size), want_s(size);
+  for (std::size_t i = 0; i < size; ++i) want[i] = ref_binary<Op>(a[i], b[i]), want_s[i] = ref_binary<Op>(a[i], s);
+  each_launch(stride_configs(n), [&](const Config& c) {
+    Buffer<T> x(a), y(b), out(size);
+    hl::launch(c.grid, c.block, 0, kd::binary_kernel<T, Op>, x.data(), y.data(), out.data(), n);
+    CHECK(mismatch(out.values(), want) == "");
+    hl::launch(c.grid, c.block, 0, kd::binary_scalar_kernel<T, Op>, x.data(), s, out.data(), n);
+    CHECK(mismatch(out.values(), want_s) == "");
+    hl::launch(c.grid, c.block, 0, kd::binary_kernel<T, Op>, x.data(), y.data(), x.data(), n);  // out aliases a
+    CHECK(mismatch(x.values(), want) == "");
+    CHECK((x.guards_intact() && y.guards_intact() && out.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: binary and binary_scalar") {
+  for_types<float, double, int8_t, uint8_t, int32_t>([]<class T>() {
+    for (int64_t n : kSizes) {
+      INFO("n = ", n, ", ", type_name<T>());
+      check_binary<T, Binary::Add>(n);
+      check_binary<T, Binary::Sub>(n);
+      check_binary<T, Binary::Mul>(n);
+      check_binary<T, Binary::Div>(n);
+    }
+  });
+}
+
+template <class T, Unary F>
+void check_unary(int64_t n) {
+  INFO("unary function ", static_cast<int>(F));
+  const auto size = static_cast<std::size_t>(n);
+  const std::vector<T> a = edgy_values<T>(size, 3);
+  std::vector<T> want(size);
+  for (std::size_t i = 0; i < size; ++i) want[i] = ref_unary<F>(a[i]);
+  each_launch(stride_configs(n), [&](const Config& c) {
+    Buffer<T> x(a), out(size);
+    hl::launch(c.grid, c.block, 0, kd::unary_kernel<T, F>, x.data(), out.data(), n);
+    CHECK(mismatch(out.values(), want) == "");
+    CHECK((x.guards_intact() && out.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: unary") {
+  for_types<float, double, int8_t, uint8_t, int32_t>([]<class T>() {
+    for (int64_t n : kSizes) {
+      INFO("n = ", n, ", ", type_name<T>());
+      check_unary<T, Unary::Neg>(n);
+      check_unary<T, Unary::Abs>(n);
+      check_unary<T, Unary::Relu>(n);
+      if constexpr (std::is_floating_point_v<T>) {
+        check_unary<T, Unary::Exp>(n);
+        check_unary<T, Unary::Log>(n);
+        check_unary<T, Unary::Sqrt>(n);
+        check_unary<T, Unary::Tanh>(n);
+        check_unary<T, Unary::Sigmoid>(n);
+      }
+    }
+  });
+}
+
+TEST_CASE("kernels on the host: add_bias") {
+  const std::pair<int64_t, int64_t> shapes[] = {{0, 7},   {7, 0},    {1, 1},    {31, 33},
+                                                {33, 31}, {1, 4097}, {4097, 1}, {3, 1023}};
+  for_types<float, int8_t, int32_t>([&]<class T>() {
+    for (const auto& shape : shapes) {
+      const int64_t rows = shape.first, cols = shape.second;  // not a structured binding: lambdas capture them
+      for (bool along_rows : {true, false}) {
+        INFO(rows, " x ", cols, std::string(along_rows ? ", along rows, " : ", along columns, "), type_name<T>());
+        const int64_t n = rows * cols;
+        const auto size = static_cast<std::size_t>(n);
+        const std::vector<T> m = random_values<T>(size, -100, 100, 4);
+        const std::vector<T> v = random_values<T>(static_cast<std::size_t>(along_rows ? cols : rows), -100, 100, 5);
+        std::vector<T> want(size);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            want[r * cols + c] = ref_binary<Binary::Add>(m[r * cols + c], v[along_rows ? c : r]);
+        each_launch(stride_configs(n), [&](const Config& c) {
+          Buffer<T> x(m), b(v), out(size);
+          if (along_rows) {
+            hl::launch(c.grid, c.block, 0, kd::add_bias_kernel<T, true>, x.data(), b.data(), out.data(), cols, n);
+            hl::launch(c.grid, c.block, 0, kd::add_bias_kernel<T, true>, x.data(), b.data(), x.data(), cols, n);
+          } else {
+            hl::launch(c.grid, c.block, 0, kd::add_bias_kernel<T, false>, x.data(), b.data(), out.data(), cols, n);
+            hl::launch(c.grid, c.block, 0, kd::add_bias_kernel<T, false>, x.data(), b.data(), x.data(), cols, n);
+          }
+          CHECK(mismatch(out.values(), want) == "");
+          CHECK(mismatch(x.values(), want) == "");  // in place
+          CHECK((x.guards_intact() && b.guards_intact() && out.guards_intact()));
+        });
+      }
+    }
+  });
+}
+
+TEST_CASE("kernels on the host: transpose") {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},   {1, 33},  {33, 1},   {31, 33},  {33, 31},
+                                                {32, 32}, {64, 96}, {1023, 5}, {5, 1023}, {4097, 3}};
+  for_types<uint8_t, uint16_t, uint32_t, uint64_t>([&]<class W>() {
+    for (const auto& shape : shapes) {
+      const int64_t rows = shape.first, cols = shape.second;
+      INFO(rows, " x ", cols, ", ", sizeof(W), "-byte words");
+      const auto size = static_cast<std::size_t>(rows * cols);
+      const std::vector<W> in = random_values<W>(size, 0, 250, 6);
+      std::vector<W> want(size);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) want[c * rows + r] = in[r * cols + c];
+      const int64_t tiles_c = (cols + kd::kTile - 1) / kd::kTile;
+      const int64_t tiles = (rows + kd::kTile - 1) / kd::kTile * tiles_c;
+      const Dim3 block{kd::kTile, kd::kTileRows};
+      // kernels.cu's grid, and grids smaller than the tiles, so that blocks loop over them.
+      const std::vector<Config> configs = {{Dim3{static_cast<unsigned>(std::min(tiles, kd::kMaxBlocks))}, block},
+                                           {Dim3{3}, block},
+                                           {Dim3{1}, block}};
+      each_launch(configs, [&](const Config& c) {
+        Buffer<W> x(in), out(size);
+        hl::launch(c.grid, c.block, 0, kd::transpose_kernel<W>, x.data(), out.data(), rows, cols, tiles_c, tiles);
+        CHECK(mismatch(out.values(), want) == "");
+        CHECK((x.guards_intact() && out.guards_intact()));
+      });
+    }
+  });
+}
+
+// --- blocks: copies, reductions and divisions between strided blocks ---
+
+// Blocks of n elements: contiguous, and strided with every few ways of cutting n into
+// runs (uneven run counts and lengths), with gaps between the runs or none.
+std::vector<Block> layouts(int64_t n) {
+  std::vector<Block> out = {Block::contiguous(3, n)};
+  if (n == 0) {
+    out.push_back(Block{2, 3, 5, 0});
+    out.push_back(Block{1, 0, 4, 7});
+    return out;
+  }
+  std::vector<int64_t> lens;
+  for (int64_t d = 1; d <= n; ++d)
+    if (n % d == 0) lens.push_back(d);
+  if (lens.size() > 4) lens = {lens[0], lens[1], lens[lens.size() - 2], lens.back()};
+  int64_t gap = 0;
+  for (int64_t len : lens) {
+    out.push_back(Block{gap + 1, n / len, len + gap, len});
+    gap = gap == 0 ? 3 : gap == 3 ? 1 : 0;
+  }
+  return out;
+}
+int64_t extent(const Block& b) {  // the elements a buffer needs to hold the block
+  return b.numel() == 0 ? b.offset : b.offset + (b.count - 1) * b.stride + b.len;
+}
+std::string show(const Block& b) {
+  return "{offset " + std::to_string(b.offset) + ", " + std::to_string(b.count) + " runs of " +
+         std::to_string(b.len) + ", stride " + std::to_string(b.stride) + "}";
+}
+
+// (source, destination) pairs of n elements: each layout with the next.
+std::vector<std::pair<Block, Block>> block_pairs(int64_t n) {
+  const std::vector<Block> l = layouts(n);
+  std::vector<std::pair<Block, Block>> out;
+  for (std::size_t i = 0; i < l.size(); ++i) out.emplace_back(l[i], l[(i + 1) % l.size()]);
+  out.emplace_back(l.back(), l.back());
+  return out;
+}
+
+template <class W>
+void launch_copy(const Config& c, const std::byte* src, const kd::WordCopy& w, std::byte* dst) {
+  hl::launch(c.grid, c.block, 0, kd::copy_runs<W>, reinterpret_cast<const W*>(src), w.src, reinterpret_cast<W*>(dst),
+             w.dst, w.words);
+}
+
+TEST_CASE("kernels on the host: copy_runs between strided blocks (word_copy's plan)") {
+  for (int64_t n : kSizes) {
+    for (const auto& pair : block_pairs(n)) {
+      const Block sb = pair.first, db = pair.second;
+      for (int64_t size : {1, 2, 4, 8, 12}) {
+        for (int64_t shift : {0, 1}) {  // a base address aligned to the element only
+          INFO("n = ", n, ", ", show(sb), " -> ", show(db), ", ", size, "-byte elements, base + ", shift);
+          const auto src_bytes = static_cast<std::size_t>((extent(sb) + shift) * size);
+          const auto dst_bytes = static_cast<std::size_t>((extent(db) + shift) * size);
+          const std::vector<uint8_t> s = random_values<uint8_t>(src_bytes, 0, 255, 7);
+          const std::vector<uint8_t> d = random_values<uint8_t>(dst_bytes, 0, 255, 8);
+          std::vector<uint8_t> want = d;
+          dtensor::detail::copy_block(s.data() + shift * size, sb, want.data() + shift * size, db,
+                                      static_cast<std::size_t>(size));
+          Buffer<uint8_t> x(s);
+          const std::byte* src = reinterpret_cast<const std::byte*>(x.data()) + shift * size;
+          const kd::WordCopy w = kd::word_copy(src, sb, src, db, size);  // dst is aligned like src
+          CHECK(w.words * w.width == n * size);
+          each_launch(stride_configs(w.words, false), [&](const Config& c) {
+            Buffer<uint8_t> y(d);
+            std::byte* dst = reinterpret_cast<std::byte*>(y.data()) + shift * size;
+            REQUIRE(kd::word_copy(src, sb, dst, db, size).width == w.width);
+            switch (w.width) {
+              case 1: launch_copy<uint8_t>(c, src, w, dst); break;
+              case 2: launch_copy<uint16_t>(c, src, w, dst); break;
+              case 4: launch_copy<uint32_t>(c, src, w, dst); break;
+              default: launch_copy<uint64_t>(c, src, w, dst); break;
+            }
+            CHECK(mismatch(y.values(), want) == "");
+            CHECK((x.guards_intact() && y.guards_intact()));
+          });
+        }
+      }
+    }
+  }
+}
+
+template <class T, dtensor::ReduceOp Op>
+void check_reduce_runs(int64_t n, const Block& sb, const Block& db) {
+  INFO("op ", std::string(dtensor::name(Op)));
+  const std::vector<T> s = random_values<T>(static_cast<std::size_t>(extent(sb)), -50, 50, 9);
+  const std::vector<T> d = random_values<T>(static_cast<std::size_t>(extent(db)), -50, 50, 10);
+  std::vector<T> want = d;
+  dtensor::detail::reduce_block(dtensor::dtype_of<T>(), Op, s.data(), sb, want.data(), db);
+  const kd::Runs rs = kd::runs_of(sb), rd = kd::runs_of(db);
+  const bool contiguous = sb.is_contiguous() && db.is_contiguous();  // kernels.cu's choice
+  each_launch(stride_configs(n, false), [&](const Config& c) {
+    for (bool strided : {false, true}) {
+      if (!strided && !contiguous) continue;
+      Buffer<T> x(s), y(d);
+      if (strided)
+        hl::launch(c.grid, c.block, 0, kd::reduce_runs<T, Op, kd::Layout::Strided>, x.data(), rs, y.data(), rd, n);
+      else
+        hl::launch(c.grid, c.block, 0, kd::reduce_runs<T, Op, kd::Layout::Contiguous>, x.data(), rs, y.data(), rd, n);
+      CHECK(mismatch(y.values(), want) == "");
+      CHECK((x.guards_intact() && y.guards_intact()));
+    }
+  });
+}
+
+TEST_CASE("kernels on the host: reduce_runs and divide_runs between strided blocks") {
+  for_types<float, double, uint8_t, int32_t>([]<class T>() {
+    for (int64_t n : kSizes) {
+      for (const auto& pair : block_pairs(n)) {
+        const Block sb = pair.first, db = pair.second;
+        INFO("n = ", n, ", ", show(sb), " -> ", show(db), ", ", type_name<T>());
+        check_reduce_runs<T, dtensor::ReduceOp::Sum>(n, sb, db);
+        check_reduce_runs<T, dtensor::ReduceOp::Max>(n, sb, db);
+        check_reduce_runs<T, dtensor::ReduceOp::Min>(n, sb, db);
+
+        const std::vector<T> d = random_values<T>(static_cast<std::size_t>(extent(db)), -50, 50, 11);
+        std::vector<T> want = d;
+        dtensor::detail::divide_block(dtensor::dtype_of<T>(), want.data(), db, 3);
+        const kd::Runs rd = kd::runs_of(db);
+        each_launch(stride_configs(n, false), [&](const Config& c) {
+          Buffer<T> y(d);
+          if (db.is_contiguous())
+            hl::launch(c.grid, c.block, 0, kd::divide_runs<T, kd::Layout::Contiguous>, y.data(), rd, T(3), n);
+          else hl::launch(c.grid, c.block, 0, kd::divide_runs<T, kd::Layout::Strided>, y.data(), rd, T(3), n);
+          CHECK(mismatch(y.values(), want) == "");
+          CHECK(y.guards_intact());
+        });
+      }
+    }
+  });
+}
+
+// --- reductions ---
+
+struct Shape {
+  int64_t outer, len, inner;
+};
+std::string show(const Shape& s) {
+  return "[" + std::to_string(s.outer) + ", " + std::to_string(s.len) + ", " + std::to_string(s.inner) + "]";
+}
+constexpr Shape kShapes[] = {{2, 0, 3},  {1, 1, 1},    {1, 31, 1},   {3, 33, 1},  {2, 33, 5},  {1, 1023, 1},
+                             {1, 4097, 1}, {2, 4097, 3}, {4, 31, 33}, {1, 1, 4097}, {0, 5, 3}};
+
+// reduce_rows costs a block-wide reduction per output: the launcher runs those for
+// shapes of up to this many outputs.
+constexpr int64_t kMaxRowOutputs = 128;
+
+template <class T, class Op>
+void check_reduce_dim(const Shape& sh, Reduce r, Op op) {
+  INFO("reduction ", std::string(r == Reduce::Sum ? "sum" : r == Reduce::Max ? "max" : "min"));
+  const int64_t outs = sh.outer * sh.inner;
+  const std::vector<T> in = random_values<T>(static_cast<std::size_t>(sh.outer * sh.len * sh.inner), -20, 20, 12);
+  const T init = kd::identity<T>(r);
+  std::vector<T> want(static_cast<std::size_t>(outs));
+  double magnitude = 1;  // the largest sum of |x| of an output: the scale of the sums' rounding
+  for (int64_t o = 0; o < sh.outer; ++o)
+    for (int64_t i = 0; i < sh.inner; ++i) {
+      T acc = init;
+      double sum = 0, abs_sum = 0;  // floating-point sums in double
+      for (int64_t j = 0; j < sh.len; ++j) {
+        const T x = in[(o * sh.len + j) * sh.inner + i];
+        if (r == Reduce::Sum) acc = ref_binary<Binary::Add>(acc, x);
+        else if (r == Reduce::Max) acc = std::max(acc, x);
+        else acc = std::min(acc, x);
+        sum += static_cast<double>(x);
+        abs_sum += std::abs(static_cast<double>(x));
+      }
+      if (std::is_floating_point_v<T> && r == Reduce::Sum) acc = static_cast<T>(sum);
+      magnitude = std::max(magnitude, abs_sum);
+      want[o * sh.inner + i] = acc;
+    }
+  // Rounding differs with the order of the sum; anything else (a missed element, a
+  // value read before it was written) is far off.
+  const double tol = (std::is_same_v<T, float> ? 1e-6 : 1e-14) * magnitude;
+  const auto eq = [&](T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) return std::isnan(a) == std::isnan(b) && (std::abs(a - b) <= tol || a == b);
+    else return a == b;
+  };
+  std::vector<Config> rows;
+  if (outs > 0 && outs <= kMaxRowOutputs) {
+    rows.push_back({Dim3{static_cast<unsigned>(std::min(outs, kd::kMaxBlocks))}, Dim3{kd::kThreads}});
+    rows.push_back({Dim3{static_cast<unsigned>(std::min<int64_t>(outs, 3))}, Dim3{kd::kThreads}});
+  }
+  each_launch(rows, [&](const Config& c) {
+    Buffer<T> x(in), out(static_cast<std::size_t>(outs));
+    hl::launch(c.grid, c.block, 0, kd::reduce_rows<T, Op>, x.data(), out.data(), sh.len, sh.inner, outs, init, op);
+    CHECK(mismatch(out.values(), want, eq) == "");
+    CHECK((x.guards_intact() && out.guards_intact()));
+  });
+  each_launch(stride_configs(outs), [&](const Config& c) {
+    Buffer<T> x(in), out(static_cast<std::size_t>(outs));
+    hl::launch(c.grid, c.block, 0, kd::reduce_columns<T, Op>, x.data(), out.data(), sh.len, sh.inner, outs, init, op);
+    CHECK(mismatch(out.values(), want, eq) == "");
+    CHECK((x.guards_intact() && out.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: reduce_rows and reduce_columns") {
+  for_types<float, double, uint8_t, int32_t>([]<class T>() {
+    for (const Shape& sh : kShapes) {
+      INFO(show(sh), ", ", type_name<T>());
+      check_reduce_dim<T>(sh, Reduce::Sum, kd::SumOp{});
+      check_reduce_dim<T>(sh, Reduce::Max, kd::MaxOp{});
+      check_reduce_dim<T>(sh, Reduce::Min, kd::MinOp{});
+    }
+  });
+}
+
+// Each thread writes the block's sums and maximum as block_reduce returns them to it,
+// calling it again right away, as its comment allows: with the same operator (the same
+// __shared__ array, which the first call must release before returning), then with
+// another.
+template <class T>
+DTENSOR_KERNEL void block_reduce_twice(const T* in, T* sums, T* twice, T* maxes) {
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  sums[i] = kd::block_reduce(in[i], kd::SumOp{});
+  twice[i] = kd::block_reduce(kd::SumOp{}(in[i], in[i]), kd::SumOp{});
+  maxes[i] = kd::block_reduce(in[i], kd::MaxOp{});
+}
+
+TEST_CASE("kernels on the host: block_reduce gives every thread the block's value") {
+  for_types<float, int32_t, uint8_t>([]<class T>() {
+    const unsigned blocks = 3;
+    const auto size = std::size_t{blocks} * kd::kThreads;
+    std::vector<T> in = random_values<T>(size, -100, 100, 13);
+    for (T& x : in) x = static_cast<T>(std::round(x));  // float sums of small integers are exact
+    std::vector<T> sums(size), twice(size), maxes(size);
+    for (unsigned b = 0; b < blocks; ++b) {
+      T s = 0, s2 = 0, m = std::numeric_limits<T>::lowest();
+      for (int t = 0; t < kd::kThreads; ++t) {
+        const T x = in[b * kd::kThreads + t];
+        s = ref_binary<Binary::Add>(s, x);
+        s2 = ref_binary<Binary::Add>(s2, ref_binary<Binary::Add>(x, x));
+        m = std::max(m, x);
+      }
+      for (int t = 0; t < kd::kThreads; ++t) {
+        const unsigned i = b * kd::kThreads + t;
+        sums[i] = s, twice[i] = s2, maxes[i] = m;
+      }
+    }
+    each_launch({{Dim3{blocks}, Dim3{kd::kThreads}}}, [&](const Config& c) {
+      Buffer<T> x(in), s(size), s2(size), m(size);
+      hl::launch(c.grid, c.block, 0, block_reduce_twice<T>, x.data(), s.data(), s2.data(), m.data());
+      CHECK(mismatch(s.values(), sums) == "");
+      CHECK(mismatch(s2.values(), twice) == "");
+      CHECK(mismatch(m.values(), maxes) == "");
+      CHECK((x.guards_intact() && s.guards_intact() && s2.guards_intact() && m.guards_intact()));
+    });
+  });
+}
+
+// sum_squares and max_abs as kernels.cu launches them (reduce_to_scalar): one block
+// straight into the result, or partial results per block and finish_all; then with a
+// grid of 3 blocks.
+template <class T, class Acc, class Map, class Op>
+T reduce_to_scalar(const Config& c, bool production, T* a, int64_t n, Acc init, Map map, Op op) {
+  Buffer<T> out(std::vector<T>(1, T(42)));
+  const unsigned blocks = production ? kd::partial_blocks(n) : c.grid.x;
+  if (blocks == 1) {
+    hl::launch(Dim3{1}, c.block, 0, kd::reduce_all<T, Acc, T, Map, Op>, a, n, out.data(), init, map, op);
+  } else {
+    Buffer<Acc> partials(blocks);
+    hl::launch(Dim3{blocks}, c.block, 0, kd::reduce_all<T, Acc, Acc, Map, Op>, a, n, partials.data(), init, map, op);
+    hl::launch(Dim3{1}, c.block, 0, kd::finish_all<Acc, T, Op>, static_cast<const Acc*>(partials.data()),
+               static_cast<int64_t>(blocks), out.data(), init, op);
+    CHECK(partials.guards_intact());
+  }
+  CHECK(out.guards_intact());
+  return out.values()[0];
+}
+
+TEST_CASE("kernels on the host: reduce_all and finish_all (sum_squares, max_abs)") {
+  for_types<float, double, int8_t, int32_t>([]<class T>() {
+    std::vector<int64_t> sizes = {1, 31, 33, 1023, 4097};
+    if (std::is_same_v<T, float>) sizes.push_back(int64_t{kd::kMaxPartials} * kd::kThreads + 33);  // past the cap
+    for (int64_t n : sizes) {
+      for (bool with_nan : {false, true}) {
+        if (with_nan && !std::is_floating_point_v<T>) continue;
+        INFO("n = ", n, ", ", type_name<T>(), std::string(with_nan ? ", with a NaN" : ""));
+        std::vector<T> in = random_values<T>(static_cast<std::size_t>(n), -100, 100, 14);
+        if constexpr (std::is_floating_point_v<T>)
+          if (with_nan) in[static_cast<std::size_t>(n / 2)] = std::numeric_limits<T>::quiet_NaN();
+        using Acc = std::conditional_t<std::is_same_v<T, float>, double, kd::wrap_t<T>>;
+        Acc squares = 0;
+        T max_abs = 0;
+        bool nan = false;
+        for (T x : in) {
+          squares = static_cast<Acc>(squares + static_cast<Acc>(static_cast<Acc>(x) * static_cast<Acc>(x)));
+          const T m = std::is_signed_v<T> && x < 0 ? static_cast<T>(kd::wrap_t<T>(0) - static_cast<kd::wrap_t<T>>(x)) : x;
+          nan = nan || m != m;
+          max_abs = std::max(max_abs, m);
+        }
+        if (nan) max_abs = std::numeric_limits<T>::quiet_NaN();
+        const double tol = tolerance<T>() * 10;
+        const std::vector<Config> configs = {{Dim3{1}, Dim3{kd::kThreads}}, {Dim3{3}, Dim3{kd::kThreads}}};
+        for (Order o : kOrders) {
+          if (n > 5000 && (o == Order::Reverse || with_nan)) continue;  // the large case once
+          hl::ScopedOrder scoped(o);
+          for (bool production : {true, false}) {
+            INFO(std::string(production ? "kernels.cu's grid" : "3 blocks"), ", ", name(o), " order");
+            const Config& c = configs[production ? 0 : 1];
+            Buffer<T> x(in);
+            const T sq = reduce_to_scalar(c, production, x.data(), n, Acc(0), kd::Square<Acc>{}, kd::SumOp{});
+            CHECK(close(sq, static_cast<T>(squares), tol));
+            const T ma = reduce_to_scalar(c, production, x.data(), n, T(0), kd::Magnitude{}, kd::MaxNanOp{});
+            CHECK(same(ma, max_abs));
+            CHECK(x.guards_intact());
+          }
+        }
+      }
+    }
+  });
+}
+
+// --- softmax ---
+
+template <class T, bool Log>
+void check_softmax(const Shape& sh) {
+  INFO(std::string(Log ? "log_softmax" : "softmax"));
+  const int64_t outs = sh.outer * sh.inner, n = outs * sh.len;
+  const auto size = static_cast<std::size_t>(n);
+  const std::vector<T> x0 = random_values<T>(size, -5, 5, 15);
+  std::vector<T> max(static_cast<std::size_t>(outs), -std::numeric_limits<T>::infinity());
+  for (int64_t o = 0; o < sh.outer; ++o)
+    for (int64_t j = 0; j < sh.len; ++j)
+      for (int64_t i = 0; i < sh.inner; ++i) {
+        T& m = max[o * sh.inner + i];
+        m = std::max(m, x0[(o * sh.len + j) * sh.inner + i]);
+      }
+  // The shifted values, the sums, and the result.
+  std::vector<T> shifted(size), result(size);
+  std::vector<double> exact_sums(static_cast<std::size_t>(outs), 0);
+  for (int64_t o = 0; o < sh.outer; ++o)
+    for (int64_t j = 0; j < sh.len; ++j)
+      for (int64_t i = 0; i < sh.inner; ++i) {
+        const int64_t e = (o * sh.len + j) * sh.inner + i, k = o * sh.inner + i;
+        const T d = x0[e] - max[k];  // in T, as the kernels compute it: exactly
+        shifted[e] = Log ? d : std::exp(d);
+        exact_sums[k] += static_cast<double>(std::exp(d));
+      }
+  std::vector<T> sums(exact_sums.begin(), exact_sums.end());
+  for (int64_t e = 0; e < n; ++e) {
+    const int64_t k = e / (sh.len * sh.inner) * sh.inner + e % sh.inner;
+    result[e] = Log ? static_cast<T>(shifted[e] - std::log(exact_sums[k])) : static_cast<T>(shifted[e] / exact_sums[k]);
+  }
+  // Sums of positive terms: relative rounding of a few units per doubling of the length.
+  const auto eq = [](T a, T b) { return close(a, b, tolerance<T>()); };
+
+  std::vector<Config> shift_configs = stride_configs(outs);  // softmax_shift_columns
+  std::vector<bool> by_rows(shift_configs.size(), false);
+  if (outs > 0 && outs <= kMaxRowOutputs) {
+    shift_configs.push_back({Dim3{static_cast<unsigned>(std::min(outs, kd::kMaxBlocks))}, Dim3{kd::kThreads}});
+    shift_configs.push_back({Dim3{static_cast<unsigned>(std::min<int64_t>(outs, 3))}, Dim3{kd::kThreads}});
+    by_rows.resize(shift_configs.size(), true);
+  }
+  for (Order o : kOrders) {
+    hl::ScopedOrder scoped(o);
+    for (std::size_t k = 0; k < shift_configs.size(); ++k) {
+      const Config& c = shift_configs[k];
+      INFO(std::string(by_rows[k] ? "softmax_shift_rows " : "softmax_shift_columns "), show(c), ", ", name(o), " order");
+      Buffer<T> x(x0), m(max), s(static_cast<std::size_t>(outs));
+      if (by_rows[k])
+        hl::launch(c.grid, c.block, 0, kd::softmax_shift_rows<T, Log>, x.data(), m.data(), s.data(), sh.len,
+                   sh.inner, outs);
+      else
+        hl::launch(c.grid, c.block, 0, kd::softmax_shift_columns<T, Log>, x.data(), m.data(), s.data(), sh.len,
+                   sh.inner, outs);
+      CHECK(mismatch(x.values(), shifted) == "");
+      CHECK(mismatch(s.values(), sums, eq) == "");
+      const Config f = stride_configs(n)[k % 4];
+      INFO("softmax_finish_kernel ", show(f));
+      hl::launch(f.grid, f.block, 0, kd::softmax_finish_kernel<T, Log>, x.data(), static_cast<const T*>(s.data()), sh.len,
+                 sh.inner, n);
+      CHECK(mismatch(x.values(), result, eq) == "");
+      CHECK((x.guards_intact() && m.guards_intact() && s.guards_intact()));
+    }
+  }
+}
+
+TEST_CASE("kernels on the host: softmax_shift and softmax_finish") {
+  for_types<float, double>([]<class T>() {
+    for (const Shape& sh : kShapes) {
+      INFO(show(sh), ", ", type_name<T>());
+      check_softmax<T, false>(sh);
+      check_softmax<T, true>(sh);
+    }
+  });
+}
+
+}  // namespace
