@@ -2,27 +2,92 @@
 // An emulated device for the tests: a DeviceBackend and MemorySpace that keep
 // "device" memory in host RAM behind pointers the host cannot dereference (bit 62
 // set: a non-canonical address, so any host access faults at once, as real GPU
-// memory would). Only the backend's functions strip the tag. Installed for
+// memory would). Only the work queued on a stream strips the tag. Installed for
 // Device::cuda, it runs every device path of the core (allocation, copies,
 // collectives on device buffers, operators through the backend table) on a
 // machine without a GPU. The math here is plain loops, apart from the library's
 // Eigen code.
+//
+// Streams behave as a GPU's do: the work is done later, not when it is queued.
+// Each stream (a thread's own, from bind_thread or its first device work) is a FIFO
+// queue run by a worker thread of its own, after a random small delay, so its work
+// runs out of order with the host and with every other stream unless something
+// orders them: synchronize(), a function that returns a value to the host
+// (sum_squares, max_abs), or a copy that touches host memory (which returns once
+// that memory may be used, and is ordered after the stream's earlier work, as
+// cudaMemcpyAsync followed by cudaStreamSynchronize is). Everything else returns at
+// once: kernels, device-to-device copies, zeroing, and frees. Memory is stream
+// ordered as cudaMallocAsync/cudaFreeAsync make it: a block freed by a thread with
+// a stream goes to that stream's pool, and its next allocation of the same size gets
+// it back at once, before the work queued ahead of the free has run (safe in stream
+// order, and only there). Fresh blocks, and freed ones when the free runs, are
+// filled with 0xff bytes (NaN, -1), so a stale or uninitialised read shows in the
+// results; blocks leave the pools (and go back to the host heap, where ASan watches
+// them) when a pool is full or its stream's thread ends.
+//
+// So a missing stream wait in the library (a rank publishing a buffer that its
+// stream is still writing, reading a peer's buffer after the peer has moved on, a
+// buffer freed or reused while a copy from it is queued) gives a wrong result, and
+// under ThreadSanitizer a data race between two workers (nothing else orders them:
+// the workers share no lock, and the emulator's counters are relaxed atomics).
+//
+// A thread that has no stream (not bound, like the real backend's on_the_side)
+// allocates, zeroes and copies synchronously; it frees after waiting for every
+// stream (cudaDeviceSynchronize). A thread's stream outlives the thread: it is
+// closed when the thread ends and its worker finishes the queued work, as a CUDA
+// stream destroyed with work pending does.
+//
+// Environment (read once):
+//   DTENSOR_EMU_ASYNC=0          every operation runs at once on the calling thread
+//                                (the old synchronous emulator), for comparison
+//   DTENSOR_EMU_SEED=n           seed of the delays (default 1; each stream draws
+//                                from its own generator, seeded with n and its number)
+//   DTENSOR_EMU_DELAY_US=n       longest delay before an operation, microseconds (default 200)
+//   DTENSOR_EMU_DELAY_PERCENT=n  share of the operations delayed (default 10; the
+//                                others run as soon as the worker gets to them)
 #include <dtensor/dtensor.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 namespace dtensor::test::emulated {
 
 inline constexpr std::uintptr_t kTag = std::uintptr_t{1} << 62;
+inline constexpr unsigned char kPoison = 0xff;  // NaN in every float, -1 in every integer
 
+// Counters. Relaxed on purpose: a seq_cst read-modify-write shared by the workers
+// would order them, and hide from ThreadSanitizer the races the emulator exists to show.
 inline std::atomic<long>& calls() {  // backend calls, to show the device path ran
   static std::atomic<long> n{0};
   return n;
 }
+inline std::atomic<long>& queued_ops() {  // operations run by stream workers
+  static std::atomic<long> n{0};
+  return n;
+}
+inline std::atomic<long>& streams_created() {
+  static std::atomic<long> n{0};
+  return n;
+}
+inline void count(std::atomic<long>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
 template <class T = void>
 T* real(const void* p) {
@@ -30,156 +95,598 @@ T* real(const void* p) {
 }
 inline void* tagged(void* p) { return p ? reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) | kTag) : p; }
 
-inline void* allocate(std::size_t bytes, int) { return tagged(detail::host_allocate(bytes, 0)); }
-inline void deallocate(void* p, std::size_t bytes, int) noexcept { detail::host_deallocate(real(p), bytes, 0); }
-inline void zero(void* p, std::size_t bytes, int) { std::memset(real(p), 0, bytes); }
-inline void copy(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
-  std::memcpy(dd.is_host() ? dst : real(dst), sd.is_host() ? src : real(src), bytes);
+// --- configuration ---
+
+struct Config {
+  bool async = true;
+  uint64_t seed = 1;
+  int max_delay_us = 200;
+  int delay_percent = 10;
+};
+
+inline long env_long(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end || x < 0) {
+    std::fprintf(stderr, "emulated device: %s=%s is not a non-negative integer\n", name, v);
+    std::abort();
+  }
+  return x;
 }
+
+inline const Config& config() {
+  static const Config c = [] {
+    Config k;
+    k.async = env_long("DTENSOR_EMU_ASYNC", 1) != 0;
+    k.seed = static_cast<uint64_t>(env_long("DTENSOR_EMU_SEED", 1));
+    k.max_delay_us = static_cast<int>(env_long("DTENSOR_EMU_DELAY_US", 200));
+    k.delay_percent = static_cast<int>(std::min(env_long("DTENSOR_EMU_DELAY_PERCENT", 10), 100L));
+    return k;
+  }();
+  return c;
+}
+
+inline std::string describe() {
+  const Config& c = config();
+  if (!c.async) return "emulated device: synchronous (DTENSOR_EMU_ASYNC=0)";
+  return "emulated device: a worker thread per stream, seed " + std::to_string(c.seed) + ", delays up to " +
+         std::to_string(c.max_delay_us) + " us before " + std::to_string(c.delay_percent) +
+         "% of the operations (DTENSOR_EMU_SEED, DTENSOR_EMU_DELAY_US, DTENSOR_EMU_DELAY_PERCENT)";
+}
+
+// --- streams ---
+
+// A FIFO queue of work, run in order by a worker thread of its own.
+class Stream {
+ public:
+  Stream(int device, uint64_t number)
+      : device_(device), rng_(config().seed * 0x9E3779B97F4A7C15ull + number) {
+    worker_ = std::thread([this] { run(); });
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() {
+    close();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  int device() const { return device_; }
+
+  // Queues `op`; returns its ticket, for wait().
+  uint64_t enqueue(std::function<void()> op) {
+    uint64_t ticket;
+    {
+      std::lock_guard lk(m_);
+      q_.push_back(std::move(op));
+      ticket = ++enqueued_;
+    }
+    work_.notify_one();
+    return ticket;
+  }
+
+  // Waits until the operations up to `ticket` are done.
+  void wait(uint64_t ticket) {
+    std::unique_lock lk(m_);
+    done_.wait(lk, [&] { return completed_ >= ticket; });
+  }
+  // Waits for everything queued so far; an error of the queued work surfaces here
+  // (once), as a kernel's error does at cudaStreamSynchronize.
+  void synchronize() {
+    std::unique_lock lk(m_);
+    const uint64_t ticket = enqueued_;
+    done_.wait(lk, [&] { return completed_ >= ticket; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+  // No more work: the worker finishes what is queued and ends.
+  void close() {
+    {
+      std::lock_guard lk(m_);
+      closing_ = true;
+    }
+    work_.notify_one();
+  }
+  bool finished() {
+    std::lock_guard lk(m_);
+    return exited_;
+  }
+  void join() {
+    if (worker_.joinable()) worker_.join();
+  }
+
+  // The stream's pool (cudaMallocAsync's): a block freed on the stream is reused by
+  // the stream's next allocation of that size at once, before the free has run, as
+  // stream order makes safe; other streams may use the new block only once this
+  // stream's work is done (the poison the free writes, in stream order, would
+  // overwrite what they wrote). Used by the owning thread only.
+  void* reuse(std::size_t bytes) {
+    for (auto it = pool_.rbegin(); it != pool_.rend(); ++it)
+      if (it->first == bytes) {
+        void* p = it->second;
+        pool_.erase(std::next(it).base());
+        pooled_bytes_ -= bytes;
+        return p;
+      }
+    return nullptr;
+  }
+  void recycle(void* p, std::size_t bytes) {
+    pool_.reserve(pool_.size() + 1);
+    enqueue([p, bytes] { std::memset(p, kPoison, bytes); });  // a read after the free sees NaN
+    pool_.emplace_back(bytes, p);
+    pooled_bytes_ += bytes;
+    while (pool_.size() > kMaxPooled || pooled_bytes_ > kMaxPooledBytes) {
+      const auto [b, q] = pool_.front();
+      enqueue([q] { ::operator delete(q, std::align_val_t{detail::kHostAlignment}); });
+      pool_.erase(pool_.begin());
+      pooled_bytes_ -= b;
+    }
+  }
+  // The pool's blocks go back to the host once the queued work is done.
+  void drain_pool() noexcept {
+    for (const auto& [b, q] : pool_) {
+      void* r = q;
+      try {
+        enqueue([r] { ::operator delete(r, std::align_val_t{detail::kHostAlignment}); });
+      } catch (...) {  // no memory: the block leaks
+      }
+    }
+    pool_.clear();
+    pooled_bytes_ = 0;
+  }
+
+ private:
+  static constexpr std::size_t kMaxPooled = 64, kMaxPooledBytes = std::size_t{64} << 20;
+
+  void run() {
+    while (true) {
+      std::function<void()> op;
+      {
+        std::unique_lock lk(m_);
+        work_.wait(lk, [&] { return !q_.empty() || closing_; });
+        if (q_.empty()) {
+          exited_ = true;
+          return;
+        }
+        op = std::move(q_.front());
+        q_.pop_front();
+      }
+      delay();
+      std::exception_ptr e;
+      try {
+        op();
+      } catch (...) {
+        e = std::current_exception();
+      }
+      op = nullptr;  // what it captured goes before the host hears that it is done
+      count(queued_ops());
+      {
+        std::lock_guard lk(m_);
+        if (e && !error_) error_ = e;
+        ++completed_;
+      }
+      done_.notify_all();
+    }
+  }
+
+  void delay() {
+    const Config& c = config();
+    if (c.delay_percent == 0 || c.max_delay_us == 0) return;
+    if (static_cast<int>(rng_() % 100) >= c.delay_percent) return;
+    const auto us = static_cast<int>(rng_() % static_cast<uint64_t>(c.max_delay_us + 1));
+    if (us < 20) {
+      std::this_thread::yield();  // a sleep this short would last the timer slack (~50 us)
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(us));
+  }
+
+  const int device_;
+  std::mt19937_64 rng_;  // the worker's only
+  std::mutex m_;
+  std::condition_variable work_, done_;
+  std::deque<std::function<void()>> q_;
+  uint64_t enqueued_ = 0, completed_ = 0;
+  bool closing_ = false, exited_ = false;
+  std::exception_ptr error_;
+  std::vector<std::pair<std::size_t, void*>> pool_;  // freed blocks, oldest first
+  std::size_t pooled_bytes_ = 0;
+  std::thread worker_;
+};
+
+// Every stream whose worker may still run: for a device-wide wait, and so that the
+// workers of streams whose thread has ended are joined (at the latest at exit).
+class Registry {
+ public:
+  static Registry& instance() {
+    static Registry r;
+    return r;
+  }
+  std::shared_ptr<Stream> create(int device) {
+    auto s = std::make_shared<Stream>(device, static_cast<uint64_t>(streams_created().fetch_add(1, std::memory_order_relaxed)));
+    std::vector<std::shared_ptr<Stream>> done;
+    {
+      std::lock_guard lk(m_);
+      // Reap the workers of closed streams that have finished.
+      for (auto it = closed_.begin(); it != closed_.end();) {
+        if ((*it)->finished()) {
+          done.push_back(std::move(*it));
+          it = closed_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      live_.push_back(s);
+    }
+    for (auto& d : done) d->join();
+    return s;
+  }
+  // The thread that owned `s` is done with it: its worker drains the queue and ends.
+  void retire(const std::shared_ptr<Stream>& s) {
+    s->close();
+    std::lock_guard lk(m_);
+    std::erase(live_, s);
+    closed_.push_back(s);
+  }
+  // cudaDeviceSynchronize: waits for the work queued so far on every stream.
+  void synchronize_all() {
+    std::vector<std::shared_ptr<Stream>> all;
+    {
+      std::lock_guard lk(m_);
+      all = live_;
+      all.insert(all.end(), closed_.begin(), closed_.end());
+    }
+    for (auto& s : all) {
+      try {
+        s->synchronize();
+      } catch (...) {  // the error belongs to the stream's own thread; it has been dropped here
+      }
+    }
+  }
+  ~Registry() {  // at exit, after every thread's streams have been retired
+    std::lock_guard lk(m_);
+    for (auto& s : live_) s->close();
+    for (auto& s : live_) s->join();
+    for (auto& s : closed_) s->join();
+  }
+
+ private:
+  Registry() = default;
+  std::mutex m_;
+  std::vector<std::shared_ptr<Stream>> live_, closed_;
+};
+
+// The calling thread's stream (none until it binds a device or does device work).
+struct Binding {
+  std::shared_ptr<Stream> stream;
+  ~Binding() { release(); }
+  void release() {
+    if (!stream) return;
+    stream->drain_pool();
+    Registry::instance().retire(std::exchange(stream, nullptr));
+  }
+};
+inline Binding& binding() {
+  thread_local Binding b;
+  return b;
+}
+inline bool bound_to(int device) {
+  const auto& s = binding().stream;
+  return s && s->device() == device;
+}
+
+// cuda::set_device: this thread's work goes to a new stream on `device`.
+inline void bind(int device) {
+  Registry::instance();  // constructed before any thread-local Binding: destroyed after them
+  auto& b = binding();
+  if (b.stream && b.stream->device() == device) return;
+  if (b.stream) {
+    b.stream->synchronize();
+    b.release();
+  }
+  b.stream = Registry::instance().create(device);
+}
+
+inline Stream& current_stream() {
+  if (!binding().stream) bind(0);
+  return *binding().stream;
+}
+
+// Queues op on the calling thread's stream, or runs it now in synchronous mode.
+template <class F>
+uint64_t submit(F&& op) {
+  if (!config().async) {
+    op();
+    return 0;
+  }
+  return current_stream().enqueue(std::forward<F>(op));
+}
+// Runs op and waits for it (and for everything queued before it).
+template <class F>
+void submit_and_wait(F&& op) {
+  if (!config().async) return op();
+  Stream& s = current_stream();
+  s.enqueue(std::forward<F>(op));
+  s.synchronize();
+}
+
+// --- memory ---
+
+inline void* raw_allocate(std::size_t bytes) {
+  void* p = ::operator new(bytes, std::align_val_t{detail::kHostAlignment});
+  std::memset(p, kPoison, bytes);  // uninitialised device memory is not zero
+  return p;
+}
+inline void raw_deallocate(void* p, std::size_t bytes) noexcept {
+  std::memset(p, kPoison, bytes);  // a read after the free sees NaN (under ASan, a report)
+  ::operator delete(p, std::align_val_t{detail::kHostAlignment});
+}
+
+inline void* allocate(std::size_t bytes, int device) {
+  if (bytes == 0) return nullptr;
+  if (config().async && bound_to(device))
+    if (void* p = binding().stream->reuse(bytes)) return tagged(p);
+  return tagged(raw_allocate(bytes));
+}
+
+inline void deallocate(void* p, std::size_t bytes, int device) noexcept {
+  if (!p) return;
+  void* r = real(p);
+  if (!config().async) return raw_deallocate(r, bytes);
+  if (bound_to(device)) {
+    // cudaFreeAsync: back to the stream's pool, reusable at once in stream order.
+    try {
+      binding().stream->recycle(r, bytes);
+      return;
+    } catch (...) {  // no memory to queue it: free it the slow way
+    }
+  }
+  // Freed by a thread that did not queue the work on it: wait for all of the device's work.
+  Registry::instance().synchronize_all();
+  raw_deallocate(r, bytes);
+}
+
+inline void zero(void* p, std::size_t bytes, int device) {
+  if (!bytes) return;
+  void* r = real(p);
+  if (bound_to(device)) return void(submit([r, bytes] { std::memset(r, 0, bytes); }));
+  std::memset(r, 0, bytes);  // a thread without a stream: done now (on_the_side)
+}
+
+inline void copy(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
+  if (!bytes) return;
+  void* d = dd.is_host() ? dst : real(dst);
+  const void* s = sd.is_host() ? src : real(src);
+  const int dev = dd.is_host() ? sd.index : dd.index;
+  auto op = [d, s, bytes] { std::memcpy(d, s, bytes); };
+  if (!bound_to(dev)) {
+    // on_the_side: after this thread's own queued work, done before returning.
+    if (config().async && binding().stream) binding().stream->synchronize();
+    return op();
+  }
+  if (dd.is_host() || sd.is_host()) return submit_and_wait(op);  // the host memory may be used on return
+  submit(op);
+}
+
+// --- compute ---
 
 template <class F>
 void typed(DType t, F&& f) {
-  ++calls();
   visit_dtype(t, f);
+}
+
+inline bool is_floating(DType t) {
+  bool fp = false;
+  visit_dtype(t, [&](auto tag) { fp = std::is_floating_point_v<decltype(tag)>; });
+  return fp;
+}
+
+// Queues a kernel on the calling thread's stream.
+template <class F>
+void launch(F&& f) {
+  count(calls());
+  submit(std::forward<F>(f));
+}
+
+inline void unary_kernel(DType t, UnaryFn f, const void* a, void* out, int64_t n) {
+  typed(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = real<const T>(a);
+    T* o = real<T>(out);
+    for (int64_t i = 0; i < n; ++i) {
+      const T v = x[i];
+      if constexpr (std::is_floating_point_v<T>) {
+        switch (f) {
+          case UnaryFn::Neg: o[i] = -v; break;
+          case UnaryFn::Exp: o[i] = std::exp(v); break;
+          case UnaryFn::Log: o[i] = std::log(v); break;
+          case UnaryFn::Sqrt: o[i] = std::sqrt(v); break;
+          case UnaryFn::Abs: o[i] = std::abs(v); break;
+          case UnaryFn::Relu: o[i] = std::max(v, T(0)); break;
+          case UnaryFn::Tanh: o[i] = std::tanh(v); break;
+          case UnaryFn::Sigmoid: o[i] = T(1) / (T(1) + std::exp(-v)); break;
+        }
+      } else {
+        // Checked at launch: Neg or Abs.
+        if constexpr (std::is_signed_v<T>) o[i] = f == UnaryFn::Neg || v < T(0) ? T(-v) : v;
+        else o[i] = f == UnaryFn::Neg ? T(T(0) - v) : v;
+      }
+    }
+  });
 }
 
 inline const detail::DeviceBackend& backend() {
   static constexpr detail::DeviceBackend table{
-      .bind_thread = [](int) { ++calls(); },
-      .use_device = [](int) {},
-      .synchronize = [] {},
+      .bind_thread =
+          [](int device) {
+            count(calls());
+            if (config().async) bind(device);
+          },
+      .use_device =
+          [](int device) {
+            if (!config().async) return;
+            const auto& s = binding().stream;
+            if (s && s->device() == device) return;
+            if (!s) return bind(device);  // this thread's first device work
+            throw InvalidArgument(detail::cat("dtensor: a tensor on cuda:", device,
+                                              " is used by a thread that works on cuda:", s->device(),
+                                              "; each rank works on one GPU"));
+          },
+      .synchronize =
+          [] {
+            if (config().async && binding().stream) binding().stream->synchronize();
+          },
       .copy_block = [](const void* src, Block sb, void* dst, Block db,
-                       std::size_t elem) { ++calls(), detail::copy_block(real(src), sb, real(dst), db, elem); },
+                       std::size_t elem) { launch([=] { detail::copy_block(real(src), sb, real(dst), db, elem); }); },
       .reduce_block = [](DType t, ReduceOp op, const void* src, Block sb, void* dst,
-                         Block db) { ++calls(), detail::reduce_block(t, op, real(src), sb, real(dst), db); },
+                         Block db) { launch([=] { detail::reduce_block(t, op, real(src), sb, real(dst), db); }); },
       .divide_block = [](DType t, void* dst, Block db,
-                         int terms) { ++calls(), detail::divide_block(t, real(dst), db, terms); },
-      .fill = [](DType t, void* dst, int64_t n,
-                 Scalar v) { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, v.as<decltype(tag)>()); }); },
-      .binary = [](DType t, BinaryOp op, const void* a, const void* b, void* out, int64_t n) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          const T *x = real<const T>(a), *y = real<const T>(b);
-          T* o = real<T>(out);
-          for (int64_t i = 0; i < n; ++i)
-            o[i] = op == BinaryOp::Add ? x[i] + y[i] : op == BinaryOp::Sub ? x[i] - y[i] : op == BinaryOp::Mul ? x[i] * y[i] : x[i] / y[i];
-        });
-      },
-      .binary_scalar = [](DType t, BinaryOp op, const void* a, Scalar s, void* out, int64_t n) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          const T* x = real<const T>(a);
-          const T y = s.as<T>();
-          T* o = real<T>(out);
-          for (int64_t i = 0; i < n; ++i)
-            o[i] = op == BinaryOp::Add ? x[i] + y : op == BinaryOp::Sub ? x[i] - y : op == BinaryOp::Mul ? x[i] * y : x[i] / y;
-        });
-      },
-      .unary = [](DType t, UnaryFn f, const void* a, void* out, int64_t n) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          if constexpr (std::is_floating_point_v<T>) {
-            const T* x = real<const T>(a);
-            T* o = real<T>(out);
-            for (int64_t i = 0; i < n; ++i) {
-              const T v = x[i];
-              switch (f) {
-                case UnaryFn::Neg: o[i] = -v; break;
-                case UnaryFn::Exp: o[i] = std::exp(v); break;
-                case UnaryFn::Log: o[i] = std::log(v); break;
-                case UnaryFn::Sqrt: o[i] = std::sqrt(v); break;
-                case UnaryFn::Abs: o[i] = std::abs(v); break;
-                case UnaryFn::Relu: o[i] = std::max(v, T(0)); break;
-                case UnaryFn::Tanh: o[i] = std::tanh(v); break;
-                case UnaryFn::Sigmoid: o[i] = T(1) / (T(1) + std::exp(-v)); break;
-              }
-            }
-          } else {
-            throw InvalidArgument("emulated device: unary functions take floating-point tensors");
-          }
-        });
-      },
-      .add_bias = [](DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < cols; ++j)
-              real<T>(out)[i * cols + j] = real<const T>(m)[i * cols + j] + real<const T>(v)[along_rows ? j : i];
-        });
-      },
-      .transpose = [](DType t, const void* in, void* out, int64_t rows, int64_t cols) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          for (int64_t i = 0; i < rows; ++i)
-            for (int64_t j = 0; j < cols; ++j) real<T>(out)[j * rows + i] = real<const T>(in)[i * cols + j];
-        });
-      },
-      .reduce_dim = [](DType t, LocalReduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          const T* x = real<const T>(in);
-          T* o = real<T>(out);
-          for (int64_t a = 0; a < outer; ++a)
-            for (int64_t i = 0; i < inner; ++i) {
-              T acc = r == LocalReduce::Sum ? T(0)
-                      : r == LocalReduce::Max ? local::identity<LocalReduce::Max, T>()
-                                              : local::identity<LocalReduce::Min, T>();
-              for (int64_t j = 0; j < len; ++j) {
-                const T v = x[(a * len + j) * inner + i];
-                acc = r == LocalReduce::Sum ? acc + v : r == LocalReduce::Max ? std::max(acc, v) : std::min(acc, v);
-              }
-              o[a * inner + i] = acc;
-            }
-        });
-      },
-      .sum_squares = [](DType t, const void* a, int64_t n) {
-        double s = 0;
-        typed(t, [&](auto tag) {
-          for (int64_t i = 0; i < n; ++i) s += double(real<const decltype(tag)>(a)[i]) * double(real<const decltype(tag)>(a)[i]);
-        });
-        return s;
-      },
-      .max_abs = [](DType t, const void* a, int64_t n) {
-        double s = 0;
-        typed(t, [&](auto tag) {
-          for (int64_t i = 0; i < n; ++i) s = std::max(s, std::abs(double(real<const decltype(tag)>(a)[i])));
-        });
-        return s;
-      },
-      .softmax_shift = [](DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
-                          bool log) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          if (log) local::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
-          else local::softmax_shift<false>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
-        });
-      },
-      .softmax_finish = [](DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          if (log) local::softmax_finish<true>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
-          else local::softmax_finish<false>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
-        });
-      },
-      .gemm = [](DType t, int64_t batch, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
-        typed(t, [&](auto tag) {
-          using T = decltype(tag);
-          for (int64_t p = 0; p < batch; ++p)
-            for (int64_t i = 0; i < m; ++i)
-              for (int64_t j = 0; j < n; ++j) {
-                T acc = 0;
-                for (int64_t q = 0; q < k; ++q)
-                  acc += real<const T>(a)[(p * m + i) * k + q] * real<const T>(b)[(p * k + q) * n + j];
-                real<T>(c)[(p * m + i) * n + j] = acc;
-              }
-        });
-      },
+                         int terms) { launch([=] { detail::divide_block(t, real(dst), db, terms); }); },
+      .fill =
+          [](DType t, void* dst, int64_t n, Scalar v) {
+            launch([=] { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, v.as<decltype(tag)>()); }); });
+          },
+      .binary =
+          [](DType t, BinaryOp op, const void* a, const void* b, void* out, int64_t n) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                const T *x = real<const T>(a), *y = real<const T>(b);
+                T* o = real<T>(out);
+                for (int64_t i = 0; i < n; ++i)
+                  o[i] = op == BinaryOp::Add ? x[i] + y[i] : op == BinaryOp::Sub ? x[i] - y[i] : op == BinaryOp::Mul ? x[i] * y[i] : x[i] / y[i];
+              });
+            });
+          },
+      .binary_scalar =
+          [](DType t, BinaryOp op, const void* a, Scalar s, void* out, int64_t n) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                const T* x = real<const T>(a);
+                const T y = s.as<T>();
+                T* o = real<T>(out);
+                for (int64_t i = 0; i < n; ++i)
+                  o[i] = op == BinaryOp::Add ? x[i] + y : op == BinaryOp::Sub ? x[i] - y : op == BinaryOp::Mul ? x[i] * y : x[i] / y;
+              });
+            });
+          },
+      .unary =
+          [](DType t, UnaryFn f, const void* a, void* out, int64_t n) {
+            // Checked at launch, as the CUDA backend does: an error here is the caller's.
+            if (!is_floating(t) && f != UnaryFn::Neg && f != UnaryFn::Abs)
+              throw InvalidArgument("emulated device: unary functions other than neg and abs take floating-point tensors");
+            launch([=] { unary_kernel(t, f, a, out, n); });
+          },
+      .add_bias =
+          [](DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                for (int64_t i = 0; i < rows; ++i)
+                  for (int64_t j = 0; j < cols; ++j)
+                    real<T>(out)[i * cols + j] = real<const T>(m)[i * cols + j] + real<const T>(v)[along_rows ? j : i];
+              });
+            });
+          },
+      .transpose =
+          [](DType t, const void* in, void* out, int64_t rows, int64_t cols) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                for (int64_t i = 0; i < rows; ++i)
+                  for (int64_t j = 0; j < cols; ++j) real<T>(out)[j * rows + i] = real<const T>(in)[i * cols + j];
+              });
+            });
+          },
+      .reduce_dim =
+          [](DType t, LocalReduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                const T* x = real<const T>(in);
+                T* o = real<T>(out);
+                for (int64_t a = 0; a < outer; ++a)
+                  for (int64_t i = 0; i < inner; ++i) {
+                    T acc = r == LocalReduce::Sum ? T(0)
+                            : r == LocalReduce::Max ? local::identity<LocalReduce::Max, T>()
+                                                    : local::identity<LocalReduce::Min, T>();
+                    for (int64_t j = 0; j < len; ++j) {
+                      const T v = x[(a * len + j) * inner + i];
+                      acc = r == LocalReduce::Sum ? acc + v : r == LocalReduce::Max ? std::max(acc, v) : std::min(acc, v);
+                    }
+                    o[a * inner + i] = acc;
+                  }
+              });
+            });
+          },
+      // A value for the host: queued after the stream's work, and waited for.
+      .sum_squares =
+          [](DType t, const void* a, int64_t n) {
+            count(calls());
+            double s = 0;
+            submit_and_wait([&s, t, a, n] {
+              typed(t, [&](auto tag) {
+                for (int64_t i = 0; i < n; ++i)
+                  s += double(real<const decltype(tag)>(a)[i]) * double(real<const decltype(tag)>(a)[i]);
+              });
+            });
+            return s;
+          },
+      .max_abs =
+          [](DType t, const void* a, int64_t n) {
+            count(calls());
+            double s = 0;
+            submit_and_wait([&s, t, a, n] {
+              typed(t, [&](auto tag) {
+                for (int64_t i = 0; i < n; ++i) s = std::max(s, std::abs(double(real<const decltype(tag)>(a)[i])));
+              });
+            });
+            return s;
+          },
+      .softmax_shift =
+          [](DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner, bool log) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                if (log) local::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
+                else local::softmax_shift<false>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
+              });
+            });
+          },
+      .softmax_finish =
+          [](DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                if (log) local::softmax_finish<true>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
+                else local::softmax_finish<false>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
+              });
+            });
+          },
+      .gemm =
+          [](DType t, int64_t batch, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                for (int64_t p = 0; p < batch; ++p)
+                  for (int64_t i = 0; i < m; ++i)
+                    for (int64_t j = 0; j < n; ++j) {
+                      T acc = 0;
+                      for (int64_t q = 0; q < k; ++q)
+                        acc += real<const T>(a)[(p * m + i) * k + q] * real<const T>(b)[(p * k + q) * n + j];
+                      real<T>(c)[(p * m + i) * n + j] = acc;
+                    }
+              });
+            });
+          },
   };
   return table;
 }
 
 inline void install() {
   static constexpr detail::MemorySpace space{&allocate, &deallocate, &zero, &copy};
+  Registry::instance();  // outlives every stream
   detail::cuda_memory_space() = &space;
   detail::cuda_backend_slot() = &backend();
 }
