@@ -20,8 +20,8 @@ fi
 
 [[ "${DTENSOR_SKIP_SANITIZERS:-0}" == 1 ]] && exit 0
 
-asan_tests=(test_tensor test_comm test_faults test_mesh test_layout test_factory test_redistribute_1d test_device_emulated)
-tsan_tests=(test_comm test_faults test_mesh test_redistribute_1d test_device_emulated)
+asan_tests=(test_tensor test_region test_comm test_faults test_p2p test_halo test_solvers test_mesh test_layout test_factory test_redistribute_1d test_device_emulated test_emulator test_kernels_host)
+tsan_tests=(test_comm test_faults test_p2p test_halo test_mesh test_redistribute_1d test_device_emulated test_emulator)
 list() { local IFS=';'; echo "$*"; }
 
 echo "== sanitizers: address,undefined on ${asan_tests[*]}"
