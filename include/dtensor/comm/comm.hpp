@@ -115,6 +115,18 @@ class Comm {
     DTENSOR_CHECK(peer >= 0 && peer < size(), InvalidArgument, op, ": rank ", rank(), " named peer ", peer,
                   " on a communicator of ", size(), " ranks");
   }
+  // One message of an exchange: a peer of this communicator, a non-negative tag
+  // (MPI's rule, kept everywhere so that a program runs the same on every runtime)
+  // and a well-formed region.
+  void check_message(int peer, int tag, const Region& region, const char* op) const {
+    check_exchange_peer(peer, op);
+    DTENSOR_CHECK(tag >= 0, InvalidArgument, op, ": rank ", rank(), " used tag ", tag, "; tags are non-negative");
+    DTENSOR_CHECK(region.ndim >= 0 && region.ndim <= kMaxRegionDims, InvalidArgument, op, ": a region of ",
+                  region.ndim, " dims");
+    for (int d = 0; d < region.ndim; ++d)
+      DTENSOR_CHECK(region.extent[d] >= 0 && region.stride[d] >= 0, InvalidArgument, op, ": ", to_string(region),
+                    " has a negative extent or stride");
+  }
   void check_peer(int peer, const char* op) const {
     DTENSOR_CHECK(peer >= 0 && peer < size() && peer != rank(), InvalidArgument, op, ": rank ", rank(),
                   " named peer ", peer, " on a communicator of ", size(), " ranks");

@@ -681,8 +681,8 @@ class MpiComm final : public Comm {
   static constexpr double kExchangeTimeoutS = 300;
   Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
     check_not_poisoned("start_exchange");
-    for (const SendSpec& s : sends) check_spec(s.peer, s.tag, s.region, "start_exchange (send)");
-    for (const RecvSpec& r : recvs) check_spec(r.peer, r.tag, r.region, "start_exchange (recv)");
+    for (const SendSpec& s : sends) check_message(s.peer, s.tag, s.region, "start_exchange (send)");
+    for (const RecvSpec& r : recvs) check_message(r.peer, r.tag, r.region, "start_exchange (recv)");
     return Request(
         std::make_unique<detail::MpiExchange>(comm_, rank_, exchange_timeout_s(), sends, recvs, t, poison_));
   }
@@ -783,15 +783,7 @@ class MpiComm final : public Comm {
       throw CommError(detail::cat("dtensor: rank ", rank_, ": ", op, " refused: ", poison_->why));
   }
 
-  void check_spec(int peer, int tag, const Region& region, const char* op) const {
-    check_exchange_peer(peer, op);
-    DTENSOR_CHECK(tag >= 0, InvalidArgument, op, ": rank ", rank_, " used tag ", tag, "; tags are non-negative");
-    DTENSOR_CHECK(region.ndim >= 0 && region.ndim <= kMaxRegionDims, InvalidArgument, op, ": a region of ",
-                  region.ndim, " dims");
-    for (int d = 0; d < region.ndim; ++d)
-      DTENSOR_CHECK(region.extent[d] >= 0 && region.stride[d] >= 0, InvalidArgument, op, ": ", to_string(region),
-                    " has a negative extent or stride");
-  }
+
 
   static std::pair<std::vector<int>, std::vector<int>> counts_displs(std::span<const Block> blocks, const char* op) {
     std::vector<int> c(blocks.size()), d(blocks.size());

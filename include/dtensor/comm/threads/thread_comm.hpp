@@ -627,8 +627,8 @@ class ThreadComm final : public Comm {
     if (world().aborted())
       throw PeerAborted(detail::cat("dtensor: rank ", world_rank(), ": point-to-point exchange refused: rank ",
                                     world().failed_rank(), " failed: ", world().failure()));
-    for (const SendSpec& s : sends) check_spec(s.peer, s.tag, s.region, "start_exchange (send)");
-    for (const RecvSpec& r : recvs) check_spec(r.peer, r.tag, r.region, "start_exchange (recv)");
+    for (const SendSpec& s : sends) check_message(s.peer, s.tag, s.region, "start_exchange (send)");
+    for (const RecvSpec& r : recvs) check_message(r.peer, r.tag, r.region, "start_exchange (recv)");
     auto ex = std::make_unique<detail::ThreadExchange>(g_, rank_, device_, t, sends, recvs);
     ex->progress();  // receives whose messages are already there complete now (a failure: see wait)
     return Request(std::move(ex));
@@ -691,16 +691,7 @@ class ThreadComm final : public Comm {
         });
   }
 
-  void check_spec(int peer, int tag, const Region& region, const char* op) const {
-    check_exchange_peer(peer, op);
-    // MPI's rule, kept here so that a program runs the same on both runtimes.
-    DTENSOR_CHECK(tag >= 0, InvalidArgument, op, ": rank ", rank_, " used tag ", tag, "; tags are non-negative");
-    DTENSOR_CHECK(region.ndim >= 0 && region.ndim <= kMaxRegionDims, InvalidArgument, op, ": a region of ",
-                  region.ndim, " dims");
-    for (int d = 0; d < region.ndim; ++d)
-      DTENSOR_CHECK(region.extent[d] >= 0 && region.stride[d] >= 0, InvalidArgument, op, ": ", to_string(region),
-                    " has a negative extent or stride");
-  }
+
 
   std::string where() const {
     std::string missing;
