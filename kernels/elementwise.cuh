@@ -15,16 +15,12 @@ namespace dtensor::cuda::kernels::detail {
 using Binary = ::dtensor::BinaryOp;
 using Unary = ::dtensor::UnaryFn;
 
-// The device math library by overload, so that kernels templated on the element
-// type call the float function for float (expf, not exp on a promoted double).
-DTENSOR_DEVICE inline float dexp(float x) { return expf(x); }
-DTENSOR_DEVICE inline double dexp(double x) { return exp(x); }
-DTENSOR_DEVICE inline float dlog(float x) { return logf(x); }
-DTENSOR_DEVICE inline double dlog(double x) { return log(x); }
-DTENSOR_DEVICE inline float dsqrt(float x) { return sqrtf(x); }
-DTENSOR_DEVICE inline double dsqrt(double x) { return sqrt(x); }
-DTENSOR_DEVICE inline float dtanh(float x) { return tanhf(x); }
-DTENSOR_DEVICE inline double dtanh(double x) { return tanh(x); }
+// The math library by overload (compute/functions.hpp), so that kernels templated on
+// the element type call the float function for float (expf, not exp on a double).
+template <class T>
+DTENSOR_DEVICE inline T dexp(T x) { return ::dtensor::math::exp(x); }
+template <class T>
+DTENSOR_DEVICE inline T dlog(T x) { return ::dtensor::math::log(x); }
 
 template <Binary Op, class T>
 DTENSOR_DEVICE inline T apply(T a, T b) {
@@ -55,30 +51,24 @@ DTENSOR_KERNEL void binary_scalar_kernel(const T* a, T s, T* out, int64_t n) {
   for (int64_t i = first(); i < n; i += stride()) out[i] = apply<Op>(a[i], s);
 }
 
+// The unary functions by the table of compute/functions.hpp, which the host and the
+// emulated device read too.
 template <Unary F, class T>
 DTENSOR_DEVICE inline T apply(T x) {
-  if constexpr (F == Unary::Neg) {
-    if constexpr (std::is_integral_v<T>) return static_cast<T>(static_cast<wrap_t<T>>(wrap_t<T>(0) - static_cast<wrap_t<T>>(x)));
-    else return -x;
-  } else if constexpr (F == Unary::Abs) {
-    return Magnitude{}(x);
-  } else if constexpr (F == Unary::Relu) {
-    // x < 0 rather than max(x, 0): a NaN stays NaN, as in the host path's Eigen max.
-    if constexpr (std::is_unsigned_v<T>) return x;
-    else return x < T(0) ? T(0) : x;
-  } else {
-    static_assert(std::is_floating_point_v<T>, "transcendental functions are for float and double");
-    if constexpr (F == Unary::Exp) return dexp(x);
-    else if constexpr (F == Unary::Log) return dlog(x);
-    else if constexpr (F == Unary::Sqrt) return dsqrt(x);
-    else if constexpr (F == Unary::Tanh) return dtanh(x);
-    else return T(1) / (T(1) + dexp(-x));  // Sigmoid, by the host path's formula
-  }
+  static_assert(std::is_floating_point_v<T> || ::dtensor::UnaryMath<F>::integers,
+                "this function is for float and double (UnaryMath<F>::integers)");
+  return ::dtensor::UnaryMath<F>::value(x);
 }
 
 template <class T, Unary F>
 DTENSOR_KERNEL void unary_kernel(const T* a, T* out, int64_t n) {
   for (int64_t i = first(); i < n; i += stride()) out[i] = apply<F>(a[i]);
+}
+
+// dx[i] = f'(x[i]) dy[i]; dx may alias x or dy.
+template <class T, Unary F>
+DTENSOR_KERNEL void unary_backward_kernel(const T* x, const T* dy, T* dx, int64_t n) {
+  for (int64_t i = first(); i < n; i += stride()) dx[i] = ::dtensor::UnaryMath<F>::derivative(x[i]) * dy[i];
 }
 
 // out[r, c] = m[r, c] + v[c] (AlongRows) or v[r]. out may alias m.

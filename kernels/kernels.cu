@@ -19,6 +19,7 @@
 #include "elementwise.cuh"
 #include "grid.cuh"
 #include "reduce.cuh"
+#include "rows.cuh"
 #include "softmax.cuh"
 
 namespace dtensor::cuda::kernels {
@@ -44,10 +45,7 @@ void visit_binary(Binary op, F&& f) {
     case Binary::Div: return f(std::integral_constant<Binary, Binary::Div>{});
   }
 }
-constexpr const char* name(Unary f) {
-  constexpr const char* names[] = {"neg", "exp", "log", "sqrt", "abs", "relu", "tanh", "sigmoid"};
-  return names[static_cast<int>(f)];
-}
+using ::dtensor::name;  // of a UnaryFn, from its table entry
 
 void check_size(int64_t n, const char* fn) {
   DTENSOR_CHECK(n >= 0, InvalidArgument, "cuda::kernels::", fn, ": negative size ", n);
@@ -280,32 +278,36 @@ void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64
 
 void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t stream) {
   check_size(n, name(f));
-  const bool for_integers = f == Unary::Neg || f == Unary::Abs || f == Unary::Relu;
-  DTENSOR_CHECK(for_integers || t == DType::Float32 || t == DType::Float64, InvalidArgument, "cuda::kernels::unary: ",
-                name(f), " is defined for float32 and float64, not ", ::dtensor::name(t));
+  DTENSOR_CHECK(takes_integers(f) || t == DType::Float32 || t == DType::Float64, InvalidArgument,
+                "cuda::kernels::unary: ", name(f), " is defined for float32 and float64, not ", ::dtensor::name(t));
   if (n == 0) return;
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     const auto* x = static_cast<const T*>(a);
     auto* z = static_cast<T*>(out);
-    const unsigned g = blocks_for(n);
-    switch (f) {
-      case Unary::Neg: detail::unary_kernel<T, Unary::Neg><<<g, kThreads, 0, stream>>>(x, z, n); break;
-      case Unary::Abs: detail::unary_kernel<T, Unary::Abs><<<g, kThreads, 0, stream>>>(x, z, n); break;
-      case Unary::Relu: detail::unary_kernel<T, Unary::Relu><<<g, kThreads, 0, stream>>>(x, z, n); break;
-      default:
-        if constexpr (std::is_floating_point_v<T>) {
-          switch (f) {
-            case Unary::Exp: detail::unary_kernel<T, Unary::Exp><<<g, kThreads, 0, stream>>>(x, z, n); break;
-            case Unary::Log: detail::unary_kernel<T, Unary::Log><<<g, kThreads, 0, stream>>>(x, z, n); break;
-            case Unary::Sqrt: detail::unary_kernel<T, Unary::Sqrt><<<g, kThreads, 0, stream>>>(x, z, n); break;
-            case Unary::Tanh: detail::unary_kernel<T, Unary::Tanh><<<g, kThreads, 0, stream>>>(x, z, n); break;
-            default: detail::unary_kernel<T, Unary::Sigmoid><<<g, kThreads, 0, stream>>>(x, z, n); break;
-          }
-        }
-        break;
+    visit_unary(f, [&](auto k) {
+      constexpr Unary F = decltype(k)::value;
+      if constexpr (std::is_floating_point_v<T> || ::dtensor::UnaryMath<F>::integers) {
+        detail::unary_kernel<T, F><<<blocks_for(n), kThreads, 0, stream>>>(x, z, n);
+        DTENSOR_CUDA_LAUNCHED();
+      }
+    });
+  });
+}
+
+void unary_backward(DType t, Unary f, const void* x, const void* dy, void* dx, int64_t n, cudaStream_t stream) {
+  check_size(n, name(f));
+  check_floating(t, "unary_backward");
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      visit_unary(f, [&](auto k) {
+        detail::unary_backward_kernel<T, decltype(k)::value><<<blocks_for(n), kThreads, 0, stream>>>(
+            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n);
+        DTENSOR_CUDA_LAUNCHED();
+      });
     }
-    DTENSOR_CUDA_LAUNCHED();
   });
 }
 
@@ -364,10 +366,70 @@ void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int
     auto* y = static_cast<T*>(out);
     const T init = detail::identity<T>(r);
     switch (r) {
-      case Reduce::Sum: return launch_reduce_dim(x, y, len, inner, outs, init, detail::SumOp{}, stream);
+      case Reduce::Sum:
+      case Reduce::Avg: return launch_reduce_dim(x, y, len, inner, outs, init, detail::SumOp{}, stream);
       case Reduce::Max: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MaxOp{}, stream);
       case Reduce::Min: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MinOp{}, stream);
     }
+  });
+}
+
+// --- rows picked by index ---
+
+void gather_rows(DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
+                 int64_t lo, void* out, cudaStream_t stream) {
+  check_size(table_rows, "gather_rows");
+  check_size(cols, "gather_rows");
+  check_size(rows, "gather_rows");
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    detail::gather_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(table), table_rows, cols,
+                                                                       index, lo, static_cast<T*>(out), n);
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void scatter_add_rows(DType t, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo,
+                      void* table, int64_t table_rows, cudaStream_t stream) {
+  check_size(table_rows, "scatter_add_rows");
+  check_size(cols, "scatter_add_rows");
+  check_size(rows, "scatter_add_rows");
+  if (rows == 0 || cols == 0 || table_rows == 0) return;
+  const int64_t chunk = detail::scatter_chunk(table_rows, cols);
+  const int64_t items = (table_rows + chunk - 1) / chunk * cols;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    detail::scatter_add_rows_kernel<<<blocks_for(items), kThreads, 0, stream>>>(
+        static_cast<const T*>(dy), index, rows, cols, lo, static_cast<T*>(table), table_rows, chunk, items);
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void take_along_last(DType t, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo, void* out,
+                     cudaStream_t stream) {
+  check_size(rows, "take_along_last");
+  check_size(cols, "take_along_last");
+  if (rows == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    detail::take_along_last_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols,
+                                                                              target, lo, static_cast<T*>(out));
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+void add_along_last(DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows, int64_t cols,
+                    cudaStream_t stream) {
+  check_size(rows, "add_along_last");
+  check_size(cols, "add_along_last");
+  if (rows == 0 || cols == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    detail::add_along_last_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(static_cast<const T*>(g), target, lo,
+                                                                             static_cast<T*>(x), rows, cols);
+    DTENSOR_CUDA_LAUNCHED();
   });
 }
 

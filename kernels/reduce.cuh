@@ -7,6 +7,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "dtensor/comm/reduce_op.hpp"
 #include "dtensor/compute/functions.hpp"
 #include "grid.cuh"
 
@@ -52,11 +53,12 @@ struct MaxNanOp {
 // --- reduce_dim: out[o, i] = op over j of in[o, j, i] ---
 
 // The value of a reduction over no elements, which also starts every accumulation.
+// (Avg, like Sum, starts at 0: the caller divides.)
 template <class T>
-T identity(::dtensor::LocalReduce r) {
+T identity(::dtensor::ReduceOp r) {
   using L = std::numeric_limits<T>;
-  if (r == ::dtensor::LocalReduce::Max) return L::has_infinity ? -L::infinity() : L::lowest();
-  if (r == ::dtensor::LocalReduce::Min) return L::has_infinity ? L::infinity() : L::max();
+  if (r == ::dtensor::ReduceOp::Max) return L::has_infinity ? -L::infinity() : L::lowest();
+  if (r == ::dtensor::ReduceOp::Min) return L::has_infinity ? L::infinity() : L::max();
   return T(0);
 }
 

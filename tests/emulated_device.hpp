@@ -262,7 +262,10 @@ class Stream {
       count(queued_ops());
       {
         std::lock_guard lk(m_);
-        if (e && !error_) error_ = e;
+        // Moved, not copied: the exception's last reference must be dropped by the
+        // thread that rethrows it, after this lock hands it over (the reference count
+        // inside libstdc++ is invisible to TSan, which would see a race otherwise).
+        if (e && !error_) error_ = std::move(e);
         ++completed_;
       }
       done_.notify_all();
@@ -488,29 +491,30 @@ void launch(F&& f) {
   submit(std::forward<F>(f));
 }
 
+// The functions by the table of compute/functions.hpp, as the kernels compute them.
 inline void unary_kernel(DType t, UnaryFn f, const void* a, void* out, int64_t n) {
   typed(t, [&](auto tag) {
     using T = decltype(tag);
     const T* x = real<const T>(a);
     T* o = real<T>(out);
-    for (int64_t i = 0; i < n; ++i) {
-      const T v = x[i];
-      if constexpr (std::is_floating_point_v<T>) {
-        switch (f) {
-          case UnaryFn::Neg: o[i] = -v; break;
-          case UnaryFn::Exp: o[i] = std::exp(v); break;
-          case UnaryFn::Log: o[i] = std::log(v); break;
-          case UnaryFn::Sqrt: o[i] = std::sqrt(v); break;
-          case UnaryFn::Abs: o[i] = std::abs(v); break;
-          case UnaryFn::Relu: o[i] = std::max(v, T(0)); break;
-          case UnaryFn::Tanh: o[i] = std::tanh(v); break;
-          case UnaryFn::Sigmoid: o[i] = T(1) / (T(1) + std::exp(-v)); break;
-        }
-      } else {
-        // Checked at launch: Neg or Abs.
-        if constexpr (std::is_signed_v<T>) o[i] = f == UnaryFn::Neg || v < T(0) ? T(-v) : v;
-        else o[i] = f == UnaryFn::Neg ? T(T(0) - v) : v;
-      }
+    visit_unary(f, [&](auto k) {
+      using M = UnaryMath<decltype(k)::value>;
+      if constexpr (std::is_floating_point_v<T> || M::integers)
+        for (int64_t i = 0; i < n; ++i) o[i] = M::value(x[i]);
+    });
+  });
+}
+inline void unary_backward_kernel(DType t, UnaryFn f, const void* x, const void* dy, void* dx, int64_t n) {
+  typed(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      const T* xp = real<const T>(x);
+      const T* g = real<const T>(dy);
+      T* o = real<T>(dx);
+      visit_unary(f, [&](auto k) {
+        using M = UnaryMath<decltype(k)::value>;
+        for (int64_t i = 0; i < n; ++i) o[i] = M::derivative(xp[i]) * g[i];
+      });
     }
   });
 }
@@ -574,9 +578,16 @@ inline const detail::DeviceBackend& backend() {
       .unary =
           [](DType t, UnaryFn f, const void* a, void* out, int64_t n) {
             // Checked at launch, as the CUDA backend does: an error here is the caller's.
-            if (!is_floating(t) && f != UnaryFn::Neg && f != UnaryFn::Abs)
-              throw InvalidArgument("emulated device: unary functions other than neg and abs take floating-point tensors");
+            if (!is_floating(t) && !takes_integers(f))
+              throw InvalidArgument(detail::cat("emulated device: ", name(f), " takes floating-point tensors"));
             launch([=] { unary_kernel(t, f, a, out, n); });
+          },
+      .unary_backward =
+          [](DType t, UnaryFn f, const void* x, const void* dy, void* dx, int64_t n) {
+            if (!is_floating(t))
+              throw InvalidArgument(detail::cat("emulated device: the derivative of ", name(f),
+                                                " takes floating-point tensors"));
+            launch([=] { unary_backward_kernel(t, f, x, dy, dx, n); });
           },
       .add_bias =
           [](DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows) {
@@ -600,20 +611,21 @@ inline const detail::DeviceBackend& backend() {
             });
           },
       .reduce_dim =
-          [](DType t, LocalReduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner) {
+          [](DType t, ReduceOp r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner) {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
                 const T* x = real<const T>(in);
                 T* o = real<T>(out);
+                const bool sum = r == ReduceOp::Sum || r == ReduceOp::Avg;  // Avg: the caller divides
                 for (int64_t a = 0; a < outer; ++a)
                   for (int64_t i = 0; i < inner; ++i) {
-                    T acc = r == LocalReduce::Sum ? T(0)
-                            : r == LocalReduce::Max ? local::identity<LocalReduce::Max, T>()
-                                                    : local::identity<LocalReduce::Min, T>();
+                    T acc = sum ? T(0)
+                            : r == ReduceOp::Max ? local::identity<ReduceOp::Max, T>()
+                                                 : local::identity<ReduceOp::Min, T>();
                     for (int64_t j = 0; j < len; ++j) {
                       const T v = x[(a * len + j) * inner + i];
-                      acc = r == LocalReduce::Sum ? acc + v : r == LocalReduce::Max ? std::max(acc, v) : std::min(acc, v);
+                      acc = sum ? acc + v : r == ReduceOp::Max ? std::max(acc, v) : std::min(acc, v);
                     }
                     o[a * inner + i] = acc;
                   }
@@ -664,18 +676,70 @@ inline const detail::DeviceBackend& backend() {
               });
             });
           },
-      .gemm =
-          [](DType t, int64_t batch, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
+      .gather_rows =
+          [](DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
+             int64_t lo, void* out) {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
-                for (int64_t p = 0; p < batch; ++p)
-                  for (int64_t i = 0; i < m; ++i)
-                    for (int64_t j = 0; j < n; ++j) {
+                local::gather_rows(Device::host(), real<const T>(table), table_rows, cols, real<const int64_t>(index),
+                                   rows, lo, real<T>(out));
+              });
+            });
+          },
+      .scatter_add_rows =
+          [](DType t, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo, void* table,
+             int64_t table_rows) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::scatter_add_rows(Device::host(), real<const T>(dy), real<const int64_t>(index), rows, cols, lo,
+                                        real<T>(table), table_rows);
+              });
+            });
+          },
+      .take_along_last =
+          [](DType t, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo, void* out) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::take_along_last(Device::host(), real<const T>(x), rows, cols, real<const int64_t>(target), lo,
+                                       real<T>(out));
+              });
+            });
+          },
+      .add_along_last =
+          [](DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows, int64_t cols) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::add_along_last(Device::host(), real<const T>(g), real<const int64_t>(target), lo, real<T>(x),
+                                      rows, cols);
+              });
+            });
+          },
+      // Plain loops over the resolved dims, independent of the host's Eigen path.
+      .gemm =
+          [](DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c) {
+            if (!is_floating(t)) throw InvalidArgument("emulated device: gemm takes float32 or float64");
+            launch([=, g = dims] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                const T al = alpha.as<T>(), be = beta.as<T>();
+                const T* A = real<const T>(a);
+                const T* B = real<const T>(b);
+                T* C = real<T>(c);
+                for (int64_t p = 0; p < g.batch; ++p)
+                  for (int64_t i = 0; i < g.m; ++i)
+                    for (int64_t j = 0; j < g.n; ++j) {
                       T acc = 0;
-                      for (int64_t q = 0; q < k; ++q)
-                        acc += real<const T>(a)[(p * m + i) * k + q] * real<const T>(b)[(p * k + q) * n + j];
-                      real<T>(c)[(p * m + i) * n + j] = acc;
+                      for (int64_t q = 0; q < g.k; ++q) {
+                        const T x = A[p * g.stride_a + (g.trans_a ? q * g.lda + i : i * g.lda + q)];
+                        const T y = B[p * g.stride_b + (g.trans_b ? j * g.ldb + q : q * g.ldb + j)];
+                        acc += x * y;
+                      }
+                      T& out = C[p * g.stride_c + i * g.ldc + j];
+                      out = be == T(0) ? al * acc : al * acc + be * out;  // beta == 0: C is not read
                     }
               });
             });

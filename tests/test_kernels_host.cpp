@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "block_copy.cuh"
@@ -25,6 +26,7 @@
 #include "elementwise.cuh"
 #include "host_launch/launcher.hpp"
 #include "reduce.cuh"
+#include "rows.cuh"
 #include "softmax.cuh"
 
 namespace {
@@ -41,7 +43,7 @@ using kd::gridDim;
 using kd::threadIdx;
 using Binary = dtensor::BinaryOp;
 using Unary = dtensor::UnaryFn;
-using Reduce = dtensor::LocalReduce;
+using Reduce = dtensor::ReduceOp;
 
 constexpr int64_t kSizes[] = {0, 1, 31, 33, 1023, 4097};
 constexpr Order kOrders[] = {Order::Forward, Order::Reverse};
@@ -488,6 +490,179 @@ TEST_CASE("kernels on the host: unary") {
         check_unary<T, Unary::Sigmoid>(n);
       }
     }
+  });
+}
+
+// The activations added with the layers, and every derivative: against closed forms
+// written here in double (not the library's table), within rounding, on edge values
+// (NaN, infinities, the largest magnitudes) and random ones.
+double ref_value(Unary f, double x) {
+  switch (f) {
+    case Unary::Gelu: return x * 0.5 * std::erfc(-x / std::sqrt(2.0));
+    case Unary::GeluTanh: return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Unary::Silu: return x / (1 + std::exp(-x));
+    default: return 0;
+  }
+}
+double ref_derivative(Unary f, double x) {
+  const double c = std::cosh(x), e = std::exp(-x);
+  switch (f) {
+    case Unary::Neg: return -1;
+    case Unary::Exp: return std::exp(x);
+    case Unary::Log: return 1 / x;
+    case Unary::Sqrt: return 1 / (2 * std::sqrt(x));
+    case Unary::Abs: return x > 0 ? 1 : x < 0 ? -1 : 0;
+    case Unary::Relu: return x > 0 ? 1 : 0;
+    case Unary::Tanh: return 1 / (c * c);
+    case Unary::Sigmoid: return e / ((1 + e) * (1 + e));
+    case Unary::Gelu: return 0.5 * std::erfc(-x / std::sqrt(2.0)) + x * std::exp(-x * x / 2) / std::sqrt(2 * M_PI);
+    case Unary::GeluTanh: {
+      const double k = std::sqrt(2 / M_PI), u = k * (x + 0.044715 * x * x * x), cu = std::cosh(u);
+      return 0.5 * (1 + std::tanh(u)) + 0.5 * x * k * (1 + 3 * 0.044715 * x * x) / (cu * cu);
+    }
+    case Unary::Silu: return (1 + e + x * e) / ((1 + e) * (1 + e));
+  }
+  return 0;
+}
+
+template <class T, Unary F>
+void check_activation(int64_t n) {
+  INFO("activation ", dtensor::name(F));
+  const auto size = static_cast<std::size_t>(n);
+  const std::vector<T> a = edgy_values<T>(size, 5);
+  std::vector<T> want(size);
+  for (std::size_t i = 0; i < size; ++i) want[i] = static_cast<T>(ref_value(F, static_cast<double>(a[i])));
+  const auto eq = [](T got, T w) { return close(got, w, 4 * tolerance<T>()); };
+  each_launch(stride_configs(n), [&](const Config& c) {
+    Buffer<T> x(a), out(size);
+    hl::launch(c.grid, c.block, 0, kd::unary_kernel<T, F>, x.data(), out.data(), n);
+    CHECK(mismatch(out.values(), want, eq) == "");
+    CHECK((x.guards_intact() && out.guards_intact()));
+  });
+}
+
+template <class T, Unary F>
+void check_unary_backward(int64_t n) {
+  INFO("derivative of ", dtensor::name(F));
+  const auto size = static_cast<std::size_t>(n);
+  const bool positive = F == Unary::Log || F == Unary::Sqrt;
+  const std::vector<T> a = random_values<T>(size, positive ? 0.05 : -6, 6, 8);
+  const std::vector<T> g = random_values<T>(size, -2, 2, 9);
+  std::vector<T> want(size);
+  for (std::size_t i = 0; i < size; ++i)
+    want[i] = static_cast<T>(ref_derivative(F, static_cast<double>(a[i])) * static_cast<double>(g[i]));
+  // A derivative's rounding scales with the terms it adds (1/x near 0.05 reaches 20).
+  const auto eq = [](T got, T w) { return close(got, w, 8 * tolerance<T>()); };
+  each_launch(stride_configs(n, false), [&](const Config& c) {
+    Buffer<T> x(a), dy(g), dx(size);
+    hl::launch(c.grid, c.block, 0, kd::unary_backward_kernel<T, F>, x.data(), dy.data(), dx.data(), n);
+    CHECK(mismatch(dx.values(), want, eq) == "");
+    hl::launch(c.grid, c.block, 0, kd::unary_backward_kernel<T, F>, x.data(), dy.data(), dy.data(), n);  // in place
+    CHECK(mismatch(dy.values(), dx.values()) == "");
+    CHECK((x.guards_intact() && dy.guards_intact() && dx.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: gelu (exact and tanh), silu, and every derivative") {
+  for_types<float, double>([]<class T>() {
+    for (int64_t n : kSizes) {
+      INFO("n = ", n, ", ", type_name<T>());
+      check_activation<T, Unary::Gelu>(n);
+      check_activation<T, Unary::GeluTanh>(n);
+      check_activation<T, Unary::Silu>(n);
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        (check_unary_backward<T, static_cast<Unary>(I)>(n), ...);
+      }(std::make_integer_sequence<int, dtensor::kUnaryFunctions>{});
+    }
+  });
+}
+
+// --- rows picked by index ---
+
+// Indices of a table's rows [lo, lo + rows): inside, duplicated, outside on both sides
+// (another rank's rows) and negative (an ignored target).
+std::vector<int64_t> mixed_indices(std::size_t n, int64_t lo, int64_t extent, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int64_t> dist(lo - 3, lo + extent + 2);
+  std::vector<int64_t> v(n);
+  for (auto& x : v) x = dist(gen);
+  if (n > 2) v[0] = -100, v[1] = lo, v[2] = lo;
+  return v;
+}
+
+template <class T>
+void check_rows(int64_t rows, int64_t table_rows, int64_t cols) {
+  INFO("rows ", rows, ", table rows ", table_rows, ", cols ", cols, ", ", type_name<T>());
+  const int64_t lo = 5;
+  const auto idx = mixed_indices(static_cast<std::size_t>(rows), lo, table_rows, 21);
+  const auto table = random_values<T>(static_cast<std::size_t>(table_rows * cols), -9, 9, 22);
+  const auto dy = random_values<T>(static_cast<std::size_t>(rows * cols), -9, 9, 23);
+  std::vector<T> gathered(static_cast<std::size_t>(rows * cols)), grad(table.size(), T(1));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const bool in = idx[i] >= lo && idx[i] < lo + table_rows;
+      gathered[i * cols + j] = in ? table[(idx[i] - lo) * cols + j] : T(0);
+      if (in) grad[(idx[i] - lo) * cols + j] = ref_binary<Binary::Add>(grad[(idx[i] - lo) * cols + j], dy[i * cols + j]);
+    }
+  const int64_t n = rows * cols;
+  each_launch(stride_configs(n, false), [&](const Config& c) {
+    Buffer<int64_t> ix(idx);
+    Buffer<T> t(table), out(static_cast<std::size_t>(n));
+    hl::launch(c.grid, c.block, 0, kd::gather_rows_kernel<T>, t.data(), table_rows, cols,
+               static_cast<const int64_t*>(ix.data()), lo, out.data(), n);
+    CHECK(mismatch(out.values(), gathered) == "");
+    CHECK((ix.guards_intact() && t.guards_intact() && out.guards_intact()));
+  });
+  if (table_rows == 0 || cols == 0) return;  // the launcher returns before scatter_add_rows
+  // The launcher's chunking, and chunks of one row and of the whole table. The sum
+  // runs over i in order in every case: bit for bit the host's.
+  for (int64_t chunk : {kd::scatter_chunk(table_rows, cols), int64_t{1}, table_rows}) {
+    const int64_t items = (table_rows + chunk - 1) / chunk * cols;
+    INFO("chunk ", chunk);
+    each_launch(stride_configs(items, false), [&](const Config& c) {
+      Buffer<int64_t> ix(idx);
+      Buffer<T> g(dy), tg(std::vector<T>(table.size(), T(1)));
+      hl::launch(c.grid, c.block, 0, kd::scatter_add_rows_kernel<T>, static_cast<const T*>(g.data()),
+                 static_cast<const int64_t*>(ix.data()), rows, cols, lo, tg.data(), table_rows, chunk, items);
+      CHECK(mismatch(tg.values(), grad) == "");
+      CHECK((ix.guards_intact() && g.guards_intact() && tg.guards_intact()));
+    });
+  }
+}
+
+template <class T>
+void check_along_last(int64_t rows, int64_t cols) {
+  INFO("rows ", rows, ", cols ", cols, ", ", type_name<T>());
+  const int64_t lo = 7;
+  const auto target = mixed_indices(static_cast<std::size_t>(rows), lo, cols, 31);
+  const auto x = random_values<T>(static_cast<std::size_t>(rows * cols), -9, 9, 32);
+  const auto gv = random_values<T>(static_cast<std::size_t>(rows), -9, 9, 33);
+  std::vector<T> picked(static_cast<std::size_t>(rows)), added = x;
+  for (int64_t i = 0; i < rows; ++i) {
+    const bool in = target[i] >= lo && target[i] < lo + cols;
+    picked[i] = in ? x[i * cols + target[i] - lo] : T(0);
+    if (in) added[i * cols + target[i] - lo] = ref_binary<Binary::Add>(added[i * cols + target[i] - lo], gv[i]);
+  }
+  each_launch(stride_configs(rows, false), [&](const Config& c) {
+    Buffer<int64_t> t(target);
+    Buffer<T> xb(x), out(static_cast<std::size_t>(rows)), g(gv);
+    hl::launch(c.grid, c.block, 0, kd::take_along_last_kernel<T>, static_cast<const T*>(xb.data()), rows, cols,
+               static_cast<const int64_t*>(t.data()), lo, out.data());
+    CHECK(mismatch(out.values(), picked) == "");
+    hl::launch(c.grid, c.block, 0, kd::add_along_last_kernel<T>, static_cast<const T*>(g.data()),
+               static_cast<const int64_t*>(t.data()), lo, xb.data(), rows, cols);
+    CHECK(mismatch(xb.values(), added) == "");
+    CHECK((t.guards_intact() && xb.guards_intact() && out.guards_intact() && g.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: gather_rows, scatter_add_rows, take_along_last, add_along_last") {
+  for_types<float, double, int32_t>([]<class T>() {
+    for (int64_t rows : {0, 1, 33, 300})
+      for (int64_t table_rows : {0, 1, 7, 40})
+        for (int64_t cols : {0, 1, 3, 33}) check_rows<T>(rows, table_rows, cols);
+    for (int64_t rows : {0, 1, 33, 1023})
+      for (int64_t cols : {0, 1, 5, 33}) check_along_last<T>(rows, cols);
   });
 }
 

@@ -15,6 +15,7 @@
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
 #include "dtensor/compute/functions.hpp"
+#include "dtensor/compute/gemm.hpp"
 #include "dtensor/tensor/device.hpp"
 
 namespace dtensor::detail {
@@ -38,20 +39,36 @@ struct DeviceBackend {
   void (*binary)(DType, BinaryOp, const void* a, const void* b, void* out, int64_t n);
   void (*binary_scalar)(DType, BinaryOp, const void* a, Scalar s, void* out, int64_t n);
   void (*unary)(DType, UnaryFn, const void* a, void* out, int64_t n);
+  // dx = f'(x) dy (float and double); dx may alias x or dy.
+  void (*unary_backward)(DType, UnaryFn, const void* x, const void* dy, void* dx, int64_t n);
   void (*add_bias)(DType, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows);
   void (*transpose)(DType, const void* in, void* out, int64_t rows, int64_t cols);
 
-  // Reductions: [outer, len, inner] -> [outer, inner]; whole-tensor norms to the host.
-  void (*reduce_dim)(DType, LocalReduce, const void* in, void* out, int64_t outer, int64_t len, int64_t inner);
+  // Reductions: [outer, len, inner] -> [outer, inner] (Avg sums: the caller divides);
+  // whole-tensor norms to the host.
+  void (*reduce_dim)(DType, ReduceOp, const void* in, void* out, int64_t outer, int64_t len, int64_t inner);
   double (*sum_squares)(DType, const void* a, int64_t n);
   double (*max_abs)(DType, const void* a, int64_t n);
   void (*softmax_shift)(DType, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
                         bool log);
   void (*softmax_finish)(DType, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log);
 
-  // Row-major batched product: c[i] = a[i] b[i] for `batch` matrices a [m, k] and
-  // b [k, n], each batch `m*k`, `k*n` and `m*n` elements apart (float and double).
-  void (*gemm)(DType, int64_t batch, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c);
+  // Rows of a [rows, cols] block picked by int64 indices, of which only those in
+  // [lo, lo + table_rows) belong to this block (a vocabulary or class dim sharded over
+  // ranks); the others give zeros or are skipped (see local::gather_rows and friends).
+  void (*gather_rows)(DType, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
+                      int64_t lo, void* out);
+  void (*scatter_add_rows)(DType, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo,
+                           void* table, int64_t table_rows);
+  void (*take_along_last)(DType, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo,
+                          void* out);
+  void (*add_along_last)(DType, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows,
+                         int64_t cols);
+
+  // Row-major (batched) product C = alpha op(A) op(B) + beta C, `dims` resolved (see
+  // compute/gemm.hpp); float and double, alpha and beta of the element type. With
+  // beta == 0, C is not read (it may hold NaN).
+  void (*gemm)(DType, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c);
 };
 
 inline const DeviceBackend*& cuda_backend_slot() {

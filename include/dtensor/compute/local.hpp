@@ -4,9 +4,13 @@
 // these and never branch on the device themselves. Mixing a host and a device
 // tensor in one call is an error naming both.
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
 
+#include "dtensor/compute/gemm.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/tensor/eigen.hpp"
 
@@ -41,14 +45,19 @@ void binary_scalar(BinaryOp k, const Tensor<T, R>& a, T s, Tensor<T, R>& out) {
   assign_binary(k, as_eigen_array(out), as_eigen_array(a), s);
 }
 
+// out = f(a) elementwise; out may alias a. Integer tensors take Neg, Abs and Relu only
+// (takes_integers), which wrap like the kernels: -lowest is lowest.
 template <class T, int R>
 void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
+  if constexpr (!std::is_floating_point_v<T>)
+    DTENSOR_CHECK(takes_integers(f), InvalidArgument, "the elementwise function ", name(f),
+                  " needs a floating-point tensor, not ", name(dtype_of<T>()));
   if (!a.device().is_host())
     return detail::device_backend(a.device()).unary(dtype_of<T>(), f, a.data(), out.data(), a.numel());
   auto x = as_eigen_array(a);
   auto o = as_eigen_array(out);
   if constexpr (std::is_floating_point_v<T>) {
-    switch (f) {
+    switch (f) {  // Eigen's vectorised forms where it has them; the table's formula otherwise
       case UnaryFn::Neg: o = -x; return;
       case UnaryFn::Exp: o = x.exp(); return;
       case UnaryFn::Log: o = x.log(); return;
@@ -57,17 +66,35 @@ void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
       case UnaryFn::Relu: o = x.max(T(0)); return;
       case UnaryFn::Tanh: o = x.tanh(); return;
       case UnaryFn::Sigmoid: o = (T(1) + (-x).exp()).inverse(); return;
-    }
-  } else {
-    switch (f) {
-      case UnaryFn::Neg: o = -x; return;
-      case UnaryFn::Abs: o = x.abs(); return;
-      case UnaryFn::Relu: o = x.max(T(0)); return;
-      default:
-        throw InvalidArgument(detail::cat("dtensor: this elementwise function needs a floating-point tensor, not ",
-                                          name(dtype_of<T>())));
+      default: break;
     }
   }
+  visit_unary(f, [&](auto k) {
+    using M = UnaryMath<decltype(k)::value>;
+    if constexpr (std::is_floating_point_v<T> || M::integers) o = x.unaryExpr([](T v) { return M::value(v); });
+  });
+}
+
+// The backward of out = f(x): dx = f'(x) dy, elementwise (float and double); dx may
+// alias x or dy.
+template <class T, int R>
+void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Tensor<T, R>& dx) {
+  static_assert(std::is_floating_point_v<T>,
+                "local::unary_backward: derivatives are defined for float and double tensors only");
+  require_same_device(x, dy, "unary_backward");
+  require_same_device(x, dx, "unary_backward");
+  DTENSOR_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), InvalidArgument, "unary_backward of ", name(f),
+                ": x, dy and dx hold ", x.numel(), ", ", dy.numel(), " and ", dx.numel(), " elements");
+  if (!x.device().is_host())
+    return detail::device_backend(x.device())
+        .unary_backward(dtype_of<T>(), f, x.data(), dy.data(), dx.data(), x.numel());
+  auto xe = as_eigen_array(x);
+  auto ge = as_eigen_array(dy);
+  auto o = as_eigen_array(dx);
+  visit_unary(f, [&](auto k) {
+    using M = UnaryMath<decltype(k)::value>;
+    o = xe.unaryExpr([](T v) { return M::derivative(v); }) * ge;
+  });
 }
 
 // out = m + v, v broadcast along the rows (v(j) added to row i) or the columns.
@@ -93,16 +120,21 @@ void transpose(const Tensor<T, 2>& in, Tensor<T, 2>& out) {
 
 // --- reductions ---
 
-template <LocalReduce R, class T>
+// The value of a reduction over no elements (Avg: 0, like Sum).
+template <ReduceOp R, class T>
 T identity() {
   using L = std::numeric_limits<T>;
-  if constexpr (R == LocalReduce::Max) return L::has_infinity ? -L::infinity() : L::lowest();
-  else if constexpr (R == LocalReduce::Min) return L::has_infinity ? L::infinity() : L::max();
+  if constexpr (R == ReduceOp::Max) return L::has_infinity ? -L::infinity() : L::lowest();
+  else if constexpr (R == ReduceOp::Min) return L::has_infinity ? L::infinity() : L::max();
   else return T{0};
 }
 
-// out[o, i] = reduction over j of in[o, j, i] (outer, reduced, inner), in order.
-template <LocalReduce R, class T>
+// out[o, i] = reduction over j of in[o, j, i] (outer, reduced, inner), in order. An Avg
+// sums: the caller divides by the global count (the local len is one shard of it).
+// Reducing the last dim of a [rows, cols] block with keepdim is outer = rows, len =
+// cols, inner = 1, the output read as [rows, 1]; several adjacent dims reduce at once
+// as one len (their product).
+template <ReduceOp R, class T>
 void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64_t inner) {
   if (!d.is_host()) return detail::device_backend(d).reduce_dim(dtype_of<T>(), R, in, out, outer, len, inner);
   for (int64_t o = 0; o < outer; ++o) {
@@ -111,11 +143,21 @@ void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64
     for (int64_t j = 0; j < len; ++j) {
       const T* src = in + (o * len + j) * inner;
       for (int64_t i = 0; i < inner; ++i) {
-        if constexpr (R == LocalReduce::Max) dst[i] = std::max(dst[i], src[i]);
-        else if constexpr (R == LocalReduce::Min) dst[i] = std::min(dst[i], src[i]);
+        if constexpr (R == ReduceOp::Max) dst[i] = std::max(dst[i], src[i]);
+        else if constexpr (R == ReduceOp::Min) dst[i] = std::min(dst[i], src[i]);
         else dst[i] += src[i];
       }
     }
+  }
+}
+// The same with the reduction chosen at run time.
+template <class T>
+void reduce_dim(Device d, ReduceOp r, const T* in, T* out, int64_t outer, int64_t len, int64_t inner) {
+  switch (r) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return reduce_dim<ReduceOp::Sum>(d, in, out, outer, len, inner);
+    case ReduceOp::Max: return reduce_dim<ReduceOp::Max>(d, in, out, outer, len, inner);
+    case ReduceOp::Min: return reduce_dim<ReduceOp::Min>(d, in, out, outer, len, inner);
   }
 }
 
@@ -164,29 +206,139 @@ void softmax_finish(Device d, T* x, const T* sums, int64_t outer, int64_t len, i
       }
 }
 
+// --- rows picked by index (embeddings, and the target logit of a loss) ---
+//
+// A block holds rows [lo, lo + table_rows) of a table sharded over ranks (a vocabulary,
+// or the classes of a loss parallel over them): an index outside that range belongs to
+// another rank (or is an ignored target, such as -100) and contributes nothing here.
+// Indices are int64 on the same device as the data. Negative sizes are errors.
+
+inline void check_row_sizes(int64_t a, int64_t b, int64_t c, const char* fn) {
+  DTENSOR_CHECK(a >= 0 && b >= 0 && c >= 0, InvalidArgument, fn, ": negative sizes (", a, ", ", b, ", ", c, ")");
+}
+
+// out[i, :] = table[index[i] - lo, :] for index[i] in [lo, lo + table_rows), else
+// zeros; table [table_rows, cols], out [rows, cols] (an embedding's masked lookup).
+template <class T>
+void gather_rows(Device d, const T* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
+                 int64_t lo, T* out) {
+  check_row_sizes(table_rows, cols, rows, "gather_rows");
+  if (!d.is_host())
+    return detail::device_backend(d).gather_rows(dtype_of<T>(), table, table_rows, cols, index, rows, lo, out);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = index[i] - lo;
+    if (r >= 0 && r < table_rows) std::copy_n(table + r * cols, cols, out + i * cols);
+    else std::fill_n(out + i * cols, cols, T(0));
+  }
+}
+
+// table[index[i] - lo, :] += dy[i, :] for the i with index[i] in [lo, lo +
+// table_rows); dy [rows, cols], table [table_rows, cols]. The adjoint of gather_rows:
+// it accumulates (zero the table first for a fresh gradient), rows in order of i.
+template <class T>
+void scatter_add_rows(Device d, const T* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo, T* table,
+                      int64_t table_rows) {
+  check_row_sizes(table_rows, cols, rows, "scatter_add_rows");
+  if (!d.is_host())
+    return detail::device_backend(d).scatter_add_rows(dtype_of<T>(), dy, index, rows, cols, lo, table, table_rows);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = index[i] - lo;
+    if (r < 0 || r >= table_rows) continue;
+    T* dst = table + r * cols;
+    const T* src = dy + i * cols;
+    for (int64_t j = 0; j < cols; ++j) dst[j] += src[j];
+  }
+}
+
+// out[i] = x[i, target[i] - lo] for target[i] in [lo, lo + cols), else 0; x [rows,
+// cols] (a class-sharded block of logits), out [rows] (its share of the target logit).
+template <class T>
+void take_along_last(Device d, const T* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo, T* out) {
+  check_row_sizes(rows, cols, 0, "take_along_last");
+  if (!d.is_host()) return detail::device_backend(d).take_along_last(dtype_of<T>(), x, rows, cols, target, lo, out);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t c = target[i] - lo;
+    out[i] = c >= 0 && c < cols ? x[i * cols + c] : T(0);
+  }
+}
+
+// x[i, target[i] - lo] += g[i] for target[i] in [lo, lo + cols): the adjoint of
+// take_along_last (a loss's backward subtracting the one-hot target).
+template <class T>
+void add_along_last(Device d, const T* g, const int64_t* target, int64_t lo, T* x, int64_t rows, int64_t cols) {
+  check_row_sizes(rows, cols, 0, "add_along_last");
+  if (!d.is_host()) return detail::device_backend(d).add_along_last(dtype_of<T>(), g, target, lo, x, rows, cols);
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t c = target[i] - lo;
+    if (c >= 0 && c < cols) x[i * cols + c] += g[i];
+  }
+}
+
 // --- products ---
 
-// c[i] = a[i] b[i] for `batch` row-major matrices a [m, k], b [k, n] (e: batch, m, k, n).
+// C = alpha op(A) op(B) + beta C for the row-major (batched) matrices that `dims`
+// describes (compute/gemm.hpp): transposes are read in place, never copied. With beta
+// == 0, C is only written (it may hold garbage or NaN), as in BLAS. Host: Eigen, any
+// arithmetic type; device: cuBLAS, float and double.
 template <class T>
-void gemm(Device d, const T* a, const T* b, T* c, const std::array<int64_t, 4>& e) {
+void gemm_ex(Device d, const GemmDims& dims, T alpha, const T* a, const T* b, T beta, T* c) {
+  const GemmDims g = dims.resolved();
   if (!d.is_host()) {
-    if constexpr (std::is_floating_point_v<T>)
-      return detail::device_backend(d).gemm(dtype_of<T>(), e[0], e[1], e[3], e[2], a, b, c);
-    else
+    if constexpr (std::is_floating_point_v<T>) {
+      if (g.empty()) return;
+      return detail::device_backend(d).gemm(dtype_of<T>(), g, Scalar::of(alpha), a, b, Scalar::of(beta), c);
+    } else {
       throw InvalidArgument(detail::cat("dtensor: matrix products on a GPU take float or double, not ",
                                         name(dtype_of<T>())));
+    }
   }
-  using Map = Eigen::Map<const EigenRowMatrix<T>>;
-  if (e[3] == 1 && e[0] == 1) {  // matrix-vector (and dot): Eigen's GEMV, not a one-column GEMM
-    Eigen::Map<EigenVector<T>>(c, e[1]).noalias() = Map(a, e[1], e[2]) * Eigen::Map<const EigenVector<T>>(b, e[2]);
-    return;
+  if (g.empty()) return;
+  using Stride = Eigen::OuterStride<>;
+  using In = Eigen::Map<const EigenRowMatrix<T>, 0, Stride>;
+  using Out = Eigen::Map<EigenRowMatrix<T>, 0, Stride>;
+  using VecIn = Eigen::Map<const EigenVector<T>, 0, Eigen::InnerStride<>>;
+  using VecOut = Eigen::Map<EigenVector<T>, 0, Eigen::InnerStride<>>;
+  // beta == 0 writes C without reading it; otherwise C = beta C, then += the product.
+  auto store = [&](auto&& cm, const auto& product) {
+    if (beta == T(0)) {
+      cm.noalias() = alpha * product;
+    } else {
+      if (beta != T(1)) cm *= beta;
+      cm.noalias() += alpha * product;
+    }
+  };
+  for (int64_t p = 0; p < g.batch; ++p) {
+    const T* ap = a + p * g.stride_a;
+    const T* bp = b + p * g.stride_b;
+    T* cp = c + p * g.stride_c;
+    if (g.k == 0) {  // an empty sum: C = beta C
+      Out cm(cp, g.m, g.n, Stride(g.ldc));
+      if (beta == T(0)) cm.setZero();
+      else cm *= beta;
+      continue;
+    }
+    In am(ap, g.a_rows(), g.a_cols(), Stride(g.lda));
+    if (g.n == 1) {  // matrix-vector (and dot): Eigen's GEMV, not a one-column GEMM
+      VecIn bv(bp, g.k, Eigen::InnerStride<>(g.trans_b ? 1 : g.ldb));
+      VecOut cv(cp, g.m, Eigen::InnerStride<>(g.ldc));
+      if (g.trans_a) store(cv, am.transpose() * bv);
+      else store(cv, am * bv);
+      continue;
+    }
+    In bm(bp, g.b_rows(), g.b_cols(), Stride(g.ldb));
+    Out cm(cp, g.m, g.n, Stride(g.ldc));
+    if (!g.trans_a && !g.trans_b) store(cm, am * bm);
+    else if (g.trans_a && !g.trans_b) store(cm, am.transpose() * bm);
+    else if (!g.trans_a && g.trans_b) store(cm, am * bm.transpose());
+    else store(cm, am.transpose() * bm.transpose());
   }
-  for (int64_t i = 0; i < e[0]; ++i) {
-    Map am(a + i * e[1] * e[2], e[1], e[2]);
-    Map bm(b + i * e[2] * e[3], e[2], e[3]);
-    Eigen::Map<EigenRowMatrix<T>> cm(c + i * e[1] * e[3], e[1], e[3]);
-    cm.noalias() = am * bm;
-  }
+}
+
+// c[i] = a[i] b[i] for `batch` packed row-major matrices a [m, k], b [k, n] (e: batch,
+// m, k, n).
+template <class T>
+void gemm(Device d, const T* a, const T* b, T* c, const std::array<int64_t, 4>& e) {
+  gemm_ex(d, GemmDims{.m = e[1], .n = e[3], .k = e[2], .batch = e[0]}, T(1), a, b, T(0), c);
 }
 
 }  // namespace dtensor::local

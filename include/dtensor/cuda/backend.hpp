@@ -63,11 +63,13 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
                           int64_t n) { k::binary_scalar(t, op, a, s, out, n, current_stream()); },
       .unary = [](DType t, UnaryFn f, const void* a, void* out,
                   int64_t n) { k::unary(t, f, a, out, n, current_stream()); },
+      .unary_backward = [](DType t, UnaryFn f, const void* x, const void* dy, void* dx,
+                           int64_t n) { k::unary_backward(t, f, x, dy, dx, n, current_stream()); },
       .add_bias = [](DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols,
                      bool along_rows) { k::add_bias(t, m, v, out, rows, cols, along_rows, current_stream()); },
       .transpose = [](DType t, const void* in, void* out, int64_t rows,
                       int64_t cols) { k::transpose(t, in, out, rows, cols, current_stream()); },
-      .reduce_dim = [](DType t, LocalReduce r, const void* in, void* out, int64_t outer, int64_t len,
+      .reduce_dim = [](DType t, ReduceOp r, const void* in, void* out, int64_t outer, int64_t len,
                        int64_t inner) {
         k::reduce_dim(t, r, in, out, outer, len, inner, current_stream());
       },
@@ -77,8 +79,19 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
                           bool log) { k::softmax_shift(t, x, max, sums, outer, len, inner, log, current_stream()); },
       .softmax_finish = [](DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner,
                            bool log) { k::softmax_finish(t, x, sums, outer, len, inner, log, current_stream()); },
-      .gemm = [](DType t, int64_t batch, int64_t m, int64_t n, int64_t kk, const void* a, const void* b,
-                 void* c) { gemm(t, batch, m, n, kk, a, b, c); },
+      .gather_rows = [](DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index,
+                        int64_t rows, int64_t lo,
+                        void* out) { k::gather_rows(t, table, table_rows, cols, index, rows, lo, out, current_stream()); },
+      .scatter_add_rows = [](DType t, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo,
+                             void* table, int64_t table_rows) {
+        k::scatter_add_rows(t, dy, index, rows, cols, lo, table, table_rows, current_stream());
+      },
+      .take_along_last = [](DType t, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo,
+                            void* out) { k::take_along_last(t, x, rows, cols, target, lo, out, current_stream()); },
+      .add_along_last = [](DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows,
+                           int64_t cols) { k::add_along_last(t, g, target, lo, x, rows, cols, current_stream()); },
+      .gemm = [](DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta,
+                 void* c) { gemm(t, dims, alpha, a, b, beta, c); },
   };
   return table;
 }

@@ -11,8 +11,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "dtensor/comm/dtype.hpp"
+#include "dtensor/compute/functions.hpp"
+#include "dtensor/compute/gemm.hpp"
 #include "dtensor/cuda/stream.hpp"
 
 namespace dtensor::cuda {
@@ -76,45 +79,83 @@ inline cublasHandle_t blas_handle() {
   return h.get();
 }
 
+inline int blas_int(int64_t v) {
+  if (v > INT32_MAX) throw InvalidArgument("dtensor: a matrix extent above 2^31-1 is beyond cuBLAS's int sizes");
+  return static_cast<int>(v);
+}
+inline cublasOperation_t blas_op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// C = beta C for the batch's m x n matrices (the product of an empty sum): zeros by a
+// 2-D memset when beta is 0 (C is not read, as BLAS promises), else in place by GEAM.
 template <class T>
-void gemm_typed(int64_t batch, int64_t m, int64_t n, int64_t k, const T* a, const T* b, T* c) {
+void scale_output(const GemmDims& g, T beta, T* c) {
+  const auto s = current_stream();
+  for (int64_t p = 0; p < g.batch; ++p) {
+    T* cp = c + p * g.stride_c;
+    if (beta == T(0)) {
+      DTENSOR_CUDA(cudaMemset2DAsync(cp, static_cast<std::size_t>(g.ldc) * sizeof(T), 0,
+                                     static_cast<std::size_t>(g.n) * sizeof(T), static_cast<std::size_t>(g.m), s));
+      continue;
+    }
+    const T zero = 0;
+    cublasHandle_t h = blas_handle();
+    // Column-major C^T (n x m): C^T = beta C^T + 0 C^T, in place (allowed when the
+    // output is the first input with the same leading dimension).
+    if constexpr (std::is_same_v<T, float>)
+      DTENSOR_CUBLAS(cublasSgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, blas_int(g.n), blas_int(g.m), &beta, cp,
+                                 blas_int(g.ldc), &zero, cp, blas_int(g.ldc), cp, blas_int(g.ldc)));
+    else
+      DTENSOR_CUBLAS(cublasDgeam(h, CUBLAS_OP_N, CUBLAS_OP_N, blas_int(g.n), blas_int(g.m), &beta, cp,
+                                 blas_int(g.ldc), &zero, cp, blas_int(g.ldc), cp, blas_int(g.ldc)));
+  }
+}
+
+// Row-major C = alpha op(A) op(B) + beta C is column-major C^T = alpha op(B)^T op(A)^T
+// + beta C^T, and a row-major matrix with leading dimension ld is, in the same memory,
+// its column-major transpose with the same ld: so B goes first with op = trans_b, A
+// second with op = trans_a, and m and n swap. g is resolved and not empty, k > 0.
+template <class T>
+void gemm_typed(const GemmDims& g, T alpha, const T* a, const T* b, T beta, T* c) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
   cublasHandle_t h = blas_handle();
-  const T one = 1, zero = 0;
-  auto i = [](int64_t v) {
-    if (v > INT32_MAX) throw InvalidArgument("dtensor: a matrix extent above 2^31-1 is beyond cuBLAS's int sizes");
-    return static_cast<int>(v);
-  };
-  if (batch == 1 && n == 1) {  // matrix-vector: GEMV on A^T (column-major k x m)
+  const auto i = blas_int;
+  if (g.batch == 1 && g.n == 1) {
+    // Matrix-vector: y (m) = op(A) x. A stored row-major [a_rows, a_cols] is column-major
+    // [a_cols, a_rows]: without trans_a, y = (that)^T x; with it, y = (that) x. x is B's
+    // one column (elements ldb apart) or its one row (contiguous); y is C's column.
+    const int64_t incx = g.trans_b ? 1 : g.ldb;
     if constexpr (std::is_same_v<T, float>)
-      DTENSOR_CUBLAS(cublasSgemv(h, CUBLAS_OP_T, i(k), i(m), &one, a, i(k), b, 1, &zero, c, 1));
+      DTENSOR_CUBLAS(cublasSgemv(h, blas_op(!g.trans_a), i(g.a_cols()), i(g.a_rows()), &alpha, a, i(g.lda), b,
+                                 i(incx), &beta, c, i(g.ldc)));
     else
-      DTENSOR_CUBLAS(cublasDgemv(h, CUBLAS_OP_T, i(k), i(m), &one, a, i(k), b, 1, &zero, c, 1));
+      DTENSOR_CUBLAS(cublasDgemv(h, blas_op(!g.trans_a), i(g.a_cols()), i(g.a_rows()), &alpha, a, i(g.lda), b,
+                                 i(incx), &beta, c, i(g.ldc)));
     return;
   }
-  // Column-major C^T (n x m) = B^T (n x k) A^T (k x m).
   if constexpr (std::is_same_v<T, float>)
-    DTENSOR_CUBLAS(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, i(n), i(m), i(k), &one, b, i(n), k * n, a,
-                                             i(k), m * k, &zero, c, i(n), m * n, i(batch)));
+    DTENSOR_CUBLAS(cublasSgemmStridedBatched(h, blas_op(g.trans_b), blas_op(g.trans_a), i(g.n), i(g.m), i(g.k),
+                                             &alpha, b, i(g.ldb), g.stride_b, a, i(g.lda), g.stride_a, &beta, c,
+                                             i(g.ldc), g.stride_c, i(g.batch)));
   else
-    DTENSOR_CUBLAS(cublasDgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, i(n), i(m), i(k), &one, b, i(n), k * n, a,
-                                             i(k), m * k, &zero, c, i(n), m * n, i(batch)));
+    DTENSOR_CUBLAS(cublasDgemmStridedBatched(h, blas_op(g.trans_b), blas_op(g.trans_a), i(g.n), i(g.m), i(g.k),
+                                             &alpha, b, i(g.ldb), g.stride_b, a, i(g.lda), g.stride_a, &beta, c,
+                                             i(g.ldc), g.stride_c, i(g.batch)));
+}
+
+template <class T>
+void gemm_dispatch(const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c) {
+  const GemmDims g = dims.resolved();
+  if (g.empty()) return;
+  if (g.k == 0) return scale_output(g, beta.as<T>(), static_cast<T*>(c));
+  gemm_typed(g, alpha.as<T>(), static_cast<const T*>(a), static_cast<const T*>(b), beta.as<T>(), static_cast<T*>(c));
 }
 }  // namespace detail
 
-// c[i] = a[i] b[i], row-major, `batch` matrices [m, k] x [k, n], on this thread's stream.
-inline void gemm(DType t, int64_t batch, int64_t m, int64_t n, int64_t k, const void* a, const void* b, void* c) {
-  if (batch == 0 || m == 0 || n == 0) return;
-  if (k == 0) {  // an empty sum: zeros (cuBLAS rejects a leading dimension of 0)
-    DTENSOR_CUDA(cudaMemsetAsync(c, 0, static_cast<std::size_t>(batch * m * n) * size_of(t), current_stream()));
-    return;
-  }
-  if (t == DType::Float32)
-    return detail::gemm_typed(batch, m, n, k, static_cast<const float*>(a), static_cast<const float*>(b),
-                              static_cast<float*>(c));
-  if (t == DType::Float64)
-    return detail::gemm_typed(batch, m, n, k, static_cast<const double*>(a), static_cast<const double*>(b),
-                              static_cast<double*>(c));
+// C = alpha op(A) op(B) + beta C, row-major and batched as `dims` says (compute/
+// gemm.hpp), on this thread's stream. With beta == 0, C is not read.
+inline void gemm(DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c) {
+  if (t == DType::Float32) return detail::gemm_dispatch<float>(dims, alpha, a, b, beta, c);
+  if (t == DType::Float64) return detail::gemm_dispatch<double>(dims, alpha, a, b, beta, c);
   throw InvalidArgument(::dtensor::detail::cat("dtensor: cuBLAS products take float32 or float64, not ", name(t)));
 }
 

@@ -23,7 +23,7 @@ namespace dtensor::cuda::kernels {
 // The operators' names for the functions (compute/functions.hpp).
 using Binary = ::dtensor::BinaryOp;
 using Unary = ::dtensor::UnaryFn;
-using Reduce = ::dtensor::LocalReduce;
+using Reduce = ::dtensor::ReduceOp;  // Avg reduces like Sum (the caller divides)
 
 // --- data movement (collectives' pack/unpack and redistribution's local steps) ---
 
@@ -48,8 +48,11 @@ void binary(DType t, Binary op, const void* a, const void* b, void* out, int64_t
 // out[i] = a[i] (op) s.
 void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64_t n, cudaStream_t stream);
 
-// out[i] = f(a[i]) (floating-point types; Neg and Abs also for integers).
+// out[i] = f(a[i]) (floating-point types; Neg, Abs and Relu also for integers).
 void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t stream);
+
+// dx[i] = f'(x[i]) dy[i] (floating-point types); dx may alias x or dy.
+void unary_backward(DType t, Unary f, const void* x, const void* dy, void* dx, int64_t n, cudaStream_t stream);
 
 // out = m + v broadcast over an m of rows x cols (row-major): v(j) added to every
 // row when `along_rows` (v has cols elements), else v(i) added to every column.
@@ -65,6 +68,22 @@ void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, c
 // in[o, j, i]. len == 0 gives the identity (0, -inf / lowest, +inf / max).
 void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
                 cudaStream_t stream);
+
+// --- rows picked by int64 indices (the block holds rows or columns [lo, lo + extent)) ---
+
+// out[i, :] = table[index[i] - lo, :], zeros for an index outside the block.
+void gather_rows(DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
+                 int64_t lo, void* out, cudaStream_t stream);
+// table[index[i] - lo, :] += dy[i, :] for the indices inside the block, in order of i
+// (deterministic: no atomics).
+void scatter_add_rows(DType t, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo,
+                      void* table, int64_t table_rows, cudaStream_t stream);
+// out[i] = x[i, target[i] - lo], 0 for a target outside the block's columns.
+void take_along_last(DType t, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo, void* out,
+                     cudaStream_t stream);
+// x[i, target[i] - lo] += g[i] for the targets inside the block's columns.
+void add_along_last(DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows, int64_t cols,
+                    cudaStream_t stream);
 
 // *out = sum of a[i]^2 over [0, n)  (out: one element on the device).
 void sum_squares(DType t, const void* a, int64_t n, void* out, cudaStream_t stream);
