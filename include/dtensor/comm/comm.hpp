@@ -21,6 +21,7 @@
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
 #include "dtensor/comm/request.hpp"
+#include "dtensor/comm/segments.hpp"
 #include "dtensor/tensor/device.hpp"
 
 namespace dtensor {
@@ -39,6 +40,33 @@ class Comm {
 
   // recv[i] = reduction over ranks of send[i]; send may equal recv.
   virtual void all_reduce(const void* send, void* recv, std::size_t count, DType, ReduceOp) = 0;
+
+  // Non-blocking all_reduce: posts it and returns at once; the Request completes it
+  // (recv holds the result once wait() returns or test() returns true). Between the
+  // two the caller must not touch `send` nor `recv`. Same contract as the blocking
+  // one: every rank posts the same collectives (blocking and non-blocking) in the
+  // same order, with the same count, type and reduction; results are bitwise equal
+  // to all_reduce's. Several may be in flight at once and complete in any order.
+  // Failure: a peer that fails, never posts, or drops its Request before it
+  // completed ends every wait (and test) with an exception, never a hang; a Request
+  // dropped before completion is safe (the runtime keeps the buffers out of use
+  // once the destructor returns).
+  // A runtime without non-blocking collectives completes it at once (the default).
+  virtual Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) {
+    all_reduce(send, recv, count, t, op);
+    return Request();
+  }
+  // The same, in place over `segments` as if they were one buffer (their
+  // concatenation; comm/segments.hpp): a bucket of gradients without packing it. The
+  // ranks give the same total count; they may cut it into segments differently. A
+  // runtime that cannot address them in place packs them into a buffer the Request
+  // owns (the default).
+  virtual Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op) {
+    if (segments.size() == 1) return start_all_reduce(segments[0].data, segments[0].data, segments[0].count, t, op);
+    auto packed = std::make_unique<detail::PackedAllReduce>(segments, t, device());
+    packed->start(start_all_reduce(packed->flat(), packed->flat(), total_count(segments), t, op));
+    return Request(std::move(packed));
+  }
 
   virtual void broadcast(void* buf, std::size_t count, DType, int root) = 0;
 

@@ -14,6 +14,9 @@
 //
 // Failure: a peer that fails, or never posts its side, ends the wait with an
 // exception (CommError, PeerAborted or CollectiveTimeout) instead of a hang.
+//
+// A Request also completes a non-blocking collective (Comm::start_all_reduce):
+// same wait/test/abandon rules, with "its side" read as "its call".
 #include <memory>
 #include <utility>
 

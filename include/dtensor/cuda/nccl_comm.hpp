@@ -585,6 +585,42 @@ class NcclComm final : public Comm {
     });
   }
 
+  // Non-blocking: ncclAllReduce (and Avg's division) queued on the communicator's
+  // stream now, completion by an event the Request polls, like an exchange: the same
+  // timeout (the communicator is then aborted, so every rank's wait ends), and a
+  // Request dropped in flight leaves the all-reduce queued in NCCL, where it completes
+  // when the peers post theirs (the caller frees its buffers stream-ordered).
+  // Guarded mode checks the signatures first, which synchronises the ranks.
+  using Comm::start_all_reduce;  // the segmented one: packed (Comm's)
+  Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    enter(Kind::AllReduce);
+    cuda::DeviceGuard guard(device_);
+    if (guarded_) check_signature({t, op, 0, static_cast<int64_t>(count)}, {}, {});
+    auto st = std::make_shared<ExchangeState>();
+    st->dtype = t;
+    st->posted = Clock::now();
+    st->what = detail::cat(what_, " (non-blocking)");
+    try {
+      follow_caller_stream();
+      st->event = take_event();
+      if (count > 0) {
+        nccl(ncclAllReduce(send, recv, count, cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(),
+                           stream_),
+             "ncclAllReduce");
+        if (cuda::detail::divide_after(op, t))
+          cuda::kernels::divide_block(t, recv, Block::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
+      }
+      DTENSOR_CUDA(cudaEventRecord(st->event, stream_));
+      st->status = ExchangeState::Status::Issued;
+    } catch (const std::exception& e) {  // the peers may be in it: they must not wait for this rank
+      fail_exchange(*st);
+      give_event(*st);
+      abort_comm(e.what());
+      throw;
+    }
+    return Request(std::make_unique<Exchange>(link_, std::move(st)));
+  }
+
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     check_root(root, "broadcast");
     collective(Kind::Broadcast, {t, ReduceOp::Sum, root, static_cast<int64_t>(count)}, {}, {}, [&] {

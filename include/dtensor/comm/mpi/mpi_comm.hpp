@@ -28,6 +28,9 @@
 // Collectives are not affected (MPI matches them apart from point to point); use
 // a new communicator (split) for further point-to-point traffic.
 //
+// Non-blocking all-reduce (start_all_reduce): MPI_Iallreduce polled like an exchange;
+// see MpiAllReduce for what a dropped one does. A segmented one is packed (Comm's).
+//
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
 //
 // Guarded mode (DTENSOR_CHECK_COLLECTIVES=1, or DTENSOR_TIMEOUT_S=seconds): before
@@ -41,6 +44,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -465,6 +469,114 @@ class MpiExchange final : public PendingExchange {
   std::shared_ptr<P2PPoison> poison_;
 };
 
+// A non-blocking all-reduce (MpiComm::start_all_reduce): MPI_Iallreduce, polled
+// with MPI_Test against the timeout. A failure (an MPI error, the timeout) fails it
+// for good: later waits and tests rethrow it.
+//
+// Abandoned (dropped, unwound, failed) before it completed: MPI can neither cancel
+// nor free a collective request, and it reads `send` and writes `recv` until the
+// collective completes. So the destructor keeps polling it, for at most the timeout
+// (on a healthy run the peers post the same collectives, so it completes), and if
+// it still has not completed, the job is aborted rather than letting MPI write into
+// memory the caller is about to free.
+class MpiAllReduce final : public PendingExchange {
+ public:
+  MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, const void* send, void* recv,
+               int count, DType t, ReduceOp op)
+      : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), recv_(recv), count_(count), t_(t), op_(op) {
+    check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count, mpi_type(t), mpi_op(op), comm, &req_),
+              "MPI_Iallreduce");
+  }
+  MpiAllReduce(const MpiAllReduce&) = delete;
+  MpiAllReduce& operator=(const MpiAllReduce&) = delete;
+  ~MpiAllReduce() override { abandon(); }
+
+  bool test() override {
+    if (poll()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (!polled_since_) polled_since_ = now;
+    check_timeout(*polled_since_, now);
+    return false;
+  }
+
+  // MPI moves a non-blocking collective only inside its calls (no progress thread),
+  // so the first second polls without sleeping: a sleep would stall the transfer.
+  // Past that a peer is late, and the poll backs off to spare the core.
+  void wait() override {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      if (poll()) return;
+      const auto now = std::chrono::steady_clock::now();
+      check_timeout(start, now);
+      if (now - start < std::chrono::seconds(1)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+ private:
+  // True once complete (the result is then in recv_); throws the failure, if any.
+  bool poll() {
+    if (failed_) std::rethrow_exception(failed_);
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    try {
+      check_mpi(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test (all_reduce)");
+      if (!done) return false;
+      req_ = MPI_REQUEST_NULL;
+      if (op_ == ReduceOp::Avg) divide_block(t_, recv_, Block::contiguous(0, count_), size_);
+    } catch (...) {
+      // MPI's error ended the collective (Open MPI keeps the request: drop it).
+      if (req_ != MPI_REQUEST_NULL && !done) req_ = MPI_REQUEST_NULL;
+      failed_ = std::current_exception();
+      throw;
+    }
+    return true;
+  }
+
+  void check_timeout(std::chrono::steady_clock::time_point since, std::chrono::steady_clock::time_point now) {
+    if (std::chrono::duration<double>(now - since).count() <= timeout_s_) return;
+    try {
+      throw CollectiveTimeout(cat("dtensor: rank ", rank_, ": all_reduce (non-blocking) #", seq_, " (", count_,
+                                  " elements) timed out after ", timeout_s_,
+                                  " s waiting for the other ranks to post it (DTENSOR_TIMEOUT_S)"));
+    } catch (...) {
+      failed_ = std::current_exception();
+      throw;
+    }
+  }
+
+  void abandon() noexcept {
+    if (req_ == MPI_REQUEST_NULL) return;
+    // Timed out already: no second wait.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(failed_ ? 0.0 : timeout_s_);
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      if (MPI_Test(&req_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
+      if (std::chrono::steady_clock::now() > deadline) break;
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
+    }
+    std::fprintf(stderr,
+                 "dtensor: rank %d: all_reduce (non-blocking) #%lld was abandoned and has not completed within "
+                 "%g s; MPI cannot cancel a collective and would write into freed memory: aborting the job\n",
+                 rank_, static_cast<long long>(seq_), timeout_s_);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();
+  }
+
+  int rank_, size_;
+  double timeout_s_;
+  int64_t seq_;
+  void* recv_;
+  int count_;
+  DType t_;
+  ReduceOp op_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::optional<std::chrono::steady_clock::time_point> polled_since_;
+  std::exception_ptr failed_;
+};
+
 // Blocks that are contiguous and lie one after another in rank order: the plain
 // v-collectives apply, with counts and displacements in elements.
 inline bool packed_in_order(std::span<const Block> blocks) {  // in rank order, no gaps
@@ -532,6 +644,17 @@ class MpiComm final : public Comm {
                                     comm_),
                       "MPI_Allreduce");
     if (op == ReduceOp::Avg) detail::divide_block(t, recv, Block::contiguous(0, n), size_);
+  }
+
+  // Non-blocking: see detail::MpiAllReduce. In guarded mode the signature check
+  // comes first and is a synchronisation: the call returns once every rank has
+  // posted it (a mismatch is then a CommError on every rank, before MPI sees it).
+  using Comm::start_all_reduce;  // the segmented one: packed (Comm's)
+  Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
+    enter("all_reduce", t, op, 0, n, /*same_count=*/true);
+    return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
+                                                          send, recv, n, t, op));
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
@@ -820,6 +943,7 @@ class MpiComm final : public Comm {
   bool guarded_ = false;
   double timeout_s_ = 0;
   int64_t seq_ = 0;
+  int64_t nb_seq_ = 0;  // non-blocking all-reduces posted (for messages)
   std::vector<Signature> signatures_;
   std::shared_ptr<detail::P2PPoison> poison_ = std::make_shared<detail::P2PPoison>();
 };

@@ -1,0 +1,77 @@
+#pragma once
+// Segments: a list of buffers of one element type that a collective treats as one
+// buffer, their concatenation in list order (a bucket of gradients, each in its own
+// tensor). A runtime that can address them in place does (the in-process runtime);
+// the others pack them into one buffer and unpack the result (PackedAllReduce).
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "dtensor/comm/request.hpp"
+#include "dtensor/compute/movement.hpp"
+#include "dtensor/tensor/tensor.hpp"
+
+namespace dtensor {
+
+struct Segment {
+  void* data = nullptr;
+  std::size_t count = 0;  // elements
+};
+
+inline std::size_t total_count(std::span<const Segment> segments) {
+  std::size_t n = 0;
+  for (const Segment& s : segments) n += s.count;
+  return n;
+}
+
+namespace detail {
+
+// The fallback: `segments` packed into `flat` (owned here, so that a dropped
+// Request never leaves the runtime writing into freed memory), the all-reduce of
+// `flat` in flight as `inner`, and the result unpacked once it completes.
+class PackedAllReduce final : public PendingExchange {
+ public:
+  // Packs; then the caller posts the all-reduce of flat() and hands it to start().
+  PackedAllReduce(std::span<const Segment> segments, DType t, Device device)
+      : segments_(segments.begin(), segments.end()), elem_(size_of(t)), device_(device),
+        flat_(Tensor<std::byte, 1>::uninitialized({static_cast<int64_t>(total_count(segments) * elem_)}, device)) {
+    std::size_t at = 0;
+    for (const Segment& s : segments_) {
+      local::copy_block(device_, s.data, Block::contiguous(0, static_cast<int64_t>(s.count)), flat_.data(),
+                        Block::contiguous(static_cast<int64_t>(at), static_cast<int64_t>(s.count)), elem_);
+      at += s.count;
+    }
+  }
+  void* flat() { return flat_.data(); }
+  void start(Request inner) { inner_ = std::move(inner); }
+
+  bool test() override {
+    if (!inner_.test()) return false;
+    unpack();
+    return true;
+  }
+  void wait() override {
+    inner_.wait();
+    unpack();
+  }
+
+ private:
+  void unpack() {
+    std::size_t at = 0;
+    for (const Segment& s : segments_) {
+      local::copy_block(device_, flat_.data(), Block::contiguous(static_cast<int64_t>(at), static_cast<int64_t>(s.count)),
+                        s.data, Block::contiguous(0, static_cast<int64_t>(s.count)), elem_);
+      at += s.count;
+    }
+  }
+
+  std::vector<Segment> segments_;
+  std::size_t elem_;
+  Device device_;
+  Tensor<std::byte, 1> flat_;
+  Request inner_;  // declared last: abandoned (destroyed) first, before flat_ goes
+};
+
+}  // namespace detail
+}  // namespace dtensor

@@ -1,0 +1,420 @@
+// Non-blocking collectives (Comm::start_all_reduce) against the blocking all_reduce
+// and exact expected values, on the in-process runtime and, through the _mpi binary,
+// on MPI: every reduction and common element type, in place and not, empty and
+// multi-chunk sizes, several in flight completed in reverse order, test() polling,
+// interleaved with blocking collectives and point to point, over the sub-communicators
+// of a 2-D mesh. Then the failure rules (in-process): a rank that throws, returns,
+// never posts, disagrees on the size, or drops its Request; each ends every rank with
+// an exception, never a hang, and frees no buffer a peer still touches.
+#include <dtensor/dtensor.hpp>
+
+#include <doctest/doctest.h>
+
+#include "spmd.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace dtensor;
+using dtensor::test::spmd;
+using dtensor::test::under_mpi;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Exact in every tested type, distinct per rank and element; sums of up to 4 ranks
+// are exact, so every reduction order gives the same bits.
+template <class T>
+T val(int rank, int64_t i, int salt = 0) {
+  return static_cast<T>((rank + 1) * 3 + (i * 7 + salt) % 101);
+}
+
+template <class T>
+std::vector<T> input(int rank, int64_t n, int salt = 0) {
+  std::vector<T> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = val<T>(rank, i, salt);
+  return v;
+}
+
+template <class T>
+void check_op(Comm& comm, ReduceOp op, int64_t n, bool in_place) {
+  const auto in = input<T>(comm.rank(), n);
+  std::vector<T> expect = in;
+  all_reduce<T>(comm, expect, op);  // the blocking one: the reference
+  std::vector<T> buf = in, out(static_cast<std::size_t>(n), T{});
+  Request r = in_place ? comm.start_all_reduce(buf.data(), buf.data(), buf.size(), dtype_of<T>(), op)
+                       : comm.start_all_reduce(buf.data(), out.data(), buf.size(), dtype_of<T>(), op);
+  r.wait();
+  CHECK(r.done());
+  CHECK((in_place ? buf : out) == expect);
+  if (!in_place) CHECK(buf == in);  // the input is untouched
+  // An independent reference for Sum: the closed form.
+  if (op == ReduceOp::Sum)
+    for (int64_t i = 0; i < n; i += 997) {
+      T s{};
+      for (int k = 0; k < comm.size(); ++k) s += val<T>(k, i);
+      CHECK(expect[static_cast<std::size_t>(i)] == s);
+    }
+}
+
+RunOptions with_timeout(double s) {
+  RunOptions o;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+  return o;
+}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+TEST_CASE("start_all_reduce equals all_reduce for every reduction, type and size, in place or not") {
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [](Comm& comm) {
+      for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{100003}})
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
+          for (bool in_place : {true, false}) {
+            check_op<double>(comm, op, count, in_place);
+            check_op<float>(comm, op, count, in_place);
+            check_op<int32_t>(comm, op, count, in_place);
+            check_op<int64_t>(comm, op, count, in_place);
+          }
+    });
+}
+
+TEST_CASE("a segmented all-reduce equals the all_reduce of the concatenation, however each rank cuts it") {
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [](Comm& comm) {
+      for (int64_t total : {int64_t{0}, int64_t{1}, int64_t{97}, int64_t{300001}}) {
+        const auto whole = input<double>(comm.rank(), total);
+        auto expect = whole;
+        all_reduce<double>(comm, expect);
+        // Rank-dependent cuts, with empty segments at the ends and in between.
+        std::vector<int64_t> cuts{0, 0};
+        for (int64_t at = 0; at < total;) {
+          at = std::min(total, at + 1 + (at * 31 + comm.rank() * 977) % (total / 3 + 2));
+          cuts.push_back(at);
+          if (cuts.size() % 4 == 0) cuts.push_back(at);
+        }
+        cuts.push_back(total);
+        std::vector<std::vector<double>> bufs;
+        std::vector<Segment> segs;
+        for (std::size_t i = 0; i + 1 < cuts.size(); ++i)
+          bufs.emplace_back(whole.begin() + cuts[i], whole.begin() + cuts[i + 1]);
+        for (auto& b : bufs) segs.push_back({b.data(), b.size()});
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+          if (op == ReduceOp::Max) {
+            expect = whole;
+            all_reduce<double>(comm, expect, op);
+            for (std::size_t i = 0; i < bufs.size(); ++i)
+              std::copy(whole.begin() + cuts[i], whole.begin() + cuts[i + 1], bufs[i].begin());
+          }
+          Request r = comm.start_all_reduce(segs, DType::Float64, op);
+          r.wait();
+          std::vector<double> got;
+          for (auto& b : bufs) got.insert(got.end(), b.begin(), b.end());
+          CHECK(got == expect);
+        }
+      }
+    });
+}
+
+TEST_CASE("several all-reduces in flight complete in any order, by wait or by test") {
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [](Comm& comm) {
+      constexpr int kFlight = 6;
+      std::vector<std::vector<double>> bufs, expect;
+      std::vector<Request> reqs;
+      for (int j = 0; j < kFlight; ++j) {
+        bufs.push_back(input<double>(comm.rank(), 1000 * j + 3, j));
+        expect.push_back(bufs.back());
+        all_reduce<double>(comm, expect.back());
+      }
+      for (int j = 0; j < kFlight; ++j)
+        reqs.push_back(comm.start_all_reduce(bufs[j].data(), bufs[j].data(), bufs[j].size(), DType::Float64,
+                                             ReduceOp::Sum));
+      // Half by test() loops, in reverse posting order, half by wait().
+      for (int j = kFlight - 1; j >= 0; --j) {
+        if (j % 2) {
+          while (!reqs[j].test()) std::this_thread::yield();
+        } else {
+          reqs[j].wait();
+        }
+        CHECK(bufs[j] == expect[j]);
+      }
+    });
+}
+
+TEST_CASE("non-blocking all-reduces interleave with blocking collectives and point to point") {
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [](Comm& comm) {
+      auto a = input<int64_t>(comm.rank(), 5000), b = input<int64_t>(comm.rank(), 300, 1);
+      auto ea = a, eb = b;
+      all_reduce<int64_t>(comm, ea);
+      all_reduce<int64_t>(comm, eb, ReduceOp::Max);
+      Request ra = comm.start_all_reduce(a.data(), a.data(), a.size(), DType::Int64, ReduceOp::Sum);
+      // A blocking all_reduce and a ring shift while `a` is in flight: the peers'
+      // waits in them move it forward.
+      std::vector<int64_t> c(3, comm.rank() + 1);
+      all_reduce<int64_t>(comm, c);
+      CHECK(c == std::vector<int64_t>(3, comm.size() * (comm.size() + 1) / 2));
+      int64_t to = comm.rank(), from = -1;
+      comm.sendrecv(&to, Region::contiguous(0, 1), (comm.rank() + 1) % comm.size(), &from, Region::contiguous(0, 1),
+                    (comm.rank() + comm.size() - 1) % comm.size(), DType::Int64);
+      CHECK(from == (comm.rank() + comm.size() - 1) % comm.size());
+      Request rb = comm.start_all_reduce(b.data(), b.data(), b.size(), DType::Int64, ReduceOp::Max);
+      rb.wait();
+      ra.wait();
+      CHECK(a == ea);
+      CHECK(b == eb);
+    });
+}
+
+TEST_CASE("non-blocking all-reduce over each dim of a 2x2 and a 2x3 mesh") {
+  for (auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{2, 3}})
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      for (int d = 0; d < 2; ++d) {
+        Comm& sub = mesh.comm(d);
+        auto x = input<double>(comm.rank(), 777, d), expect = x;
+        all_reduce<double>(sub, expect);
+        Request r = sub.start_all_reduce(x.data(), x.data(), x.size(), DType::Float64, ReduceOp::Sum);
+        r.wait();
+        CHECK(x == expect);
+        // The sum over the dim's ranks, computed from world ranks: an independent check.
+        const auto c = mesh.coords();
+        double s = 0;
+        for (int k = 0; k < shape[d]; ++k) {
+          auto ck = c;
+          ck[d] = k;
+          s += val<double>(mesh.rank_of(ck), 5, d);
+        }
+        CHECK(x[5] == s);
+      }
+    });
+}
+
+TEST_CASE("a Request dropped after its all-reduce completed is harmless; an empty Request is done") {
+  for (int n = 1; n <= 3; ++n)
+    spmd(n, [](Comm& comm) {
+      std::vector<double> v(10, 1.0);
+      {
+        Request r = comm.start_all_reduce(v.data(), v.data(), v.size(), DType::Float64, ReduceOp::Sum);
+        comm.barrier();  // not enough to complete it everywhere: completion is only seen by wait/test
+        while (!r.test()) std::this_thread::yield();
+      }
+      CHECK(v == std::vector<double>(10, comm.size()));
+      Request none;
+      CHECK(none.done());
+      none.wait();
+    });
+}
+
+TEST_CASE("under MPI in guarded mode, ranks that disagree on the size get a CommError on every rank") {
+  spmd(2, [](Comm& comm) {
+    const bool guarded = comm.backend() == "mpi" && std::getenv("DTENSOR_TIMEOUT_S") != nullptr;
+    if (!guarded) return;  // in-process: see the failure cases below
+    std::vector<double> v(comm.rank() == 0 ? 4 : 5, 1.0);
+    CHECK_THROWS_WITH_AS((void)comm.start_all_reduce(v.data(), v.data(), v.size(), DType::Float64, ReduceOp::Sum),
+                         doctest::Contains("disagree"), CommError);
+    // Nothing was posted: the communicator goes on.
+    std::vector<double> w(3, 1.0);
+    comm.start_all_reduce(w.data(), w.data(), w.size(), DType::Float64, ReduceOp::Sum).wait();
+    CHECK(w == std::vector<double>(3, 2.0));
+  });
+}
+
+// ---- Failures, in-process (under MPI a failing rank aborts the job: run_mpi) ----
+
+TEST_CASE("non-blocking all-reduce: a rank that throws fails every waiting rank at once") {
+  if (under_mpi()) return;
+  const auto t0 = Clock::now();
+  std::atomic<int> aborted{0};
+  try {
+    run_threads(
+        4,
+        [&](Comm& comm) {
+          auto v = std::make_unique<std::vector<double>>(100000, 1.0);  // freed on unwinding: ASan checks
+          if (comm.rank() == 2) throw std::runtime_error("rank 2 gives up before posting");
+          try {
+            Request r = comm.start_all_reduce(v->data(), v->data(), v->size(), DType::Float64, ReduceOp::Sum);
+            r.wait();
+          } catch (const PeerAborted& e) {
+            CHECK(std::string(e.what()).find("rank 2 failed: rank 2 gives up before posting") != std::string::npos);
+            ++aborted;
+            throw;
+          }
+        },
+        with_timeout(30));
+    FAIL("run_threads returned normally");
+  } catch (const RankFailure& e) {
+    CHECK(e.rank() == 2);
+  }
+  CHECK(aborted == 3);
+  CHECK(seconds_since(t0) < 5);
+}
+
+TEST_CASE("non-blocking all-reduce: a rank that throws after posting, with its buffers freed, fails the others") {
+  if (under_mpi()) return;
+  std::atomic<int> failed{0};
+  try {
+    run_threads(
+        3,
+        [&](Comm& comm) {
+          auto v = std::make_unique<std::vector<double>>(200000, 1.0);
+          if (comm.rank() == 1) {
+            Request r = comm.start_all_reduce(v->data(), v->data(), v->size(), DType::Float64, ReduceOp::Sum);
+            throw std::runtime_error("rank 1 quits mid-all-reduce");  // r, then v, go
+          }
+          try {
+            // Refused if rank 1 has failed already; else it may complete (every rank
+            // posted before rank 1 dropped it) or see the failure...
+            Request r = comm.start_all_reduce(v->data(), v->data(), v->size(), DType::Float64, ReduceOp::Sum);
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            r.wait();
+            comm.barrier();  // ...and then learns of it here
+          } catch (const std::exception&) {
+            ++failed;
+            throw;
+          }
+        },
+        with_timeout(30));
+    FAIL("run_threads returned normally");
+  } catch (const RankFailure& e) {
+    CHECK(e.rank() == 1);
+    CHECK(std::string(e.what()) == "dtensor: rank 1 failed: rank 1 quits mid-all-reduce");
+  }
+  CHECK(failed == 2);
+}
+
+TEST_CASE("non-blocking all-reduce: a rank that returns without posting is reported without the timeout") {
+  if (under_mpi()) return;
+  const auto t0 = Clock::now();
+  CHECK_THROWS_WITH_AS(run_threads(
+                           3,
+                           [](Comm& comm) {
+                             if (comm.rank() == 1) return;
+                             std::vector<double> v(8, 1.0);
+                             comm.start_all_reduce(v.data(), v.data(), v.size(), DType::Float64, ReduceOp::Sum)
+                                 .wait();
+                           },
+                           with_timeout(30)),
+                       doctest::Contains("returned from its function without joining this all_reduce"),
+                       RankFailure);
+  CHECK(seconds_since(t0) < 5);
+}
+
+TEST_CASE("non-blocking all-reduce: a rank that never posts but stays alive makes the others time out") {
+  if (under_mpi()) return;
+  for (bool by_test : {false, true}) {
+    const auto t0 = Clock::now();
+    try {
+      run_threads(
+          3,
+          [&](Comm& comm) {
+            if (comm.rank() == 2) return std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+            std::vector<double> v(8, 1.0);
+            Request r = comm.start_all_reduce(v.data(), v.data(), v.size(), DType::Float64, ReduceOp::Sum);
+            if (by_test)
+              while (!r.test()) std::this_thread::yield();
+            else
+              r.wait();
+          },
+          with_timeout(0.3));
+      FAIL("no timeout");
+    } catch (const RankFailure& e) {
+      const std::string what = e.what();
+      CHECK(what.find("all_reduce (non-blocking) #1 on a communicator of 3 ranks (waiting for group rank(s) 2") !=
+            std::string::npos);
+      CHECK(what.find("timed out after 0.3 s") != std::string::npos);
+      CHECK_THROWS_AS(std::rethrow_exception(e.original()), CollectiveTimeout);
+    }
+    CHECK(seconds_since(t0) < 3);
+  }
+}
+
+TEST_CASE("non-blocking all-reduce: a test() loop ends on a peer's failure") {
+  if (under_mpi()) return;
+  CHECK_THROWS_WITH_AS(run_threads(
+                           2,
+                           [](Comm& comm) {
+                             if (comm.rank() == 1) throw std::runtime_error("gone");
+                             std::vector<double> v(8, 1.0);
+                             Request r =
+                                 comm.start_all_reduce(v.data(), v.data(), v.size(), DType::Float64, ReduceOp::Sum);
+                             while (!r.test()) std::this_thread::yield();
+                           },
+                           with_timeout(30)),
+                       "dtensor: rank 1 failed: gone", RankFailure);
+}
+
+TEST_CASE("non-blocking all-reduce: ranks that disagree on the size or type get a CommError on every rank") {
+  if (under_mpi()) return;
+  for (bool type : {false, true}) {
+    std::atomic<int> errors{0};
+    try {
+      run_threads(
+          3,
+          [&](Comm& comm) {
+            std::vector<double> v(comm.rank() == 2 && !type ? 5 : 4, 1.0);
+            const DType t = comm.rank() == 2 && type ? DType::Int64 : DType::Float64;
+            try {
+              comm.start_all_reduce(v.data(), v.data(), 4 + (comm.rank() == 2 && !type), t, ReduceOp::Sum).wait();
+            } catch (const CommError& e) {
+              CHECK(std::string(e.what()).find("the ranks disagree") != std::string::npos);
+              ++errors;
+              throw;
+            }
+          },
+          with_timeout(30));
+      FAIL("no error");
+    } catch (const RankFailure&) {
+    }
+    CHECK(errors == 3);
+  }
+}
+
+TEST_CASE("non-blocking all-reduce: a Request dropped before completion fails its peers, touches no freed buffer") {
+  if (under_mpi()) return;
+  for (bool late : {false, true}) {
+    std::atomic<int> errors{0};
+    try {
+      run_threads(
+          3,
+          [&](Comm& comm) {
+            auto v = std::make_unique<std::vector<double>>(300000, 1.0);
+            if (comm.rank() == 0) {
+              {
+                Request r = comm.start_all_reduce(v->data(), v->data(), v->size(), DType::Float64, ReduceOp::Sum);
+              }  // dropped, maybe while a peer reduces its chunks: it waits for them
+              v.reset();  // ASan: nobody may touch it from here on
+              if (!late) return;
+              std::this_thread::sleep_for(std::chrono::milliseconds(200));
+              comm.barrier();
+              return;
+            }
+            if (late) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // rank 0 dropped it first
+            try {
+              comm.start_all_reduce(v->data(), v->data(), v->size(), DType::Float64, ReduceOp::Sum).wait();
+              comm.barrier();
+            } catch (const std::exception& e) {
+              const std::string w = e.what();
+              CHECK((w.find("dropped by group rank 0") != std::string::npos ||
+                     w.find("returned from its function") != std::string::npos));
+              ++errors;
+              throw;
+            }
+          },
+          with_timeout(30));
+      FAIL("no error");
+    } catch (const RankFailure&) {
+    }
+    CHECK(errors == 2);
+  }
+}
