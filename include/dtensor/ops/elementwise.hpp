@@ -14,15 +14,13 @@
 #include <cmath>
 
 #include "dtensor/compute/local.hpp"
+#include "dtensor/distributed/factory.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
+#include "dtensor/placement/gradient.hpp"
 
 namespace dtensor {
 
 namespace detail {
-
-constexpr bool is_linear_partial(const PlacementDesc& p) {
-  return p.is_partial() && (p.op == ReduceOp::Sum || p.op == ReduceOp::Avg);
-}
 
 struct BinaryTargets {
   PlacementDesc a, b, out;

@@ -1,181 +1,225 @@
 #pragma once
-// Contractions: matmul (2-D, and batched 3-D), matvec, dot, and transpose.
+// Contractions and their gradients: matmul (2-D, and batched 3-D), matvec, dot, the
+// contractions of a Linear layer over free leading dims, and transpose.
 //
-// On each mesh dim a contraction runs by one of these strategies (A x B -> C):
-//   S(batch) x S(batch) -> S(batch)     batched only
-//   S(m)     x R        -> S(m)
-//   R        x S(n)     -> S(n)
-//   S(k)     x S(k)     -> P<Sum>       each rank multiplies its slice of k
-//   R        x R        -> R
-//   P<op>    x R        -> P<op>        linear in A (op Sum or Avg)
-//   R        x P<op>    -> P<op>
-// For the operands' placements the compiler picks, per mesh dim, the strategy whose
-// redistribution of A and B is cheapest under the planner's cost model (nominal mesh
-// of 4 ranks per dim, 1024 elements per matrix dim); operands that already fit a
-// strategy are not moved. The output placements are part of the result's type, which is why
-// this choice is made at compile time: redistribute the operands yourself to force
-// another.
-#include "dtensor/ops/elementwise.hpp"
+//   matmul(a, b)                    [m, k] x [k, n] -> [m, n]; [b, m, k] x [b, k, n] -> [b, m, n]
+//   matvec(a, x), dot(x, y)         [m, k] x [k] -> [m];  [k] x [k] -> []
+//   contract_last(x, w)             [..., k] x [k, n] -> [..., n]          y  = x W
+//   contract_last_transposed(dy, w) [..., n] x [k, n]^T -> [..., k]        dx = dy W^T
+//   contract_leading(x, dy)         [..., k]^T x [..., n] -> [k, n]        dW = x^T dy
+//   matmul_backward(a, b, dc)       {da, db}, placed by the dual rule
+//   contract_last_backward(x, w, dy) {dx, dw}, likewise
+// The leading dims `...` are free: any of them may be sharded (a sequence, a batch on
+// another mesh dim). contract_leading sums over all of them, so where one is sharded
+// its result is a Partial<Sum>.
+//
+// Which strategy each mesh dim runs, and so the output placements, is the constexpr
+// rule of ops/contraction_rule.hpp: Contraction<Spec, Placements<...>, Placements<...>>
+// names it for any pair of operand types (its a_target, b_target and output), and
+// ContractionGradient does the same for the backward. Operands that already fit a
+// strategy are not moved; redistribute them yourself to force another.
+#include <utility>
+
+#include "dtensor/compute/local.hpp"
+#include "dtensor/ops/contraction_rule.hpp"
+#include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor {
 
+// The rule of contraction S for operands placed PA and PB, as types.
+template <ContractionSpec S, class PA, class PB>
+struct Contraction;
+template <ContractionSpec S, class... PA, class... PB>
+struct Contraction<S, Placements<PA...>, Placements<PB...>> {
+  static_assert(sizeof...(PA) == sizeof...(PB), "dtensor contraction: both operands must live on the same mesh");
+  static constexpr std::size_t mesh_dims = sizeof...(PA);
+  static constexpr ContractionRule<mesh_dims> rule =
+      contraction_rule<mesh_dims>(S, describe_all<PA...>(), describe_all<PB...>());
+  static_assert(rule.ok, "dtensor contraction: no strategy fits these placements (not reached: R x R always does)");
+  using a_target = placements_t<rule.a>;
+  using b_target = placements_t<rule.b>;
+  using output = placements_t<rule.c>;
+  // Whether either operand is moved by a collective.
+  static constexpr bool communicates =
+      detail::communicates<Placements<PA...>, a_target>() || detail::communicates<Placements<PB...>, b_target>();
+};
+
+// The gradients' placements of contraction S for operands placed PA, PB and an
+// output gradient placed PG, as types (the values: contraction_gradient_rule).
+template <ContractionSpec S, class PA, class PB, class PG>
+struct ContractionGradient;
+template <ContractionSpec S, class... PA, class... PB, class... PG>
+struct ContractionGradient<S, Placements<PA...>, Placements<PB...>, Placements<PG...>> {
+  static constexpr std::size_t mesh_dims = sizeof...(PA);
+  static constexpr auto rule =
+      contraction_gradient_rule<mesh_dims>(S, describe_all<PA...>(), describe_all<PB...>(), describe_all<PG...>());
+  static_assert(rule.a_has_gradient,
+                "dtensor contraction backward: the first operand is placed Partial<Max> or Partial<Min> on a mesh "
+                "dim, and such a tensor has no gradient (a max or min of terms is not differentiable term by "
+                "term). Redistribute it to Replicate (or to a Shard) before the forward contraction and "
+                "differentiate that tensor instead.");
+  static_assert(rule.b_has_gradient,
+                "dtensor contraction backward: the second operand is placed Partial<Max> or Partial<Min> on a mesh "
+                "dim, and such a tensor has no gradient (a max or min of terms is not differentiable term by "
+                "term). Redistribute it to Replicate (or to a Shard) before the forward contraction and "
+                "differentiate that tensor instead.");
+  static_assert(!rule.a_has_gradient || is_gradient_of(rule.grad_a, describe_all<PA...>()),
+                "dtensor contraction backward: internal error, the first operand's gradient breaks the dual rule");
+  static_assert(!rule.b_has_gradient || is_gradient_of(rule.grad_b, describe_all<PB...>()),
+                "dtensor contraction backward: internal error, the second operand's gradient breaks the dual rule");
+  using grad_a = placements_t<rule.grad_a>;
+  using grad_b = placements_t<rule.grad_b>;
+};
+
+// The gradients of a contraction's two operands.
+template <class DA, class DB>
+struct ContractionGrads {
+  DA da;  // gradient of the first operand, placed by the dual rule
+  DB db;  // gradient of the second operand
+};
+
 namespace detail {
 
-// Which tensor dims of an operand play which role; -1 where absent.
-struct Roles {
-  int batch = -1, m = -1, k = -1, n = -1;
-};
-struct ContractionSpec {
-  Roles a, b, c;
-  int rank_a, rank_b, rank_c;
-};
-
-constexpr PlacementDesc shard_desc(int d) { return {PlacementKind::Shard, d, ReduceOp::Sum}; }
-constexpr PlacementDesc partial_desc(ReduceOp op) { return {PlacementKind::Partial, -1, op}; }
-
-struct Strategy {
-  PlacementDesc a, b, c;
-};
-
-// The strategies available on one mesh dim, given what A and B hold there.
-constexpr int strategies(const ContractionSpec& s, PlacementDesc pa, PlacementDesc pb, Strategy* out) {
-  int n = 0;
-  constexpr PlacementDesc R{};
-  if (s.a.batch >= 0) out[n++] = {shard_desc(s.a.batch), shard_desc(s.b.batch), shard_desc(s.c.batch)};
-  if (s.a.m >= 0) out[n++] = {shard_desc(s.a.m), R, shard_desc(s.c.m)};
-  if (s.b.n >= 0) out[n++] = {R, shard_desc(s.b.n), shard_desc(s.c.n)};
-  out[n++] = {shard_desc(s.a.k), shard_desc(s.b.k), partial_desc(ReduceOp::Sum)};
-  out[n++] = {R, R, R};
-  if (is_linear_partial(pa)) out[n++] = {pa, R, pa};
-  if (is_linear_partial(pb)) out[n++] = {R, pb, pb};
-  return n;
-}
-
-template <std::size_t M>
-struct ContractionPlan {
-  PlacementState<M> a{}, b{}, c{};
-};
-
-// Nominal operand sizes: 1024 per matrix dim, 8 per batch, so that a matrix weighs
-// a thousand vectors (moving the vector of a matvec is cheaper than the matrix).
-constexpr double nominal_bytes(const Roles& r) {
-  return (r.batch >= 0 ? 8.0 : 1.0) * (r.m >= 0 ? 1024.0 : 1.0) * (r.k >= 0 ? 1024.0 : 1.0) *
-         (r.n >= 0 ? 1024.0 : 1.0) * 4;
-}
-
-template <std::size_t M>
-constexpr double redistribution_cost(const PlacementState<M>& from, const PlacementState<M>& to, double bytes) {
-  for (std::size_t m = 0; m < M; ++m)
-    if (transition_error(from[m], to[m]) != TransitionError::None) return -1;  // not reachable
-  const auto cands = plan_candidates(from, to);
-  auto in = nominal_cost<M>(-1);
-  in.global_bytes = bytes;
-  double best = -1;
-  for (int c = 0; c < cands.count; ++c) {
-    const double v = cands.plans[c].cost(in);
-    if (best < 0 || v < best) best = v;
-  }
-  return best;
-}
-
-// The cheapest combination of per-mesh-dim strategies (exhaustive: at most 7^M).
-template <std::size_t M>
-constexpr ContractionPlan<M> contraction_plan(const ContractionSpec& s, const PlacementState<M>& a,
-                                              const PlacementState<M>& b) {
-  std::array<std::array<Strategy, 8>, M> opts{};
-  std::array<int, M> count{};
-  int total = 1;
-  for (std::size_t m = 0; m < M; ++m) total *= (count[m] = strategies(s, a[m], b[m], opts[m].data()));
-  ContractionPlan<M> best{};
-  double best_cost = -1;
-  for (int combo = 0; combo < total; ++combo) {
-    ContractionPlan<M> p{};
-    int rest = combo;
-    bool linear_partials = true, max_partials = false;
-    for (std::size_t m = 0; m < M; ++m) {
-      const Strategy& st = opts[m][rest % count[m]];
-      rest /= count[m];
-      p.a[m] = st.a, p.b[m] = st.b, p.c[m] = st.c;
-      max_partials = max_partials || (st.c.is_partial() && !is_linear_partial(st.c));
-      linear_partials = linear_partials && (!st.c.is_partial() || is_linear_partial(st.c));
-    }
-    if (max_partials && !linear_partials) continue;
-    const double ca = redistribution_cost(a, p.a, nominal_bytes(s.a)), cb = redistribution_cost(b, p.b, nominal_bytes(s.b));
-    if (ca < 0 || cb < 0) continue;
-    if (best_cost < 0 || ca + cb < best_cost) best_cost = ca + cb, best = p;
-  }
-  if (best_cost < 0) throw "dtensor: no contraction strategy fits these placements";
-  return best;
-}
-
-inline constexpr ContractionSpec kMatmul2D{{-1, 0, 1, -1}, {-1, -1, 0, 1}, {-1, 0, -1, 1}, 2, 2, 2};
-inline constexpr ContractionSpec kMatmul3D{{0, 1, 2, -1}, {0, -1, 1, 2}, {0, 1, -1, 2}, 3, 3, 3};
-inline constexpr ContractionSpec kMatvec{{-1, 0, 1, -1}, {-1, -1, 0, -1}, {-1, 0, -1, -1}, 2, 1, 1};
-inline constexpr ContractionSpec kDot{{-1, -1, 0, -1}, {-1, -1, 0, -1}, {-1, -1, -1, -1}, 1, 1, 0};
-
-template <const ContractionSpec& S>
+template <ContractionSpec S>
 struct contraction_name {};  // names the operator in strict-mode diagnostics
+
+// x itself where it already has placements Q (moved, not copied), else redistributed.
+template <class PList, class T, int Rank, class... P>
+auto redistribute_owned(DTensor<T, Rank, P...>&& x) {
+  if constexpr (std::is_same_v<PList, Placements<P...>>)
+    return std::move(x);
+  else
+    return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x); }(PList{});
+}
 
 }  // namespace detail
 
-// The contraction `S` of a and b (see the strategies above). Collective where the
+// The contraction S of a and b (see contraction_rule.hpp). Collective where the
 // operands must move.
-template <const detail::ContractionSpec& S, class Policy = Implicit, class T, int RA, int RB, class... PA,
-          class... PB>
+template <ContractionSpec S, class Policy = Implicit, class T, int RA, int RB, class... PA, class... PB>
 auto contract(const DTensor<T, RA, PA...>& a, const DTensor<T, RB, PB...>& b) {
   static_assert(RA == S.rank_a && RB == S.rank_b,
                 "dtensor contraction: the operands' ranks do not fit this operator (matmul takes two matrices or "
                 "two batches of matrices, matvec a matrix and a vector, dot two vectors)");
   static_assert(sizeof...(PA) == sizeof...(PB), "dtensor contraction: both operands must live on the same mesh");
-  constexpr std::size_t M = sizeof...(PA);
-  static constexpr auto plan = detail::contraction_plan<M>(S, describe_all<PA...>(), describe_all<PB...>());
-  using QA = placements_t<plan.a>;
-  using QB = placements_t<plan.b>;
+  static constexpr GemmShape g = gemm_shape(S);
+  static_assert(g.ok, "dtensor::contract<S>: S is not one (batched) GEMM: each operand must be [batch..., group, "
+                      "group] with the batch dims first, every role's dims contiguous and in the same order");
+  using C = Contraction<S, Placements<PA...>, Placements<PB...>>;
   static_assert(detail::check_policy<Policy, detail::contraction_name<S>, Placements<PA...>, Placements<PB...>,
-                                     detail::communicates<Placements<PA...>, QA>() ||
-                                         detail::communicates<Placements<PB...>, QB>()>::ok);
+                                     C::communicates>::ok);
   constexpr int RC = S.rank_c;
-  auto dim = [](const auto& shape, int d) { return d >= 0 ? shape[d] : int64_t{1}; };
-  DTENSOR_CHECK(dim(a.shape(), S.a.k) == dim(b.shape(), S.b.k) && dim(a.shape(), S.a.batch) == dim(b.shape(), S.b.batch),
-                InvalidArgument, "contraction of shapes ", to_string(a.shape()), " and ", to_string(b.shape()),
-                ": the contracted (and batch) extents differ");
-  const auto& a2 = redistribute_as<QA>(a);
-  const auto& b2 = redistribute_as<QB>(b);
-  auto same_blocks = [&](int da, int db) {
-    DTENSOR_CHECK(da < 0 || a2.layout().blocks[da] == b2.layout().blocks[db], InvalidArgument,
-                  "contraction: the operands split tensor dims ", da, " and ", db,
-                  " into different blocks; redistribute one with the other's Splits");
-  };
-  same_blocks(S.a.k, S.b.k);
-  same_blocks(S.a.batch, S.b.batch);
+  for (int i = 0; i < S.count; ++i)
+    if (S.a[i] >= 0 && S.b[i] >= 0)
+      DTENSOR_CHECK(a.shape()[S.a[i]] == b.shape()[S.b[i]], InvalidArgument, "contraction of shapes ",
+                    to_string(a.shape()), " and ", to_string(b.shape()), ": the contracted (and batch) extents differ "
+                    "(dim ", S.a[i], " of the first operand against dim ", S.b[i], " of the second)");
+  const auto& a2 = redistribute_as<typename C::a_target>(a);
+  const auto& b2 = redistribute_as<typename C::b_target>(b);
+  for (int i = 0; i < S.count; ++i)
+    if (S.a[i] >= 0 && S.b[i] >= 0)
+      DTENSOR_CHECK(a2.layout().blocks[S.a[i]] == b2.layout().blocks[S.b[i]], InvalidArgument,
+                    "contraction: the operands split tensor dims ", S.a[i], " and ", S.b[i],
+                    " into different blocks; redistribute one with the other's Splits");
 
-  // The output's layout: its dims take the blocks of the operand dims they come from.
+  // The output's dims take the global extents and blocks of the operand dims they
+  // come from, and the local product's extents are products over each role's dims.
   ShardLayout<RC> layout;
-  auto take = [&](int dc, const auto& from, int df) {
-    if (dc < 0) return;
-    layout.global[dc] = from.layout().global[df];
-    layout.blocks[dc] = from.layout().blocks[df];
-  };
-  take(S.c.batch, a2, S.a.batch);
-  take(S.c.m, a2, S.a.m);
-  take(S.c.n, b2, S.b.n);
-  using Out = dtensor_t<T, RC, placements_t<plan.c>>;
+  Shape<RC> out_shape{};
   const auto la = a2.local().shape();
   const auto lb = b2.local().shape();
-  const std::array<int64_t, 4> e{dim(la, S.a.batch), dim(la, S.a.m), dim(la, S.a.k), dim(lb, S.b.n)};
-  Shape<RC> out_shape{};
-  if constexpr (RC > 0) {
-    if (S.c.batch >= 0) out_shape[S.c.batch] = e[0];
-    if (S.c.m >= 0) out_shape[S.c.m] = e[1];
-    if (S.c.n >= 0) out_shape[S.c.n] = e[3];
+  GemmDims dims{.trans_a = g.trans_a, .trans_b = g.trans_b, .m = 1, .n = 1, .k = 1, .batch = 1};
+  for (int i = 0; i < S.count; ++i) {
+    const bool from_a = S.a[i] >= 0;
+    const int d = from_a ? S.a[i] : S.b[i];
+    const int64_t local = from_a ? la[d] : lb[d];
+    if constexpr (RC > 0) {
+      if (S.c[i] >= 0) {
+        if (from_a) layout.global[S.c[i]] = a2.layout().global[d], layout.blocks[S.c[i]] = a2.layout().blocks[d];
+        else layout.global[S.c[i]] = b2.layout().global[d], layout.blocks[S.c[i]] = b2.layout().blocks[d];
+        out_shape[S.c[i]] = local;
+      }
+    }
+    switch (S.role(i)) {
+      case IndexRole::Batch: dims.batch *= local; break;
+      case IndexRole::FreeA: dims.m *= local; break;
+      case IndexRole::FreeB: dims.n *= local; break;
+      default: dims.k *= local;
+    }
   }
+  using Out = dtensor_t<T, RC, typename C::output>;
   local::require_same_device(a2.local(), b2.local(), "contraction");
   auto out = Tensor<T, RC>::uninitialized(out_shape, a2.local().device());
-  if (e[2] == 0)
-    local::fill(out, T{0});  // an empty slice of k contributes zeros
-  else if (out.numel() > 0)
-    local::gemm(out.device(), a2.local().data(), b2.local().data(), out.data(), e);
+  // An empty slice of k contributes zeros (gemm_ex writes them).
+  local::gemm_ex(out.device(), dims, T(1), a2.local().data(), b2.local().data(), T(0), out.data());
   return Out(a.mesh(), std::move(layout), std::move(out));
+}
+
+// The gradients of contraction S at (a, b) given the output's gradient dc:
+// dA = dC (x) B and dB = A (x) dC (contraction_specs::grad_a, grad_b), each then
+// brought to the placements of ContractionGradient (the dual rule). Collective where
+// the contractions or the dual rule need it.
+template <ContractionSpec S, class Policy = Implicit, class T, int RA, int RB, int RC, class... PA, class... PB,
+          class... PG>
+auto contract_backward(const DTensor<T, RA, PA...>& a, const DTensor<T, RB, PB...>& b,
+                       const DTensor<T, RC, PG...>& dc) {
+  static_assert(RA == S.rank_a && RB == S.rank_b && RC == S.rank_c,
+                "dtensor contraction backward: the ranks of the operands and of the output's gradient do not fit "
+                "this operator");
+  static_assert(sizeof...(PA) == sizeof...(PB) && sizeof...(PA) == sizeof...(PG),
+                "dtensor contraction backward: the operands and the gradient must live on the same mesh");
+  using G = ContractionGradient<S, Placements<PA...>, Placements<PB...>, Placements<PG...>>;
+  for (int i = 0; i < S.count; ++i)
+    if (S.c[i] >= 0) {
+      const int64_t want = S.a[i] >= 0 ? a.shape()[S.a[i]] : b.shape()[S.b[i]];
+      DTENSOR_CHECK(dc.shape()[S.c[i]] == want, InvalidArgument, "contraction backward: the output's gradient has shape ",
+                    to_string(dc.shape()), ", which is not the shape of the product of ", to_string(a.shape()), " and ",
+                    to_string(b.shape()));
+    }
+  constexpr ContractionSpec SA = contraction_specs::grad_a(S);
+  constexpr ContractionSpec SB = contraction_specs::grad_b(S);
+  auto da = detail::redistribute_owned<typename G::grad_a>(contract<SA, Policy>(dc, b));
+  auto db = detail::redistribute_owned<typename G::grad_b>(contract<SB, Policy>(a, dc));
+  return ContractionGrads<decltype(da), decltype(db)>{std::move(da), std::move(db)};
+}
+
+// The rule of contraction S for operands placed PA and PB as text, computed by the
+// compiler: the output's placements and each operand's redistribution plan, e.g.
+//   constexpr auto text = explain_contraction<contraction_specs::matmul(),
+//                                             Placements<Shard<0>>, Placements<Shard<0>>>();
+template <ContractionSpec S, class PA, class PB>
+constexpr FixedString<6144> explain_contraction() {
+  using C = Contraction<S, PA, PB>;
+  auto state = [](FixedString<6144>& s, const auto& ps) {
+    s += "[";
+    for (std::size_t m = 0; m < ps.size(); ++m) {
+      if (m) s += ", ";
+      if (ps[m].is_shard()) s += "S(", s += ps[m].dim, s += ")";
+      else if (ps[m].is_replicate()) s += "R";
+      else s += "P(", s += name(ps[m].op), s += ")";
+    }
+    s += "]";
+  };
+  constexpr auto pa = Redistribution<PA, PA>::from;
+  constexpr auto pb = Redistribution<PB, PB>::from;
+  FixedString<6144> s;
+  s += "contraction ", state(s, pa), s += " x ", state(s, pb), s += " -> ", state(s, C::rule.c);
+  s += " on a ", s += static_cast<long long>(C::mesh_dims), s += "-D mesh\n";
+  auto operand = [&](const char* which, const auto& from, const auto& to, std::string_view plan) {
+    s += which;
+    if (from == to) s += ": used as it is\n";
+    else s += ": ", s += plan;
+  };
+  operand(" first operand", pa, C::rule.a, explain<PA, typename C::a_target>().view());
+  operand(" second operand", pb, C::rule.b, explain<PB, typename C::b_target>().view());
+  return s;
+}
+
+// The same for matmul of DTensor types A and B.
+template <class A, class B>
+constexpr auto explain_matmul() {
+  constexpr ContractionSpec S = A::rank == 2 ? contraction_specs::matmul() : contraction_specs::batched_matmul();
+  return explain_contraction<S, typename A::placements, typename B::placements>();
 }
 
 // C = A B for matrices [m, k] x [k, n], or batches [b, m, k] x [b, k, n].
@@ -183,20 +227,64 @@ template <class Policy = Implicit, class A, class B>
 auto matmul(const A& a, const B& b) {
   static_assert(A::rank == B::rank && (A::rank == 2 || A::rank == 3),
                 "dtensor::matmul: takes two matrices (rank 2) or two batches of matrices (rank 3) of the same rank");
-  if constexpr (A::rank == 2) return contract<detail::kMatmul2D, Policy>(a, b);
-  else return contract<detail::kMatmul3D, Policy>(a, b);
+  if constexpr (A::rank == 2) return contract<contraction_specs::matmul(), Policy>(a, b);
+  else return contract<contraction_specs::batched_matmul(), Policy>(a, b);
+}
+
+// {dA, dB} of C = matmul(A, B) given dC: dA = dC B^T, dB = A^T dC (per batch).
+template <class Policy = Implicit, class A, class B, class DC>
+auto matmul_backward(const A& a, const B& b, const DC& dc) {
+  static_assert(A::rank == B::rank && (A::rank == 2 || A::rank == 3) && DC::rank == A::rank,
+                "dtensor::matmul_backward: takes the two matrices (or batches of matrices) of the forward matmul "
+                "and the gradient of its output, all of the same rank");
+  if constexpr (A::rank == 2) return contract_backward<contraction_specs::matmul(), Policy>(a, b, dc);
+  else return contract_backward<contraction_specs::batched_matmul(), Policy>(a, b, dc);
+}
+
+// y = x W for x [..., k] and W [k, n]: y is [..., n]; every leading dim of x is free.
+template <class Policy = Implicit, class X, class W>
+auto contract_last(const X& x, const W& w) {
+  static_assert(W::rank == 2 && X::rank >= 1 && X::rank <= ContractionSpec::kMaxIndices - 1,
+                "dtensor::contract_last(x, w): x is [..., k] (rank 1 or more) and w a matrix [k, n]");
+  return contract<contraction_specs::last(X::rank), Policy>(x, w);
+}
+
+// dx = dy W^T for dy [..., n] and W [k, n]: dx is [..., k] (W is read transposed in
+// place, never copied).
+template <class Policy = Implicit, class DY, class W>
+auto contract_last_transposed(const DY& dy, const W& w) {
+  static_assert(W::rank == 2 && DY::rank >= 1 && DY::rank <= ContractionSpec::kMaxIndices - 1,
+                "dtensor::contract_last_transposed(dy, w): dy is [..., n] (rank 1 or more) and w a matrix [k, n]");
+  return contract<contraction_specs::last_transposed(DY::rank), Policy>(dy, w);
+}
+
+// dW = x^T dy for x [..., k] and dy [..., n] with the same leading dims: dW is [k, n],
+// summed over every leading dim (a Partial<Sum> where one of them is sharded).
+template <class Policy = Implicit, class X, class DY>
+auto contract_leading(const X& x, const DY& dy) {
+  static_assert(X::rank == DY::rank && X::rank >= 1 && X::rank <= ContractionSpec::kMaxIndices - 1,
+                "dtensor::contract_leading(x, dy): x is [..., k] and dy [..., n] with the same leading dims");
+  return contract<contraction_specs::leading(X::rank), Policy>(x, dy);
+}
+
+// {dx, dW} of y = contract_last(x, W) given dy: dx = dy W^T, dW = x^T dy.
+template <class Policy = Implicit, class X, class W, class DY>
+auto contract_last_backward(const X& x, const W& w, const DY& dy) {
+  static_assert(W::rank == 2 && X::rank >= 1 && DY::rank == X::rank && X::rank <= ContractionSpec::kMaxIndices - 1,
+                "dtensor::contract_last_backward(x, w, dy): x is [..., k], w [k, n] and dy [..., n]");
+  return contract_backward<contraction_specs::last(X::rank), Policy>(x, w, dy);
 }
 
 // y = A x for a matrix [m, k] and a vector [k].
 template <class Policy = Implicit, class A, class X>
 auto matvec(const A& a, const X& x) {
-  return contract<detail::kMatvec, Policy>(a, x);
+  return contract<contraction_specs::matvec(), Policy>(a, x);
 }
 
 // x . y as a rank-0 DTensor (Partial<Sum> where the vectors are sharded; value() reads it).
 template <class Policy = Implicit, class X, class Y>
 auto dot(const X& x, const Y& y) {
-  return contract<detail::kDot, Policy>(x, y);
+  return contract<contraction_specs::dot(), Policy>(x, y);
 }
 
 // The value of a rank-0 DTensor on every rank (reduces a Partial). Collective.

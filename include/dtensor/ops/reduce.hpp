@@ -40,7 +40,7 @@ constexpr ReductionPlan<M> reduction_plan(Reduction r, int dim, const PlacementS
     if (in.is_partial() && !commutes(r, in.op)) in = PlacementDesc{};
     p.in[m] = in;
     PlacementDesc out = in;
-    if (in.is_shard(dim)) out = partial_desc(partial_of(r));
+    if (in.is_shard(dim)) out = PlacementDesc{PlacementKind::Partial, -1, partial_of(r)};
     else if (in.is_shard() && in.dim > dim) out.dim = in.dim - 1;
     p.out[m] = out;
     p.value[m] = out.is_partial() ? PlacementDesc{} : out;
@@ -51,8 +51,8 @@ constexpr ReductionPlan<M> reduction_plan(Reduction r, int dim, const PlacementS
 template <Reduction R>
 struct reduction_name {};
 
-constexpr LocalReduce local_reduce(Reduction r) {
-  return r == Reduction::Max ? LocalReduce::Max : r == Reduction::Min ? LocalReduce::Min : LocalReduce::Sum;
+constexpr ReduceOp local_reduce(Reduction r) {
+  return r == Reduction::Max ? ReduceOp::Max : r == Reduction::Min ? ReduceOp::Min : ReduceOp::Sum;
 }
 
 template <Reduction R, int D, Reduced Mode, class Policy, class T, int Rank, class... P>
@@ -168,7 +168,7 @@ auto softmax_impl(const DTensor<T, Rank, P...>& x) {
   const int64_t outer = outer_size(ls, D), len = ls[D], inner = inner_size(ls, D);
   const Device dev = t.device();
   auto stats = Tensor<T, 1>::uninitialized({outer * inner}, dev);
-  local::reduce_dim<LocalReduce::Max>(dev, t.data(), stats.data(), outer, len, inner);
+  local::reduce_dim<ReduceOp::Max>(dev, t.data(), stats.data(), outer, len, inner);
   all_reduce_over_shards(ps, D, x.mesh(), stats.data(), stats.numel(), dtype_of<T>(), ReduceOp::Max);
   auto sums = Tensor<T, 1>::uninitialized({outer * inner}, dev);
   local::softmax_shift<Log>(dev, t.data(), stats.data(), sums.data(), outer, len, inner);

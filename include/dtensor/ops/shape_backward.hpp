@@ -1,0 +1,77 @@
+#pragma once
+// Backward of the shape operators, placed by the dual rule.
+//
+//   slice<D>(x, begin, end)   dx: dy put into zeros of x's shape, on each rank in its
+//                             own block (the forward never communicated, nor does this):
+//                             dy's placements, x's blocks.
+//   concat<D>(a, b)           {da, db}: the adjoint of the forward's redistributions
+//                             around a local split of dc along D.
+#include <utility>
+
+#include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/ops/elementwise_backward.hpp"
+#include "dtensor/ops/shape.hpp"
+
+namespace dtensor {
+
+template <int D, class T, int Rank, class... P, class... G>
+auto slice_backward(const DTensor<T, Rank, P...>& x, int64_t begin, int64_t end, const DTensor<T, Rank, G...>& dy) {
+  static_assert(D >= 0 && D < Rank, "dtensor::slice_backward: D must be one of the tensor's dims");
+  static_assert(is_gradient_of(describe_all<G...>(), describe_all<P...>()),
+                "dtensor::slice_backward: dy is not placed as a gradient of the slice (which keeps x's "
+                "placements); redistribute dy first");
+  DTENSOR_CHECK(0 <= begin && begin <= end && end <= x.shape()[D] && dy.shape()[D] == end - begin, InvalidArgument,
+                "slice_backward: dy of extent ", dy.shape()[D], " along dim ", D, " is not the slice [", begin, ", ",
+                end, ") of ", x.shape()[D]);
+  // This rank's part of the range, in local coordinates of x's block (as in slice).
+  int64_t lo = begin, hi = end;
+  if (!x.layout().blocks[D].empty()) {
+    const int64_t off = x.local_offset()[D];
+    lo = std::clamp(begin - off, int64_t{0}, x.local().extent(D));
+    hi = std::clamp(end - off, int64_t{0}, x.local().extent(D));
+  }
+  DTENSOR_CHECK(dy.local().extent(D) == hi - lo, InvalidArgument, "slice_backward: dy's block holds ",
+                dy.local().extent(D), " of this rank's ", hi - lo, " sliced elements along dim ", D,
+                "; pass the gradient with the slice's block sizes");
+  const Device dev = dy.local().device();
+  auto g = Tensor<T, Rank>::uninitialized(x.local().shape(), dev);
+  local::fill(g, T{0});
+  local::copy_block(dev, dy.local().data(), Block::contiguous(0, dy.local().numel()), g.data(),
+                    range_block(g.shape(), D, lo, hi - lo), sizeof(T));
+  return DTensor<T, Rank, G...>(x.mesh(), x.layout(), std::move(g));
+}
+
+template <int D, class T, int Rank, class... P, class... G>
+auto concat_backward(const DTensor<T, Rank, P...>& a, const DTensor<T, Rank, P...>& b,
+                     const DTensor<T, Rank, G...>& dc) {
+  static_assert(D >= 0 && D < Rank, "dtensor::concat_backward: D must be one of the tensor's dims");
+  static_assert(is_gradient_of(describe_all<G...>(), describe_all<P...>()),
+                "dtensor::concat_backward: dc is not placed as a gradient of the concatenation; redistribute first");
+  static constexpr auto joined = detail::unshard_dim<sizeof...(P)>(describe_all<P...>(), D);
+  // Forward: a, b -> joined placements (D whole on every rank), a local join along D,
+  // joined -> P. Backward in reverse: the adjoint of the last redistribution, a local
+  // split, the adjoints of the first two.
+  const auto dj = redistribute_backward_from<placements_t<joined>, Placements<P...>>(dc);
+  static constexpr auto gj = std::decay_t<decltype(dj)>::placement_state;
+  const int64_t na = a.shape()[D], nb = b.shape()[D];
+  DTENSOR_CHECK(dc.shape()[D] == na + nb, InvalidArgument, "concat_backward: dc has extent ", dc.shape()[D],
+                " along dim ", D, ", the operands ", na, " and ", nb);
+  const auto& l = dj.local();
+  auto part = [&](int64_t from, int64_t n) {
+    Shape<Rank> s = l.shape();
+    s[D] = n;
+    auto t = Tensor<T, Rank>::uninitialized(s, l.device());
+    local::copy_block(l.device(), l.data(), range_block(l.shape(), D, from, n), t.data(),
+                      Block::contiguous(0, t.numel()), sizeof(T));
+    ShardLayout<Rank> layout = dj.layout();
+    layout.global[D] = n;
+    return std::pair{std::move(layout), std::move(t)};
+  };
+  auto [la, ga] = part(0, na);
+  auto [lb, gb] = part(na, nb);
+  auto da = detail::operand_gradient<joined, gj, P...>(a.mesh(), la, std::move(ga), a.layout().blocks);
+  auto db = detail::operand_gradient<joined, gj, P...>(a.mesh(), lb, std::move(gb), b.layout().blocks);
+  return std::pair{std::move(da), std::move(db)};
+}
+
+}  // namespace dtensor
