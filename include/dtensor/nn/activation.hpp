@@ -1,0 +1,83 @@
+#pragma once
+// Elementwise activations: ReLU, GELU (exact and tanh), SiLU, Tanh, Sigmoid. They
+// compute in whatever placements arrive, except Partial: a nonlinear function needs
+// values, so a Partial input is reduced first (by the model, and shown in its plan).
+// The backward is local: dx = f'(x) dy, placed like dy (linear in dy, so a
+// Partial<Sum> gradient of a replicated activation stays a Partial<Sum>).
+#include <optional>
+
+#include "dtensor/compute/local.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/ops/placement_algebra.hpp"
+
+namespace dtensor::nn {
+
+template <class Cfg, UnaryFn Fn>
+class Activation {
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr const char* name = UnaryMath<Fn>::name;
+
+  static constexpr State input(const State& arriving) { return values_of(arriving); }
+  static constexpr State output(const State& in) { return in; }
+  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  static constexpr int64_t out_features(int64_t f) { return f; }
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>&, int, const State&, const State&, int64_t, bool) {}
+
+  template <class X>
+  X forward(const X& x) {
+    static_assert(values_of(X::placement_state) == X::placement_state,
+                  "dtensor::nn activation: a Partial input must be reduced first (the model does so)");
+    saved_.emplace(x.local());
+    auto y = Tensor<T, Rank>::uninitialized(x.local().shape(), x.local().device());
+    local::unary(Fn, x.local(), y);
+    return X(x.mesh(), x.layout(), std::move(y));
+  }
+
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
+    if constexpr (!NeedInputGrad) {
+      saved_.reset();
+      return 0;
+    } else {
+      auto dx = Tensor<T, Rank>::uninitialized(dy.local().shape(), dy.local().device());
+      DTENSOR_CHECK(dy.local().shape() == saved_->shape(), InvalidArgument, name,
+                    ": the gradient's block ", dtensor::to_string(dy.local().shape()), " differs from the input's ",
+                    dtensor::to_string(saved_->shape()), "; it must be placed like the output");
+      local::unary_backward(Fn, *saved_, dy.local(), dx);
+      saved_.reset();
+      return G(dy.mesh(), dy.layout(), std::move(dx));
+    }
+  }
+
+  template <class F>
+  void for_each_parameter(F&&) {}
+
+ private:
+  // Only the local block is kept: dx = f'(x) dy is local, and the placements of the
+  // input (any, for an activation) are those of the gradient's by the rule above.
+  std::optional<Tensor<T, Rank>> saved_;
+};
+
+}  // namespace dtensor::nn
+
+namespace dtensor::nn {
+template <class Cfg>
+using ReLU = Activation<Cfg, UnaryFn::Relu>;
+template <class Cfg>
+using GELU = Activation<Cfg, UnaryFn::Gelu>;  // exact (erf), PyTorch's default
+template <class Cfg>
+using GELUTanh = Activation<Cfg, UnaryFn::GeluTanh>;
+template <class Cfg>
+using SiLU = Activation<Cfg, UnaryFn::Silu>;
+template <class Cfg>
+using Tanh = Activation<Cfg, UnaryFn::Tanh>;
+template <class Cfg>
+using Sigmoid = Activation<Cfg, UnaryFn::Sigmoid>;
+}  // namespace dtensor::nn

@@ -1,0 +1,147 @@
+#pragma once
+// Embedding<Cfg, Vocab, Dim, Style>: rows of a [Vocab, Dim] table picked by token ids
+// (int64, of shape [batch, ...]: the activations' shape without the features). As the
+// first layer of a Sequential it takes the model's input.
+//
+//   style                       table [Vocab, Dim]   output on TP   collectives
+//   NoParallel                  Replicate            Replicate      none
+//   RowwiseParallel<Out>        Shard<0> (vocab)     Out            forward: the masked lookup gives a
+//                                                                   Partial<Sum> (ids outside this rank's
+//                                                                   rows give zeros: PyTorch's MaskPartial),
+//                                                                   then all-reduce (Out = Replicate) or
+//                                                                   reduce-scatter (Out = Shard<1>)
+//   ColwiseParallel<>           Shard<1> (dim)       Shard<features> none
+// The table's gradient is a scatter-add of the output's gradient rows: local, placed
+// like the table on TP and Partial<Sum> over the data-parallel dim.
+#include <optional>
+
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/styles.hpp"
+#include "dtensor/ops/placement_algebra.hpp"
+
+namespace dtensor::nn {
+
+template <class Cfg, int64_t Vocab, int64_t Dim, LinearStyle Style = NoParallel>
+class Embedding {
+  static_assert(Vocab > 0 && Dim > 0, "dtensor::nn::Embedding<Cfg, Vocab, Dim>: sizes must be positive");
+  static_assert(detail::style_kind<Style> != 1 || std::is_same_v<Style, ColwiseParallel<Replicate>>,
+                "dtensor::nn::Embedding: a colwise embedding takes replicated ids (ColwiseParallel<>)");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr int F = Cfg::feature_dim;
+  static constexpr int kind = detail::style_kind<Style>;
+  static constexpr bool rowwise = kind == 2, colwise = kind == 1;
+  static constexpr const char* name = rowwise ? "embedding(rowwise)" : colwise ? "embedding(colwise)" : "embedding";
+
+  static constexpr State table_state() {
+    State s{};
+    if (Cfg::tp >= 0) s[Cfg::tp] = rowwise ? shard(0) : colwise ? shard(1) : replicate();
+    return s;
+  }
+  static constexpr State product() {
+    return Cfg::activation(rowwise ? partial_sum() : colwise ? shard(F) : replicate());
+  }
+  static constexpr State out_state() {
+    if constexpr (rowwise) return Cfg::activation(Style::output_on_tp);
+    else return product();
+  }
+  static constexpr State input(const State&) { return Cfg::activation(); }
+  static constexpr State output(const State&) { return out_state(); }
+  static constexpr State grad_input(const State&, const State&) { return Cfg::activation(); }  // ids: none
+  static constexpr int64_t out_features(int64_t) { return Dim; }
+  static constexpr State grad_product(const State& grad_out) {
+    if constexpr (rowwise) return redistribute_backward_placements(product(), grad_out);
+    else return grad_out;
+  }
+  static constexpr State table_grad(const State& grad_out) {
+    State s = table_state();
+    if (Cfg::dp >= 0) s[Cfg::dp] = partial_sum();
+    if (Cfg::tp >= 0 && s[Cfg::tp].is_replicate()) s[Cfg::tp] = grad_product(grad_out)[Cfg::tp];
+    return s;
+  }
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t, bool) {
+    p.redistribution(Phase::Forward, layer, product(), out_state(), Dim, true);
+    if constexpr (rowwise) p.adjoint(Phase::Backward, layer, product(), grad_out, Dim, true);
+    add_reductions(p, layer, 0, table_state(), table_grad(grad_out), {Vocab, Dim}, 2);
+  }
+
+  using TableT = dtensor_t<T, 2, placements_t<table_state()>>;
+  using input_type = dtensor_t<int64_t, Rank - 1, placements_t<Cfg::activation()>>;
+  using OutputT = dtensor_t<T, Rank, placements_t<out_state()>>;
+
+  // Entries N(0, 1) (PyTorch's default), a function of (seed, index) only.
+  Embedding(const typename TableT::Mesh& mesh, uint64_t seed = 0)
+      : table_("table", dtensor::detail::generate<TableT>({Vocab, Dim}, mesh, {}, [&](uint64_t i) {
+          return dtensor::detail::normal_value<T>(seed, i);
+        })) {}
+
+  Parameter<TableT>& table() { return table_; }
+  template <class Fn>
+  void for_each_parameter(Fn&& f) {
+    f(table_);
+  }
+
+  OutputT forward(const input_type& ids) {
+    const auto& t = table_.value();
+    DTENSOR_CHECK(t.local().device().is_host() && ids.local().device().is_host(), InvalidArgument, name,
+                  ": host blocks only for now");
+    const int64_t rows = ids.local().numel();
+    for (int64_t i = 0; i < rows; ++i)
+      DTENSOR_CHECK(ids.local().data()[i] >= 0 && ids.local().data()[i] < Vocab, InvalidArgument, name,
+                    ": token id ", ids.local().data()[i], " is outside the vocabulary [0, ", Vocab, ")");
+    ids_.emplace(ids.local());
+    const int64_t lo = t.local_offset()[0], cols = t.local().shape()[1];
+    ShardLayout<Rank> layout;
+    for (int d = 0; d < Rank - 1; ++d) {
+      layout.global[d] = ids.shape()[d];
+      layout.blocks[d] = ids.layout().blocks[d];
+    }
+    layout.global[F] = Dim;
+    if constexpr (colwise) layout.blocks[F] = t.layout().blocks[1];
+    Shape<Rank> ls{};
+    for (int d = 0; d < Rank - 1; ++d) ls[d] = ids.local().shape()[d];
+    ls[F] = cols;
+    auto y = Tensor<T, Rank>::uninitialized(ls);
+    local::gather_rows(y.device(), t.local().data(), t.local().shape()[0], cols, ids.local().data(), rows, lo,
+                       y.data());
+    using Product = dtensor_t<T, Rank, placements_t<product()>>;
+    Product z(ids.mesh(), std::move(layout), std::move(y));
+    return redistribute_as<placements_t<out_state()>>(z);
+  }
+
+  template <bool NeedInputGrad = false, class G>
+  auto backward(const G& dy) {
+    static_assert(!NeedInputGrad, "dtensor::nn::Embedding: token ids have no gradient; the embedding must be "
+                                  "the model's first layer, called without an input gradient");
+    DTENSOR_CHECK(ids_.has_value(), InvalidArgument, name, ": backward without a forward");
+    const auto& dz = [&]() -> decltype(auto) {
+      if constexpr (rowwise) return redistribute_backward_as<placements_t<product()>>(dy);
+      else return (dy);
+    }();
+    const auto& t = table_.value();
+    DTENSOR_CHECK(dz.local().numel() == ids_->numel() * t.local().shape()[1], InvalidArgument, name,
+                  ": the gradient's block ", dtensor::to_string(dz.local().shape()),
+                  " does not match the ids of the last forward");
+    Tensor<T, 2> g(t.local().shape());
+    local::scatter_add_rows(g.device(), dz.local().data(), ids_->data(), ids_->numel(), t.local().shape()[1],
+                            t.local_offset()[0], g.data(), t.local().shape()[0]);
+    table_.accumulate(g);
+    ids_.reset();
+    return 0;
+  }
+
+ private:
+  Parameter<TableT> table_;
+  std::optional<Tensor<int64_t, Rank - 1>> ids_;
+};
+
+}  // namespace dtensor::nn

@@ -1,0 +1,202 @@
+#pragma once
+// Linear<Cfg, In, Out, Style, Bias>: y = x W + b for x of shape [..., In] (any
+// leading dims: batch, sequence), W [In, Out], b [Out]. The style (nn/styles.hpp)
+// fixes every placement; the rule is LinearRule, read by forward, backward and plan.
+//
+//   forward    x -> (colwise under sequence parallel: all-gather) -> local x W
+//                -> (rowwise: all-reduce or reduce-scatter) -> + b
+//   backward   the adjoint of each step in reverse order; dW = x^T dy and db = sum
+//              of dy over the rows are local, Partial<Sum> over the data-parallel dim
+//              until the model reduces them.
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/styles.hpp"
+#include "dtensor/ops/placement_algebra.hpp"
+
+namespace dtensor::nn {
+
+struct LinearInit {
+  uint64_t seed = 0;
+};
+
+template <class Cfg, int64_t In, int64_t Out, LinearStyle Style = NoParallel, bool Bias = true>
+class Linear {
+  static_assert(In > 0 && Out > 0, "dtensor::nn::Linear<Cfg, In, Out>: feature counts must be positive");
+  static_assert(detail::style_kind<Style> != 2 || !LinearRule<Cfg, Style>::output().at(Cfg::tp < 0 ? 0 : Cfg::tp)
+                                                      .is_shard(Cfg::feature_dim),
+                "dtensor::nn::Linear: RowwiseParallel<Shard<s>> shards the output on a leading dim s (sequence "
+                "parallel); to shard the features, follow with a colwise layer instead");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  using Rule = LinearRule<Cfg, Style>;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr int F = Cfg::feature_dim;
+  static constexpr const char* name = Rule::colwise ? "linear(colwise)" : Rule::rowwise ? "linear(rowwise)" : "linear";
+  static constexpr int64_t in_features = In, out_features_v = Out;
+
+  using WeightT = dtensor_t<T, 2, placements_t<Rule::weight()>>;
+  using BiasT = dtensor_t<T, 1, placements_t<Rule::bias()>>;
+  using InputT = dtensor_t<T, Rank, placements_t<Rule::input()>>;
+  using OutputT = dtensor_t<T, Rank, placements_t<Rule::output()>>;
+
+  // --- the rule, as the model reads it ---
+  static constexpr State input(const State&) { return Rule::input(); }
+  static constexpr State output(const State&) { return Rule::output(); }
+  static constexpr int64_t out_features(int64_t) { return Out; }
+  // The gradient of the product, from that of the output (rowwise: the adjoint of
+  // its reduction).
+  static constexpr State grad_product(const State& grad_out) {
+    if constexpr (Rule::rowwise) return redistribute_backward_placements(Rule::product(), grad_out);
+    else return grad_out;
+  }
+  // The gradient of the multiplied input: Partial<Sum> on TP for colwise (each rank
+  // multiplied by its columns of W), Shard for rowwise, whatever the product's
+  // gradient holds for a replicated layer.
+  static constexpr State grad_compute_input(const State& grad_out) {
+    State g = grad_product(grad_out);
+    State s = Rule::compute_input();
+    if (Cfg::tp >= 0) {
+      if constexpr (Rule::colwise) s[Cfg::tp] = partial_sum();
+      else if constexpr (!Rule::rowwise) s[Cfg::tp] = g[Cfg::tp];
+    }
+    return s;
+  }
+  static constexpr State grad_input(const State&, const State& grad_out) {
+    return redistribute_backward_placements(Rule::input(), grad_compute_input(grad_out));
+  }
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t,
+                             bool input_grad) {
+    p.redistribution(Phase::Forward, layer, Rule::input(), Rule::compute_input(), In, true);
+    p.redistribution(Phase::Forward, layer, Rule::product(), Rule::output(), Out, true);
+    if constexpr (Rule::rowwise) p.adjoint(Phase::Backward, layer, Rule::product(), grad_out, Out, true);
+    if (input_grad) p.adjoint(Phase::Backward, layer, Rule::input(), grad_compute_input(grad_out), In, true);
+    add_reductions(p, layer, 0, Rule::weight(), Rule::weight_grad(grad_product(grad_out)), {In, Out}, 2);
+    if constexpr (Bias) add_reductions(p, layer, 1, Rule::bias(), Rule::bias_grad(grad_product(grad_out)), {Out, 1}, 1);
+  }
+
+  // --- run time ---
+  // Weights uniform in [-1/sqrt(In), 1/sqrt(In)) (PyTorch's default), bias likewise;
+  // element i depends on (seed, i) only, so every mesh and placement starts from the
+  // same global values as a single-rank model.
+  Linear(const typename WeightT::Mesh& mesh, LinearInit init = {})
+      : weight_("weight", uniform<WeightT>({In, Out}, mesh, init.seed)),
+        bias_("bias", uniform<BiasT>({Out}, mesh, init.seed + 0x5bd1e995u)) {}
+
+  Parameter<WeightT>& weight() { return weight_; }
+  Parameter<BiasT>& bias() { return bias_; }
+
+  template <class Fn>
+  void for_each_parameter(Fn&& f) {
+    f(weight_);
+    if constexpr (Bias) f(bias_);
+  }
+
+  OutputT forward(const InputT& x) {
+    DTENSOR_CHECK(x.shape()[F] == In, InvalidArgument, name, ": an input of ", x.shape()[F], " features, expected ",
+                  In, " (input shape ", dtensor::to_string(x.shape()), ")");
+    saved_.emplace(redistribute_as<placements_t<Rule::compute_input()>>(x));
+    const auto& xc = *saved_;
+    const auto& w = weight_.value();
+    if constexpr (Rule::rowwise)
+      DTENSOR_CHECK(xc.layout().blocks[F] == w.layout().blocks[0], InvalidArgument, name,
+                    ": the input's features are split into blocks that differ from the weight's rows; shard both "
+                    "by the chunk rule, or give the weight the input's Splits");
+    ShardLayout<Rank> layout = xc.layout();
+    layout.global[F] = Out;
+    layout.blocks[F] = Rule::colwise ? w.layout().blocks[1] : std::vector<int64_t>{};
+    using Product = dtensor_t<T, Rank, placements_t<Rule::product()>>;
+    Shape<Rank> ls = xc.local().shape();
+    ls[F] = w.local().shape()[1];
+    auto y = Tensor<T, Rank>::uninitialized(ls, xc.local().device());
+    const int64_t rows = detail::rows_of<Rank>(ls);
+    detail::matmul(y.device(), xc.local().data(), false, w.local().data(), false, y.data(), rows, ls[F],
+                   xc.local().shape()[F]);
+    Product z(x.mesh(), std::move(layout), std::move(y));
+    OutputT out = redistribute_as<placements_t<Rule::output()>>(z);
+    if constexpr (Bias) {
+      if (!dtensor::detail::holds_zero_term(Rule::output(), x.mesh().coords())) {
+        auto& o = out.local();
+        detail::add_row_vector(o.device(), o.data(), bias_.value().local().data(), detail::rows_of<Rank>(o.shape()),
+                               o.shape()[F]);
+      }
+    }
+    return out;
+  }
+
+  // dy: the gradient of the output (an accepted gradient placement of it). Returns
+  // the input's gradient, placed by grad_input(), or nothing (0) when NeedInputGrad
+  // is false (the first layer of a model, unless the input's gradient is asked for).
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, Rule::output()),
+                  "dtensor::nn::Linear::backward: dy is not placed as a gradient of the layer's output (see "
+                  "placement/gradient.hpp: Shard stays Shard, Replicate takes Partial<Sum> or Replicate)");
+    DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
+    constexpr State gp = grad_product(G::placement_state);
+    const auto& dz = [&]() -> decltype(auto) {
+      if constexpr (Rule::rowwise) return redistribute_backward_as<placements_t<Rule::product()>>(dy);
+      else return (dy);
+    }();
+    static_assert(std::decay_t<decltype(dz)>::placement_state == gp);
+    const auto& xc = *saved_;
+    const auto& g = dz.local();
+    for (int d = 0; d < F; ++d)
+      DTENSOR_CHECK(g.shape()[d] == xc.local().shape()[d], InvalidArgument, name, ": the gradient's block ",
+                    dtensor::to_string(g.shape()), " does not match the input's rows ",
+                    dtensor::to_string(xc.local().shape()), "; backward takes the gradient of the last forward");
+    const Device dev = g.device();
+    const int64_t rows = detail::rows_of<Rank>(g.shape());
+    const int64_t kin = xc.local().shape()[F], nout = g.shape()[F];
+    // dW = x^T dz, db = column sums of dz: this rank's rows only (Partial over DP).
+    {
+      auto dw = Tensor<T, 2>::uninitialized({kin, nout}, dev);
+      detail::matmul(dev, xc.local().data(), true, g.data(), false, dw.data(), kin, nout, rows);
+      weight_.accumulate(dw);
+      if constexpr (Bias) {
+        auto db = Tensor<T, 1>::uninitialized({nout}, dev);
+        detail::column_sums(dev, g.data(), db.data(), rows, nout);
+        bias_.accumulate(db);
+      }
+    }
+    if constexpr (NeedInputGrad) {
+      constexpr State gci = grad_compute_input(G::placement_state);
+      Shape<Rank> ls = xc.local().shape();
+      auto dx = Tensor<T, Rank>::uninitialized(ls, dev);
+      detail::matmul(dev, g.data(), false, weight_.value().local().data(), true, dx.data(), rows, kin, nout);
+      using GradCompute = dtensor_t<T, Rank, placements_t<gci>>;
+      GradCompute dxc(xc.mesh(), xc.layout(), std::move(dx));
+      saved_.reset();
+      return redistribute_backward_as<placements_t<Rule::input()>>(dxc);
+    } else {
+      saved_.reset();
+      return 0;
+    }
+  }
+
+ private:
+  template <class DT>
+  static DT uniform(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed) {
+    const T bound = T(1) / std::sqrt(static_cast<T>(In));
+    return dtensor::detail::generate<DT>(shape, mesh, {}, [&](uint64_t i) {
+      return static_cast<T>((2 * dtensor::detail::uniform01(seed, i) - 1) * bound);
+    });
+  }
+
+  Parameter<WeightT> weight_;
+  Parameter<BiasT> bias_;
+  std::optional<dtensor_t<T, Rank, placements_t<Rule::compute_input()>>> saved_;
+};
+
+}  // namespace dtensor::nn

@@ -1,0 +1,63 @@
+#pragma once
+// The local products and row operations of the layers, on a rank's blocks viewed as
+// row-major [rows, cols] matrices (the leading dims of an activation are its rows).
+// The host runs Eigen maps (a transposed operand is a transposed map, no copy); a
+// device runs the backend's kernels.
+#include <cstdint>
+
+#include "dtensor/compute/local.hpp"
+
+namespace dtensor::nn::detail {
+
+// c = op(a) op(b) (+ c when accumulate), op = transpose where asked; a is [m, k]
+// after op, b [k, n], c [m, n]. One GEMM with transpose flags (Eigen maps on the
+// host, cuBLAS on a GPU): a transposed operand is never copied.
+template <class T>
+void matmul(Device d, const T* a, bool trans_a, const T* b, bool trans_b, T* c, int64_t m, int64_t n, int64_t k,
+            bool accumulate = false) {
+  local::gemm_ex(d, GemmDims{.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k}, T(1), a, b,
+                 accumulate ? T(1) : T(0), c);
+}
+
+// y[i, :] += v for every row i of y [rows, cols].
+template <class T>
+void add_row_vector(Device d, T* y, const T* v, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return;
+  if (d.is_host()) {
+    Eigen::Map<EigenRowMatrix<T>> ym(y, rows, cols);
+    ym.rowwise() += Eigen::Map<const EigenVector<T>>(v, cols).transpose();
+    return;
+  }
+  dtensor::detail::device_backend(d).add_bias(dtype_of<T>(), y, v, y, rows, cols, true);
+}
+
+// s[j] (+)= sum over i of y[i, j], for y [rows, cols].
+template <class T>
+void column_sums(Device d, const T* y, T* s, int64_t rows, int64_t cols, bool accumulate = false) {
+  if (cols == 0) return;
+  if (d.is_host()) {
+    Eigen::Map<EigenVector<T>> sm(s, cols);
+    if (rows == 0) {
+      if (!accumulate) sm.setZero();
+      return;
+    }
+    auto sums = Eigen::Map<const EigenRowMatrix<T>>(y, rows, cols).colwise().sum().transpose();
+    if (accumulate) sm += sums;
+    else sm = sums;
+    return;
+  }
+  Tensor<T, 1> tmp = Tensor<T, 1>::uninitialized({cols}, d);
+  local::reduce_dim<ReduceOp::Sum>(d, y, tmp.data(), 1, rows, cols);
+  if (accumulate) dtensor::detail::device_backend(d).binary(dtype_of<T>(), BinaryOp::Add, s, tmp.data(), s, cols);
+  else local::copy_block(d, tmp.data(), Block::contiguous(0, cols), s, Block::contiguous(0, cols), sizeof(T));
+}
+
+// Rows of an activation block: the product of its leading extents.
+template <int Rank>
+int64_t rows_of(const Shape<Rank>& s) {
+  int64_t r = 1;
+  for (int d = 0; d + 1 < Rank; ++d) r *= s[d];
+  return r;
+}
+
+}  // namespace dtensor::nn::detail

@@ -1,0 +1,73 @@
+#pragma once
+// Mean squared error, mean over every element of the global tensors:
+//   loss = sum (y - t)^2 / numel,   dloss/dy = 2 (y - t) / numel.
+// y and t share placements (no Partial). Each rank sums its block, counting a
+// replicated block once (ranks at coordinate 0 of every mesh dim that replicates
+// it), and one all-reduce over the whole mesh gives the loss on every rank. The
+// gradient is local and placed like y: on a Replicate dim every rank computes the
+// whole of it, an accepted gradient of a Replicate tensor (placement/gradient.hpp).
+#include <optional>
+
+#include "dtensor/compute/local.hpp"
+#include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/nn/plan.hpp"
+#include "dtensor/tensor/eigen.hpp"
+
+namespace dtensor::nn {
+
+template <class Cfg>
+class MSELoss {
+ public:
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+
+  static constexpr State grad_input(const State& y) { return y; }
+  // One all-reduce of one element over the whole mesh (mesh dim -1).
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>& p, const State&) {
+    p.add({Phase::Forward, -1, StepKind::AllReduce, -1, false, 1, State{}});
+  }
+
+  template <class Y>
+  T forward(const Y& y, const Y& target) {
+    static_assert(!has_partial(Y::placement_state), "dtensor::nn::MSELoss: reduce a Partial output first");
+    DTENSOR_CHECK(y.shape() == target.shape() && y.layout().blocks == target.layout().blocks, InvalidArgument,
+                  "MSELoss: output ", dtensor::to_string(y.shape()), " and target ", dtensor::to_string(target.shape()),
+                  " differ in shape or blocks");
+    DTENSOR_CHECK(y.local().device().is_host(), InvalidArgument, "MSELoss: host blocks only");
+    diff_ = y.local();
+    local::binary(BinaryOp::Sub, y.local(), target.local(), *diff_);
+    numel_ = y.numel();
+    const auto& mesh = y.mesh();
+    bool owner = true;
+    for (int m = 0; m < M; ++m)
+      if (!Y::placement_state[m].is_shard()) owner = owner && mesh.coord(m) == 0;
+    T sum = owner ? as_eigen_array(*diff_).square().sum() : T(0);
+    mesh.comm().all_reduce(&sum, &sum, 1, dtype_of<T>(), ReduceOp::Sum);
+    CommCounter::record(StepKind::AllReduce, -1, sizeof(T));
+    return sum / static_cast<T>(numel_);
+  }
+
+  // The gradient of the last forward's loss, placed like its y.
+  template <class Y>
+  Y backward(const Y& y) {
+    DTENSOR_CHECK(diff_.has_value(), InvalidArgument, "MSELoss: backward without a forward");
+    Tensor<T, Y::rank> g = std::move(*diff_);
+    diff_.reset();
+    as_eigen_array(g) *= T(2) / static_cast<T>(numel_);
+    return Y(y.mesh(), y.layout(), std::move(g));
+  }
+
+ private:
+  static constexpr bool has_partial(const State& s) {
+    for (const auto& p : s)
+      if (p.is_partial()) return true;
+    return false;
+  }
+  std::optional<Tensor<T, Cfg::rank>> diff_;
+  int64_t numel_ = 0;
+};
+
+}  // namespace dtensor::nn

@@ -1,0 +1,225 @@
+#pragma once
+// LayerNorm and RMSNorm over the features (the last dim), with a learned scale
+// (and, for LayerNorm, a shift). Statistics are exact whatever the placements:
+//
+//   style                     input on TP        scale/shift    collectives per step
+//   NormReplicated            Replicate          Replicate      none
+//   SequenceParallel          Shard<1> (seq)     Replicate      gradients Partial over TP:
+//                                                               reduced with the others
+//   NormFeatureSharded        Shard<features>    Shard<0>       forward: 1 all-reduce of the
+//                                                               row statistics (sum and sum of
+//                                                               squares together); backward: 1
+//
+// On the data-parallel dim rows are sharded and the parameters' gradients Partial
+// until the model's gradient reduction.
+//
+//   LayerNorm:  y = (x - mean) / sqrt(var + eps) * g + b     (var: biased, PyTorch's)
+//   RMSNorm:    y = x / sqrt(mean(x^2) + eps) * g
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/styles.hpp"
+#include "dtensor/ops/placement_algebra.hpp"
+#include "dtensor/tensor/eigen.hpp"
+
+namespace dtensor::nn {
+
+struct NormReplicated {
+  static constexpr const char* name = "replicated";
+};
+// PyTorch's SequenceParallel: activations sharded on the sequence dim (1) over TP.
+struct SequenceParallel {
+  static constexpr const char* name = "sequence parallel";
+};
+struct NormFeatureSharded {
+  static constexpr const char* name = "feature sharded";
+};
+
+template <class S>
+concept NormStyle =
+    std::is_same_v<S, NormReplicated> || std::is_same_v<S, SequenceParallel> || std::is_same_v<S, NormFeatureSharded>;
+
+enum class NormKind { Layer, RMS };
+
+template <class Cfg, NormKind Kind, int64_t Features, NormStyle Style = NormReplicated>
+class Norm {
+  static_assert(Features > 0, "dtensor::nn::LayerNorm/RMSNorm<Cfg, F>: F must be positive");
+  static_assert(!std::is_same_v<Style, SequenceParallel> || Cfg::rank >= 3,
+                "dtensor::nn: SequenceParallel shards dim 1 (the sequence) of [batch, seq, ..., features] "
+                "activations; use a Config of rank 3 or more");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr int F = Cfg::feature_dim;
+  static constexpr bool kFeatureSharded = std::is_same_v<Style, NormFeatureSharded>;
+  static constexpr bool kSequence = std::is_same_v<Style, SequenceParallel>;
+  static constexpr const char* name = Kind == NormKind::Layer ? "layer_norm" : "rms_norm";
+
+  static constexpr State in_state() {
+    return Cfg::activation(kFeatureSharded ? shard(F) : kSequence ? shard(1) : replicate());
+  }
+  static constexpr State param_state() {
+    State s{};
+    if (Cfg::tp >= 0 && kFeatureSharded) s[Cfg::tp] = shard(0);
+    return s;
+  }
+  // Gradients of the scale and shift: Partial where this rank saw only some rows.
+  static constexpr State param_grad(const State& grad_out) {
+    State s = param_state();
+    if (Cfg::dp >= 0) s[Cfg::dp] = partial_sum();
+    if (Cfg::tp >= 0 && !kFeatureSharded) s[Cfg::tp] = kSequence ? partial_sum() : grad_out[Cfg::tp];
+    return s;
+  }
+
+  static constexpr State input(const State&) { return in_state(); }
+  static constexpr State output(const State&) { return in_state(); }
+  // dx is linear in dy for fixed statistics: placed like dy.
+  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  static constexpr int64_t out_features(int64_t) { return Features; }
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t,
+                             bool input_grad) {
+    if (kFeatureSharded && Cfg::tp >= 0) {
+      State rows = in_state();
+      rows[Cfg::tp] = partial_sum();
+      const int64_t stats = Kind == NormKind::Layer ? 2 : 1;
+      p.add({Phase::Forward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows});
+      if (input_grad) p.add({Phase::Backward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows});
+    }
+    add_reductions(p, layer, 0, param_state(), param_grad(grad_out), {Features, 1}, 1);
+    if constexpr (Kind == NormKind::Layer) add_reductions(p, layer, 1, param_state(), param_grad(grad_out), {Features, 1}, 1);
+  }
+
+  using ParamT = dtensor_t<T, 1, placements_t<param_state()>>;
+  using InputT = dtensor_t<T, Rank, placements_t<in_state()>>;
+
+  explicit Norm(const typename ParamT::Mesh& mesh, double eps = 1e-5)
+      : eps_(eps),
+        scale_("scale", dtensor::detail::generate<ParamT>({Features}, mesh, {}, [](uint64_t) { return T(1); })),
+        shift_("shift", dtensor::detail::generate<ParamT>({Features}, mesh, {}, [](uint64_t) { return T(0); })) {}
+
+  Parameter<ParamT>& scale() { return scale_; }
+  Parameter<ParamT>& shift() { return shift_; }
+  template <class Fn>
+  void for_each_parameter(Fn&& f) {
+    f(scale_);
+    if constexpr (Kind == NormKind::Layer) f(shift_);
+  }
+
+  InputT forward(const InputT& x) {
+    DTENSOR_CHECK(x.shape()[F] == Features, InvalidArgument, name, ": an input of ", x.shape()[F],
+                  " features, expected ", Features);
+    const auto& lx = x.local();
+    DTENSOR_CHECK(lx.device().is_host(), InvalidArgument, name, ": host blocks only for now");
+    const int64_t rows = rows_of(lx.shape()), cols = lx.shape()[F];
+    DTENSOR_CHECK(cols == scale_.value().local().numel(), InvalidArgument, name, ": this rank holds ", cols,
+                  " features of the input but ", scale_.value().local().numel(),
+                  " of the scale; split both by the chunk rule");
+    auto X = map(lx, rows, cols);
+    // Row statistics over the global features: sum and sum of squares, reduced over
+    // TP together when the features are sharded.
+    constexpr int kStats = Kind == NormKind::Layer ? 2 : 1;  // [sum,] sum of squares
+    Mat stats(rows, kStats);
+    if constexpr (Kind == NormKind::Layer) stats.col(0) = X.rowwise().sum();
+    stats.col(kStats - 1) = X.array().square().rowwise().sum().matrix();
+    if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(x.mesh(), stats.data(), rows * kStats);
+    const T n = static_cast<T>(Features);
+    Vec mean = Kind == NormKind::Layer ? Vec(stats.col(0) / n) : Vec(Vec::Zero(rows));
+    Vec var = (stats.col(kStats - 1).array() / n - mean.array().square()).matrix();
+    inv_ = (var.array() + static_cast<T>(eps_)).rsqrt().matrix();
+    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape());
+    auto XH = map(*xhat_, rows, cols);
+    XH = (X.colwise() - mean).array().colwise() * inv_.array();
+    auto y = Tensor<T, Rank>::uninitialized(lx.shape());
+    auto Y = map(y, rows, cols);
+    const auto g = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(scale_.value().local().data(), cols);
+    Y = XH.array().rowwise() * g.array();
+    if constexpr (Kind == NormKind::Layer)
+      Y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(shift_.value().local().data(), cols);
+    return InputT(x.mesh(), x.layout(), std::move(y));
+  }
+
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, in_state()),
+                  "dtensor::nn norm backward: dy is not placed as a gradient of the output");
+    DTENSOR_CHECK(xhat_.has_value(), InvalidArgument, name, ": backward without a forward");
+    const auto& ld = dy.local();
+    const int64_t rows = rows_of(ld.shape()), cols = ld.shape()[F];
+    DTENSOR_CHECK(ld.shape() == xhat_->shape(), InvalidArgument, name, ": the gradient's block ",
+                  dtensor::to_string(ld.shape()), " differs from the input's ", dtensor::to_string(xhat_->shape()),
+                  "; backward takes the gradient of the last forward");
+    auto DY = map(ld, rows, cols);
+    auto XH = map(*xhat_, rows, cols);
+    // dscale = sum over rows of dy * xhat, dshift = sum over rows of dy (this rank's rows).
+    Tensor<T, 1> ds({cols});
+    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(ds.data(), cols) = (DY.array() * XH.array()).colwise().sum();
+    scale_.accumulate(ds);
+    if constexpr (Kind == NormKind::Layer) {
+      Tensor<T, 1> db({cols});
+      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(db.data(), cols) = DY.colwise().sum();
+      shift_.accumulate(db);
+    }
+    if constexpr (!NeedInputGrad) {
+      xhat_.reset();
+      return 0;
+    } else {
+      const auto g = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(scale_.value().local().data(), cols);
+      Mat dxh = (DY.array().rowwise() * g.array()).matrix();
+      // dx = inv * (dxh - mean(dxh) - xhat * mean(dxh * xhat)), means over the global
+      // features (LayerNorm; RMSNorm has no mean(dxh) term).
+      constexpr int kStats = Kind == NormKind::Layer ? 2 : 1;
+      Mat sums(rows, kStats);
+      if constexpr (Kind == NormKind::Layer) sums.col(0) = dxh.rowwise().sum();
+      sums.col(kStats - 1) = (dxh.array() * XH.array()).rowwise().sum().matrix();
+      if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(dy.mesh(), sums.data(), rows * kStats);
+      const T n = static_cast<T>(Features);
+      auto dx = Tensor<T, Rank>::uninitialized(ld.shape());
+      auto DX = map(dx, rows, cols);
+      Vec m1 = Kind == NormKind::Layer ? Vec(sums.col(0) / n) : Vec(Vec::Zero(rows));
+      Vec m2 = sums.col(kStats - 1) / n;
+      DX = ((dxh.colwise() - m1) - (XH.array().colwise() * m2.array()).matrix()).array().colwise() * inv_.array();
+      xhat_.reset();
+      return G(dy.mesh(), dy.layout(), std::move(dx));
+    }
+  }
+
+ private:
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
+  static auto map(Tensor<T, Rank>& t, int64_t rows, int64_t cols) { return Eigen::Map<Mat>(t.data(), rows, cols); }
+  static auto map(const Tensor<T, Rank>& t, int64_t rows, int64_t cols) {
+    return Eigen::Map<const Mat>(t.data(), rows, cols);
+  }
+  static int64_t rows_of(const Shape<Rank>& s) {
+    int64_t r = 1;
+    for (int d = 0; d < F; ++d) r *= s[d];
+    return r;
+  }
+  template <class Mesh>
+  static void reduce_rows(const Mesh& mesh, T* data, int64_t n) {
+    mesh.comm(Cfg::tp).all_reduce(data, data, static_cast<std::size_t>(n), dtype_of<T>(), ReduceOp::Sum);
+    CommCounter::record(StepKind::AllReduce, Cfg::tp, static_cast<std::size_t>(n) * sizeof(T));
+  }
+
+  double eps_;
+  Parameter<ParamT> scale_, shift_;
+  std::optional<Tensor<T, Rank>> xhat_;
+  Vec inv_;
+};
+
+template <class Cfg, int64_t Features, NormStyle Style = NormReplicated>
+using LayerNorm = Norm<Cfg, NormKind::Layer, Features, Style>;
+template <class Cfg, int64_t Features, NormStyle Style = NormReplicated>
+using RMSNorm = Norm<Cfg, NormKind::RMS, Features, Style>;
+
+}  // namespace dtensor::nn

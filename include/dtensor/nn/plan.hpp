@@ -1,0 +1,191 @@
+#pragma once
+// The communication plan of a model: every collective of one training step (forward,
+// backward, gradient reduction), which layer issues it, on which mesh dim, and how
+// many bytes each rank's buffer holds, as a function of the number of tokens (the
+// product of the activations' leading dims: batch, or batch x sequence) and of the
+// mesh's sizes. A ModelPlan is a constant expression: a model's plan is checked
+// with static_assert before the program runs, and printed by explain(model).
+//
+// Bytes are those CommCounter records (the local buffer the collective reads) when
+// every sharded extent divides evenly; for uneven shards they are the average.
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/placement/gradient.hpp"
+#include "dtensor/plan/planner.hpp"
+#include "dtensor/util/fixed_string.hpp"
+
+namespace dtensor::nn {
+
+enum class Phase : std::uint8_t { Forward, Backward, GradReduce };
+
+constexpr const char* name(Phase p) {
+  constexpr const char* names[] = {"forward", "backward", "gradient reduction"};
+  return names[static_cast<int>(p)];
+}
+
+// One collective of a plan. An activation holds tokens x `elements` values, a
+// parameter `elements` values; `before` is its placements when the collective runs.
+template <std::size_t M>
+struct PlannedCollective {
+  Phase phase = Phase::Forward;
+  int layer = -1;  // index in the model; -1 for the loss
+  StepKind kind = StepKind::AllReduce;
+  int mesh_dim = 0;
+  bool per_token = true;
+  int64_t elements = 0;
+  PlacementState<M> before{};
+  int parameter = -1;  // GradReduce: the parameter's index in its layer (for_each_parameter order)
+  std::array<int64_t, 2> shape{};  // GradReduce: the parameter's global shape (rank 1 or 2)
+  int ndim = 0;
+
+  // Elements of the parameter block the rank at `coords` holds (GradReduce entries):
+  // exact, by the chunk rule (a chunk of a chunk where two mesh dims shard one dim).
+  constexpr int64_t block_elements(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
+    int64_t e = 1;
+    for (int d = 0; d < ndim; ++d) {
+      int64_t n = shape[d];
+      for (std::size_t m = 0; m < M; ++m)
+        if (before[m].is_shard(d)) {
+          const int64_t c = (n + mesh_shape[m] - 1) / mesh_shape[m];
+          const int64_t lo = c * coords[m];
+          n = lo >= n ? 0 : (n - lo < c ? n - lo : c);
+        }
+      e *= n;
+    }
+    return e;
+  }
+
+  // Elements of the buffer each rank holds, for `tokens` tokens on a mesh of `mesh_shape`.
+  constexpr int64_t local_elements(int64_t tokens, const std::array<int, M>& mesh_shape) const {
+    int64_t e = (per_token ? tokens : 1) * elements;
+    for (std::size_t m = 0; m < M; ++m)
+      if (before[m].is_shard()) e /= mesh_shape[m];
+    return e;
+  }
+};
+
+template <std::size_t M, int Capacity = 96>
+struct ModelPlan {
+  int size = 0;
+  std::array<PlannedCollective<M>, Capacity> entries{};
+
+  constexpr void add(const PlannedCollective<M>& c) {
+    if (size == Capacity) throw "dtensor::nn::ModelPlan: more collectives than the plan's capacity";
+    entries[size++] = c;
+  }
+
+  // How many collectives a phase issues (of a kind; on a mesh dim).
+  constexpr int count(Phase p) const {
+    int n = 0;
+    for (int i = 0; i < size; ++i) n += entries[i].phase == p;
+    return n;
+  }
+  constexpr int count(Phase p, StepKind k) const {
+    int n = 0;
+    for (int i = 0; i < size; ++i) n += entries[i].phase == p && entries[i].kind == k;
+    return n;
+  }
+  constexpr int count(Phase p, StepKind k, int mesh_dim) const {
+    int n = 0;
+    for (int i = 0; i < size; ++i)
+      n += entries[i].phase == p && entries[i].kind == k && entries[i].mesh_dim == mesh_dim;
+    return n;
+  }
+  // Bytes per rank of all the collectives of phase p, for `tokens` tokens of T.
+  template <class T>
+  constexpr int64_t bytes(Phase p, int64_t tokens, const std::array<int, M>& mesh_shape) const {
+    int64_t b = 0;
+    for (int i = 0; i < size; ++i)
+      if (entries[i].phase == p) b += entries[i].local_elements(tokens, mesh_shape) * static_cast<int64_t>(sizeof(T));
+    return b;
+  }
+
+  // The buckets the gradient reductions over `mesh_dim` form on the rank at `coords`
+  // (nn/grad_buckets.hpp's rule: in registration order, last layer first, a bucket
+  // closes before the gradient that would overflow `bucket_bytes`, a gradient of
+  // that size or more is alone). The ranks that reduce together hold blocks of the
+  // same sizes, so they agree.
+  constexpr int buckets(int mesh_dim, std::size_t bucket_bytes, std::size_t elem_bytes,
+                        const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
+    int layers = 0;
+    for (int i = 0; i < size; ++i) layers = entries[i].layer + 1 > layers ? entries[i].layer + 1 : layers;
+    int n = 0;
+    std::size_t open = 0;
+    bool has_open = false;
+    for (int l = layers - 1; l >= 0; --l)
+      for (int i = 0; i < size; ++i) {
+        const auto& e = entries[i];
+        if (e.phase != Phase::GradReduce || e.layer != l || e.mesh_dim != mesh_dim) continue;
+        const std::size_t b = static_cast<std::size_t>(e.block_elements(mesh_shape, coords)) * elem_bytes;
+        if (has_open && open + b <= bucket_bytes) {
+          open += b;
+          continue;
+        }
+        ++n;
+        has_open = b < bucket_bytes;
+        open = b;
+      }
+    return n;
+  }
+  // The collectives of one training step as CommCounter sees them: forward,
+  // backward, and the gradient reductions bucketed.
+  constexpr int step_collectives(std::size_t bucket_bytes, std::size_t elem_bytes,
+                                 const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
+    int n = count(Phase::Forward) + count(Phase::Backward);
+    for (int m = 0; m < static_cast<int>(M); ++m) n += buckets(m, bucket_bytes, elem_bytes, mesh_shape, coords);
+    return n;
+  }
+
+  // The collectives of a redistribution from -> to (the plan the compiler picks with
+  // uniform links: the one redistribute runs on a mesh without link costs).
+  constexpr void redistribution(Phase p, int layer, const PlacementState<M>& from, const PlacementState<M>& to,
+                                int64_t elements, bool per_token) {
+    if (from == to) return;
+    const auto plan = plan_candidates(from, to).plans[0];
+    for (int i = 0; i < plan.nsteps; ++i)
+      if (communicates(plan.steps[i].kind))
+        add({p, layer, plan.steps[i].kind, plan.steps[i].mesh_dim, per_token, elements, plan.states[i]});
+  }
+  // The collectives of redistribute_backward<x>(dy) (dy placed `grad`): the
+  // adjoint of a redistribution from `x`.
+  constexpr void adjoint(Phase p, int layer, const PlacementState<M>& x, const PlacementState<M>& grad,
+                         int64_t elements, bool per_token) {
+    redistribution(p, layer, grad, dtensor::detail::redistribute_backward_plan<M>(x, grad).gathered, elements,
+                   per_token);
+  }
+};
+
+// The gradient reductions of one parameter: an all-reduce on every mesh dim where
+// its value is Replicate and its gradient Partial<Sum> (Shard dims need none).
+template <std::size_t M, int C>
+constexpr void add_reductions(ModelPlan<M, C>& p, int layer, int parameter, const PlacementState<M>& value,
+                              const PlacementState<M>& grad, std::array<int64_t, 2> shape, int ndim) {
+  const int64_t elements = shape[0] * (ndim > 1 ? shape[1] : 1);
+  for (int m = 0; m < static_cast<int>(M); ++m)
+    if (value[m].is_replicate() && grad[m].is_partial())
+      p.add({Phase::GradReduce, layer, StepKind::AllReduce, m, false, elements, value, parameter, shape, ndim});
+}
+
+
+// The plan as text: one line per collective.
+template <std::size_t M, int C>
+std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::array<int, M>& mesh_shape,
+                      std::size_t elem_bytes, const std::array<std::string, 64>& layer_names = {}) {
+  std::string s;
+  for (int i = 0; i < plan.size; ++i) {
+    const auto& e = plan.entries[i];
+    std::string who = e.layer < 0 ? std::string("loss") : "layer " + std::to_string(e.layer);
+    if (e.layer >= 0 && e.layer < 64 && !layer_names[e.layer].empty()) who += " (" + layer_names[e.layer] + ")";
+    s += std::string(name(e.phase)) + ": " + who + ": " + name(e.kind) +
+         (e.mesh_dim < 0 ? std::string(" over the whole mesh") : " on mesh dim " + std::to_string(e.mesh_dim)) +
+         " from " + dtensor::to_string(e.before) + ", " +
+         std::to_string(e.local_elements(tokens, mesh_shape) * static_cast<int64_t>(elem_bytes)) + " bytes per rank\n";
+  }
+  if (plan.size == 0) s = "no collectives\n";
+  return s;
+}
+
+}  // namespace dtensor::nn

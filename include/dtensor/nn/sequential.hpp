@@ -1,0 +1,346 @@
+#pragma once
+// Sequential<L...>: layers applied in order, with the forward and the backward
+// generated from the layers' rules, and the communication plan of a training step as
+// a constant expression.
+//
+// Where a layer's output placements differ from what the next layer takes, the
+// model redistributes between them (and runs the adjoint in the backward); the plan
+// shows it against the receiving layer. StrictSequential refuses to compile instead:
+// every collective of a strict model is one a layer's style asks for.
+//
+//   using MLP = nn::Sequential<nn::Linear<Cfg, 16, 64, nn::Colwise>, nn::GELU<Cfg>,
+//                              nn::Linear<Cfg, 64, 16, nn::Rowwise>>;
+//   static constexpr auto plan = MLP::training_plan<nn::MSELoss<Cfg>>(16);
+//   static_assert(plan.count(nn::Phase::Forward, StepKind::AllReduce) == 1);
+#include <array>
+#include <memory>
+#include <vector>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/nn/grad_buckets.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/plan.hpp"
+#include "dtensor/ops/placement_algebra.hpp"
+#include "dtensor/ops/policy.hpp"
+
+namespace dtensor::nn {
+
+namespace detail {
+// Instantiated with the layer's index and type, so that the compiler's "required
+// from" line names the layer when the assertion fires.
+template <class Policy, int LayerIndex, class LayerT, bool Redistributes>
+struct check_layer_input {
+  static_assert(!(std::is_same_v<Policy, Strict> && Redistributes),
+                "dtensor strict model: the layer named below (its index and type) takes its input in placements "
+                "that differ from the previous layer's output, so the model would insert a redistribution. Change "
+                "the layer's style (e.g. follow a colwise layer with a rowwise one), or use Sequential instead of "
+                "StrictSequential to accept the collective.");
+  static constexpr bool ok = true;
+};
+template <class First, class Default>
+struct model_input {
+  using type = Default;
+};
+template <class First, class Default>
+  requires requires { typename First::input_type; }
+struct model_input<First, Default> {
+  using type = typename First::input_type;
+};
+}  // namespace detail
+
+template <CommPolicy Policy, Layer... L>
+class Model {
+  static_assert(sizeof...(L) >= 1, "dtensor::nn::Sequential: give at least one layer");
+  using Layers = std::tuple<L...>;
+  using First = std::tuple_element_t<0, Layers>;
+
+ public:
+  using config = typename First::config;
+  static_assert((std::is_same_v<typename L::config, config> && ...),
+                "dtensor::nn::Sequential: every layer must use the same nn::Config (element type, rank, mesh axes)");
+  using T = typename config::value_type;
+  using State = typename config::State;
+  static constexpr int N = sizeof...(L);
+  static constexpr int M = config::M;
+  static constexpr int Rank = config::rank;
+  template <int I>
+  using layer_t = std::tuple_element_t<I, Layers>;
+
+  // Placements along the forward: what arrives at each layer, what it takes, what it gives.
+  struct Flow {
+    std::array<State, N> arriving{}, in{}, out{};
+  };
+  static constexpr Flow forward_flow() {
+    Flow f{};
+    State s = First::input(config::activation());
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((f.arriving[I] = s, f.in[I] = layer_t<I>::input(s), s = f.out[I] = layer_t<I>::output(f.in[I])), ...);
+    }(std::make_index_sequence<N>{});
+    return f;
+  }
+  static constexpr Flow flow = forward_flow();
+  // The model's input: the first layer's own input type where it has one (token ids
+  // for an embedding), else an activation placed as the first layer takes it.
+  using InputT = typename detail::model_input<First, dtensor_t<T, Rank, placements_t<flow.arriving[0]>>>::type;
+  using OutputT = dtensor_t<T, Rank, placements_t<flow.out[N - 1]>>;
+  static constexpr State input_placements = flow.arriving[0];
+  static constexpr State output_placements = flow.out[N - 1];
+
+  // Placements along the backward, for an output gradient placed `grad_output`.
+  struct GradFlow {
+    std::array<State, N> grad_out{}, grad_in{}, grad_arriving{};
+  };
+  static constexpr GradFlow backward_flow(const State& grad_output) {
+    GradFlow g{};
+    State s = grad_output;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            constexpr int k = N - 1 - static_cast<int>(I);
+            g.grad_out[k] = s;
+            g.grad_in[k] = layer_t<k>::grad_input(flow.in[k], s);
+            s = g.grad_arriving[k] = redistribute_backward_placements(flow.arriving[k], g.grad_in[k]);
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return g;
+  }
+
+  // Every collective of one step: forward, backward (from an output gradient placed
+  // `grad_output`, e.g. a loss's), and the gradient reductions; `in_features` is the
+  // input's last extent, which sizes the activations of layers that keep it.
+  // Room for every entry: a layer adds at most a few forward and backward
+  // collectives and one reduction per parameter and mesh dim.
+  static constexpr int kPlanCapacity = 16 + 4 * N * (M + 2);
+
+  template <int C = kPlanCapacity>
+  static constexpr ModelPlan<M, C> plan(const State& grad_output, int64_t in_features,
+                                        bool input_grad = false) {
+    ModelPlan<M, C> p;
+    const GradFlow g = backward_flow(grad_output);
+    std::array<int64_t, N + 1> features{};
+    features[0] = in_features;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((features[I + 1] = layer_t<I>::out_features(features[I])), ...);
+      ((p.redistribution(Phase::Forward, I, flow.arriving[I], flow.in[I], features[I], true),
+        layer_t<I>::plan(p, I, flow.in[I], g.grad_out[I], features[I], I > 0 || input_grad)),
+       ...);
+    }(std::make_index_sequence<N>{});
+    for (int i = N - 1; i >= 0; --i) {
+      if (i == 0 && !input_grad) break;
+      p.adjoint(Phase::Backward, i, flow.arriving[i], g.grad_in[i], features[i], true);
+    }
+    return p;
+  }
+
+  // The plan of a training step with loss LossT (nn/mse_loss.hpp, nn/loss.hpp): the
+  // model's collectives for the gradient placements LossT gives, and LossT's own.
+  template <class LossT, int C = kPlanCapacity>
+  static constexpr ModelPlan<M, C> training_plan(int64_t in_features) {
+    ModelPlan<M, C> p = plan<C>(LossT::grad_input(output_placements), in_features);
+    LossT::plan(p, output_placements);
+    return p;
+  }
+
+  // A plan as text, with the layers' names.
+  template <int C>
+  static std::string explain(const ModelPlan<M, C>& p, int64_t tokens, const std::array<int, M>& mesh_shape) {
+    static_assert(N <= 64, "dtensor::nn::Sequential::explain names up to 64 layers");
+    std::array<std::string, 64> names{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) { ((names[I] = layer_t<I>::name), ...); }(std::make_index_sequence<N>{});
+    return to_string(p, tokens, mesh_shape, sizeof(T), names);
+  }
+
+  Model() = default;
+  template <class... A>
+  explicit Model(A&&... layers) : layers_(std::forward<A>(layers)...) {}
+
+  template <int I>
+  layer_t<I>& layer() {
+    return std::get<I>(layers_);
+  }
+  // f(parameter) for every parameter, first layer first.
+  template <class Fn>
+  void for_each_parameter(Fn&& f) {
+    std::apply([&](auto&... l) { (l.for_each_parameter(f), ...); }, layers_);
+  }
+
+  OutputT forward(const InputT& x) { return forward_from<0>(x); }
+
+  // The backward of the last forward: accumulates every parameter's gradient and
+  // reduces those the plan's gradient reductions name (bucketed, overlapped with the
+  // backward), so that afterwards every gradient is placed like its parameter; returns
+  // the input's gradient (placed backward_flow(dy).grad_arriving[0]) when InputGrad,
+  // else nothing.
+  template <bool InputGrad = false, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, output_placements),
+                  "dtensor::nn::Sequential::backward: dy is not placed as a gradient of the model's output (see "
+                  "placement/gradient.hpp)");
+    prepare_reductions<G>();
+    try {
+      if constexpr (InputGrad) {
+        auto dx = backward_from<N - 1, true, G>(dy);
+        finish_reductions<G>();
+        return dx;
+      } else {
+        backward_from<N - 1, false, G>(dy);
+        finish_reductions<G>();
+      }
+    } catch (...) {
+      // In-flight reductions are abandoned before anything else goes; the next
+      // backward starts afresh.
+      drop_reductions();
+      throw;
+    }
+  }
+
+  // The size of the data-parallel gradient buckets (nn/grad_buckets.hpp), in bytes;
+  // set before the first backward.
+  void set_bucket_bytes(std::size_t bytes) {
+    DTENSOR_CHECK(!prepared_, InvalidArgument, "Sequential::set_bucket_bytes: set before the first backward");
+    DTENSOR_CHECK(bytes > 0, InvalidArgument, "Sequential::set_bucket_bytes: a bucket of 0 bytes; give at least 1");
+    bucket_bytes_ = bytes;
+  }
+  std::size_t bucket_bytes() const { return bucket_bytes_; }
+
+  // Sets every parameter's gradient to zero (before the next backward).
+  void zero_grad() {
+    for_each_parameter([](auto& p) { p.zero_grad(); });
+  }
+
+ private:
+  template <int I, class X>
+  auto forward_from(const X& x) {
+    static_assert(detail::check_layer_input<Policy, I, layer_t<I>, !(flow.arriving[I] == flow.in[I])>::ok);
+    const auto& xi = redistribute_as<placements_t<flow.in[I]>>(x);
+    auto y = std::get<I>(layers_).forward(xi);
+    if constexpr (I + 1 < N) return forward_from<I + 1>(y);
+    else return y;
+  }
+
+  template <int I, bool InputGrad, class G0, class G>
+  auto backward_from(const G& dy) {
+    constexpr bool need = I > 0 || InputGrad;
+    auto dx = std::get<I>(layers_).template backward<need>(dy);
+    mark_ready<G0>(I);  // this layer's gradients are complete: their buckets may start
+    if constexpr (!need) {
+      return;
+    } else {
+      auto da = redistribute_backward_as<placements_t<flow.arriving[I]>>(dx);
+      if constexpr (I == 0) return da;
+      else return backward_from<I - 1, InputGrad, G0>(da);
+    }
+  }
+
+  // The gradient reductions of the plan for an output gradient placed like G: an
+  // all-reduce (Sum) of each Partial parameter gradient over each mesh dim it is
+  // Partial on, bucketed per mesh dim (GradBuckets). The lowest such mesh dim (the
+  // data-parallel one, in a DP x TP model) overlaps with the backward: a bucket
+  // starts as soon as the layers that fill it are done. A gradient Partial on two
+  // mesh dims is reduced over the second after the first has finished.
+  template <class G>
+  static constexpr auto reduction_plan = plan(G::placement_state, 1);
+
+  template <class G>
+  void prepare_reductions() {
+    constexpr auto& p = reduction_plan<G>;
+    std::vector<void*> buffers;
+    const DeviceMesh<M>* mesh = nullptr;
+    for_each_parameter([&](auto& param) {
+      buffers.push_back(param.grad().data());
+      mesh = &param.value().mesh();
+    });
+    if (prepared_) {
+      DTENSOR_CHECK(prepared_for_ == static_cast<const void*>(&p), InvalidArgument,
+                    "Sequential::backward: the output's gradient is placed differently from the first backward's "
+                    "(e.g. Partial<Sum> instead of Replicate): the gradient reductions were planned for that one. "
+                    "Redistribute the gradient to the first backward's placements");
+      DTENSOR_CHECK(buffers == buffers_, InvalidArgument,
+                    "Sequential::backward: a parameter's gradient buffer was replaced since the first backward; "
+                    "write gradients in place (the gradient buckets hold their buffers)");
+      return;
+    }
+    buffers_ = buffers;
+    prepared_ = true;
+    prepared_for_ = &p;
+    slot_.assign(static_cast<std::size_t>(p.size), -1);
+    for (int m = 0; m < M; ++m)
+      for (int e = 0; e < p.size; ++e)
+        if (p.entries[e].phase == Phase::GradReduce && p.entries[e].mesh_dim == m) {
+          if (!buckets_[m]) buckets_[m] = std::make_unique<GradBuckets>(mesh->comm(m), m, bucket_bytes_);
+          if (first_dim_ < 0 || m == config::dp) first_dim_ = m;  // the DP dim overlaps where it has any
+        }
+    // Registration: last layer first, as the backward completes them.
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            constexpr int layer = N - 1 - static_cast<int>(I);
+            int k = 0;
+            std::get<layer>(layers_).for_each_parameter([&](auto& param) {
+              for (int e = 0; e < p.size; ++e) {
+                const auto& c = p.entries[e];
+                if (c.phase == Phase::GradReduce && c.layer == layer && c.parameter == k)
+                  slot_[e] = buckets_[c.mesh_dim]->add(param.grad());
+              }
+              ++k;
+            });
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+  }
+
+  template <class G>
+  void mark_ready(int layer) {
+    constexpr auto& p = reduction_plan<G>;
+    for (int e = 0; e < p.size; ++e) {
+      const auto& c = p.entries[e];
+      if (c.phase == Phase::GradReduce && c.layer == layer && c.mesh_dim == first_dim_) buckets_[c.mesh_dim]->ready(slot_[e]);
+    }
+  }
+
+  template <class G>
+  void finish_reductions() {
+    constexpr auto& p = reduction_plan<G>;
+    if (first_dim_ < 0) return;
+    buckets_[first_dim_]->finish();
+    for (int m = 0; m < M; ++m) {
+      if (!buckets_[m] || m == first_dim_) continue;
+      for (int layer = N - 1; layer >= 0; --layer)
+        for (int e = 0; e < p.size; ++e) {
+          const auto& c = p.entries[e];
+          if (c.phase == Phase::GradReduce && c.layer == layer && c.mesh_dim == m) buckets_[m]->ready(slot_[e]);
+        }
+      buckets_[m]->finish();
+    }
+  }
+
+  void drop_reductions() {
+    for (auto& b : buckets_) b.reset();
+    prepared_ = false;
+    first_dim_ = -1;
+    slot_.clear();
+  }
+
+  // Declared before the buckets, destroyed after them: in-flight reductions read
+  // and write the layers' gradient buffers.
+  Layers layers_;
+  std::size_t bucket_bytes_ = GradBuckets::kDefaultBucketBytes;
+  bool prepared_ = false;
+  const void* prepared_for_ = nullptr;
+  int first_dim_ = -1;
+  std::array<std::unique_ptr<GradBuckets>, M> buckets_{};
+  std::vector<int> slot_;  // per plan entry: the gradient's index in its mesh dim's buckets
+  std::vector<void*> buffers_;
+
+};
+
+template <Layer... L>
+using Sequential = Model<Implicit, L...>;
+template <Layer... L>
+using StrictSequential = Model<Strict, L...>;
+
+}  // namespace dtensor::nn
