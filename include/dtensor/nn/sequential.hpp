@@ -11,13 +11,13 @@
 //   using MLP = nn::Sequential<nn::Linear<Cfg, 16, 64, nn::Colwise>, nn::GELU<Cfg>,
 //                              nn::Linear<Cfg, 64, 16, nn::Rowwise>>;
 //   static constexpr auto plan = MLP::training_plan<nn::MSELoss<Cfg>>(16);
-//   static_assert(plan.count(nn::Phase::Forward, StepKind::AllReduce) == 1);
+//   static_assert(plan.count(nn::Phase::Forward, StepKind::AllReduce, /*tp*/ 1) == 1);  // the rowwise layer's
 #include <array>
 #include <memory>
-#include <vector>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/grad_buckets.hpp"
