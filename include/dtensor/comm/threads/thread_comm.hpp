@@ -176,6 +176,27 @@ void wait_progressing(World& world, int world_rank, Ready&& ready, Where&& where
 // send is posted: at start_exchange, in test(), or in any wait of this rank.
 // A receive that fails (its message does not match, a device error) fails the run
 // and the exchange for good: its wait() and every test() rethrow that error.
+// What a pending operation's test() checks that wait() leaves to World::wait:
+// another rank's failure, a peer that returned from its function (deserted() says
+// why, or ""), and the timeout, counted from the first test(). Shared by the
+// point-to-point exchanges and the non-blocking all-reduce.
+template <class Where, class Deserted>
+void check_alive_in_test(World& w, int world_rank, std::optional<std::chrono::steady_clock::time_point>& polled_since,
+                         Where&& where, Deserted&& deserted) {
+  if (w.aborted())
+    throw PeerAborted(cat("dtensor: rank ", world_rank, ": ", where(), " abandoned because rank ", w.failed_rank(),
+                          " failed: ", w.failure()));
+  if (w.any_finished())
+    if (std::string why = deserted(); !why.empty())
+      w.fail(world_rank, CommError(cat("dtensor: rank ", world_rank, ": ", where(), ": ", why)));
+  const auto now = std::chrono::steady_clock::now();
+  if (!polled_since) polled_since = now;
+  if (now - *polled_since > w.options().timeout)
+    w.fail(world_rank, CollectiveTimeout(cat("dtensor: rank ", world_rank, ": ", where(), " timed out after ",
+                                             w.options().timeout.count() / 1000.0,
+                                             " s of test() (set RunOptions::timeout or DTENSOR_TIMEOUT_S)")));
+}
+
 class ThreadExchange final : public PendingExchange, public World::InFlight {
  public:
   ThreadExchange(std::shared_ptr<Group> g, int rank, Device device, DType t, std::span<const SendSpec> sends,
@@ -409,22 +430,9 @@ class ThreadExchange final : public PendingExchange, public World::InFlight {
     throw e;
   }
 
-  // What test() checks that wait() leaves to World::wait: another rank's failure,
-  // a peer that has returned, the timeout (from the first test() on).
+  // What test() checks that wait() leaves to World::wait (check_alive_in_test).
   void check_alive() {
-    if (world().aborted())
-      throw PeerAborted(cat("dtensor: rank ", world_rank_, ": ", where(), " abandoned because rank ",
-                            world().failed_rank(), " failed: ", world().failure()));
-    if (world().any_finished())
-      if (std::string why = deserted(); !why.empty())
-        world().fail(world_rank_, CommError(cat("dtensor: rank ", world_rank_, ": ", where(), ": ", why)));
-    const auto now = std::chrono::steady_clock::now();
-    if (!polled_since_) polled_since_ = now;
-    if (now - *polled_since_ > world().options().timeout)
-      world().fail(world_rank_,
-                   CollectiveTimeout(cat("dtensor: rank ", world_rank_, ": ", where(), " timed out after ",
-                                         world().options().timeout.count() / 1000.0,
-                                         " s of test() (set RunOptions::timeout or DTENSOR_TIMEOUT_S)")));
+    check_alive_in_test(world(), world_rank_, polled_since_, [&] { return where(); }, [&] { return deserted(); });
   }
 
   // A message that can never come or never be taken: its peer returned from its
@@ -781,21 +789,9 @@ class ThreadAllReduce final : public PendingExchange, public World::InFlight {
     if (failed_now) world().notify();
   }
 
-  // What test() checks that wait() leaves to World::wait.
+  // What test() checks that wait() leaves to World::wait (check_alive_in_test).
   void check_alive() {
-    if (world().aborted())
-      throw PeerAborted(cat("dtensor: rank ", world_rank_, ": ", where(), " abandoned because rank ",
-                            world().failed_rank(), " failed: ", world().failure()));
-    if (world().any_finished())
-      if (std::string why = deserted(); !why.empty())
-        world().fail(world_rank_, CommError(cat("dtensor: rank ", world_rank_, ": ", where(), ": ", why)));
-    const auto now = std::chrono::steady_clock::now();
-    if (!polled_since_) polled_since_ = now;
-    if (now - *polled_since_ > world().options().timeout)
-      world().fail(world_rank_,
-                   CollectiveTimeout(cat("dtensor: rank ", world_rank_, ": ", where(), " timed out after ",
-                                         world().options().timeout.count() / 1000.0,
-                                         " s of test() (set RunOptions::timeout or DTENSOR_TIMEOUT_S)")));
+    check_alive_in_test(world(), world_rank_, polled_since_, [&] { return where(); }, [&] { return deserted(); });
   }
 
   // A peer that returned from its function without posting can never post.
