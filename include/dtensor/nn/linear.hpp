@@ -159,17 +159,12 @@ class Linear {
     const Device dev = g.device();
     const int64_t rows = detail::rows_of<Rank>(g.shape());
     const int64_t kin = xc.local().shape()[F], nout = g.shape()[F];
-    // dW = x^T dz, db = column sums of dz: this rank's rows only (Partial over DP).
-    {
-      auto dw = Tensor<T, 2>::uninitialized({kin, nout}, dev);
-      detail::matmul(dev, xc.local().data(), true, g.data(), false, dw.data(), kin, nout, rows);
-      weight_.accumulate(dw);
-      if constexpr (Bias) {
-        auto db = Tensor<T, 1>::uninitialized({nout}, dev);
-        detail::column_sums(dev, g.data(), db.data(), rows, nout);
-        bias_.accumulate(db);
-      }
-    }
+    // dW += x^T dz, db += column sums of dz, straight into the parameters' gradient
+    // blocks (GEMM with beta = 1): this rank's rows only (Partial over DP).
+    DTENSOR_CHECK(weight_.grad().shape() == (Shape<2>{kin, nout}), InvalidArgument, name, ": the gradient's ", nout,
+                  " output features do not match the weight's block ", dtensor::to_string(weight_.grad().shape()));
+    detail::matmul(dev, xc.local().data(), true, g.data(), false, weight_.grad().data(), kin, nout, rows, true);
+    if constexpr (Bias) detail::column_sums(dev, g.data(), bias_.grad().data(), rows, nout, true);
     if constexpr (NeedInputGrad) {
       constexpr State gci = grad_compute_input(G::placement_state);
       Shape<Rank> ls = xc.local().shape();
