@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include "fault_support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -11,16 +13,8 @@
 #include <thread>
 
 using namespace dtensor;
-using Clock = std::chrono::steady_clock;
+using namespace dtensor::test;
 
-namespace {
-RunOptions with_timeout(double s) {
-  RunOptions o;
-  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-  return o;
-}
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-}  // namespace
 
 TEST_CASE("a rank that throws while the others wait in a collective fails the run at once, naming it") {
   const auto t0 = Clock::now();

@@ -10,6 +10,8 @@
 
 #include <doctest/doctest.h>
 
+#include "fault_support.hpp"
+
 #include "spmd.hpp"
 
 #include <algorithm>
@@ -24,9 +26,9 @@
 #include <vector>
 
 using namespace dtensor;
+using namespace dtensor::test;
 using dtensor::test::spmd;
 using dtensor::test::under_mpi;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -65,12 +67,6 @@ void check_op(Comm& comm, ReduceOp op, int64_t n, bool in_place) {
     }
 }
 
-RunOptions with_timeout(double s) {
-  RunOptions o;
-  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
-  return o;
-}
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 }  // namespace
 
