@@ -248,23 +248,25 @@ class Model {
   template <class G>
   void prepare_reductions() {
     constexpr auto& p = reduction_plan<G>;
-    std::vector<void*> buffers;
-    const DeviceMesh<M>* mesh = nullptr;
-    for_each_parameter([&](auto& param) {
-      buffers.push_back(param.grad().data());
-      mesh = &param.value().mesh();
-    });
     if (prepared_) {
       DTENSOR_CHECK(prepared_for_ == static_cast<const void*>(&p), InvalidArgument,
                     "Sequential::backward: the output's gradient is placed differently from the first backward's "
                     "(e.g. Partial<Sum> instead of Replicate): the gradient reductions were planned for that one. "
                     "Redistribute the gradient to the first backward's placements");
-      DTENSOR_CHECK(buffers == buffers_, InvalidArgument,
+      std::size_t i = 0;  // compared in place: no allocation per step
+      bool same = true;
+      for_each_parameter([&](auto& param) { same = same && buffers_[i++] == param.grad().data(); });
+      DTENSOR_CHECK(same, InvalidArgument,
                     "Sequential::backward: a parameter's gradient buffer was replaced since the first backward; "
                     "write gradients in place (the gradient buckets hold their buffers)");
       return;
     }
-    buffers_ = buffers;
+    const DeviceMesh<M>* mesh = nullptr;
+    buffers_.clear();
+    for_each_parameter([&](auto& param) {
+      buffers_.push_back(param.grad().data());
+      mesh = &param.value().mesh();
+    });
     prepared_ = true;
     prepared_for_ = &p;
     slot_.assign(static_cast<std::size_t>(p.size), -1);
