@@ -6,6 +6,12 @@
 //
 //   using Cfg = nn::Config<float, 2, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;   // DP x TP on a 2-D mesh
 //   using Cfg = nn::Config<float, 3, nn::Axes<1, nn::kNone, 0>>;        // TP only, [batch, seq, hidden]
+//
+// Images (NCW, NCHW, NCDHW) sharded in space take an ImageConfig instead: the batch
+// over the data-parallel mesh dim, each spatial dim over its own domain mesh dim.
+//
+//   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;  // H over mesh dim 0, W over 1
+//   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;  // DP x H
 #include <array>
 
 #include "dtensor/placement/placement.hpp"
@@ -47,6 +53,61 @@ struct Config {
     if (tp >= 0) s[tp] = on_tp;
     return s;
   }
+};
+
+// DP: the mesh dim the batch is sharded over (or kNone); Domain...: for each spatial
+// dim in order, the mesh dim it is sharded over (or kNone).
+template <int MeshDims, int DP, int... Domain>
+struct DomainAxes {
+  static_assert(MeshDims >= 1 && MeshDims <= 8, "dtensor::nn::DomainAxes: a mesh has 1 to 8 dims");
+  static_assert(sizeof...(Domain) >= 1 && sizeof...(Domain) <= 3,
+                "dtensor::nn::DomainAxes<M, DP, D...>: name one mesh dim (or nn::kNone) per spatial dim, 1 to 3");
+  static_assert(DP >= kNone && DP < MeshDims && ((Domain >= kNone && Domain < MeshDims) && ...),
+                "dtensor::nn::DomainAxes<M, DP, D...>: DP and each D must be a mesh dim (0 .. M-1) or nn::kNone");
+  static constexpr int mesh_dims = MeshDims;
+  static constexpr int dp = DP;
+  static constexpr int spatial = sizeof...(Domain);
+  static constexpr std::array<int, sizeof...(Domain)> domain{Domain...};
+  static constexpr bool distinct() {
+    std::array<int, 1 + sizeof...(Domain)> used{DP, Domain...};
+    for (std::size_t i = 0; i < used.size(); ++i)
+      for (std::size_t j = i + 1; j < used.size(); ++j)
+        if (used[i] != kNone && used[i] == used[j]) return false;
+    return true;
+  }
+  static_assert(distinct(), "dtensor::nn::DomainAxes: the batch and each spatial dim need mesh dims of their own (a "
+                            "mesh dim shards one tensor dim)");
+};
+
+// Activations [batch, channels, spatial...]; channels are never sharded (a
+// convolution reads all of them), so there is no tensor-parallel dim.
+template <class T, int Spatial, class DomainAxesT>
+struct ImageConfig {
+  static_assert(std::is_floating_point_v<T>, "dtensor::nn::ImageConfig: layers train float or double tensors");
+  static_assert(Spatial >= 1 && Spatial <= 3, "dtensor::nn::ImageConfig: 1, 2 or 3 spatial dims (NCW, NCHW, NCDHW)");
+  static_assert(DomainAxesT::spatial == Spatial,
+                "dtensor::nn::ImageConfig<T, S, DomainAxes<M, DP, D...>>: give one D per spatial dim");
+  using value_type = T;
+  using axes = DomainAxesT;
+  static constexpr int spatial = Spatial;
+  static constexpr int rank = 2 + Spatial;
+  static constexpr int M = DomainAxesT::mesh_dims;
+  static constexpr int dp = DomainAxesT::dp;
+  static constexpr int tp = kNone;
+  static constexpr int channel_dim = 1;
+  static constexpr int feature_dim = 1;  // what a layer's "features" count: channels
+  static constexpr std::array<int, Spatial> domain = DomainAxesT::domain;
+  using State = PlacementState<static_cast<std::size_t>(M)>;
+
+  static constexpr State activation(PlacementDesc = {}) {
+    State s{};
+    if (dp >= 0) s[dp] = {PlacementKind::Shard, 0, ReduceOp::Sum};
+    for (int i = 0; i < Spatial; ++i)
+      if (domain[i] >= 0) s[domain[i]] = {PlacementKind::Shard, 2 + i, ReduceOp::Sum};
+    return s;
+  }
+  // The mesh dims a spatial dim is sharded over (kNone: none).
+  static constexpr int mesh_dim_of_spatial(int i) { return domain[i]; }
 };
 
 constexpr PlacementDesc shard(int d) { return {PlacementKind::Shard, d, ReduceOp::Sum}; }

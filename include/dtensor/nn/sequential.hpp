@@ -40,6 +40,37 @@ struct check_layer_input {
                 "StrictSequential to accept the collective.");
   static constexpr bool ok = true;
 };
+// The config of a layer's output: its own, unless it changes the activations' rank
+// (a global pooling of images into [batch, channels] declares out_config).
+template <class L>
+struct out_config {
+  using type = typename L::config;
+};
+template <class L>
+  requires requires { typename L::out_config; }
+struct out_config<L> {
+  using type = typename L::out_config;
+};
+template <class L>
+using out_config_t = typename out_config<L>::type;
+
+// Whether each layer takes what the one before gives: the same element type and
+// mesh, and the rank of the previous layer's output.
+template <class... L>
+constexpr bool chained() {
+  using Tuple = std::tuple<L...>;
+  bool ok = true;
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    ((ok = ok && std::is_same_v<typename out_config_t<std::tuple_element_t<I, Tuple>>::value_type,
+                                typename std::tuple_element_t<I + 1, Tuple>::config::value_type> &&
+           out_config_t<std::tuple_element_t<I, Tuple>>::M == std::tuple_element_t<I + 1, Tuple>::config::M &&
+           out_config_t<std::tuple_element_t<I, Tuple>>::dp == std::tuple_element_t<I + 1, Tuple>::config::dp &&
+           out_config_t<std::tuple_element_t<I, Tuple>>::rank == std::tuple_element_t<I + 1, Tuple>::config::rank),
+     ...);
+  }(std::make_index_sequence<sizeof...(L) - 1>{});
+  return ok;
+}
+
 template <class First, class Default>
 struct model_input {
   using type = Default;
@@ -59,13 +90,17 @@ class Model {
 
  public:
   using config = typename First::config;
-  static_assert((std::is_same_v<typename L::config, config> && ...),
-                "dtensor::nn::Sequential: every layer must use the same nn::Config (element type, rank, mesh axes)");
+  static_assert(detail::chained<L...>(),
+                "dtensor::nn::Sequential: each layer must take what the layer before gives: the same element type, "
+                "mesh dims and data-parallel dim, and the rank of its output (layers of one nn::Config, or an image "
+                "config up to a global pooling whose out_config the next layers use)");
   using T = typename config::value_type;
   using State = typename config::State;
   static constexpr int N = sizeof...(L);
   static constexpr int M = config::M;
-  static constexpr int Rank = config::rank;
+  static constexpr int Rank = config::rank;  // the input's
+  using output_config = detail::out_config_t<std::tuple_element_t<N - 1, Layers>>;
+  static constexpr int OutRank = output_config::rank;
   template <int I>
   using layer_t = std::tuple_element_t<I, Layers>;
 
@@ -85,7 +120,7 @@ class Model {
   // The model's input: the first layer's own input type where it has one (token ids
   // for an embedding), else an activation placed as the first layer takes it.
   using InputT = typename detail::model_input<First, dtensor_t<T, Rank, placements_t<flow.arriving[0]>>>::type;
-  using OutputT = dtensor_t<T, Rank, placements_t<flow.out[N - 1]>>;
+  using OutputT = dtensor_t<T, OutRank, placements_t<flow.out[N - 1]>>;
   static constexpr State input_placements = flow.arriving[0];
   static constexpr State output_placements = flow.out[N - 1];
 
