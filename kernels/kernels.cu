@@ -18,9 +18,12 @@
 #include "dtensor/util/error.hpp"
 #include "elementwise.cuh"
 #include "grid.cuh"
+#include "pool.cuh"
 #include "reduce.cuh"
 #include "rows.cuh"
 #include "softmax.cuh"
+#include "upsample.cuh"
+#include "window_copy.cuh"
 
 namespace dtensor::cuda::kernels {
 namespace {
@@ -499,6 +502,111 @@ void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t l
       else detail::softmax_finish_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(p, s, len, inner, n);
       DTENSOR_CUDA_LAUNCHED();
     }
+  });
+}
+
+// --- sliding windows and upsampling ---
+
+void pool_forward(DType t, const PoolDims& p, const void* x, void* y, const OutBox& box, cudaStream_t stream) {
+  check_floating(t, "pool_forward");
+  const detail::PoolGeo g = detail::pool_geo(p, box);
+  const int64_t n = g.planes * g.box_cells;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      detail::pool_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                                          static_cast<T*>(y), g, n);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void pool_backward(DType t, const PoolDims& p, const void* x, const void* dy, void* dx, cudaStream_t stream) {
+  check_floating(t, "pool_backward");
+  const detail::PoolGeo g = detail::pool_geo(p, OutBox{}.resolved(p.window));
+  const int64_t n = g.planes * g.in_cells, outs = g.planes * g.out_cells;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      const auto* xs = static_cast<const T*>(x);
+      if (g.max && outs > 0) {  // each output's winning tap, then the gather
+        Scratch<int32_t> arg(static_cast<std::size_t>(outs), stream);
+        detail::pool_argmax_kernel<<<blocks_for(outs), kThreads, 0, stream>>>(xs, arg.get(), g, outs);
+        DTENSOR_CUDA_LAUNCHED();
+        detail::pool_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+            arg.get(), static_cast<const T*>(dy), static_cast<T*>(dx), g, n);
+        DTENSOR_CUDA_LAUNCHED();
+        return;
+      }
+      detail::pool_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+          static_cast<const int32_t*>(nullptr), static_cast<const T*>(dy), static_cast<T*>(dx), g, n);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void upsample_forward(DType t, const UpsampleDims& u, const void* x, void* y, cudaStream_t stream) {
+  check_floating(t, "upsample_forward");
+  const detail::UpGeo g = detail::up_geo(u);
+  const int64_t n = g.planes * g.out_cells;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      detail::upsample_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                                              static_cast<T*>(y), g, n);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void upsample_backward(DType t, const UpsampleDims& u, const void* dy, void* dx, cudaStream_t stream) {
+  check_floating(t, "upsample_backward");
+  const detail::UpGeo g = detail::up_geo(u);
+  const int64_t n = g.planes * g.in_cells;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      detail::upsample_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy),
+                                                                               static_cast<T*>(dx), g, n);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void window_copy(DType t, int64_t planes, const std::array<int64_t, 3>& box, const void* src,
+                 const std::array<int64_t, 3>& src_ext, const std::array<int64_t, 3>& src_start, void* dst,
+                 const std::array<int64_t, 3>& dst_ext, const std::array<int64_t, 3>& dst_start, cudaStream_t stream) {
+  check_size(planes, "window_copy");
+  detail::WindowCopy c{};
+  c.planes = planes;
+  // Unused trailing dims (extent 1 everywhere) move to the front: consecutive threads
+  // then walk the last used dim, which is contiguous.
+  int used = 3;
+  while (used > 0 && box[used - 1] == 1 && src_ext[used - 1] == 1 && dst_ext[used - 1] == 1 &&
+         src_start[used - 1] == 0 && dst_start[used - 1] == 0)
+    --used;
+  const int shift = 3 - used;
+  for (int i = 0; i < 3; ++i) {
+    const int j = i - shift;
+    c.ext[i] = j >= 0 ? box[j] : 1;
+    c.src_ext[i] = j >= 0 ? src_ext[j] : 1, c.src_start[i] = j >= 0 ? src_start[j] : 0;
+    c.dst_ext[i] = j >= 0 ? dst_ext[j] : 1, c.dst_start[i] = j >= 0 ? dst_start[j] : 0;
+    DTENSOR_CHECK(c.ext[i] >= 0 && c.dst_start[i] >= 0 && c.dst_start[i] + c.ext[i] <= c.dst_ext[i],
+                  InvalidArgument, "cuda::kernels::window_copy: the box leaves the destination block");
+  }
+  c.src_plane = c.src_ext[0] * c.src_ext[1] * c.src_ext[2];
+  c.dst_plane = c.dst_ext[0] * c.dst_ext[1] * c.dst_ext[2];
+  const int64_t n = planes * c.ext[0] * c.ext[1] * c.ext[2];
+  if (n == 0) return;
+  visit_width(size_of(t), [&](auto tag) {
+    using W = decltype(tag);
+    detail::window_copy_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const W*>(src),
+                                                                       static_cast<W*>(dst), c, n);
+    DTENSOR_CUDA_LAUNCHED();
   });
 }
 

@@ -6,7 +6,8 @@
 // Device::cuda, it runs every device path of the core (allocation, copies,
 // collectives on device buffers, operators through the backend table) on a
 // machine without a GPU. The math here is plain loops, apart from the library's
-// Eigen code.
+// Eigen code and the sliding windows and upsampling (convolution, pooling), which run
+// the host implementation (compute/conv.hpp, pool.hpp, upsample.hpp) on the worker.
 //
 // Streams behave as a GPU's do: the work is done later, not when it is queued.
 // Each stream (a thread's own, from bind_thread or its first device work) is a FIFO
@@ -45,6 +46,9 @@
 //   DTENSOR_EMU_DELAY_US=n       longest delay before an operation, microseconds (default 200)
 //   DTENSOR_EMU_DELAY_PERCENT=n  share of the operations delayed (default 10; the
 //                                others run as soon as the worker gets to them)
+#include <dtensor/compute/conv.hpp>
+#include <dtensor/compute/pool.hpp>
+#include <dtensor/compute/upsample.hpp>
 #include <dtensor/dtensor.hpp>
 
 #include <algorithm>
@@ -519,6 +523,17 @@ inline void unary_backward_kernel(DType t, UnaryFn f, const void* x, const void*
   });
 }
 
+// Calls f(T{}) for a floating-point t; an integer type is refused at launch, as the
+// CUDA backend refuses it.
+template <class F>
+void floating(DType t, F&& f) {
+  if (t == DType::Float32) return f(float{});
+  if (t == DType::Float64) return f(double{});
+}
+inline void require_floating(DType t, const char* fn) {
+  if (!is_floating(t)) throw InvalidArgument(detail::cat("emulated device: ", fn, " takes float32 or float64"));
+}
+
 inline const detail::DeviceBackend& backend() {
   static constexpr detail::DeviceBackend table{
       .bind_thread =
@@ -741,6 +756,90 @@ inline const detail::DeviceBackend& backend() {
                       T& out = C[p * g.stride_c + i * g.ldc + j];
                       out = be == T(0) ? al * acc : al * acc + be * out;  // beta == 0: C is not read
                     }
+              });
+            });
+          },
+      // Sliding windows and upsampling: the host implementation, on the stream's worker.
+      .conv_forward =
+          [](DType t, const ConvDims& dims, const void* x, const void* w, const void* bias, void* y,
+             const OutBox& box) {
+            require_floating(t, "conv_forward");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::conv_forward(Device::host(), dims, real<const T>(x), real<const T>(w), real<const T>(bias),
+                                    real<T>(y), box);
+              });
+            });
+          },
+      .conv_backward_data =
+          [](DType t, const ConvDims& dims, const void* dy, const void* w, void* dx) {
+            require_floating(t, "conv_backward_data");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::conv_backward_data(Device::host(), dims, real<const T>(dy), real<const T>(w), real<T>(dx));
+              });
+            });
+          },
+      .conv_backward_weight =
+          [](DType t, const ConvDims& dims, const void* x, const void* dy, void* dw, bool accumulate) {
+            require_floating(t, "conv_backward_weight");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::conv_backward_weight(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dw),
+                                            accumulate);
+              });
+            });
+          },
+      .conv_backward_bias =
+          [](DType t, const ConvDims& dims, const void* dy, void* db, bool accumulate) {
+            require_floating(t, "conv_backward_bias");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::conv_backward_bias(Device::host(), dims, real<const T>(dy), real<T>(db), accumulate);
+              });
+            });
+          },
+      .pool_forward =
+          [](DType t, const PoolDims& dims, const void* x, void* y, const OutBox& box) {
+            require_floating(t, "pool_forward");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::pool_forward(Device::host(), dims, real<const T>(x), real<T>(y), box);
+              });
+            });
+          },
+      .pool_backward =
+          [](DType t, const PoolDims& dims, const void* x, const void* dy, void* dx) {
+            require_floating(t, "pool_backward");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::pool_backward(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dx));
+              });
+            });
+          },
+      .upsample_forward =
+          [](DType t, const UpsampleDims& dims, const void* x, void* y) {
+            require_floating(t, "upsample_forward");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::upsample_forward(Device::host(), dims, real<const T>(x), real<T>(y));
+              });
+            });
+          },
+      .upsample_backward =
+          [](DType t, const UpsampleDims& dims, const void* dy, void* dx) {
+            require_floating(t, "upsample_backward");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::upsample_backward(Device::host(), dims, real<const T>(dy), real<T>(dx));
               });
             });
           },

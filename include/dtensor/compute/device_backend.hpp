@@ -14,8 +14,10 @@
 #include "dtensor/comm/block.hpp"
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/functions.hpp"
 #include "dtensor/compute/gemm.hpp"
+#include "dtensor/compute/upsample_dims.hpp"
 #include "dtensor/tensor/device.hpp"
 
 namespace dtensor::detail {
@@ -69,6 +71,19 @@ struct DeviceBackend {
   // compute/gemm.hpp); float and double, alpha and beta of the element type. With
   // beta == 0, C is not read (it may hold NaN).
   void (*gemm)(DType, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c);
+
+  // Sliding windows and upsampling on one rank's block (compute/conv.hpp, pool.hpp,
+  // upsample.hpp; float and double): the dims are validated, the box and the pooling's
+  // valid range resolved by the caller. bias may be null; dx is written whole.
+  void (*conv_forward)(DType, const ConvDims&, const void* x, const void* w, const void* bias, void* y,
+                       const OutBox& box);
+  void (*conv_backward_data)(DType, const ConvDims&, const void* dy, const void* w, void* dx);
+  void (*conv_backward_weight)(DType, const ConvDims&, const void* x, const void* dy, void* dw, bool accumulate);
+  void (*conv_backward_bias)(DType, const ConvDims&, const void* dy, void* db, bool accumulate);
+  void (*pool_forward)(DType, const PoolDims&, const void* x, void* y, const OutBox& box);
+  void (*pool_backward)(DType, const PoolDims&, const void* x, const void* dy, void* dx);
+  void (*upsample_forward)(DType, const UpsampleDims&, const void* x, void* y);
+  void (*upsample_backward)(DType, const UpsampleDims&, const void* dy, void* dx);
 };
 
 inline const DeviceBackend*& cuda_backend_slot() {

@@ -1,9 +1,11 @@
 #pragma once
 // The CUDA device backend: fills dtensor's device-compute table (compute/
-// device_backend.hpp) and memory space with the kernels of kernels/, cuBLAS and
-// stream-ordered memory, and installs them when this header is included.
+// device_backend.hpp) and memory space with the kernels of kernels/, cuBLAS, cuDNN
+// (convolutions) and stream-ordered memory, and installs them when this header is
+// included.
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/cuda/blas.hpp"
+#include "dtensor/cuda/dnn.hpp"
 #include "dtensor/cuda/kernels.hpp"
 #include "dtensor/cuda/memory.hpp"
 
@@ -92,6 +94,22 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
                            int64_t cols) { k::add_along_last(t, g, target, lo, x, rows, cols, current_stream()); },
       .gemm = [](DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta,
                  void* c) { gemm(t, dims, alpha, a, b, beta, c); },
+      .conv_forward = [](DType t, const ConvDims& d, const void* x, const void* w, const void* bias, void* y,
+                         const OutBox& box) { dnn::conv_forward(t, d, x, w, bias, y, box); },
+      .conv_backward_data = [](DType t, const ConvDims& d, const void* dy, const void* w,
+                               void* dx) { dnn::conv_backward_data(t, d, dy, w, dx); },
+      .conv_backward_weight = [](DType t, const ConvDims& d, const void* x, const void* dy, void* dw,
+                                 bool accumulate) { dnn::conv_backward_weight(t, d, x, dy, dw, accumulate); },
+      .conv_backward_bias = [](DType t, const ConvDims& d, const void* dy, void* db,
+                               bool accumulate) { dnn::conv_backward_bias(t, d, dy, db, accumulate); },
+      .pool_forward = [](DType t, const PoolDims& p, const void* x, void* y,
+                         const OutBox& box) { k::pool_forward(t, p, x, y, box, current_stream()); },
+      .pool_backward = [](DType t, const PoolDims& p, const void* x, const void* dy,
+                          void* dx) { k::pool_backward(t, p, x, dy, dx, current_stream()); },
+      .upsample_forward = [](DType t, const UpsampleDims& u, const void* x,
+                             void* y) { k::upsample_forward(t, u, x, y, current_stream()); },
+      .upsample_backward = [](DType t, const UpsampleDims& u, const void* dy,
+                              void* dx) { k::upsample_backward(t, u, dy, dx, current_stream()); },
   };
   return table;
 }

@@ -10,13 +10,16 @@
 // DType values: one switch per call, never per element.
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
 #include "dtensor/comm/block.hpp"
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/functions.hpp"
+#include "dtensor/compute/upsample_dims.hpp"
 
 namespace dtensor::cuda::kernels {
 
@@ -100,5 +103,25 @@ void softmax_shift(DType t, void* x, const void* max, void* sums, int64_t outer,
                    bool log, cudaStream_t stream);
 void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log,
                     cudaStream_t stream);
+
+// --- sliding windows and upsampling (float32 and float64; dims validated, the box and
+// the valid cells resolved, as compute/pool.hpp and upsample.hpp pass them) ---
+
+// y[box] = the max or average pooling of x (kernels/pool.cuh: the host's rules exactly).
+void pool_forward(DType t, const PoolDims& p, const void* x, void* y, const OutBox& box, cudaStream_t stream);
+// dx = its gradient over all of y, recomputed from x; every cell of dx written.
+void pool_backward(DType t, const PoolDims& p, const void* x, const void* dy, void* dx, cudaStream_t stream);
+// y = nearest or linear upsampling of x (kernels/upsample.cuh).
+void upsample_forward(DType t, const UpsampleDims& u, const void* x, void* y, cudaStream_t stream);
+// dx = its adjoint applied to dy; every cell of dx written.
+void upsample_backward(DType t, const UpsampleDims& u, const void* dy, void* dx, cudaStream_t stream);
+
+// For each of `planes` planes: dst[dst_start + q] = src[src_start + q] for q in the box,
+// or 0 where src_start + q is outside src_ext (src_start may be negative). Extents in
+// ConvDims order (unused trailing dims 1); the destination box must lie inside
+// dst_ext. Any element type (zeros are all-zero bits).
+void window_copy(DType t, int64_t planes, const std::array<int64_t, 3>& box, const void* src,
+                 const std::array<int64_t, 3>& src_ext, const std::array<int64_t, 3>& src_start, void* dst,
+                 const std::array<int64_t, 3>& dst_ext, const std::array<int64_t, 3>& dst_start, cudaStream_t stream);
 
 }  // namespace dtensor::cuda::kernels

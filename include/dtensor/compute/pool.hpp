@@ -1,0 +1,175 @@
+#pragma once
+// Local pooling: one rank's block, no communication (compute/conv_dims.hpp: PoolDims
+// says what the window, the padding and the valid cells mean). On the host, plain
+// loops; on a device, the backend table. T is float or double.
+//
+//   pool_forward   y[box] = max or average of each window's valid taps (the rest of
+//                  y is left alone)
+//   pool_backward  dx = the gradient, recomputed from x (max: the first largest tap
+//                  of each window takes its dy); every cell of dx is written
+//
+// Validity is separable (a tap is valid when it is valid along every dim), so each
+// output's valid taps are a box of taps whose bounds along each dim are computed once
+// per call: the loops over taps test nothing.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "dtensor/compute/conv.hpp"
+
+namespace dtensor {
+
+namespace detail::pool {
+
+using conv::Box;
+using conv::Geo;
+using conv::Range;
+
+// For each dim and each output o of the box: the taps k whose cell st + o s + k dl
+// lies in the valid cells [lo, hi) (lo, hi normalised like Geo).
+struct Taps {
+  std::array<std::vector<Range>, 3> of;  // of[i][o - b[i]]
+  const Range& at(int i, int64_t o, const Box& b) const { return of[i][o - b.b[i]]; }
+};
+inline const Taps& valid_taps(const Geo& g, const Box& b, const std::array<int64_t, 3>& lo,
+                              const std::array<int64_t, 3>& hi) {
+  thread_local Taps t;
+  for (int i = 0; i < 3; ++i) {
+    t.of[i].resize(static_cast<std::size_t>(b.extent(i)));
+    for (int64_t o = b.b[i]; o < b.e[i]; ++o) {
+      const int64_t base = g.st[i] + o * g.s[i];
+      // the taps k in [0, kernel) with lo <= base + k dl < hi
+      t.of[i][o - b.b[i]] = conv::inside(base, g.dl[i], lo[i], hi[i], 0, g.k[i]);
+    }
+  }
+  return t;
+}
+
+// The valid cells of p (resolved), normalised like Geo.
+inline std::array<std::array<int64_t, 3>, 2> valid_cells(const PoolDims& p) {
+  std::array<std::array<int64_t, 3>, 2> v{};
+  const int shift = 3 - p.window.spatial;
+  for (int i = 0; i < 3; ++i) {
+    v[0][i] = i >= shift ? p.valid_lo[i - shift] : 0;
+    v[1][i] = i >= shift ? p.valid_hi[i - shift] : 1;
+  }
+  return v;
+}
+
+// Calls f(cell index in the plane) for each valid tap of output (o0, o1, o2), in tap order.
+template <class F>
+void for_taps(const Geo& g, const Taps& t, const Box& b, int64_t o0, int64_t o1, int64_t o2, F&& f) {
+  const Range r0 = t.at(0, o0, b), r1 = t.at(1, o1, b), r2 = t.at(2, o2, b);
+  const int64_t p0 = g.st[0] + o0 * g.s[0], p1 = g.st[1] + o1 * g.s[1], p2 = g.st[2] + o2 * g.s[2];
+  for (int64_t k0 = r0.lo; k0 < r0.hi; ++k0)
+    for (int64_t k1 = r1.lo; k1 < r1.hi; ++k1) {
+      const int64_t row = ((p0 + k0 * g.dl[0]) * g.in[1] + p1 + k1 * g.dl[1]) * g.in[2] + p2;
+      for (int64_t k2 = r2.lo; k2 < r2.hi; ++k2) f(row + k2 * g.dl[2]);
+    }
+}
+
+// The first largest valid tap (NaN counting as the largest), or -1 for none.
+template <class T>
+int64_t arg_max(const Geo& g, const Taps& t, const Box& b, int64_t o0, int64_t o1, int64_t o2, const T* xp) {
+  int64_t arg = -1;
+  T best = T(0);
+  for_taps(g, t, b, o0, o1, o2, [&](int64_t c) {
+    const T v = xp[c];
+    if (arg < 0 || v > best || (v != v && best == best)) arg = c, best = v;
+  });
+  return arg;
+}
+
+template <class T>
+T divisor(const PoolDims& p, const Taps& t, const Box& b, int64_t o0, int64_t o1, int64_t o2) {
+  if (p.count_pad) return T(p.window.kernel_cells());
+  return T(t.at(0, o0, b).size() * t.at(1, o1, b).size() * t.at(2, o2, b).size());
+}
+
+template <class T>
+void forward(const PoolDims& p, const T* x, T* y, const OutBox& box) {
+  const Geo g = conv::geo_of(p.window);
+  const Box b = conv::box_of(p.window, box);
+  if (b.cells() == 0) return;
+  const auto v = valid_cells(p);
+  const Taps& t = valid_taps(g, b, v[0], v[1]);
+  for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
+    const T* xp = x + plane * g.in_cells;
+    T* yp = y + plane * g.out_cells;
+    for (int64_t o0 = b.b[0]; o0 < b.e[0]; ++o0)
+      for (int64_t o1 = b.b[1]; o1 < b.e[1]; ++o1) {
+        T* yr = yp + conv::out_index(g, o0, o1, 0);
+        for (int64_t o2 = b.b[2]; o2 < b.e[2]; ++o2) {
+          if (p.mode == PoolMode::Max) {
+            const int64_t a = arg_max(g, t, b, o0, o1, o2, xp);
+            yr[o2] = a < 0 ? T(0) : xp[a];
+            continue;
+          }
+          T sum = 0;
+          for_taps(g, t, b, o0, o1, o2, [&](int64_t c) { sum += xp[c]; });
+          const T div = divisor<T>(p, t, b, o0, o1, o2);
+          yr[o2] = div == T(0) ? T(0) : sum / div;
+        }
+      }
+  }
+}
+
+template <class T>
+void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
+  const Geo g = conv::geo_of(p.window);
+  std::fill_n(dx, p.window.x_size(), T(0));
+  const Box b = conv::full_box(g);
+  if (b.cells() == 0) return;
+  const auto v = valid_cells(p);
+  const Taps& t = valid_taps(g, b, v[0], v[1]);
+  for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
+    const T* xp = x + plane * g.in_cells;
+    const T* dyp = dy + plane * g.out_cells;
+    T* dxp = dx + plane * g.in_cells;
+    for (int64_t o0 = 0; o0 < g.out[0]; ++o0)
+      for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
+        const T* dyr = dyp + conv::out_index(g, o0, o1, 0);
+        for (int64_t o2 = 0; o2 < g.out[2]; ++o2) {
+          if (p.mode == PoolMode::Max) {
+            const int64_t a = arg_max(g, t, b, o0, o1, o2, xp);
+            if (a >= 0) dxp[a] += dyr[o2];
+            continue;
+          }
+          const T div = divisor<T>(p, t, b, o0, o1, o2);
+          if (div == T(0)) continue;
+          const T share = dyr[o2] / div;
+          for_taps(g, t, b, o0, o1, o2, [&](int64_t c) { dxp[c] += share; });
+        }
+      }
+  }
+}
+
+}  // namespace detail::pool
+
+namespace local {
+
+// y[box] = the pooling of x (max or average of each window's valid taps; a window
+// without one gives 0); the outputs outside the box are left as they are.
+template <class T>
+void pool_forward(Device d, const PoolDims& dims, const T* x, T* y, OutBox box = {}) {
+  detail::conv::check_type<T>();
+  const PoolDims p = dims.resolved("pool_forward");
+  const OutBox b = box.resolved(p.window);
+  if (!d.is_host()) return detail::device_backend(d).pool_forward(dtype_of<T>(), p, x, y, b);
+  detail::pool::forward(p, x, y, b);
+}
+
+// dx = the gradient of pool_forward (over all of y) in x, recomputed from x: max
+// gives each window's dy to its first largest valid tap, average shares it among the
+// valid taps (dy / divisor each). Every cell of dx is written.
+template <class T>
+void pool_backward(Device d, const PoolDims& dims, const T* x, const T* dy, T* dx) {
+  detail::conv::check_type<T>();
+  const PoolDims p = dims.resolved("pool_backward");
+  if (!d.is_host()) return detail::device_backend(d).pool_backward(dtype_of<T>(), p, x, dy, dx);
+  detail::pool::backward(p, x, dy, dx);
+}
+
+}  // namespace local
+}  // namespace dtensor

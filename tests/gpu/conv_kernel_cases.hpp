@@ -1,0 +1,173 @@
+#pragma once
+// The CUDA kernels of the sliding windows (kernels/pool.cuh, upsample.cuh,
+// window_copy.cuh) built for the host and run by the host launcher
+// (tests/host_launch/), under both thread orders and uneven grids, against the
+// references of conv_cases.hpp: what the CUDA backend's pooling, upsampling and
+// convolution padding compute, checked in every CI build without a GPU. Needs kernels/
+// on the include path, as test_kernels_host does.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../host_launch/launcher.hpp"
+#include "conv_cases.hpp"
+#include "grid.cuh"
+#include "pool.cuh"
+#include "upsample.cuh"
+#include "window_copy.cuh"
+
+namespace dtensor::test::conv_kernel_cases {
+
+namespace kd = ::dtensor::cuda::kernels::detail;
+namespace hl = ::dtensor::test::host_launch;
+namespace cc = ::dtensor::test::conv_cases;
+
+struct Launch {
+  hl::Dim3 grid, block;
+  hl::Order order;
+};
+// kernels.cu's configuration for n items, and an uneven one (grid-stride loops that
+// wrap), each under both thread orders.
+inline std::vector<Launch> launches(int64_t n) {
+  std::vector<Launch> v;
+  for (hl::Order o : {hl::Order::Forward, hl::Order::Reverse}) {
+    v.push_back({hl::Dim3{n > 0 ? kd::blocks_for(n) : 1u}, hl::Dim3{kd::kThreads}, o});
+    v.push_back({hl::Dim3{3}, hl::Dim3{33}, o});
+  }
+  return v;
+}
+inline std::string show(const Launch& l) {
+  return "<<<" + std::to_string(l.grid.x) + ", " + std::to_string(l.block.x) + ">>> " +
+         (l.order == hl::Order::Forward ? "forward" : "reverse");
+}
+
+template <class T>
+void pool_kernels(const cc::PoolCase& c, uint64_t seed) {
+  const PoolDims p = c.p.resolved("pool kernels");
+  const ConvDims& d = p.window;
+  const OutBox box = c.box.resolved(d);
+  INFO(std::string(p.mode == PoolMode::Max ? "max" : "average"), std::string(p.count_pad ? " (count_pad) " : " "),
+       cc::describe(d), "; ", cc::describe(box));
+  const auto x = cc::values<T>(d.x_size(), seed), dy = cc::values<T>(d.y_size(), seed + 1);
+  const auto want = cc::ref_pool(p, x, dy);
+  const T nan = std::numeric_limits<T>::quiet_NaN(), sentinel = T(7.25);
+  const kd::PoolGeo g = kd::pool_geo(p, box);
+  const kd::PoolGeo full = kd::pool_geo(p, OutBox{}.resolved(d));
+  for (const Launch& l : launches(g.planes * g.box_cells)) {
+    INFO("launch ", show(l));
+    hl::ScopedOrder order(l.order);
+    // forward on the box: the rest of y keeps its sentinel
+    std::vector<T> y(static_cast<std::size_t>(d.y_size()), sentinel);
+    std::vector<double> wy(y.size(), double(sentinel)), mag(y.size(), 0.0);
+    for (int64_t plane = 0; plane < d.batch * d.in_channels; ++plane)
+      for (int64_t o0 = box.begin[0]; o0 < box.end[0]; ++o0)
+        for (int64_t o1 = box.begin[1]; o1 < box.end[1]; ++o1)
+          for (int64_t o2 = box.begin[2]; o2 < box.end[2]; ++o2) {
+            const int64_t i = plane * d.out_cells() + (o0 * d.out[1] + o1) * d.out[2] + o2;
+            y[i] = nan, wy[i] = want.y[i], mag[i] = 2 * d.kernel_cells() * (1 + std::abs(want.y[i]));
+          }
+    if (g.planes * g.box_cells > 0)
+      hl::launch(l.grid, l.block, 0, kd::pool_forward_kernel<T>, x.data(), y.data(), g, g.planes * g.box_cells);
+    cc::expect_close(y, wy, mag, "pool_forward_kernel");
+    // backward: the winning taps (max), then the gather over every cell of x
+    std::vector<int32_t> arg(static_cast<std::size_t>(std::max<int64_t>(1, full.planes * full.out_cells)), -7);
+    if (full.max && full.planes * full.out_cells > 0)
+      hl::launch(l.grid, l.block, 0, kd::pool_argmax_kernel<T>, x.data(), arg.data(), full,
+                 full.planes * full.out_cells);
+    std::vector<T> dx(static_cast<std::size_t>(d.x_size()), nan);
+    if (!dx.empty())
+      hl::launch(l.grid, l.block, 0, kd::pool_backward_kernel<T>, full.max ? arg.data() : nullptr, dy.data(), dx.data(),
+                 full, full.planes * full.in_cells);
+    std::vector<double> dmag(want.dx.size());
+    for (std::size_t i = 0; i < dmag.size(); ++i) dmag[i] = 2 * d.kernel_cells() * (1 + std::abs(want.dx[i]));
+    cc::expect_close(dx, want.dx, dmag, "pool_backward_kernel");
+  }
+}
+
+template <class T>
+void upsample_kernels(const cc::UpCase& c, uint64_t seed) {
+  const UpsampleDims& u = c.u;
+  u.validate("upsample kernels");
+  INFO(std::string(u.mode == UpsampleMode::Nearest ? "nearest" : "linear"), ", spatial ", u.spatial, ", batch ",
+       u.batch);
+  const auto x = cc::values<T>(u.x_size(), seed), dy = cc::values<T>(u.y_size(), seed + 1);
+  // The reference: the host's entry points are checked against the plain loops by
+  // check_upsample; here the kernels are checked against both (host: same formulas).
+  std::vector<T> y_host(static_cast<std::size_t>(u.y_size())), dx_host(static_cast<std::size_t>(u.x_size()));
+  local::upsample_forward(Device::host(), u, x.data(), y_host.data());
+  local::upsample_backward(Device::host(), u, dy.data(), dx_host.data());
+  const kd::UpGeo g = kd::up_geo(u);
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  for (const Launch& l : launches(g.planes * g.out_cells)) {
+    INFO("launch ", show(l));
+    hl::ScopedOrder order(l.order);
+    std::vector<T> y(y_host.size(), nan), dx(dx_host.size(), nan);
+    if (!y.empty())
+      hl::launch(l.grid, l.block, 0, kd::upsample_forward_kernel<T>, x.data(), y.data(), g, g.planes * g.out_cells);
+    if (!dx.empty())
+      hl::launch(l.grid, l.block, 0, kd::upsample_backward_kernel<T>, dy.data(), dx.data(), g, g.planes * g.in_cells);
+    CHECK(y == y_host);  // the same expression, term for term
+    for (std::size_t i = 0; i < dx.size(); ++i)
+      REQUIRE_MESSAGE(std::abs(double(dx[i]) - double(dx_host[i])) <= cc::tol<T>() * 16, "dx element ", i, ": ", dx[i],
+                      " vs the host's ", dx_host[i]);
+  }
+}
+
+// window_copy_kernel against a plain loop: boxes inside, across and outside the source.
+inline void window_copy_kernels() {
+  cc::Rng r(77);
+  for (int t = 0; t < 40; ++t) {
+    kd::WindowCopy c{};
+    c.planes = r.in(0, 3);
+    for (int i = 0; i < 3; ++i) {
+      c.src_ext[i] = r.in(1, 6), c.ext[i] = r.in(0, 5);
+      c.src_start[i] = r.in(-3, c.src_ext[i] + 1);
+      c.dst_ext[i] = c.ext[i] + r.in(0, 3);
+      c.dst_start[i] = r.in(0, c.dst_ext[i] - c.ext[i]);
+    }
+    c.src_plane = c.src_ext[0] * c.src_ext[1] * c.src_ext[2];
+    c.dst_plane = c.dst_ext[0] * c.dst_ext[1] * c.dst_ext[2];
+    const auto src = cc::values<double>(c.planes * c.src_plane, 5 + t);
+    std::vector<double> want(static_cast<std::size_t>(c.planes * c.dst_plane), -1.0);
+    for (int64_t p = 0; p < c.planes; ++p)
+      for (int64_t a = 0; a < c.ext[0]; ++a)
+        for (int64_t b = 0; b < c.ext[1]; ++b)
+          for (int64_t e = 0; e < c.ext[2]; ++e) {
+            const int64_t s0 = c.src_start[0] + a, s1 = c.src_start[1] + b, s2 = c.src_start[2] + e;
+            const bool in =
+                s0 >= 0 && s0 < c.src_ext[0] && s1 >= 0 && s1 < c.src_ext[1] && s2 >= 0 && s2 < c.src_ext[2];
+            want[p * c.dst_plane + ((c.dst_start[0] + a) * c.dst_ext[1] + c.dst_start[1] + b) * c.dst_ext[2] +
+                 c.dst_start[2] + e] = in ? src[p * c.src_plane + (s0 * c.src_ext[1] + s1) * c.src_ext[2] + s2] : 0.0;
+          }
+    const int64_t n = c.planes * c.ext[0] * c.ext[1] * c.ext[2];
+    for (const Launch& l : launches(n)) {
+      INFO("case ", t, ", launch ", show(l));
+      hl::ScopedOrder order(l.order);
+      std::vector<double> dst(want.size(), -1.0);
+      if (n > 0) hl::launch(l.grid, l.block, 0, kd::window_copy_kernel<double>, src.data(), dst.data(), c, n);
+      CHECK(dst == want);
+    }
+  }
+}
+
+inline void all_cases(int pool_count = 24, int up_count = 24) {
+  SUBCASE("pooling kernels") {
+    for (int i = 0; i < pool_count; ++i) {
+      pool_kernels<float>(cc::pool_case(static_cast<uint64_t>(700 + i)), i);
+      pool_kernels<double>(cc::pool_case(static_cast<uint64_t>(800 + i)), i);
+    }
+  }
+  SUBCASE("upsampling kernels") {
+    for (int i = 0; i < up_count; ++i) {
+      upsample_kernels<float>(cc::up_case(static_cast<uint64_t>(700 + i)), i);
+      upsample_kernels<double>(cc::up_case(static_cast<uint64_t>(800 + i)), i);
+    }
+  }
+  SUBCASE("window copy kernel") { window_copy_kernels(); }
+}
+
+}  // namespace dtensor::test::conv_kernel_cases
