@@ -157,13 +157,13 @@ class HaloExchange {
     for (const auto& s : sends_) n += s.region.numel();
     return n;
   }
-  bool in_flight() const { return buf_ != nullptr; }
+  bool in_flight() const { return in_flight_; }
 
   // Drops an exchange in flight without completing it (the runtime withdraws what it
   // can; peers see an error or a timeout). For destructors and error paths.
   void abandon() noexcept {
     request_ = Request();
-    buf_ = nullptr;
+    buf_ = nullptr, in_flight_ = false;
   }
 
   // Forward: fill the ghosts of `padded` (this rank's padded block, padded_shape(),
@@ -177,7 +177,7 @@ class HaloExchange {
   void end() {
     finish("end");
     for (int d = 0; d < Rank; ++d) fill_outside(d);
-    buf_ = nullptr;
+    buf_ = nullptr, in_flight_ = false;
   }
   void forward(T* padded) {
     begin(padded);
@@ -196,7 +196,7 @@ class HaloExchange {
   void reverse_end() {
     finish("reverse_end");
     zero_ghosts();
-    buf_ = nullptr;
+    buf_ = nullptr, in_flight_ = false;
   }
   void reverse(T* padded) {
     reverse_begin(padded);
@@ -220,9 +220,10 @@ class HaloExchange {
 
   void start(T* padded, const char* op) {
     DTENSOR_CHECK(comm_ != nullptr, InvalidArgument, "HaloExchange::", op, ": this exchange was never planned");
-    DTENSOR_CHECK(request_.done() && buf_ == nullptr, InvalidArgument, "HaloExchange::", op,
+    DTENSOR_CHECK(request_.done() && !in_flight_, InvalidArgument, "HaloExchange::", op,
                   ": an exchange is already in flight; call end() or reverse_end() first");
-    buf_ = padded;
+    // Its own flag, not buf_: an empty block's storage may be a null pointer.
+    buf_ = padded, in_flight_ = true;
   }
   // The messages name the buffer: set once, and again only when it moves, so that
   // an exchange allocates nothing.
@@ -238,18 +239,18 @@ class HaloExchange {
     try {
       request_ = comm_->start_exchange(s, r, dtype_of<T>());
     } catch (...) {
-      buf_ = nullptr;  // nothing in flight: a later begin() may try again
+      buf_ = nullptr, in_flight_ = false;  // nothing in flight: a later begin() may try again
       throw;
     }
   }
   void finish(const char* op) {
-    DTENSOR_CHECK(buf_ != nullptr, InvalidArgument, "HaloExchange::", op, ": no exchange in flight");
+    DTENSOR_CHECK(in_flight_, InvalidArgument, "HaloExchange::", op, ": no exchange in flight");
     DTENSOR_CHECK(reverse_ == (op[0] == 'r'), InvalidArgument, "HaloExchange::", op, ": the exchange in flight is ",
                   reverse_ ? "a reverse one (call reverse_end)" : "a forward one (call end)");
     try {
       request_.wait();
     } catch (...) {
-      buf_ = nullptr;
+      buf_ = nullptr, in_flight_ = false;
       throw;
     }
   }
@@ -447,6 +448,7 @@ class HaloExchange {
   T* bound_ = nullptr;
   Request request_;
   T* buf_ = nullptr;
+  bool in_flight_ = false;
   bool reverse_ = false;
 };
 
