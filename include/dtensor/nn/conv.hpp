@@ -1,0 +1,316 @@
+#pragma once
+// Convolution of images sharded in space (NCW, NCHW, NCDHW): each rank computes
+// exactly the outputs whose window centres it owns (halo/window_geometry.hpp), after
+// a halo exchange that brings the neighbours' cells its windows reach.
+//
+//   forward    copy the block into its padded storage; start the exchange; convolve
+//              the outputs that read no ghost; finish it; convolve the boundary strips
+//   backward   dx: the local transposed convolution of dy into a padded block, whose
+//              ghosts are then added into their owners (the exchange's reverse, SUM:
+//              the exact adjoint of the forward's fill, for any stride); while those
+//              messages travel, dW and db from the saved padded input and dy
+//
+// The output is sharded like the input, in the blocks of outputs each rank owns (a
+// stride-2 output of an input split 8 | 7 is split 4 | 4). dW and db are sums over
+// the batch and every spatial position: Partial<Sum> over each mesh dim the input is
+// sharded on, reduced once per step by the model (nn/sequential.hpp, bucketed with
+// the data-parallel reduction).
+//
+// Two levels: ConvOp<T, S> is the distributed convolution with its geometry as run
+// time values (what a sweep over kernels and strides calls); nn::Conv<Cfg, Cin,
+// Cout, Spec> is the layer, its geometry a compile-time ConvSpec so that its
+// parameters' sizes are part of the model's constexpr plan.
+#include <array>
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "dtensor/compute/conv.hpp"
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/halo/window_halo.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/parameter.hpp"
+
+namespace dtensor::nn {
+
+template <int S>
+constexpr std::array<int64_t, S> filled(int64_t v) {
+  std::array<int64_t, S> a{};
+  a.fill(v);
+  return a;
+}
+
+// The geometry of a convolution over S spatial dims, as PyTorch's Conv{1,2,3}d
+// takes it: padding is symmetric per dim, or "same" (the input's extent for stride
+// 1; ceil(extent / stride) otherwise, TensorFlow's meaning, as PyTorch has none).
+template <int S>
+struct ConvSpec {
+  std::array<int64_t, S> kernel = filled<S>(1);
+  std::array<int64_t, S> stride = filled<S>(1);
+  std::array<int64_t, S> padding = filled<S>(0);
+  std::array<int64_t, S> dilation = filled<S>(1);
+  int64_t groups = 1;
+  bool same = false;
+
+  static constexpr ConvSpec square(int64_t k, int64_t stride = 1, int64_t padding = 0) {
+    ConvSpec s;
+    s.kernel = filled<S>(k), s.stride = filled<S>(stride), s.padding = filled<S>(padding);
+    return s;
+  }
+  static constexpr ConvSpec square_same(int64_t k, int64_t stride = 1) {
+    ConvSpec s = square(k, stride);
+    s.same = true;
+    return s;
+  }
+  constexpr int64_t kernel_cells() const {
+    int64_t n = 1;
+    for (int64_t k : kernel) n *= k;
+    return n;
+  }
+  // The window of spatial dim i over an input of n cells.
+  WindowDim window(int i, int64_t n) const {
+    WindowDim w{kernel[i], stride[i], dilation[i], padding[i], padding[i]};
+    return same ? same_padding(w, n) : w;
+  }
+  friend constexpr bool operator==(const ConvSpec&, const ConvSpec&) = default;
+};
+
+template <int S>
+std::string to_string(const ConvSpec<S>& s) {
+  auto list = [](const std::array<int64_t, S>& a) {
+    std::string r;
+    for (int i = 0; i < S; ++i) r += (i ? "x" : "") + std::to_string(a[i]);
+    return r;
+  };
+  return "kernel " + list(s.kernel) + ", stride " + list(s.stride) +
+         (s.same ? std::string(", padding same") : ", padding " + list(s.padding)) + ", dilation " +
+         list(s.dilation) + (s.groups > 1 ? ", groups " + std::to_string(s.groups) : std::string());
+}
+
+// The distributed convolution of one layer on one rank: plans its halo for each
+// input layout it meets (once; reused while the layout stays), keeps the padded
+// input for the backward.
+template <class T, int S>
+class ConvOp {
+ public:
+  static constexpr int Rank = 2 + S;
+
+  ConvOp(ConvSpec<S> spec, int64_t in_channels, int64_t out_channels, std::string name)
+      : spec_(spec), cin_(in_channels), cout_(out_channels), name_(std::move(name)) {
+    DTENSOR_CHECK(spec.groups >= 1 && cin_ % spec.groups == 0 && cout_ % spec.groups == 0, InvalidArgument, name_,
+                  ": ", spec.groups, " groups must divide the channels (", cin_, " in, ", cout_, " out)");
+  }
+
+  // Overlap the halo exchange with the outputs that need no ghost (default on).
+  void set_overlap(bool on) { overlap_ = on; }
+  const ConvSpec<S>& spec() const { return spec_; }
+  // The plan for the last input layout (after a forward).
+  const WindowHalo<T, Rank>& halo() const { return *halo_; }
+  Shape<Rank> weight_shape() const {
+    Shape<Rank> w{cout_, cin_ / spec_.groups};
+    for (int i = 0; i < S; ++i) w[2 + i] = spec_.kernel[i];
+    return w;
+  }
+
+  // y = conv(x, w) + b (b: cout values or nullptr). x: [batch, cin, spatial...]
+  // sharded over batch and spatial dims; y sharded alike.
+  template <class X>
+  X forward(const X& x, const Tensor<T, Rank>& w, const T* bias) {
+    static_assert(X::rank == Rank, "dtensor::nn::ConvOp: the input's rank is not 2 + the spatial dims");
+    DTENSOR_CHECK(x.shape()[1] == cin_, InvalidArgument, name_, ": an input of ", x.shape()[1],
+                  " channels, expected ", cin_, " (input shape ", dtensor::to_string(x.shape()), ")");
+    DTENSOR_CHECK(w.shape() == weight_shape(), InvalidArgument, name_, ": a weight block of shape ",
+                  dtensor::to_string(w.shape()), ", expected ", dtensor::to_string(weight_shape()));
+    prepare<X>(x);
+    const Device dev = x.local().device();
+    auto& wh = *halo_;
+    wh.load(x.local().data(), x_padded_.data());
+    const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);
+    auto y = Tensor<T, Rank>::uninitialized(wh.local_out_shape(cout_), dev);
+    const OutBox inner = wh.interior_box();
+    if (overlap_ && wh.has_ghosts() && !inner.empty(dims)) {
+      wh.begin(x_padded_.data());
+      local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data(), inner);
+      wh.end();
+      for (const OutBox& b : wh.boundary_boxes())
+        local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data(), b);
+    } else {
+      wh.forward(x_padded_.data());
+      local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data());
+    }
+    saved_ = true;
+    return X(x.mesh(), wh.out_layout(cout_), std::move(y));
+  }
+
+  // From dy (placed like the output, or as an accepted gradient of it): adds this
+  // rank's terms of dW and db (nullptr: no bias) into their blocks and returns dx,
+  // placed like dy (the convolution is linear in x and the same on every rank of a
+  // replicated mesh dim), or nothing when NeedDx is false.
+  template <bool NeedDx, class G>
+  auto backward(const G& dy, const Tensor<T, Rank>& w, Tensor<T, Rank>& dw, T* db) {
+    DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward without a forward");
+    auto& wh = *halo_;
+    const Device dev = dy.local().device();
+    DTENSOR_CHECK(dy.local().shape() == wh.local_out_shape(cout_), InvalidArgument, name_,
+                  ": the gradient's block ", dtensor::to_string(dy.local().shape()), " differs from the output's ",
+                  dtensor::to_string(wh.local_out_shape(cout_)), "; backward takes the gradient of the last forward");
+    DTENSOR_CHECK(dw.shape() == weight_shape(), InvalidArgument, name_, ": a weight gradient block of shape ",
+                  dtensor::to_string(dw.shape()), ", expected ", dtensor::to_string(weight_shape()));
+    const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);
+    saved_ = false;
+    if constexpr (NeedDx) {
+      if (dx_padded_.shape() != wh.padded_shape()) dx_padded_ = Tensor<T, Rank>::uninitialized(wh.padded_shape(), dev);
+      local::conv_backward_data(dev, dims, dy.local().data(), w.data(), dx_padded_.data());
+      // The ghosts' gradients travel to their owners while dW and db are computed:
+      // those read only the padded input and dy.
+      wh.reverse_begin(dx_padded_.data());
+      try {
+        weight_terms(dims, dy, dw, db);
+      } catch (...) {
+        wh.abandon();
+        throw;
+      }
+      wh.reverse_end();
+      auto dx = Tensor<T, Rank>::uninitialized(wh.local_shape(), dev);
+      wh.store(dx_padded_.data(), dx.data());
+      using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
+      return DX(dy.mesh(), wh.in_layout(), std::move(dx));
+    } else {
+      weight_terms(dims, dy, dw, db);
+      return 0;
+    }
+  }
+
+ private:
+  template <class X>
+  void prepare(const X& x) {
+    if (!halo_ || !(halo_->in_layout().global == x.layout().global && halo_->in_layout().blocks == x.layout().blocks)) {
+      std::array<WindowDim, S> win;
+      for (int i = 0; i < S; ++i) win[i] = spec_.window(i, x.shape()[2 + i]);
+      halo_.emplace(x.mesh(), X::placement_state, x.layout(), win, name_);
+    }
+    if (x_padded_.shape() != halo_->padded_shape() || x_padded_.device() != x.local().device())
+      x_padded_ = Tensor<T, Rank>::uninitialized(halo_->padded_shape(), x.local().device());
+  }
+
+  template <class G>
+  void weight_terms(const ConvDims& dims, const G& dy, Tensor<T, Rank>& dw, T* db) {
+    const Device dev = dy.local().device();
+    local::conv_backward_weight(dev, dims, x_padded_.data(), dy.local().data(), dw.data(), true);
+    if (db) local::conv_backward_bias(dev, dims, dy.local().data(), db, true);
+  }
+
+  ConvSpec<S> spec_;
+  int64_t cin_, cout_;
+  std::string name_;
+  bool overlap_ = true;
+  bool saved_ = false;
+  std::optional<WindowHalo<T, Rank>> halo_;
+  Tensor<T, Rank> x_padded_, dx_padded_;
+};
+
+// The placement rule of a convolution (and of any layer that is linear in its input
+// and reduces its parameters' gradients over the batch and space): the input is an
+// activation of Cfg; the output is placed like it; dx like dy; a parameter's
+// gradient is Partial<Sum> on every mesh dim that shards the input, and otherwise
+// placed like dy there (Replicate, or Partial<Sum> from a loss).
+template <class Cfg>
+struct SpatialRule {
+  using State = typename Cfg::State;
+  static constexpr State input() { return Cfg::activation(); }
+  static constexpr State parameter_grad(const State& grad_out) {
+    State g{};
+    for (std::size_t m = 0; m < g.size(); ++m)
+      g[m] = input()[m].is_shard() ? partial_sum() : grad_out[m];
+    return g;
+  }
+};
+
+struct ConvInit {
+  uint64_t seed = 0;
+};
+
+// A convolution layer of Cin -> Cout channels. Spec: a ConvSpec<S> (S = Cfg::spatial).
+//   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+//   nn::Conv<Img, 3, 16, nn::ConvSpec<2>::square_same(3)> conv(mesh);
+template <class Cfg, int64_t Cin, int64_t Cout, auto Spec, bool Bias = true>
+class Conv {
+  static constexpr int S = Cfg::spatial;
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(Spec)>, ConvSpec<S>>,
+                "dtensor::nn::Conv<Cfg, Cin, Cout, Spec>: Spec must be an nn::ConvSpec<S> with S the config's "
+                "spatial dims, e.g. nn::ConvSpec<2>::square_same(3)");
+  static_assert(Cin > 0 && Cout > 0, "dtensor::nn::Conv: channel counts must be positive");
+  static_assert(Spec.groups >= 1 && Cin % Spec.groups == 0 && Cout % Spec.groups == 0,
+                "dtensor::nn::Conv: the groups must divide both channel counts");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  using Rule = SpatialRule<Cfg>;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr const char* name = S == 1 ? "conv1d" : S == 2 ? "conv2d" : "conv3d";
+  static constexpr int64_t weight_elements = Cout * (Cin / Spec.groups) * Spec.kernel_cells();
+
+  using WeightT = dtensor_t<T, Rank, placements_t<State{}>>;
+  using BiasT = dtensor_t<T, 1, placements_t<State{}>>;
+  using InputT = dtensor_t<T, Rank, placements_t<Rule::input()>>;
+
+  static constexpr State input(const State&) { return Rule::input(); }
+  static constexpr State output(const State& in) { return in; }
+  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  static constexpr int64_t out_features(int64_t) { return Cout; }
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t, bool) {
+    add_reductions(p, layer, 0, State{}, Rule::parameter_grad(grad_out), {Cout, weight_elements / Cout}, 2);
+    if constexpr (Bias) add_reductions(p, layer, 1, State{}, Rule::parameter_grad(grad_out), {Cout, 1}, 1);
+  }
+
+  // Weights and bias uniform in +-1/sqrt(fan_in), fan_in = Cin / groups x kernel
+  // cells (PyTorch's default); element i depends on (seed, i) only.
+  explicit Conv(const typename WeightT::Mesh& mesh, ConvInit init = {})
+      : weight_("weight", uniform<WeightT>(op_shape(), mesh, init.seed)),
+        bias_("bias", uniform<BiasT>({Cout}, mesh, init.seed + 0x5bd1e995u)), op_(Spec, Cin, Cout, name) {}
+
+  Parameter<WeightT>& weight() { return weight_; }
+  Parameter<BiasT>& bias() { return bias_; }
+  ConvOp<T, S>& op() { return op_; }
+  template <class Fn>
+  void for_each_parameter(Fn&& f) {
+    f(weight_);
+    if constexpr (Bias) f(bias_);
+  }
+
+  InputT forward(const InputT& x) {
+    return op_.forward(x, weight_.value().local(), Bias ? bias_.value().local().data() : nullptr);
+  }
+
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, Rule::input()),
+                  "dtensor::nn::Conv::backward: dy is not placed as a gradient of the layer's output");
+    return op_.template backward<NeedInputGrad>(dy, weight_.value().local(), weight_.grad(),
+                                                Bias ? bias_.grad().data() : nullptr);
+  }
+
+ private:
+  static Shape<Rank> op_shape() {
+    Shape<Rank> w{Cout, Cin / Spec.groups};
+    for (int i = 0; i < S; ++i) w[2 + i] = Spec.kernel[i];
+    return w;
+  }
+  template <class DT>
+  static DT uniform(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed) {
+    const T bound = T(1) / std::sqrt(static_cast<T>((Cin / Spec.groups) * Spec.kernel_cells()));
+    return dtensor::detail::generate<DT>(shape, mesh, {}, [&](uint64_t i) {
+      return static_cast<T>((2 * dtensor::detail::uniform01(seed, i) - 1) * bound);
+    });
+  }
+
+  Parameter<WeightT> weight_;
+  Parameter<BiasT> bias_;
+  ConvOp<T, S> op_;
+};
+
+}  // namespace dtensor::nn
