@@ -1,0 +1,257 @@
+#pragma once
+// BatchNorm over images sharded in batch and space (NCW, NCHW, NCDHW): each channel
+// is normalized by statistics over the whole batch and every spatial position,
+// wherever the ranks hold them, then scaled and shifted (PyTorch's BatchNorm{1,2,3}d).
+//
+//   y = (x - mean_c) / sqrt(var_c + eps) * weight_c + bias_c      (var: biased)
+//
+//   training   forward: per channel [sum, sum of squares] of this rank's cells, ONE
+//              all-reduce of those 2C values over the mesh dims that shard the
+//              input (nn/channel_stats.hpp: the whole mesh, or one per mesh dim);
+//              the running statistics move towards the batch's
+//              backward: per channel [sum dy, sum dy * xhat], one all-reduce of
+//              those 2C values; they ARE the bias's and the weight's gradients,
+//              complete on every rank (no gradient reduction), and give dx
+//   evaluation forward: the running statistics, no collective; backward as in
+//              training (the parameters' gradients complete), dx = dy w / sqrt(rv + eps)
+//
+// The model's plan (plan()) lists a training step's collectives.
+//
+// Numerics: the sums are taken about a shift K_c, sum(x - K) and sum((x - K)^2),
+// with K_c the mean of the previous training batch (0 at first). The variance
+// E[(x-K)^2] - E[x-K]^2 has a relative error of about eps (1 + (mean - K)^2 / var)
+// from cancellation, where plain sums (K = 0) have eps (1 + mean^2 / var): two-pass
+// quality once the batch means settle, with still one all-reduce (two passes would
+// need two).
+// K_c is computed from the all-reduced sums, identical on every rank. Each rank
+// sums its cells and normalizes them in double, also for float tensors, and the
+// sums travel in double (nn/channel_stats.hpp): a float mean of an offset channel
+// would shift every xhat alike, and dweight = sum dy xhat would carry that error
+// times sum dy. The blocks are T.
+//
+// The counts are global (the batch times the global spatial cells): exact on uneven
+// shards and for ranks holding no cells, which still join the all-reduces.
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/nn/channel_stats.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/tensor/eigen.hpp"
+
+namespace dtensor::nn {
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  double momentum = 0.1;  // running = (1 - momentum) running + momentum batch
+};
+
+// Cfg: an ImageConfig; C channels.
+//   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+//   nn::BatchNorm<Img, 16> bn(mesh);         // bn.train(false) to evaluate
+template <class Cfg, int64_t C>
+class BatchNorm {
+  static_assert(C > 0, "dtensor::nn::BatchNorm<Cfg, C>: C (the channels) must be positive");
+  static_assert(requires { Cfg::spatial; },
+                "dtensor::nn::BatchNorm<Cfg, C>: Cfg must be an nn::ImageConfig (activations [batch, channels, "
+                "spatial...]); for [batch, features] activations use LayerNorm");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr const char* name = Cfg::spatial == 1   ? "batch_norm1d"
+                                      : Cfg::spatial == 2 ? "batch_norm2d"
+                                                          : "batch_norm3d";
+  // The mesh dims the statistics are summed over: every one that shards the input.
+  static constexpr detail::MeshMask stat_mask = detail::shard_mask(Cfg::activation(), /*batch*/ true);
+
+  static constexpr State input(const State&) { return Cfg::activation(); }
+  static constexpr State output(const State& in) { return in; }
+  // dx is linear in dy (for the statistics of the forward): placed like dy.
+  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  static constexpr int64_t out_features(int64_t) { return C; }
+  // Complete over the input's shards; Partial only where dy is (a Replicate mesh dim).
+  static constexpr State param_grad(const State& grad_out) {
+    return detail::channel_param_grad(Cfg::activation(), grad_out, stat_mask);
+  }
+  template <int Cap>
+  static constexpr void plan(ModelPlan<M, Cap>& p, int layer, const State&, const State& grad_out, int64_t, bool) {
+    detail::plan_stats(p, Phase::Forward, layer, stat_mask, 2 * C * detail::stat_units<T>);
+    // Also without dx: the parameters' gradients come out of this all-reduce.
+    detail::plan_stats(p, Phase::Backward, layer, stat_mask, 2 * C * detail::stat_units<T>);
+    add_reductions(p, layer, 0, State{}, param_grad(grad_out), {C, 1}, 1);
+    add_reductions(p, layer, 1, State{}, param_grad(grad_out), {C, 1}, 1);
+  }
+
+  using ParamT = dtensor_t<T, 1, placements_t<State{}>>;
+  using InputT = dtensor_t<T, Rank, placements_t<Cfg::activation()>>;
+
+  explicit BatchNorm(const typename ParamT::Mesh& mesh, BatchNormOptions opt = {})
+      : opt_(opt),
+        weight_("weight", filled(mesh, T(1))),
+        bias_("bias", filled(mesh, T(0))),
+        running_mean_(filled(mesh, T(0))),
+        running_var_(filled(mesh, T(1))),
+        shift_(static_cast<std::size_t>(C), 0.0) {
+    DTENSOR_CHECK(opt.eps > 0 && opt.momentum >= 0 && opt.momentum <= 1, InvalidArgument, name, ": eps ", opt.eps,
+                  " and momentum ", opt.momentum, "; give eps > 0 and a momentum in [0, 1]");
+  }
+
+  Parameter<ParamT>& weight() { return weight_; }
+  Parameter<ParamT>& bias() { return bias_; }
+  // The running statistics (replicated; the variance unbiased, PyTorch's rule).
+  ParamT& running_mean() { return running_mean_; }
+  ParamT& running_var() { return running_var_; }
+  int64_t num_batches_tracked() const { return batches_; }
+  template <class Fn>
+  void for_each_parameter(Fn&& f) {
+    f(weight_);
+    f(bias_);
+  }
+
+  // Training (the default) normalizes by the batch's statistics and updates the
+  // running ones; evaluation normalizes by the running statistics.
+  void train(bool on) { training_ = on; }
+  bool training() const { return training_; }
+
+  InputT forward(const InputT& x) {
+    DTENSOR_CHECK(x.shape()[1] == C, InvalidArgument, name, ": an input of ", x.shape()[1], " channels, expected ", C,
+                  " (input shape ", dtensor::to_string(x.shape()), ")");
+    const auto& lx = x.local();
+    DTENSOR_CHECK(lx.device().is_host(), InvalidArgument, name, ": host blocks only for now; run the layer on a "
+                  "host mesh");
+    const auto blk = detail::ImageBlock::of(lx.shape());
+    const int64_t count = x.shape()[0] * detail::global_cells(x.shape());
+    mean_.assign(static_cast<std::size_t>(C), 0.0);
+    inv_.assign(static_cast<std::size_t>(C), 0.0);
+    if (training_) {
+      DTENSOR_CHECK(count > 1, InvalidArgument, name, ": training needs more than one value per channel, and the "
+                    "batch and image hold ", count, " (input shape ", dtensor::to_string(x.shape()),
+                    "); give a larger batch or image, or evaluate with train(false)");
+      std::vector<double> sums(static_cast<std::size_t>(2 * C));
+      for (int64_t c = 0; c < C; ++c) {
+        double s1 = 0, s2 = 0;
+        for (int64_t n = 0; n < blk.samples; ++n) {
+          const auto d = cells(lx.data() + blk.offset(n, c), blk.cells).template cast<double>() - shift_[c];
+          s1 += d.sum();
+          s2 += d.square().sum();
+        }
+        sums[c] = s1, sums[C + c] = s2;
+      }
+      detail::all_reduce_stats(x.mesh(), stat_mask, sums.data(), sums.size());
+      const double k = static_cast<double>(count), mom = opt_.momentum;
+      T* rm = running_mean_.local().data();
+      T* rv = running_var_.local().data();
+      for (int64_t c = 0; c < C; ++c) {
+        const double d1 = sums[c] / k;
+        const double mean = shift_[c] + d1;
+        const double var = std::max(sums[C + c] / k - d1 * d1, 0.0);
+        mean_[c] = mean;
+        inv_[c] = 1 / std::sqrt(var + opt_.eps);
+        rm[c] = static_cast<T>((1 - mom) * rm[c] + mom * mean);
+        rv[c] = static_cast<T>((1 - mom) * rv[c] + mom * var * k / (k - 1));
+        shift_[c] = mean;
+      }
+      ++batches_;
+    } else {
+      const T* rm = running_mean_.local().data();
+      const T* rv = running_var_.local().data();
+      for (int64_t c = 0; c < C; ++c) {
+        mean_[c] = static_cast<double>(rm[c]);
+        inv_[c] = 1 / std::sqrt(static_cast<double>(rv[c]) + opt_.eps);
+      }
+    }
+    saved_training_ = training_;
+    count_ = count;
+    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape());
+    auto y = Tensor<T, Rank>::uninitialized(lx.shape());
+    const T* w = weight_.value().local().data();
+    const T* b = bias_.value().local().data();
+    for (int64_t n = 0; n < blk.samples; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t o = blk.offset(n, c);
+        const auto xh = (cells(lx.data() + o, blk.cells).template cast<double>() - mean_[c]) * inv_[c];
+        cells(xhat_->data() + o, blk.cells) = xh.template cast<T>();
+        cells(y.data() + o, blk.cells) = (xh * static_cast<double>(w[c]) + static_cast<double>(b[c])).template cast<T>();
+      }
+    return InputT(x.mesh(), x.layout(), std::move(y));
+  }
+
+  // dy: placed as a gradient of the output. Adds the weight's and bias's gradients
+  // (complete over the input's shards) and returns dx placed like dy, or nothing (0)
+  // when NeedInputGrad is false.
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, Cfg::activation()),
+                  "dtensor::nn::BatchNorm::backward: dy is not placed as a gradient of the layer's output (see "
+                  "placement/gradient.hpp: Shard stays Shard, Replicate takes Partial<Sum> or Replicate)");
+    DTENSOR_CHECK(xhat_.has_value(), InvalidArgument, name, ": backward without a forward");
+    const auto& ld = dy.local();
+    DTENSOR_CHECK(ld.shape() == xhat_->shape(), InvalidArgument, name, ": the gradient's block ",
+                  dtensor::to_string(ld.shape()), " differs from the input's ", dtensor::to_string(xhat_->shape()),
+                  "; backward takes the gradient of the last forward");
+    std::optional<Tensor<T, Rank>> xhat = std::move(xhat_);  // a second backward needs a second forward
+    xhat_.reset();
+    const auto blk = detail::ImageBlock::of(ld.shape());
+    // [sum dy, sum dy * xhat] per channel: the bias's and the weight's gradients.
+    std::vector<double> sums(static_cast<std::size_t>(2 * C));
+    for (int64_t c = 0; c < C; ++c) {
+      double s1 = 0, s2 = 0;
+      for (int64_t n = 0; n < blk.samples; ++n) {
+        const int64_t o = blk.offset(n, c);
+        const auto g = cells(ld.data() + o, blk.cells).template cast<double>();
+        s1 += g.sum();
+        s2 += (g * cells(xhat->data() + o, blk.cells).template cast<double>()).sum();
+      }
+      sums[c] = s1, sums[C + c] = s2;
+    }
+    detail::all_reduce_stats(dy.mesh(), stat_mask, sums.data(), sums.size());
+    T* gw = weight_.grad().data();
+    T* gb = bias_.grad().data();
+    for (int64_t c = 0; c < C; ++c) gb[c] += static_cast<T>(sums[c]), gw[c] += static_cast<T>(sums[C + c]);
+    if constexpr (!NeedInputGrad) {
+      return 0;
+    } else {
+      // Training: dx = w inv (dy - mean(dy) - xhat mean(dy xhat)), means over the
+      // batch and the image; evaluation: the statistics are constants, dx = w inv dy.
+      auto dx = Tensor<T, Rank>::uninitialized(ld.shape());
+      const T* w = weight_.value().local().data();
+      const double k = static_cast<double>(count_);
+      for (int64_t n = 0; n < blk.samples; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t o = blk.offset(n, c);
+          const double a = static_cast<double>(w[c]) * inv_[c];
+          const auto g = cells(ld.data() + o, blk.cells).template cast<double>();
+          const auto xh = cells(xhat->data() + o, blk.cells).template cast<double>();
+          const double m1 = saved_training_ ? sums[c] / k : 0.0;
+          const double m2 = saved_training_ ? sums[C + c] / k : 0.0;
+          cells(dx.data() + o, blk.cells) = (a * (g - m1 - xh * m2)).template cast<T>();
+        }
+      return G(dy.mesh(), dy.layout(), std::move(dx));
+    }
+  }
+
+ private:
+  using Cells = Eigen::Array<T, Eigen::Dynamic, 1>;
+  static Eigen::Map<Cells> cells(T* p, int64_t n) { return Eigen::Map<Cells>(p, n); }
+  static Eigen::Map<const Cells> cells(const T* p, int64_t n) { return Eigen::Map<const Cells>(p, n); }
+  static ParamT filled(const typename ParamT::Mesh& mesh, T v) {
+    return dtensor::detail::generate<ParamT>({C}, mesh, {}, [v](uint64_t) { return v; });
+  }
+  BatchNormOptions opt_;
+  Parameter<ParamT> weight_, bias_;
+  ParamT running_mean_, running_var_;
+  std::vector<double> shift_;  // K_c: the last training batch's mean (see above)
+  bool training_ = true, saved_training_ = true;
+  int64_t batches_ = 0, count_ = 0;
+  std::vector<double> mean_, inv_;  // of the last forward
+  std::optional<Tensor<T, Rank>> xhat_;
+};
+
+}  // namespace dtensor::nn

@@ -1,0 +1,125 @@
+#pragma once
+// What BatchNorm and GroupNorm share: the mesh dims their statistics are summed
+// over, the all-reduces of one fused statistics buffer (and the plan entries that
+// announce them), the placement of their parameters' gradients, and the geometry
+// of an image block [batch, channels, spatial...] as [samples, channels, cells].
+//
+// One buffer, several mesh dims: a sum over the ranks that differ in any of the
+// mesh dims in `mask`. When that is every mesh dim, the mesh's own communicator does
+// it in one all-reduce (mesh dim -1 in the plan: "over the whole mesh"); otherwise
+// one all-reduce per mesh dim in the mask, in order, each over the partial sums the
+// one before left (a sub-mesh communicator would do it in one, but costs a split,
+// a collective, per layout, and the common meshes, H x W or DP x H, shard every
+// mesh dim).
+#include <array>
+#include <cstdint>
+
+#include "dtensor/comm/host_values.hpp"
+#include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/nn/config.hpp"
+#include "dtensor/nn/plan.hpp"
+#include "dtensor/tensor/tensor.hpp"
+
+namespace dtensor::nn::detail {
+
+// Bit m set: the statistics are summed over mesh dim m.
+using MeshMask = unsigned;
+
+// The mesh dims on which `s` shards a tensor dim, the batch (dim 0) included or not.
+template <std::size_t M>
+constexpr MeshMask shard_mask(const PlacementState<M>& s, bool batch) {
+  MeshMask mask = 0;
+  for (std::size_t m = 0; m < M; ++m)
+    if (s[m].is_shard() && (batch || s[m].dim != 0)) mask |= MeshMask{1} << m;
+  return mask;
+}
+
+// The all-reduces that sum one buffer over the mesh dims of `mask`: {-1} (the whole
+// mesh) when the mask holds every mesh dim of a mesh of two or more, else its
+// mesh dims; n says how many.
+template <std::size_t M>
+struct StatReductions {
+  int n = 0;
+  std::array<int, M> mesh_dims{};
+};
+template <std::size_t M>
+constexpr StatReductions<M> stat_reductions(MeshMask mask) {
+  StatReductions<M> r;
+  if (M > 1 && mask == (MeshMask{1} << M) - 1) {
+    r.mesh_dims[r.n++] = -1;
+    return r;
+  }
+  for (std::size_t m = 0; m < M; ++m)
+    if (mask & (MeshMask{1} << m)) r.mesh_dims[r.n++] = static_cast<int>(m);
+  return r;
+}
+
+// The statistics travel in double whatever the tensors' type: a few values per
+// channel or group, so the all-reduce costs its latency either way, and a float sum
+// over a large image would lose the low digits of the mean, which every normalized
+// value (and the weight's gradient, sum dy xhat, times sum dy) inherits. In the plan,
+// `elements` count T-sized units: a double is stat_units<T> of them.
+template <class T>
+inline constexpr int64_t stat_units = static_cast<int64_t>(sizeof(double) / sizeof(T));
+
+// Sums `n` host values over the mesh dims of `mask`, in place, on every rank.
+template <int M>
+void all_reduce_stats(const DeviceMesh<M>& mesh, MeshMask mask, double* buf, std::size_t n) {
+  constexpr std::size_t kM = static_cast<std::size_t>(M);
+  const StatReductions<kM> r = stat_reductions<kM>(mask);
+  for (int i = 0; i < r.n; ++i) {
+    const int d = r.mesh_dims[i];
+    all_reduce_values(d < 0 ? mesh.comm() : mesh.comm(d), buf, n, ReduceOp::Sum);
+    CommCounter::record(StepKind::AllReduce, d, n * sizeof(double));
+  }
+}
+
+// The plan entries of all_reduce_stats for a buffer of `elements` (not per token):
+// before the sum, the buffer is Partial<Sum> over the mesh dims of `mask`.
+template <std::size_t M, int C>
+constexpr void plan_stats(ModelPlan<M, C>& p, Phase phase, int layer, MeshMask mask, int64_t elements) {
+  PlacementState<M> partial{};
+  for (std::size_t m = 0; m < M; ++m)
+    if (mask & (MeshMask{1} << m)) partial[m] = partial_sum();
+  const StatReductions<M> r = stat_reductions<M>(mask);
+  for (int i = 0; i < r.n; ++i) p.add({phase, layer, StepKind::AllReduce, r.mesh_dims[i], false, elements, partial});
+}
+
+// The gradient of a per-channel parameter (replicated) whose sums over the batch
+// and space are complete on the mesh dims of `complete` (the layer all-reduced them)
+// and this rank's terms on the other mesh dims that shard the input (Partial<Sum>);
+// on a mesh dim that replicates the input it is placed like the output's gradient
+// there (Replicate, or Partial<Sum> from a loss).
+template <std::size_t M>
+constexpr PlacementState<M> channel_param_grad(const PlacementState<M>& in, const PlacementState<M>& grad_out,
+                                               MeshMask complete) {
+  PlacementState<M> g{};
+  for (std::size_t m = 0; m < M; ++m)
+    g[m] = (complete & (MeshMask{1} << m)) ? replicate() : in[m].is_shard() ? partial_sum() : grad_out[m];
+  return g;
+}
+
+// A block [batch, channels, spatial...] as `samples` x `channels` runs of `cells`
+// contiguous values (row-major: a channel's cells of one sample are adjacent).
+struct ImageBlock {
+  int64_t samples = 0, channels = 0, cells = 1;
+  template <std::size_t Rank>
+  static ImageBlock of(const std::array<int64_t, Rank>& s) {
+    ImageBlock b{s[0], s[1], 1};
+    for (std::size_t d = 2; d < Rank; ++d) b.cells *= s[d];
+    return b;
+  }
+  int64_t offset(int64_t n, int64_t c) const { return (n * channels + c) * cells; }
+};
+
+// The cells of one channel of one sample, over the whole image: the product of the
+// global spatial extents (exact on uneven shards, whatever each rank holds).
+template <std::size_t Rank>
+int64_t global_cells(const std::array<int64_t, Rank>& global) {
+  int64_t n = 1;
+  for (std::size_t d = 2; d < Rank; ++d) n *= global[d];
+  return n;
+}
+
+}  // namespace dtensor::nn::detail

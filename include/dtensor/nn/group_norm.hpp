@@ -1,0 +1,208 @@
+#pragma once
+// GroupNorm over images sharded in batch and space (PyTorch's GroupNorm): the C
+// channels form G groups of C/G; each (sample, group) is normalized by statistics
+// over its channels and every spatial position, then each channel scaled and shifted.
+//
+//   y = (x - mean_ng) / sqrt(var_ng + eps) * weight_c + bias_c     (var: biased)
+//
+//   forward    per (sample, group) of this rank's batch: [sum, sum of squares] of its
+//              cells, ONE all-reduce of those 2 x G x local batch values over the
+//              domain mesh dims (the ranks holding parts of the same samples; the
+//              whole mesh when the domain dims are all of it, nn/channel_stats.hpp)
+//   backward   the weight's and bias's gradients are this rank's sums over its
+//              samples and cells: Partial<Sum> over the data-parallel and domain mesh
+//              dims, reduced by the model with the other gradients (bucketed);
+//              dx needs [sum dxh, sum dxh * xhat] per (sample, group) (dxh = dy w):
+//              one all-reduce over the domain mesh dims
+//
+// Statistics come from plain sums (no state is shared across samples to shift them
+// by); each rank sums and normalizes its cells in double, also for float tensors,
+// and the sums travel in double (nn/channel_stats.hpp).
+// Counts are global (C/G x the global spatial cells), exact on uneven shards.
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/nn/channel_stats.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/tensor/eigen.hpp"
+
+namespace dtensor::nn {
+
+// Cfg: an ImageConfig; C channels in G groups.
+//   nn::GroupNorm<Img, 16, 4> gn(mesh);
+template <class Cfg, int64_t C, int64_t G>
+class GroupNorm {
+  static_assert(C > 0 && G > 0, "dtensor::nn::GroupNorm<Cfg, C, G>: C (channels) and G (groups) must be positive");
+  static_assert(C % G == 0, "dtensor::nn::GroupNorm<Cfg, C, G>: the G groups must divide the C channels; pick G "
+                            "among the divisors of C (G = C: instance norm, G = 1: a layer norm over C and space)");
+  static_assert(requires { Cfg::spatial; },
+                "dtensor::nn::GroupNorm<Cfg, C, G>: Cfg must be an nn::ImageConfig (activations [batch, channels, "
+                "spatial...]); for [batch, features] activations use LayerNorm");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr int64_t channels_per_group = C / G;
+  static constexpr const char* name = "group_norm";
+  // The mesh dims the statistics are summed over: those that shard space.
+  static constexpr detail::MeshMask stat_mask = detail::shard_mask(Cfg::activation(), /*batch*/ false);
+
+  static constexpr State input(const State&) { return Cfg::activation(); }
+  static constexpr State output(const State& in) { return in; }
+  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  static constexpr int64_t out_features(int64_t) { return C; }
+  // This rank's terms: Partial<Sum> over every mesh dim that shards the input.
+  static constexpr State param_grad(const State& grad_out) {
+    return detail::channel_param_grad(Cfg::activation(), grad_out, 0);
+  }
+  // The statistics buffers hold 2 G doubles per sample of the rank's batch: the
+  // plan's entries count them per sample (2 G doubles, in T-sized units).
+  template <int Cap>
+  static constexpr void plan(ModelPlan<M, Cap>& p, int layer, const State&, const State& grad_out, int64_t,
+                             bool input_grad) {
+    detail::plan_stats(p, Phase::Forward, layer, stat_mask, 2 * G * detail::stat_units<T>);
+    if (input_grad) detail::plan_stats(p, Phase::Backward, layer, stat_mask, 2 * G * detail::stat_units<T>);
+    add_reductions(p, layer, 0, State{}, param_grad(grad_out), {C, 1}, 1);
+    add_reductions(p, layer, 1, State{}, param_grad(grad_out), {C, 1}, 1);
+  }
+
+  using ParamT = dtensor_t<T, 1, placements_t<State{}>>;
+  using InputT = dtensor_t<T, Rank, placements_t<Cfg::activation()>>;
+
+  explicit GroupNorm(const typename ParamT::Mesh& mesh, double eps = 1e-5)
+      : eps_(eps), weight_("weight", filled(mesh, T(1))), bias_("bias", filled(mesh, T(0))) {
+    DTENSOR_CHECK(eps > 0, InvalidArgument, name, ": eps ", eps, "; give eps > 0");
+  }
+
+  Parameter<ParamT>& weight() { return weight_; }
+  Parameter<ParamT>& bias() { return bias_; }
+  template <class Fn>
+  void for_each_parameter(Fn&& f) {
+    f(weight_);
+    f(bias_);
+  }
+
+  InputT forward(const InputT& x) {
+    DTENSOR_CHECK(x.shape()[1] == C, InvalidArgument, name, ": an input of ", x.shape()[1], " channels, expected ", C,
+                  " (input shape ", dtensor::to_string(x.shape()), ")");
+    const auto& lx = x.local();
+    DTENSOR_CHECK(lx.device().is_host(), InvalidArgument, name, ": host blocks only for now; run the layer on a "
+                  "host mesh");
+    const auto blk = detail::ImageBlock::of(lx.shape());
+    const int64_t groups = blk.samples * G, run = channels_per_group * blk.cells;  // a group's cells are contiguous
+    count_ = channels_per_group * detail::global_cells(x.shape());
+    // [sums | sums of squares], one per (sample, group).
+    std::vector<double> sums(static_cast<std::size_t>(2 * groups));
+    for (int64_t i = 0; i < groups; ++i) {
+      const auto v = cells(lx.data() + i * run, run).template cast<double>();
+      sums[i] = v.sum(), sums[groups + i] = v.square().sum();
+    }
+    detail::all_reduce_stats(x.mesh(), stat_mask, sums.data(), sums.size());
+    inv_.resize(static_cast<std::size_t>(groups));
+    std::vector<double> mean(static_cast<std::size_t>(groups));
+    const double k = static_cast<double>(count_);
+    for (int64_t i = 0; i < groups; ++i) {
+      const double m = sums[i] / k;
+      const double var = std::max(sums[groups + i] / k - m * m, 0.0);
+      mean[i] = m;
+      inv_[i] = 1 / std::sqrt(var + eps_);
+    }
+    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape());
+    auto y = Tensor<T, Rank>::uninitialized(lx.shape());
+    const T* w = weight_.value().local().data();
+    const T* b = bias_.value().local().data();
+    for (int64_t n = 0; n < blk.samples; ++n)
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t o = blk.offset(n, c), i = n * G + c / channels_per_group;
+        const auto xh = (cells(lx.data() + o, blk.cells).template cast<double>() - mean[i]) * inv_[i];
+        cells(xhat_->data() + o, blk.cells) = xh.template cast<T>();
+        cells(y.data() + o, blk.cells) = (xh * static_cast<double>(w[c]) + static_cast<double>(b[c])).template cast<T>();
+      }
+    return InputT(x.mesh(), x.layout(), std::move(y));
+  }
+
+  // dy: placed as a gradient of the output. Adds this rank's terms of the weight's
+  // and bias's gradients and returns dx placed like dy, or nothing (0) when
+  // NeedInputGrad is false (then no collective).
+  template <bool NeedInputGrad = true, class Gr>
+  auto backward(const Gr& dy) {
+    static_assert(is_gradient_of(Gr::placement_state, Cfg::activation()),
+                  "dtensor::nn::GroupNorm::backward: dy is not placed as a gradient of the layer's output (see "
+                  "placement/gradient.hpp: Shard stays Shard, Replicate takes Partial<Sum> or Replicate)");
+    DTENSOR_CHECK(xhat_.has_value(), InvalidArgument, name, ": backward without a forward");
+    const auto& ld = dy.local();
+    DTENSOR_CHECK(ld.shape() == xhat_->shape(), InvalidArgument, name, ": the gradient's block ",
+                  dtensor::to_string(ld.shape()), " differs from the input's ", dtensor::to_string(xhat_->shape()),
+                  "; backward takes the gradient of the last forward");
+    std::optional<Tensor<T, Rank>> xhat = std::move(xhat_);  // a second backward needs a second forward
+    xhat_.reset();
+    const auto blk = detail::ImageBlock::of(ld.shape());
+    const T* w = weight_.value().local().data();
+    T* gw = weight_.grad().data();
+    T* gb = bias_.grad().data();
+    for (int64_t c = 0; c < C; ++c) {
+      double s1 = 0, s2 = 0;
+      for (int64_t n = 0; n < blk.samples; ++n) {
+        const int64_t o = blk.offset(n, c);
+        const auto g = cells(ld.data() + o, blk.cells).template cast<double>();
+        s1 += g.sum();
+        s2 += (g * cells(xhat->data() + o, blk.cells).template cast<double>()).sum();
+      }
+      gb[c] += static_cast<T>(s1), gw[c] += static_cast<T>(s2);
+    }
+    if constexpr (!NeedInputGrad) {
+      return 0;
+    } else {
+      // dx = inv (dxh - mean(dxh) - xhat mean(dxh xhat)), dxh = dy w, means over the
+      // (sample, group)'s channels and the whole image.
+      const int64_t groups = blk.samples * G;
+      std::vector<double> sums(static_cast<std::size_t>(2 * groups));
+      for (int64_t i = 0; i < groups; ++i) {
+        double s1 = 0, s2 = 0;
+        const int64_t n = i / G, c0 = (i % G) * channels_per_group;
+        for (int64_t c = c0; c < c0 + channels_per_group; ++c) {
+          const int64_t o = blk.offset(n, c);
+          const auto g = cells(ld.data() + o, blk.cells).template cast<double>() * static_cast<double>(w[c]);
+          s1 += g.sum();
+          s2 += (g * cells(xhat->data() + o, blk.cells).template cast<double>()).sum();
+        }
+        sums[i] = s1, sums[groups + i] = s2;
+      }
+      detail::all_reduce_stats(dy.mesh(), stat_mask, sums.data(), sums.size());
+      auto dx = Tensor<T, Rank>::uninitialized(ld.shape());
+      const double k = static_cast<double>(count_);
+      for (int64_t n = 0; n < blk.samples; ++n)
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t o = blk.offset(n, c), i = n * G + c / channels_per_group;
+          const auto g = cells(ld.data() + o, blk.cells).template cast<double>();
+          const auto xh = cells(xhat->data() + o, blk.cells).template cast<double>();
+          const double m1 = sums[i] / k, m2 = sums[groups + i] / k;
+          cells(dx.data() + o, blk.cells) = (inv_[i] * (g * static_cast<double>(w[c]) - m1 - xh * m2)).template cast<T>();
+        }
+      return Gr(dy.mesh(), dy.layout(), std::move(dx));
+    }
+  }
+
+ private:
+  using Cells = Eigen::Array<T, Eigen::Dynamic, 1>;
+  static Eigen::Map<Cells> cells(T* p, int64_t n) { return Eigen::Map<Cells>(p, n); }
+  static Eigen::Map<const Cells> cells(const T* p, int64_t n) { return Eigen::Map<const Cells>(p, n); }
+  static ParamT filled(const typename ParamT::Mesh& mesh, T v) {
+    return dtensor::detail::generate<ParamT>({C}, mesh, {}, [v](uint64_t) { return v; });
+  }
+
+  double eps_;
+  Parameter<ParamT> weight_, bias_;
+  int64_t count_ = 0;
+  std::vector<double> inv_;  // per (sample, group) of the last forward
+  std::optional<Tensor<T, Rank>> xhat_;
+};
+
+}  // namespace dtensor::nn
