@@ -1,0 +1,234 @@
+#pragma once
+// Max and average pooling of images sharded in space (PyTorch's MaxPool{1,2,3}d and
+// AvgPool{1,2,3}d), with any kernel, stride, padding (and dilation for max pooling)
+// across shard boundaries, exact on uneven shards: the convolution's ownership rule
+// and halo (halo/window_halo.hpp) with the channels pooled one by one.
+//
+//   forward    copy the block into its padded storage; start the halo exchange; pool
+//              the outputs that read no ghost; finish it; pool the boundary strips.
+//              Cells beyond the image are padding (max skips them; average counts
+//              them as zeros with count_include_pad, else leaves them out)
+//   backward   local pooling gradient into a padded block, recomputed from the saved
+//              padded input (max: each window's dy to its first largest tap); its
+//              ghosts are then added into their owners (the reverse exchange, SUM)
+//
+// The output is sharded like the input, in the blocks of outputs each rank owns
+// (window_geometry.hpp: a stride-2 output of an input split 8 | 7 is split 4 | 4).
+// PoolOp is the distributed pooling with run-time options (what a sweep calls);
+// MaxPool<Cfg> and AvgPool<Cfg> are the layers.
+#include <array>
+#include <optional>
+#include <string>
+
+#include "dtensor/compute/pool.hpp"
+#include "dtensor/halo/window_halo.hpp"
+#include "dtensor/nn/conv.hpp"
+#include "dtensor/nn/layer.hpp"
+
+namespace dtensor::nn {
+
+// PyTorch's pooling arguments per spatial dim. stride 0 means the kernel (PyTorch's
+// default); dilation is for max pooling only; count_include_pad for average pooling
+// only (PyTorch's default: true). ceil_mode is not offered (floor, PyTorch's default).
+template <int S>
+struct PoolOptions {
+  std::array<int64_t, S> kernel = filled<S>(2);
+  std::array<int64_t, S> stride = filled<S>(0);
+  std::array<int64_t, S> padding = filled<S>(0);
+  std::array<int64_t, S> dilation = filled<S>(1);
+  bool count_include_pad = true;
+
+  static constexpr PoolOptions square(int64_t k, int64_t stride = 0, int64_t padding = 0) {
+    PoolOptions o;
+    o.kernel = filled<S>(k), o.stride = filled<S>(stride), o.padding = filled<S>(padding);
+    return o;
+  }
+  constexpr WindowDim window(int i) const {
+    return WindowDim{kernel[i], stride[i] == 0 ? kernel[i] : stride[i], dilation[i], padding[i], padding[i]};
+  }
+};
+
+template <int S>
+std::string to_string(const PoolOptions<S>& o) {
+  auto list = [](const std::array<int64_t, S>& a) {
+    std::string r;
+    for (int i = 0; i < S; ++i) r += (i ? "x" : "") + std::to_string(a[i]);
+    return r;
+  };
+  std::array<int64_t, S> stride{};
+  for (int i = 0; i < S; ++i) stride[i] = o.window(i).stride;
+  return "kernel " + list(o.kernel) + ", stride " + list(stride) + ", padding " + list(o.padding) + ", dilation " +
+         list(o.dilation);
+}
+
+// The distributed pooling of one layer on one rank: plans its halo for each input
+// layout it meets (once; reused while the layout stays), keeps the padded input for
+// the backward.
+template <class T, int S>
+class PoolOp {
+ public:
+  static constexpr int Rank = 2 + S;
+
+  PoolOp(PoolMode mode, PoolOptions<S> options, std::string name)
+      : mode_(mode), options_(options), name_(std::move(name)) {
+    for (int i = 0; i < S; ++i) {
+      const WindowDim w = options.window(i);
+      DTENSOR_CHECK(w.kernel >= 1 && options.stride[i] >= 0 && w.dilation >= 1 && w.pad_lo >= 0, InvalidArgument,
+                    name_, ": ", to_string(options), ": kernel and dilation must be positive, stride and padding "
+                    "non-negative");
+      DTENSOR_CHECK(mode == PoolMode::Max || w.dilation == 1, InvalidArgument, name_, ": ", to_string(options),
+                    ": average pooling takes no dilation (as PyTorch's AvgPool)");
+      // PyTorch's rule: a window never lies wholly in the padding.
+      DTENSOR_CHECK(2 * w.pad_lo <= (mode == PoolMode::Max ? w.span() : w.kernel), InvalidArgument, name_, ": ",
+                    to_string(options), ": padding ", w.pad_lo, " is more than half the window (",
+                    mode == PoolMode::Max ? w.span() : w.kernel, " cells) in spatial dim ", i,
+                    "; use at most half, as PyTorch requires");
+    }
+  }
+
+  // Overlap the halo exchange with the outputs that need no ghost (default on).
+  void set_overlap(bool on) { overlap_ = on; }
+  const PoolOptions<S>& options() const { return options_; }
+  PoolMode mode() const { return mode_; }
+  // The plan for the last input layout (after a forward).
+  const WindowHalo<T, Rank>& halo() const { return *halo_; }
+
+  // x: [batch, channels, spatial...] sharded over batch and spatial dims; the
+  // output is sharded alike.
+  template <class X>
+  X forward(const X& x) {
+    static_assert(X::rank == Rank, "dtensor::nn::PoolOp: the input's rank is not 2 + the spatial dims");
+    prepare<X>(x);
+    const Device dev = x.local().device();
+    auto& wh = *halo_;
+    const int64_t channels = x.shape()[1];
+    wh.load(x.local().data(), x_padded_.data());
+    const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad);
+    auto y = Tensor<T, Rank>::uninitialized(wh.local_out_shape(channels), dev);
+    const OutBox inner = wh.interior_box();
+    if (overlap_ && wh.has_ghosts() && !inner.empty(dims.window)) {
+      wh.begin(x_padded_.data());
+      try {
+        local::pool_forward(dev, dims, x_padded_.data(), y.data(), inner);
+      } catch (...) {
+        wh.abandon();
+        throw;
+      }
+      wh.end();
+      for (const OutBox& b : wh.boundary_boxes()) local::pool_forward(dev, dims, x_padded_.data(), y.data(), b);
+    } else {
+      wh.forward(x_padded_.data());
+      local::pool_forward(dev, dims, x_padded_.data(), y.data());
+    }
+    saved_ = true;
+    return X(x.mesh(), wh.out_layout(channels), std::move(y));
+  }
+
+  // dy placed like the output (or as an accepted gradient of it); dx placed like dy,
+  // in the input's blocks (or nothing when NeedDx is false).
+  template <bool NeedDx, class G>
+  auto backward(const G& dy) {
+    DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward without a forward");
+    saved_ = false;
+    auto& wh = *halo_;
+    const int64_t channels = wh.local_shape()[1];
+    DTENSOR_CHECK(dy.local().shape() == wh.local_out_shape(channels), InvalidArgument, name_,
+                  ": the gradient's block ", dtensor::to_string(dy.local().shape()), " differs from the output's ",
+                  dtensor::to_string(wh.local_out_shape(channels)),
+                  "; backward takes the gradient of the last forward");
+    if constexpr (!NeedDx) {
+      return 0;
+    } else {
+      const Device dev = dy.local().device();
+      if (dx_padded_.shape() != wh.padded_shape() || dx_padded_.device() != dev)
+        dx_padded_ = Tensor<T, Rank>::uninitialized(wh.padded_shape(), dev);
+      const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad);
+      local::pool_backward(dev, dims, x_padded_.data(), dy.local().data(), dx_padded_.data());
+      wh.reverse(dx_padded_.data());
+      auto dx = Tensor<T, Rank>::uninitialized(wh.local_shape(), dev);
+      wh.store(dx_padded_.data(), dx.data());
+      using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
+      return DX(dy.mesh(), wh.in_layout(), std::move(dx));
+    }
+  }
+
+ private:
+  template <class X>
+  void prepare(const X& x) {
+    if (!halo_ || !(halo_->in_layout().global == x.layout().global && halo_->in_layout().blocks == x.layout().blocks)) {
+      std::array<WindowDim, S> win;
+      for (int i = 0; i < S; ++i) win[i] = options_.window(i);
+      halo_.emplace(x.mesh(), X::placement_state, x.layout(), win, name_);
+    }
+    if (x_padded_.shape() != halo_->padded_shape() || x_padded_.device() != x.local().device())
+      x_padded_ = Tensor<T, Rank>::uninitialized(halo_->padded_shape(), x.local().device());
+  }
+
+  PoolMode mode_;
+  PoolOptions<S> options_;
+  std::string name_;
+  bool overlap_ = true;
+  bool saved_ = false;
+  std::optional<WindowHalo<T, Rank>> halo_;
+  Tensor<T, Rank> x_padded_, dx_padded_;
+};
+
+namespace detail {
+constexpr const char* pool_name(PoolMode mode, int spatial) {
+  constexpr const char* names[2][3] = {{"max_pool1d", "max_pool2d", "max_pool3d"},
+                                       {"avg_pool1d", "avg_pool2d", "avg_pool3d"}};
+  return names[mode == PoolMode::Max ? 0 : 1][spatial - 1];
+}
+}  // namespace detail
+
+// A pooling layer; options at run time (no parameters, so nothing of them is in the
+// model's plan).
+//   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+//   nn::MaxPool<Img> pool(nn::PoolOptions<2>::square(3, 2, 1));   // kernel 3, stride 2, padding 1
+template <class Cfg, PoolMode Mode>
+class Pool {
+  static constexpr int S = Cfg::spatial;
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr const char* name = detail::pool_name(Mode, S);
+  using InputT = dtensor_t<T, Rank, placements_t<Cfg::activation()>>;
+
+  // Sharded as an activation of Cfg; dx placed like dy (linear in dy; max pooling's
+  // choice of tap comes from x, which is the same on the ranks of a replicated dim).
+  static constexpr State input(const State&) { return Cfg::activation(); }
+  static constexpr State output(const State& in) { return in; }
+  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  static constexpr int64_t out_features(int64_t channels) { return channels; }
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>&, int, const State&, const State&, int64_t, bool) {}
+
+  explicit Pool(PoolOptions<S> options = {}) : op_(Mode, options, name) {}
+
+  PoolOp<T, S>& op() { return op_; }
+  template <class F>
+  void for_each_parameter(F&&) {}
+
+  InputT forward(const InputT& x) { return op_.forward(x); }
+
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, Cfg::activation()),
+                  "dtensor::nn pooling backward: dy is not placed as a gradient of the layer's output");
+    return op_.template backward<NeedInputGrad>(dy);
+  }
+
+ private:
+  PoolOp<T, S> op_;
+};
+
+template <class Cfg>
+using MaxPool = Pool<Cfg, PoolMode::Max>;
+template <class Cfg>
+using AvgPool = Pool<Cfg, PoolMode::Average>;
+
+}  // namespace dtensor::nn
