@@ -12,8 +12,21 @@ packages=(
   doctest-dev               # tests
   libopenmpi-dev openmpi-bin  # the MPI runtime (optional at configure time)
   libbenchmark-dev          # bench/ (optional)
+  nlohmann-json3-dev        # checkpoints' JSON (dtensor/io.hpp; optional at configure time)
+  python3-numpy             # the Python interop test of checkpoints (tests/checkpoint_read.py)
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib petsc-dev pkg-config); fi
+
+# safetensors is not packaged by Debian (bookworm): pip installs it, with numpy, for
+# the python3 that ctest runs. Failure is not fatal: that one test is then skipped.
+python_interop() {
+  python3 -c "import numpy, safetensors" 2>/dev/null && return 0
+  # Bounded: a machine without network must not stall here.
+  local pip=(timeout 180 python3 -m pip install --quiet --retries 1 --timeout 20)
+  "${pip[@]}" numpy safetensors 2>/dev/null ||
+    "${pip[@]}" --break-system-packages numpy safetensors 2>/dev/null ||
+    echo "setup: could not install numpy and safetensors with pip; the checkpoint interop test will be skipped"
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -21,6 +34,7 @@ for p in "${packages[@]}"; do
 done
 if ((${#missing[@]} == 0)); then
   echo "setup: all dependencies are installed"
+  python_interop
   exit 0
 fi
 
@@ -29,3 +43,4 @@ if [[ $(id -u) -ne 0 ]]; then sudo="sudo"; fi
 echo "setup: installing ${missing[*]}"
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+python_interop

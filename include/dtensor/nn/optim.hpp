@@ -64,6 +64,14 @@ class SGD {
     });
   }
 
+  // The state a checkpoint saves and restores (io/training_state.hpp): f(name,
+  // buffers), buffers[k] the bytes of parameter k's local block (for_each_parameter
+  // order); none before the first step with momentum.
+  template <class F>
+  void for_each_state(F&& f) {
+    f("momentum_buffer", buf_);
+  }
+
  private:
   SGDOptions o_;
   std::vector<std::vector<unsigned char>> buf_;  // momentum buffers, one per parameter
@@ -82,6 +90,14 @@ class AdamW {
   explicit AdamW(AdamWOptions o) : o_(o) {}
 
   int steps() const { return t_; }
+  // Restoring a checkpoint (io/training_state.hpp): the bias corrections depend on it.
+  void set_steps(int t) { t_ = t; }
+  // The moments, as SGD::for_each_state.
+  template <class F>
+  void for_each_state(F&& f) {
+    f("exp_avg", m_);
+    f("exp_avg_sq", v_);
+  }
 
   template <class Model>
   void step(Model& model) {
