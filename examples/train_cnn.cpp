@@ -29,6 +29,7 @@
 #endif
 #include <dtensor/cnn.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -134,8 +135,13 @@ bool compare(Comm& comm, const char* what) {
   DeviceMesh<2> mesh(comm, {2, 2});
   const std::vector<float> got = train<Img>(mesh, &off_plan);
   double worst = 0;
-  for (int s = 0; s < kSteps; ++s) worst = std::max(worst, std::abs(double(got[s]) - ref[s]) / std::abs(double(ref[s])));
-  const bool ok = worst <= 1e-4 && off_plan == 0;
+  bool finite = true;  // a NaN loss must fail, not vanish in std::max
+  for (int s = 0; s < kSteps; ++s) {
+    const double d = std::abs(double(got[s]) - ref[s]) / std::abs(double(ref[s]));
+    finite = finite && std::isfinite(d);
+    worst = std::max(worst, d);
+  }
+  const bool ok = finite && worst <= 1e-4 && off_plan == 0;
   if (comm.rank() == 0) {
     std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, mesh.to_string().c_str(),
                 static_cast<long long>(kBatch), CNN<Img>::Model::explain(CNN<Img>::plan, kBatch, mesh.shape()).c_str());
@@ -151,7 +157,7 @@ bool compare(Comm& comm, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int failed = 0;
+  std::atomic<int> failed = 0;  // written by every rank's thread in-process
   auto program = [&](Comm& comm) {
     const bool spatial = compare<Spatial>(comm, "images sharded over H and W");
     const bool hybrid = compare<Hybrid>(comm, "batch over mesh dim 0 (data parallel), H over mesh dim 1");

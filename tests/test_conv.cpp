@@ -252,3 +252,40 @@ TEST_CASE("bad input: a kernel larger than the image, mismatched channels: an er
     CHECK_THROWS_WITH_AS(fine.forward(x, w7, nullptr), doctest::Contains("weight block"), InvalidArgument);
   });
 }
+
+TEST_CASE("a gradient in the wrong blocks is refused on every rank, before the halo exchange") {
+  spmd(3, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {3});
+    using X = DTensor<double, 4, Shard<2>>;
+    Splits<4> s{};
+    s[2] = {2, 6, 4};
+    const X x = scatter<X>(pattern<double, 4>({1, 1, 12, 3}, 1), mesh, s);
+    const auto w = pattern<double, 4>({1, 1, 3, 3}, 2);
+    nn::ConvOp<double, 2> op(nn::ConvSpec<2>::square_same(3), 1, 1, "conv2d");
+    const X y = op.forward(x, w, nullptr);
+    // The chunk rule's 4 | 4 | 4 instead of the output's 2 | 6 | 4: rank 2's block has
+    // the right shape, and must refuse it all the same.
+    const X dy = scatter<X>(pattern<double, 4>(y.shape(), 3), mesh, {});
+    auto dw = Tensor<double, 4>(op.weight_shape());
+    CHECK_THROWS_WITH_AS(op.template backward<true>(dy, w, dw, nullptr), doctest::Contains("not laid out like"),
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("an op fed the same layout under other placements plans its halo again") {
+  spmd(4, [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    const auto xg = pattern<double, 4>({1, 1, 9, 5}, 1);
+    const auto w = pattern<double, 4>({1, 1, 3, 3}, 2);
+    using A = DTensor<double, 4, Shard<2>, Replicate>;
+    using B = DTensor<double, 4, Replicate, Shard<2>>;
+    nn::ConvOp<double, 2> reused(nn::ConvSpec<2>::square_same(3), 1, 1, "conv2d");
+    (void)reused.forward(scatter<A>(xg, mesh, {}), w, nullptr);
+    const auto yb = reused.forward(scatter<B>(xg, mesh, {}), w, nullptr).full_tensor();
+    nn::ConvOp<double, 2> fresh(nn::ConvSpec<2>::square_same(3), 1, 1, "conv2d");
+    const auto yf = fresh.forward(scatter<B>(xg, mesh, {}), w, nullptr).full_tensor();
+    double worst = 0;
+    for (int64_t i = 0; i < yf.numel(); ++i) worst = std::max(worst, std::abs(yb.data()[i] - yf.data()[i]));
+    CHECK(worst == 0);
+  });
+}

@@ -30,6 +30,29 @@
 
 namespace dtensor {
 
+// What a halo plan was made for: the mesh (its communicator, shape and this rank's
+// coordinates), the input's placements and its layout. A plan is reused only for
+// the same input: the same layout under other placements, or on another mesh, has
+// other blocks and other neighbours.
+template <int Rank>
+struct HaloPlanKey {
+  const Comm* comm = nullptr;
+  std::vector<int> mesh_shape, coords;
+  std::vector<PlacementDesc> placements;
+  ShardLayout<Rank> layout;
+
+  HaloPlanKey() = default;
+  template <int M>
+  HaloPlanKey(const DeviceMesh<M>& mesh, const std::type_identity_t<std::array<PlacementDesc, M>>& ps,
+              const ShardLayout<Rank>& l)
+      : comm(&mesh.comm()), mesh_shape(mesh.shape().begin(), mesh.shape().end()),
+        coords(mesh.coords().begin(), mesh.coords().end()), placements(ps.begin(), ps.end()), layout(l) {}
+  friend bool operator==(const HaloPlanKey& a, const HaloPlanKey& b) {
+    return a.comm == b.comm && a.mesh_shape == b.mesh_shape && a.coords == b.coords &&
+           a.placements == b.placements && a.layout.global == b.layout.global && a.layout.blocks == b.layout.blocks;
+  }
+};
+
 template <class T, int Rank>
 class WindowHalo {
   static_assert(Rank >= 3 && Rank <= 5, "dtensor::WindowHalo: tensors are [batch, channels, 1 to 3 spatial dims]");
@@ -42,7 +65,7 @@ class WindowHalo {
   template <int M>
   WindowHalo(const DeviceMesh<M>& mesh, const std::type_identity_t<std::array<PlacementDesc, M>>& ps,
              const ShardLayout<Rank>& in, const std::array<WindowDim, S>& windows, const std::string& what)
-      : in_layout_(in), windows_(windows), device_(mesh.device()) {
+      : in_layout_(in), key_(mesh, ps, in), windows_(windows), device_(mesh.device()) {
     DTENSOR_CHECK(in.blocks[1].empty(), InvalidArgument, what, ": the channel dim is sharded (placements ",
                   dtensor::to_string(ps), "); a window op reads all channels of a group: shard the batch or the "
                   "spatial dims instead");
@@ -69,6 +92,12 @@ class WindowHalo {
   WindowHalo& operator=(WindowHalo&&) noexcept = default;
 
   const ShardLayout<Rank>& in_layout() const { return in_layout_; }
+  // Whether this plan is the one for an input placed `ps` with layout `in` on `mesh`.
+  template <int M>
+  bool plans(const DeviceMesh<M>& mesh, const std::type_identity_t<std::array<PlacementDesc, M>>& ps,
+             const ShardLayout<Rank>& in) const {
+    return key_ == HaloPlanKey<Rank>(mesh, ps, in);
+  }
   // The output's layout with `channels` channels: sharded like the input, in the
   // blocks of outputs each rank computes.
   ShardLayout<Rank> out_layout(int64_t channels) const {
@@ -191,6 +220,7 @@ class WindowHalo {
   }
 
   ShardLayout<Rank> in_layout_, out_layout_;
+  HaloPlanKey<Rank> key_;
   std::array<WindowDim, S> windows_{};
   std::array<WindowSplit, S> split_{};
   std::array<bool, S> sharded_{};

@@ -130,7 +130,12 @@ class ConvOp {
     const OutBox inner = wh.interior_box();
     if (overlap_ && wh.has_ghosts() && !inner.empty(dims)) {
       wh.begin(x_padded_.data());
-      local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data(), inner);
+      try {
+        local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data(), inner);
+      } catch (...) {
+        wh.abandon();  // a later begin() must not find this exchange in flight
+        throw;
+      }
       wh.end();
       for (const OutBox& b : wh.boundary_boxes())
         local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data(), b);
@@ -151,15 +156,20 @@ class ConvOp {
     DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward without a forward");
     auto& wh = *halo_;
     const Device dev = dy.local().device();
-    DTENSOR_CHECK(dy.local().shape() == wh.local_out_shape(cout_), InvalidArgument, name_,
-                  ": the gradient's block ", dtensor::to_string(dy.local().shape()), " differs from the output's ",
-                  dtensor::to_string(wh.local_out_shape(cout_)), "; backward takes the gradient of the last forward");
+    // The layout, not this rank's block: it is the same on every rank, so a wrong
+    // gradient is refused by all of them before the halo exchange.
+    const ShardLayout<Rank> out = wh.out_layout(cout_);
+    DTENSOR_CHECK(dy.layout().global == out.global && dy.layout().blocks == out.blocks, InvalidArgument, name_,
+                  ": the gradient (shape ", dtensor::to_string(dy.shape()), ") is not laid out like the output (shape ",
+                  dtensor::to_string(out.global), "): backward takes the gradient of the last forward, in the "
+                  "output's blocks (y.layout().blocks, not the chunk rule)");
     DTENSOR_CHECK(dw.shape() == weight_shape(), InvalidArgument, name_, ": a weight gradient block of shape ",
                   dtensor::to_string(dw.shape()), ", expected ", dtensor::to_string(weight_shape()));
     const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);
     saved_ = false;
     if constexpr (NeedDx) {
-      if (dx_padded_.shape() != wh.padded_shape()) dx_padded_ = Tensor<T, Rank>::uninitialized(wh.padded_shape(), dev);
+      if (dx_padded_.shape() != wh.padded_shape() || dx_padded_.device() != dev)
+        dx_padded_ = Tensor<T, Rank>::uninitialized(wh.padded_shape(), dev);
       local::conv_backward_data(dev, dims, dy.local().data(), w.data(), dx_padded_.data());
       // The ghosts' gradients travel to their owners while dW and db are computed:
       // those read only the padded input and dy.
@@ -184,7 +194,7 @@ class ConvOp {
  private:
   template <class X>
   void prepare(const X& x) {
-    if (!halo_ || !(halo_->in_layout().global == x.layout().global && halo_->in_layout().blocks == x.layout().blocks)) {
+    if (!halo_ || !halo_->plans(x.mesh(), X::placement_state, x.layout())) {
       std::array<WindowDim, S> win;
       for (int i = 0; i < S; ++i) win[i] = spec_.window(i, x.shape()[2 + i]);
       halo_.emplace(x.mesh(), X::placement_state, x.layout(), win, name_);

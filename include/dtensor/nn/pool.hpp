@@ -132,10 +132,13 @@ class PoolOp {
     saved_ = false;
     auto& wh = *halo_;
     const int64_t channels = wh.local_shape()[1];
-    DTENSOR_CHECK(dy.local().shape() == wh.local_out_shape(channels), InvalidArgument, name_,
-                  ": the gradient's block ", dtensor::to_string(dy.local().shape()), " differs from the output's ",
-                  dtensor::to_string(wh.local_out_shape(channels)),
-                  "; backward takes the gradient of the last forward");
+    // The layout (the same on every rank), so that every rank refuses a wrong gradient
+    // before the reverse exchange.
+    const ShardLayout<Rank> out = wh.out_layout(channels);
+    DTENSOR_CHECK(dy.layout().global == out.global && dy.layout().blocks == out.blocks, InvalidArgument, name_,
+                  ": the gradient (shape ", dtensor::to_string(dy.shape()), ") is not laid out like the output (shape ",
+                  dtensor::to_string(out.global), "): backward takes the gradient of the last forward, in the "
+                  "output's blocks (y.layout().blocks)");
     if constexpr (!NeedDx) {
       return 0;
     } else {
@@ -155,7 +158,7 @@ class PoolOp {
  private:
   template <class X>
   void prepare(const X& x) {
-    if (!halo_ || !(halo_->in_layout().global == x.layout().global && halo_->in_layout().blocks == x.layout().blocks)) {
+    if (!halo_ || !halo_->plans(x.mesh(), X::placement_state, x.layout())) {
       std::array<WindowDim, S> win;
       for (int i = 0; i < S; ++i) win[i] = options_.window(i);
       halo_.emplace(x.mesh(), X::placement_state, x.layout(), win, name_);

@@ -23,6 +23,7 @@
 
 #include "dtensor/compute/upsample.hpp"
 #include "dtensor/halo/halo_exchange.hpp"
+#include "dtensor/halo/window_halo.hpp"
 #include "dtensor/nn/conv.hpp"
 #include "dtensor/nn/layer.hpp"
 
@@ -69,13 +70,8 @@ class UpsampleOp {
         local::upsample_forward(dev, p.dims, padded_.data(), y.data());
       }
     }
-    ShardLayout<Rank> l = x.layout();
-    for (int i = 0; i < S; ++i) {
-      l.global[2 + i] *= scale_[i];
-      for (int64_t& b : l.blocks[2 + i]) b *= scale_[i];
-    }
     saved_ = true;
-    return X(x.mesh(), std::move(l), std::move(y));
+    return X(x.mesh(), p.out_layout, std::move(y));
   }
 
   // dy placed like the output (or as an accepted gradient of it); dx placed like dy
@@ -85,9 +81,12 @@ class UpsampleOp {
     DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward without a forward");
     saved_ = false;
     Plan& p = *plan_;
-    DTENSOR_CHECK(dy.local().shape() == p.out_local, InvalidArgument, name_, ": the gradient's block ",
-                  dtensor::to_string(dy.local().shape()), " differs from the output's ",
-                  dtensor::to_string(p.out_local), "; backward takes the gradient of the last forward");
+    // The layout (the same on every rank), so that every rank refuses a wrong gradient
+    // before the reverse exchange.
+    DTENSOR_CHECK(dy.layout().global == p.out_layout.global && dy.layout().blocks == p.out_layout.blocks,
+                  InvalidArgument, name_, ": the gradient (shape ", dtensor::to_string(dy.shape()),
+                  ") is not laid out like the output (shape ", dtensor::to_string(p.out_layout.global),
+                  "): backward takes the gradient of the last forward, in the output's blocks");
     if constexpr (!NeedDx) {
       return 0;
     } else {
@@ -114,7 +113,8 @@ class UpsampleOp {
  private:
   // What one input layout needs on this rank.
   struct Plan {
-    ShardLayout<Rank> in_layout;
+    ShardLayout<Rank> in_layout, out_layout;
+    HaloPlanKey<Rank> key;  // the input it was made for
     Shape<Rank> in_local{}, out_local{};
     bool ghosts = false;   // any ghost width
     bool compact = false;  // the outputs read less than the padded block: copy what they read
@@ -141,11 +141,17 @@ class UpsampleOp {
 
   template <class X>
   void prepare(const X& x) {
-    if (plan_ && plan_->in_layout.global == x.layout().global && plan_->in_layout.blocks == x.layout().blocks) return;
+    if (plan_ && plan_->key == HaloPlanKey<Rank>(x.mesh(), X::placement_state, x.layout())) return;
     const auto& mesh = x.mesh();
     constexpr auto ps = X::placement_state;
     Plan p;
     p.in_layout = x.layout();
+    p.key = HaloPlanKey<Rank>(x.mesh(), X::placement_state, x.layout());
+    p.out_layout = x.layout();
+    for (int i = 0; i < S; ++i) {
+      p.out_layout.global[2 + i] *= scale_[i];
+      for (int64_t& b : p.out_layout.blocks[2 + i]) b *= scale_[i];
+    }
     p.in_local = x.local().shape();
     p.out_local = p.in_local;
     const Shape<Rank> offset = x.local_offset();
