@@ -4,8 +4,8 @@
 // tensors, and the device result (copied back) must equal the host one: bit for bit
 // where only data moves, within rounding where the device computes.
 //
-// Built twice: with the CUDA backend (gpu_test_device_dtensor, label gpu, a real
-// GPU), and with the emulated device of tests/emulated_device.hpp
+// Compiled once (it names no backend) and linked twice: with the CUDA backend
+// (gpu_test_device_dtensor, label gpu, a real GPU), and with the emulated device of tests/emulated_device.hpp
 // (test_device_emulated, every CI run), whose device pointers fault when the host
 // dereferences them, so that every device path of the core is exercised without a GPU.
 #include <doctest/doctest.h>
@@ -229,33 +229,3 @@ TEST_CASE("2x2 mesh: batched matmul and a conjugate-gradient step on device tens
     return add(x, mul(x, 0.5));
   }, 1e-12);
 }
-
-#ifdef DTENSOR_WITH_NCCL
-#include <dtensor/cuda/nccl_comm.hpp>
-
-// The same programs on a one-rank NCCL communicator (NCCL runs one rank per GPU,
-// so this is what one GPU can check): DTensors on it agree with the host.
-TEST_CASE("DTensors on a 1-rank NCCL communicator agree with the host") {
-  ncclUniqueId id;
-  DTENSOR_NCCL(ncclGetUniqueId(&id));
-  auto nccl = NcclComm::from_unique_id(id, 0, 1, 0);
-  REQUIRE(nccl->device() == Device::cuda(0));
-  DeviceMesh<1> mesh(*nccl);
-  const auto a = iota<float, 2>({7, 5});
-  const auto b = iota<float, 2>({5, 3});
-  auto check = [&](auto program, double tol) {
-    const auto gpu = program(mesh).full_tensor().to(Device::host());
-    Tensor<float, 2> host;
-    run_threads(1, [&](Comm& comm) { host = program(DeviceMesh<1>(comm)).full_tensor(); });
-    check_close(gpu, host, tol);
-  };
-  check([&](const DeviceMesh<1>& m) { return redistribute<Replicate>(distribute<Shard<1>>(a, m)); }, 0);
-  check([&](const DeviceMesh<1>& m) { return redistribute<Shard<0>>(distribute<Partial<Sum>>(a, m)); }, 0);
-  check([&](const DeviceMesh<1>& m) { return matmul(distribute<Shard<1>>(a, m), distribute<Shard<0>>(b, m)); }, 1e-5);
-  check([&](const DeviceMesh<1>& m) { return softmax<1>(distribute<Shard<1>>(a, m)); }, 1e-5);
-  check([&](const DeviceMesh<1>& m) { return add(distribute<Shard<0>>(a, m), distribute<Shard<1>>(a, m)); }, 0);
-  double n_gpu = norm2(distribute<Shard<0>>(a, mesh)), n_host = 0;
-  run_threads(1, [&](Comm& comm) { n_host = norm2(distribute<Shard<0>>(a, DeviceMesh<1>(comm))); });
-  CHECK(n_gpu == doctest::Approx(n_host).epsilon(1e-6));
-}
-#endif

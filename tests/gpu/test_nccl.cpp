@@ -12,8 +12,10 @@
 #include <doctest/doctest.h>
 
 #include <dtensor/cuda/nccl_comm.hpp>
+#include <dtensor/dtensor.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -166,6 +168,23 @@ void all_reduce_one_type(NcclComm& comm) {
     CHECK(recv.host() == in);  // one rank: every reduction is the identity
     comm.all_reduce(send.data(), send.data(), 7, dtype_of<T>(), op);  // in place
     CHECK(send.host() == in);
+  }
+}
+
+// A tensor of small values, distinct in each element.
+template <class T, int R>
+Tensor<T, R> iota(const Shape<R>& shape) {
+  auto t = Tensor<T, R>::uninitialized(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<T>((i * 7919) % 23) - T(11) + T(0.25);
+  return t;
+}
+
+template <class T, int R>
+void check_close(const Tensor<T, R>& got, const Tensor<T, R>& want, double tol) {
+  REQUIRE(got.shape() == want.shape());
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.data()[i], w = want.data()[i];
+    REQUIRE_MESSAGE(std::abs(g - w) <= tol * (1 + std::abs(w)), "element ", i, ": gpu ", g, " host ", w);
   }
 }
 
@@ -925,4 +944,30 @@ TEST_CASE("NcclComm::init_all: a rank that never joins makes the other time out"
       c.abort();
     }
   });
+}
+
+// The same programs on a one-rank NCCL communicator (NCCL runs one rank per GPU,
+// so this is what one GPU can check): DTensors on it agree with the host.
+TEST_CASE("DTensors on a 1-rank NCCL communicator agree with the host") {
+  ncclUniqueId id;
+  DTENSOR_NCCL(ncclGetUniqueId(&id));
+  auto nccl = NcclComm::from_unique_id(id, 0, 1, 0);
+  REQUIRE(nccl->device() == Device::cuda(0));
+  DeviceMesh<1> mesh(*nccl);
+  const auto a = iota<float, 2>({7, 5});
+  const auto b = iota<float, 2>({5, 3});
+  auto check = [&](auto program, double tol) {
+    const auto gpu = program(mesh).full_tensor().to(Device::host());
+    Tensor<float, 2> host;
+    run_threads(1, [&](Comm& comm) { host = program(DeviceMesh<1>(comm)).full_tensor(); });
+    check_close(gpu, host, tol);
+  };
+  check([&](const DeviceMesh<1>& m) { return redistribute<Replicate>(distribute<Shard<1>>(a, m)); }, 0);
+  check([&](const DeviceMesh<1>& m) { return redistribute<Shard<0>>(distribute<Partial<Sum>>(a, m)); }, 0);
+  check([&](const DeviceMesh<1>& m) { return matmul(distribute<Shard<1>>(a, m), distribute<Shard<0>>(b, m)); }, 1e-5);
+  check([&](const DeviceMesh<1>& m) { return softmax<1>(distribute<Shard<1>>(a, m)); }, 1e-5);
+  check([&](const DeviceMesh<1>& m) { return add(distribute<Shard<0>>(a, m), distribute<Shard<1>>(a, m)); }, 0);
+  double n_gpu = norm2(distribute<Shard<0>>(a, mesh)), n_host = 0;
+  run_threads(1, [&](Comm& comm) { n_host = norm2(distribute<Shard<0>>(a, DeviceMesh<1>(comm))); });
+  CHECK(n_gpu == doctest::Approx(n_host).epsilon(1e-6));
 }
