@@ -577,6 +577,32 @@ TEST_CASE("damaged checkpoints: truncated, bit-flipped, missing files, corrupt i
       unverified.verify = false;
       io::load(sz, f, comm, unverified);  // reads what is there
       CHECK(z.full_tensor() != g);
+      // A flip in the FIRST piece of rank 1's read of three pieces: a background thread
+      // hashes piece k while piece k + 1 is read (io/hash_worker.hpp); the mismatch
+      // it finds mid-read is raised, naming the piece's bytes.
+      auto data_start = [](const fs::path& file) {  // after the 8-byte length and the JSON header
+        std::ifstream s(file, std::ios::binary);
+        unsigned char len[8];
+        s.read(reinterpret_cast<char*>(len), 8);
+        uint64_t h = 0;
+        for (int i = 7; i >= 0; --i) h = (h << 8) | len[i];
+        return 8 + h;
+      };
+      const auto f0 = damaged("flipped_first", [&](const fs::path& d) {
+        const auto at = static_cast<std::streamoff>(data_start(d / file1) + 1);
+        std::fstream s(d / file1, std::ios::in | std::ios::out | std::ios::binary);
+        char c;
+        s.seekg(at);
+        s.read(&c, 1);
+        c ^= 0x01;
+        s.seekp(at);
+        s.write(&c, 1);
+      });
+      const uint64_t at = data_start(f0 / file1);
+      const std::string first_piece = "bytes [" + std::to_string(at) + ", " + std::to_string(at + 16) + ")";
+      check_error([&] { io::load(sz, f0, comm); }, {"rank 1:", file1, "checksum mismatch", first_piece, "corrupt"});
+      io::load(sz, good, comm);
+      CHECK(z.full_tensor() == g);
     }
     // A missing rank file.
     const auto m = damaged("missing", [&](const fs::path& d) { fs::remove(d / file1); });

@@ -32,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@
 #include "dtensor/io/agreement.hpp"
 #include "dtensor/io/checkpoint_format.hpp"
 #include "dtensor/io/file.hpp"
+#include "dtensor/io/hash_worker.hpp"
 #include "dtensor/io/state_dict.hpp"
 
 namespace dtensor::io {
@@ -112,8 +114,10 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
     File f = File::create(tmp / fname);
     f.write_at(header.data(), header.size(), 0);
     const uint64_t piece = o.piece_bytes;
-    // Hash a window of pieces, then write it while it is still in cache.
+    // Windows of whole pieces: the worker hashes a window while this thread writes
+    // it (both read the same bytes, which stay in cache between them).
     const uint64_t window = std::max<uint64_t>(piece, (uint64_t{4} << 20) / piece * piece);
+    HashWorker hasher;
     for (std::size_t k = 0; k < order.size(); ++k) {
       const auto& e = header_entries[k];
       const SaveBlock& b = blocks[order[k]];
@@ -126,8 +130,15 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
       c.byte_length = e.end - e.begin;
       for (uint64_t w = 0; w < c.byte_length; w += window) {
         const uint64_t wn = std::min(window, c.byte_length - w);
-        for (uint64_t p = 0; p < wn; p += piece) c.checksums.push_back(xxh64(b.data + w + p, std::min(piece, wn - p)));
-        f.write_at(b.data + w, wn, c.byte_offset + w);
+        hasher.start(b.data + w, wn, piece);
+        try {
+          f.write_at(b.data + w, wn, c.byte_offset + w);
+        } catch (...) {
+          hasher.wait();
+          throw;
+        }
+        hasher.wait();
+        c.checksums.insert(c.checksums.end(), hasher.hashes().begin(), hasher.hashes().end());
       }
       chunks[order[k]] = chunk_to_json(c);
     }
@@ -255,25 +266,57 @@ class BoxRuns {
 // Reads the part of chunk `c` that `runs` describes into `dst` (this rank's block).
 inline void read_runs(const std::string& name, const ChunkRecord& c, const OpenFile& f, BoxRuns runs,
                       unsigned char* dst, uint64_t es, uint64_t piece, const LoadOptions& o,
-                      std::vector<unsigned char>& buf) {
+                      std::vector<unsigned char>& buf, HashWorker* hasher) {
   const uint64_t L = c.byte_length;
   auto where = [&] {
     return dtensor::detail::cat("tensor \"", name, "\", chunk ", box_string(c.offsets, c.sizes), " in data file ",
                                 f.file.path().string());
   };
-  // Reads chunk bytes [a, b) (whole pieces) into out and verifies each piece.
-  auto read_verified = [&](unsigned char* out, uint64_t a, uint64_t b) {
+  auto read = [&](unsigned char* out, uint64_t a, uint64_t b) {
     if (!f.file.read_at(out, b - a, c.byte_offset + a))
       throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: ", where(), ": the file ends before byte ",
                                                  c.byte_offset + b, "; it is truncated"));
-    if (!o.verify) return;
-    for (uint64_t k = a / piece; k * piece < b; ++k) {
+  };
+  // The checksums of the pieces of chunk bytes [a, b), starting at piece a / piece.
+  auto compare = [&](const uint64_t* hashes, uint64_t a, uint64_t b) {
+    for (uint64_t k = a / piece; k * piece < b; ++k, ++hashes) {
+      if (*hashes == c.checksums[k]) continue;
       const uint64_t p0 = k * piece, n = std::min(piece, L - p0);
-      if (xxh64(out + (p0 - a), n) != c.checksums[k])
-        throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: ", where(), ": checksum mismatch in bytes [",
-                                                   c.byte_offset + p0, ", ", c.byte_offset + p0 + n,
-                                                   "); the file is corrupt"));
+      throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: ", where(), ": checksum mismatch in bytes [",
+                                                 c.byte_offset + p0, ", ", c.byte_offset + p0 + n,
+                                                 "); the file is corrupt"));
     }
+  };
+  // Reads chunk bytes [a, b) (whole pieces) into out and verifies each piece. Over
+  // more than one piece, the worker hashes piece k while this thread reads k + 1.
+  auto read_verified = [&](unsigned char* out, uint64_t a, uint64_t b) {
+    if (!o.verify) return read(out, a, b);
+    if (b - a <= piece || !hasher) {
+      read(out, a, b);
+      for (uint64_t p = a; p < b; p += piece) {
+        const uint64_t h = xxh64(out + (p - a), std::min(b, p + piece) - p);
+        compare(&h, p, std::min(b, p + piece));
+      }
+      return;
+    }
+    uint64_t wa = a, wb = a;  // the piece being hashed
+    try {
+      for (uint64_t p = a; p < b; p += piece) {
+        const uint64_t pe = std::min(b, p + piece);
+        read(out + (p - a), p, pe);
+        if (wb > wa) {
+          hasher->wait();
+          compare(hasher->hashes().data(), wa, wb);
+        }
+        hasher->start(out + (p - a), pe - p, piece);
+        wa = p, wb = pe;
+      }
+      hasher->wait();
+    } catch (...) {
+      hasher->wait();  // it reads `out`, which the caller may free while unwinding
+      throw;
+    }
+    compare(hasher->hashes().data(), wa, wb);
   };
   const uint64_t cap = std::max<uint64_t>(piece, o.buffer_bytes / piece * piece);
   auto piece_lo = [&](uint64_t a) { return a / piece * piece; };
@@ -509,6 +552,8 @@ class Checkpoint {
   void load_local(StateDict& sd) const {
     std::map<std::string, detail::OpenFile> files;
     std::vector<unsigned char> buf;
+    std::optional<detail::HashWorker> hasher;  // after buf: joins before buf is freed
+    if (o_.verify) hasher.emplace();
     for (auto& e : sd.entries()) {
       if (e.is_scalar) {
         const auto it = ix_.scalars.find(e.name);
@@ -540,13 +585,14 @@ class Checkpoint {
         }
       }
       detail::LoadBlock b = e.load(*comm_);
-      if (b.read) read_block(e.name, t, b, files, buf);
+      if (b.read) read_block(e.name, t, b, files, buf, hasher ? &*hasher : nullptr);
       if (b.finish) b.finish();
     }
   }
 
   void read_block(const std::string& name, const TensorRecord& t, const detail::LoadBlock& b,
-                  std::map<std::string, detail::OpenFile>& files, std::vector<unsigned char>& buf) const {
+                  std::map<std::string, detail::OpenFile>& files, std::vector<unsigned char>& buf,
+                  detail::HashWorker* hasher) const {
     const std::size_t r = t.shape.size();
     for (const ChunkRecord& c : t.chunks) {
       std::vector<int64_t> lo(r), ext(r);
@@ -559,7 +605,7 @@ class Checkpoint {
       if (!meets) continue;
       const detail::OpenFile& f = open(name, t.dtype, c, files);
       detail::read_runs(name, c, f, detail::BoxRuns(lo, ext, c.offsets, c.sizes, b.offset, b.sizes), b.data,
-                        size_of(t.dtype), ix_.piece_bytes, o_, buf);
+                        size_of(t.dtype), ix_.piece_bytes, o_, buf, hasher);
     }
   }
 
