@@ -447,4 +447,22 @@ TEST_CASE("BatchNorm and GroupNorm: clear errors on every rank") {
     // A backward takes the gradient of the last forward's blocks.
     CHECK_THROWS_AS(bn.backward(dy), InvalidArgument);
   });
+  // A gradient in other blocks than the forward's, which still fits rank 0's block
+  // (7 rows: 3|3|1 forward by the chunk rule, 3|2|2 gradient): every rank refuses it by its layout
+  // before the backward's all-reduce, rank 0 included.
+  spmd(3, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {3});
+    BN<H1> bn(mesh);
+    GN<H1> gn(mesh);
+    using X = BN<H1>::InputT;
+    const auto x = image<X>({2, kC, 7, 3}, mesh, {}, 1);
+    const auto dy = image<X>({2, kC, 7, 3}, mesh, Splits<4>{{{}, {}, {3, 2, 2}, {}}}, 2);
+    if (comm.rank() == 0) CHECK(dy.local().shape() == x.local().shape());
+    bn.forward(x);
+    CHECK_THROWS_WITH_AS(bn.backward(dy), doctest::Contains("is not laid out like the output of the last forward"),
+                         InvalidArgument);
+    gn.forward(x);
+    CHECK_THROWS_WITH_AS(gn.backward(dy), doctest::Contains("is not laid out like the output of the last forward"),
+                         InvalidArgument);
+  });
 }

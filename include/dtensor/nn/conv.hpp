@@ -28,6 +28,7 @@
 #include "dtensor/compute/conv.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/halo/window_halo.hpp"
+#include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
 
@@ -156,13 +157,7 @@ class ConvOp {
     DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward without a forward");
     auto& wh = *halo_;
     const Device dev = dy.local().device();
-    // The layout, not this rank's block: it is the same on every rank, so a wrong
-    // gradient is refused by all of them before the halo exchange.
-    const ShardLayout<Rank> out = wh.out_layout(cout_);
-    DTENSOR_CHECK(dy.layout().global == out.global && dy.layout().blocks == out.blocks, InvalidArgument, name_,
-                  ": the gradient (shape ", dtensor::to_string(dy.shape()), ") is not laid out like the output (shape ",
-                  dtensor::to_string(out.global), "): backward takes the gradient of the last forward, in the "
-                  "output's blocks (y.layout().blocks, not the chunk rule)");
+    require_gradient_layout(name_, dy.layout(), wh.out_layout(cout_));  // before the reverse exchange
     DTENSOR_CHECK(dw.shape() == weight_shape(), InvalidArgument, name_, ": a weight gradient block of shape ",
                   dtensor::to_string(dw.shape()), ", expected ", dtensor::to_string(weight_shape()));
     const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);

@@ -25,6 +25,7 @@
 #include "dtensor/compute/conv.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/conv.hpp"
+#include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
 
@@ -86,6 +87,7 @@ class ConvTransposeOp {
     }
     saved_.emplace(x.local());
     in_layout_ = x.layout();
+    out_layout_ = l;
     return X(x.mesh(), std::move(l), std::move(y));
   }
 
@@ -98,9 +100,7 @@ class ConvTransposeOp {
     const Tensor<T, Rank> x = std::move(*saved_);
     saved_.reset();
     const Device dev = dy.local().device();
-    DTENSOR_CHECK(dy.local().shape() == out_shape(x.shape()), InvalidArgument, name_, ": the gradient's block ",
-                  dtensor::to_string(dy.local().shape()), " differs from the output's ",
-                  dtensor::to_string(out_shape(x.shape())), "; backward takes the gradient of the last forward");
+    require_gradient_layout(name_, dy.layout(), out_layout_);
     DTENSOR_CHECK(dw.shape() == weight_shape(), InvalidArgument, name_, ": a weight gradient block of shape ",
                   dtensor::to_string(dw.shape()), ", expected ", dtensor::to_string(weight_shape()));
     const ConvDims d = dims(x.shape());
@@ -164,7 +164,7 @@ class ConvTransposeOp {
   int64_t cin_, cout_;
   std::string name_;
   std::optional<Tensor<T, Rank>> saved_;
-  ShardLayout<Rank> in_layout_;
+  ShardLayout<Rank> in_layout_, out_layout_;
 };
 
 // A transposed convolution layer of Cin -> Cout channels; Spec: an nn::ConvSpec<S>

@@ -20,6 +20,7 @@
 #include <optional>
 
 #include "dtensor/compute/local.hpp"
+#include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 
@@ -74,9 +75,8 @@ class GlobalAvgPool {
     auto y = Tensor<T, 2>::uninitialized(Shape<2>{ls[0], ls[1]}, dev);
     local::reduce_dim<ReduceOp::Sum>(dev, x.local().data(), y.data(), ls[0] * ls[1], count(ls), 1);
     local::binary_scalar(BinaryOp::Mul, y, static_cast<T>(1.0 / static_cast<double>(positions)), y);
-    ShardLayout<2> layout{{x.shape()[0], x.shape()[1]}, {x.layout().blocks[0], {}}};
     saved_.emplace(Saved{x.layout(), ls, positions});
-    return OutputT(x.mesh(), std::move(layout), std::move(y));
+    return OutputT(x.mesh(), out_layout(x.layout()), std::move(y));
   }
 
   template <bool NeedInputGrad = true, class G>
@@ -89,9 +89,7 @@ class GlobalAvgPool {
     DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
     const Saved s = std::move(*saved_);
     saved_.reset();
-    DTENSOR_CHECK(dy.local().shape() == (Shape<2>{s.local[0], s.local[1]}), InvalidArgument, name,
-                  ": the gradient's block ", dtensor::to_string(dy.local().shape()), " does not match the input's [",
-                  s.local[0], ", ", s.local[1], "]; backward takes the gradient of the last forward");
+    require_gradient_layout(name, dy.layout(), out_layout(s.layout));
     if constexpr (!NeedInputGrad) {
       return 0;
     } else {
@@ -118,6 +116,11 @@ class GlobalAvgPool {
   void for_each_parameter(F&&) {}
 
  private:
+  // [N, C] in the input's batch blocks (the channels are never sharded here).
+  static ShardLayout<2> out_layout(const ShardLayout<Rank>& in) {
+    return ShardLayout<2>{{in.global[0], in.global[1]}, {in.blocks[0], {}}};
+  }
+
   // Spatial positions of a [N, C, spatial...] shape.
   static int64_t count(const Shape<Rank>& s) {
     int64_t n = 1;

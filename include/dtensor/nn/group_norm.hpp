@@ -26,6 +26,7 @@
 
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/channel_stats.hpp"
+#include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/tensor/eigen.hpp"
@@ -115,6 +116,7 @@ class GroupNorm {
       inv_[i] = 1 / std::sqrt(var + eps_);
     }
     xhat_ = Tensor<T, Rank>::uninitialized(lx.shape());
+    layout_ = x.layout();
     auto y = Tensor<T, Rank>::uninitialized(lx.shape());
     const T* w = weight_.value().local().data();
     const T* b = bias_.value().local().data();
@@ -138,9 +140,7 @@ class GroupNorm {
                   "placement/gradient.hpp: Shard stays Shard, Replicate takes Partial<Sum> or Replicate)");
     DTENSOR_CHECK(xhat_.has_value(), InvalidArgument, name, ": backward without a forward");
     const auto& ld = dy.local();
-    DTENSOR_CHECK(ld.shape() == xhat_->shape(), InvalidArgument, name, ": the gradient's block ",
-                  dtensor::to_string(ld.shape()), " differs from the input's ", dtensor::to_string(xhat_->shape()),
-                  "; backward takes the gradient of the last forward");
+    require_gradient_layout(name, dy.layout(), layout_);  // before the all-reduce
     std::optional<Tensor<T, Rank>> xhat = std::move(xhat_);  // a second backward needs a second forward
     xhat_.reset();
     const auto blk = detail::ImageBlock::of(ld.shape());
@@ -203,6 +203,7 @@ class GroupNorm {
   int64_t count_ = 0;
   std::vector<double> inv_;  // per (sample, group) of the last forward
   std::optional<Tensor<T, Rank>> xhat_;
+  ShardLayout<Rank> layout_;  // the last forward's (its output's: the same)
 };
 
 }  // namespace dtensor::nn

@@ -23,6 +23,7 @@
 #include "dtensor/compute/pool.hpp"
 #include "dtensor/halo/window_halo.hpp"
 #include "dtensor/nn/conv.hpp"
+#include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 
 namespace dtensor::nn {
@@ -132,13 +133,7 @@ class PoolOp {
     saved_ = false;
     auto& wh = *halo_;
     const int64_t channels = wh.local_shape()[1];
-    // The layout (the same on every rank), so that every rank refuses a wrong gradient
-    // before the reverse exchange.
-    const ShardLayout<Rank> out = wh.out_layout(channels);
-    DTENSOR_CHECK(dy.layout().global == out.global && dy.layout().blocks == out.blocks, InvalidArgument, name_,
-                  ": the gradient (shape ", dtensor::to_string(dy.shape()), ") is not laid out like the output (shape ",
-                  dtensor::to_string(out.global), "): backward takes the gradient of the last forward, in the "
-                  "output's blocks (y.layout().blocks)");
+    require_gradient_layout(name_, dy.layout(), wh.out_layout(channels));  // before the reverse exchange
     if constexpr (!NeedDx) {
       return 0;
     } else {

@@ -25,6 +25,7 @@
 #include "dtensor/halo/halo_exchange.hpp"
 #include "dtensor/halo/window_halo.hpp"
 #include "dtensor/nn/conv.hpp"
+#include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 
 namespace dtensor::nn {
@@ -81,12 +82,7 @@ class UpsampleOp {
     DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward without a forward");
     saved_ = false;
     Plan& p = *plan_;
-    // The layout (the same on every rank), so that every rank refuses a wrong gradient
-    // before the reverse exchange.
-    DTENSOR_CHECK(dy.layout().global == p.out_layout.global && dy.layout().blocks == p.out_layout.blocks,
-                  InvalidArgument, name_, ": the gradient (shape ", dtensor::to_string(dy.shape()),
-                  ") is not laid out like the output (shape ", dtensor::to_string(p.out_layout.global),
-                  "): backward takes the gradient of the last forward, in the output's blocks");
+    require_gradient_layout(name_, dy.layout(), p.out_layout);  // before the reverse exchange
     if constexpr (!NeedDx) {
       return 0;
     } else {
