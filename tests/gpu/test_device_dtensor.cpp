@@ -16,16 +16,13 @@
 
 #include <dtensor/dtensor.hpp>
 
+#include "device_vs_host.hpp"
+
 using namespace dtensor;
+using test::check_close;
+using test::iota;
 
 namespace {
-
-template <class T, int R>
-Tensor<T, R> iota(const Shape<R>& shape) {
-  auto t = Tensor<T, R>::uninitialized(shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<T>((i * 7919) % 23) - T(11) + T(0.25);
-  return t;
-}
 
 // Runs program(mesh) on n ranks with buffers on `dev`; returns rank 0's copy of the
 // global result on the host.
@@ -49,18 +46,6 @@ auto run_on(Device dev, const std::array<int, M>& mesh_shape, Program&& program)
   return out;
 }
 
-template <class T, int R>
-void check_close(const Tensor<T, R>& got, const Tensor<T, R>& want, double tol) {
-  REQUIRE(got.shape() == want.shape());
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double g = got.data()[i], w = want.data()[i];
-    if (std::isnan(w)) {
-      CHECK(std::isnan(g));
-      continue;
-    }
-    REQUIRE_MESSAGE(std::abs(g - w) <= tol * (1 + std::abs(w)), "element ", i, ": gpu ", g, " host ", w);
-  }
-}
 
 // Host and device runs of one program must agree.
 template <int M, class Program>

@@ -15,7 +15,6 @@
 #include <dtensor/dtensor.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -28,7 +27,11 @@
 #include <thread>
 #include <vector>
 
+#include "device_vs_host.hpp"
+
 using namespace dtensor;
+using test::check_close;
+using test::iota;
 using namespace std::chrono_literals;
 
 namespace {
@@ -168,23 +171,6 @@ void all_reduce_one_type(NcclComm& comm) {
     CHECK(recv.host() == in);  // one rank: every reduction is the identity
     comm.all_reduce(send.data(), send.data(), 7, dtype_of<T>(), op);  // in place
     CHECK(send.host() == in);
-  }
-}
-
-// A tensor of small values, distinct in each element.
-template <class T, int R>
-Tensor<T, R> iota(const Shape<R>& shape) {
-  auto t = Tensor<T, R>::uninitialized(shape);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = static_cast<T>((i * 7919) % 23) - T(11) + T(0.25);
-  return t;
-}
-
-template <class T, int R>
-void check_close(const Tensor<T, R>& got, const Tensor<T, R>& want, double tol) {
-  REQUIRE(got.shape() == want.shape());
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double g = got.data()[i], w = want.data()[i];
-    REQUIRE_MESSAGE(std::abs(g - w) <= tol * (1 + std::abs(w)), "element ", i, ": gpu ", g, " host ", w);
   }
 }
 
