@@ -54,11 +54,16 @@ inline bool bound_to(int device) {
 // cudaMallocAsync, and once more after the pool has returned its unused memory to
 // the driver: the pool keeps freed blocks, which other allocators (cuBLAS
 // workspaces, NCCL buffers) may need, and which a larger block may need whole.
+// Before the retry this waits for the allocating stream only, whose frees then become
+// reusable, never for the whole device: with several GPUs driven by threads of one
+// process, a device-wide wait would also wait for NCCL kernels of other streams that
+// wait for a peer thread, which may be waiting here (a deadlock); and it would stall
+// every other stream of the device on a path that a near-full GPU takes often.
 inline void malloc_async(void** p, std::size_t bytes, int device, cudaStream_t s) {
   const cudaError_t e = cudaMallocAsync(p, bytes, s);
   if (e != cudaErrorMemoryAllocation) return DTENSOR_CUDA(e);
   (void)cudaGetLastError();
-  DTENSOR_CUDA(cudaDeviceSynchronize());  // blocks freed on any stream become reusable
+  DTENSOR_CUDA(cudaStreamSynchronize(s));
   cudaMemPool_t pool;
   DTENSOR_CUDA(cudaDeviceGetDefaultMemPool(&pool, device));
   DTENSOR_CUDA(cudaMemPoolTrimTo(pool, 0));

@@ -11,9 +11,10 @@
 // runtimes). all_gather and reduce_scatter use ncclAllGather and ncclReduceScatter
 // when every rank's piece has the same size, straight on the caller's buffers when
 // the pieces lie back to back in rank order, else through a staging buffer packed
-// and unpacked by the Block kernels. Pieces of unequal sizes (uneven shards) go
-// through grouped ncclSend/ncclRecv (all_gather) or one ncclReduce per root in a
-// group (reduce_scatter). all_to_all, scatter and gather are grouped
+// and unpacked by the Block kernels. Pieces of unequal sizes (uneven shards) are
+// padded to the largest in staging for the same two calls, unless padding would more
+// than double the volume; then grouped ncclSend/ncclRecv (all_gather) or one
+// ncclReduce per root in a group (reduce_scatter). all_to_all, scatter and gather are grouped
 // ncclSend/ncclRecv; strided blocks are packed into (or received in) staging memory.
 // Staging memory is stream-ordered (cudaMallocAsync/cudaFreeAsync on the comm's
 // stream). Every choice of NCCL call depends only on sizes all ranks agree on, never
@@ -274,6 +275,19 @@ inline bool back_to_back(std::span<const Block> blocks) {
   return true;
 }
 
+// Uneven pieces padded to the largest one, so that one ncclAllGather or
+// ncclReduceScatter moves them all (PyTorch's DTensor pads likewise): worth it while
+// the padded volume is at most twice the real one. A piece far larger than the others
+// (explicit splits such as 100 | 1 | 1 | 1) would move mostly padding; that case keeps
+// the point-to-point exchange (all-gather) or the per-root reduces (reduce-scatter).
+// Depends only on sizes every rank agrees on.
+inline int64_t padded_piece(std::span<const Block> blocks) {
+  int64_t largest = 0, total = 0;
+  for (const Block& b : blocks) largest = std::max(largest, b.numel()), total += b.numel();
+  const int64_t padded = largest * static_cast<int64_t>(blocks.size());
+  return padded <= 2 * total ? largest : 0;
+}
+
 inline const std::byte* at(const void* base, int64_t offset, std::size_t elem) {
   return static_cast<const std::byte*>(base) + offset * static_cast<int64_t>(elem);
 }
@@ -380,7 +394,10 @@ struct OwnedStream {
 };
 
 // Small buffers a communicator keeps (guarded mode's signatures, the barrier's
-// byte): device memory, or pinned host memory for asynchronous copies.
+// byte, split's table): device memory, or pinned host memory for asynchronous copies.
+// Made when the communicator is made, never inside a collective: cudaMalloc and
+// cudaMallocHost synchronise the device, which inside a collective could wait for an
+// NCCL kernel that waits for this very thread (several GPUs driven from one process).
 template <bool Pinned>
 class Buffer {
  public:
@@ -388,20 +405,24 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   ~Buffer() { reset(); }
-  void ensure(std::size_t bytes) {
-    if (p_) return;
+  // bytes of zeros, set on `stream` (the communicator's) and waited for there.
+  void make(std::size_t bytes, cudaStream_t stream) {
+    reset();
+    bytes_ = bytes;
     if constexpr (Pinned) {
       DTENSOR_CUDA(cudaMallocHost(&p_, bytes));
+      std::memset(p_, 0, bytes);
     } else {
       DTENSOR_CUDA(cudaMalloc(&p_, bytes));
-      // On the legacy stream, which the comm's non-blocking stream does not wait
-      // for: finish it here (buffers are made once per communicator).
-      DTENSOR_CUDA(cudaMemset(p_, 0, bytes));
-      DTENSOR_CUDA(cudaStreamSynchronize(nullptr));
+      DTENSOR_CUDA(cudaMemsetAsync(p_, 0, bytes, stream));
+      DTENSOR_CUDA(cudaStreamSynchronize(stream));
     }
   }
+  // The buffer, of at least `bytes` (a communicator sizes its buffers when it is made).
   template <class T = std::byte>
-  T* get() const {
+  T* get(std::size_t bytes = 1) const {
+    DTENSOR_CHECK(p_ && bytes <= bytes_, CommError, "NcclComm: an internal buffer of ", bytes_, " bytes was not made "
+                  "large enough for ", bytes, " when the communicator was made");
     return static_cast<T*>(p_);
   }
   void reset() noexcept {
@@ -409,10 +430,12 @@ class Buffer {
     if constexpr (Pinned) (void)cudaFreeHost(p_);
     else (void)cudaFree(p_);
     p_ = nullptr;
+    bytes_ = 0;
   }
 
  private:
   void* p_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 // Sets a device for a scope without throwing (destructors, abort).
@@ -568,7 +591,6 @@ class NcclComm final : public Comm {
 
   void barrier() override {
     collective(Kind::Barrier, {}, {}, {}, [&] {
-      scratch_.ensure(64);
       // A max of zeros stays zero, however many barriers run.
       nccl(ncclAllReduce(scratch_.get(), scratch_.get(), 1, ncclUint8, ncclMax, comm(), stream_),
            "ncclAllReduce (barrier)");
@@ -659,8 +681,25 @@ class NcclComm final : public Comm {
             cuda::kernels::copy_block(out, Block::contiguous(k * n, n), recv, recv_blocks[k], elem, stream_);
         return;
       }
-      // Uneven pieces: this rank's piece (packed once) to every peer, each peer's
-      // piece into its place.
+      if (const int64_t m = cuda::detail::padded_piece(recv_blocks); m > 0) {
+        // Uneven pieces padded to m elements: one ncclAllGather of m per rank into
+        // staging (a piece's tail past its size is never read), then each piece into
+        // its place.
+        Staging st(stream_);
+        const std::size_t in_at = st.reserve(m, elem), out_at = st.reserve(m * size_, elem);
+        st.allocate();
+        if (n > 0) cuda::kernels::copy_block(send, send_block, st.at(in_at), Block::contiguous(0, n), elem, stream_);
+        nccl(ncclAllGather(st.at(in_at), st.at(out_at), static_cast<std::size_t>(m), cuda::detail::nccl_type(t), comm(),
+                           stream_),
+             "ncclAllGather (padded)");
+        for (int k = 0; k < size_; ++k)
+          if (recv_blocks[k].numel() > 0)
+            cuda::kernels::copy_block(st.at(out_at), Block::contiguous(k * m, recv_blocks[k].numel()), recv,
+                                      recv_blocks[k], elem, stream_);
+        return;
+      }
+      // Pieces too uneven to pad: this rank's piece (packed once) to every peer, each
+      // peer's piece into its place.
       Staging st(stream_);
       const std::size_t in_at = cuda::detail::dense(send_block) ? Staging::kNone : st.reserve(n, elem);
       st.allocate();
@@ -709,9 +748,22 @@ class NcclComm final : public Comm {
         nccl(ncclReduceScatter(in, out, static_cast<std::size_t>(n), type, rop, comm(), stream_), "ncclReduceScatter");
         if (out_at != Staging::kNone)
           cuda::kernels::copy_block(out, Block::contiguous(0, n), recv, recv_block, elem, stream_);
+      } else if (const int64_t m = cuda::detail::padded_piece(send_blocks); m > 0) {
+        // Uneven pieces padded to m elements: piece k packed at k m of staging (its
+        // tail is reduced but never read), one ncclReduceScatter of m per rank, this
+        // rank's n elements out.
+        const std::size_t in_at = st.reserve(m * size_, elem), out_at = st.reserve(m, elem);
+        st.allocate();
+        for (int k = 0; k < size_; ++k)
+          if (send_blocks[k].numel() > 0)
+            cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at), Block::contiguous(k * m, send_blocks[k].numel()),
+                                      elem, stream_);
+        nccl(ncclReduceScatter(st.at(in_at), st.at(out_at), static_cast<std::size_t>(m), type, rop, comm(), stream_),
+             "ncclReduceScatter (padded)");
+        if (n > 0) cuda::kernels::copy_block(st.at(out_at), Block::contiguous(0, n), recv, recv_block, elem, stream_);
       } else {
-        // Uneven pieces: one reduce per rank, rooted at the rank whose piece it is,
-        // all in one group so that they run together.
+        // Pieces too uneven to pad: one reduce per rank, rooted at the rank whose
+        // piece it is, all in one group so that they run together.
         std::vector<std::size_t> in_at(static_cast<std::size_t>(size_), Staging::kNone);
         for (int k = 0; k < size_; ++k)
           if (!cuda::detail::dense(send_blocks[k])) in_at[k] = st.reserve(send_blocks[k].numel(), elem);
@@ -994,6 +1046,11 @@ class NcclComm final : public Comm {
     ready(comm_.get(), "ncclCommInit");
     DTENSOR_NCCL(ncclCommUserRank(comm_.get(), &rank_));
     DTENSOR_NCCL(ncclCommCount(comm_.get(), &size_));
+    // Every buffer a collective may need, now (see cuda::detail::Buffer).
+    const std::size_t signatures = signature_length() * static_cast<std::size_t>(size_) * sizeof(int64_t);
+    scratch_.make(kScratchBytes, stream_);
+    if (guarded_) sig_dev_.make(signatures, stream_), sig_host_.make(signatures, stream_);
+    split_host_.make(split_table_words() * sizeof(int64_t), stream_);
     DTENSOR_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
   }
 
@@ -1198,14 +1255,18 @@ class NcclComm final : public Comm {
 
   std::size_t signature_length() const { return static_cast<std::size_t>(kHeader + 2 * size_); }
 
+  // The barrier's scratch (one byte used), and split's table: a row per rank of a flag
+  // and a unique id (the first round of split uses 2 words of it).
+  static constexpr std::size_t kScratchBytes = 64;
+  static constexpr std::size_t kSplitRow = 1 + (sizeof(ncclUniqueId) + sizeof(int64_t) - 1) / sizeof(int64_t);
+  std::size_t split_table_words() const { return kSplitRow * static_cast<std::size_t>(size_); }
+
   void check_signature(const Signature& sig, std::span<const Block> a, std::span<const Block> b) {
     phase_ = " (comparing signatures, guarded mode)";
     const std::size_t len = signature_length(), all = len * static_cast<std::size_t>(size_);
     enqueue_and_wait([&] {
-      sig_dev_.ensure(all * sizeof(int64_t));
-      sig_host_.ensure(all * sizeof(int64_t));
-      int64_t* host = sig_host_.get<int64_t>();
-      int64_t* dev = sig_dev_.get<int64_t>();
+      int64_t* host = sig_host_.get<int64_t>(all * sizeof(int64_t));
+      int64_t* dev = sig_dev_.get<int64_t>(all * sizeof(int64_t));
       int64_t* row = host + static_cast<std::size_t>(rank_) * len;
       row[0] = seq_, row[1] = static_cast<int64_t>(kind_), row[2] = static_cast<int64_t>(sig.dtype);
       row[3] = static_cast<int64_t>(sig.op), row[4] = sig.root, row[5] = sig.count;
@@ -1686,11 +1747,8 @@ class NcclComm final : public Comm {
   // the members then make the communicator with ncclCommInitRank (blocking, like
   // ncclCommSplit). Runs inside split()'s collective: a failure aborts this communicator.
   cuda::detail::NcclHandle split_by_unique_id(int color, int key) {
-    constexpr std::size_t kIdWords = (sizeof(ncclUniqueId) + sizeof(int64_t) - 1) / sizeof(int64_t);
-    constexpr std::size_t kRow = 1 + kIdWords;  // a flag and an id; the first round uses 2 words
-    const std::size_t all = kRow * static_cast<std::size_t>(size_);
-    split_host_.ensure(all * sizeof(int64_t));
-    int64_t* host = split_host_.get<int64_t>();
+    const std::size_t all = kSplitRow * static_cast<std::size_t>(size_);
+    int64_t* host = split_host_.get<int64_t>(all * sizeof(int64_t));
     cuda::detail::Staging dev_mem(stream_);
     const std::size_t dev_at = dev_mem.reserve(static_cast<int64_t>(all), sizeof(int64_t));
     dev_mem.allocate();
@@ -1717,8 +1775,8 @@ class NcclComm final : public Comm {
     while (index < static_cast<int>(members.size()) && members[index].second != rank_) ++index;
 
     phase_ = " (split by unique id: handing out the unique ids)";
-    int64_t* row = host + static_cast<std::size_t>(rank_) * kRow;
-    std::fill(row, row + kRow, int64_t{0});
+    int64_t* row = host + static_cast<std::size_t>(rank_) * kSplitRow;
+    std::fill(row, row + kSplitRow, int64_t{0});
     row[0] = 1;
     std::string why;
     if (leader == rank_) {
@@ -1727,14 +1785,14 @@ class NcclComm final : public Comm {
       if (r == ncclSuccess) std::memcpy(row + 1, &id, sizeof id);
       else row[0] = 0, why = cuda::detail::nccl_error_text(r, nullptr);
     }
-    gather(kRow, "ncclAllGather (split unique ids)");
+    gather(kSplitRow, "ncclAllGather (split unique ids)");
     for (int k = 0; k < size_; ++k)
-      if (host[static_cast<std::size_t>(k) * kRow] == 0)
+      if (host[static_cast<std::size_t>(k) * kSplitRow] == 0)
         throw CommError(detail::cat("dtensor: rank ", rank_, ": ", what_, ": ncclGetUniqueId failed on rank ", k,
                                     k == rank_ ? ": " + why : std::string(), "; the communicator was aborted"));
     if (color < 0) return {};
     ncclUniqueId id;
-    std::memcpy(&id, host + static_cast<std::size_t>(leader) * kRow + 1, sizeof id);
+    std::memcpy(&id, host + static_cast<std::size_t>(leader) * kSplitRow + 1, sizeof id);
     phase_ = " (split by unique id: ncclCommInitRank)";
     ncclComm_t raw = nullptr;
     const ncclResult_t r = ncclCommInitRank(&raw, static_cast<int>(members.size()), id, index);
