@@ -19,6 +19,10 @@
 // Usage:
 //   build/examples/train_cnn                      4 in-process ranks (threads)
 //   mpirun -np 4 build/examples/train_cnn_mpi     4 processes
+//   build/examples/train_cnn_cuda                 4 in-process ranks on GPU 0, every
+//                                                 block in device memory (built where
+//                                                 the CUDA toolkit is; exits 77 without
+//                                                 a GPU)
 // Prints the loss per step of each mesh beside the single-rank run; exits 1 if any
 // step differs by more than 1e-4 relative, or the collectives counted differ from
 // the plan.
@@ -26,6 +30,13 @@
 #include <dtensor/mpi.hpp>
 #else
 #include <dtensor/dtensor.hpp>
+#endif
+#if defined(DTENSOR_EXAMPLE_ON_GPU)
+#include <dtensor/cuda.hpp>
+#elif defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
+// CI has no GPU: its build of this program (tests/CMakeLists.txt, train_cnn_emulated)
+// runs the same device paths on the tests' emulated device instead of the CUDA backend.
+#include "emulated_device.hpp"
 #endif
 #include <dtensor/cnn.hpp>
 
@@ -165,7 +176,24 @@ int main(int argc, char** argv) {
     if (comm.rank() == 0 && spatial && hybrid)
       std::printf("OK: both meshes train like the single-rank run\n");
   };
-#ifdef DTENSOR_WITH_MPI
+#if defined(DTENSOR_EXAMPLE_ON_GPU) || defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
+  (void)argc, (void)argv;
+#ifdef DTENSOR_EXAMPLE_ON_GPU
+  if (!cuda::available()) {
+    std::printf("no GPU: train_cnn_cuda skipped\n");
+    return 77;
+  }
+#else
+  dtensor::test::emulated::install();
+#endif
+  RunOptions opt;
+  opt.device = Device::cuda(0);  // each rank a thread with a stream of its own on GPU 0
+  run_threads(4, program, opt);
+#ifdef DTENSOR_EXAMPLE_ON_EMULATED_GPU
+  std::printf("emulated device: %ld backend calls\n", dtensor::test::emulated::calls().load());
+  if (dtensor::test::emulated::calls() == 0) return 1;  // the device paths never ran
+#endif
+#elif defined(DTENSOR_WITH_MPI)
   run(argc, argv, 4, program);
 #else
   (void)argc, (void)argv;

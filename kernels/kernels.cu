@@ -18,8 +18,11 @@
 #include "dtensor/util/error.hpp"
 #include "elementwise.cuh"
 #include "grid.cuh"
+#include "optimizer.cuh"
 #include "pool.cuh"
+#include "random.cuh"
 #include "reduce.cuh"
+#include "row_stats.cuh"
 #include "rows.cuh"
 #include "softmax.cuh"
 #include "upsample.cuh"
@@ -500,6 +503,92 @@ void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t l
       const auto* s = static_cast<const T*>(sums);
       if (log) detail::softmax_finish_kernel<T, true><<<blocks_for(n), kThreads, 0, stream>>>(p, s, len, inner, n);
       else detail::softmax_finish_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(p, s, len, inner, n);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void random_fill(DType t, void* dst, const CounterBox& box, uint64_t seed, bool normal, cudaStream_t stream) {
+  check_floating(t, "random_fill");
+  DTENSOR_CHECK(box.rank >= 0 && box.rank <= CounterBox::kMaxRank, InvalidArgument, "cuda::kernels::random_fill: ",
+                box.rank, " dims (at most ", CounterBox::kMaxRank, ")");
+  const int64_t n = box.numel();
+  check_size(n, "random_fill");
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      if (normal)
+        detail::random_fill_kernel<T, true><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), box, seed, n);
+      else
+        detail::random_fill_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), box, seed, n);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void row_moments(DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols, double* out,
+                 cudaStream_t stream) {
+  check_floating(t, "row_moments");
+  check_size(rows, "row_moments");
+  check_size(cols, "row_moments");
+  if (rows == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, kMaxBlocks));
+      detail::row_moments_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b),
+                                                                     shift, rows, cols, out);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols, void* out,
+                cudaStream_t stream) {
+  check_floating(t, "row_affine");
+  check_size(rows, "row_affine");
+  check_size(cols, "row_affine");
+  DTENSOR_CHECK(terms.scale != nullptr, InvalidArgument, "cuda::kernels::row_affine: no scale");
+  const int64_t n = rows * cols;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      detail::row_affine_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+          static_cast<const T*>(a), static_cast<const T*>(b), terms, cols, static_cast<T*>(out), n);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void sgd_update(DType t, void* w, const void* g, void* buf, int64_t n, const SgdStep& s, cudaStream_t stream) {
+  check_floating(t, "sgd_update");
+  check_size(n, "sgd_update");
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      detail::sgd_update_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+          static_cast<T*>(w), static_cast<const T*>(g), static_cast<T*>(buf), n, static_cast<T>(s.lr),
+          static_cast<T>(s.momentum), static_cast<T>(s.weight_decay), s.nesterov, s.first);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void adamw_update(DType t, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& s,
+                  cudaStream_t stream) {
+  check_floating(t, "adamw_update");
+  check_size(n, "adamw_update");
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      detail::adamw_update_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+          static_cast<T*>(w), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v), n,
+          static_cast<T>(s.lr), static_cast<T>(s.beta1), static_cast<T>(s.beta2), static_cast<T>(s.eps),
+          static_cast<T>(s.weight_decay), static_cast<T>(s.bias_correction1), static_cast<T>(s.bias_correction2));
       DTENSOR_CUDA_LAUNCHED();
     }
   });

@@ -47,7 +47,9 @@
 //   DTENSOR_EMU_DELAY_PERCENT=n  share of the operations delayed (default 10; the
 //                                others run as soon as the worker gets to them)
 #include <dtensor/compute/conv.hpp>
+#include <dtensor/compute/optimizer_update.hpp>
 #include <dtensor/compute/pool.hpp>
+#include <dtensor/compute/row_stats.hpp>
 #include <dtensor/compute/upsample.hpp>
 #include <dtensor/dtensor.hpp>
 
@@ -565,6 +567,28 @@ inline const detail::DeviceBackend& backend() {
           [](DType t, void* dst, int64_t n, Scalar v) {
             launch([=] { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, v.as<decltype(tag)>()); }); });
           },
+      // Walks the box with an odometer (the kernel decomposes each index instead).
+      .random_fill =
+          [](DType t, void* dst, const CounterBox& box, uint64_t seed, bool normal) {
+            if (!is_floating(t)) throw InvalidArgument("emulated device: random_fill takes float or double tensors");
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                if constexpr (std::is_floating_point_v<T>) {
+                  T* out = real<T>(dst);
+                  const int64_t n = box.numel();
+                  int64_t idx[CounterBox::kMaxRank] = {};
+                  for (int64_t e = 0; e < n; ++e) {
+                    int64_t g = 0;
+                    for (int d = 0; d < box.rank; ++d) g += (box.offset[d] + idx[d]) * box.global_stride[d];
+                    const auto i = static_cast<uint64_t>(g);
+                    out[e] = normal ? detail::normal_value<T>(seed, i) : detail::uniform_value<T>(seed, i);
+                    for (int d = box.rank - 1; d >= 0 && ++idx[d] == box.extent[d]; --d) idx[d] = 0;
+                  }
+                }
+              });
+            });
+          },
       .binary =
           [](DType t, BinaryOp op, const void* a, const void* b, void* out, int64_t n) {
             launch([=] {
@@ -688,6 +712,58 @@ inline const detail::DeviceBackend& backend() {
                 using T = decltype(tag);
                 if (log) local::softmax_finish<true>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
                 else local::softmax_finish<false>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
+              });
+            });
+          },
+      // The per-row arrays are host memory: row_moments waits for its sums (the host
+      // arrays outlive the work); row_affine copies them into the queued closure (the
+      // caller may reuse them once the call returns, as the CUDA backend allows).
+      .row_moments =
+          [](DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols, double* out) {
+            if (!is_floating(t)) throw InvalidArgument("emulated device: row_moments takes float or double tensors");
+            count(calls());
+            submit_and_wait([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                if constexpr (std::is_floating_point_v<T>)
+                  local::row_moments(Device::host(), real<const T>(a), real<const T>(b), shift, rows, cols, out);
+              });
+            });
+          },
+      .row_affine =
+          [](DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols, void* out) {
+            if (!is_floating(t)) throw InvalidArgument("emulated device: row_affine takes float or double tensors");
+            auto copy = [rows](const double* p) { return p ? std::vector<double>(p, p + rows) : std::vector<double>{}; };
+            launch([=, center = copy(terms.center), scale = copy(terms.scale), b_scale = copy(terms.b_scale),
+                    offset = copy(terms.offset)] {
+              auto at = [](const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); };
+              const RowTerms host{at(center), at(scale), at(b_scale), at(offset)};
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                if constexpr (std::is_floating_point_v<T>)
+                  local::row_affine(Device::host(), real<const T>(a), real<const T>(b), host, rows, cols, real<T>(out));
+              });
+            });
+          },
+      .sgd_update =
+          [](DType t, void* w, const void* g, void* buf, int64_t n, const SgdStep& step) {
+            if (!is_floating(t)) throw InvalidArgument("emulated device: sgd_update takes float or double tensors");
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                if constexpr (std::is_floating_point_v<T>)
+                  local::sgd_update(Device::host(), real<T>(w), real<const T>(g), real<T>(buf), n, step);
+              });
+            });
+          },
+      .adamw_update =
+          [](DType t, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step) {
+            if (!is_floating(t)) throw InvalidArgument("emulated device: adamw_update takes float or double tensors");
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                if constexpr (std::is_floating_point_v<T>)
+                  local::adamw_update(Device::host(), real<T>(w), real<const T>(g), real<T>(m), real<T>(v), n, step);
               });
             });
           },

@@ -24,8 +24,12 @@
 #include "block_copy.cuh"
 #include "dtensor/comm/block.hpp"
 #include "elementwise.cuh"
+#include "dtensor/compute/optimizer_update.hpp"
 #include "host_launch/launcher.hpp"
+#include "optimizer.cuh"
+#include "random.cuh"
 #include "reduce.cuh"
+#include "row_stats.cuh"
 #include "rows.cuh"
 #include "softmax.cuh"
 
@@ -34,6 +38,7 @@ namespace {
 namespace kd = dtensor::cuda::kernels::detail;
 namespace hl = dtensor::test::host_launch;
 using dtensor::Block;
+using dtensor::RowTerms;
 using dtensor::DType;
 using hl::Dim3;
 using hl::Order;
@@ -1115,6 +1120,207 @@ TEST_CASE("kernels on the host: softmax_shift and softmax_finish") {
       check_softmax<T, false>(sh);
       check_softmax<T, true>(sh);
     }
+  });
+}
+
+// --- per-row statistics and affine maps (kernels/row_stats.cuh) ---
+
+// row_moments_kernel against sums in long double, with and without a shift and a
+// second block; blocks of kThreads (block_reduce's size), grids of one block, two, and
+// one per row, so that the row loop and the column loop both turn.
+template <class T>
+void check_row_moments(int64_t rows, int64_t cols) {
+  INFO("rows ", rows, ", cols ", cols, ", ", type_name<T>());
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  const auto a = random_values<T>(n, -3, 5, 41);
+  const auto b = random_values<T>(n, -2, 2, 42);
+  const auto shift = random_values<double>(static_cast<std::size_t>(rows), 0, 2, 43);
+  for (int mode = 0; mode < 3; ++mode) {  // 0: plain, 1: shifted, 2: with b
+    INFO("mode ", mode);
+    std::vector<double> want(static_cast<std::size_t>(2 * rows)), scale(want.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      long double s1 = 0, s2 = 0, m1 = 0, m2 = 0;
+      for (int64_t j = 0; j < cols; ++j) {
+        const long double x = a[r * cols + j] - (mode == 1 ? shift[r] : 0.0);
+        const long double y = mode == 2 ? static_cast<long double>(b[r * cols + j]) : x;
+        s1 += x, s2 += x * y, m1 += std::abs(x), m2 += std::abs(x * y);
+      }
+      want[r] = static_cast<double>(s1), want[rows + r] = static_cast<double>(s2);
+      scale[r] = static_cast<double>(m1), scale[rows + r] = static_cast<double>(m2);
+    }
+    const unsigned per_row = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(rows, kd::kMaxBlocks)));
+    each_launch({{Dim3{per_row}, Dim3{kd::kThreads}}, {Dim3{1}, Dim3{kd::kThreads}}, {Dim3{2}, Dim3{kd::kThreads}}},
+                [&](const Config& c) {
+                  Buffer<T> ab(a), bb(b);
+                  Buffer<double> sb(shift), out(want.size());
+                  hl::launch(c.grid, c.block, 0, kd::row_moments_kernel<T>, static_cast<const T*>(ab.data()),
+                             mode == 2 ? static_cast<const T*>(bb.data()) : nullptr,
+                             mode == 1 ? static_cast<const double*>(sb.data()) : nullptr, rows, cols, out.data());
+                  const auto got = out.values();
+                  for (std::size_t i = 0; i < want.size(); ++i)
+                    REQUIRE_MESSAGE(std::abs(got[i] - want[i]) <= 1e-14 * (1 + scale[i]), "sum ", i, ": got ",
+                                    show(got[i]), ", want ", show(want[i]));
+                  CHECK((ab.guards_intact() && bb.guards_intact() && sb.guards_intact() && out.guards_intact()));
+                });
+  }
+}
+
+TEST_CASE("kernels on the host: row_moments") {
+  for_types<float, double>([]<class T>() {
+    for (int64_t rows : {0, 1, 3, 33})
+      for (int64_t cols : {0, 1, 31, 33, 1023, 4097}) check_row_moments<T>(rows, cols);
+  });
+}
+
+// row_affine_kernel: the formula of compute/row_terms.hpp in the same order, so bit
+// for bit; every term present and absent, and in place (out = a).
+template <class T>
+void check_row_affine(int64_t rows, int64_t cols) {
+  INFO("rows ", rows, ", cols ", cols, ", ", type_name<T>());
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  const auto a = random_values<T>(n, -3, 5, 51);
+  const auto b = random_values<T>(n, -2, 2, 52);
+  const auto k = static_cast<std::size_t>(rows);
+  const auto center = random_values<double>(k, -1, 1, 53), scale = random_values<double>(k, -2, 2, 54);
+  const auto b_scale = random_values<double>(k, -2, 2, 55), offset = random_values<double>(k, -1, 1, 56);
+  for (int mask = 0; mask < 8; ++mask) {  // bit 0: center, 1: b, 2: offset
+    const bool has_center = mask & 1, has_b = mask & 2, has_offset = mask & 4;
+    INFO("center ", has_center, ", b ", has_b, ", offset ", has_offset);
+    std::vector<T> want(n);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        const int64_t e = r * cols + j;
+        double v = static_cast<double>(a[e]);
+        if (has_center) v -= center[r];
+        v *= scale[r];
+        if (has_b) v += static_cast<double>(b[e]) * b_scale[r];
+        if (has_offset) v += offset[r];
+        want[e] = static_cast<T>(v);
+      }
+    for (bool in_place : {false, true})
+      each_launch(stride_configs(static_cast<int64_t>(n), false), [&](const Config& c) {
+        Buffer<T> ab(a), bb(b), out(n);
+        Buffer<double> cb(center), sb(scale), bsb(b_scale), ob(offset);
+        const RowTerms terms{has_center ? cb.data() : nullptr, sb.data(), has_b ? bsb.data() : nullptr,
+                             has_offset ? ob.data() : nullptr};
+        T* dst = in_place ? ab.data() : out.data();
+        hl::launch(c.grid, c.block, 0, kd::row_affine_kernel<T>, static_cast<const T*>(ab.data()),
+                   has_b ? static_cast<const T*>(bb.data()) : nullptr, terms, cols, dst, static_cast<int64_t>(n));
+        CHECK(mismatch(in_place ? ab.values() : out.values(), want) == "");
+        CHECK((ab.guards_intact() && bb.guards_intact() && out.guards_intact() && cb.guards_intact() &&
+               sb.guards_intact() && bsb.guards_intact() && ob.guards_intact()));
+      });
+  }
+}
+
+TEST_CASE("kernels on the host: row_affine") {
+  for_types<float, double>([]<class T>() {
+    for (int64_t rows : {0, 1, 3, 33})
+      for (int64_t cols : {0, 1, 31, 33, 1023}) check_row_affine<T>(rows, cols);
+  });
+}
+
+// --- optimizer updates (kernels/optimizer.cuh) against the host's Eigen update ---
+
+template <class T>
+void check_optimizers(int64_t n) {
+  INFO("n ", n, ", ", type_name<T>());
+  const auto w0 = random_values<T>(static_cast<std::size_t>(n), -1, 1, 61);
+  const auto g = random_values<T>(static_cast<std::size_t>(n), -1, 1, 62);
+  const auto b0 = random_values<T>(static_cast<std::size_t>(n), -1, 1, 63);
+  const auto v0 = random_values<T>(static_cast<std::size_t>(n), 0, 1, 64);
+  const dtensor::Device host = dtensor::Device::host();
+  for (double momentum : {0.0, 0.9})
+    for (bool nesterov : {false, true})
+      for (bool first : {false, true}) {
+        const dtensor::SgdStep s{.lr = 0.1, .momentum = momentum, .weight_decay = 0.01, .nesterov = nesterov,
+                                 .first = first};
+        INFO("sgd momentum ", momentum, ", nesterov ", nesterov, ", first ", first);
+        std::vector<T> w = w0, b = b0;
+        dtensor::local::sgd_update(host, w.data(), g.data(), b.data(), n, s);
+        each_launch(stride_configs(n, false), [&](const Config& c) {
+          Buffer<T> wb(w0), gb(g), bb(b0);
+          hl::launch(c.grid, c.block, 0, kd::sgd_update_kernel<T>, wb.data(), static_cast<const T*>(gb.data()),
+                     momentum != 0 ? bb.data() : nullptr, n, static_cast<T>(s.lr), static_cast<T>(s.momentum),
+                     static_cast<T>(s.weight_decay), s.nesterov, s.first);
+          CHECK(mismatch(wb.values(), w, [](T x, T y) { return close(x, y, tolerance<T>()); }) == "");
+          if (momentum != 0) CHECK(mismatch(bb.values(), b, [](T x, T y) { return close(x, y, tolerance<T>()); }) == "");
+          CHECK((wb.guards_intact() && gb.guards_intact() && bb.guards_intact()));
+        });
+      }
+  const dtensor::AdamWStep s{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
+                             .bias_correction1 = 1 - 0.9 * 0.9, .bias_correction2 = 1 - 0.999 * 0.999};
+  std::vector<T> w = w0, m = b0, v = v0;
+  dtensor::local::adamw_update(host, w.data(), g.data(), m.data(), v.data(), n, s);
+  each_launch(stride_configs(n, false), [&](const Config& c) {
+    Buffer<T> wb(w0), gb(g), mb(b0), vb(v0);
+    hl::launch(c.grid, c.block, 0, kd::adamw_update_kernel<T>, wb.data(), static_cast<const T*>(gb.data()), mb.data(),
+               vb.data(), n, static_cast<T>(s.lr), static_cast<T>(s.beta1), static_cast<T>(s.beta2),
+               static_cast<T>(s.eps), static_cast<T>(s.weight_decay), static_cast<T>(s.bias_correction1),
+               static_cast<T>(s.bias_correction2));
+    auto near = [](T x, T y) { return close(x, y, tolerance<T>()); };
+    CHECK(mismatch(wb.values(), w, near) == "");
+    CHECK(mismatch(mb.values(), m, near) == "");
+    CHECK(mismatch(vb.values(), v, near) == "");
+    CHECK((wb.guards_intact() && gb.guards_intact() && mb.guards_intact() && vb.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: sgd_update and adamw_update equal the host's update") {
+  for_types<float, double>([]<class T>() {
+    for (int64_t n : kSizes) check_optimizers<T>(n);
+  });
+}
+
+// --- counter-based random fills (kernels/random.cuh) ---
+
+// random_fill_kernel writes, for each element of a block, the host's value of its
+// global index: bit for bit, on boxes of 1 to 3 dims placed inside larger tensors.
+template <class T, bool Normal>
+void check_random_fill(const std::vector<int64_t>& global, const std::vector<int64_t>& offset,
+                       const std::vector<int64_t>& extent) {
+  INFO("global ", global.size(), "-D, box ", extent.size() > 0 ? extent[0] : 0, ", ", type_name<T>(),
+       Normal ? ", normal" : ", uniform");
+  dtensor::CounterBox box;
+  box.rank = static_cast<int>(global.size());
+  int64_t stride = 1;
+  for (int d = box.rank - 1; d >= 0; --d) {
+    box.extent[d] = extent[d], box.offset[d] = offset[d], box.global_stride[d] = stride;
+    stride *= global[d];
+  }
+  const int64_t n = box.numel();
+  std::vector<T> want;
+  // Reference: every global index, kept where it falls in the box.
+  for (int64_t g = 0; g < stride; ++g) {
+    bool inside = true;
+    int64_t rest = g;
+    for (int d = box.rank - 1; d >= 0; --d) {
+      const int64_t i = rest % global[d];
+      rest /= global[d];
+      inside = inside && i >= offset[d] && i < offset[d] + extent[d];
+    }
+    if (inside)
+      want.push_back(Normal ? dtensor::detail::normal_value<T>(7, static_cast<uint64_t>(g))
+                            : dtensor::detail::uniform_value<T>(7, static_cast<uint64_t>(g)));
+  }
+  REQUIRE(static_cast<int64_t>(want.size()) == n);
+  each_launch(stride_configs(n, false), [&](const Config& c) {
+    Buffer<T> out(static_cast<std::size_t>(n));
+    hl::launch(c.grid, c.block, 0, kd::random_fill_kernel<T, Normal>, out.data(), box, uint64_t{7}, n);
+    CHECK(mismatch(out.values(), want) == "");
+    CHECK(out.guards_intact());
+  });
+}
+
+TEST_CASE("kernels on the host: random_fill gives the host's counter-based values") {
+  for_types<float, double>([]<class T>() {
+    for (int64_t n : kSizes) {
+      check_random_fill<T, false>({n + 5}, {3}, {n});
+      check_random_fill<T, true>({n + 5}, {3}, {n});
+    }
+    check_random_fill<T, true>({7, 9}, {2, 4}, {5, 3});
+    check_random_fill<T, false>({4, 33, 5}, {1, 0, 2}, {3, 33, 2});
+    check_random_fill<T, true>({4, 33, 5}, {0, 7, 0}, {4, 0, 5});  // an empty box
   });
 }
 

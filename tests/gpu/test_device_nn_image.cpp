@@ -1,5 +1,5 @@
 // The image layers of issue 13 (convolution, pooling, global average pooling,
-// upsampling, transposed convolution) and the image I/O helpers on device buffers: the
+// upsampling, transposed convolution, batch and group normalization) and the image I/O helpers on device buffers: the
 // in-process runtime with RunOptions::device. Each layer's forward and backward run
 // on host and on device storage on a 2x2 mesh over H and W with uneven and empty
 // blocks; the device results (gathered to rank 0 through gather_to's device path)
@@ -14,9 +14,11 @@
 #include <vector>
 
 #include <dtensor/dtensor.hpp>
+#include <dtensor/nn/batch_norm.hpp>
 #include <dtensor/nn/conv.hpp>
 #include <dtensor/nn/conv_transpose.hpp>
 #include <dtensor/nn/global_pool.hpp>
+#include <dtensor/nn/group_norm.hpp>
 #include <dtensor/nn/image_io.hpp>
 #include <dtensor/nn/pool.hpp>
 #include <dtensor/nn/upsample.hpp>
@@ -103,5 +105,13 @@ TEST_CASE("image layers on device buffers equal the host's") {
   same_on_device("conv 3x3 stride 2", [](auto& mesh) {
     return nn::Conv<Img, 3, 4, nn::ConvSpec<2>::square(3, 2, 1)>(mesh, {5});
   });
+  same_on_device("batch_norm", [](auto& mesh) { return nn::BatchNorm<Img, 3>(mesh); });
+  same_on_device("batch_norm evaluation", [](auto& mesh) {
+    nn::BatchNorm<Img, 3> bn(mesh, {.eps = 0.5});
+    bn.train(false);
+    return bn;
+  });
+  same_on_device("group_norm, one group", [](auto& mesh) { return nn::GroupNorm<Img, 3, 1>(mesh); });
+  same_on_device("group_norm, a group per channel", [](auto& mesh) { return nn::GroupNorm<Img, 3, 3>(mesh); });
   same_on_device("conv 5x5 same", [](auto& mesh) { return nn::Conv<Img, 3, 2, nn::ConvSpec<2>::square_same(5)>(mesh, {6}); });
 }

@@ -15,8 +15,11 @@
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
 #include "dtensor/compute/conv_dims.hpp"
+#include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/functions.hpp"
 #include "dtensor/compute/gemm.hpp"
+#include "dtensor/compute/optimizer_step.hpp"
+#include "dtensor/compute/row_terms.hpp"
 #include "dtensor/compute/upsample_dims.hpp"
 #include "dtensor/tensor/device.hpp"
 
@@ -36,6 +39,9 @@ struct DeviceBackend {
   void (*reduce_block)(DType, ReduceOp, const void* src, Block sb, void* dst, Block db);
   void (*divide_block)(DType, void* dst, Block db, int terms);
   void (*fill)(DType, void* dst, int64_t n, Scalar value);
+  // Counter-based uniform [0, 1) or standard normal values (compute/counter_rng.hpp)
+  // for the block `box` of the global tensor (float and double).
+  void (*random_fill)(DType, void* dst, const CounterBox& box, uint64_t seed, bool normal);
 
   // Elementwise.
   void (*binary)(DType, BinaryOp, const void* a, const void* b, void* out, int64_t n);
@@ -54,6 +60,19 @@ struct DeviceBackend {
   void (*softmax_shift)(DType, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
                         bool log);
   void (*softmax_finish)(DType, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log);
+
+  // Per-row statistics and affine maps in double (compute/row_stats.hpp; float and
+  // double). The per-row arrays are host arrays: row_moments writes `out` (2 rows
+  // values) and returns when it is written; row_affine reads its RowTerms' arrays
+  // before it returns.
+  void (*row_moments)(DType, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
+                      double* out);
+  void (*row_affine)(DType, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
+                     void* out);
+
+  // Optimizer updates of one parameter block (compute/optimizer_update.hpp; float and double).
+  void (*sgd_update)(DType, void* w, const void* g, void* buf, int64_t n, const SgdStep& step);
+  void (*adamw_update)(DType, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step);
 
   // Rows of a [rows, cols] block picked by int64 indices, of which only those in
   // [lo, lo + table_rows) belong to this block (a vocabulary or class dim sharded over

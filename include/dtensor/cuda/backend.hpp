@@ -38,6 +38,60 @@ double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel) {
   return v;
 }
 
+// Per-row host arrays of doubles (compute/row_stats.hpp) in one device block of
+// `arrays` x `rows` doubles: the host arrays are copied in on the stream (pageable
+// memory: cudaMemcpyAsync returns once it has taken the bytes, so the caller may
+// reuse them at once), and the block is freed in stream order.
+class RowArrays {
+ public:
+  RowArrays(int arrays, int64_t rows) : bytes_(static_cast<std::size_t>(arrays * rows) * sizeof(double)) {
+    DTENSOR_CUDA(cudaGetDevice(&device_));
+    p_ = static_cast<double*>(allocate(bytes_, device_));
+  }
+  ~RowArrays() { deallocate(p_, bytes_, device_); }
+  RowArrays(const RowArrays&) = delete;
+  RowArrays& operator=(const RowArrays&) = delete;
+
+  // Array k on the device, holding `host`'s rows values (null when host is null).
+  double* upload(int k, const double* host, int64_t rows) {
+    if (!host) return nullptr;
+    double* d = p_ + k * rows;
+    DTENSOR_CUDA(cudaMemcpyAsync(d, host, static_cast<std::size_t>(rows) * sizeof(double), cudaMemcpyHostToDevice,
+                                 current_stream()));
+    return d;
+  }
+  double* at(int k, int64_t rows) { return p_ + k * rows; }
+
+ private:
+  std::size_t bytes_;
+  int device_ = 0;
+  double* p_ = nullptr;
+};
+
+inline void row_moments(DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
+                        double* out) {
+  if (rows == 0) return;
+  cudaStream_t s = current_stream();
+  RowArrays dev(3, rows);  // [shift | out (2 rows)]
+  double* d_out = dev.at(1, rows);
+  kernels::row_moments(t, a, b, dev.upload(0, shift, rows), rows, cols, d_out, s);
+  DTENSOR_CUDA(cudaMemcpyAsync(out, d_out, static_cast<std::size_t>(2 * rows) * sizeof(double),
+                               cudaMemcpyDeviceToHost, s));
+  DTENSOR_CUDA(cudaStreamSynchronize(s));
+}
+
+inline void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
+                       void* out) {
+  if (rows == 0 || cols == 0) return;
+  RowArrays dev(4, rows);
+  RowTerms d;
+  d.center = dev.upload(0, terms.center, rows);
+  d.scale = dev.upload(1, terms.scale, rows);
+  d.b_scale = dev.upload(2, b ? terms.b_scale : nullptr, rows);
+  d.offset = dev.upload(3, terms.offset, rows);
+  kernels::row_affine(t, a, b, d, rows, cols, out, current_stream());
+}
+
 inline const ::dtensor::detail::DeviceBackend& backend_table() {
   namespace k = kernels;
   static constexpr ::dtensor::detail::DeviceBackend table{
@@ -59,6 +113,8 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
       .divide_block = [](DType t, void* dst, Block db,
                          int terms) { k::divide_block(t, dst, db, terms, current_stream()); },
       .fill = [](DType t, void* dst, int64_t n, Scalar v) { k::fill(t, dst, n, v, current_stream()); },
+      .random_fill = [](DType t, void* dst, const CounterBox& box, uint64_t seed,
+                        bool normal) { k::random_fill(t, dst, box, seed, normal, current_stream()); },
       .binary = [](DType t, BinaryOp op, const void* a, const void* b, void* out,
                    int64_t n) { k::binary(t, op, a, b, out, n, current_stream()); },
       .binary_scalar = [](DType t, BinaryOp op, const void* a, Scalar s, void* out,
@@ -81,6 +137,14 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
                           bool log) { k::softmax_shift(t, x, max, sums, outer, len, inner, log, current_stream()); },
       .softmax_finish = [](DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner,
                            bool log) { k::softmax_finish(t, x, sums, outer, len, inner, log, current_stream()); },
+      .row_moments = [](DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
+                        double* out) { row_moments(t, a, b, shift, rows, cols, out); },
+      .row_affine = [](DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
+                       void* out) { row_affine(t, a, b, terms, rows, cols, out); },
+      .sgd_update = [](DType t, void* w, const void* g, void* buf, int64_t n,
+                       const SgdStep& step) { k::sgd_update(t, w, g, buf, n, step, current_stream()); },
+      .adamw_update = [](DType t, void* w, const void* g, void* m, void* v, int64_t n,
+                         const AdamWStep& step) { k::adamw_update(t, w, g, m, v, n, step, current_stream()); },
       .gather_rows = [](DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index,
                         int64_t rows, int64_t lo,
                         void* out) { k::gather_rows(t, table, table_rows, cols, index, rows, lo, out, current_stream()); },

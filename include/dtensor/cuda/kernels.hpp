@@ -18,7 +18,10 @@
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
 #include "dtensor/compute/conv_dims.hpp"
+#include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/functions.hpp"
+#include "dtensor/compute/optimizer_step.hpp"
+#include "dtensor/compute/row_terms.hpp"
 #include "dtensor/compute/upsample_dims.hpp"
 
 namespace dtensor::cuda::kernels {
@@ -42,6 +45,10 @@ void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream);
 
 // dst[0, n) = value (one element of type t).
 void fill(DType t, void* dst, int64_t n, Scalar value, cudaStream_t stream);
+
+// dst[e] = the counter-based uniform or normal value of element e of `box`
+// (compute/counter_rng.hpp; float32 and float64).
+void random_fill(DType t, void* dst, const CounterBox& box, uint64_t seed, bool normal, cudaStream_t stream);
 
 // --- elementwise ---
 
@@ -103,6 +110,24 @@ void softmax_shift(DType t, void* x, const void* max, void* sums, int64_t outer,
                    bool log, cudaStream_t stream);
 void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log,
                     cudaStream_t stream);
+
+// --- per-row statistics and affine maps (float32 and float64; compute/row_stats.hpp's
+// formulas, every array here on the device) ---
+
+// out[r], out[rows + r]: sum (a - shift[r]) and sum (a - shift[r])^2 over row r of a
+// [rows, cols] a (b null; shift may be null: 0), or sum a and sum a b (b not null).
+void row_moments(DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols, double* out,
+                 cudaStream_t stream);
+// out = the row-affine map of a (and b; may be null) with `terms` (device arrays);
+// out may alias a or b.
+void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols, void* out,
+                cudaStream_t stream);
+
+// --- optimizer updates of one parameter block (float32 and float64) ---
+
+void sgd_update(DType t, void* w, const void* g, void* buf, int64_t n, const SgdStep& step, cudaStream_t stream);
+void adamw_update(DType t, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step,
+                  cudaStream_t stream);
 
 // --- sliding windows and upsampling (float32 and float64; dims validated, the box and
 // the valid cells resolved, as compute/pool.hpp and upsample.hpp pass them) ---

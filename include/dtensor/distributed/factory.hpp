@@ -8,9 +8,11 @@
 // zeros; under Partial<Avg|Max|Min> every rank holds the value itself.
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/comm/host_values.hpp"
+#include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/tensor/box.hpp"
@@ -41,29 +43,9 @@ constexpr void check_mesh_matches() {
                 "give one placement per mesh dim (e.g. <Shard<0>, Replicate> for a 2-D mesh)");
 }
 
-// Counter-based random numbers: element i of a tensor filled with `seed` depends on
-// (seed, i) alone, so every rank fills its block exactly as one rank fills the whole.
-inline uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-inline double uniform01(uint64_t seed, uint64_t i, uint64_t stream = 0) {
-  return static_cast<double>(mix64(mix64(seed ^ (stream * 0xD1B54A32D192ED03ull)) + i) >> 11) * 0x1.0p-53;
-}
-template <class T>
-T uniform_value(uint64_t seed, uint64_t i) {
-  return static_cast<T>(uniform01(seed, i));
-}
-template <class T>
-T normal_value(uint64_t seed, uint64_t i) {
-  const double u1 = 1.0 - uniform01(seed, i, 1), u2 = uniform01(seed, i, 2);  // u1 in (0, 1]
-  return static_cast<T>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2));
-}
-
 // Fills this rank's block with gen(global linear index). On a GPU mesh the block is
-// generated on the host and copied over: the generators are host code.
+// generated on the host and copied over: gen is host code (rand and randn below
+// generate on the device instead).
 template <class DT, class Gen>
 DT generate(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const Splits<DT::rank>& splits, Gen&& gen) {
   using T = typename DT::value_type;
@@ -81,6 +63,35 @@ DT generate(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const S
   if (!on_host && host.numel() > 0)
     copy_bytes(x.local().data(), x.local().device(), host.data(), Device::host(), host.bytes());
   return x;
+}
+
+// rand and randn: on a GPU mesh (float and double), the block is filled by the device
+// with the same counter-based values (compute/counter_rng.hpp), never staged on the
+// host; elsewhere through generate.
+template <class DT>
+DT counter_fill(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const Splits<DT::rank>& splits,
+                uint64_t seed, bool normal) {
+  using T = typename DT::value_type;
+  constexpr int R = DT::rank;
+  if constexpr (std::is_floating_point_v<T> && R <= CounterBox::kMaxRank) {
+    if (!mesh.device().is_host()) {
+      DT x = make_dtensor<DT>(mesh, ShardLayout<R>::make(shape, DT::placement_state, mesh.shape(), splits));
+      if (holds_zero_term(DT::placement_state, mesh.coords())) {
+        local::fill(x.local(), T{});
+        return x;
+      }
+      CounterBox box;
+      box.rank = R;
+      const auto strides = row_major_strides(shape);
+      for (int d = 0; d < R; ++d)
+        box.extent[d] = x.local_shape()[d], box.offset[d] = x.local_offset()[d], box.global_stride[d] = strides[d];
+      if (box.numel() > 0) device_backend(x.local().device()).random_fill(dtype_of<T>(), x.local().data(), box, seed, normal);
+      return x;
+    }
+  }
+  return generate<DT>(shape, mesh, splits, [&](uint64_t i) {
+    return normal ? normal_value<T>(seed, i) : uniform_value<T>(seed, i);
+  });
 }
 
 }  // namespace detail
@@ -259,15 +270,13 @@ template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> rand(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
                                            uint64_t seed, const Splits<static_cast<int>(R)>& splits = {}) {
   detail::check_mesh_matches<M, P...>();
-  return detail::generate<DTensor<T, static_cast<int>(R), P...>>(
-      shape, mesh, splits, [&](uint64_t i) { return detail::uniform_value<T>(seed, i); });
+  return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits, seed, /*normal*/ false);
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> randn(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
                                             uint64_t seed, const Splits<static_cast<int>(R)>& splits = {}) {
   detail::check_mesh_matches<M, P...>();
-  return detail::generate<DTensor<T, static_cast<int>(R), P...>>(
-      shape, mesh, splits, [&](uint64_t i) { return detail::normal_value<T>(seed, i); });
+  return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits, seed, /*normal*/ true);
 }
 
 // The single-rank references of the fills above.

@@ -29,6 +29,13 @@
 // would shift every xhat alike, and dweight = sum dy xhat would carry that error
 // times sum dy. The blocks are T.
 //
+// Where: the blocks stay where they live (host or GPU). The per-(sample, channel)
+// sums and the normalization are compute/row_stats.hpp's row_moments and row_affine,
+// one code path for both; the per-channel values (a few per channel: sums, mean,
+// inverse deviation, weight, bias, running statistics) are worked on the host, where
+// the all-reduce of the statistics takes them anyway (on a GPU mesh that costs a
+// small copy each way per pass, and a wait for the device's sums).
+//
 // The counts are global (the batch times the global spatial cells): exact on uneven
 // shards and for ranks holding no cells, which still join the all-reduces.
 #include <cmath>
@@ -36,12 +43,12 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
-#include "dtensor/tensor/eigen.hpp"
 
 namespace dtensor::nn {
 
@@ -125,9 +132,9 @@ class BatchNorm {
     DTENSOR_CHECK(x.shape()[1] == C, InvalidArgument, name, ": an input of ", x.shape()[1], " channels, expected ", C,
                   " (input shape ", dtensor::to_string(x.shape()), ")");
     const auto& lx = x.local();
-    DTENSOR_CHECK(lx.device().is_host(), InvalidArgument, name, ": host blocks only for now; run the layer on a "
-                  "host mesh");
+    const Device dev = lx.device();
     const auto blk = detail::ImageBlock::of(lx.shape());
+    const int64_t rows = blk.samples * C;  // one row per (sample, channel): its cells
     const int64_t count = x.shape()[0] * detail::global_cells(x.shape());
     mean_.assign(static_cast<std::size_t>(C), 0.0);
     inv_.assign(static_cast<std::size_t>(C), 0.0);
@@ -135,53 +142,57 @@ class BatchNorm {
       DTENSOR_CHECK(count > 1, InvalidArgument, name, ": training needs more than one value per channel, and the "
                     "batch and image hold ", count, " (input shape ", dtensor::to_string(x.shape()),
                     "); give a larger batch or image, or evaluate with train(false)");
-      std::vector<double> sums(static_cast<std::size_t>(2 * C));
-      for (int64_t c = 0; c < C; ++c) {
-        double s1 = 0, s2 = 0;
-        for (int64_t n = 0; n < blk.samples; ++n) {
-          const auto d = cells(lx.data() + blk.offset(n, c), blk.cells).template cast<double>() - shift_[c];
-          s1 += d.sum();
-          s2 += d.square().sum();
-        }
-        sums[c] = s1, sums[C + c] = s2;
-      }
+      // Each row's sums about its channel's shift, then each channel's over the samples.
+      std::vector<double> shift(static_cast<std::size_t>(rows)), row_sums(static_cast<std::size_t>(2 * rows));
+      for (int64_t r = 0; r < rows; ++r) shift[r] = shift_[r % C];
+      local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), shift.data(), rows, blk.cells,
+                         row_sums.data());
+      std::vector<double> sums(static_cast<std::size_t>(2 * C), 0.0);
+      for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
       detail::all_reduce_stats(x.mesh(), stat_mask, sums.data(), sums.size());
       const double k = static_cast<double>(count), mom = opt_.momentum;
-      T* rm = running_mean_.local().data();
-      T* rv = running_var_.local().data();
+      std::vector<double> rm = detail::channel_values(running_mean_.local());
+      std::vector<double> rv = detail::channel_values(running_var_.local());
       for (int64_t c = 0; c < C; ++c) {
         const double d1 = sums[c] / k;
         const double mean = shift_[c] + d1;
         const double var = std::max(sums[C + c] / k - d1 * d1, 0.0);
         mean_[c] = mean;
         inv_[c] = 1 / std::sqrt(var + opt_.eps);
-        rm[c] = static_cast<T>((1 - mom) * rm[c] + mom * mean);
-        rv[c] = static_cast<T>((1 - mom) * rv[c] + mom * var * k / (k - 1));
+        rm[c] = (1 - mom) * rm[c] + mom * mean;
+        rv[c] = (1 - mom) * rv[c] + mom * var * k / (k - 1);
         shift_[c] = mean;
       }
+      detail::set_channel_values(running_mean_.local(), rm);
+      detail::set_channel_values(running_var_.local(), rv);
       ++batches_;
     } else {
-      const T* rm = running_mean_.local().data();
-      const T* rv = running_var_.local().data();
+      const std::vector<double> rm = detail::channel_values(running_mean_.local());
+      const std::vector<double> rv = detail::channel_values(running_var_.local());
       for (int64_t c = 0; c < C; ++c) {
-        mean_[c] = static_cast<double>(rm[c]);
-        inv_[c] = 1 / std::sqrt(static_cast<double>(rv[c]) + opt_.eps);
+        mean_[c] = rm[c];
+        inv_[c] = 1 / std::sqrt(rv[c] + opt_.eps);
       }
     }
     saved_training_ = training_;
     count_ = count;
-    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape());
     layout_ = x.layout();
-    auto y = Tensor<T, Rank>::uninitialized(lx.shape());
-    const T* w = weight_.value().local().data();
-    const T* b = bias_.value().local().data();
-    for (int64_t n = 0; n < blk.samples; ++n)
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t o = blk.offset(n, c);
-        const auto xh = (cells(lx.data() + o, blk.cells).template cast<double>() - mean_[c]) * inv_[c];
-        cells(xhat_->data() + o, blk.cells) = xh.template cast<T>();
-        cells(y.data() + o, blk.cells) = (xh * static_cast<double>(w[c]) + static_cast<double>(b[c])).template cast<T>();
-      }
+    // xhat = (x - mean) inv and y = (x - mean) w inv + b, per row.
+    const std::vector<double> w = detail::channel_values(weight_.value().local());
+    const std::vector<double> b = detail::channel_values(bias_.value().local());
+    std::vector<double> center(static_cast<std::size_t>(rows)), inv(center.size()), scale(center.size()),
+        offset(center.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t c = r % C;
+      center[r] = mean_[c], inv[r] = inv_[c], scale[r] = w[c] * inv_[c], offset[r] = b[c];
+    }
+    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
+    auto y = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
+    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr), {.center = center.data(), .scale = inv.data()},
+                      rows, blk.cells, xhat_->data());
+    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr),
+                      {.center = center.data(), .scale = scale.data(), .offset = offset.data()}, rows, blk.cells,
+                      y.data());
     return InputT(x.mesh(), x.layout(), std::move(y));
   }
 
@@ -198,49 +209,41 @@ class BatchNorm {
     require_gradient_layout(name, dy.layout(), layout_);  // before the all-reduce
     std::optional<Tensor<T, Rank>> xhat = std::move(xhat_);  // a second backward needs a second forward
     xhat_.reset();
+    const Device dev = ld.device();
     const auto blk = detail::ImageBlock::of(ld.shape());
+    const int64_t rows = blk.samples * C;
     // [sum dy, sum dy * xhat] per channel: the bias's and the weight's gradients.
-    std::vector<double> sums(static_cast<std::size_t>(2 * C));
-    for (int64_t c = 0; c < C; ++c) {
-      double s1 = 0, s2 = 0;
-      for (int64_t n = 0; n < blk.samples; ++n) {
-        const int64_t o = blk.offset(n, c);
-        const auto g = cells(ld.data() + o, blk.cells).template cast<double>();
-        s1 += g.sum();
-        s2 += (g * cells(xhat->data() + o, blk.cells).template cast<double>()).sum();
-      }
-      sums[c] = s1, sums[C + c] = s2;
-    }
+    std::vector<double> row_sums(static_cast<std::size_t>(2 * rows));
+    local::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
+    std::vector<double> sums(static_cast<std::size_t>(2 * C), 0.0);
+    for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
     detail::all_reduce_stats(dy.mesh(), stat_mask, sums.data(), sums.size());
-    T* gw = weight_.grad().data();
-    T* gb = bias_.grad().data();
-    for (int64_t c = 0; c < C; ++c) gb[c] += static_cast<T>(sums[c]), gw[c] += static_cast<T>(sums[C + c]);
+    detail::add_channel_values(bias_.grad(), std::vector<double>(sums.begin(), sums.begin() + C));
+    detail::add_channel_values(weight_.grad(), std::vector<double>(sums.begin() + C, sums.end()));
     if constexpr (!NeedInputGrad) {
       return 0;
     } else {
       // Training: dx = w inv (dy - mean(dy) - xhat mean(dy xhat)), means over the
       // batch and the image; evaluation: the statistics are constants, dx = w inv dy.
-      auto dx = Tensor<T, Rank>::uninitialized(ld.shape());
-      const T* w = weight_.value().local().data();
+      const std::vector<double> w = detail::channel_values(weight_.value().local());
       const double k = static_cast<double>(count_);
-      for (int64_t n = 0; n < blk.samples; ++n)
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t o = blk.offset(n, c);
-          const double a = static_cast<double>(w[c]) * inv_[c];
-          const auto g = cells(ld.data() + o, blk.cells).template cast<double>();
-          const auto xh = cells(xhat->data() + o, blk.cells).template cast<double>();
-          const double m1 = saved_training_ ? sums[c] / k : 0.0;
-          const double m2 = saved_training_ ? sums[C + c] / k : 0.0;
-          cells(dx.data() + o, blk.cells) = (a * (g - m1 - xh * m2)).template cast<T>();
-        }
+      std::vector<double> center(static_cast<std::size_t>(rows)), scale(center.size()), xhat_scale(center.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t c = r % C;
+        const double a = w[c] * inv_[c];
+        center[r] = saved_training_ ? sums[c] / k : 0.0;
+        scale[r] = a;
+        xhat_scale[r] = saved_training_ ? -a * sums[C + c] / k : 0.0;
+      }
+      auto dx = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
+      local::row_affine(dev, ld.data(), xhat->data(),
+                        {.center = center.data(), .scale = scale.data(), .b_scale = xhat_scale.data()}, rows,
+                        blk.cells, dx.data());
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }
   }
 
  private:
-  using Cells = Eigen::Array<T, Eigen::Dynamic, 1>;
-  static Eigen::Map<Cells> cells(T* p, int64_t n) { return Eigen::Map<Cells>(p, n); }
-  static Eigen::Map<const Cells> cells(const T* p, int64_t n) { return Eigen::Map<const Cells>(p, n); }
   static ParamT filled(const typename ParamT::Mesh& mesh, T v) {
     return dtensor::detail::generate<ParamT>({C}, mesh, {}, [v](uint64_t) { return v; });
   }

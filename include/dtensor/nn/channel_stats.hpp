@@ -13,11 +13,13 @@
 // mesh dim).
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "dtensor/comm/host_values.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/config.hpp"
+#include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/plan.hpp"
 #include "dtensor/tensor/tensor.hpp"
 
@@ -120,6 +122,31 @@ int64_t global_cells(const std::array<int64_t, Rank>& global) {
   int64_t n = 1;
   for (std::size_t d = 2; d < Rank; ++d) n *= global[d];
   return n;
+}
+
+// A per-channel parameter or statistic (a few values, replicated) on the host, in
+// double: read in place on the host, copied from a device (the layer then works out
+// the per-row coefficients of its normalization on the host, see compute/row_stats.hpp).
+template <class T>
+std::vector<double> channel_values(const Tensor<T, 1>& t) {
+  const std::vector<T> v = host_values(t);
+  return std::vector<double>(v.begin(), v.end());
+}
+// t = v rounded to T, wherever t lives.
+template <class T>
+void set_channel_values(Tensor<T, 1>& t, const std::vector<double>& v) {
+  const bool host = t.device().is_host();
+  Tensor<T, 1> staging = host ? Tensor<T, 1>() : Tensor<T, 1>::uninitialized(t.shape());
+  T* p = host ? t.data() : staging.data();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(v[static_cast<std::size_t>(i)]);
+  if (!host && t.numel() > 0) dtensor::detail::copy_bytes(t.data(), t.device(), p, Device::host(), t.bytes());
+}
+// Parameter gradients: grad[c] += v[c], wherever grad lives.
+template <class T>
+void add_channel_values(Tensor<T, 1>& grad, const std::vector<double>& v) {
+  std::vector<double> g = channel_values(grad);
+  for (std::size_t c = 0; c < g.size(); ++c) g[c] = static_cast<double>(static_cast<T>(g[c]) + static_cast<T>(v[c]));
+  set_channel_values(grad, g);
 }
 
 }  // namespace dtensor::nn::detail

@@ -17,19 +17,21 @@
 //
 // Statistics come from plain sums (no state is shared across samples to shift them
 // by); each rank sums and normalizes its cells in double, also for float tensors,
-// and the sums travel in double (nn/channel_stats.hpp).
+// and the sums travel in double (nn/channel_stats.hpp). The blocks stay on their
+// device: the sums and the normalization are compute/row_stats.hpp's, the per-group
+// and per-channel values are worked on the host (as in nn/batch_norm.hpp).
 // Counts are global (C/G x the global spatial cells), exact on uneven shards.
 #include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
-#include "dtensor/tensor/eigen.hpp"
 
 namespace dtensor::nn {
 
@@ -94,17 +96,13 @@ class GroupNorm {
     DTENSOR_CHECK(x.shape()[1] == C, InvalidArgument, name, ": an input of ", x.shape()[1], " channels, expected ", C,
                   " (input shape ", dtensor::to_string(x.shape()), ")");
     const auto& lx = x.local();
-    DTENSOR_CHECK(lx.device().is_host(), InvalidArgument, name, ": host blocks only for now; run the layer on a "
-                  "host mesh");
+    const Device dev = lx.device();
     const auto blk = detail::ImageBlock::of(lx.shape());
     const int64_t groups = blk.samples * G, run = channels_per_group * blk.cells;  // a group's cells are contiguous
     count_ = channels_per_group * detail::global_cells(x.shape());
-    // [sums | sums of squares], one per (sample, group).
+    // [sums | sums of squares], one per (sample, group): a row of `run` cells each.
     std::vector<double> sums(static_cast<std::size_t>(2 * groups));
-    for (int64_t i = 0; i < groups; ++i) {
-      const auto v = cells(lx.data() + i * run, run).template cast<double>();
-      sums[i] = v.sum(), sums[groups + i] = v.square().sum();
-    }
+    local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), nullptr, groups, run, sums.data());
     detail::all_reduce_stats(x.mesh(), stat_mask, sums.data(), sums.size());
     inv_.resize(static_cast<std::size_t>(groups));
     std::vector<double> mean(static_cast<std::size_t>(groups));
@@ -115,18 +113,24 @@ class GroupNorm {
       mean[i] = m;
       inv_[i] = 1 / std::sqrt(var + eps_);
     }
-    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape());
     layout_ = x.layout();
-    auto y = Tensor<T, Rank>::uninitialized(lx.shape());
-    const T* w = weight_.value().local().data();
-    const T* b = bias_.value().local().data();
-    for (int64_t n = 0; n < blk.samples; ++n)
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t o = blk.offset(n, c), i = n * G + c / channels_per_group;
-        const auto xh = (cells(lx.data() + o, blk.cells).template cast<double>() - mean[i]) * inv_[i];
-        cells(xhat_->data() + o, blk.cells) = xh.template cast<T>();
-        cells(y.data() + o, blk.cells) = (xh * static_cast<double>(w[c]) + static_cast<double>(b[c])).template cast<T>();
-      }
+    // Per (sample, channel) row: xhat = (x - mean) inv, y = (x - mean) w inv + b.
+    const int64_t rows = blk.samples * C;
+    const std::vector<double> w = detail::channel_values(weight_.value().local());
+    const std::vector<double> b = detail::channel_values(bias_.value().local());
+    std::vector<double> center(static_cast<std::size_t>(rows)), inv(center.size()), scale(center.size()),
+        offset(center.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t c = r % C, i = r / C * G + c / channels_per_group;
+      center[r] = mean[i], inv[r] = inv_[i], scale[r] = w[c] * inv_[i], offset[r] = b[c];
+    }
+    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
+    auto y = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
+    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr), {.center = center.data(), .scale = inv.data()},
+                      rows, blk.cells, xhat_->data());
+    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr),
+                      {.center = center.data(), .scale = scale.data(), .offset = offset.data()}, rows, blk.cells,
+                      y.data());
     return InputT(x.mesh(), x.layout(), std::move(y));
   }
 
@@ -143,57 +147,48 @@ class GroupNorm {
     require_gradient_layout(name, dy.layout(), layout_);  // before the all-reduce
     std::optional<Tensor<T, Rank>> xhat = std::move(xhat_);  // a second backward needs a second forward
     xhat_.reset();
+    const Device dev = ld.device();
     const auto blk = detail::ImageBlock::of(ld.shape());
-    const T* w = weight_.value().local().data();
-    T* gw = weight_.grad().data();
-    T* gb = bias_.grad().data();
-    for (int64_t c = 0; c < C; ++c) {
-      double s1 = 0, s2 = 0;
-      for (int64_t n = 0; n < blk.samples; ++n) {
-        const int64_t o = blk.offset(n, c);
-        const auto g = cells(ld.data() + o, blk.cells).template cast<double>();
-        s1 += g.sum();
-        s2 += (g * cells(xhat->data() + o, blk.cells).template cast<double>()).sum();
-      }
-      gb[c] += static_cast<T>(s1), gw[c] += static_cast<T>(s2);
-    }
+    const int64_t rows = blk.samples * C;
+    // Per (sample, channel): [sum dy, sum dy xhat]; over the samples, this rank's
+    // terms of the bias's and the weight's gradients.
+    std::vector<double> row_sums(static_cast<std::size_t>(2 * rows));
+    local::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
+    std::vector<double> gb(static_cast<std::size_t>(C), 0.0), gw(gb.size(), 0.0);
+    for (int64_t r = 0; r < rows; ++r) gb[r % C] += row_sums[r], gw[r % C] += row_sums[rows + r];
+    detail::add_channel_values(bias_.grad(), gb);
+    detail::add_channel_values(weight_.grad(), gw);
     if constexpr (!NeedInputGrad) {
       return 0;
     } else {
       // dx = inv (dxh - mean(dxh) - xhat mean(dxh xhat)), dxh = dy w, means over the
-      // (sample, group)'s channels and the whole image.
+      // (sample, group)'s channels and the whole image: the group's sums are its
+      // channels' sums weighted by w.
+      const std::vector<double> w = detail::channel_values(weight_.value().local());
       const int64_t groups = blk.samples * G;
-      std::vector<double> sums(static_cast<std::size_t>(2 * groups));
-      for (int64_t i = 0; i < groups; ++i) {
-        double s1 = 0, s2 = 0;
-        const int64_t n = i / G, c0 = (i % G) * channels_per_group;
-        for (int64_t c = c0; c < c0 + channels_per_group; ++c) {
-          const int64_t o = blk.offset(n, c);
-          const auto g = cells(ld.data() + o, blk.cells).template cast<double>() * static_cast<double>(w[c]);
-          s1 += g.sum();
-          s2 += (g * cells(xhat->data() + o, blk.cells).template cast<double>()).sum();
-        }
-        sums[i] = s1, sums[groups + i] = s2;
+      std::vector<double> sums(static_cast<std::size_t>(2 * groups), 0.0);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t c = r % C, i = r / C * G + c / channels_per_group;
+        sums[i] += w[c] * row_sums[r], sums[groups + i] += w[c] * row_sums[rows + r];
       }
       detail::all_reduce_stats(dy.mesh(), stat_mask, sums.data(), sums.size());
-      auto dx = Tensor<T, Rank>::uninitialized(ld.shape());
       const double k = static_cast<double>(count_);
-      for (int64_t n = 0; n < blk.samples; ++n)
-        for (int64_t c = 0; c < C; ++c) {
-          const int64_t o = blk.offset(n, c), i = n * G + c / channels_per_group;
-          const auto g = cells(ld.data() + o, blk.cells).template cast<double>();
-          const auto xh = cells(xhat->data() + o, blk.cells).template cast<double>();
-          const double m1 = sums[i] / k, m2 = sums[groups + i] / k;
-          cells(dx.data() + o, blk.cells) = (inv_[i] * (g * static_cast<double>(w[c]) - m1 - xh * m2)).template cast<T>();
-        }
+      std::vector<double> scale(static_cast<std::size_t>(rows)), xhat_scale(scale.size()), offset(scale.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t c = r % C, i = r / C * G + c / channels_per_group;
+        scale[r] = inv_[i] * w[c];
+        xhat_scale[r] = -inv_[i] * sums[groups + i] / k;
+        offset[r] = -inv_[i] * sums[i] / k;
+      }
+      auto dx = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
+      local::row_affine(dev, ld.data(), xhat->data(),
+                        {.scale = scale.data(), .b_scale = xhat_scale.data(), .offset = offset.data()}, rows,
+                        blk.cells, dx.data());
       return Gr(dy.mesh(), dy.layout(), std::move(dx));
     }
   }
 
  private:
-  using Cells = Eigen::Array<T, Eigen::Dynamic, 1>;
-  static Eigen::Map<Cells> cells(T* p, int64_t n) { return Eigen::Map<Cells>(p, n); }
-  static Eigen::Map<const Cells> cells(const T* p, int64_t n) { return Eigen::Map<const Cells>(p, n); }
   static ParamT filled(const typename ParamT::Mesh& mesh, T v) {
     return dtensor::detail::generate<ParamT>({C}, mesh, {}, [v](uint64_t) { return v; });
   }

@@ -4,6 +4,8 @@
 // The host runs Eigen maps (a transposed operand is a transposed map, no copy); a
 // device runs the backend's kernels.
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "dtensor/compute/local.hpp"
 
@@ -58,6 +60,23 @@ int64_t rows_of(const Shape<Rank>& s) {
   int64_t r = 1;
   for (int d = 0; d + 1 < Rank; ++d) r *= s[d];
   return r;
+}
+
+// A small block's values on the host (copied from a device): the per-row and
+// per-channel values that layers work out on the host (a loss's row maxima, a norm's
+// weights), beside blocks that stay where they live.
+template <class T, int R>
+std::vector<T> host_values(const Tensor<T, R>& t) {
+  if (t.device().is_host()) return std::vector<T>(t.data(), t.data() + t.numel());
+  const Tensor<T, R> h = t.to(Device::host());
+  return std::vector<T>(h.data(), h.data() + h.numel());
+}
+// Host values as a 1-D tensor on device d.
+template <class T>
+Tensor<T, 1> values_on(Device d, std::vector<T> v) {
+  const auto n = static_cast<int64_t>(v.size());  // before v is moved from
+  Tensor<T, 1> h({n}, std::move(v));
+  return d.is_host() ? h : h.to(d);
 }
 
 }  // namespace dtensor::nn::detail

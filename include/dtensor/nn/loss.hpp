@@ -17,12 +17,15 @@
 // ignored rows). The whole vocabulary never meets on one rank. The backward reads
 // only what the forward saved: softmax - one-hot is local to each class block.
 //
-// Targets are a host Tensor<int64_t, Rank-1> holding the rows this rank's logits
-// block holds (the same on every rank of a TP group), or a DTensor<int64_t, Rank-1>
+// Targets are a Tensor<int64_t, Rank-1> (host or device) holding the rows this rank's
+// logits block holds (the same on every rank of a TP group), or a DTensor<int64_t, Rank-1>
 // placed like the logits without the class dim (its local block is used).
 // A target outside [0, classes) that is not ignore_index makes every rank throw.
 // Mean over no counted target is NaN (PyTorch's answer too); its gradient is zero.
-// The local math runs on the host; logits on a device throw (host only for now).
+// The logits' block stays where it lives (host or GPU): the local math is compute/
+// local.hpp's (row maxima, exp and sums, target logits, products) and a row-affine
+// map for the gradient (compute/row_stats.hpp); the per-row values (a few per row)
+// are worked on the host, where the all-reduces take them anyway.
 //
 // Label smoothing eps and class weights w (PyTorch's definitions): with lse the row's
 // log-sum-exp and W = sum_j w_j,
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "dtensor/comm/host_values.hpp"
+#include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/local_math.hpp"
@@ -135,8 +139,7 @@ class CrossEntropy {
 
   T forward(const Logits& z, const Targets& y) {
     const auto& zl = z.local();
-    DTENSOR_CHECK(zl.device().is_host() && y.device().is_host(), InvalidArgument, name,
-                  ": host only for now (logits on ", dtensor::to_string(zl.device()), ")");
+    const Device dev = zl.device();
     Shape<Rank - 1> rows_shape{};
     for (int d = 0; d + 1 < Rank; ++d) rows_shape[d] = zl.shape()[d];
     // Shapes follow from the layout, so every rank of a TP group agrees on this check.
@@ -147,42 +150,52 @@ class CrossEntropy {
     const int64_t cl = zl.shape()[F];
     const int64_t classes = z.layout().global[F];
     const int64_t c0 = z.local_offset()[F];
-    const T* zd = zl.data();
-    const int64_t* yd = y.data();
     const auto& mesh = z.mesh();
     // Every rank holds all the weights, so every rank agrees on this check.
     DTENSOR_CHECK(weights_.empty() || static_cast<int64_t>(weights_.size()) == classes, InvalidArgument, name, ": ",
                   weights_.size(), " class weights for ", classes, " classes");
     T wsum = static_cast<T>(classes);
     if (!weights_.empty()) wsum = std::accumulate(weights_.begin(), weights_.end(), T{0});
+    // The targets on the host (the loss's checks and sums) and beside the logits.
+    const std::vector<int64_t> yh = detail::host_values(y);
+    Targets yd = y.device() == dev ? y : y.to(dev);
 
     // 1. Row maxima (over the whole class dim: all-reduce MAX over TP).
-    std::vector<T> mx(static_cast<std::size_t>(rows), -std::numeric_limits<T>::infinity());
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < cl; ++j) mx[r] = std::max(mx[r], zd[r * cl + j]);
+    auto mx_local = Tensor<T, 1>::uninitialized({rows}, dev);
+    local::reduce_dim<ReduceOp::Max>(dev, zl.data(), mx_local.data(), rows, cl, 1);
+    std::vector<T> mx = detail::host_values(mx_local);
     if constexpr (class_sharded) reduce(mesh.comm(Cfg::tp), Cfg::tp, mx.data(), mx.size(), ReduceOp::Max);
 
-    // 2. Per row [sum exp(z - max), z_target (held by one TP rank), sum w_j z_j].
+    // 2. Per row [sum exp(z - max), z_target (held by one TP rank), sum w_j z_j]:
+    // p = exp(z - max) stays for the backward.
+    auto p = Tensor<T, Rank>(zl);
+    const Tensor<T, 1> mx_dev = detail::values_on(dev, mx);
+    auto sum_exp = Tensor<T, 1>::uninitialized({rows}, dev);
+    local::softmax_shift<false>(dev, p.data(), mx_dev.data(), sum_exp.data(), rows, cl, 1);
+    auto target_logit = Tensor<T, 1>::uninitialized({rows}, dev);
+    local::take_along_last(dev, zl.data(), rows, cl, yd.data(), c0, target_logit.data());
     const int64_t k = sum_columns(opt_);
-    std::vector<T> acc(static_cast<std::size_t>(rows * k), T{0});
-    for (int64_t r = 0; r < rows; ++r) {
-      T se = 0, sz = 0;
-      for (int64_t j = 0; j < cl; ++j) {
-        se += std::exp(zd[r * cl + j] - mx[r]);
-        sz += weight(c0 + j) * zd[r * cl + j];
+    std::vector<std::vector<T>> columns{detail::host_values(sum_exp), detail::host_values(target_logit)};
+    if (k == 3) {  // sum_j w_j z_j over this rank's classes: z [rows, cl] times w [cl]
+      auto wz = Tensor<T, 1>::uninitialized({rows}, dev);
+      if (weights_.empty()) {
+        local::reduce_dim<ReduceOp::Sum>(dev, zl.data(), wz.data(), rows, cl, 1);
+      } else {
+        const Tensor<T, 1> w = detail::values_on(dev, std::vector<T>(weights_.begin() + c0, weights_.begin() + c0 + cl));
+        local::gemm_ex(dev, GemmDims{.m = rows, .n = 1, .k = cl}, T(1), zl.data(), w.data(), T(0), wz.data());
       }
-      acc[r * k] = se;
-      const int64_t t = yd[r];
-      if (t >= c0 && t < c0 + cl) acc[r * k + 1] = zd[r * cl + (t - c0)];
-      if (k == 3) acc[r * k + 2] = sz;
+      columns.push_back(detail::host_values(wz));
     }
+    std::vector<T> acc(static_cast<std::size_t>(rows * k));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < k; ++c) acc[r * k + c] = columns[c][r];
     if constexpr (class_sharded) reduce(mesh.comm(Cfg::tp), Cfg::tp, acc.data(), acc.size(), ReduceOp::Sum);
 
     // 3. Per-row losses, summed over this rank's rows; then over DP.
     const T eps = static_cast<T>(opt_.label_smoothing);
     T total[total_columns] = {0, 0, 0};
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = yd[r];
+      const int64_t t = yh[r];
       if (t == opt_.ignore_index) continue;
       if (t < 0 || t >= classes) {
         total[2] += 1;
@@ -199,42 +212,49 @@ class CrossEntropy {
                   " target(s) outside [0, ", classes, ") that are not ignore_index (", opt_.ignore_index, ")");
 
     const T scale = opt_.reduction == Reduction::Mean ? T(1) / total[1] : T(1);
-    // Save what the gradient needs: softmax from z, max and the sum of exponentials.
-    saved_.emplace(Saved{z, y, std::move(mx), {}, scale, wsum, classes, c0});
-    saved_->sum_exp.resize(static_cast<std::size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) saved_->sum_exp[r] = acc[r * k];
+    // Save what the gradient needs: exp(z - max), the sums of exponentials, the targets.
+    std::vector<T> sums(static_cast<std::size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) sums[r] = acc[r * k];
+    saved_.emplace(Saved{z.mesh(), z.layout(), std::move(p), std::move(yd), yh, std::move(sums), scale, wsum, classes, c0});
     return opt_.reduction == Reduction::Mean ? total[0] / total[1] : total[0];
   }
 
   // dloss/dlogits of the last forward, placed like the logits; local, no collective.
   // Per counted row, with q_j = (1 - eps) w_y [j = y] + eps w_j / classes (the
-  // weighted target distribution): scale * (softmax_j sum_k q_k - q_j).
+  // weighted target distribution): scale * (softmax_j sum_k q_k - q_j), as
+  //   exp(z - max) a_r  -  u_r w_j  -  [j = y] v_r
+  // (a row-affine map, a rank-one product, and one element per row; ignored rows 0).
   Logits backward() {
     DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
     Saved s = std::move(*saved_);
     saved_.reset();
-    const auto& zl = s.z.local();
-    const int64_t rows = detail::rows_of<Rank>(zl.shape());
-    const int64_t cl = zl.shape()[F];
+    const Device dev = s.exp_shifted.device();
+    const int64_t rows = detail::rows_of<Rank>(s.exp_shifted.shape());
+    const int64_t cl = s.exp_shifted.shape()[F];
     const T eps = static_cast<T>(opt_.label_smoothing);
     const T per_class = eps / static_cast<T>(s.classes);
-    auto g = Tensor<T, Rank>::uninitialized(zl.shape(), zl.device());
-    const T* zd = zl.data();
-    T* gd = g.data();
+    std::vector<double> a(static_cast<std::size_t>(rows));
+    std::vector<T> u(a.size()), v(a.size());
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = s.y.data()[r];
-      T* gr = gd + r * cl;
-      if (t == opt_.ignore_index) {
-        std::fill_n(gr, cl, T{0});
-        continue;
-      }
+      const int64_t t = s.y_host[r];
+      if (t == opt_.ignore_index) continue;  // a, u, v stay 0: the row's gradient is 0
       const T qsum = (1 - eps) * weight(t) + per_class * s.wsum;
-      const T a = s.scale * qsum / s.sum_exp[r];
-      for (int64_t j = 0; j < cl; ++j)
-        gr[j] = a * std::exp(zd[r * cl + j] - s.max[r]) - s.scale * per_class * weight(s.c0 + j);
-      if (t >= s.c0 && t < s.c0 + cl) gr[t - s.c0] -= s.scale * (1 - eps) * weight(t);
+      a[r] = static_cast<double>(s.scale * qsum / s.sum_exp[r]);
+      u[r] = -s.scale * per_class;
+      v[r] = -s.scale * (1 - eps) * weight(t);
     }
-    return Logits(s.z.mesh(), s.z.layout(), std::move(g));
+    auto g = Tensor<T, Rank>::uninitialized(s.exp_shifted.shape(), dev);
+    local::row_affine(dev, s.exp_shifted.data(), static_cast<const T*>(nullptr), {.scale = a.data()}, rows, cl,
+                      g.data());
+    if (eps != 0 && cl > 0) {
+      std::vector<T> w(static_cast<std::size_t>(cl));
+      for (int64_t j = 0; j < cl; ++j) w[j] = weight(s.c0 + j);
+      const Tensor<T, 1> ud = detail::values_on(dev, u), wd = detail::values_on(dev, w);
+      local::gemm_ex(dev, GemmDims{.m = rows, .n = cl, .k = 1}, T(1), ud.data(), wd.data(), T(1), g.data());
+    }
+    const Tensor<T, 1> vd = detail::values_on(dev, v);
+    local::add_along_last(dev, vd.data(), s.y.data(), s.c0, g.data(), rows, cl);
+    return Logits(s.mesh, s.layout, std::move(g));
   }
 
  private:
@@ -247,9 +267,12 @@ class CrossEntropy {
   T weight(int64_t c) const { return weights_.empty() ? T(1) : weights_[static_cast<std::size_t>(c)]; }
 
   struct Saved {
-    Logits z;
-    Targets y;
-    std::vector<T> max, sum_exp;
+    typename Logits::Mesh mesh;
+    ShardLayout<Rank> layout;
+    Tensor<T, Rank> exp_shifted;  // exp(z - max), max over the whole class dim
+    Targets y;                    // beside the logits
+    std::vector<int64_t> y_host;
+    std::vector<T> sum_exp;  // over the whole class dim
     T scale, wsum;
     int64_t classes, c0;
   };

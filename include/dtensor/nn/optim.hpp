@@ -4,10 +4,15 @@
 // of every parameter: after the gradient reductions a gradient is placed like its
 // parameter, so an update needs no communication. Replicated parameters stay equal
 // on every rank because every rank applies the same update to the same values.
+// The update runs where the block lives (compute/optimizer_update.hpp: Eigen on the
+// host, one fused kernel per parameter on a GPU), and so does the optimizer's state.
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/compute/local.hpp"
+#include "dtensor/compute/optimizer_update.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/tensor/eigen.hpp"
@@ -15,13 +20,61 @@
 namespace dtensor::nn {
 
 namespace detail {
-// A parameter's local value and gradient as host Eigen arrays. Optimizer state lives
-// beside the parameter, where the parameter lives.
-template <class P>
-void require_host(P& p, const char* who) {
-  DTENSOR_CHECK(p.grad().device().is_host(), InvalidArgument, who, ": parameter ", p.name(),
-                " lives on ", dtensor::to_string(p.grad().device()), "; this optimizer updates host blocks only");
+
+// One state buffer per parameter (SGD's momentum, AdamW's moments), kept where the
+// parameter's block lives: host bytes, which a checkpoint saves and restores
+// (io/training_state.hpp), or a block on the parameter's GPU, which never leaves it.
+class StateBuffers {
+ public:
+  using Host = std::vector<std::vector<unsigned char>>;
+
+  // Buffer k for a block of n elements of T on `dev`. `fresh`: made by this call (a
+  // host buffer is zero, a device buffer undefined); an existing buffer must have the
+  // block's size.
+  template <class T>
+  T* get(std::size_t k, Device dev, int64_t n, const std::string& param, const char* who, bool& fresh) {
+    const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
+    if (dev.is_host()) {
+      if (k >= host_.size()) host_.resize(k + 1);
+      fresh = host_[k].empty();
+      if (fresh) host_[k].assign(bytes, 0);
+      check_size(host_[k].size(), bytes, param, who);
+      return reinterpret_cast<T*>(host_[k].data());
+    }
+    if (k >= device_.size()) device_.resize(k + 1);
+    fresh = device_[k].numel() == 0;
+    if (fresh) device_[k] = Tensor<unsigned char, 1>::uninitialized({static_cast<int64_t>(bytes)}, dev);
+    check_size(static_cast<std::size_t>(device_[k].numel()), bytes, param, who);
+    return reinterpret_cast<T*>(device_[k].data());
+  }
+
+  // The host buffers, for a checkpoint; refused while any state lives on a GPU (a
+  // checkpoint would miss it).
+  Host& host(const char* who) {
+    bool on_device = false;
+    for (const auto& t : device_) on_device = on_device || t.numel() > 0;
+    DTENSOR_CHECK(!on_device, InvalidArgument, who, ": the optimizer's state lives on a GPU; checkpoints of GPU "
+                  "optimizer state are not supported yet (save the model's parameters, or train on host blocks)");
+    return host_;
+  }
+
+ private:
+  static void check_size(std::size_t got, std::size_t want, const std::string& param, const char* who) {
+    DTENSOR_CHECK(got == want, InvalidArgument, who, ": parameter ", param, " changed size between steps (state of ",
+                  got, " bytes for a block of ", want, ")");
+  }
+  Host host_;
+  std::vector<Tensor<unsigned char, 1>> device_;
+};
+
+// A gradient block's sum of squares, in double.
+template <class T, int R>
+double sum_of_squares(const Tensor<T, R>& g) {
+  if (!g.device().is_host())
+    return dtensor::detail::device_backend(g.device()).sum_squares(dtype_of<T>(), g.data(), g.numel());
+  return static_cast<double>(as_eigen_array(g).template cast<double>().square().sum());
 }
+
 }  // namespace detail
 
 struct SGDOptions {
@@ -41,25 +94,13 @@ class SGD {
   void step(Model& model) {
     std::size_t k = 0;
     model.for_each_parameter([&](auto& p) {
-      detail::require_host(p, "SGD");
       using T = typename std::decay_t<decltype(p)>::value_type;
-      auto w = as_eigen_array(p.value().local());
-      auto g0 = as_eigen_array(p.grad());
-      const T lr = static_cast<T>(o_.lr), mom = static_cast<T>(o_.momentum), wd = static_cast<T>(o_.weight_decay);
-      // No temporaries: g = grad + wd * w is folded into each expression.
-      if (o_.momentum != 0) {
-        if (k == buf_.size()) buf_.emplace_back();
-        auto& b = buf_[k];
-        const bool first = b.empty();
-        b.resize(static_cast<std::size_t>(g0.size()) * sizeof(T));
-        Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> bm(reinterpret_cast<T*>(b.data()), g0.size());
-        if (first) bm = g0 + wd * w;
-        else bm = mom * bm + g0 + wd * w;
-        if (o_.nesterov) w -= lr * (g0 + wd * w + mom * bm);
-        else w -= lr * bm;
-      } else {
-        w -= lr * (g0 + wd * w);
-      }
+      auto& w = p.value().local();
+      const Device dev = w.device();
+      SgdStep s{.lr = o_.lr, .momentum = o_.momentum, .weight_decay = o_.weight_decay, .nesterov = o_.nesterov};
+      T* buf = nullptr;
+      if (o_.momentum != 0) buf = buf_.template get<T>(k, dev, w.numel(), p.name(), "SGD", s.first);
+      local::sgd_update(dev, w.data(), p.grad().data(), buf, w.numel(), s);
       ++k;
     });
   }
@@ -69,12 +110,12 @@ class SGD {
   // order); none before the first step with momentum.
   template <class F>
   void for_each_state(F&& f) {
-    f("momentum_buffer", buf_);
+    f("momentum_buffer", buf_.host("SGD"));
   }
 
  private:
   SGDOptions o_;
-  std::vector<std::vector<unsigned char>> buf_;  // momentum buffers, one per parameter
+  detail::StateBuffers buf_;  // momentum buffers, one per parameter
 };
 
 struct AdamWOptions {
@@ -95,36 +136,32 @@ class AdamW {
   // The moments, as SGD::for_each_state.
   template <class F>
   void for_each_state(F&& f) {
-    f("exp_avg", m_);
-    f("exp_avg_sq", v_);
+    f("exp_avg", m_.host("AdamW"));
+    f("exp_avg_sq", v_.host("AdamW"));
   }
 
   template <class Model>
   void step(Model& model) {
     ++t_;
+    const AdamWStep s{.lr = o_.lr,
+                      .beta1 = o_.beta1,
+                      .beta2 = o_.beta2,
+                      .eps = o_.eps,
+                      .weight_decay = o_.weight_decay,
+                      .bias_correction1 = 1 - std::pow(o_.beta1, t_),
+                      .bias_correction2 = 1 - std::pow(o_.beta2, t_)};
     std::size_t k = 0;
     model.for_each_parameter([&](auto& p) {
-      detail::require_host(p, "AdamW");
       using T = typename std::decay_t<decltype(p)>::value_type;
-      auto w = as_eigen_array(p.value().local());
-      auto g = as_eigen_array(p.grad());
-      if (k == m_.size()) m_.emplace_back(), v_.emplace_back();
-      auto& mb = m_[k];
-      auto& vb = v_[k];
-      const auto n = g.size();
-      if (mb.empty()) mb.assign(static_cast<std::size_t>(n) * sizeof(T), 0), vb.assign(mb.size(), 0);
-      DTENSOR_CHECK(mb.size() == static_cast<std::size_t>(n) * sizeof(T), InvalidArgument,
-                    "AdamW: parameter ", p.name(), " changed size between steps");
-      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> m(reinterpret_cast<T*>(mb.data()), n);
-      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> v(reinterpret_cast<T*>(vb.data()), n);
-      const T lr = static_cast<T>(o_.lr), b1 = static_cast<T>(o_.beta1), b2 = static_cast<T>(o_.beta2);
-      const T eps = static_cast<T>(o_.eps), wd = static_cast<T>(o_.weight_decay);
-      w *= T(1) - lr * wd;
-      m = b1 * m + (T(1) - b1) * g;
-      v = b2 * v + (T(1) - b2) * g.square();
-      const T bc1 = T(1) - static_cast<T>(std::pow(o_.beta1, t_));
-      const T bc2 = T(1) - static_cast<T>(std::pow(o_.beta2, t_));
-      w -= (lr / bc1) * m / ((v / bc2).sqrt() + eps);
+      auto& w = p.value().local();
+      const Device dev = w.device();
+      const int64_t n = w.numel();
+      bool fresh_m = false, fresh_v = false;
+      T* m = m_.template get<T>(k, dev, n, p.name(), "AdamW", fresh_m);
+      T* v = v_.template get<T>(k, dev, n, p.name(), "AdamW", fresh_v);
+      if (fresh_m && !dev.is_host()) local::fill(dev, m, n, T(0));  // host buffers start zero
+      if (fresh_v && !dev.is_host()) local::fill(dev, v, n, T(0));
+      local::adamw_update(dev, w.data(), p.grad().data(), m, v, n, s);
       ++k;
     });
   }
@@ -132,7 +169,7 @@ class AdamW {
  private:
   AdamWOptions o_;
   int t_ = 0;
-  std::vector<std::vector<unsigned char>> m_, v_;
+  detail::StateBuffers m_, v_;
 };
 
 // Scales every gradient so that their global 2-norm is at most max_norm, and returns
@@ -145,13 +182,12 @@ double clip_grad_norm(Model& model, double max_norm) {
   double local = 0;
   Comm* world = nullptr;
   model.for_each_parameter([&](auto& p) {
-    detail::require_host(p, "clip_grad_norm");
     const auto& mesh = p.value().mesh();
     world = &mesh.comm();
     bool owner = true;
     for (int m = 0; m < static_cast<int>(p.placement_state.size()); ++m)
       if (!p.placement_state[m].is_shard()) owner = owner && mesh.coord(m) == 0;
-    if (owner) local += static_cast<double>(as_eigen_array(p.grad()).template cast<double>().square().sum());
+    if (owner) local += detail::sum_of_squares(p.grad());
   });
   if (!world) return 0;
   double total = local;
@@ -162,7 +198,7 @@ double clip_grad_norm(Model& model, double max_norm) {
     const double scale = max_norm / (norm + 1e-6);
     model.for_each_parameter([&](auto& p) {
       using T = typename std::decay_t<decltype(p)>::value_type;
-      as_eigen_array(p.grad()) *= static_cast<T>(scale);
+      local::binary_scalar(BinaryOp::Mul, p.grad(), static_cast<T>(scale), p.grad());
     });
   }
   return norm;

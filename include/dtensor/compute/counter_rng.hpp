@@ -1,0 +1,65 @@
+#pragma once
+// Counter-based random numbers: element i of a tensor filled with `seed` depends on
+// (seed, i) alone, so every rank fills its block exactly as one rank fills the whole,
+// and a GPU fills it as the host does. The same functions run on the host and in the
+// device kernels (kernels/random.cuh): host-and-device functions under nvcc, plain
+// inline functions elsewhere.
+//
+// Uniform values are integer hashing and one exact scaling: the same bits everywhere.
+// Normal values (Box-Muller) take a log, a cosine and a square root: the host's libm
+// and the host launcher agree bit for bit; CUDA's double log and cos are within 1 and
+// 2 units in the last place of the correctly rounded value (CUDA Math API), so a GPU's
+// normal values may differ from the host's in the last bit of a double (a float,
+// rounded from that double, almost never).
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define DTENSOR_HOST_DEVICE __host__ __device__
+#else
+#define DTENSOR_HOST_DEVICE
+#endif
+
+namespace dtensor::detail {
+
+DTENSOR_HOST_DEVICE constexpr uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+DTENSOR_HOST_DEVICE inline double uniform01(uint64_t seed, uint64_t i, uint64_t stream = 0) {
+  return static_cast<double>(mix64(mix64(seed ^ (stream * 0xD1B54A32D192ED03ull)) + i) >> 11) * 0x1.0p-53;
+}
+template <class T>
+DTENSOR_HOST_DEVICE T uniform_value(uint64_t seed, uint64_t i) {
+  return static_cast<T>(uniform01(seed, i));
+}
+template <class T>
+DTENSOR_HOST_DEVICE T normal_value(uint64_t seed, uint64_t i) {
+  const double u1 = 1.0 - uniform01(seed, i, 1), u2 = uniform01(seed, i, 2);  // u1 in (0, 1]
+  return static_cast<T>(::sqrt(-2.0 * ::log(u1)) * ::cos(2.0 * 3.14159265358979323846 * u2));
+}
+
+}  // namespace dtensor::detail
+
+namespace dtensor {
+
+// Where a rank's block sits in the global tensor, for a counter fill on a device:
+// element e of the block (row-major over `extent`) is global element
+// sum_d (offset[d] + index_d(e)) global_stride[d]. Up to kMaxRank dims.
+struct CounterBox {
+  static constexpr int kMaxRank = 8;
+  int rank = 0;
+  int64_t extent[kMaxRank] = {};
+  int64_t offset[kMaxRank] = {};
+  int64_t global_stride[kMaxRank] = {};
+
+  DTENSOR_HOST_DEVICE int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < rank; ++d) n *= extent[d];
+    return n;
+  }
+};
+
+}  // namespace dtensor

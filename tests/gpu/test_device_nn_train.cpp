@@ -1,0 +1,197 @@
+// Training on device buffers: the cross-entropy loss (classes sharded over ranks and
+// replicated, label smoothing, class weights, ignored targets, targets on the host or
+// on the device), SGD with momentum and AdamW with clip_grad_norm, and a small CNN
+// with BatchNorm and GroupNorm trained for a few steps, on the in-process runtime with
+// RunOptions::device. Each result must equal the same run on host buffers, to
+// rounding: test_nn_loss, test_nn_image_norm, test_nn_mlp and train_cnn check the host
+// against independent references; this file checks the device paths (the loss's
+// device steps, the normalizations' row statistics and affine maps, the fused
+// optimizer updates, the copies of per-channel values) against them.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <dtensor/cnn.hpp>
+#include <dtensor/dtensor.hpp>
+#include <dtensor/nn.hpp>
+
+using namespace dtensor;
+
+namespace {
+
+// The largest difference relative to max(1, |host|).
+double worst(const std::vector<double>& host, const std::vector<double>& dev) {
+  if (host.size() != dev.size()) return 1e300;
+  double w = 0;
+  for (std::size_t i = 0; i < host.size(); ++i)
+    w = std::max(w, std::abs(host[i] - dev[i]) / std::max(1.0, std::abs(host[i])));
+  return w;
+}
+
+template <int M>
+int ranks_of(const std::array<int, M>& shape) {
+  int n = 1;
+  for (int s : shape) n *= s;
+  return n;
+}
+
+// --- the loss ---
+
+// Rank 0's loss and gathered dlogits.
+template <class Loss, int M>
+std::vector<double> loss_run(Device dev, const std::array<int, M>& shape, int64_t batch, int64_t classes,
+                             nn::CrossEntropyOptions o, bool weighted, bool targets_on_device) {
+  std::vector<double> out;
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      ranks_of<M>(shape),
+      [&](Comm& comm) {
+        DeviceMesh<M> mesh(comm, shape);
+        using Logits = typename Loss::Logits;
+        const Logits z = dtensor::detail::generate<Logits>(
+            {batch, classes}, mesh, {}, [](uint64_t i) { return 3 * dtensor::detail::normal_value<double>(1, i); });
+        const int64_t r0 = z.local_offset()[0], rows = z.local().shape()[0];
+        Tensor<int64_t, 1> y({rows});
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t t = (3 * (r0 + r) + 1) % (classes + 1);
+          y(r) = t == classes ? o.ignore_index : t;  // some rows ignored
+        }
+        std::vector<double> w;
+        if (weighted)
+          for (int64_t c = 0; c < classes; ++c) w.push_back(0.5 + 0.25 * static_cast<double>(c));
+        Loss loss(o, w);
+        const double l = loss.forward(z, targets_on_device ? y.to(dev) : y);
+        const auto dz = loss.backward();
+        CHECK(dz.local().device() == dev);
+        const auto g = gather_to(dz, 0);
+        if (comm.rank() == 0) {
+          out.push_back(l);
+          out.insert(out.end(), g.data(), g.data() + g.numel());
+        }
+      },
+      opt);
+  return out;
+}
+
+template <class Loss, int M>
+void loss_same_on_device(const std::array<int, M>& shape, int64_t batch, int64_t classes) {
+  for (auto red : {nn::Reduction::Mean, nn::Reduction::Sum})
+    for (double eps : {0.0, 0.2})
+      for (bool weighted : {false, true}) {
+        const nn::CrossEntropyOptions o{red, -100, eps};
+        INFO("batch ", batch, ", classes ", classes, ", ", (red == nn::Reduction::Mean ? "mean" : "sum"),
+             ", label smoothing ", eps, (weighted ? ", class weights" : ""));
+        const auto host = loss_run<Loss, M>(Device::host(), shape, batch, classes, o, weighted, false);
+        const auto dev = loss_run<Loss, M>(Device::cuda(0), shape, batch, classes, o, weighted, weighted);
+        REQUIRE(host.size() == static_cast<std::size_t>(1 + batch * classes));
+        CHECK(worst(host, dev) < 1e-13);
+      }
+}
+
+using Cfg1 = nn::Config<double, 2, nn::Axes<1, nn::kNone, 0>>;
+using Cfg2 = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
+
+// --- a small CNN ---
+
+constexpr int64_t kBatch = 3, kChannels = 3, kH = 11, kW = 9, kClasses = 5;
+constexpr int kSteps = 4;
+
+template <class Img>
+struct Net {
+  using Head = typename nn::GlobalAvgPool<Img>::out_config;
+  using Model = nn::Sequential<nn::Conv<Img, kChannels, 4, nn::ConvSpec<2>::square_same(3)>, nn::BatchNorm<Img, 4>,
+                               nn::ReLU<Img>, nn::MaxPool<Img>, nn::GroupNorm<Img, 4, 2>, nn::GlobalAvgPool<Img>,
+                               nn::Linear<Head, 4, kClasses>>;
+  using Loss = nn::CrossEntropy<Head, nn::replicate()>;
+  using Targets = dtensor_t<int64_t, 1, placements_t<Head::activation()>>;
+
+  static Model make(const DeviceMesh<2>& mesh) {
+    return Model(nn::Conv<Img, kChannels, 4, nn::ConvSpec<2>::square_same(3)>(mesh, {1}), nn::BatchNorm<Img, 4>(mesh),
+                 nn::ReLU<Img>(), nn::MaxPool<Img>(nn::PoolOptions<2>::square(2)), nn::GroupNorm<Img, 4, 2>(mesh),
+                 nn::GlobalAvgPool<Img>(), nn::Linear<Head, 4, kClasses>(mesh, {2}));
+  }
+};
+
+// Rank 0's losses and clip norms per step, then every parameter's block after the
+// last step (replicated ones whole), then the running statistics of the batch norm.
+template <class Img>
+std::vector<double> train_run(Device dev, bool adamw) {
+  std::vector<double> out;
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      4,
+      [&](Comm& comm) {
+        DeviceMesh<2> mesh(comm, {2, 2});
+        using N = Net<Img>;
+        auto model = N::make(mesh);
+        typename N::Loss loss({.label_smoothing = 0.1}, {1.0, 0.5, 2.0, 1.5, 1.0});
+        nn::SGD sgd({.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+        // eps 1e-4, not 1e-8: AdamW divides by sqrt(v) + eps, so a gradient that is
+        // rounding noise on one side (1e-17 against 0, sums added in another order)
+        // moves a weight by up to lr g / (|g| + eps), 1e-11 with eps 1e-8; here 1e-15.
+        nn::AdamW adam({.lr = 0.01, .eps = 1e-4});
+        std::vector<double> mine;
+        for (int step = 0; step < kSteps; ++step) {
+          const auto x = dtensor::detail::generate<typename N::Model::InputT>(
+              {kBatch, kChannels, kH, kW}, mesh, {},
+              [&](uint64_t i) { return dtensor::detail::normal_value<double>(10 + step, i) + 0.5; });
+          const auto t = dtensor::detail::generate<typename N::Targets>(
+              {kBatch}, mesh, {}, [&](uint64_t i) { return static_cast<int64_t>((i * 3 + step) % kClasses); });
+          model.zero_grad();
+          const auto y = model.forward(x);
+          CHECK(y.local().device() == dev);
+          mine.push_back(loss.forward(y, t));
+          model.backward(loss.backward());
+          if (adamw) {
+            mine.push_back(nn::clip_grad_norm(model, 0.5));
+            adam.step(model);
+          } else {
+            sgd.step(model);
+          }
+        }
+        model.for_each_parameter([&](auto& p) {
+          CHECK(p.value().local().device() == dev);
+          const auto v = nn::detail::host_values(p.value().local());
+          mine.insert(mine.end(), v.begin(), v.end());
+        });
+        auto& bn = model.template layer<1>();
+        for (const auto* s : {&bn.running_mean(), &bn.running_var()}) {
+          const auto v = nn::detail::host_values(s->local());
+          mine.insert(mine.end(), v.begin(), v.end());
+        }
+        if (comm.rank() == 0) out = std::move(mine);
+      },
+      opt);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cross-entropy on device buffers equals the host's: loss parallel and replicated classes") {
+  loss_same_on_device<nn::CrossEntropy<Cfg1, nn::shard(1)>, 1>({3}, 5, 7);  // classes 3|3|1
+  loss_same_on_device<nn::CrossEntropy<Cfg1, nn::shard(1)>, 1>({4}, 4, 3);  // a rank without classes
+  loss_same_on_device<nn::CrossEntropy<Cfg1, nn::replicate()>, 1>({2}, 5, 7);
+  loss_same_on_device<nn::CrossEntropy<Cfg2, nn::shard(1)>, 2>({2, 2}, 5, 7);  // batch over DP, classes over TP
+}
+
+TEST_CASE("a CNN with batch and group norm trains on device buffers as on the host: SGD, AdamW, clipping") {
+  using Spatial = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+  using Hybrid = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
+  for (bool adamw : {false, true}) {
+    INFO(std::string(adamw ? "AdamW with clip_grad_norm" : "SGD, Nesterov momentum, weight decay"));
+    const auto host = train_run<Spatial>(Device::host(), adamw);
+    const auto dev = train_run<Spatial>(Device::cuda(0), adamw);
+    REQUIRE(host.size() > kSteps);
+    CHECK(std::all_of(host.begin(), host.end(), [](double v) { return std::isfinite(v); }));
+    CHECK(worst(host, dev) < 1e-12);
+    const auto host_h = train_run<Hybrid>(Device::host(), adamw);
+    const auto dev_h = train_run<Hybrid>(Device::cuda(0), adamw);
+    CHECK(worst(host_h, dev_h) < 1e-12);
+  }
+}
