@@ -508,7 +508,7 @@ void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t l
   });
 }
 
-void random_fill(DType t, void* dst, const CounterBox& box, uint64_t seed, bool normal, cudaStream_t stream) {
+void random_fill(DType t, void* dst, const CounterBox& box, const CounterDraw& draw, cudaStream_t stream) {
   check_floating(t, "random_fill");
   DTENSOR_CHECK(box.rank >= 0 && box.rank <= CounterBox::kMaxRank, InvalidArgument, "cuda::kernels::random_fill: ",
                 box.rank, " dims (at most ", CounterBox::kMaxRank, ")");
@@ -518,10 +518,7 @@ void random_fill(DType t, void* dst, const CounterBox& box, uint64_t seed, bool 
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T>) {
-      if (normal)
-        detail::random_fill_kernel<T, true><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), box, seed, n);
-      else
-        detail::random_fill_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), box, seed, n);
+      detail::random_fill_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), box, draw, n);
       DTENSOR_CUDA_LAUNCHED();
     }
   });

@@ -569,7 +569,7 @@ inline const detail::DeviceBackend& backend() {
           },
       // Walks the box with an odometer (the kernel decomposes each index instead).
       .random_fill =
-          [](DType t, void* dst, const CounterBox& box, uint64_t seed, bool normal) {
+          [](DType t, void* dst, const CounterBox& box, const CounterDraw& draw) {
             if (!is_floating(t)) throw InvalidArgument("emulated device: random_fill takes float or double tensors");
             launch([=] {
               typed(t, [&](auto tag) {
@@ -582,7 +582,7 @@ inline const detail::DeviceBackend& backend() {
                     int64_t g = 0;
                     for (int d = 0; d < box.rank; ++d) g += (box.offset[d] + idx[d]) * box.global_stride[d];
                     const auto i = static_cast<uint64_t>(g);
-                    out[e] = normal ? detail::normal_value<T>(seed, i) : detail::uniform_value<T>(seed, i);
+                    out[e] = ::dtensor::counter_value<T>(draw, i);
                     for (int d = box.rank - 1; d >= 0 && ++idx[d] == box.extent[d]; --d) idx[d] = 0;
                   }
                 }
@@ -733,11 +733,14 @@ inline const detail::DeviceBackend& backend() {
       .row_affine =
           [](DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols, void* out) {
             if (!is_floating(t)) throw InvalidArgument("emulated device: row_affine takes float or double tensors");
-            auto copy = [rows](const double* p) { return p ? std::vector<double>(p, p + rows) : std::vector<double>{}; };
-            launch([=, center = copy(terms.center), scale = copy(terms.scale), b_scale = copy(terms.b_scale),
-                    offset = copy(terms.offset)] {
+            auto copy = [](const double* p, int64_t n) {
+              return p ? std::vector<double>(p, p + n) : std::vector<double>{};
+            };
+            launch([=, center = copy(terms.center, rows), scale = copy(terms.scale, rows),
+                    b_scale = copy(terms.b_scale, rows), offset = copy(terms.offset, rows),
+                    col_scale = copy(terms.col_scale, cols), col_offset = copy(terms.col_offset, cols)] {
               auto at = [](const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); };
-              const RowTerms host{at(center), at(scale), at(b_scale), at(offset)};
+              const RowTerms host{at(center), at(scale), at(b_scale), at(offset), at(col_scale), at(col_offset)};
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
                 if constexpr (std::is_floating_point_v<T>)

@@ -1272,55 +1272,61 @@ TEST_CASE("kernels on the host: sgd_update and adamw_update equal the host's upd
   });
 }
 
-// --- counter-based random fills (kernels/random.cuh) ---
+// --- counter-based fills (kernels/random.cuh) ---
 
-// random_fill_kernel writes, for each element of a block, the host's value of its
+// random_fill_kernel writes, for each element of a block, the host's draw for its
 // global index: bit for bit, on boxes of 1 to 3 dims placed inside larger tensors.
-template <class T, bool Normal>
-void check_random_fill(const std::vector<int64_t>& global, const std::vector<int64_t>& offset,
-                       const std::vector<int64_t>& extent) {
-  INFO("global ", global.size(), "-D, box ", extent.size() > 0 ? extent[0] : 0, ", ", type_name<T>(),
-       Normal ? ", normal" : ", uniform");
+template <class T>
+void check_random_fill(const dtensor::CounterDraw& d, const std::vector<int64_t>& global,
+                       const std::vector<int64_t>& offset, const std::vector<int64_t>& extent) {
+  INFO("global ", global.size(), "-D, box ", extent.size() > 0 ? extent[0] : 0, ", ", type_name<T>(), ", kind ",
+       static_cast<int>(d.kind));
   dtensor::CounterBox box;
   box.rank = static_cast<int>(global.size());
   int64_t stride = 1;
-  for (int d = box.rank - 1; d >= 0; --d) {
-    box.extent[d] = extent[d], box.offset[d] = offset[d], box.global_stride[d] = stride;
-    stride *= global[d];
+  for (int k = box.rank - 1; k >= 0; --k) {
+    box.extent[k] = extent[k], box.offset[k] = offset[k], box.global_stride[k] = stride;
+    stride *= global[k];
   }
   const int64_t n = box.numel();
   std::vector<T> want;
-  // Reference: every global index, kept where it falls in the box.
+  // Reference: every global index, kept where it falls in the box; the draws written
+  // out here rather than through counter_value.
   for (int64_t g = 0; g < stride; ++g) {
     bool inside = true;
     int64_t rest = g;
-    for (int d = box.rank - 1; d >= 0; --d) {
-      const int64_t i = rest % global[d];
-      rest /= global[d];
-      inside = inside && i >= offset[d] && i < offset[d] + extent[d];
+    for (int k = box.rank - 1; k >= 0; --k) {
+      const int64_t i = rest % global[k];
+      rest /= global[k];
+      inside = inside && i >= offset[k] && i < offset[k] + extent[k];
     }
-    if (inside)
-      want.push_back(Normal ? dtensor::detail::normal_value<T>(7, static_cast<uint64_t>(g))
-                            : dtensor::detail::uniform_value<T>(7, static_cast<uint64_t>(g)));
+    if (!inside) continue;
+    const auto i = static_cast<uint64_t>(g);
+    using Kind = dtensor::CounterDraw::Kind;
+    if (d.kind == Kind::Uniform) want.push_back(dtensor::detail::uniform_value<T>(d.seed, i));
+    else if (d.kind == Kind::Normal) want.push_back(dtensor::detail::normal_value<T>(d.seed, i));
+    else want.push_back(dtensor::detail::uniform01(d.seed, i, d.stream) >= d.p ? static_cast<T>(d.scale) : T(0));
   }
   REQUIRE(static_cast<int64_t>(want.size()) == n);
   each_launch(stride_configs(n, false), [&](const Config& c) {
     Buffer<T> out(static_cast<std::size_t>(n));
-    hl::launch(c.grid, c.block, 0, kd::random_fill_kernel<T, Normal>, out.data(), box, uint64_t{7}, n);
+    hl::launch(c.grid, c.block, 0, kd::random_fill_kernel<T>, out.data(), box, d, n);
     CHECK(mismatch(out.values(), want) == "");
     CHECK(out.guards_intact());
   });
 }
 
-TEST_CASE("kernels on the host: random_fill gives the host's counter-based values") {
-  for_types<float, double>([]<class T>() {
-    for (int64_t n : kSizes) {
-      check_random_fill<T, false>({n + 5}, {3}, {n});
-      check_random_fill<T, true>({n + 5}, {3}, {n});
-    }
-    check_random_fill<T, true>({7, 9}, {2, 4}, {5, 3});
-    check_random_fill<T, false>({4, 33, 5}, {1, 0, 2}, {3, 33, 2});
-    check_random_fill<T, true>({4, 33, 5}, {0, 7, 0}, {4, 0, 5});  // an empty box
+TEST_CASE("kernels on the host: random_fill gives the host's counter-based draws") {
+  using Kind = dtensor::CounterDraw::Kind;
+  const dtensor::CounterDraw uniform{.kind = Kind::Uniform, .seed = 7}, normal{.kind = Kind::Normal, .seed = 7};
+  const dtensor::CounterDraw keep{.kind = Kind::Keep, .seed = 7, .stream = 3, .p = 0.3, .scale = 1 / 0.7};
+  for_types<float, double>([&]<class T>() {
+    for (int64_t n : kSizes)
+      for (const auto& d : {uniform, normal, keep}) check_random_fill<T>(d, {n + 5}, {3}, {n});
+    check_random_fill<T>(normal, {7, 9}, {2, 4}, {5, 3});
+    check_random_fill<T>(keep, {7, 9}, {0, 1}, {7, 8});
+    check_random_fill<T>(uniform, {4, 33, 5}, {1, 0, 2}, {3, 33, 2});
+    check_random_fill<T>(normal, {4, 33, 5}, {0, 7, 0}, {4, 0, 5});  // an empty box
   });
 }
 

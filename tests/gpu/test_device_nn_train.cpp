@@ -1,4 +1,5 @@
-// Training on device buffers: the cross-entropy loss (classes sharded over ranks and
+// Training on device buffers: the token layers (embedding, layer and RMS norms,
+// dropout, mean squared error), the cross-entropy loss (classes sharded over ranks and
 // replicated, label smoothing, class weights, ignored targets, targets on the host or
 // on the device), SGD with momentum and AdamW with clip_grad_norm, and a small CNN
 // with BatchNorm and GroupNorm trained for a few steps, on the in-process runtime with
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <array>
+#include <type_traits>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -37,6 +39,13 @@ int ranks_of(const std::array<int, M>& shape) {
   int n = 1;
   for (int s : shape) n *= s;
   return n;
+}
+
+template <std::size_t M>
+constexpr bool nn_has_partial(const PlacementState<M>& s) {
+  for (const auto& p : s)
+    if (p.is_partial()) return true;
+  return false;
 }
 
 // --- the loss ---
@@ -171,6 +180,72 @@ std::vector<double> train_run(Device dev, bool adamw) {
   return out;
 }
 
+// --- the token layers: embedding, layer and RMS norms, dropout, mean squared error ---
+
+template <int M>
+DeviceMesh<M> mesh_of(Comm& comm, const std::array<int, M>& shape) {
+  return DeviceMesh<M>(comm, shape);
+}
+
+// One forward and backward of a one-layer model (made by make(mesh)) on input x_of(mesh)
+// and gradient dy = randn: rank 0's gathered output, input gradient (when the layer has
+// one) and every parameter's gathered gradient, then the MSE loss of y against a
+// second randn tensor and its gradient.
+template <int M, class Make, class Input>
+std::vector<double> layer_run(Device dev, const std::array<int, M>& shape, Make make, Input x_of) {
+  std::vector<double> out;
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      ranks_of<M>(shape),
+      [&](Comm& comm) {
+        const auto mesh = mesh_of<M>(comm, shape);
+        auto model = make(mesh);
+        using Model = decltype(model);
+        using Y = typename Model::OutputT;
+        const auto x = x_of(mesh);
+        model.zero_grad();
+        const auto y = model.forward(x);
+        CHECK(y.local().device() == dev);
+        const auto dy = dtensor::detail::counter_fill<Y>(y.shape(), mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 5});
+        std::vector<double> mine;
+        auto add = [&](const auto& t) {
+          const auto v = nn::detail::host_values(t);
+          mine.insert(mine.end(), v.begin(), v.end());
+        };
+        add(y.full_tensor());
+        if constexpr (std::is_floating_point_v<typename std::decay_t<decltype(x)>::value_type>) {
+          const auto dx = model.template backward<true>(dy);
+          add(dx.full_tensor());
+        } else {
+          model.backward(dy);
+        }
+        model.for_each_parameter([&](auto& p) {
+          using PT = typename std::decay_t<decltype(p)>::dtensor_type;
+          add(PT(mesh, p.value().layout(), p.grad()).full_tensor());
+        });
+        using Cfg = typename Model::template layer_t<0>::config;
+        nn::MSELoss<Cfg> mse;
+        const auto target = dtensor::detail::counter_fill<Y>(y.shape(), mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 6});
+        if constexpr (!nn_has_partial(Y::placement_state)) {
+          mine.push_back(mse.forward(y, target));
+          add(mse.backward(y).full_tensor());
+        }
+        if (comm.rank() == 0) out = std::move(mine);
+      },
+      opt);
+  return out;
+}
+
+template <int M, class Make, class Input>
+void layer_same_on_device(const char* what, const std::array<int, M>& shape, Make make, Input x_of) {
+  INFO(std::string(what));
+  const auto host = layer_run<M>(Device::host(), shape, make, x_of);
+  const auto dev = layer_run<M>(Device::cuda(0), shape, make, x_of);
+  REQUIRE(!host.empty());
+  CHECK(worst(host, dev) < 1e-13);
+}
+
 }  // namespace
 
 TEST_CASE("cross-entropy on device buffers equals the host's: loss parallel and replicated classes") {
@@ -194,4 +269,57 @@ TEST_CASE("a CNN with batch and group norm trains on device buffers as on the ho
     const auto dev_h = train_run<Hybrid>(Device::cuda(0), adamw);
     CHECK(worst(host_h, dev_h) < 1e-12);
   }
+}
+
+TEST_CASE("embedding, layer and RMS norms, dropout and MSE on device buffers equal the host's") {
+  using Tp1 = nn::Config<double, 2, nn::Axes<1, nn::kNone, 0>>;
+  using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
+  using Seq = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
+  constexpr int64_t kVocab = 11, kDim = 7, kBatch = 5;
+  layer_same_on_device<1>("embedding, vocabulary sharded (rowwise)", {3},
+                          [](const DeviceMesh<1>& m) {
+                            return nn::Sequential<nn::Embedding<Tp1, kVocab, kDim, nn::Rowwise>>{
+                                nn::Embedding<Tp1, kVocab, kDim, nn::Rowwise>(m, 5)};
+                          },
+                          [](const DeviceMesh<1>& m) {
+                            using Ids = nn::Embedding<Tp1, kVocab, kDim, nn::Rowwise>::input_type;
+                            return dtensor::detail::generate<Ids>({kBatch}, m, {}, [](uint64_t i) {
+                              return static_cast<int64_t>((i * 7 + 3) % kVocab);
+                            });
+                          });
+  layer_same_on_device<2>("embedding, features sharded (colwise), batch over DP", {2, 2},
+                          [](const DeviceMesh<2>& m) {
+                            return nn::Sequential<nn::Embedding<DpTp, kVocab, kDim, nn::Colwise>>{
+                                nn::Embedding<DpTp, kVocab, kDim, nn::Colwise>(m, 5)};
+                          },
+                          [](const DeviceMesh<2>& m) {
+                            using Ids = nn::Embedding<DpTp, kVocab, kDim, nn::Colwise>::input_type;
+                            return dtensor::detail::generate<Ids>({kBatch}, m, {}, [](uint64_t i) {
+                              return static_cast<int64_t>((i * 5 + 1) % kVocab);
+                            });
+                          });
+  auto x_of = []<class Model>(std::type_identity<Model>, auto shape) {
+    return [shape](const auto& m) {
+      return dtensor::detail::counter_fill<typename Model::InputT>(shape, m, {},
+                                                                   {.kind = CounterDraw::Kind::Normal, .seed = 3});
+    };
+  };
+  using LN = nn::Sequential<nn::LayerNorm<Tp1, kDim>>;
+  layer_same_on_device<1>("layer norm, replicated", {3}, [](const DeviceMesh<1>& m) { return LN{nn::LayerNorm<Tp1, kDim>(m)}; },
+                          x_of(std::type_identity<LN>{}, Shape<2>{kBatch, kDim}));
+  using LNF = nn::Sequential<nn::LayerNorm<Tp1, kDim, nn::NormFeatureSharded>>;
+  layer_same_on_device<1>("layer norm, features sharded 3|3|1", {3},
+                          [](const DeviceMesh<1>& m) { return LNF{nn::LayerNorm<Tp1, kDim, nn::NormFeatureSharded>(m)}; },
+                          x_of(std::type_identity<LNF>{}, Shape<2>{kBatch, kDim}));
+  using RMSF = nn::Sequential<nn::RMSNorm<Tp1, kDim, nn::NormFeatureSharded>>;
+  layer_same_on_device<1>("RMS norm, features sharded", {3},
+                          [](const DeviceMesh<1>& m) { return RMSF{nn::RMSNorm<Tp1, kDim, nn::NormFeatureSharded>(m)}; },
+                          x_of(std::type_identity<RMSF>{}, Shape<2>{kBatch, kDim}));
+  using SP = nn::Sequential<nn::LayerNorm<Seq, kDim, nn::SequenceParallel>>;
+  layer_same_on_device<2>("layer norm, sequence parallel, batch over DP", {2, 2},
+                          [](const DeviceMesh<2>& m) { return SP{nn::LayerNorm<Seq, kDim, nn::SequenceParallel>(m)}; },
+                          x_of(std::type_identity<SP>{}, Shape<3>{3, 5, kDim}));
+  using Drop = nn::Sequential<nn::Dropout<DpTp>>;
+  layer_same_on_device<2>("dropout p = 0.3", {2, 2}, [](const DeviceMesh<2>&) { return Drop{nn::Dropout<DpTp>(0.3, 42)}; },
+                          x_of(std::type_identity<Drop>{}, Shape<2>{kBatch, kDim}));
 }

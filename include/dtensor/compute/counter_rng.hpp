@@ -45,6 +45,26 @@ DTENSOR_HOST_DEVICE T normal_value(uint64_t seed, uint64_t i) {
 
 namespace dtensor {
 
+// What a counter fill draws for global element i: a uniform [0, 1) or standard normal
+// value (rand, randn), or dropout's kept-and-scaled mask (`scale` where the uniform
+// draw of `stream` is at least p, else 0; nn/dropout.hpp).
+struct CounterDraw {
+  enum class Kind : std::uint8_t { Uniform, Normal, Keep };
+  Kind kind = Kind::Uniform;
+  uint64_t seed = 0;
+  uint64_t stream = 0;  // Keep only (Uniform is stream 0, Normal takes streams 1 and 2)
+  double p = 0, scale = 1;
+};
+
+template <class T>
+DTENSOR_HOST_DEVICE T counter_value(const CounterDraw& d, uint64_t i) {
+  switch (d.kind) {
+    case CounterDraw::Kind::Normal: return detail::normal_value<T>(d.seed, i);
+    case CounterDraw::Kind::Keep: return detail::uniform01(d.seed, i, d.stream) >= d.p ? static_cast<T>(d.scale) : T(0);
+    default: return detail::uniform_value<T>(d.seed, i);
+  }
+}
+
 // Where a rank's block sits in the global tensor, for a counter fill on a device:
 // element e of the block (row-major over `extent`) is global element
 // sum_d (offset[d] + index_d(e)) global_stride[d]. Up to kMaxRank dims.

@@ -39,9 +39,9 @@ struct DeviceBackend {
   void (*reduce_block)(DType, ReduceOp, const void* src, Block sb, void* dst, Block db);
   void (*divide_block)(DType, void* dst, Block db, int terms);
   void (*fill)(DType, void* dst, int64_t n, Scalar value);
-  // Counter-based uniform [0, 1) or standard normal values (compute/counter_rng.hpp)
-  // for the block `box` of the global tensor (float and double).
-  void (*random_fill)(DType, void* dst, const CounterBox& box, uint64_t seed, bool normal);
+  // Counter-based draws (compute/counter_rng.hpp: uniform, normal, dropout's mask) for
+  // the block `box` of the global tensor (float and double).
+  void (*random_fill)(DType, void* dst, const CounterBox& box, const CounterDraw& draw);
 
   // Elementwise.
   void (*binary)(DType, BinaryOp, const void* a, const void* b, void* out, int64_t n);

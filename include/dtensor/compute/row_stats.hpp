@@ -6,8 +6,9 @@
 // image block, or one row of logits; the layers combine the rows' sums on the host
 // (a few values per row), where the all-reduce of the statistics takes them anyway.
 //
-// The per-row arrays (shift, scales, offsets, and the sums out) are HOST arrays on
-// either device: read before the call returns, or written when it returns. The
+// The per-row and per-column arrays (shift, scales, offsets, and the sums out) are
+// HOST arrays on either device: read before the call returns, or written when it
+// returns. The
 // element arithmetic is in double whatever T is: a float sum over a large image would
 // lose the low digits of a mean that every normalized value inherits.
 #include <cstdint>
@@ -48,14 +49,17 @@ template <class T>
 void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t rows, int64_t cols, T* out) {
   if (!d.is_host()) return detail::device_backend(d).row_affine(dtype_of<T>(), a, b, terms, rows, cols, out);
   using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
+  using Col = Eigen::Array<double, Eigen::Dynamic, 1>;
+  const bool two = b && terms.b_scale;
+  Col v(cols);  // one row in double, reused (no allocation per row)
   for (int64_t r = 0; r < rows; ++r) {
     const double center = terms.center ? terms.center[r] : 0.0, offset = terms.offset ? terms.offset[r] : 0.0;
-    auto o = Eigen::Map<Row>(out + r * cols, cols);
-    const auto x = (Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) * terms.scale[r];
-    if (b && terms.b_scale)
-      o = (x + Eigen::Map<const Row>(b + r * cols, cols).template cast<double>() * terms.b_scale[r] + offset)
-              .template cast<T>();
-    else o = (x + offset).template cast<T>();
+    v = (Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) * terms.scale[r];
+    if (two) v += Eigen::Map<const Row>(b + r * cols, cols).template cast<double>() * terms.b_scale[r];
+    v += offset;
+    if (terms.col_scale) v *= Eigen::Map<const Col>(terms.col_scale, cols);
+    if (terms.col_offset) v += Eigen::Map<const Col>(terms.col_offset, cols);
+    Eigen::Map<Row>(out + r * cols, cols) = v.template cast<T>();
   }
 }
 

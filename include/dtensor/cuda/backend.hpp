@@ -38,43 +38,50 @@ double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel) {
   return v;
 }
 
-// Per-row host arrays of doubles (compute/row_stats.hpp) in one device block of
-// `arrays` x `rows` doubles: the host arrays are copied in on the stream (pageable
-// memory: cudaMemcpyAsync returns once it has taken the bytes, so the caller may
-// reuse them at once), and the block is freed in stream order.
-class RowArrays {
+// Host arrays of doubles (compute/row_stats.hpp's per-row and per-column terms) in
+// one device block of `total` doubles: each host array is copied in on the stream
+// (pageable memory: cudaMemcpyAsync returns once it has taken the bytes, so the caller
+// may reuse them at once), and the block is freed in stream order.
+class HostArrays {
  public:
-  RowArrays(int arrays, int64_t rows) : bytes_(static_cast<std::size_t>(arrays * rows) * sizeof(double)) {
+  explicit HostArrays(int64_t total) : bytes_(static_cast<std::size_t>(total) * sizeof(double)) {
     DTENSOR_CUDA(cudaGetDevice(&device_));
     p_ = static_cast<double*>(allocate(bytes_, device_));
   }
-  ~RowArrays() { deallocate(p_, bytes_, device_); }
-  RowArrays(const RowArrays&) = delete;
-  RowArrays& operator=(const RowArrays&) = delete;
+  ~HostArrays() { deallocate(p_, bytes_, device_); }
+  HostArrays(const HostArrays&) = delete;
+  HostArrays& operator=(const HostArrays&) = delete;
 
-  // Array k on the device, holding `host`'s rows values (null when host is null).
-  double* upload(int k, const double* host, int64_t rows) {
+  // The next n doubles of the block, holding `host`'s values (null when host is null).
+  double* upload(const double* host, int64_t n) {
     if (!host) return nullptr;
-    double* d = p_ + k * rows;
-    DTENSOR_CUDA(cudaMemcpyAsync(d, host, static_cast<std::size_t>(rows) * sizeof(double), cudaMemcpyHostToDevice,
+    double* d = take(n);
+    DTENSOR_CUDA(cudaMemcpyAsync(d, host, static_cast<std::size_t>(n) * sizeof(double), cudaMemcpyHostToDevice,
                                  current_stream()));
     return d;
   }
-  double* at(int k, int64_t rows) { return p_ + k * rows; }
+  // The next n doubles, for the device to write.
+  double* take(int64_t n) {
+    double* d = p_ + used_;
+    used_ += n;
+    return d;
+  }
 
  private:
   std::size_t bytes_;
   int device_ = 0;
   double* p_ = nullptr;
+  int64_t used_ = 0;
 };
 
 inline void row_moments(DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
                         double* out) {
   if (rows == 0) return;
   cudaStream_t s = current_stream();
-  RowArrays dev(3, rows);  // [shift | out (2 rows)]
-  double* d_out = dev.at(1, rows);
-  kernels::row_moments(t, a, b, dev.upload(0, shift, rows), rows, cols, d_out, s);
+  HostArrays dev(3 * rows);  // [shift | out (2 rows)]
+  const double* d_shift = dev.upload(shift, rows);
+  double* d_out = dev.take(2 * rows);
+  kernels::row_moments(t, a, b, d_shift, rows, cols, d_out, s);
   DTENSOR_CUDA(cudaMemcpyAsync(out, d_out, static_cast<std::size_t>(2 * rows) * sizeof(double),
                                cudaMemcpyDeviceToHost, s));
   DTENSOR_CUDA(cudaStreamSynchronize(s));
@@ -83,12 +90,14 @@ inline void row_moments(DType t, const void* a, const void* b, const double* shi
 inline void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
                        void* out) {
   if (rows == 0 || cols == 0) return;
-  RowArrays dev(4, rows);
+  HostArrays dev(4 * rows + 2 * cols);
   RowTerms d;
-  d.center = dev.upload(0, terms.center, rows);
-  d.scale = dev.upload(1, terms.scale, rows);
-  d.b_scale = dev.upload(2, b ? terms.b_scale : nullptr, rows);
-  d.offset = dev.upload(3, terms.offset, rows);
+  d.center = dev.upload(terms.center, rows);
+  d.scale = dev.upload(terms.scale, rows);
+  d.b_scale = dev.upload(b ? terms.b_scale : nullptr, rows);
+  d.offset = dev.upload(terms.offset, rows);
+  d.col_scale = dev.upload(terms.col_scale, cols);
+  d.col_offset = dev.upload(terms.col_offset, cols);
   kernels::row_affine(t, a, b, d, rows, cols, out, current_stream());
 }
 
@@ -113,8 +122,8 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
       .divide_block = [](DType t, void* dst, Block db,
                          int terms) { k::divide_block(t, dst, db, terms, current_stream()); },
       .fill = [](DType t, void* dst, int64_t n, Scalar v) { k::fill(t, dst, n, v, current_stream()); },
-      .random_fill = [](DType t, void* dst, const CounterBox& box, uint64_t seed,
-                        bool normal) { k::random_fill(t, dst, box, seed, normal, current_stream()); },
+      .random_fill = [](DType t, void* dst, const CounterBox& box,
+                        const CounterDraw& draw) { k::random_fill(t, dst, box, draw, current_stream()); },
       .binary = [](DType t, BinaryOp op, const void* a, const void* b, void* out,
                    int64_t n) { k::binary(t, op, a, b, out, n, current_stream()); },
       .binary_scalar = [](DType t, BinaryOp op, const void* a, Scalar s, void* out,

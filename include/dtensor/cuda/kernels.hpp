@@ -46,9 +46,9 @@ void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream);
 // dst[0, n) = value (one element of type t).
 void fill(DType t, void* dst, int64_t n, Scalar value, cudaStream_t stream);
 
-// dst[e] = the counter-based uniform or normal value of element e of `box`
-// (compute/counter_rng.hpp; float32 and float64).
-void random_fill(DType t, void* dst, const CounterBox& box, uint64_t seed, bool normal, cudaStream_t stream);
+// dst[e] = the counter-based draw of element e of `box` (compute/counter_rng.hpp;
+// float32 and float64).
+void random_fill(DType t, void* dst, const CounterBox& box, const CounterDraw& draw, cudaStream_t stream);
 
 // --- elementwise ---
 

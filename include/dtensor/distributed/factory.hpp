@@ -44,8 +44,8 @@ constexpr void check_mesh_matches() {
 }
 
 // Fills this rank's block with gen(global linear index). On a GPU mesh the block is
-// generated on the host and copied over: gen is host code (rand and randn below
-// generate on the device instead).
+// generated on the host and copied over: gen is host code (rand and randn, through
+// fill_counter_block, generate on the device instead).
 template <class DT, class Gen>
 DT generate(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const Splits<DT::rank>& splits, Gen&& gen) {
   using T = typename DT::value_type;
@@ -65,33 +65,40 @@ DT generate(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const S
   return x;
 }
 
-// rand and randn: on a GPU mesh (float and double), the block is filled by the device
-// with the same counter-based values (compute/counter_rng.hpp), never staged on the
-// host; elsewhere through generate.
-template <class DT>
-DT counter_fill(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const Splits<DT::rank>& splits,
-                uint64_t seed, bool normal) {
-  using T = typename DT::value_type;
-  constexpr int R = DT::rank;
+// Fills `block`, the box at `offset` of a global tensor of `shape`, with the counter
+// draw `d` of each element's global index: on a device (float and double) by the
+// backend's kernel, never staged on the host; on the host by the same function.
+template <class T, int R>
+void fill_counter_block(Tensor<T, R>& block, const std::type_identity_t<Shape<R>>& shape,
+                        const std::type_identity_t<Shape<R>>& offset, const CounterDraw& d) {
   if constexpr (std::is_floating_point_v<T> && R <= CounterBox::kMaxRank) {
-    if (!mesh.device().is_host()) {
-      DT x = make_dtensor<DT>(mesh, ShardLayout<R>::make(shape, DT::placement_state, mesh.shape(), splits));
-      if (holds_zero_term(DT::placement_state, mesh.coords())) {
-        local::fill(x.local(), T{});
-        return x;
-      }
+    if (!block.device().is_host()) {
       CounterBox box;
       box.rank = R;
       const auto strides = row_major_strides(shape);
-      for (int d = 0; d < R; ++d)
-        box.extent[d] = x.local_shape()[d], box.offset[d] = x.local_offset()[d], box.global_stride[d] = strides[d];
-      if (box.numel() > 0) device_backend(x.local().device()).random_fill(dtype_of<T>(), x.local().data(), box, seed, normal);
-      return x;
+      for (int k = 0; k < R; ++k)
+        box.extent[k] = block.shape()[k], box.offset[k] = offset[k], box.global_stride[k] = strides[k];
+      if (block.numel() > 0) device_backend(block.device()).random_fill(dtype_of<T>(), block.data(), box, d);
+      return;
     }
   }
-  return generate<DT>(shape, mesh, splits, [&](uint64_t i) {
-    return normal ? normal_value<T>(seed, i) : uniform_value<T>(seed, i);
+  const bool on_host = block.device().is_host();
+  Tensor<T, R> host = on_host ? Tensor<T, R>() : Tensor<T, R>::uninitialized(block.shape());
+  T* out = on_host ? block.data() : host.data();
+  for_each_box_run(shape, offset, block.shape(), [&](int64_t in, int64_t o, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) out[o + k] = counter_value<T>(d, static_cast<uint64_t>(in + k));
   });
+  if (!on_host && host.numel() > 0) copy_bytes(block.data(), block.device(), host.data(), Device::host(), host.bytes());
+}
+
+// rand and randn: each rank fills its block with fill_counter_block.
+template <class DT>
+DT counter_fill(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const Splits<DT::rank>& splits,
+                const CounterDraw& d) {
+  DT x = make_dtensor<DT>(mesh, ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
+  if (holds_zero_term(DT::placement_state, mesh.coords())) local::fill(x.local(), typename DT::value_type{});
+  else fill_counter_block(x.local(), shape, x.local_offset(), d);
+  return x;
 }
 
 }  // namespace detail
@@ -270,13 +277,15 @@ template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> rand(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
                                            uint64_t seed, const Splits<static_cast<int>(R)>& splits = {}) {
   detail::check_mesh_matches<M, P...>();
-  return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits, seed, /*normal*/ false);
+  return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits,
+                                                                      {.kind = CounterDraw::Kind::Uniform, .seed = seed});
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> randn(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
                                             uint64_t seed, const Splits<static_cast<int>(R)>& splits = {}) {
   detail::check_mesh_matches<M, P...>();
-  return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits, seed, /*normal*/ true);
+  return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits,
+                                                                      {.kind = CounterDraw::Kind::Normal, .seed = seed});
 }
 
 // The single-rank references of the fills above.

@@ -151,8 +151,8 @@ class BatchNorm {
       for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
       detail::all_reduce_stats(x.mesh(), stat_mask, sums.data(), sums.size());
       const double k = static_cast<double>(count), mom = opt_.momentum;
-      std::vector<double> rm = detail::channel_values(running_mean_.local());
-      std::vector<double> rv = detail::channel_values(running_var_.local());
+      std::vector<double> rm = detail::host_doubles(running_mean_.local());
+      std::vector<double> rv = detail::host_doubles(running_var_.local());
       for (int64_t c = 0; c < C; ++c) {
         const double d1 = sums[c] / k;
         const double mean = shift_[c] + d1;
@@ -167,8 +167,8 @@ class BatchNorm {
       detail::set_channel_values(running_var_.local(), rv);
       ++batches_;
     } else {
-      const std::vector<double> rm = detail::channel_values(running_mean_.local());
-      const std::vector<double> rv = detail::channel_values(running_var_.local());
+      const std::vector<double> rm = detail::host_doubles(running_mean_.local());
+      const std::vector<double> rv = detail::host_doubles(running_var_.local());
       for (int64_t c = 0; c < C; ++c) {
         mean_[c] = rm[c];
         inv_[c] = 1 / std::sqrt(rv[c] + opt_.eps);
@@ -178,8 +178,8 @@ class BatchNorm {
     count_ = count;
     layout_ = x.layout();
     // xhat = (x - mean) inv and y = (x - mean) w inv + b, per row.
-    const std::vector<double> w = detail::channel_values(weight_.value().local());
-    const std::vector<double> b = detail::channel_values(bias_.value().local());
+    const std::vector<double> w = detail::host_doubles(weight_.value().local());
+    const std::vector<double> b = detail::host_doubles(bias_.value().local());
     std::vector<double> center(static_cast<std::size_t>(rows)), inv(center.size()), scale(center.size()),
         offset(center.size());
     for (int64_t r = 0; r < rows; ++r) {
@@ -225,7 +225,7 @@ class BatchNorm {
     } else {
       // Training: dx = w inv (dy - mean(dy) - xhat mean(dy xhat)), means over the
       // batch and the image; evaluation: the statistics are constants, dx = w inv dy.
-      const std::vector<double> w = detail::channel_values(weight_.value().local());
+      const std::vector<double> w = detail::host_doubles(weight_.value().local());
       const double k = static_cast<double>(count_);
       std::vector<double> center(static_cast<std::size_t>(rows)), scale(center.size()), xhat_scale(center.size());
       for (int64_t r = 0; r < rows; ++r) {

@@ -124,14 +124,8 @@ int64_t global_cells(const std::array<int64_t, Rank>& global) {
   return n;
 }
 
-// A per-channel parameter or statistic (a few values, replicated) on the host, in
-// double: read in place on the host, copied from a device (the layer then works out
-// the per-row coefficients of its normalization on the host, see compute/row_stats.hpp).
-template <class T>
-std::vector<double> channel_values(const Tensor<T, 1>& t) {
-  const std::vector<T> v = host_values(t);
-  return std::vector<double>(v.begin(), v.end());
-}
+// A per-channel parameter or statistic (a few values, replicated) is read with
+// host_doubles (nn/local_math.hpp) and written back with:
 // t = v rounded to T, wherever t lives.
 template <class T>
 void set_channel_values(Tensor<T, 1>& t, const std::vector<double>& v) {
@@ -144,7 +138,7 @@ void set_channel_values(Tensor<T, 1>& t, const std::vector<double>& v) {
 // Parameter gradients: grad[c] += v[c], wherever grad lives.
 template <class T>
 void add_channel_values(Tensor<T, 1>& grad, const std::vector<double>& v) {
-  std::vector<double> g = channel_values(grad);
+  std::vector<double> g = host_doubles(grad);
   for (std::size_t c = 0; c < g.size(); ++c) g[c] = static_cast<double>(static_cast<T>(g[c]) + static_cast<T>(v[c]));
   set_channel_values(grad, g);
 }

@@ -4,12 +4,13 @@
 // the mesh and the placements (a replicated activation gets the same mask on every
 // rank; a Partial<Sum> one too, which keeps it Partial: y = mask x / (1 - p) is
 // linear in x). The step advances at every training forward, on every rank alike.
+// The mask is drawn where the block lives, by the counter generator of rand
+// (compute/counter_rng.hpp): on a GPU by a kernel, the same values as on the host.
 #include <cstdint>
 #include <optional>
 
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/layer.hpp"
-#include "dtensor/tensor/box.hpp"
 
 namespace dtensor::nn {
 
@@ -49,15 +50,14 @@ class Dropout {
       mask_.reset();
       return x;
     }
-    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, "Dropout: host blocks only for now");
-    Tensor<T, Rank> mask = Tensor<T, Rank>::uninitialized(x.local().shape());
-    const T scale = static_cast<T>(1 / (1 - p_));
+    // The scaled mask, drawn where the block lives (a GPU draws it with a kernel).
+    const Device dev = x.local().device();
+    Tensor<T, Rank> mask = Tensor<T, Rank>::uninitialized(x.local().shape(), dev);
     const uint64_t step = step_++;
-    dtensor::detail::for_each_box_run(x.shape(), x.local_offset(), x.local().shape(), [&](int64_t in, int64_t o, int64_t n) {
-      for (int64_t k = 0; k < n; ++k)
-        mask.data()[o + k] = kept(seed_, step, static_cast<uint64_t>(in + k), p_) ? scale : T(0);
-    });
-    auto y = Tensor<T, Rank>::uninitialized(x.local().shape());
+    dtensor::detail::fill_counter_block(
+        mask, x.shape(), x.local_offset(),
+        {.kind = CounterDraw::Kind::Keep, .seed = seed_, .stream = 1 + step, .p = p_, .scale = 1 / (1 - p_)});
+    auto y = Tensor<T, Rank>::uninitialized(x.local().shape(), dev);
     local::binary(BinaryOp::Mul, x.local(), mask, y);
     mask_.emplace(std::move(mask));
     return X(x.mesh(), x.layout(), std::move(y));
@@ -69,7 +69,7 @@ class Dropout {
       return 0;
     } else {
       if (!mask_) return dy;
-      auto dx = Tensor<T, Rank>::uninitialized(dy.local().shape());
+      auto dx = Tensor<T, Rank>::uninitialized(dy.local().shape(), dy.local().device());
       DTENSOR_CHECK(dy.local().shape() == mask_->shape(), InvalidArgument,
                     "Dropout: the gradient's block differs from the input's; it must be placed like the output");
       local::binary(BinaryOp::Mul, dy.local(), *mask_, dx);

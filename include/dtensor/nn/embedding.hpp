@@ -14,10 +14,12 @@
 // The table's gradient is a scatter-add of the output's gradient rows: local, placed
 // like the table on TP and Partial<Sum> over the data-parallel dim.
 #include <optional>
+#include <vector>
 
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/styles.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
@@ -92,13 +94,13 @@ class Embedding {
 
   OutputT forward(const input_type& ids) {
     const auto& t = table_.value();
-    DTENSOR_CHECK(t.local().device().is_host() && ids.local().device().is_host(), InvalidArgument, name,
-                  ": host blocks only for now");
+    const Device dev = t.local().device();  // the ids are checked on the host, looked up beside the table
     const int64_t rows = ids.local().numel();
+    const std::vector<int64_t> host_ids = detail::host_values(ids.local());
     for (int64_t i = 0; i < rows; ++i)
-      DTENSOR_CHECK(ids.local().data()[i] >= 0 && ids.local().data()[i] < Vocab, InvalidArgument, name,
-                    ": token id ", ids.local().data()[i], " is outside the vocabulary [0, ", Vocab, ")");
-    ids_.emplace(ids.local());
+      DTENSOR_CHECK(host_ids[i] >= 0 && host_ids[i] < Vocab, InvalidArgument, name, ": token id ", host_ids[i],
+                    " is outside the vocabulary [0, ", Vocab, ")");
+    ids_.emplace(ids.local().device() == dev ? ids.local() : ids.local().to(dev));
     const int64_t lo = t.local_offset()[0], cols = t.local().shape()[1];
     ShardLayout<Rank> layout;
     for (int d = 0; d < Rank - 1; ++d) {
@@ -110,9 +112,8 @@ class Embedding {
     Shape<Rank> ls{};
     for (int d = 0; d < Rank - 1; ++d) ls[d] = ids.local().shape()[d];
     ls[F] = cols;
-    auto y = Tensor<T, Rank>::uninitialized(ls);
-    local::gather_rows(y.device(), t.local().data(), t.local().shape()[0], cols, ids.local().data(), rows, lo,
-                       y.data());
+    auto y = Tensor<T, Rank>::uninitialized(ls, dev);
+    local::gather_rows(dev, t.local().data(), t.local().shape()[0], cols, ids_->data(), rows, lo, y.data());
     using Product = dtensor_t<T, Rank, placements_t<product()>>;
     Product z(ids.mesh(), std::move(layout), std::move(y));
     return redistribute_as<placements_t<out_state()>>(z);
@@ -131,7 +132,7 @@ class Embedding {
     DTENSOR_CHECK(dz.local().numel() == ids_->numel() * t.local().shape()[1], InvalidArgument, name,
                   ": the gradient's block ", dtensor::to_string(dz.local().shape()),
                   " does not match the ids of the last forward");
-    Tensor<T, 2> g(t.local().shape());
+    Tensor<T, 2> g(t.local().shape(), t.local().device());
     local::scatter_add_rows(g.device(), dz.local().data(), ids_->data(), ids_->numel(), t.local().shape()[1],
                             t.local_offset()[0], g.data(), t.local().shape()[0]);
     table_.accumulate(g);

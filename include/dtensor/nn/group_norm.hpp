@@ -116,8 +116,8 @@ class GroupNorm {
     layout_ = x.layout();
     // Per (sample, channel) row: xhat = (x - mean) inv, y = (x - mean) w inv + b.
     const int64_t rows = blk.samples * C;
-    const std::vector<double> w = detail::channel_values(weight_.value().local());
-    const std::vector<double> b = detail::channel_values(bias_.value().local());
+    const std::vector<double> w = detail::host_doubles(weight_.value().local());
+    const std::vector<double> b = detail::host_doubles(bias_.value().local());
     std::vector<double> center(static_cast<std::size_t>(rows)), inv(center.size()), scale(center.size()),
         offset(center.size());
     for (int64_t r = 0; r < rows; ++r) {
@@ -164,7 +164,7 @@ class GroupNorm {
       // dx = inv (dxh - mean(dxh) - xhat mean(dxh xhat)), dxh = dy w, means over the
       // (sample, group)'s channels and the whole image: the group's sums are its
       // channels' sums weighted by w.
-      const std::vector<double> w = detail::channel_values(weight_.value().local());
+      const std::vector<double> w = detail::host_doubles(weight_.value().local());
       const int64_t groups = blk.samples * G;
       std::vector<double> sums(static_cast<std::size_t>(2 * groups), 0.0);
       for (int64_t r = 0; r < rows; ++r) {

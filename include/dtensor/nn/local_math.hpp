@@ -71,6 +71,13 @@ std::vector<T> host_values(const Tensor<T, R>& t) {
   const Tensor<T, R> h = t.to(Device::host());
   return std::vector<T>(h.data(), h.data() + h.numel());
 }
+// The same, as doubles (a layer's per-channel or per-feature parameters, worked on the
+// host in double).
+template <class T, int R>
+std::vector<double> host_doubles(const Tensor<T, R>& t) {
+  const std::vector<T> v = host_values(t);
+  return std::vector<double>(v.begin(), v.end());
+}
 // Host values as a 1-D tensor on device d.
 template <class T>
 Tensor<T, 1> values_on(Device d, std::vector<T> v) {

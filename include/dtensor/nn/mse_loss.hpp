@@ -6,6 +6,7 @@
 // it), and one all-reduce over the whole mesh gives the loss on every rank. The
 // gradient is local and placed like y: on a Replicate dim every rank computes the
 // whole of it, an accepted gradient of a Replicate tensor (placement/gradient.hpp).
+// Host or device blocks alike.
 #include <optional>
 
 #include "dtensor/compute/local.hpp"
@@ -36,15 +37,14 @@ class MSELoss {
     DTENSOR_CHECK(y.shape() == target.shape() && y.layout().blocks == target.layout().blocks, InvalidArgument,
                   "MSELoss: output ", dtensor::to_string(y.shape()), " and target ", dtensor::to_string(target.shape()),
                   " differ in shape or blocks");
-    DTENSOR_CHECK(y.local().device().is_host(), InvalidArgument, "MSELoss: host blocks only");
-    diff_ = y.local();
+    diff_ = Tensor<T, Cfg::rank>::uninitialized(y.local().shape(), y.local().device());
     local::binary(BinaryOp::Sub, y.local(), target.local(), *diff_);
     numel_ = y.numel();
     const auto& mesh = y.mesh();
     bool owner = true;
     for (int m = 0; m < M; ++m)
       if (!Y::placement_state[m].is_shard()) owner = owner && mesh.coord(m) == 0;
-    T sum = owner ? as_eigen_array(*diff_).square().sum() : T(0);
+    T sum = owner ? static_cast<T>(sum_of_squares(*diff_)) : T(0);
     mesh.comm().all_reduce(&sum, &sum, 1, dtype_of<T>(), ReduceOp::Sum);
     CommCounter::record(StepKind::AllReduce, -1, sizeof(T));
     return sum / static_cast<T>(numel_);
@@ -56,11 +56,17 @@ class MSELoss {
     DTENSOR_CHECK(diff_.has_value(), InvalidArgument, "MSELoss: backward without a forward");
     Tensor<T, Y::rank> g = std::move(*diff_);
     diff_.reset();
-    as_eigen_array(g) *= T(2) / static_cast<T>(numel_);
+    local::binary_scalar(BinaryOp::Mul, g, T(2) / static_cast<T>(numel_), g);
     return Y(y.mesh(), y.layout(), std::move(g));
   }
 
  private:
+  // In T on the host (Eigen), as the loss is defined; a device sums in its kernel.
+  static double sum_of_squares(const Tensor<T, Cfg::rank>& d) {
+    if (!d.device().is_host())
+      return dtensor::detail::device_backend(d.device()).sum_squares(dtype_of<T>(), d.data(), d.numel());
+    return static_cast<double>(as_eigen_array(d).square().sum());
+  }
   static constexpr bool has_partial(const State& s) {
     for (const auto& p : s)
       if (p.is_partial()) return true;

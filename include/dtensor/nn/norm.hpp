@@ -15,17 +15,22 @@
 //
 //   LayerNorm:  y = (x - mean) / sqrt(var + eps) * g + b     (var: biased, PyTorch's)
 //   RMSNorm:    y = x / sqrt(mean(x^2) + eps) * g
+//
+// The blocks stay where they live (host or GPU): each row's sums and the normalization
+// are compute/row_stats.hpp's, in double; the per-row statistics travel in T.
 #include <cmath>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/styles.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
-#include "dtensor/tensor/eigen.hpp"
 
 namespace dtensor::nn {
 
@@ -119,32 +124,39 @@ class Norm {
     DTENSOR_CHECK(x.shape()[F] == Features, InvalidArgument, name, ": an input of ", x.shape()[F],
                   " features, expected ", Features);
     const auto& lx = x.local();
-    DTENSOR_CHECK(lx.device().is_host(), InvalidArgument, name, ": host blocks only for now");
+    const Device dev = lx.device();
     const int64_t rows = rows_of(lx.shape()), cols = lx.shape()[F];
     DTENSOR_CHECK(cols == scale_.value().local().numel(), InvalidArgument, name, ": this rank holds ", cols,
                   " features of the input but ", scale_.value().local().numel(),
                   " of the scale; split both by the chunk rule");
-    auto X = map(lx, rows, cols);
-    // Row statistics over the global features: sum and sum of squares, reduced over
-    // TP together when the features are sharded.
-    constexpr int kStats = Kind == NormKind::Layer ? 2 : 1;  // [sum,] sum of squares
-    Mat stats(rows, kStats);
-    if constexpr (Kind == NormKind::Layer) stats.col(0) = X.rowwise().sum();
-    stats.col(kStats - 1) = X.array().square().rowwise().sum().matrix();
+    // Row statistics over the global features: [sum,] sum of squares per row, reduced
+    // over TP together when the features are sharded (in T, as the plan counts them).
+    std::vector<double> sums(static_cast<std::size_t>(2 * rows));
+    local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), nullptr, rows, cols, sums.data());
+    std::vector<T> stats = row_stats(sums, rows);
     if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(x.mesh(), stats.data(), rows * kStats);
-    const T n = static_cast<T>(Features);
-    Vec mean = Kind == NormKind::Layer ? Vec(stats.col(0) / n) : Vec(Vec::Zero(rows));
-    Vec var = (stats.col(kStats - 1).array() / n - mean.array().square()).matrix();
-    inv_ = (var.array() + static_cast<T>(eps_)).rsqrt().matrix();
-    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape());
-    auto XH = map(*xhat_, rows, cols);
-    XH = (X.colwise() - mean).array().colwise() * inv_.array();
-    auto y = Tensor<T, Rank>::uninitialized(lx.shape());
-    auto Y = map(y, rows, cols);
-    const auto g = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(scale_.value().local().data(), cols);
-    Y = XH.array().rowwise() * g.array();
-    if constexpr (Kind == NormKind::Layer)
-      Y.rowwise() += Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(shift_.value().local().data(), cols);
+    const double n = static_cast<double>(Features);
+    std::vector<double> mean(static_cast<std::size_t>(rows), 0.0);
+    inv_.assign(static_cast<std::size_t>(rows), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      if constexpr (Kind == NormKind::Layer) mean[r] = static_cast<double>(stats[r * kStats]) / n;
+      const double var = static_cast<double>(stats[r * kStats + kStats - 1]) / n - mean[r] * mean[r];
+      inv_[r] = 1 / std::sqrt(var + eps_);
+    }
+    // xhat = (x - mean) inv; y = xhat g (+ b) along the features.
+    const std::vector<double> g = detail::host_doubles(scale_.value().local());
+    const std::vector<double> b =
+        Kind == NormKind::Layer ? detail::host_doubles(shift_.value().local()) : std::vector<double>{};
+    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
+    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr), {.center = mean.data(), .scale = inv_.data()},
+                      rows, cols, xhat_->data());
+    auto y = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
+    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr),
+                      {.center = mean.data(),
+                       .scale = inv_.data(),
+                       .col_scale = g.data(),
+                       .col_offset = Kind == NormKind::Layer ? b.data() : nullptr},
+                      rows, cols, y.data());
     return InputT(x.mesh(), x.layout(), std::move(y));
   }
 
@@ -154,51 +166,60 @@ class Norm {
                   "dtensor::nn norm backward: dy is not placed as a gradient of the output");
     DTENSOR_CHECK(xhat_.has_value(), InvalidArgument, name, ": backward without a forward");
     const auto& ld = dy.local();
+    const Device dev = ld.device();
     const int64_t rows = rows_of(ld.shape()), cols = ld.shape()[F];
     DTENSOR_CHECK(ld.shape() == xhat_->shape(), InvalidArgument, name, ": the gradient's block ",
                   dtensor::to_string(ld.shape()), " differs from the input's ", dtensor::to_string(xhat_->shape()),
                   "; backward takes the gradient of the last forward");
-    auto DY = map(ld, rows, cols);
-    auto XH = map(*xhat_, rows, cols);
+    std::optional<Tensor<T, Rank>> xhat = std::move(xhat_);
+    xhat_.reset();
     // dscale = sum over rows of dy * xhat, dshift = sum over rows of dy (this rank's rows).
-    Tensor<T, 1> ds({cols});
-    Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(ds.data(), cols) = (DY.array() * XH.array()).colwise().sum();
-    scale_.accumulate(ds);
-    if constexpr (Kind == NormKind::Layer) {
-      Tensor<T, 1> db({cols});
-      Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>>(db.data(), cols) = DY.colwise().sum();
-      shift_.accumulate(db);
+    {
+      auto prod = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
+      local::binary(BinaryOp::Mul, ld, *xhat, prod);
+      detail::column_sums(dev, prod.data(), scale_.grad().data(), rows, cols, /*accumulate*/ true);
+      if constexpr (Kind == NormKind::Layer)
+        detail::column_sums(dev, ld.data(), shift_.grad().data(), rows, cols, /*accumulate*/ true);
     }
     if constexpr (!NeedInputGrad) {
-      xhat_.reset();
       return 0;
     } else {
-      const auto g = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(scale_.value().local().data(), cols);
-      Mat dxh = (DY.array().rowwise() * g.array()).matrix();
-      // dx = inv * (dxh - mean(dxh) - xhat * mean(dxh * xhat)), means over the global
-      // features (LayerNorm; RMSNorm has no mean(dxh) term).
-      constexpr int kStats = Kind == NormKind::Layer ? 2 : 1;
-      Mat sums(rows, kStats);
-      if constexpr (Kind == NormKind::Layer) sums.col(0) = dxh.rowwise().sum();
-      sums.col(kStats - 1) = (dxh.array() * XH.array()).rowwise().sum().matrix();
-      if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(dy.mesh(), sums.data(), rows * kStats);
-      const T n = static_cast<T>(Features);
-      auto dx = Tensor<T, Rank>::uninitialized(ld.shape());
-      auto DX = map(dx, rows, cols);
-      Vec m1 = Kind == NormKind::Layer ? Vec(sums.col(0) / n) : Vec(Vec::Zero(rows));
-      Vec m2 = sums.col(kStats - 1) / n;
-      DX = ((dxh.colwise() - m1) - (XH.array().colwise() * m2.array()).matrix()).array().colwise() * inv_.array();
-      xhat_.reset();
+      // dxh = dy g; dx = inv (dxh - mean(dxh) - xhat mean(dxh xhat)), means over the
+      // global features (LayerNorm; RMSNorm has no mean(dxh) term).
+      const std::vector<double> g = detail::host_doubles(scale_.value().local());
+      const std::vector<double> ones(static_cast<std::size_t>(rows), 1.0);
+      auto dxh = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
+      local::row_affine(dev, ld.data(), static_cast<const T*>(nullptr), {.scale = ones.data(), .col_scale = g.data()},
+                        rows, cols, dxh.data());
+      std::vector<double> sums(static_cast<std::size_t>(2 * rows));
+      local::row_moments(dev, dxh.data(), xhat->data(), nullptr, rows, cols, sums.data());
+      std::vector<T> stats = row_stats(sums, rows);
+      if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(dy.mesh(), stats.data(), rows * kStats);
+      const double n = static_cast<double>(Features);
+      std::vector<double> m1(static_cast<std::size_t>(rows), 0.0), xhat_scale(m1.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        if constexpr (Kind == NormKind::Layer) m1[r] = static_cast<double>(stats[r * kStats]) / n;
+        xhat_scale[r] = -inv_[r] * static_cast<double>(stats[r * kStats + kStats - 1]) / n;
+      }
+      auto dx = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
+      local::row_affine(dev, dxh.data(), xhat->data(),
+                        {.center = m1.data(), .scale = inv_.data(), .b_scale = xhat_scale.data()}, rows, cols,
+                        dx.data());
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }
   }
 
  private:
-  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using Vec = Eigen::Matrix<T, Eigen::Dynamic, 1>;
-  static auto map(Tensor<T, Rank>& t, int64_t rows, int64_t cols) { return Eigen::Map<Mat>(t.data(), rows, cols); }
-  static auto map(const Tensor<T, Rank>& t, int64_t rows, int64_t cols) {
-    return Eigen::Map<const Mat>(t.data(), rows, cols);
+  // [sum,] sum of squares (or of products) per row, in T, row-major [rows, kStats], from
+  // row_moments' [sums | second sums].
+  static constexpr int kStats = Kind == NormKind::Layer ? 2 : 1;
+  static std::vector<T> row_stats(const std::vector<double>& sums, int64_t rows) {
+    std::vector<T> stats(static_cast<std::size_t>(rows * kStats));
+    for (int64_t r = 0; r < rows; ++r) {
+      if constexpr (Kind == NormKind::Layer) stats[r * kStats] = static_cast<T>(sums[r]);
+      stats[r * kStats + kStats - 1] = static_cast<T>(sums[rows + r]);
+    }
+    return stats;
   }
   static int64_t rows_of(const Shape<Rank>& s) {
     int64_t r = 1;
@@ -214,7 +235,7 @@ class Norm {
   double eps_;
   Parameter<ParamT> scale_, shift_;
   std::optional<Tensor<T, Rank>> xhat_;
-  Vec inv_;
+  std::vector<double> inv_;  // per row, of the last forward
 };
 
 template <class Cfg, int64_t Features, NormStyle Style = NormReplicated>
