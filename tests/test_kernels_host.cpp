@@ -1173,7 +1173,7 @@ TEST_CASE("kernels on the host: row_moments") {
 }
 
 // row_affine_kernel: the formula of compute/row_terms.hpp in the same order, so bit
-// for bit; every term present and absent, and in place (out = a).
+// for bit; every row and column term present and absent, and in place (out = a).
 template <class T>
 void check_row_affine(int64_t rows, int64_t cols) {
   INFO("rows ", rows, ", cols ", cols, ", ", type_name<T>());
@@ -1183,9 +1183,13 @@ void check_row_affine(int64_t rows, int64_t cols) {
   const auto k = static_cast<std::size_t>(rows);
   const auto center = random_values<double>(k, -1, 1, 53), scale = random_values<double>(k, -2, 2, 54);
   const auto b_scale = random_values<double>(k, -2, 2, 55), offset = random_values<double>(k, -1, 1, 56);
-  for (int mask = 0; mask < 8; ++mask) {  // bit 0: center, 1: b, 2: offset
+  const auto col_scale = random_values<double>(static_cast<std::size_t>(cols), -2, 2, 57);
+  const auto col_offset = random_values<double>(static_cast<std::size_t>(cols), -1, 1, 58);
+  for (int mask = 0; mask < 32; ++mask) {  // bit 0: center, 1: b, 2: offset, 3: col_scale, 4: col_offset
     const bool has_center = mask & 1, has_b = mask & 2, has_offset = mask & 4;
-    INFO("center ", has_center, ", b ", has_b, ", offset ", has_offset);
+    const bool has_col_scale = mask & 8, has_col_offset = mask & 16;
+    INFO("center ", has_center, ", b ", has_b, ", offset ", has_offset, ", col_scale ", has_col_scale,
+         ", col_offset ", has_col_offset);
     std::vector<T> want(n);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < cols; ++j) {
@@ -1195,20 +1199,24 @@ void check_row_affine(int64_t rows, int64_t cols) {
         v *= scale[r];
         if (has_b) v += static_cast<double>(b[e]) * b_scale[r];
         if (has_offset) v += offset[r];
+        if (has_col_scale) v *= col_scale[j];
+        if (has_col_offset) v += col_offset[j];
         want[e] = static_cast<T>(v);
       }
     for (bool in_place : {false, true})
       each_launch(stride_configs(static_cast<int64_t>(n), false), [&](const Config& c) {
         Buffer<T> ab(a), bb(b), out(n);
-        Buffer<double> cb(center), sb(scale), bsb(b_scale), ob(offset);
-        const RowTerms terms{has_center ? cb.data() : nullptr, sb.data(), has_b ? bsb.data() : nullptr,
-                             has_offset ? ob.data() : nullptr};
+        Buffer<double> cb(center), sb(scale), bsb(b_scale), ob(offset), csb(col_scale), cob(col_offset);
+        const RowTerms terms{has_center ? cb.data() : nullptr,          sb.data(),
+                             has_b ? bsb.data() : nullptr,              has_offset ? ob.data() : nullptr,
+                             has_col_scale ? csb.data() : nullptr,      has_col_offset ? cob.data() : nullptr};
         T* dst = in_place ? ab.data() : out.data();
         hl::launch(c.grid, c.block, 0, kd::row_affine_kernel<T>, static_cast<const T*>(ab.data()),
                    has_b ? static_cast<const T*>(bb.data()) : nullptr, terms, cols, dst, static_cast<int64_t>(n));
         CHECK(mismatch(in_place ? ab.values() : out.values(), want) == "");
         CHECK((ab.guards_intact() && bb.guards_intact() && out.guards_intact() && cb.guards_intact() &&
-               sb.guards_intact() && bsb.guards_intact() && ob.guards_intact()));
+               sb.guards_intact() && bsb.guards_intact() && ob.guards_intact() && csb.guards_intact() &&
+               cob.guards_intact()));
       });
   }
 }
