@@ -585,6 +585,62 @@ void check_norm2(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
   CHECK(grad_close(reconstruct(dx), per_term(ref, st<P...>(), mesh)));
 }
 
+// transpose: dx is the transposed gradient (exact math), placed as x's gradient.
+template <class... P, int M>
+void check_transpose(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
+  const auto gx = shifted(shape, 0.5);
+  const auto x = make_source<P...>(gx, mesh);
+  const auto y = transpose(x);
+  const auto w = grad_pattern(y.shape());
+  const auto dy = make_source_t<grad_t<std::decay_t<decltype(y)>, false>>(per_term(w, y.placement_state, mesh), mesh);
+  CommCounter c;
+  const auto dx = transpose_backward(x, dy);
+  CHECK(c.count() == 0);
+  static_assert(is_gradient_of(std::decay_t<decltype(dx)>::placement_state, st<P...>()));
+  INFO("transpose x ", names<P...>(), " on ", mesh.to_string(), " shape ", to_string(shape));
+  const auto ref = fd_gradient(gx, w, [](const Tensor<double, 2>& v) {
+    Tensor<double, 2> t(Shape<2>{v.extent(1), v.extent(0)});
+    for (int64_t i = 0; i < v.extent(0); ++i)
+      for (int64_t j = 0; j < v.extent(1); ++j) t(j, i) = v(i, j);
+    return t;
+  });
+  CHECK(grad_close(reconstruct(dx), per_term(ref, st<P...>(), mesh)));
+}
+
+// add_bias<A>(m, v) for a vector placed V...: dm by finite differences, dv against the
+// sums of w over the broadcast dim (hand-worked: d/dv_j of sum_ij w_ij (m_ij + v_j)).
+template <Along A, class V, class... P, int M>
+void check_add_bias(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
+  constexpr int dim = A == Along::Rows ? 1 : 0;
+  const auto gm = shifted(shape, 0.5);
+  Tensor<double, 1> gv(Shape<1>{shape[dim]});
+  for (int64_t k = 0; k < gv.numel(); ++k) gv.data()[k] = 0.25 * static_cast<double>(k) - 1;
+  const auto m = make_source<P...>(gm, mesh);
+  const auto v = [&]<class... Q>(Placements<Q...>*) { return make_source<Q...>(gv, mesh); }(static_cast<V*>(nullptr));
+  const auto y = add_bias<A>(m, v);
+  const auto w = grad_pattern(shape);
+  const auto dy = make_source_t<grad_t<std::decay_t<decltype(y)>, false>>(per_term(w, y.placement_state, mesh), mesh);
+  const auto [dm, dv] = add_bias_backward<A>(m, v, dy);
+  static_assert(is_gradient_of(std::decay_t<decltype(dm)>::placement_state, st<P...>()));
+  static_assert(is_gradient_of(std::decay_t<decltype(dv)>::placement_state, std::decay_t<decltype(v)>::placement_state));
+  INFO("add_bias<", A == Along::Rows ? "Rows" : "Columns", "> m ", names<P...>(), " v ",
+       std::decay_t<decltype(v)>::placements_string(), " on ", mesh.to_string(), " shape ", to_string(shape));
+  const auto ref_m = fd_gradient(gm, w, [&](const Tensor<double, 2>& x) {
+    Tensor<double, 2> t = x;
+    for (int64_t i = 0; i < x.extent(0); ++i)
+      for (int64_t j = 0; j < x.extent(1); ++j) t(i, j) += gv.data()[dim == 1 ? j : i];
+    return t;
+  });
+  CHECK(grad_close(reconstruct(dm), per_term(ref_m, st<P...>(), mesh)));
+  Tensor<double, 1> ref_v(Shape<1>{shape[dim]});
+  for (int64_t i = 0; i < shape[0]; ++i)
+    for (int64_t j = 0; j < shape[1]; ++j) ref_v.data()[dim == 1 ? j : i] += w(i, j);
+  const auto got_v = reconstruct(dv);
+  const auto want_v = per_term(ref_v, std::decay_t<decltype(v)>::placement_state, mesh);
+  REQUIRE(got_v.shape() == want_v.shape());
+  for (int64_t k = 0; k < want_v.numel(); ++k) CHECK(got_v.data()[k] == doctest::Approx(want_v.data()[k]).epsilon(1e-12));
+}
+
 template <class... P, int M>
 void check_all_ops(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
   check_unary<UnaryFn::Neg, P...>(mesh, shape, std::false_type{});
@@ -606,6 +662,12 @@ void check_all_ops(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
   check_slice_concat<0, P...>(mesh, shape);
   check_slice_concat<1, P...>(mesh, shape);
   check_norm2<P...>(mesh, shape);
+  check_transpose<P...>(mesh, shape);
+  check_add_bias<Along::Rows, Placements<std::conditional_t<true, R, P>...>, P...>(mesh, shape);
+  check_add_bias<Along::Columns, Placements<std::conditional_t<true, R, P>...>, P...>(mesh, shape);
+  // A sharded vector (the forward cannot make a shard a partial term of a Partial matrix).
+  if constexpr (!(std::is_same_v<P, PS> || ...) && !(std::is_same_v<P, PA> || ...))
+    check_add_bias<Along::Rows, Placements<std::conditional_t<true, S0, P>...>, P...>(mesh, shape);
 }
 
 }  // namespace

@@ -159,4 +159,47 @@ DTENSOR_UNARY_BACKWARD(tanh, Tanh)
 DTENSOR_UNARY_BACKWARD(sigmoid, Sigmoid)
 #undef DTENSOR_UNARY_BACKWARD
 
+// add_bias<A>(m, v): {dm, dv}. dm is dy through the adjoint of the forward's
+// redistribution of m; dv sums dy along the dim the vector is broadcast over (each
+// rank its block: a Partial<Sum> term where dy's rows, for Along::Rows, are split or
+// dy is itself a sum of terms), then goes through the adjoint of v's redistribution.
+namespace detail {
+template <Along A, std::size_t M>
+constexpr PlacementState<M> bias_grad_placements(const PlacementState<M>& dy) {
+  const int summed = A == Along::Rows ? 0 : 1, kept = 1 - summed;
+  PlacementState<M> g{};
+  for (std::size_t i = 0; i < M; ++i) {
+    if (dy[i].is_shard(summed) || dy[i].is_partial()) g[i] = PlacementDesc{PlacementKind::Partial, -1, ReduceOp::Sum};
+    else if (dy[i].is_shard(kept)) g[i] = PlacementDesc{PlacementKind::Shard, 0, ReduceOp::Sum};
+  }
+  return g;
+}
+}  // namespace detail
+
+template <Along A, class T, class... PM, class... PV, class... G>
+auto add_bias_backward(const DTensor<T, 2, PM...>& m, const DTensor<T, 1, PV...>& v, const DTensor<T, 2, G...>& dy) {
+  constexpr std::size_t M = sizeof...(PM);
+  static constexpr auto mt = detail::value_of_partials<M>(describe_all<PM...>());  // the forward's rule
+  static constexpr auto vt = detail::bias_targets<A, M>(mt);
+  static constexpr auto gv = detail::bias_grad_placements<A, M>(describe_all<G...>());
+  static_assert(is_gradient_of(describe_all<G...>(), mt),
+                "dtensor::add_bias_backward: dy is not placed as a gradient of add_bias's output (the matrix's "
+                "placements, a Partial<Max|Min> reduced); redistribute dy first");
+  static_assert(is_gradient_of(gv, vt), "dtensor::add_bias_backward: internal: the vector's gradient placements");
+  constexpr int dim = A == Along::Rows ? 1 : 0;  // the matrix dim the vector runs along
+  DTENSOR_CHECK(dy.shape() == m.shape() && v.shape()[0] == m.shape()[dim], InvalidArgument,
+                "add_bias_backward: dy of shape ", to_string(dy.shape()), " for a matrix of shape ",
+                to_string(m.shape()), " and a vector of ", v.shape()[0]);
+  auto dm = redistribute_backward_from<Placements<PM...>, placements_t<mt>>(dy, m.layout().blocks);
+  const Device dev = dy.local().device();
+  const auto ls = dy.local().shape();
+  auto s = Tensor<T, 1>::uninitialized({ls[dim]}, dev);
+  if constexpr (A == Along::Rows) local::reduce_dim<ReduceOp::Sum>(dev, dy.local().data(), s.data(), 1, ls[0], ls[1]);
+  else local::reduce_dim<ReduceOp::Sum>(dev, dy.local().data(), s.data(), ls[0], ls[1], 1);
+  ShardLayout<1> layout{{dy.shape()[dim]}, {dy.layout().blocks[dim]}};
+  const dtensor_t<T, 1, placements_t<gv>> dv2(dy.mesh(), std::move(layout), std::move(s));
+  auto dv = redistribute_backward_from<Placements<PV...>, placements_t<vt>>(dv2, v.layout().blocks);
+  return std::pair{std::move(dm), std::move(dv)};
+}
+
 }  // namespace dtensor

@@ -293,15 +293,19 @@ T value(const DTensor<T, 0, P...>& x) {
   return x.full_tensor().to(Device::host())();
 }
 
+// The transpose's placement rule: Shard<0> and Shard<1> swap, the rest stays (the
+// forward and transpose_backward read it).
+template <std::size_t M>
+constexpr PlacementState<M> transposed_placements(PlacementState<M> s) {
+  for (auto& p : s)
+    if (p.is_shard()) p.dim = 1 - p.dim;
+  return s;
+}
+
 // The transpose of a matrix: Shard<0> and Shard<1> swap, nothing moves between ranks.
 template <class T, class... P>
 auto transpose(const DTensor<T, 2, P...>& x) {
-  static constexpr auto ps = [] {
-    auto s = describe_all<P...>();
-    for (auto& p : s)
-      if (p.is_shard()) p.dim = 1 - p.dim;
-    return s;
-  }();
+  static constexpr auto ps = transposed_placements(describe_all<P...>());
   using Out = dtensor_t<T, 2, placements_t<ps>>;
   ShardLayout<2> layout{{x.shape()[1], x.shape()[0]}, {x.layout().blocks[1], x.layout().blocks[0]}};
   const auto ls = x.local().shape();

@@ -6,10 +6,14 @@
 //                             dy's placements, x's blocks.
 //   concat<D>(a, b)           {da, db}: the adjoint of the forward's redistributions
 //                             around a local split of dc along D.
+//   transpose(x)              dx = transpose(dy): the transpose is its own adjoint, and
+//                             its placement rule (Shard<0> <-> Shard<1>) its own inverse;
+//                             no communication.
 #include <utility>
 
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/ops/elementwise_backward.hpp"
+#include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/shape.hpp"
 
 namespace dtensor {
@@ -72,6 +76,17 @@ auto concat_backward(const DTensor<T, Rank, P...>& a, const DTensor<T, Rank, P..
   auto da = detail::operand_gradient<joined, gj, P...>(a.mesh(), la, std::move(ga), a.layout().blocks);
   auto db = detail::operand_gradient<joined, gj, P...>(a.mesh(), lb, std::move(gb), b.layout().blocks);
   return std::pair{std::move(da), std::move(db)};
+}
+
+template <class T, class... P, class... G>
+auto transpose_backward(const DTensor<T, 2, P...>& x, const DTensor<T, 2, G...>& dy) {
+  static_assert(is_gradient_of(describe_all<G...>(), transposed_placements(describe_all<P...>())),
+                "dtensor::transpose_backward: dy is not placed as a gradient of the transpose (x's placements with "
+                "Shard<0> and Shard<1> swapped); redistribute dy first");
+  DTENSOR_CHECK(dy.shape()[0] == x.shape()[1] && dy.shape()[1] == x.shape()[0], InvalidArgument,
+                "transpose_backward: dy of shape ", to_string(dy.shape()), " for x of shape ", to_string(x.shape()),
+                " (dy must have the transpose's shape)");
+  return transpose(dy);
 }
 
 }  // namespace dtensor
