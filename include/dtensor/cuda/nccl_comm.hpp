@@ -123,6 +123,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/comm/collective_kind.hpp"
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/cuda/kernels.hpp"
@@ -1013,7 +1014,7 @@ class NcclComm final : public Comm {
     std::chrono::milliseconds timeout{0};
     bool guarded = false;
   };
-  enum class Kind : int64_t { Barrier = 1, AllReduce, Broadcast, AllGather, ReduceScatter, AllToAll, Scatter, Gather, Split };
+  using Kind = Collective;  // comm/collective_kind.hpp; a signature holds kind + 1 (0: no collective)
   // What a collective's signature holds besides the per-peer block sizes.
   struct Signature {
     DType dtype = DType::Int8;
@@ -1076,12 +1077,11 @@ class NcclComm final : public Comm {
 #endif
   }
 
+  // The kind in a signature row (kind + 1), named.
   static const char* kind_name(int64_t k) {
-    constexpr const char* names[] = {"barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
-                                     "all_to_all", "scatter", "gather", "split"};
-    return k >= 1 && k <= 9 ? names[k - 1] : "an unknown operation";
+    return k >= 1 && k <= kCollectiveKinds ? name(static_cast<Kind>(k - 1)) : "an unknown operation";
   }
-  static const char* kind_name(Kind k) { return kind_name(static_cast<int64_t>(k)); }
+  static const char* kind_name(Kind k) { return name(k); }
   static const char* dtype_name(int64_t t) { return t >= 0 && t <= 7 ? name(static_cast<DType>(t)) : "?"; }
   static const char* op_name(int64_t o) { return o >= 0 && o <= 3 ? name(static_cast<ReduceOp>(o)) : "?"; }
 
@@ -1268,7 +1268,7 @@ class NcclComm final : public Comm {
       int64_t* host = sig_host_.get<int64_t>(all * sizeof(int64_t));
       int64_t* dev = sig_dev_.get<int64_t>(all * sizeof(int64_t));
       int64_t* row = host + static_cast<std::size_t>(rank_) * len;
-      row[0] = seq_, row[1] = static_cast<int64_t>(kind_), row[2] = static_cast<int64_t>(sig.dtype);
+      row[0] = seq_, row[1] = static_cast<int64_t>(kind_) + 1, row[2] = static_cast<int64_t>(sig.dtype);
       row[3] = static_cast<int64_t>(sig.op), row[4] = sig.root, row[5] = sig.count;
       for (int k = 0; k < size_; ++k) {
         row[kHeader + k] = k < static_cast<int>(a.size()) ? a[k].numel() : 0;

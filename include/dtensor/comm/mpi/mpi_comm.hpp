@@ -51,11 +51,11 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "dtensor/comm/collective_kind.hpp"
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/util/error.hpp"
 
@@ -626,20 +626,20 @@ class MpiComm final : public Comm {
   // MPI_Finalize (which can then keep the job from ending): the peers' timeout aborts
   // the job, or this rank's own timeout names the problem.
   void finish() {
-    if (guarded_) enter(kFinished, DType::Int8, ReduceOp::Sum, 0, 0);
+    if (guarded_) exchange_signatures(kFinishedKind, kFinished, DType::Int8, ReduceOp::Sum, 0, 0, false);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
   void barrier() override {
-    enter("barrier", DType::Int8, ReduceOp::Sum, 0, 0);
+    enter(Collective::Barrier, DType::Int8, ReduceOp::Sum, 0, 0);
     detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
-    enter("all_reduce", t, op, 0, n, /*same_count=*/true);
+    enter(Collective::AllReduce, t, op, 0, n, /*same_count=*/true);
     detail::check_mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op),
                                     comm_),
                       "MPI_Allreduce");
@@ -652,13 +652,13 @@ class MpiComm final : public Comm {
   using Comm::start_all_reduce;  // the segmented one: packed (Comm's)
   Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
-    enter("all_reduce", t, op, 0, n, /*same_count=*/true);
+    enter(Collective::AllReduce, t, op, 0, n, /*same_count=*/true);
     return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
                                                           send, recv, n, t, op));
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    enter("broadcast", t, ReduceOp::Sum, root, static_cast<int64_t>(count), true);
+    enter(Collective::Broadcast, t, ReduceOp::Sum, root, static_cast<int64_t>(count), true);
     detail::check_mpi(MPI_Bcast(buf, detail::mpi_count(static_cast<int64_t>(count), "broadcast"), detail::mpi_type(t),
                                 root, comm_),
                       "MPI_Bcast");
@@ -667,7 +667,7 @@ class MpiComm final : public Comm {
   void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
                   DType t) override {
     check_peers(recv_blocks, "all_gather");
-    const auto& sig = enter("all_gather", t, ReduceOp::Sum, 0, send_block.numel());
+    const auto& sig = enter(Collective::AllGather, t, ReduceOp::Sum, 0, send_block.numel());
     if (guarded_)  // each rank's contribution must fill the block reserved for it
       for (int k = 0; k < size_; ++k)
         if (sig[k].count != recv_blocks[k].numel())
@@ -693,7 +693,7 @@ class MpiComm final : public Comm {
   void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                       ReduceOp op) override {
     check_peers(send_blocks, "reduce_scatter");
-    enter("reduce_scatter", t, op, 0, 0);
+    enter(Collective::ReduceScatter, t, op, 0, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts(size_);
     for (int k = 0; k < size_; ++k) counts[k] = detail::mpi_count(send_blocks[k].numel(), "reduce_scatter");
@@ -730,7 +730,7 @@ class MpiComm final : public Comm {
                   std::span<const Block> recv_blocks, DType t) override {
     check_peers(send_blocks, "all_to_all");
     check_peers(recv_blocks, "all_to_all");
-    enter("all_to_all", t, ReduceOp::Sum, 0, 0);
+    enter(Collective::AllToAll, t, ReduceOp::Sum, 0, 0);
     // Always MPI_Alltoallw: whether this rank's blocks happen to be contiguous (a
     // shard of one row, an empty shard) differs from rank to rank, and every rank
     // must make the same MPI call.
@@ -739,7 +739,7 @@ class MpiComm final : public Comm {
 
   void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                int root) override {
-    enter("scatter", t, ReduceOp::Sum, root, 0);
+    enter(Collective::Scatter, t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
     std::vector<std::byte> packed;
@@ -771,7 +771,7 @@ class MpiComm final : public Comm {
 
   void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
               int root) override {
-    enter("gather", t, ReduceOp::Sum, root, 0);
+    enter(Collective::Gather, t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
     std::vector<std::byte> packed;
@@ -837,7 +837,7 @@ class MpiComm final : public Comm {
   }
 
   std::unique_ptr<Comm> split(int color, int key) override {
-    enter("split", DType::Int8, ReduceOp::Sum, 0, 0);
+    enter(Collective::Split, DType::Int8, ReduceOp::Sum, 0, 0);
     MPI_Comm out;
     detail::check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "MPI_Comm_split");
     if (out == MPI_COMM_NULL) return nullptr;
@@ -846,17 +846,21 @@ class MpiComm final : public Comm {
 
  private:
   static constexpr const char* kFinished = "the end of run_mpi";
+  static constexpr int64_t kFinishedKind = -1;  // beside the Collective values (comm/collective_kind.hpp)
   struct Signature {
     int64_t seq, kind, dtype, op, root, count;
   };
 
   // Guarded mode: exchange and compare signatures (see the top of this file).
   // Returns every rank's signature; empty when not guarded.
-  const std::vector<Signature>& enter(const char* op, DType t, ReduceOp rop, int root, int64_t count,
+  const std::vector<Signature>& enter(Collective k, DType t, ReduceOp rop, int root, int64_t count,
                                       bool same_count = false) {
+    return exchange_signatures(static_cast<int64_t>(k), name(k), t, rop, root, count, same_count);
+  }
+  const std::vector<Signature>& exchange_signatures(int64_t kind, const char* op, DType t, ReduceOp rop, int root,
+                                                    int64_t count, bool same_count) {
     if (!guarded_) return signatures_;
     ++seq_;
-    const int64_t kind = op == kFinished ? -1 : static_cast<int64_t>(std::hash<std::string_view>{}(op) & 0xffffff);
     const Signature mine{seq_, kind, static_cast<int64_t>(t), static_cast<int64_t>(rop), root, count};
     signatures_.resize(size_);
     MPI_Request req;
@@ -865,10 +869,10 @@ class MpiComm final : public Comm {
     wait(req, op);
     for (int k = 0; k < size_; ++k) {
       const Signature& o = signatures_[k];
-      if (o.kind == -1 && mine.kind != -1)
+      if (o.kind == kFinishedKind && mine.kind != kFinishedKind)
         throw CommError(detail::cat("dtensor: rank ", rank_, ": ", op, " #", seq_, ": rank ", k,
                                     " returned from its function without joining this collective"));
-      if (mine.kind == -1 && o.kind != -1)
+      if (mine.kind == kFinishedKind && o.kind != kFinishedKind)
         throw CommError(detail::cat("dtensor: rank ", rank_, " returned from its function while rank ", k,
                                     " waits in its collective #", o.seq, ": a collective was skipped"));
       if (o.seq != mine.seq || o.kind != mine.kind)

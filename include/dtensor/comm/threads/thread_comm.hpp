@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/collective_kind.hpp"
 #include "dtensor/comm/threads/world.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/util/small_vector.hpp"
@@ -59,14 +60,6 @@
 namespace dtensor {
 namespace detail {
 
-enum class OpKind : std::uint8_t {
-  Barrier, AllReduce, Broadcast, AllGather, ReduceScatter, AllToAll, Scatter, Gather, Split
-};
-inline const char* name(OpKind k) {
-  constexpr const char* names[] = {"barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
-                                   "all_to_all", "scatter", "gather", "split"};
-  return names[static_cast<int>(k)];
-}
 
 struct Group;
 
@@ -80,7 +73,7 @@ struct alignas(64) Slot {
   };
   std::atomic<uint64_t> tick{0};  // synchronisation points passed
   std::atomic<int> state{kOut};
-  OpKind op{};
+  Collective op{};
   uint64_t seq = 0;
   DType dtype{};
   ReduceOp rop{};
@@ -841,14 +834,14 @@ class ThreadComm final : public Comm {
 
   void barrier() override {
     collective([&] {
-      begin(detail::OpKind::Barrier);
+      begin(Collective::Barrier);
       end();
     });
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     collective([&] {
-      auto& me = begin(detail::OpKind::AllReduce, [&](detail::Slot& s) {
+      auto& me = begin(Collective::AllReduce, [&](detail::Slot& s) {
         s.send = send, s.recv = recv, s.count = count, s.dtype = t, s.rop = op;
       });
       check_same(&detail::Slot::count, "element count");
@@ -893,7 +886,7 @@ class ThreadComm final : public Comm {
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     collective([&] {
-      begin(detail::OpKind::Broadcast, [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root; });
+      begin(Collective::Broadcast, [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root; });
       check_same(&detail::Slot::root, "root");
       check_same(&detail::Slot::count, "element count");
       if (rank_ != root)
@@ -907,7 +900,7 @@ class ThreadComm final : public Comm {
                   DType t) override {
     check_peers(recv_blocks, "all_gather");
     collective([&] {
-      begin(detail::OpKind::AllGather,
+      begin(Collective::AllGather,
             [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
       check_same(&detail::Slot::dtype, "element type");
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
@@ -921,7 +914,7 @@ class ThreadComm final : public Comm {
                       DType t, ReduceOp op) override {
     check_peers(send_blocks, "reduce_scatter");
     collective([&] {
-      begin(detail::OpKind::ReduceScatter, [&](detail::Slot& s) {
+      begin(Collective::ReduceScatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
       });
       check_same(&detail::Slot::dtype, "element type");
@@ -940,7 +933,7 @@ class ThreadComm final : public Comm {
     check_peers(send_blocks, "all_to_all");
     check_peers(recv_blocks, "all_to_all");
     collective([&] {
-      begin(detail::OpKind::AllToAll, [&](detail::Slot& s) {
+      begin(Collective::AllToAll, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
       });
       check_same(&detail::Slot::dtype, "element type");
@@ -955,7 +948,7 @@ class ThreadComm final : public Comm {
                int root) override {
     if (rank_ == root) check_peers(send_blocks, "scatter");
     collective([&] {
-      begin(detail::OpKind::Scatter, [&](detail::Slot& s) {
+      begin(Collective::Scatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
       });
       check_same(&detail::Slot::root, "root");
@@ -970,7 +963,7 @@ class ThreadComm final : public Comm {
               int root) override {
     if (rank_ == root) check_peers(recv_blocks, "gather");
     collective([&] {
-      begin(detail::OpKind::Gather, [&](detail::Slot& s) {
+      begin(Collective::Gather, [&](detail::Slot& s) {
         s.send = send, s.send_block = send_block, s.root = root, s.dtype = t;
       });
       check_same(&detail::Slot::root, "root");
@@ -1012,7 +1005,7 @@ class ThreadComm final : public Comm {
   }
 
   std::unique_ptr<Comm> split_(int color, int key) {
-    auto& me = begin(detail::OpKind::Split, [&](detail::Slot& s) { s.color = color, s.key = key; });
+    auto& me = begin(Collective::Split, [&](detail::Slot& s) { s.color = color, s.key = key; });
     std::vector<int> members;  // group ranks with my color, ordered by (key, rank)
     if (color >= 0) {
       for (int k = 0; k < size(); ++k)
@@ -1140,7 +1133,7 @@ class ThreadComm final : public Comm {
   }
 
   template <class Fill = void (*)(detail::Slot&)>
-  detail::Slot& begin(detail::OpKind op, Fill&& fill = [](detail::Slot&) {}) {
+  detail::Slot& begin(Collective op, Fill&& fill = [](detail::Slot&) {}) {
     if (world().aborted())
       throw PeerAborted(detail::cat("dtensor: rank ", world_rank(), ": ", name(op), " refused: rank ",
                                     world().failed_rank(), " failed: ", world().failure()));
@@ -1192,7 +1185,7 @@ class ThreadComm final : public Comm {
   std::shared_ptr<detail::Group> g_;
   int rank_;
   Device device_;
-  detail::OpKind op_{};
+  Collective op_{};
   uint64_t seq_ = 0;
   uint64_t nb_seq_ = 0;  // non-blocking all-reduces posted
   bool in_collective_ = false;  // between begin()'s publication and end()
