@@ -380,6 +380,22 @@ void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int
   });
 }
 
+void where_equal(DType t, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
+                 int64_t inner, cudaStream_t stream) {
+  check_size(outer, "where_equal");
+  check_size(len, "where_equal");
+  check_size(inner, "where_equal");
+  const int64_t n = outer * len * inner;
+  if (n == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    detail::where_equal_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(v), static_cast<T*>(out), len,
+        inner, n);
+    DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
 // --- rows picked by index ---
 
 void gather_rows(DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,

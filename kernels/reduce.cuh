@@ -98,6 +98,24 @@ inline bool reduce_by_rows(int64_t len, int64_t inner, int64_t outs) {
   return len >= 32 && (inner < 32 || outs < 4096);
 }
 
+// --- the backward of max and min over a dim ---
+
+// out[o, j, i] = x[o, j, i] == y[o, i] ? v[o, i] : 0 (x viewed as [outer, len, inner]):
+// the elements equal to their line's extremum y take the line's value v (1 to count
+// the ties, the gradient's share to route it). One thread per element of out.
+template <class T>
+DTENSOR_KERNEL void where_equal_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ v,
+                                       T* __restrict__ out, int64_t len, int64_t inner, int64_t n) {
+  for (int64_t e = first(); e < n; e += stride()) {
+    int64_t oj, i, o, j;
+    divmod(e, inner, oj, i);
+    divmod(oj, len, o, j);
+    const int64_t line = o * inner + i;
+    out[e] = x[e] == y[line] ? v[line] : T(0);
+    (void)j;
+  }
+}
+
 // --- whole-array reductions into one scalar ---
 
 // The element mapped into the accumulator: x^2 and |x|. Integers wrap (see wrap_t);

@@ -671,6 +671,17 @@ inline const detail::DeviceBackend& backend() {
               });
             });
           },
+      .where_equal =
+          [](DType t, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
+             int64_t inner) {
+            launch([=] {
+              typed(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::where_equal(Device::host(), real<const T>(x), real<const T>(y), real<const T>(v), real<T>(out),
+                                   outer, len, inner);
+              });
+            });
+          },
       // A value for the host: queued after the stream's work, and waited for.
       .sum_squares =
           [](DType t, const void* a, int64_t n) {

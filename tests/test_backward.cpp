@@ -483,6 +483,48 @@ void check_reduce(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
   CHECK(grad_close(reconstruct(dx), per_term(ref, st<P...>(), mesh)));
 }
 
+Tensor<double, 1> ref_extremum(const Tensor<double, 2>& x, int dim, bool max) {
+  Tensor<double, 1> y(Shape<1>{x.extent(1 - dim)});
+  for (int64_t k = 0; k < y.numel(); ++k) y.data()[k] = max ? -1e300 : 1e300;
+  for (int64_t i = 0; i < x.extent(0); ++i)
+    for (int64_t j = 0; j < x.extent(1); ++j) {
+      double& e = y.data()[dim == 0 ? j : i];
+      e = max ? std::max(e, x(i, j)) : std::min(e, x(i, j));
+    }
+  return y;
+}
+
+// max/min over D: finite differences away from ties (the values are distinct), and a
+// hand-worked case with ties, where dy is split evenly (every other row equal).
+template <int D, bool Max, bool Rep, class... P, int M>
+void check_extremum(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
+  const auto w = grad_pattern1(shape[1 - D]);
+  auto run = [&](const Tensor<double, 2>& gx) {
+    const auto x = make_source<P...>(gx, mesh);
+    const auto y = Max ? max<D, Reduced::Value>(x) : min<D, Reduced::Value>(x);
+    const auto dy = make_source_t<grad_t<std::decay_t<decltype(y)>, Rep>>(per_term(w, y.placement_state, mesh), mesh);
+    const auto dx = Max ? max_backward<D>(x, y, dy) : min_backward<D>(x, y, dy);
+    static_assert(is_gradient_of(std::decay_t<decltype(dx)>::placement_state, st<P...>()));
+    return reconstruct(dx);
+  };
+  INFO(std::string(Max ? "max<" : "min<"), D, "> x ", names<P...>(), " on ", mesh.to_string(), " shape ",
+       to_string(shape));
+  const auto gx = shifted(shape, 0.5);
+  const auto ref = fd_gradient(gx, w, [](const Tensor<double, 2>& v) { return ref_extremum(v, D, Max); });
+  CHECK(grad_close(run(gx), per_term(ref, st<P...>(), mesh)));
+  // Ties: along D, the values 1, 2, 1, 2, ... (max: every odd index; min: every even one).
+  Tensor<double, 2> tied(shape);
+  for (int64_t i = 0; i < shape[0]; ++i)
+    for (int64_t j = 0; j < shape[1]; ++j) tied(i, j) = 1.0 + static_cast<double>((D == 0 ? i : j) % 2);
+  Tensor<double, 2> want(shape);
+  const int64_t n = shape[D], hits = Max ? n / 2 : (n + 1) / 2;
+  const double extremum = Max && n > 1 ? 2.0 : 1.0;
+  for (int64_t i = 0; i < shape[0]; ++i)
+    for (int64_t j = 0; j < shape[1]; ++j)
+      want(i, j) = tied(i, j) == extremum ? w.data()[D == 0 ? j : i] / static_cast<double>(n > 1 ? hits : 1) : 0.0;
+  CHECK(grad_close(run(tied), per_term(want, st<P...>(), mesh)));
+}
+
 Tensor<double, 2> ref_softmax(const Tensor<double, 2>& x, int dim, bool log) {
   Tensor<double, 2> y(x.shape());
   const int64_t r = x.extent(0), c = x.extent(1);
@@ -663,6 +705,9 @@ void check_all_ops(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
   check_slice_concat<1, P...>(mesh, shape);
   check_norm2<P...>(mesh, shape);
   check_transpose<P...>(mesh, shape);
+  check_extremum<0, true, false, P...>(mesh, shape);
+  check_extremum<1, false, true, P...>(mesh, shape);
+  check_extremum<1, true, false, P...>(mesh, shape);
   check_add_bias<Along::Rows, Placements<std::conditional_t<true, R, P>...>, P...>(mesh, shape);
   check_add_bias<Along::Columns, Placements<std::conditional_t<true, R, P>...>, P...>(mesh, shape);
   // A sharded vector (the forward cannot make a shard a partial term of a Partial matrix).

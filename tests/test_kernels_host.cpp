@@ -1123,6 +1123,38 @@ TEST_CASE("kernels on the host: softmax_shift and softmax_finish") {
   });
 }
 
+// --- where_equal (kernels/reduce.cuh: the backward of max and min over a dim) ---
+
+template <class T>
+void check_where_equal(const Shape& sh) {
+  INFO(show(sh), ", ", type_name<T>());
+  const int64_t lines = sh.outer * sh.inner, n = lines * sh.len;
+  // Small integers so that many elements equal their line's value.
+  std::vector<T> x(static_cast<std::size_t>(n)), y(static_cast<std::size_t>(lines)), v(y.size());
+  for (int64_t e = 0; e < n; ++e) x[e] = static_cast<T>((e * 7) % 3);
+  for (int64_t l = 0; l < lines; ++l) y[l] = static_cast<T>(l % 3), v[l] = static_cast<T>(l + 1);
+  std::vector<T> want(x.size());
+  for (int64_t o = 0; o < sh.outer; ++o)
+    for (int64_t j = 0; j < sh.len; ++j)
+      for (int64_t i = 0; i < sh.inner; ++i) {
+        const int64_t e = (o * sh.len + j) * sh.inner + i, l = o * sh.inner + i;
+        want[e] = x[e] == y[l] ? v[l] : T(0);
+      }
+  each_launch(stride_configs(n, false), [&](const Config& c) {
+    Buffer<T> xb(x), yb(y), vb(v), out(x.size());
+    hl::launch(c.grid, c.block, 0, kd::where_equal_kernel<T>, static_cast<const T*>(xb.data()),
+               static_cast<const T*>(yb.data()), static_cast<const T*>(vb.data()), out.data(), sh.len, sh.inner, n);
+    CHECK(mismatch(out.values(), want) == "");
+    CHECK((xb.guards_intact() && yb.guards_intact() && vb.guards_intact() && out.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: where_equal") {
+  for_types<float, double, int32_t>([]<class T>() {
+    for (const Shape& sh : kShapes) check_where_equal<T>(sh);
+  });
+}
+
 // --- per-row statistics and affine maps (kernels/row_stats.cuh) ---
 
 // row_moments_kernel against sums in long double, with and without a shift and a

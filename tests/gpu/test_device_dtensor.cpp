@@ -16,6 +16,7 @@
 #include <vector>
 
 #include <dtensor/dtensor.hpp>
+#include <dtensor/ops/backward.hpp>
 
 #include "device_vs_host.hpp"
 
@@ -176,6 +177,23 @@ TEST_CASE("operators on device tensors agree with the host") {
     same_on_gpu<1>({n}, [&](const auto& m) { return concat<0>(distribute<Shard<1>>(a, m), distribute<Shard<1>>(c, m)); });
     same_on_gpu<1>({n}, [&](const auto& m) { return transpose(distribute<Shard<0>>(a, m)); });
     same_on_gpu<1>({n}, [&](const auto& m) { return randn<double, Shard<1>>(Shape<2>{5, 2 * n + 1}, m, 42); });
+    // Backwards on device buffers: max over a sharded dim (ties counted across ranks),
+    // transpose, add_bias.
+    same_on_gpu<1>({n}, [&](const auto& m) {
+      const auto x = distribute<Shard<1>>(a, m);
+      const auto y = max<1, Reduced::Value>(x);
+      return max_backward<1>(x, y, full<float, Replicate>(Shape<1>{a.extent(0)}, m, 1.5f));
+    });
+    same_on_gpu<1>({n}, [&](const auto& m) {
+      const auto x = distribute<Shard<0>>(a, m);
+      return transpose_backward(x, transpose(x));
+    });
+    same_on_gpu<1>({n}, [&](const auto& m) {
+      const Tensor<float, 1> v(Shape<1>{a.extent(1)}, std::vector<float>(a.data(), a.data() + a.extent(1)));
+      const auto x = distribute<Shard<0>>(a, m);
+      const auto dv = add_bias_backward<Along::Rows>(x, distribute<Replicate>(v, m), x).second;
+      return redistribute<Replicate>(dv);
+    }, 1e-6);
     same_on_gpu<1>({n}, [&](const auto& m) { return full<float, Shard<0>>(Shape<2>{2 * n + 1, 3}, m, 2.5f); });
 
     // 64-bit integer scalars travel exactly (a double would round them).

@@ -55,6 +55,9 @@ struct DeviceBackend {
   // Reductions: [outer, len, inner] -> [outer, inner] (Avg sums: the caller divides);
   // whole-tensor norms to the host.
   void (*reduce_dim)(DType, ReduceOp, const void* in, void* out, int64_t outer, int64_t len, int64_t inner);
+  // out[o, j, i] = x[o, j, i] == y[o, i] ? v[o, i] : 0 (the backward of max/min over a dim).
+  void (*where_equal)(DType, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
+                      int64_t inner);
   double (*sum_squares)(DType, const void* a, int64_t n);
   double (*max_abs)(DType, const void* a, int64_t n);
   void (*softmax_shift)(DType, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,

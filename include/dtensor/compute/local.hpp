@@ -161,6 +161,21 @@ void reduce_dim(Device d, ReduceOp r, const T* in, T* out, int64_t outer, int64_
   }
 }
 
+// out[o, j, i] = x[o, j, i] == y[o, i] ? v[o, i] : 0, x and out [outer, len, inner],
+// y and v [outer, inner]: the elements equal to their line's extremum take the line's
+// value (the backward of max and min over a dim: 1 counts the ties, a gradient's share
+// routes it).
+template <class T>
+void where_equal(Device d, const T* x, const T* y, const T* v, T* out, int64_t outer, int64_t len, int64_t inner) {
+  if (!d.is_host()) return detail::device_backend(d).where_equal(dtype_of<T>(), x, y, v, out, outer, len, inner);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < len; ++j)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t e = (o * len + j) * inner + i, line = o * inner + i;
+        out[e] = x[e] == y[line] ? v[line] : T(0);
+      }
+}
+
 // Sum of squares and largest magnitude of all elements, as a host value.
 template <class T, int R>
 T sum_squares(const Tensor<T, R>& a) {

@@ -140,6 +140,8 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
                        int64_t inner) {
         k::reduce_dim(t, r, in, out, outer, len, inner, current_stream());
       },
+      .where_equal = [](DType t, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
+                        int64_t inner) { k::where_equal(t, x, y, v, out, outer, len, inner, current_stream()); },
       .sum_squares = [](DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, k::sum_squares); },
       .max_abs = [](DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, k::max_abs); },
       .softmax_shift = [](DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,

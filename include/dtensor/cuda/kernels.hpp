@@ -79,6 +79,11 @@ void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, c
 void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
                 cudaStream_t stream);
 
+// out[o, j, i] = x[o, j, i] == y[o, i] ? v[o, i] : 0, x and out viewed as
+// [outer, len, inner], y and v as [outer, inner] (the backward of max/min over a dim).
+void where_equal(DType t, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
+                 int64_t inner, cudaStream_t stream);
+
 // --- rows picked by int64 indices (the block holds rows or columns [lo, lo + extent)) ---
 
 // out[i, :] = table[index[i] - lo, :], zeros for an index outside the block.

@@ -6,6 +6,9 @@
 //                      Replicate dy and keeps Shard<D>: no collective. A result taken
 //                      with Reduced::Value first goes back through its all-reduce's
 //                      adjoint (nothing for a Replicate dy).
+//   max<D> / min<D>    (max_backward<D>(x, y, dy), y the value) dy to the elements equal
+//                      to the extremum, split evenly among ties (PyTorch's amax/amin);
+//                      one all-reduce of the tie counts over the mesh dims that shard D.
 //   norm2              dx = x * dnorm / norm, on the placements the forward read.
 //   softmax<D>         dx = y * (dy - sum_D(dy * y)); log_softmax: dx = dy - exp(y) sum_D(dy):
 //                      one all-reduce of the sums over the mesh dims that shard D,
@@ -115,7 +118,67 @@ auto softmax_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank, PY
   return operand_gradient<ps, describe_all<G...>(), P...>(x.mesh(), y.layout(), std::move(g), x.layout().blocks);
 }
 
+// max<D> / min<D>: dy goes to the elements equal to their line's extremum, split
+// evenly among ties (PyTorch's amax/amin); the ties are counted over the whole dim (one
+// all-reduce over the mesh dims that shard D). y is the forward's value.
+template <Reduction R, int D, class T, int Rank, class... P, class... PY, class... G>
+auto extremum_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank - 1, PY...>& y,
+                       const DTensor<T, Rank - 1, G...>& dy) {
+  static_assert(std::is_floating_point_v<T>, "dtensor: gradients are defined for float and double tensors");
+  static_assert(R == Reduction::Max || R == Reduction::Min);
+  static_assert(D >= 0 && D < Rank, "dtensor max/min backward: the reduced dim must be one of the tensor's dims");
+  constexpr std::size_t M = sizeof...(P);
+  static constexpr auto plan = reduction_plan<M>(R, D, describe_all<P...>());
+  static_assert(describe_all<PY...>() == plan.value,
+                "dtensor max/min backward: y must be the reduction's value, max<D, Reduced::Value>(x) (a "
+                "Partial<Max|Min> result has no gradient: reduce it first)");
+  static_assert(is_gradient_of(describe_all<G...>(), plan.value),
+                "dtensor max/min backward: dy is not placed as a gradient of the result; redistribute dy first");
+  // Where the forward reduced over shards of D, every rank needs the whole of dy: a
+  // Partial<Sum> dy is summed there (its share is not linear in the tie counts' terms).
+  static constexpr auto dys = [] {
+    auto g = describe_all<G...>();
+    for (std::size_t m = 0; m < M; ++m)
+      if (plan.in[m].is_shard(D)) g[m] = PlacementDesc{};
+    return g;
+  }();
+  const auto& dy2 = redistribute_as<placements_t<dys>>(dy);
+  const auto& x2 = redistribute_as<placements_t<plan.in>>(x);
+  const auto ls = x2.local().shape();
+  const Device dev = x2.local().device();
+  const int64_t outer = outer_size(ls, D), len = ls[D], inner = inner_size(ls, D), lines = outer * inner;
+  DTENSOR_CHECK(y.local().numel() == lines && dy2.local().numel() == lines, InvalidArgument,
+                "max/min backward: y and dy hold ", y.local().numel(), " and ", dy2.local().numel(),
+                " elements on this rank where the operand's ", to_string(ls), " block reduced over dim ", D, " has ",
+                lines);
+  auto ones = Tensor<T, 1>::uninitialized({lines}, dev);
+  local::fill(ones, T(1));
+  auto g = Tensor<T, Rank>::uninitialized(ls, dev);
+  local::where_equal(dev, x2.local().data(), y.local().data(), ones.data(), g.data(), outer, len, inner);
+  const auto ties = sums_over<D>(g, plan.in, x.mesh());
+  auto share = Tensor<T, 1>::uninitialized({lines}, dev);
+  local::copy_block(dev, dy2.local().data(), Block::contiguous(0, lines), share.data(), Block::contiguous(0, lines),
+                    sizeof(T));
+  local::binary(BinaryOp::Div, share, ties, share);
+  local::where_equal(dev, x2.local().data(), y.local().data(), share.data(), g.data(), outer, len, inner);
+  static constexpr auto gp = reduction_grad_placements<M>(plan.in, dys);
+  return operand_gradient<plan.in, gp, P...>(x.mesh(), x2.layout(), std::move(g), x.layout().blocks);
+}
+
 }  // namespace detail
+
+// dx for y = max<D, Reduced::Value>(x) or min<D, Reduced::Value>(x), from the forward's
+// value y and dy: dy split evenly among the elements equal to the extremum.
+template <int D, class X, class Y, class G>
+  requires(is_dtensor_v<X> && is_dtensor_v<Y> && is_dtensor_v<G>)
+auto max_backward(const X& x, const Y& y, const G& dy) {
+  return detail::extremum_backward<Reduction::Max, D>(x, y, dy);
+}
+template <int D, class X, class Y, class G>
+  requires(is_dtensor_v<X> && is_dtensor_v<Y> && is_dtensor_v<G>)
+auto min_backward(const X& x, const Y& y, const G& dy) {
+  return detail::extremum_backward<Reduction::Min, D>(x, y, dy);
+}
 
 // dx for y = sum<D>(x) or mean<D>(x) (either mode), from dy.
 // Mode: the forward's (a Replicate dy is a gradient of both results, so it must be said).
