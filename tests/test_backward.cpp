@@ -752,3 +752,43 @@ TEST_CASE("operator backwards against finite differences, 2x2 and 2x3 meshes") {
       }
     });
 }
+
+namespace {
+
+// reshape<Q...>(x, shape) merges (and its backward splits back) with the sharded dim
+// leading: dx is dy in x's shape (exact), placed as x's gradient, x's blocks.
+template <class P, class Q, int R2, int M>
+void check_reshape(const DeviceMesh<M>& mesh, const Shape<3>& xs, const Shape<R2>& ys) {
+  const auto gx = iota_tensor<double, 3>(xs);
+  const auto x = make_source<P>(gx, mesh);
+  const auto y = reshape<Q>(x, ys);
+  Tensor<double, R2> w(ys);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data()[i] = static_cast<double>((i * 5) % 11) - 4.5;
+  const auto dy0 = make_source_t<grad_t<std::decay_t<decltype(y)>, false>>(w, mesh);
+  // dy cut like y (a merged dim's blocks are multiples of the merged extent).
+  const auto dy = [&]<class... G>(Placements<G...>*) {
+    return redistribute<G...>(redistribute<std::conditional_t<true, Replicate, G>...>(dy0), y.layout().blocks);
+  }(static_cast<typename std::decay_t<decltype(dy0)>::placements*>(nullptr));
+  CommCounter c;
+  const auto dx = reshape_backward(x, dy);
+  CHECK(c.count() == 0);
+  static_assert(is_gradient_of(std::decay_t<decltype(dx)>::placement_state, st<P>()));
+  INFO("reshape x ", names<P>(), " to ", to_string(ys), " on ", mesh.to_string());
+  CHECK(dx.layout().blocks == x.layout().blocks);
+  const Tensor<double, 3> want(xs, std::vector<double>(w.data(), w.data() + w.numel()));
+  CHECK(reconstruct(dx) == want);
+}
+
+}  // namespace
+
+TEST_CASE("reshape_backward: the gradient reshaped back, placed as the operand's, no communication") {
+  on_1d_meshes([](const DeviceMesh<1>& mesh) {
+    const int64_t p = mesh.size();
+    const Shape<3> xs{2 * p + 1, 3, 2};
+    check_reshape<S0, S0, 2>(mesh, xs, Shape<2>{2 * p + 1, 6});     // inner dims merged
+    check_reshape<S0, S0, 1>(mesh, xs, Shape<1>{(2 * p + 1) * 6});  // the sharded dim leads the merge
+    check_reshape<R, R, 1>(mesh, xs, Shape<1>{(2 * p + 1) * 6});
+    check_reshape<PS, PS, 2>(mesh, xs, Shape<2>{(2 * p + 1) * 3, 2});
+    check_reshape<S1, S1, 2>(mesh, Shape<3>{2, 2 * p + 1, 3}, Shape<2>{2, (2 * p + 1) * 3});
+  });
+}

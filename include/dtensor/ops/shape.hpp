@@ -7,9 +7,10 @@
 //                             block sizes); redistribute to rebalance.
 //   concat<D>(a, b)           local along an unsharded dim; along a sharded dim both
 //                             are gathered on D, joined, and cut again (redistributions)
-//   reshape<Q...>(x, shape)   local where each sharded dim stays a whole dim (or the
-//                             leading factor of a merged dim) at the same position in
-//                             row-major order; a clear error otherwise
+//   reshape<Q...>(x, shape)   local where each sharded dim stays a whole dim, or is the
+//                             leading factor of a merged dim, or is split into a leading
+//                             dim of whole blocks, at the same position in row-major
+//                             order; a clear error otherwise
 #include <numeric>
 
 #include "dtensor/ops/placement_algebra.hpp"
@@ -103,20 +104,30 @@ DTensor<T, static_cast<int>(NewRank), Q...> reshape(const DTensor<T, Rank, P...>
   for (std::size_t m = 0; m < ps.size(); ++m) {
     if (!ps[m].is_shard()) continue;
     const int d = ps[m].dim, e = qs[m].dim;
-    // The sharded dim must start at the same row-major position and either stay whole
-    // or be the leading factor of the new dim (merged with the dims after it).
-    int64_t inner_merged = 1;
-    int last = d;
-    while (last + 1 < Rank && x.shape()[d] * inner_merged < shape[e]) inner_merged *= x.shape()[++last];
-    const bool ok = outer_size(x.shape(), d) == outer_size(shape, e) && x.shape()[d] * inner_merged == shape[e];
-    bool alone = true;  // no other mesh dim shards the dims merged into it
+    // The sharded dim must start at the same row-major position and either stay whole,
+    // or be the leading factor of the new dim (merged with the dims after it), or be
+    // split with the new dim as its leading factor (each block a whole number of the
+    // new dims after it: the inverse of a merge, as a reshape's backward needs).
+    int64_t inner_merged = 1, inner_split = 1;
+    int last = d, last_new = e;
+    if (x.shape()[d] > shape[e])
+      while (last_new + 1 < R2 && shape[e] * inner_split < x.shape()[d]) inner_split *= shape[++last_new];
+    else
+      while (last + 1 < Rank && x.shape()[d] * inner_merged < shape[e]) inner_merged *= x.shape()[++last];
+    const bool ok = outer_size(x.shape(), d) == outer_size(shape, e) &&
+                    x.shape()[d] * inner_merged == shape[e] * inner_split;
+    bool alone = true;  // no other mesh dim shards the dims merged into it, or split from it
     for (std::size_t k = 0; k < ps.size(); ++k)
-      if (ps[k].is_shard() && ps[k].dim > d && ps[k].dim <= last) alone = false;
-    DTENSOR_CHECK(ok && alone, InvalidArgument, "reshape: tensor dim ", d, " (sharded on mesh dim ", m, ") of ",
-                  to_string(x.shape()), " does not become dim ", e, " of ", to_string(shape),
+      if ((ps[k].is_shard() && ps[k].dim > d && ps[k].dim <= last) ||
+          (qs[k].is_shard() && qs[k].dim > e && qs[k].dim <= last_new))
+        alone = false;
+    bool whole = true;  // every block splits into whole leading indices
+    for (int64_t b : x.layout().blocks[d]) whole = whole && b % inner_split == 0;
+    DTENSOR_CHECK(ok && alone && whole, InvalidArgument, "reshape: tensor dim ", d, " (sharded on mesh dim ", m,
+                  ") of ", to_string(x.shape()), " does not become dim ", e, " of ", to_string(shape),
                   " without moving data; redistribute that mesh dim to Replicate first");
     layout.blocks[e] = x.layout().blocks[d];
-    for (auto& b : layout.blocks[e]) b *= inner_merged;
+    for (auto& b : layout.blocks[e]) b = b * inner_merged / inner_split;
   }
   Shape<R2> local_shape = layout.local_shape(qs, x.mesh().shape(), x.mesh().coords());
   DTENSOR_CHECK(numel(local_shape) == x.local().numel(), InvalidArgument, "reshape: the placements ",

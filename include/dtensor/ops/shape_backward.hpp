@@ -6,6 +6,8 @@
 //                             dy's placements, x's blocks.
 //   concat<D>(a, b)           {da, db}: the adjoint of the forward's redistributions
 //                             around a local split of dc along D.
+//   reshape<Q...>(x, shape)   dx = dy reshaped to x's shape (row-major order is unchanged
+//                             by both), placed as x's gradient: no communication.
 //   transpose(x)              dx = transpose(dy): the transpose is its own adjoint, and
 //                             its placement rule (Shard<0> <-> Shard<1>) its own inverse;
 //                             no communication.
@@ -87,6 +89,30 @@ auto transpose_backward(const DTensor<T, 2, P...>& x, const DTensor<T, 2, G...>&
                 "transpose_backward: dy of shape ", to_string(dy.shape()), " for x of shape ", to_string(x.shape()),
                 " (dy must have the transpose's shape)");
   return transpose(dy);
+}
+
+template <class T, int Rank, class... P, int R2, class... G>
+auto reshape_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, R2, G...>& dy) {
+  // Shard<d> stays Shard<d>; Replicate takes dy's Replicate or Partial<Sum>; Partial
+  // takes Replicate (the dual rule, placement/gradient.hpp).
+  static constexpr auto gs = [] {
+    auto g = describe_all<P...>();
+    const auto d = describe_all<G...>();
+    for (std::size_t m = 0; m < g.size(); ++m)
+      if (!g[m].is_shard()) g[m] = g[m].is_partial() ? PlacementDesc{} : d[m];
+    return g;
+  }();
+  static_assert(is_gradient_of(gs, describe_all<P...>()),
+                "dtensor::reshape_backward: dy is not placed as a gradient of the reshape (Shard stays Shard, "
+                "Replicate gets Partial<Sum> or Replicate, Partial gets Replicate); redistribute dy first");
+  DTENSOR_CHECK(dy.numel() == x.numel(), InvalidArgument, "reshape_backward: dy of shape ", to_string(dy.shape()),
+                " for x of shape ", to_string(x.shape()));
+  auto dx = [&]<class... Q>(Placements<Q...>*) { return reshape<Q...>(dy, x.shape()); }(
+      static_cast<placements_t<gs>*>(nullptr));
+  DTENSOR_CHECK(dx.layout().blocks == x.layout().blocks, InvalidArgument,
+                "reshape_backward: dy's blocks do not reshape back into x's; pass the gradient with the reshape's "
+                "blocks");
+  return dx;
 }
 
 }  // namespace dtensor
