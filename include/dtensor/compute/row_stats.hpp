@@ -51,6 +51,15 @@ void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t
   using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
   using Col = Eigen::Array<double, Eigen::Dynamic, 1>;
   const bool two = b && terms.b_scale;
+  if (!two && !terms.col_scale && !terms.col_offset) {  // the common case: one pass, no temporary
+    for (int64_t r = 0; r < rows; ++r) {
+      const double center = terms.center ? terms.center[r] : 0.0, offset = terms.offset ? terms.offset[r] : 0.0;
+      Eigen::Map<Row>(out + r * cols, cols) =
+          ((Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) * terms.scale[r] + offset)
+              .template cast<T>();
+    }
+    return;
+  }
   Col v(cols);  // one row in double, reused (no allocation per row)
   for (int64_t r = 0; r < rows; ++r) {
     const double center = terms.center ? terms.center[r] : 0.0, offset = terms.offset ? terms.offset[r] : 0.0;
