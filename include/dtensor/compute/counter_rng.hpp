@@ -14,11 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DTENSOR_HOST_DEVICE __host__ __device__
-#else
-#define DTENSOR_HOST_DEVICE
-#endif
+#include "dtensor/util/host_device.hpp"
 
 namespace dtensor::detail {
 

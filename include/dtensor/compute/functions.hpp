@@ -18,12 +18,7 @@
 #include <type_traits>
 
 #include "dtensor/comm/reduce_op.hpp"
-
-#if defined(__CUDACC__)
-#define DTENSOR_HOST_DEVICE __host__ __device__
-#else
-#define DTENSOR_HOST_DEVICE
-#endif
+#include "dtensor/util/host_device.hpp"
 
 namespace dtensor {
 
