@@ -43,6 +43,21 @@ constexpr void check_mesh_matches() {
                 "give one placement per mesh dim (e.g. <Shard<0>, Replicate> for a 2-D mesh)");
 }
 
+// block[e] = gen(the global linear index of element e), `block` being the box at
+// `offset` of a global tensor of `shape`: computed on the host, and copied to the
+// block's device when it lives on one.
+template <class T, int R, class Gen>
+void fill_block_on_host(Tensor<T, R>& block, const std::type_identity_t<Shape<R>>& shape,
+                        const std::type_identity_t<Shape<R>>& offset, Gen&& gen) {
+  const bool on_host = block.device().is_host();
+  Tensor<T, R> host = on_host ? Tensor<T, R>() : Tensor<T, R>::uninitialized(block.shape());
+  T* out = on_host ? block.data() : host.data();
+  for_each_box_run(shape, offset, block.shape(), [&](int64_t in, int64_t o, int64_t n) {
+    for (int64_t k = 0; k < n; ++k) out[o + k] = gen(static_cast<uint64_t>(in + k));
+  });
+  if (!on_host && host.numel() > 0) copy_bytes(block.data(), block.device(), host.data(), Device::host(), host.bytes());
+}
+
 // Fills this rank's block with gen(global linear index). On a GPU mesh the block is
 // generated on the host and copied over: gen is host code (rand and randn, through
 // fill_counter_block, generate on the device instead).
@@ -54,14 +69,7 @@ DT generate(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const S
     local::fill(x.local(), T{});
     return x;
   }
-  const bool on_host = x.local().device().is_host();
-  Tensor<T, DT::rank> host = on_host ? Tensor<T, DT::rank>() : Tensor<T, DT::rank>::uninitialized(x.local_shape());
-  T* out = on_host ? x.local().data() : host.data();
-  for_each_box_run(shape, x.local_offset(), x.local_shape(), [&](int64_t in, int64_t o, int64_t n) {
-    for (int64_t k = 0; k < n; ++k) out[o + k] = gen(static_cast<uint64_t>(in + k));
-  });
-  if (!on_host && host.numel() > 0)
-    copy_bytes(x.local().data(), x.local().device(), host.data(), Device::host(), host.bytes());
+  fill_block_on_host(x.local(), shape, x.local_offset(), gen);
   return x;
 }
 
@@ -82,13 +90,7 @@ void fill_counter_block(Tensor<T, R>& block, const std::type_identity_t<Shape<R>
       return;
     }
   }
-  const bool on_host = block.device().is_host();
-  Tensor<T, R> host = on_host ? Tensor<T, R>() : Tensor<T, R>::uninitialized(block.shape());
-  T* out = on_host ? block.data() : host.data();
-  for_each_box_run(shape, offset, block.shape(), [&](int64_t in, int64_t o, int64_t n) {
-    for (int64_t k = 0; k < n; ++k) out[o + k] = counter_value<T>(d, static_cast<uint64_t>(in + k));
-  });
-  if (!on_host && host.numel() > 0) copy_bytes(block.data(), block.device(), host.data(), Device::host(), host.bytes());
+  fill_block_on_host(block, shape, offset, [&](uint64_t i) { return counter_value<T>(d, i); });
 }
 
 // rand and randn: each rank fills its block with fill_counter_block.
