@@ -44,7 +44,7 @@ DTENSOR_KERNEL void row_moments_kernel(const T* __restrict__ a, const T* __restr
 
 // out[r, j] = ((a[r, j] - center[r]) scale[r] + b[r, j] b_scale[r] + offset[r])
 // col_scale[j] + col_offset[j] in double, rounded to T once (compute/row_terms.hpp;
-// null arrays are zero terms, or a factor of 1; b may be null). One thread per element; out may alias a or b (each element is read, then
+// null arrays are zero terms, or factors of 1; b may be null). One thread per element; out may alias a or b (each element is read, then
 // written, by one thread). The RowTerms struct is passed by value: its pointers are
 // device arrays.
 template <class T>
@@ -54,7 +54,7 @@ DTENSOR_KERNEL void row_affine_kernel(const T* a, const T* b, RowTerms terms, in
     divmod(e, cols, r, j);
     double v = static_cast<double>(a[e]);
     if (terms.center) v -= terms.center[r];
-    v *= terms.scale[r];
+    if (terms.scale) v *= terms.scale[r];
     if (b && terms.b_scale) v += static_cast<double>(b[e]) * terms.b_scale[r];
     if (terms.offset) v += terms.offset[r];
     if (terms.col_scale) v *= terms.col_scale[j];

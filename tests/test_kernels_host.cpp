@@ -1217,18 +1217,19 @@ void check_row_affine(int64_t rows, int64_t cols) {
   const auto b_scale = random_values<double>(k, -2, 2, 55), offset = random_values<double>(k, -1, 1, 56);
   const auto col_scale = random_values<double>(static_cast<std::size_t>(cols), -2, 2, 57);
   const auto col_offset = random_values<double>(static_cast<std::size_t>(cols), -1, 1, 58);
-  for (int mask = 0; mask < 32; ++mask) {  // bit 0: center, 1: b, 2: offset, 3: col_scale, 4: col_offset
+  // bit 0: center, 1: b, 2: offset, 3: col_scale, 4: col_offset, 5: no scale (a factor of 1)
+  for (int mask = 0; mask < 64; ++mask) {
     const bool has_center = mask & 1, has_b = mask & 2, has_offset = mask & 4;
-    const bool has_col_scale = mask & 8, has_col_offset = mask & 16;
+    const bool has_col_scale = mask & 8, has_col_offset = mask & 16, has_scale = !(mask & 32);
     INFO("center ", has_center, ", b ", has_b, ", offset ", has_offset, ", col_scale ", has_col_scale,
-         ", col_offset ", has_col_offset);
+         ", col_offset ", has_col_offset, ", scale ", has_scale);
     std::vector<T> want(n);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = 0; j < cols; ++j) {
         const int64_t e = r * cols + j;
         double v = static_cast<double>(a[e]);
         if (has_center) v -= center[r];
-        v *= scale[r];
+        if (has_scale) v *= scale[r];
         if (has_b) v += static_cast<double>(b[e]) * b_scale[r];
         if (has_offset) v += offset[r];
         if (has_col_scale) v *= col_scale[j];
@@ -1239,7 +1240,7 @@ void check_row_affine(int64_t rows, int64_t cols) {
       each_launch(stride_configs(static_cast<int64_t>(n), false), [&](const Config& c) {
         Buffer<T> ab(a), bb(b), out(n);
         Buffer<double> cb(center), sb(scale), bsb(b_scale), ob(offset), csb(col_scale), cob(col_offset);
-        const RowTerms terms{has_center ? cb.data() : nullptr,          sb.data(),
+        const RowTerms terms{has_center ? cb.data() : nullptr,          has_scale ? sb.data() : nullptr,
                              has_b ? bsb.data() : nullptr,              has_offset ? ob.data() : nullptr,
                              has_col_scale ? csb.data() : nullptr,      has_col_offset ? cob.data() : nullptr};
         T* dst = in_place ? ab.data() : out.data();

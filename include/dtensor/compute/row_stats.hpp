@@ -54,8 +54,9 @@ void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t
   if (!two && !terms.col_scale && !terms.col_offset) {  // the common case: one pass, no temporary
     for (int64_t r = 0; r < rows; ++r) {
       const double center = terms.center ? terms.center[r] : 0.0, offset = terms.offset ? terms.offset[r] : 0.0;
+      const double scale = terms.scale ? terms.scale[r] : 1.0;
       Eigen::Map<Row>(out + r * cols, cols) =
-          ((Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) * terms.scale[r] + offset)
+          ((Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) * scale + offset)
               .template cast<T>();
     }
     return;
@@ -63,7 +64,8 @@ void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t
   Col v(cols);  // one row in double, reused (no allocation per row)
   for (int64_t r = 0; r < rows; ++r) {
     const double center = terms.center ? terms.center[r] : 0.0, offset = terms.offset ? terms.offset[r] : 0.0;
-    v = (Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) * terms.scale[r];
+    v = (Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) *
+        (terms.scale ? terms.scale[r] : 1.0);
     if (two) v += Eigen::Map<const Row>(b + r * cols, cols).template cast<double>() * terms.b_scale[r];
     v += offset;
     if (terms.col_scale) v *= Eigen::Map<const Col>(terms.col_scale, cols);

@@ -4,8 +4,8 @@
 //   out[r, j] = ((a[r, j] - center[r]) scale[r] + b[r, j] b_scale[r] + offset[r])
 //               col_scale[j] + col_offset[j]
 // in double, rounded once. Each pointer is an array of `rows` (or, for the col_
-// terms, `cols`) doubles, or null for a zero term (a factor of 1 for col_scale; scale
-// must be given). Centering before scaling keeps a normalization exact where x - mean
+// terms, `cols`) doubles, or null for a zero term (a factor of 1 for scale and
+// col_scale). Centering before scaling keeps a normalization exact where x - mean
 // is small beside the mean (x scale - mean scale would cancel). The column terms are
 // a layer norm's weight and bias along the features (the row terms a batch norm's).
 namespace dtensor {

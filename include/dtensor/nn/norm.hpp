@@ -187,10 +187,9 @@ class Norm {
       // dxh = dy g; dx = inv (dxh - mean(dxh) - xhat mean(dxh xhat)), means over the
       // global features (LayerNorm; RMSNorm has no mean(dxh) term).
       const std::vector<double> g = detail::host_doubles(scale_.value().local());
-      const std::vector<double> ones(static_cast<std::size_t>(rows), 1.0);
       auto dxh = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
-      local::row_affine(dev, ld.data(), static_cast<const T*>(nullptr), {.scale = ones.data(), .col_scale = g.data()},
-                        rows, cols, dxh.data());
+      local::row_affine(dev, ld.data(), static_cast<const T*>(nullptr), {.col_scale = g.data()}, rows, cols,
+                        dxh.data());
       std::vector<double> sums(static_cast<std::size_t>(2 * rows));
       local::row_moments(dev, dxh.data(), xhat->data(), nullptr, rows, cols, sums.data());
       std::vector<T> stats = row_stats(sums, rows);
