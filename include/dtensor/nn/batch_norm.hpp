@@ -163,8 +163,8 @@ class BatchNorm {
         rv[c] = (1 - mom) * rv[c] + mom * var * k / (k - 1);
         shift_[c] = mean;
       }
-      detail::set_channel_values(running_mean_.local(), rm);
-      detail::set_channel_values(running_var_.local(), rv);
+      running_mean_.local() = detail::channel_tensor<T>(running_mean_.local().device(), rm);
+      running_var_.local() = detail::channel_tensor<T>(running_var_.local().device(), rv);
       ++batches_;
     } else {
       const std::vector<double> rm = detail::host_doubles(running_mean_.local());
@@ -177,22 +177,10 @@ class BatchNorm {
     saved_training_ = training_;
     count_ = count;
     layout_ = x.layout();
-    // xhat = (x - mean) inv and y = (x - mean) w inv + b, per row.
-    const std::vector<double> w = detail::host_doubles(weight_.value().local());
-    const std::vector<double> b = detail::host_doubles(bias_.value().local());
-    std::vector<double> center(static_cast<std::size_t>(rows)), inv(center.size()), scale(center.size()),
-        offset(center.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t c = r % C;
-      center[r] = mean_[c], inv[r] = inv_[c], scale[r] = w[c] * inv_[c], offset[r] = b[c];
-    }
-    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
-    auto y = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
-    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr), {.center = center.data(), .scale = inv.data()},
-                      rows, blk.cells, xhat_->data());
-    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr),
-                      {.center = center.data(), .scale = scale.data(), .offset = offset.data()}, rows, blk.cells,
-                      y.data());
+    xhat_.emplace();
+    auto y = detail::normalize_rows(lx, blk, mean_, inv_, detail::host_doubles(weight_.value().local()),
+                                    detail::host_doubles(bias_.value().local()),
+                                    [](int64_t r) { return r % C; }, *xhat_);
     return InputT(x.mesh(), x.layout(), std::move(y));
   }
 
@@ -218,8 +206,8 @@ class BatchNorm {
     std::vector<double> sums(static_cast<std::size_t>(2 * C), 0.0);
     for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
     detail::all_reduce_stats(dy.mesh(), stat_mask, sums.data(), sums.size());
-    detail::add_channel_values(bias_.grad(), std::vector<double>(sums.begin(), sums.begin() + C));
-    detail::add_channel_values(weight_.grad(), std::vector<double>(sums.begin() + C, sums.end()));
+    bias_.accumulate(detail::channel_tensor<T>(dev, std::vector<double>(sums.begin(), sums.begin() + C)));
+    weight_.accumulate(detail::channel_tensor<T>(dev, std::vector<double>(sums.begin() + C, sums.end())));
     if constexpr (!NeedInputGrad) {
       return 0;
     } else {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dtensor/comm/host_values.hpp"
+#include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/config.hpp"
@@ -124,23 +125,38 @@ int64_t global_cells(const std::array<int64_t, Rank>& global) {
   return n;
 }
 
-// A per-channel parameter or statistic (a few values, replicated) is read with
-// host_doubles (nn/local_math.hpp) and written back with:
-// t = v rounded to T, wherever t lives.
+// Per-channel values (a few, replicated: statistics, parameters' gradient terms) as a
+// tensor on `d`, rounded to T: what a layer works out on the host goes back to where
+// its parameters live (read them with host_doubles, nn/local_math.hpp).
 template <class T>
-void set_channel_values(Tensor<T, 1>& t, const std::vector<double>& v) {
-  const bool host = t.device().is_host();
-  Tensor<T, 1> staging = host ? Tensor<T, 1>() : Tensor<T, 1>::uninitialized(t.shape());
-  T* p = host ? t.data() : staging.data();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<T>(v[static_cast<std::size_t>(i)]);
-  if (!host && t.numel() > 0) dtensor::detail::copy_bytes(t.data(), t.device(), p, Device::host(), t.bytes());
+Tensor<T, 1> channel_tensor(Device d, const std::vector<double>& v) {
+  return values_on(d, std::vector<T>(v.begin(), v.end()));
 }
-// Parameter gradients: grad[c] += v[c], wherever grad lives.
-template <class T>
-void add_channel_values(Tensor<T, 1>& grad, const std::vector<double>& v) {
-  std::vector<double> g = host_doubles(grad);
-  for (std::size_t c = 0; c < g.size(); ++c) g[c] = static_cast<double>(static_cast<T>(g[c]) + static_cast<T>(v[c]));
-  set_channel_values(grad, g);
+
+// The two outputs of the normalization of an image block, per (sample, channel) row
+// r with statistics s = stat_of(r) (its channel for BatchNorm, its (sample, group) for
+// GroupNorm), each one row-affine map of x on x's device (compute/row_stats.hpp):
+//   xhat = (x - mean_s) inv_s          y = (x - mean_s) inv_s w_c + b_c
+template <class T, int Rank, class StatOf>
+Tensor<T, Rank> normalize_rows(const Tensor<T, Rank>& x, const ImageBlock& blk, const std::vector<double>& mean,
+                               const std::vector<double>& inv, const std::vector<double>& w,
+                               const std::vector<double>& b, StatOf stat_of, Tensor<T, Rank>& xhat) {
+  const Device dev = x.device();
+  const int64_t rows = blk.samples * blk.channels;
+  std::vector<double> center(static_cast<std::size_t>(rows)), scale(center.size()), xhat_scale(center.size()),
+      offset(center.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t c = r % blk.channels, s = stat_of(r);
+    center[r] = mean[s], xhat_scale[r] = inv[s], scale[r] = w[c] * inv[s], offset[r] = b[c];
+  }
+  xhat = Tensor<T, Rank>::uninitialized(x.shape(), dev);
+  auto y = Tensor<T, Rank>::uninitialized(x.shape(), dev);
+  local::row_affine(dev, x.data(), static_cast<const T*>(nullptr), {.center = center.data(), .scale = xhat_scale.data()},
+                    rows, blk.cells, xhat.data());
+  local::row_affine(dev, x.data(), static_cast<const T*>(nullptr),
+                    {.center = center.data(), .scale = scale.data(), .offset = offset.data()}, rows, blk.cells,
+                    y.data());
+  return y;
 }
 
 }  // namespace dtensor::nn::detail

@@ -114,23 +114,10 @@ class GroupNorm {
       inv_[i] = 1 / std::sqrt(var + eps_);
     }
     layout_ = x.layout();
-    // Per (sample, channel) row: xhat = (x - mean) inv, y = (x - mean) w inv + b.
-    const int64_t rows = blk.samples * C;
-    const std::vector<double> w = detail::host_doubles(weight_.value().local());
-    const std::vector<double> b = detail::host_doubles(bias_.value().local());
-    std::vector<double> center(static_cast<std::size_t>(rows)), inv(center.size()), scale(center.size()),
-        offset(center.size());
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t c = r % C, i = r / C * G + c / channels_per_group;
-      center[r] = mean[i], inv[r] = inv_[i], scale[r] = w[c] * inv_[i], offset[r] = b[c];
-    }
-    xhat_ = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
-    auto y = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
-    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr), {.center = center.data(), .scale = inv.data()},
-                      rows, blk.cells, xhat_->data());
-    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr),
-                      {.center = center.data(), .scale = scale.data(), .offset = offset.data()}, rows, blk.cells,
-                      y.data());
+    xhat_.emplace();
+    auto y = detail::normalize_rows(lx, blk, mean, inv_, detail::host_doubles(weight_.value().local()),
+                                    detail::host_doubles(bias_.value().local()),
+                                    [](int64_t r) { return r / C * G + r % C / channels_per_group; }, *xhat_);
     return InputT(x.mesh(), x.layout(), std::move(y));
   }
 
@@ -156,8 +143,8 @@ class GroupNorm {
     local::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
     std::vector<double> gb(static_cast<std::size_t>(C), 0.0), gw(gb.size(), 0.0);
     for (int64_t r = 0; r < rows; ++r) gb[r % C] += row_sums[r], gw[r % C] += row_sums[rows + r];
-    detail::add_channel_values(bias_.grad(), gb);
-    detail::add_channel_values(weight_.grad(), gw);
+    bias_.accumulate(detail::channel_tensor<T>(dev, gb));
+    weight_.accumulate(detail::channel_tensor<T>(dev, gw));
     if constexpr (!NeedInputGrad) {
       return 0;
     } else {
