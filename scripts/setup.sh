@@ -13,19 +13,22 @@ packages=(
   libopenmpi-dev openmpi-bin  # the MPI runtime (optional at configure time)
   libbenchmark-dev          # bench/ (optional)
   nlohmann-json3-dev        # checkpoints' JSON (dtensor/io.hpp; optional at configure time)
+  libxxhash-dev             # checkpoints' checksums (dtensor/io.hpp; optional at configure time)
   python3-numpy             # the Python interop test of checkpoints (tests/checkpoint_read.py)
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib petsc-dev pkg-config); fi
 
-# safetensors is not packaged by Debian (bookworm): pip installs it, with numpy, for
-# the python3 that ctest runs. Failure is not fatal: that one test is then skipped.
+# safetensors and xxhash are not packaged by Debian (bookworm): pip installs them,
+# with numpy, for the python3 that ctest runs. Failure is not fatal: without numpy or
+# safetensors that one test is skipped; without xxhash it checks the checksums with
+# its own (slower) Python XXH3 and XXH64.
 python_interop() {
-  python3 -c "import numpy, safetensors" 2>/dev/null && return 0
+  python3 -c "import numpy, safetensors, xxhash" 2>/dev/null && return 0
   # Bounded: a machine without network must not stall here.
   local pip=(timeout 180 python3 -m pip install --quiet --retries 1 --timeout 20)
-  "${pip[@]}" numpy safetensors 2>/dev/null ||
-    "${pip[@]}" --break-system-packages numpy safetensors 2>/dev/null ||
-    echo "setup: could not install numpy and safetensors with pip; the checkpoint interop test will be skipped"
+  "${pip[@]}" numpy safetensors xxhash 2>/dev/null ||
+    "${pip[@]}" --break-system-packages numpy safetensors xxhash 2>/dev/null ||
+    echo "setup: could not install numpy, safetensors and xxhash with pip; the checkpoint interop test may be skipped"
 }
 
 missing=()

@@ -7,8 +7,9 @@ Runs the binary's test case "python interop*" with DTENSOR_CHECKPOINT_PY_DIR set
 that it saves a checkpoint of sharded, replicated, Partial, explicitly split and empty
 tensors from a 2x2 mesh (tests/test_checkpoint.cpp), then, without dtensor:
   * reads index.json and every chunk with safetensors.numpy (safe_open),
-  * checks each chunk's key, dtype and shape against the index and its XXH64 checksums
-    (one per piece; the `xxhash` package where installed, else a plain Python XXH64),
+  * checks each chunk's key, dtype and shape against the index and its checksums
+    (one per piece, XXH3 or XXH64 as the index says; the `xxhash` package where
+    installed, else the plain Python implementations below, from the specification),
   * assembles each global tensor from its chunks, checking that every element is
     covered exactly once, and compares it with the values the test wrote,
   * checks the scalars.
@@ -34,6 +35,15 @@ except ImportError as e:  # pragma: no cover - depends on the machine
 MASK = (1 << 64) - 1
 P1, P2, P3, P4, P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
                       0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
+Q1, Q2, Q3 = 0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D  # the 32-bit primes
+# XXH3's default secret (192 bytes).
+SECRET = bytes.fromhex(
+    "b8fe6c3923a44bbe7c01812cf721ad1cded46de9839097db7240a4a4b7b3671f"
+    "cb79e64eccc0e578825ad07dccff7221b8084674f743248ee03590e6813a264c"
+    "3c2852bb91c300cb88d0658b1b532ea371644897a20df94e3819ef46a9deacd8"
+    "a8fa763fe39c343ff9dcbbc7c70b4f1d8a51e04bcdb45931c89f7ec9d9787364"
+    "eac5ac8334d3ebc3c581a0fffa1363eb170ddd51b7f0da49d316552629d4689e"
+    "2b16be587d47a1fc8ff8b8d17ad031ce45cb3a8f95160428afd7fbcabb4b407e")
 
 
 def _rotl(x, r):
@@ -78,13 +88,108 @@ def xxh64_py(data, seed=0):
     return h
 
 
+def _r64(b, p):
+    return int.from_bytes(b[p:p + 8], "little")
+
+
+def _r32(b, p):
+    return int.from_bytes(b[p:p + 4], "little")
+
+
+def _fold(a, b):
+    """The 128-bit product of a and b, its halves xor-ed."""
+    m = a * b
+    return (m ^ (m >> 64)) & MASK
+
+
+def _avalanche(h):
+    h ^= h >> 37
+    h = (h * 0x165667919E3779F9) & MASK
+    return h ^ (h >> 32)
+
+
+def _xxh64_avalanche(h):
+    h ^= h >> 33
+    h = (h * P2) & MASK
+    h ^= h >> 29
+    h = (h * P3) & MASK
+    return h ^ (h >> 32)
+
+
+def _mix16(b, p, s):
+    return _fold(_r64(b, p) ^ _r64(SECRET, s), _r64(b, p + 8) ^ _r64(SECRET, s + 8))
+
+
+def xxh3_64_py(data):
+    """XXH3 64-bit, seed 0, default secret, from its specification (doc/xxhash_spec.md)."""
+    b, n = bytes(data), len(data)
+    if n == 0:
+        return _xxh64_avalanche(_r64(SECRET, 56) ^ _r64(SECRET, 64))
+    if n <= 3:
+        combined = (b[0] << 16) | (b[n >> 1] << 24) | b[n - 1] | (n << 8)
+        return _xxh64_avalanche(combined ^ (_r32(SECRET, 0) ^ _r32(SECRET, 4)))
+    if n <= 8:
+        keyed = ((_r32(b, n - 4) + (_r32(b, 0) << 32)) & MASK) ^ (_r64(SECRET, 8) ^ _r64(SECRET, 16))
+        h = keyed ^ _rotl(keyed, 49) ^ _rotl(keyed, 24)
+        h = (h * 0x9FB21C651E98DF25) & MASK
+        h ^= (h >> 35) + n
+        h = (h * 0x9FB21C651E98DF25) & MASK
+        return h ^ (h >> 28)
+    if n <= 16:
+        lo = _r64(b, 0) ^ (_r64(SECRET, 24) ^ _r64(SECRET, 32))
+        hi = _r64(b, n - 8) ^ (_r64(SECRET, 40) ^ _r64(SECRET, 48))
+        swapped = int.from_bytes(lo.to_bytes(8, "little"), "big")
+        return _avalanche((n + swapped + hi + _fold(lo, hi)) & MASK)
+    if n <= 128:
+        acc = n * P1
+        for i in range((n - 1) // 32 + 1):
+            acc += _mix16(b, 16 * i, 32 * i) + _mix16(b, n - 16 * (i + 1), 32 * i + 16)
+        return _avalanche(acc & MASK)
+    if n <= 240:
+        acc = n * P1
+        for i in range(8):
+            acc += _mix16(b, 16 * i, 16 * i)
+        acc = _avalanche(acc & MASK)
+        for i in range(8, n // 16):
+            acc += _mix16(b, 16 * i, 16 * (i - 8) + 3)
+        acc += _mix16(b, n - 16, 136 - 17)
+        return _avalanche(acc & MASK)
+    # Longer: eight accumulators over 64-byte stripes, scrambled after each block of 16.
+    acc = [Q3, P1, P2, P3, P4, Q2, P5, Q1]
+
+    def stripe(p, s):
+        for i in range(8):
+            v = _r64(b, p + 8 * i)
+            k = v ^ _r64(SECRET, s + 8 * i)
+            acc[i ^ 1] = (acc[i ^ 1] + v) & MASK
+            acc[i] = (acc[i] + (k & 0xFFFFFFFF) * (k >> 32)) & MASK
+
+    per_block = (len(SECRET) - 64) // 8
+    block = 64 * per_block
+    blocks = (n - 1) // block
+    for k in range(blocks):
+        for s in range(per_block):
+            stripe(k * block + 64 * s, 8 * s)
+        for i in range(8):
+            a = acc[i] ^ (acc[i] >> 47) ^ _r64(SECRET, len(SECRET) - 64 + 8 * i)
+            acc[i] = (a * Q1) & MASK
+    for s in range(((n - 1) - block * blocks) // 64):
+        stripe(blocks * block + 64 * s, 8 * s)
+    stripe(n - 64, len(SECRET) - 64 - 7)
+    h = n * P1
+    for i in range(4):
+        h += _fold(acc[2 * i] ^ _r64(SECRET, 11 + 16 * i), acc[2 * i + 1] ^ _r64(SECRET, 19 + 16 * i))
+    return _avalanche(h & MASK)
+
+
+# The checksums a checkpoint may name, by the index's "algorithm".
+CHECKSUMS = {"xxh3_64": xxh3_64_py, "xxh64": xxh64_py}
 try:
     import xxhash
 
-    def xxh64(data):
-        return xxhash.xxh64_intdigest(data)
+    CHECKSUMS = {"xxh3_64": xxhash.xxh3_64_intdigest, "xxh64": xxhash.xxh64_intdigest}
 except ImportError:
-    xxh64 = xxh64_py
+    xxhash = None
 
 
 def value_at(dtype, g):
@@ -105,7 +210,17 @@ def main():
             failures.append(what)
             print("FAILED:", what)
 
-    assert xxh64_py(b"") == 0xEF46DB3751D8E999, "the Python XXH64 is wrong"
+    # The Python implementations against known values (tests/test_checkpoint.cpp's,
+    # from libxxhash) on each of XXH3's input-length paths, and against the package.
+    buf = bytes((i * 31 + 7) & 255 for i in range(3000))
+    assert xxh64_py(b"") == 0xEF46DB3751D8E999 and xxh64_py(buf[:100]) == 0xEFA0AD2D3E70C151, "Python XXH64"
+    known = {0: 0x2D06800538D394C2, 3: 0x15F7093B173D005C, 8: 0xDEC6A9A43575982E, 16: 0x7E484C18D74895D0,
+             128: 0xF92B70EAA21A6288, 240: 0xCCC7375172C41F03, 3000: 0x6EB4B5BFE14D9786}
+    for n, want in known.items():
+        assert xxh3_64_py(buf[:n]) == want, f"Python XXH3 of {n} bytes"
+    if xxhash is not None:
+        for n in range(0, 1100, 7):
+            assert xxh3_64_py(buf[:n]) == xxhash.xxh3_64_intdigest(buf[:n]), f"Python XXH3 of {n} bytes"
     with tempfile.TemporaryDirectory(prefix="dtensor-py-") as tmp:
         ckpt = os.path.join(tmp, "ck")
         env = dict(os.environ, DTENSOR_CHECKPOINT_PY_DIR=ckpt)
@@ -119,7 +234,9 @@ def main():
             index = json.load(f)
         check(index["format"] == "dtensor-checkpoint" and index["version"] == 1, "format and version")
         piece = index["checksum"]["piece_bytes"]
-        check(index["checksum"]["algorithm"] == "xxh64", "checksum algorithm")
+        algorithm = index["checksum"]["algorithm"]
+        check(algorithm == "xxh3_64", f"checksum algorithm {algorithm} (save writes xxh3_64)")
+        digest = CHECKSUMS.get(algorithm, xxh3_64_py)
         for name, size in index["files"].items():
             check(os.path.getsize(os.path.join(ckpt, name)) == size["bytes"], f"size of {name}")
 
@@ -144,8 +261,8 @@ def main():
                     raw = f.read(c["byte_length"])
                 check(raw == block.astype(block.dtype.newbyteorder("<")).tobytes(),
                       f"{name}: chunk bytes at {c['byte_offset']} differ from the safetensors tensor")
-                sums = ["%016x" % xxh64(raw[k:k + piece]) for k in range(0, len(raw), piece)]
-                check(sums == c["xxh64"], f"{name}: checksums of chunk {c['offsets']}")
+                sums = ["%016x" % digest(raw[k:k + piece]) for k in range(0, len(raw), piece)]
+                check(sums == c.get(algorithm), f"{name}: checksums of chunk {c['offsets']}")
                 box = tuple(slice(o, o + s) for o, s in zip(c["offsets"], c["sizes"]))
                 full[box] = block
                 seen[box] += 1
@@ -163,7 +280,7 @@ def main():
         print(f"checkpoint_read.py: {len(failures)} checks failed")
         return 1
     print("checkpoint_read.py: the checkpoint reads with safetensors and numpy "
-          f"({'xxhash' if xxh64 is not xxh64_py else 'Python'} XXH64): 1 passed, 0 failed")
+          f"(checksums {algorithm} by {'the xxhash package' if xxhash else 'Python'}): 1 passed, 0 failed")
     return 0
 
 

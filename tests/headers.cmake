@@ -46,7 +46,7 @@ foreach(h IN LISTS dtensor_public_headers)
     set(targets dtensor_cuda)
   elseif(h MATCHES "^dtensor/(io/|io\\.hpp$)")
     if(NOT DTENSOR_WITH_IO)
-      continue()  # checkpoints need nlohmann-json
+      continue()  # checkpoints need nlohmann-json and xxhash.h
     endif()
   elseif(h MATCHES "^dtensor/(comm/mpi/|mpi\\.hpp$)")
     if(NOT DTENSOR_WITH_MPI)

@@ -289,16 +289,29 @@ void load_layout(const L& l, const DeviceMesh<M>& mesh, const RoundTripTensors& 
 
 }  // namespace
 
-TEST_CASE("xxh64 equals the reference implementation (libxxhash 0.8.1) on every tail length") {
-  unsigned char buf[200];
-  for (int i = 0; i < 200; ++i) buf[i] = static_cast<unsigned char>(i * 31 + 7);
-  CHECK(io::xxh64(buf, 0) == 0xef46db3751d8e999ull);  // XXH64 of nothing, seed 0
-  CHECK(io::to_hex(io::xxh64(buf, 1)) == "a96c7f0ce858bbb7");
-  CHECK(io::to_hex(io::xxh64(buf, 3)) == "56e6957632a487f9");
-  CHECK(io::to_hex(io::xxh64(buf, 31)) == "4a74f3a1a39ad4a1");
-  CHECK(io::to_hex(io::xxh64(buf, 33)) == "62c9fd21ed857664");
-  CHECK(io::to_hex(io::xxh64(buf, 100)) == "efa0ad2d3e70c151");
-  CHECK(io::to_hex(io::xxh64(buf, 100, 12345)) == "4f2e446ab943e539");
+TEST_CASE("checksums equal xxHash's on every input-length path (xxh3_64: 0, 1-3, 4-8, 9-16, 17-128, 129-240, longer)") {
+  // Values from Python's xxhash package and tests/checkpoint_read.py's own XXH3,
+  // which agree; XXH64 values from libxxhash 0.8.1.
+  std::vector<unsigned char> buf(3000);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(i * 31 + 7);
+  auto xxh3 = [&](std::size_t n) { return io::to_hex(io::checksum(io::Checksum::xxh3_64, buf.data(), n)); };
+  auto xxh64 = [&](std::size_t n) { return io::to_hex(io::checksum(io::Checksum::xxh64, buf.data(), n)); };
+  const std::pair<std::size_t, const char*> xxh3_values[] = {
+      {0, "2d06800538d394c2"},    {1, "4c5cca45d0f4811f"},    {3, "15f7093b173d005c"},
+      {4, "dca012f95811b6b9"},    {8, "dec6a9a43575982e"},    {9, "cbe393399f17ffbd"},
+      {16, "7e484c18d74895d0"},   {17, "208bde5ee2bed407"},   {128, "f92b70eaa21a6288"},
+      {129, "f8f76713f2bb60fa"},  {240, "ccc7375172c41f03"},  {241, "0b3b630948ce4a00"},
+      {1024, "23bc880ebf0d29c6"}, {1025, "c09fdfbc398c7d82"}, {3000, "6eb4b5bfe14d9786"}};
+  for (const auto& [n, want] : xxh3_values) CHECK_MESSAGE(xxh3(n) == want, "xxh3_64 of ", n, " bytes");
+  CHECK(xxh64(0) == "ef46db3751d8e999");  // XXH64 of nothing, seed 0
+  CHECK(xxh64(1) == "a96c7f0ce858bbb7");
+  CHECK(xxh64(3) == "56e6957632a487f9");
+  CHECK(xxh64(31) == "4a74f3a1a39ad4a1");
+  CHECK(xxh64(33) == "62c9fd21ed857664");
+  CHECK(xxh64(100) == "efa0ad2d3e70c151");
+  CHECK(io::checksum_from_name("xxh3_64") == io::Checksum::xxh3_64);
+  CHECK(io::checksum_from_name("xxh64") == io::Checksum::xxh64);
+  CHECK(!io::checksum_from_name("crc32"));
   uint64_t v = 0;
   CHECK((io::from_hex("00ff10", v) && v == 0xff10));
   CHECK(!io::from_hex("xyz", v));
@@ -346,6 +359,8 @@ TEST_CASE("partial reads: small pieces and a small buffer, any layout to any oth
       io::SaveOptions o;
       o.sync = false;
       o.piece_bytes = piece;
+      // Both checksums: XXH3 (the default) and XXH64 (what older checkpoints hold).
+      o.checksum = piece == 20 || piece == 4096 ? io::Checksum::xxh64 : io::Checksum::xxh3_64;
       const Layout<1, Shard<1>> s1{{3}};
       const Layout<1, Shard<0>> s0{{4}};
       const Layout<2, Shard<1>, Shard<0>> s10{{2, 2}};
@@ -602,6 +617,28 @@ TEST_CASE("damaged checkpoints: truncated, bit-flipped, missing files, corrupt i
       const std::string first_piece = "bytes [" + std::to_string(at) + ", " + std::to_string(at + 16) + ")";
       check_error([&] { io::load(sz, f0, comm); }, {"rank 1:", file1, "checksum mismatch", first_piece, "corrupt"});
       io::load(sz, good, comm);
+      CHECK(z.full_tensor() == g);
+      // The same flip in a checkpoint checksummed with XXH64 (as written before XXH3).
+      io::SaveOptions old_checksum = so;
+      old_checksum.checksum = io::Checksum::xxh64;
+      io::save(sd, scratch / "good64", comm, old_checksum);
+      if (comm.rank() == 0)
+        CHECK(nlohmann::json::parse(io::read_file(scratch / "good64" / "index.json"))["checksum"]["algorithm"] ==
+              "xxh64");
+      const auto f64 = damaged("flipped64", [&](const fs::path& d) {
+        fs::remove_all(d);
+        fs::copy(scratch / "good64", d, fs::copy_options::recursive);
+        const auto at = static_cast<std::streamoff>(data_start(d / file1) + 1);
+        std::fstream s(d / file1, std::ios::in | std::ios::out | std::ios::binary);
+        char c;
+        s.seekg(at);
+        s.read(&c, 1);
+        c ^= 0x01;
+        s.seekp(at);
+        s.write(&c, 1);
+      });
+      check_error([&] { io::load(sz, f64, comm); }, {"rank 1:", file1, "checksum mismatch", first_piece, "corrupt"});
+      io::load(sz, scratch / "good64", comm);
       CHECK(z.full_tensor() == g);
     }
     // A missing rank file.

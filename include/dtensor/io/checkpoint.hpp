@@ -49,6 +49,9 @@ struct SaveOptions {
   // Bytes per checksum piece (checksum.hpp); smaller pieces cost index space and
   // save read amplification when a load reads part of a chunk.
   uint64_t piece_bytes = kDefaultPieceBytes;
+  // The checksum of each piece. xxh64 only to write checkpoints that an older
+  // dtensor (which reads nothing else) must load: it is half as fast.
+  Checksum checksum = Checksum::xxh3_64;
   // fsync files and directories before the rename. Off: faster, and still atomic
   // against a process crash, but not against a power failure.
   bool sync = true;
@@ -130,7 +133,7 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
       c.byte_length = e.end - e.begin;
       for (uint64_t w = 0; w < c.byte_length; w += window) {
         const uint64_t wn = std::min(window, c.byte_length - w);
-        hasher.start(b.data + w, wn, piece);
+        hasher.start(b.data + w, wn, piece, o.checksum);
         try {
           f.write_at(b.data + w, wn, c.byte_offset + w);
         } catch (...) {
@@ -140,7 +143,7 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
         hasher.wait();
         c.checksums.insert(c.checksums.end(), hasher.hashes().begin(), hasher.hashes().end());
       }
-      chunks[order[k]] = chunk_to_json(c);
+      chunks[order[k]] = chunk_to_json(c, o.checksum);
     }
     if (o.sync) f.sync();
     f.close();
@@ -165,6 +168,7 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
 inline Index merge_index(const std::vector<std::string>& written, const std::vector<Entry>& entries,
                          const fs::path& dir, const SaveOptions& o) {
   Index ix;
+  ix.checksum = o.checksum;
   ix.piece_bytes = o.piece_bytes;
   ix.metadata = o.metadata;
   for (std::size_t r = 0; r < written.size(); ++r) {
@@ -196,7 +200,7 @@ inline Index merge_index(const std::vector<std::string>& written, const std::vec
         ch.key = c.at("key").get<std::string>();
         ch.byte_offset = c.at("byte_offset").get<uint64_t>();
         ch.byte_length = c.at("byte_length").get<uint64_t>();
-        for (const auto& h : c.at("xxh64")) {
+        for (const auto& h : c.at(checksum_name(o.checksum))) {
           uint64_t v = 0;
           from_hex(h.get<std::string>(), v);
           ch.checksums.push_back(v);
@@ -265,7 +269,7 @@ class BoxRuns {
 
 // Reads the part of chunk `c` that `runs` describes into `dst` (this rank's block).
 inline void read_runs(const std::string& name, const ChunkRecord& c, const OpenFile& f, BoxRuns runs,
-                      unsigned char* dst, uint64_t es, uint64_t piece, const LoadOptions& o,
+                      unsigned char* dst, uint64_t es, Checksum algorithm, uint64_t piece, const LoadOptions& o,
                       std::vector<unsigned char>& buf, HashWorker* hasher) {
   const uint64_t L = c.byte_length;
   auto where = [&] {
@@ -294,7 +298,7 @@ inline void read_runs(const std::string& name, const ChunkRecord& c, const OpenF
     if (b - a <= piece || !hasher) {
       read(out, a, b);
       for (uint64_t p = a; p < b; p += piece) {
-        const uint64_t h = xxh64(out + (p - a), std::min(b, p + piece) - p);
+        const uint64_t h = checksum(algorithm, out + (p - a), std::min(b, p + piece) - p);
         compare(&h, p, std::min(b, p + piece));
       }
       return;
@@ -308,7 +312,7 @@ inline void read_runs(const std::string& name, const ChunkRecord& c, const OpenF
           hasher->wait();
           compare(hasher->hashes().data(), wa, wb);
         }
-        hasher->start(out + (p - a), pe - p, piece);
+        hasher->start(out + (p - a), pe - p, piece, algorithm);
         wa = p, wb = pe;
       }
       hasher->wait();
@@ -605,7 +609,7 @@ class Checkpoint {
       if (!meets) continue;
       const detail::OpenFile& f = open(name, t.dtype, c, files);
       detail::read_runs(name, c, f, detail::BoxRuns(lo, ext, c.offsets, c.sizes, b.offset, b.sizes), b.data,
-                        size_of(t.dtype), ix_.piece_bytes, o_, buf, hasher);
+                        size_of(t.dtype), ix_.checksum, ix_.piece_bytes, o_, buf, hasher);
     }
   }
 

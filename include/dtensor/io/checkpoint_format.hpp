@@ -15,13 +15,13 @@
 //
 // index.json (version 1):
 //   {"format": "dtensor-checkpoint", "version": 1,
-//    "checksum": {"algorithm": "xxh64", "piece_bytes": P},
+//    "checksum": {"algorithm": A, "piece_bytes": P},   A: "xxh3_64" (or "xxh64", checksum.hpp)
 //    "files": {"rank-00000.safetensors": {"bytes": size}, ...},
 //    "tensors": {name: {"dtype": "float32", "shape": [...],
 //                       "saved_placements": "[S(0), R]", "saved_mesh": [2, 2],
 //                       "chunks": [{"offsets": [...], "sizes": [...], "file": ..., "key": name,
 //                                   "byte_offset": absolute offset in the file, "byte_length": n,
-//                                   "xxh64": ["16 hex digits", ... one per piece of P bytes]}]}},
+//                                   A: ["16 hex digits", ... one per piece of P bytes]}]}},
 //    "scalars": {name: {"type": "int", "value": 7} | {"type": "float", "value": 0.5, "bits": hex} |
 //                      {"type": "string", "value": "..."}},
 //    "metadata": {string: string}}
@@ -74,7 +74,7 @@ struct ChunkRecord {
   std::string key;                      // its name in the file's safetensors header
   uint64_t byte_offset = 0;             // from the start of the file
   uint64_t byte_length = 0;
-  std::vector<uint64_t> checksums;  // XXH64 of each piece (checksum.hpp)
+  std::vector<uint64_t> checksums;  // of each piece, by the index's algorithm (checksum.hpp)
 };
 
 struct TensorRecord {
@@ -88,6 +88,7 @@ struct TensorRecord {
 using Scalar = std::variant<int64_t, double, std::string>;
 
 struct Index {
+  Checksum checksum = Checksum::xxh3_64;
   uint64_t piece_bytes = kDefaultPieceBytes;
   std::map<std::string, uint64_t> files;  // data file -> its size in bytes
   std::map<std::string, TensorRecord> tensors;
@@ -105,7 +106,7 @@ inline int64_t pieces_of(uint64_t bytes, uint64_t piece) { return static_cast<in
 
 // --- JSON ---------------------------------------------------------------------
 
-inline nlohmann::json chunk_to_json(const ChunkRecord& c) {
+inline nlohmann::json chunk_to_json(const ChunkRecord& c, Checksum algorithm) {
   nlohmann::json sums = nlohmann::json::array();
   for (uint64_t s : c.checksums) sums.push_back(to_hex(s));
   return {{"offsets", c.offsets},
@@ -114,7 +115,7 @@ inline nlohmann::json chunk_to_json(const ChunkRecord& c) {
           {"key", c.key},
           {"byte_offset", c.byte_offset},
           {"byte_length", c.byte_length},
-          {"xxh64", std::move(sums)}};
+          {checksum_name(algorithm), std::move(sums)}};
 }
 
 inline std::string index_to_json(const Index& ix) {
@@ -122,14 +123,14 @@ inline std::string index_to_json(const Index& ix) {
   json j;
   j["format"] = kFormatName;
   j["version"] = kFormatVersion;
-  j["checksum"] = {{"algorithm", "xxh64"}, {"piece_bytes", ix.piece_bytes}};
+  j["checksum"] = {{"algorithm", checksum_name(ix.checksum)}, {"piece_bytes", ix.piece_bytes}};
   json files = json::object();
   for (const auto& [f, bytes] : ix.files) files[f] = {{"bytes", bytes}};
   j["files"] = std::move(files);
   json tensors = json::object();
   for (const auto& [name, t] : ix.tensors) {
     json chunks = json::array();
-    for (const auto& c : t.chunks) chunks.push_back(chunk_to_json(c));
+    for (const auto& c : t.chunks) chunks.push_back(chunk_to_json(c, ix.checksum));
     tensors[name] = {{"dtype", dtensor::name(t.dtype)},
                      {"shape", t.shape},
                      {"saved_placements", t.saved_placements},
@@ -193,9 +194,11 @@ inline Index index_from_json(const std::string& text, const std::string& path) {
   Index ix;
   const auto& sum = j.at("checksum");
   const auto algo = detail::field<std::string>(sum, "algorithm", path);
-  if (algo != "xxh64")
-    throw CheckpointError(
-        dtensor::detail::cat("dtensor: checkpoint index ", path, ": unknown checksum \"", algo, "\""));
+  const auto algorithm = checksum_from_name(algo);
+  if (!algorithm)
+    throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint index ", path, ": unknown checksum \"", algo,
+                                               "\" (this dtensor reads xxh3_64 and xxh64)"));
+  ix.checksum = *algorithm;
   ix.piece_bytes = detail::field<uint64_t>(sum, "piece_bytes", path);
   if (ix.piece_bytes == 0)
     throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint index ", path, ": piece_bytes is 0"));
@@ -222,7 +225,7 @@ inline Index index_from_json(const std::string& text, const std::string& path) {
       ch.key = detail::field<std::string>(c, "key", where);
       ch.byte_offset = detail::field<uint64_t>(c, "byte_offset", where);
       ch.byte_length = detail::field<uint64_t>(c, "byte_length", where);
-      for (const auto& h : detail::field<std::vector<std::string>>(c, "xxh64", where)) {
+      for (const auto& h : detail::field<std::vector<std::string>>(c, checksum_name(ix.checksum), where)) {
         uint64_t v;
         if (!from_hex(h, v))
           throw CheckpointError(

@@ -1,10 +1,11 @@
 #pragma once
 // A background thread that computes piece checksums while the caller reads or
 // writes. A checkpoint transfer from or to the page cache is a memcpy in the
-// kernel, and XXH64 is compute-bound at about the same speed (8 GB/s here): one
-// after the other, a verified load ran at 0.55 of a plain read; overlapped, at
-// 0.64-0.78 (bench/README.md). One job at a time: the caller starts the hashing of
-// window k, transfers window k + 1, then waits for k (double buffering by windows).
+// kernel, about 6-8 GB/s here, and hashing is compute-bound: one after the other, a
+// verified load with XXH64 ran at 0.55 of a plain read; overlapped, at 0.64-0.79;
+// with XXH3 (about twice XXH64's speed) overlapped, see bench/README.md. One job at a
+// time: the caller starts the hashing of window k, transfers window k + 1, then
+// waits for k (double buffering by windows).
 #include <algorithm>
 #include <condition_variable>
 #include <cstddef>
@@ -35,13 +36,14 @@ class HashWorker {
   // Starts hashing bytes [data, data + n) in pieces of `piece` bytes (the last one
   // may be shorter); the checksums go to hashes() once wait() returns. The bytes
   // must stay valid and unchanged until then. Waits for a previous job first.
-  void start(const unsigned char* data, uint64_t n, uint64_t piece) {
+  void start(const unsigned char* data, uint64_t n, uint64_t piece, Checksum algorithm) {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [&] { return !pending_; });
     hashes_.reserve(static_cast<std::size_t>((n + piece - 1) / piece));  // here: the worker cannot throw
     data_ = data;
     n_ = n;
     piece_ = piece;
+    algorithm_ = algorithm;
     pending_ = true;
     lock.unlock();
     cv_.notify_all();
@@ -64,9 +66,10 @@ class HashWorker {
       if (!pending_) return;  // stop_, and nothing left to do
       const unsigned char* data = data_;
       const uint64_t n = n_, piece = piece_;
+      const Checksum algorithm = algorithm_;
       lock.unlock();
       hashes_.clear();  // within the capacity start() reserved
-      for (uint64_t p = 0; p < n; p += piece) hashes_.push_back(xxh64(data + p, std::min(piece, n - p)));
+      for (uint64_t p = 0; p < n; p += piece) hashes_.push_back(checksum(algorithm, data + p, std::min(piece, n - p)));
       lock.lock();
       pending_ = false;
       cv_.notify_all();
@@ -78,6 +81,7 @@ class HashWorker {
   bool pending_ = false, stop_ = false;
   const unsigned char* data_ = nullptr;
   uint64_t n_ = 0, piece_ = 1;
+  Checksum algorithm_ = Checksum::xxh3_64;
   std::vector<uint64_t> hashes_;
   std::thread thread_;  // last: it starts running once everything above exists
 };
