@@ -5,7 +5,7 @@
 // complete when every rank is). Goal: ratio = plain time / checkpoint time >= 0.8.
 //
 //   save           io::save of one DTensor<float, 2, Shard<0>>: temporary directory,
-//                  one safetensors file per rank hashed piece by piece (XXH64), the
+//                  one safetensors file per rank hashed piece by piece (XXH3), the
 //                  index gathered and written by rank 0, the atomic rename, the old
 //                  checkpoint removed; vs unlink, open, write, close
 //   save/sync      the same with fsync (files and directories; the plain twin fsyncs

@@ -264,15 +264,15 @@ class StateDict {
   }
 
   // A block of state laid out like a DTensor of type DT with `layout` on `mesh` (not
-  // Partial), in memory the caller manages: data() gives this rank's block (the
-  // local shape's elements, host memory) when saving; when loading, data() may first
+  // Partial), in memory the caller manages on `device`: data() gives this rank's
+  // block (the local shape's elements) when saving; when loading, data() may first
   // allocate it. optional: a load from a checkpoint without it calls missing()
   // instead of failing. present(): whether there is anything to save (an optimizer
   // before its first step has no moments).
   template <class DT>
   void add_block(std::string name, const typename DT::Mesh& mesh, const ShardLayout<DT::rank>& layout,
-                 std::function<typename DT::value_type*()> data, bool optional = false,
-                 std::function<bool()> present = {}, std::function<void()> missing = {}) {
+                 std::function<typename DT::value_type*()> data, Device device = Device::host(),
+                 bool optional = false, std::function<bool()> present = {}, std::function<void()> missing = {}) {
     using T = typename DT::value_type;
     static_assert(!detail::has_partial(DT::placement_state),
                   "dtensor::io::StateDict::add_block: a block of state is saved as it is held, so its placements "
@@ -282,7 +282,7 @@ class StateDict {
     e.mesh.assign(mesh.shape().begin(), mesh.shape().end());
     e.optional = optional;
     e.missing = std::move(missing);
-    e.save = [mesh, layout, data, present](Comm&) {
+    e.save = [mesh, layout, data, device, present](Comm&) {
       if (present && !present()) {
         detail::SaveBlock absent;
         absent.present = false;
@@ -291,15 +291,26 @@ class StateDict {
       const auto ps = DT::placement_state;
       return detail::save_block(detail::writes_block(ps, mesh.coords()),
                                 layout.local_offset(ps, mesh.shape(), mesh.coords()),
-                                layout.local_shape(ps, mesh.shape(), mesh.coords()), data(), Device::host(), nullptr);
+                                layout.local_shape(ps, mesh.shape(), mesh.coords()), data(), device, nullptr);
     };
-    e.load = [mesh, layout, data](Comm&) {
+    e.load = [mesh, layout, data, device](Comm&) {
       const auto ps = DT::placement_state;
+      const auto shape = layout.local_shape(ps, mesh.shape(), mesh.coords());
       detail::LoadBlock b;
       b.offset = detail::to_vector(layout.local_offset(ps, mesh.shape(), mesh.coords()));
-      b.sizes = detail::to_vector(layout.local_shape(ps, mesh.shape(), mesh.coords()));
-      b.data = reinterpret_cast<unsigned char*>(data());
-      b.read = numel(layout.local_shape(ps, mesh.shape(), mesh.coords())) > 0;
+      b.sizes = detail::to_vector(shape);
+      b.read = numel(shape) > 0;
+      T* dst = data();
+      if (device.is_host()) {
+        b.data = reinterpret_cast<unsigned char*>(dst);
+      } else {  // read into host staging, then one copy to the device
+        auto host = std::make_shared<std::vector<unsigned char>>(static_cast<std::size_t>(numel(shape)) * sizeof(T));
+        b.data = host->data();
+        b.finish = [dst, device, host] {
+          if (!host->empty()) dtensor::detail::copy_bytes(dst, device, host->data(), Device::host(), host->size());
+        };
+        b.keep = host;
+      }
       return b;
     };
     push(std::move(e));

@@ -13,7 +13,8 @@
 // buffers are laid out like their parameters, so a checkpoint saved on one mesh
 // resumes on another: each buffer is resharded with its parameter. An optimizer
 // takes part through two members (nn/optim.hpp):
-//   for_each_state(f)   f(name, buffers): buffers[k] the bytes of parameter k's block
+//   for_each_state(f)   f(name, buffers): buffer k the bytes of parameter k's block,
+//                       on the parameter's device (nn::detail::StateBuffers)
 //   steps(), set_steps  optional: the step count (AdamW's bias corrections)
 // Gradients are not saved: a step starts from zero gradients.
 #include <string>
@@ -58,29 +59,28 @@ void add_model(StateDict& sd, Model& model, const std::string& prefix = "model."
 // checkpoint without state clears the optimizer's.
 template <class Optimizer, class Model>
 void add_optimizer(StateDict& sd, Optimizer& opt, Model& model, const std::string& prefix = "optim.") {
-  using Buffers = std::vector<std::vector<unsigned char>>;
   static_assert(
-      requires { opt.for_each_state([](const char*, Buffers&) {}); },
+      requires { opt.for_each_state([](const char*, auto&) {}); },
       "dtensor::io::add_optimizer: the optimizer must list its state with for_each_state(f), "
-      "f(name, buffers) with one byte buffer per parameter (see nn/optim.hpp)");
+      "f(name, buffers) with one buffer per parameter (nn::detail::StateBuffers, see nn/optim.hpp)");
   std::size_t k = 0;
   detail::for_each_named_parameter(model, [&](const std::string& key, auto& p) {
     using Param = std::decay_t<decltype(p)>;
     using DT = typename Param::dtensor_type;
     using T = typename Param::value_type;
-    opt.for_each_state([&](const char* state, Buffers& bufs) {
-      Buffers* b = &bufs;
+    opt.for_each_state([&](const char* state, auto& bufs) {
+      auto* b = &bufs;
       Param* param = &p;
       const std::size_t i = k;
+      const Device device = p.value().local().device();
       sd.template add_block<DT>(
           prefix + key + "." + state, p.value().mesh(), p.value().layout(),
-          [b, i, param]() -> T* {
-            // Loading into a fresh optimizer: make the buffers it would make at its first step.
-            if (b->size() <= i) b->resize(i + 1);
-            (*b)[i].resize(static_cast<std::size_t>(param->value().local().numel()) * sizeof(T));
-            return reinterpret_cast<T*>((*b)[i].data());
+          [b, i, param, device]() -> T* {
+            // Loading into a fresh optimizer: make the buffer it would make at its first step.
+            const auto bytes = static_cast<std::size_t>(param->value().local().numel()) * sizeof(T);
+            return reinterpret_cast<T*>(b->make(i, device, bytes));
           },
-          /*optional=*/true, [b, i] { return b->size() > i; }, [b] { b->clear(); });
+          device, /*optional=*/true, [b, i] { return b->size() > i; }, [b] { b->clear(); });
     });
     ++k;
   });

@@ -22,49 +22,41 @@ namespace dtensor::nn {
 namespace detail {
 
 // One state buffer per parameter (SGD's momentum, AdamW's moments), kept where the
-// parameter's block lives: host bytes, which a checkpoint saves and restores
-// (io/training_state.hpp), or a block on the parameter's GPU, which never leaves it.
+// parameter's block lives (host or GPU memory). A checkpoint saves and restores them
+// (io/training_state.hpp, through the optimizers' for_each_state): from a GPU
+// through host staging, like any device block.
 class StateBuffers {
  public:
-  using Host = std::vector<std::vector<unsigned char>>;
-
-  // Buffer k for a block of n elements of T on `dev`. `fresh`: made by this call (a
-  // host buffer is zero, a device buffer undefined); an existing buffer must have the
-  // block's size.
+  // Buffer k for a block of n elements of T on `dev`. `fresh`: made by this call
+  // (its contents undefined); an existing buffer must have the block's size.
   template <class T>
   T* get(std::size_t k, Device dev, int64_t n, const std::string& param, const char* who, bool& fresh) {
     const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(T);
-    if (dev.is_host()) {
-      if (k >= host_.size()) host_.resize(k + 1);
-      fresh = host_[k].empty();
-      if (fresh) host_[k].assign(bytes, 0);
-      check_size(host_[k].size(), bytes, param, who);
-      return reinterpret_cast<T*>(host_[k].data());
-    }
-    if (k >= device_.size()) device_.resize(k + 1);
-    fresh = device_[k].numel() == 0;
-    if (fresh) device_[k] = Tensor<unsigned char, 1>::uninitialized({static_cast<int64_t>(bytes)}, dev);
-    check_size(static_cast<std::size_t>(device_[k].numel()), bytes, param, who);
-    return reinterpret_cast<T*>(device_[k].data());
+    fresh = !has(k);
+    unsigned char* p = make(k, dev, bytes);
+    DTENSOR_CHECK(buffers_[k].numel() == static_cast<int64_t>(bytes), InvalidArgument, who, ": parameter ", param,
+                  " changed size between steps (state of ", buffers_[k].numel(), " bytes for a block of ", bytes,
+                  ")");
+    return reinterpret_cast<T*>(p);
   }
 
-  // The host buffers, for a checkpoint; refused while any state lives on a GPU (a
-  // checkpoint would miss it).
-  Host& host(const char* who) {
-    bool on_device = false;
-    for (const auto& t : device_) on_device = on_device || t.numel() > 0;
-    DTENSOR_CHECK(!on_device, InvalidArgument, who, ": the optimizer's state lives on a GPU; checkpoints of GPU "
-                  "optimizer state are not supported yet (save the model's parameters, or train on host blocks)");
-    return host_;
+  // --- for checkpoints ---
+  // How many parameters have a buffer (0 before the first step), and whether k has.
+  std::size_t size() const { return buffers_.size(); }
+  bool has(std::size_t k) const { return k < buffers_.size() && buffers_[k].numel() > 0; }
+  // Buffer k, made with `bytes` bytes on `dev` where it does not exist (contents
+  // undefined): what a load writes into.
+  unsigned char* make(std::size_t k, Device dev, std::size_t bytes) {
+    if (k >= buffers_.size()) buffers_.resize(k + 1);
+    if (buffers_[k].numel() == 0)
+      buffers_[k] = Tensor<unsigned char, 1>::uninitialized({static_cast<int64_t>(bytes)}, dev);
+    return buffers_[k].data();
   }
+  // Forgets every buffer (a checkpoint without state: the next step starts afresh).
+  void clear() { buffers_.clear(); }
 
  private:
-  static void check_size(std::size_t got, std::size_t want, const std::string& param, const char* who) {
-    DTENSOR_CHECK(got == want, InvalidArgument, who, ": parameter ", param, " changed size between steps (state of ",
-                  got, " bytes for a block of ", want, ")");
-  }
-  Host host_;
-  std::vector<Tensor<unsigned char, 1>> device_;
+  std::vector<Tensor<unsigned char, 1>> buffers_;
 };
 
 // A gradient block's sum of squares, in double.
@@ -106,11 +98,11 @@ class SGD {
   }
 
   // The state a checkpoint saves and restores (io/training_state.hpp): f(name,
-  // buffers), buffers[k] the bytes of parameter k's local block (for_each_parameter
-  // order); none before the first step with momentum.
+  // buffers), buffer k the bytes of parameter k's local block (for_each_parameter
+  // order), where the block lives; none before the first step with momentum.
   template <class F>
   void for_each_state(F&& f) {
-    f("momentum_buffer", buf_.host("SGD"));
+    f("momentum_buffer", buf_);
   }
 
  private:
@@ -136,8 +128,8 @@ class AdamW {
   // The moments, as SGD::for_each_state.
   template <class F>
   void for_each_state(F&& f) {
-    f("exp_avg", m_.host("AdamW"));
-    f("exp_avg_sq", v_.host("AdamW"));
+    f("exp_avg", m_);
+    f("exp_avg_sq", v_);
   }
 
   template <class Model>
@@ -159,8 +151,8 @@ class AdamW {
       bool fresh_m = false, fresh_v = false;
       T* m = m_.template get<T>(k, dev, n, p.name(), "AdamW", fresh_m);
       T* v = v_.template get<T>(k, dev, n, p.name(), "AdamW", fresh_v);
-      if (fresh_m && !dev.is_host()) local::fill(dev, m, n, T(0));  // host buffers start zero
-      if (fresh_v && !dev.is_host()) local::fill(dev, v, n, T(0));
+      if (fresh_m) local::fill(dev, m, n, T(0));
+      if (fresh_v) local::fill(dev, v, n, T(0));
       local::adamw_update(dev, w.data(), p.grad().data(), m, v, n, s);
       ++k;
     });
