@@ -121,6 +121,59 @@ TEST_CASE("a segmented all-reduce equals the all_reduce of the concatenation, ho
     });
 }
 
+TEST_CASE("a segmented all-reduce cut the same way on every rank equals the all_reduce of the concatenation") {
+  // SegmentCuts::Same (GradBuckets' buckets): under MPI each segment of 64 KiB or more
+  // is reduced in place by a collective of its own and the smaller ones are packed
+  // together; sizes on both sides of the threshold, empty segments, one segment only.
+  using Cuts = std::vector<int64_t>;
+  const std::vector<Cuts> layouts = {
+      {10, 9000, 3, 0, 20000, 5, 8193, 8191},  // doubles: 72000 B in place, 24 B packed, ...
+      {8192},                                   // exactly the threshold, alone
+      {0, 7, 0},                                // only small ones
+      {70000, 65536}};                          // only large ones
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [&](Comm& comm) {
+      for (const Cuts& counts : layouts)
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+          int64_t total = 0;
+          for (int64_t c : counts) total += c;
+          const auto whole = input<double>(comm.rank(), total, static_cast<int>(counts.size()));
+          auto expect = whole;
+          all_reduce<double>(comm, expect, op);
+          std::vector<std::vector<double>> bufs;
+          std::vector<Segment> segs;
+          int64_t at = 0;
+          for (int64_t c : counts) {
+            bufs.emplace_back(whole.begin() + at, whole.begin() + at + c);
+            at += c;
+          }
+          for (auto& b : bufs) segs.push_back({b.data(), b.size()});
+          Request r = comm.start_all_reduce(segs, DType::Float64, op, SegmentCuts::Same);
+          r.wait();
+          std::vector<double> got;
+          for (auto& b : bufs) got.insert(got.end(), b.begin(), b.end());
+          CHECK(got == expect);
+        }
+      // float and int32 segments too (the threshold is in bytes).
+      std::vector<float> f1 = input<float>(comm.rank(), 20000), f2 = input<float>(comm.rank(), 3, 1);
+      std::vector<int32_t> i1 = input<int32_t>(comm.rank(), 17000), i2 = input<int32_t>(comm.rank(), 11, 2);
+      auto ef1 = f1, ef2 = f2;
+      auto ei1 = i1, ei2 = i2;
+      for (auto* v : {&ef1, &ef2}) all_reduce<float>(comm, *v);
+      for (auto* v : {&ei1, &ei2}) all_reduce<int32_t>(comm, *v);
+      const Segment fs[] = {{f1.data(), f1.size()}, {f2.data(), f2.size()}};
+      const Segment is[] = {{i2.data(), i2.size()}, {i1.data(), i1.size()}};
+      Request rf = comm.start_all_reduce(fs, DType::Float32, ReduceOp::Sum, SegmentCuts::Same);
+      Request ri = comm.start_all_reduce(is, DType::Int32, ReduceOp::Sum, SegmentCuts::Same);
+      ri.wait();
+      rf.wait();
+      CHECK(f1 == ef1);
+      CHECK(f2 == ef2);
+      CHECK(i1 == ei1);
+      CHECK(i2 == ei2);
+    });
+}
+
 TEST_CASE("several all-reduces in flight complete in any order, by wait or by test") {
   for (int n = 1; n <= 4; ++n)
     spmd(n, [](Comm& comm) {
@@ -223,6 +276,14 @@ TEST_CASE("under MPI in guarded mode, ranks that disagree on the size get a Comm
     std::vector<double> w(3, 1.0);
     comm.start_all_reduce(w.data(), w.data(), w.size(), DType::Float64, ReduceOp::Sum).wait();
     CHECK(w == std::vector<double>(3, 2.0));
+    // Segments said to be cut the same way but cut differently: the second large
+    // segment's count differs (the first, equal, is reduced and then abandoned).
+    std::vector<double> a(10000, 1.0), b(comm.rank() == 0 ? 10000 : 12000, 1.0), c(comm.rank() == 0 ? 2000 : 0, 1.0);
+    const Segment segs[] = {{a.data(), a.size()}, {b.data(), b.size()}, {c.data(), c.size()}};
+    CHECK_THROWS_WITH_AS((void)comm.start_all_reduce(segs, DType::Float64, ReduceOp::Sum, SegmentCuts::Same),
+                         doctest::Contains("disagree"), CommError);
+    comm.start_all_reduce(w.data(), w.data(), w.size(), DType::Float64, ReduceOp::Sum).wait();
+    CHECK(w == std::vector<double>(3, 4.0));
   });
 }
 

@@ -58,10 +58,13 @@ class Comm {
   }
   // The same, in place over `segments` as if they were one buffer (their
   // concatenation; comm/segments.hpp): a bucket of gradients without packing it. The
-  // ranks give the same total count; they may cut it into segments differently. A
-  // runtime that cannot address them in place packs them into a buffer the Request
-  // owns (the default).
-  virtual Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op) {
+  // ranks give the same total count; they may cut it into segments differently,
+  // unless `cuts` is Same (then a runtime may reduce segment by segment). A runtime
+  // that cannot address them in place packs them into a buffer the Request owns
+  // (the default).
+  virtual Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op,
+                                   SegmentCuts cuts = SegmentCuts::MayDiffer) {
+    (void)cuts;  // one buffer: any cut
     if (segments.size() == 1) return start_all_reduce(segments[0].data, segments[0].data, segments[0].count, t, op);
     auto packed = std::make_unique<detail::PackedAllReduce>(segments, t, device());
     packed->start(start_all_reduce(packed->flat(), packed->flat(), total_count(segments), t, op));

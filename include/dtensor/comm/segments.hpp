@@ -2,7 +2,10 @@
 // Segments: a list of buffers of one element type that a collective treats as one
 // buffer, their concatenation in list order (a bucket of gradients, each in its own
 // tensor). A runtime that can address them in place does (the in-process runtime);
-// the others pack them into one buffer and unpack the result (PackedAllReduce).
+// the others pack them into one buffer and unpack the result (PackedAllReduce), or,
+// where every rank cuts the buffer into the same segments (SegmentCuts::Same), may
+// reduce each large segment in place as a collective of its own (MPI) and complete
+// them together (RequestGroup).
 #include <cstddef>
 #include <span>
 #include <utility>
@@ -18,6 +21,12 @@ struct Segment {
   void* data = nullptr;
   std::size_t count = 0;  // elements
 };
+
+// Whether every rank cuts a segmented collective into the same segments (the same
+// counts in the same order) or only gives the same total. The caller promises it
+// (GradBuckets checks it once, when its layout is sealed); in guarded mode a runtime
+// that relies on it compares each segment's count across ranks.
+enum class SegmentCuts { MayDiffer, Same };
 
 inline std::size_t total_count(std::span<const Segment> segments) {
   std::size_t n = 0;
@@ -71,6 +80,25 @@ class PackedAllReduce final : public PendingExchange {
   Device device_;
   Tensor<std::byte, 1> flat_;
   Request inner_;  // declared last: abandoned (destroyed) first, before flat_ goes
+};
+
+// Several collectives in flight completed as one: test() progresses every one,
+// wait() completes them in the order they were posted (the first failure is thrown;
+// the others are abandoned with the group, as any dropped Request is).
+class RequestGroup final : public PendingExchange {
+ public:
+  explicit RequestGroup(std::vector<Request> parts) : parts_(std::move(parts)) {}
+  bool test() override {
+    bool all = true;
+    for (Request& r : parts_) all = r.test() && all;
+    return all;
+  }
+  void wait() override {
+    for (Request& r : parts_) r.wait();
+  }
+
+ private:
+  std::vector<Request> parts_;
 };
 
 }  // namespace detail

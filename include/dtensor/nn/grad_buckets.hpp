@@ -18,8 +18,10 @@
 //    until the next one would overflow `bucket_bytes` (element types never share);
 //  * a gradient of `bucket_bytes` or more gets a bucket of its own;
 //  * a bucket is reduced in place, as one buffer made of its gradients
-//    (Comm::start_all_reduce over Segments): the in-process runtime reads and writes
-//    the gradients themselves, MPI and NCCL pack them into one buffer and back.
+//    (Comm::start_all_reduce over Segments, cut the same way on every rank): the
+//    in-process runtime reads and writes the gradients themselves, MPI reduces each
+//    large gradient in place and packs the small ones into one buffer and back, NCCL
+//    packs them all.
 // The first ready() checks, with one small blocking all-reduce, that every rank
 // registered the same gradients (a clear error on every rank, not a silent
 // mismatch). Each bucket's all-reduce is recorded in CommCounter (AllReduce on
@@ -185,7 +187,8 @@ class GradBuckets {
   void launch(int b) {
     const Bucket& bk = buckets_[b];
     CommCounter::record(StepKind::AllReduce, mesh_dim_, bk.bytes);
-    requests_[b] = comm_->start_all_reduce(bk.segments, bk.dtype, op_);
+    // Every rank's buckets have the same members (seal() checked it): the same cuts.
+    requests_[b] = comm_->start_all_reduce(bk.segments, bk.dtype, op_, SegmentCuts::Same);
   }
 
   void reset() {

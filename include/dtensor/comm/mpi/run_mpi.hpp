@@ -41,6 +41,7 @@ int run_mpi(int& argc, char**& argv, F&& fn) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    detail::prefer_ring_iallreduce();
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   }

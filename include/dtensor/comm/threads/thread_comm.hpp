@@ -875,9 +875,9 @@ class ThreadComm final : public Comm {
   Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     return start_all_reduce_({{send, recv, count}}, t, op);
   }
-  // In place over the segments, without packing them: each piece is reduced
-  // straight from the peers' segments into this rank's.
-  Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op) override {
+  // In place over the segments, without packing them, whatever the cuts: each piece
+  // is reduced straight from the peers' segments into this rank's.
+  Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op, SegmentCuts) override {
     std::vector<detail::NbAllReduce::Piece> pieces;
     pieces.reserve(segments.size());
     for (const Segment& s : segments) pieces.push_back({s.data, s.data, s.count});
