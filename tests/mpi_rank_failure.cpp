@@ -8,6 +8,17 @@
 //             side (it sleeps 5 s); DTENSOR_TIMEOUT_S=1 for the others
 //   p2p_short rank 1 sends 3 elements where rank 0's irecv takes 4
 //   p2p_long  rank 1 sends 5 elements where rank 0's irecv takes 4 (MPI truncation)
+// and for non-blocking all-reduces (start_all_reduce):
+//   nb_throw  rank 1 throws while ranks 0 and 2 wait on theirs
+//   nb_sizes  rank 2 posts 3 elements where the others post 4
+//   nb_stall  rank 1 posts, then sleeps 5 s without calling MPI (so without
+//             progress); the others' wait() times out (DTENSOR_TIMEOUT_S=1)
+//   nb_drop   rank 1 posts and throws with its Request still in flight: its
+//             destructor completes the all-reduce before the job is aborted
+//   nb_bucket rank 2's bucket is cut differently though said the same
+//             (SegmentCuts::Same) so that the posted counts differ: a count
+//             mismatch on every rank (cuts that differ but post the same counts
+//             give the right sums: each count covers the same global elements)
 // Each must end the job with a message naming the failing rank and the collective
 // (run_mpi's MPI_Abort), never hang; ctest checks the message.
 #include <dtensor/mpi.hpp>
@@ -22,6 +33,31 @@ int main(int argc, char** argv) {
   return dtensor::run_mpi(argc, argv, [&](dtensor::Comm& comm) {
     std::vector<double> v(4, 1.0);
     if (mode == "throw" && comm.rank() == 1) throw std::runtime_error("rank 1 gives up on purpose");
+    if (mode.rfind("nb_", 0) == 0) {
+      const int me = comm.rank();
+      if (mode == "nb_throw" && me == 1) throw std::runtime_error("rank 1 gives up before its all-reduce");
+      if (mode == "nb_bucket") {
+        // Ranks 0 and 1 post 20000 and 10000 elements in place, then 2000 packed;
+        // rank 2 posts 20000, then 12000: the second all-reduce's counts differ.
+        std::vector<double> a(20000, 1.0), b(me == 2 ? 12000 : 10000, 1.0), c(me == 2 ? 0 : 2000, 1.0);
+        const dtensor::Segment segs[] = {{a.data(), a.size()}, {b.data(), b.size()}, {c.data(), c.size()}};
+        comm.start_all_reduce(segs, dtensor::DType::Float64, dtensor::ReduceOp::Sum, dtensor::SegmentCuts::Same)
+            .wait();
+      } else {
+        const std::size_t n = mode == "nb_sizes" && me == 2 ? 3 : 4;
+        dtensor::Request r =
+            comm.start_all_reduce(v.data(), v.data(), n, dtensor::DType::Float64, dtensor::ReduceOp::Sum);
+        if (mode == "nb_stall" && me == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(5));
+          return;  // the job has been aborted by then
+        }
+        if (mode == "nb_drop" && me == 1) throw std::runtime_error("rank 1 drops its all-reduce in flight");
+        r.wait();
+        comm.barrier();  // ranks 0 and 2 wait here for the job's end (nb_drop)
+      }
+      std::printf("not reached\n");
+      return;
+    }
     if (mode == "early" && comm.rank() == 1) return;
     if (mode == "p2p") {
       if (comm.rank() == 1) {

@@ -545,7 +545,8 @@ class MpiAllReduce final : public PendingExchange {
     try {
       throw CollectiveTimeout(cat("dtensor: rank ", rank_, ": all_reduce (non-blocking) #", seq_, " (", count_,
                                   " elements) timed out after ", timeout_s_,
-                                  " s waiting for the other ranks to post it (DTENSOR_TIMEOUT_S)"));
+                                  " s waiting for the other ranks: one has not posted it, or does not call MPI "
+                                  "to progress it (DTENSOR_TIMEOUT_S)"));
     } catch (...) {
       failed_ = std::current_exception();
       throw;
@@ -563,10 +564,19 @@ class MpiAllReduce final : public PendingExchange {
       if (std::chrono::steady_clock::now() > deadline) break;
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
     }
+    // The job ends here, before the exception that unwound this (if any) reaches
+    // run_mpi: say what it was.
+    std::string why = "it was dropped before it completed";
+    if (failed_) try {
+        std::rethrow_exception(failed_);
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
     std::fprintf(stderr,
-                 "dtensor: rank %d: all_reduce (non-blocking) #%lld was abandoned and has not completed within "
-                 "%g s; MPI cannot cancel a collective and would write into freed memory: aborting the job\n",
-                 rank_, static_cast<long long>(seq_), timeout_s_);
+                 "dtensor: rank %d: all_reduce (non-blocking) #%lld was abandoned and has not completed (%s); MPI "
+                 "cannot cancel a collective and would write into freed memory: aborting the job\n",
+                 rank_, static_cast<long long>(seq_), why.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::abort();
