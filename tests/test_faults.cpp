@@ -113,6 +113,80 @@ TEST_CASE("mismatched collectives and sizes are detected on the first synchronis
                                                      detail::packed_blocks(comm, counts, 3, "test"), DType::Float32);
                                    }),
                        doctest::Contains("the ranks disagree on the sizes"), RankFailure);
+  // The same count of another element type (before the shared check, the in-process
+  // all_reduce compared counts only, and read the peers' buffers at the wrong size).
+  CHECK_THROWS_WITH_AS(run_threads(2,
+                                   [](Comm& comm) {
+                                     std::vector<float> f(4);
+                                     std::vector<double> d(4);
+                                     if (comm.rank() == 0) all_reduce<float>(comm, f);
+                                     else all_reduce<double>(comm, d);
+                                   }),
+                       doctest::Contains("disagree on the element type (float"), RankFailure);
+  CHECK_THROWS_WITH_AS(run_threads(2,
+                                   [](Comm& comm) {
+                                     std::vector<float> v(4);
+                                     comm.broadcast(v.data(), 4, DType::Float32, comm.rank());
+                                   }),
+                       doctest::Contains("disagree on the root ("), RankFailure);
+}
+
+TEST_CASE("the runtimes' one signature check: what each collective needs the ranks to agree on") {
+  using detail::Signature;
+  auto verdict = [](std::vector<Signature> all, int me) -> std::string {
+    try {
+      detail::check_signatures(all, me);
+      return "";
+    } catch (const CommError& e) {
+      return e.what();
+    }
+  };
+  const auto k = [](Collective c) { return static_cast<int64_t>(c); };
+  const int64_t f32 = static_cast<int64_t>(DType::Float32), f64 = static_cast<int64_t>(DType::Float64);
+  const int64_t sum = static_cast<int64_t>(ReduceOp::Sum), max = static_cast<int64_t>(ReduceOp::Max);
+  const Signature ar{.seq = 3, .kind = k(Collective::AllReduce), .dtype = f32, .op = sum, .root = 0, .count = 8};
+  CHECK(verdict({ar, ar, ar}, 1).empty());
+  Signature other = ar;
+  other.count = 9;
+  CHECK(verdict({ar, other}, 0).find("all_reduce #3: rank 0 and rank 1 disagree on the element count (8 and 9") !=
+        std::string::npos);
+  other = ar, other.op = max;
+  CHECK(verdict({ar, other}, 1).find("rank 1 and rank 0 disagree on the reduction (max and sum)") != std::string::npos);
+  other = ar, other.dtype = f64;
+  CHECK(verdict({ar, other}, 0).find("element type (float32 and float64)") != std::string::npos);
+  other = ar, other.kind = k(Collective::Barrier);
+  CHECK(verdict({ar, other}, 0).find("collective mismatch on a communicator of 2 ranks: rank 0 called all_reduce #3 "
+                                     "while rank 1 called barrier #3") != std::string::npos);
+  other = ar, other.seq = 4;
+  CHECK(verdict({ar, other}, 0).find("collective mismatch") != std::string::npos);
+  other = ar, other.kind = detail::kFinishedKind;
+  CHECK(verdict({ar, other}, 0).find("rank 1 returned from its function without joining this collective") !=
+        std::string::npos);
+  CHECK(verdict({ar, other}, 1).find("rank 1 returned from its function while rank 0 waits in its collective #3") !=
+        std::string::npos);
+  // Fields a collective does not use may differ: an all_gather's counts (per-peer
+  // sizes are the runtime's to check), a reduce_scatter's root, a barrier's anything.
+  const Signature ag{.seq = 1, .kind = k(Collective::AllGather), .dtype = f32, .op = sum, .root = 0, .count = 2};
+  Signature ag2 = ag;
+  ag2.count = 3, ag2.root = 1, ag2.op = max;
+  CHECK(verdict({ag, ag2}, 0).empty());
+  ag2.dtype = f64;
+  CHECK(!verdict({ag, ag2}, 0).empty());
+  const Signature rs{.seq = 1, .kind = k(Collective::ReduceScatter), .dtype = f32, .op = sum, .root = 0, .count = 0};
+  Signature rs2 = rs;
+  rs2.root = 2;
+  CHECK(verdict({rs, rs2}, 0).empty());
+  rs2.op = max;
+  CHECK(!verdict({rs, rs2}, 0).empty());
+  const Signature b{.seq = 1, .kind = k(Collective::Barrier), .dtype = f32, .op = sum, .root = 0, .count = 0};
+  Signature b2 = b;
+  b2.dtype = f64, b2.op = max, b2.root = 1, b2.count = 7;
+  CHECK(verdict({b, b2}, 1).empty());
+  // The table of rules.
+  static_assert(detail::must_agree(Collective::AllReduce).count && !detail::must_agree(Collective::AllReduce).root);
+  static_assert(detail::must_agree(Collective::Broadcast).root && detail::must_agree(Collective::Broadcast).count);
+  static_assert(detail::must_agree(Collective::Scatter).root && !detail::must_agree(Collective::Scatter).count);
+  static_assert(!detail::must_agree(Collective::Split).dtype);
 }
 
 TEST_CASE("a collective that waits past the timeout raises CollectiveTimeout naming the missing rank") {

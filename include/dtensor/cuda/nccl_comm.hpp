@@ -125,11 +125,13 @@
 
 #include "dtensor/comm/collective_kind.hpp"
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/signature.hpp"
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/cuda/kernels.hpp"
 #include "dtensor/cuda/memory.hpp"
 #include "dtensor/cuda/stream.hpp"
 #include "dtensor/util/error.hpp"
+#include "dtensor/util/small_vector.hpp"
 
 // The oldest NCCL this header supports, and the newer calls it uses when present.
 #if !defined(NCCL_VERSION_CODE) || !defined(NCCL_VERSION)
@@ -1077,13 +1079,7 @@ class NcclComm final : public Comm {
 #endif
   }
 
-  // The kind in a signature row (kind + 1), named.
-  static const char* kind_name(int64_t k) {
-    return k >= 1 && k <= kCollectiveKinds ? name(static_cast<Kind>(k - 1)) : "an unknown operation";
-  }
   static const char* kind_name(Kind k) { return name(k); }
-  static const char* dtype_name(int64_t t) { return t >= 0 && t <= 7 ? name(static_cast<DType>(t)) : "?"; }
-  static const char* op_name(int64_t o) { return o >= 0 && o <= 3 ? name(static_cast<ReduceOp>(o)) : "?"; }
 
   ncclComm_t comm() const { return comm_.get(); }
 
@@ -1293,35 +1289,23 @@ class NcclComm final : public Comm {
     auto count = [&](int k) { return row(k)[5]; };
     auto a = [&](int i, int k) { return row(i)[kHeader + k]; };
     auto b = [&](int i, int k) { return row(i)[kHeader + n + k]; };
-    const int64_t* r0 = row(0);
-    for (int k = 1; k < n; ++k) {
-      const int64_t* rk = row(k);
-      if (rk[0] != r0[0] || rk[1] != r0[1])
-        throw CommError(detail::cat("dtensor: collective mismatch on a communicator of ", n, " ranks: rank 0 called ",
-                                    kind_name(r0[1]), " #", r0[0], " while rank ", k, " called ", kind_name(rk[1]),
-                                    " #", rk[0]));
-      if (rk[2] != r0[2])
-        throw CommError(detail::cat("dtensor: ", what_, ": rank 0 and rank ", k, " disagree on the element type (",
-                                    dtype_name(r0[2]), " and ", dtype_name(rk[2]), ")"));
-      if (rk[3] != r0[3])
-        throw CommError(detail::cat("dtensor: ", what_, ": rank 0 and rank ", k, " disagree on the reduction (",
-                                    op_name(r0[3]), " and ", op_name(rk[3]), ")"));
-      if (rk[4] != r0[4])
-        throw CommError(detail::cat("dtensor: ", what_, ": rank 0 and rank ", k, " disagree on the root (", r0[4],
-                                    " and ", rk[4], ")"));
+    // The runtimes' one check (comm/signature.hpp), judged from rank 0's row on every
+    // rank (the same verdict everywhere); then the per-peer sizes, which only this
+    // runtime's table holds.
+    detail::SmallVector<detail::Signature, 16> sigs(static_cast<std::size_t>(n));
+    for (int k = 0; k < n; ++k) {
+      const int64_t* r = row(k);
+      const int64_t kind = r[1] >= 1 ? r[1] - 1 : kCollectiveKinds;  // 0: no collective (unknown)
+      sigs[static_cast<std::size_t>(k)] = {
+          .seq = r[0], .kind = kind, .dtype = r[2], .op = r[3], .root = r[4], .count = r[5]};
     }
+    detail::check_signatures(sigs, 0);
+    const int64_t* r0 = row(0);
     auto sizes = [&](auto&&... what) {
       throw CommError(detail::cat("dtensor: ", what_, ": ", what..., "; the ranks disagree on the sizes"));
     };
     const int root = static_cast<int>(r0[4]);
     switch (kind_) {
-      case Kind::AllReduce:
-      case Kind::Broadcast:
-        for (int k = 1; k < n; ++k)
-          if (count(k) != count(0))
-            throw CommError(detail::cat("dtensor: ", what_, ": rank 0 has ", count(0), " elements and rank ", k,
-                                        " has ", count(k), "; the ranks disagree on the element count"));
-        break;
       case Kind::AllGather:
         for (int i = 0; i < n; ++i)
           for (int k = 0; k < n; ++k)

@@ -64,6 +64,7 @@
 
 #include "dtensor/comm/collective_kind.hpp"
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/signature.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {
@@ -652,7 +653,7 @@ class MpiComm final : public Comm {
   // MPI_Finalize (which can then keep the job from ending): the peers' timeout aborts
   // the job, or this rank's own timeout names the problem.
   void finish() {
-    if (guarded_) exchange_signatures(kFinishedKind, kFinished, DType::Int8, ReduceOp::Sum, 0, 0, false);
+    if (guarded_) exchange_signatures(detail::kFinishedKind, kFinished, DType::Int8, ReduceOp::Sum, 0, 0);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -665,7 +666,7 @@ class MpiComm final : public Comm {
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
-    enter(Collective::AllReduce, t, op, 0, n, /*same_count=*/true);
+    enter(Collective::AllReduce, t, op, 0, n);
     detail::check_mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op),
                                     comm_),
                       "MPI_Allreduce");
@@ -677,7 +678,7 @@ class MpiComm final : public Comm {
   // posted it (a mismatch is then a CommError on every rank, before MPI sees it).
   Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
-    enter(Collective::AllReduce, t, op, 0, n, /*same_count=*/true);
+    enter(Collective::AllReduce, t, op, 0, n);
     return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
                                                           send, recv, n, t, op));
   }
@@ -704,7 +705,7 @@ class MpiComm final : public Comm {
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    enter(Collective::Broadcast, t, ReduceOp::Sum, root, static_cast<int64_t>(count), true);
+    enter(Collective::Broadcast, t, ReduceOp::Sum, root, static_cast<int64_t>(count));
     detail::check_mpi(MPI_Bcast(buf, detail::mpi_count(static_cast<int64_t>(count), "broadcast"), detail::mpi_type(t),
                                 root, comm_),
                       "MPI_Bcast");
@@ -892,43 +893,24 @@ class MpiComm final : public Comm {
 
  private:
   static constexpr const char* kFinished = "the end of run_mpi";
-  static constexpr int64_t kFinishedKind = -1;  // beside the Collective values (comm/collective_kind.hpp)
-  struct Signature {
-    int64_t seq, kind, dtype, op, root, count;
-  };
 
-  // Guarded mode: exchange and compare signatures (see the top of this file).
-  // Returns every rank's signature; empty when not guarded.
-  const std::vector<Signature>& enter(Collective k, DType t, ReduceOp rop, int root, int64_t count,
-                                      bool same_count = false) {
-    return exchange_signatures(static_cast<int64_t>(k), name(k), t, rop, root, count, same_count);
+  // Guarded mode: exchange and compare signatures (see the top of this file and
+  // comm/signature.hpp). Returns every rank's signature; empty when not guarded.
+  const std::vector<detail::Signature>& enter(Collective k, DType t, ReduceOp rop, int root, int64_t count) {
+    return exchange_signatures(static_cast<int64_t>(k), name(k), t, rop, root, count);
   }
-  const std::vector<Signature>& exchange_signatures(int64_t kind, const char* op, DType t, ReduceOp rop, int root,
-                                                    int64_t count, bool same_count) {
+  const std::vector<detail::Signature>& exchange_signatures(int64_t kind, const char* op, DType t, ReduceOp rop,
+                                                            int root, int64_t count) {
     if (!guarded_) return signatures_;
     ++seq_;
-    const Signature mine{seq_, kind, static_cast<int64_t>(t), static_cast<int64_t>(rop), root, count};
+    const detail::Signature mine{seq_, kind, static_cast<int64_t>(t), static_cast<int64_t>(rop), root, count};
     signatures_.resize(size_);
     MPI_Request req;
+    static_assert(sizeof(detail::Signature) == 6 * sizeof(int64_t), "a Signature travels as 6 int64");
     detail::check_mpi(MPI_Iallgather(&mine, 6, MPI_INT64_T, signatures_.data(), 6, MPI_INT64_T, comm_, &req),
                       "MPI_Iallgather");
     wait(req, op);
-    for (int k = 0; k < size_; ++k) {
-      const Signature& o = signatures_[k];
-      if (o.kind == kFinishedKind && mine.kind != kFinishedKind)
-        throw CommError(detail::cat("dtensor: rank ", rank_, ": ", op, " #", seq_, ": rank ", k,
-                                    " returned from its function without joining this collective"));
-      if (mine.kind == kFinishedKind && o.kind != kFinishedKind)
-        throw CommError(detail::cat("dtensor: rank ", rank_, " returned from its function while rank ", k,
-                                    " waits in its collective #", o.seq, ": a collective was skipped"));
-      if (o.seq != mine.seq || o.kind != mine.kind)
-        throw CommError(detail::cat("dtensor: collective mismatch on a communicator of ", size_, " ranks: rank ",
-                                    rank_, " called ", op, " #", seq_, " while rank ", k,
-                                    " called a different collective (#", o.seq, ")"));
-      if (o.dtype != mine.dtype || o.op != mine.op || o.root != mine.root || (same_count && o.count != count))
-        throw CommError(detail::cat("dtensor: ", op, " #", seq_, ": rank ", rank_, " and rank ", k,
-                                    " disagree on the element type, reduction, root or element count"));
-    }
+    detail::check_signatures(signatures_, rank_);
     return signatures_;
   }
 
@@ -994,7 +976,7 @@ class MpiComm final : public Comm {
   double timeout_s_ = 0;
   int64_t seq_ = 0;
   int64_t nb_seq_ = 0;  // non-blocking all-reduces posted (for messages)
-  std::vector<Signature> signatures_;
+  std::vector<detail::Signature> signatures_;
   std::shared_ptr<detail::P2PPoison> poison_ = std::make_shared<detail::P2PPoison>();
 };
 

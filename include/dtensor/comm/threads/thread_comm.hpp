@@ -53,6 +53,7 @@
 
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/comm/collective_kind.hpp"
+#include "dtensor/comm/signature.hpp"
 #include "dtensor/comm/threads/world.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/util/small_vector.hpp"
@@ -844,8 +845,6 @@ class ThreadComm final : public Comm {
       auto& me = begin(Collective::AllReduce, [&](detail::Slot& s) {
         s.send = send, s.recv = recv, s.count = count, s.dtype = t, s.rop = op;
       });
-      check_same(&detail::Slot::count, "element count");
-      check_same(&detail::Slot::rop, "reduction");
       // Phase 1: reduce my chunk of every rank's input into my scratch, in rank order
       // (the result does not depend on which rank computes it).
       const std::size_t elem = size_of(t);
@@ -886,9 +885,8 @@ class ThreadComm final : public Comm {
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
     collective([&] {
-      begin(Collective::Broadcast, [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root; });
-      check_same(&detail::Slot::root, "root");
-      check_same(&detail::Slot::count, "element count");
+      begin(Collective::Broadcast,
+            [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root, s.dtype = t; });
       if (rank_ != root)
         local::copy_block(device_, slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
                           size_of(t));
@@ -902,7 +900,6 @@ class ThreadComm final : public Comm {
     collective([&] {
       begin(Collective::AllGather,
             [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
-      check_same(&detail::Slot::dtype, "element type");
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
       for (int k = 0; k < size(); ++k)
         local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
@@ -917,8 +914,6 @@ class ThreadComm final : public Comm {
       begin(Collective::ReduceScatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
       });
-      check_same(&detail::Slot::dtype, "element type");
-      check_same(&detail::Slot::rop, "reduction");
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_block, k);
       local::copy_block(device_, slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
       for (int k = 1; k < size(); ++k)
@@ -936,7 +931,6 @@ class ThreadComm final : public Comm {
       begin(Collective::AllToAll, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
       });
-      check_same(&detail::Slot::dtype, "element type");
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_blocks[k], k);
       for (int k = 0; k < size(); ++k)
         local::copy_block(device_, slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
@@ -951,8 +945,6 @@ class ThreadComm final : public Comm {
       begin(Collective::Scatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
       });
-      check_same(&detail::Slot::root, "root");
-      check_same(&detail::Slot::dtype, "element type");
       check_size(slot(root).send_blocks[rank_], recv_block, root);
       local::copy_block(device_, slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
       end();
@@ -966,8 +958,6 @@ class ThreadComm final : public Comm {
       begin(Collective::Gather, [&](detail::Slot& s) {
         s.send = send, s.send_block = send_block, s.root = root, s.dtype = t;
       });
-      check_same(&detail::Slot::root, "root");
-      check_same(&detail::Slot::dtype, "element type");
       if (rank_ == root) {
         for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
         for (int k = 0; k < size(); ++k)
@@ -1142,16 +1132,27 @@ class ThreadComm final : public Comm {
     auto& me = slot(rank_);
     me.op = op;
     me.seq = seq_;
+    me.dtype = DType{}, me.rop = ReduceOp{}, me.root = 0, me.count = 0;  // what fill() leaves out compares equal
     fill(me);
     wait_device();  // what this rank publishes must be complete before its peers read it
     in_collective_ = true;  // from here on, peers may read this rank's buffers: see leave()
     sync();
-    for (int k = 0; k < size(); ++k)
-      if (slot(k).op != op || slot(k).seq != seq_)
-        world().fail(world_rank(), CommError(detail::cat(
-                                       "dtensor: collective mismatch on a communicator of ", size(), " ranks: rank ",
-                                       rank_, " called ", name(op), " #", seq_, " while rank ", k, " called ",
-                                       name(slot(k).op), " #", slot(k).seq)));
+    // The runtimes' one check (comm/signature.hpp), on what the slots hold.
+    detail::SmallVector<detail::Signature, 16> sigs(static_cast<std::size_t>(size()));
+    for (int k = 0; k < size(); ++k) {
+      const detail::Slot& s = slot(k);
+      sigs[static_cast<std::size_t>(k)] = {.seq = static_cast<int64_t>(s.seq),
+                                           .kind = static_cast<int64_t>(s.op),
+                                           .dtype = static_cast<int64_t>(s.dtype),
+                                           .op = static_cast<int64_t>(s.rop),
+                                           .root = s.root,
+                                           .count = static_cast<int64_t>(s.count)};
+    }
+    try {
+      detail::check_signatures(sigs, rank_);
+    } catch (const CommError& e) {
+      world().fail(world_rank(), e);
+    }
     return me;
   }
   void end() {
@@ -1161,14 +1162,6 @@ class ThreadComm final : public Comm {
   }
 
   void wait_device() const { detail::wait_device(device_); }
-
-  template <class F>
-  void check_same(F detail::Slot::*field, const char* what) {
-    for (int k = 0; k < size(); ++k)
-      if (slot(k).*field != slot(rank_).*field)
-        world().fail(world_rank(), CommError(detail::cat("dtensor: ", name(op_), " #", seq_, ": rank ", rank_,
-                                                         " and rank ", k, " disagree on the ", what)));
-  }
 
   // Only the receiving rank sees a size mismatch, so it cannot leave at once: its
   // peers may be copying from its buffers. It takes part in the closing
