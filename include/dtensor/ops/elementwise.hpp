@@ -15,6 +15,7 @@
 
 #include "dtensor/compute/local.hpp"
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/ops/operands.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 #include "dtensor/placement/gradient.hpp"
 
@@ -94,13 +95,8 @@ template <BinaryOp K, class Policy = Implicit, class T, int Rank, class... PA, c
 auto binary(const DTensor<T, Rank, PA...>& a, const DTensor<T, Rank, PB...>& b) {
   static_assert(sizeof...(PA) == sizeof...(PB), "dtensor elementwise: both operands must live on the same mesh");
   static constexpr auto plan = detail::binary_plan<sizeof...(PA)>(K, describe_all<PA...>(), describe_all<PB...>());
-  using QA = placements_t<plan.a>;
-  using QB = placements_t<plan.b>;
-  static_assert(detail::check_policy<Policy, detail::binary_op_name<K>, Placements<PA...>, Placements<PB...>,
-                                     detail::communicates<Placements<PA...>, QA>() ||
-                                         detail::communicates<Placements<PB...>, QB>()>::ok);
-  const auto& a2 = redistribute_as<QA>(a);
-  const auto& b2 = redistribute_as<QB>(b);
+  const auto& [a2, b2] = detail::operands_at<Policy, detail::binary_op_name<K>, detail::kNoOwnCollective,
+                                              placements_t<plan.a>, placements_t<plan.b>>(a, b);
   detail::check_same_blocks(a2.layout(), b2.layout(), "elementwise operator");
   using Out = dtensor_t<T, Rank, placements_t<plan.out>>;
   auto out = Tensor<T, Rank>::uninitialized(a2.local().shape(), a2.local().device());
@@ -126,10 +122,8 @@ template <BinaryOp K, class Policy = Implicit, class T, int Rank, class... P>
 auto binary_scalar(const DTensor<T, Rank, P...>& x, T s) {
   static constexpr auto plan =
       detail::binary_plan<sizeof...(P)>(K, describe_all<P...>(), PlacementState<sizeof...(P)>{});
-  using Q = placements_t<plan.a>;
-  static_assert(detail::check_policy<Policy, detail::binary_op_name<K>, Placements<P...>, Q,
-                                     detail::communicates<Placements<P...>, Q>()>::ok);
-  const auto& x2 = redistribute_as<Q>(x);
+  const auto& [x2] =
+      detail::operands_at<Policy, detail::binary_op_name<K>, detail::kNoOwnCollective, placements_t<plan.a>>(x);
   // Added to a Partial<Sum>, the scalar is one term: the other ranks add nothing.
   const bool additive = K == BinaryOp::Add || K == BinaryOp::Sub;
   if (additive && detail::holds_zero_term(plan.a, x.mesh().coords())) s = T{0};
@@ -159,9 +153,7 @@ struct unary_op_name {};
 template <UnaryFn F, class Policy, class T, int Rank, class... P>
 auto unary(const DTensor<T, Rank, P...>& x) {
   static constexpr auto targets = unary_targets<sizeof...(P)>(describe_all<P...>(), F == UnaryFn::Neg);
-  using Q = placements_t<targets>;
-  static_assert(check_policy<Policy, unary_op_name<F>, Placements<P...>, Q, communicates<Placements<P...>, Q>()>::ok);
-  const auto& x2 = redistribute_as<Q>(x);
+  const auto& [x2] = operands_at<Policy, unary_op_name<F>, kNoOwnCollective, placements_t<targets>>(x);
   auto out = Tensor<T, Rank>::uninitialized(x2.local().shape(), x2.local().device());
   local::unary(F, x2.local(), out);
   return std::decay_t<decltype(x2)>(x.mesh(), x2.layout(), std::move(out));
@@ -213,13 +205,9 @@ template <Along A, class Policy = Implicit, class T, class... PM, class... PV>
 auto add_bias(const DTensor<T, 2, PM...>& m, const DTensor<T, 1, PV...>& v) {
   static constexpr auto mt = detail::value_of_partials<sizeof...(PM)>(describe_all<PM...>());
   static constexpr auto vt = detail::bias_targets<A, sizeof...(PM)>(mt);
-  using QM = placements_t<mt>;
-  using QV = placements_t<vt>;
-  static_assert(detail::check_policy<Policy, detail::bias_op_name, Placements<PM...>, Placements<PV...>,
-                                     detail::communicates<Placements<PM...>, QM>() ||
-                                         detail::communicates<Placements<PV...>, QV>()>::ok);
-  const auto& m2 = redistribute_as<QM>(m);
-  const auto& v2 = redistribute_as<QV>(v);
+  const auto& [m2, v2] =
+      detail::operands_at<Policy, detail::bias_op_name, detail::kNoOwnCollective, placements_t<mt>, placements_t<vt>>(
+          m, v);
   constexpr int dim = A == Along::Rows ? 1 : 0;
   DTENSOR_CHECK(v2.shape()[0] == m2.shape()[dim] && v2.layout().blocks[0] == m2.layout().blocks[dim],
                 InvalidArgument, "add_bias: a vector of ", v2.shape()[0], " elements (blocks must match) against ",

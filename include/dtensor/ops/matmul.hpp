@@ -22,6 +22,7 @@
 
 #include "dtensor/compute/local.hpp"
 #include "dtensor/ops/contraction_rule.hpp"
+#include "dtensor/ops/operands.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor {
@@ -39,9 +40,6 @@ struct Contraction<S, Placements<PA...>, Placements<PB...>> {
   using a_target = placements_t<rule.a>;
   using b_target = placements_t<rule.b>;
   using output = placements_t<rule.c>;
-  // Whether either operand is moved by a collective.
-  static constexpr bool communicates =
-      detail::communicates<Placements<PA...>, a_target>() || detail::communicates<Placements<PB...>, b_target>();
 };
 
 // The gradients' placements of contraction S for operands placed PA, PB and an
@@ -106,16 +104,14 @@ auto contract(const DTensor<T, RA, PA...>& a, const DTensor<T, RB, PB...>& b) {
   static_assert(g.ok, "dtensor::contract<S>: S is not one (batched) GEMM: each operand must be [batch..., group, "
                       "group] with the batch dims first, every role's dims contiguous and in the same order");
   using C = Contraction<S, Placements<PA...>, Placements<PB...>>;
-  static_assert(detail::check_policy<Policy, detail::contraction_name<S>, Placements<PA...>, Placements<PB...>,
-                                     C::communicates>::ok);
   constexpr int RC = S.rank_c;
   for (int i = 0; i < S.count; ++i)
     if (S.a[i] >= 0 && S.b[i] >= 0)
       DTENSOR_CHECK(a.shape()[S.a[i]] == b.shape()[S.b[i]], InvalidArgument, "contraction of shapes ",
                     to_string(a.shape()), " and ", to_string(b.shape()), ": the contracted (and batch) extents differ "
                     "(dim ", S.a[i], " of the first operand against dim ", S.b[i], " of the second)");
-  const auto& a2 = redistribute_as<typename C::a_target>(a);
-  const auto& b2 = redistribute_as<typename C::b_target>(b);
+  const auto& [a2, b2] = detail::operands_at<Policy, detail::contraction_name<S>, detail::kNoOwnCollective,
+                                              typename C::a_target, typename C::b_target>(a, b);
   for (int i = 0; i < S.count; ++i)
     if (S.a[i] >= 0 && S.b[i] >= 0)
       DTENSOR_CHECK(a2.layout().blocks[S.a[i]] == b2.layout().blocks[S.b[i]], InvalidArgument,

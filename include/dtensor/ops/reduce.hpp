@@ -60,13 +60,11 @@ auto reduce(const DTensor<T, Rank, P...>& x) {
   static_assert(D >= 0 && D < Rank, "dtensor reduction: the reduced dim must be one of the tensor's dims");
   constexpr std::size_t M = sizeof...(P);
   static constexpr auto plan = reduction_plan<M>(R, D, describe_all<P...>());
-  using QIn = placements_t<plan.in>;
   using QOut = placements_t<plan.out>;
   constexpr bool finalize = Mode == Reduced::Value;
-  static_assert(check_policy<Policy, reduction_name<R>, Placements<P...>, QOut,
-                             communicates<Placements<P...>, QIn>() ||
-                                 (finalize && communicates<QOut, placements_t<plan.value>>())>::ok);
-  const auto& x2 = redistribute_as<QIn>(x);
+  // Finalized, the reduced dim's Partial terms are all-reduced: the operator's own collective.
+  const auto& [x2] = operands_at<Policy, reduction_name<R>, finalize && communicates<QOut, placements_t<plan.value>>(),
+                                 placements_t<plan.in>>(x);
   ShardLayout<Rank - 1> layout;
   for (int d = 0, o = 0; d < Rank; ++d)
     if (d != D) layout.global[o] = x.shape()[d], layout.blocks[o++] = x2.layout().blocks[d];
@@ -131,8 +129,7 @@ auto min(const X& x) { return detail::reduce<Reduction::Min, D, Mode, Policy>(x)
 template <class Policy = Implicit, class T, int Rank, class... P>
 T norm2(const DTensor<T, Rank, P...>& x) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
-  static_assert(detail::check_policy<Policy, detail::norm_name, Placements<P...>, placements_t<ps>, true>::ok);
-  const auto& x2 = redistribute_as<placements_t<ps>>(x);
+  const auto& [x2] = detail::operands_at<Policy, detail::norm_name, true, placements_t<ps>>(x);
   T s = local::sum_squares(x2.local());
   detail::all_reduce_value_over_shards(ps, x.mesh(), s, ReduceOp::Sum);
   return std::sqrt(s);
@@ -140,8 +137,7 @@ T norm2(const DTensor<T, Rank, P...>& x) {
 template <class Policy = Implicit, class T, int Rank, class... P>
 T norm_max(const DTensor<T, Rank, P...>& x) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
-  static_assert(detail::check_policy<Policy, detail::norm_name, Placements<P...>, placements_t<ps>, true>::ok);
-  const auto& x2 = redistribute_as<placements_t<ps>>(x);
+  const auto& [x2] = detail::operands_at<Policy, detail::norm_name, true, placements_t<ps>>(x);
   T s = local::max_abs(x2.local());
   detail::all_reduce_value_over_shards(ps, x.mesh(), s, ReduceOp::Max);
   return s;
@@ -160,9 +156,8 @@ auto softmax_impl(const DTensor<T, Rank, P...>& x) {
       if (p.is_shard(D)) return true;
     return false;
   }();
-  static_assert(check_policy<Policy, softmax_name, Placements<P...>, placements_t<ps>,
-                             sharded || communicates<Placements<P...>, placements_t<ps>>()>::ok);
-  auto y = redistribute_as<placements_t<ps>>(x);
+  // A copy: the local math runs in place on it.
+  auto y = std::get<0>(operands_at<Policy, softmax_name, sharded, placements_t<ps>>(x));
   Tensor<T, Rank>& t = y.local();
   const auto ls = t.shape();
   const int64_t outer = outer_size(ls, D), len = ls[D], inner = inner_size(ls, D);

@@ -13,6 +13,7 @@
 //                             order; a clear error otherwise
 #include <numeric>
 
+#include "dtensor/ops/operands.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 #include "dtensor/tensor/box.hpp"
 
@@ -62,13 +63,10 @@ DTensor<T, Rank, P...> concat(const DTensor<T, Rank, P...>& a, const DTensor<T, 
   static_assert(D >= 0 && D < Rank, "dtensor::concat: D must be one of the tensor's dims");
   static constexpr auto joined = detail::unshard_dim<sizeof...(P)>(describe_all<P...>(), D);
   using Q = placements_t<joined>;
-  static_assert(detail::check_policy<Policy, detail::concat_name, Placements<P...>, Q,
-                                     detail::communicates<Placements<P...>, Q>()>::ok);
   for (int d = 0; d < Rank; ++d)
     DTENSOR_CHECK(d == D || (a.shape()[d] == b.shape()[d] && a.layout().blocks[d] == b.layout().blocks[d]),
                   InvalidArgument, "concat: the operands differ along tensor dim ", d, " (shape or blocks)");
-  const auto& a2 = redistribute_as<Q>(a);
-  const auto& b2 = redistribute_as<Q>(b);
+  const auto& [a2, b2] = detail::operands_at<Policy, detail::concat_name, detail::kNoOwnCollective, Q, Q>(a, b);
   const auto la = a2.local().shape(), lb = b2.local().shape();
   Shape<Rank> ls = la;
   ls[D] = la[D] + lb[D];
