@@ -84,8 +84,27 @@ static_assert(contraction_rule<1>(lin3, {S2}, {S0}).c == State<1>{P});
 static_assert(contraction_rule<1>(lin3, {S1}, {R}).c == State<1>{S1});
 // DP x TP on a 2-D mesh: batch sharded on mesh dim 0, colwise on mesh dim 1.
 static_assert(contraction_rule<2>(lin3, {S0, R}, {R, S1}).c == State<2>{S0, S2});
-// The same on 3-D and 4-D meshes (the separable rule: cheap to compile).
+// The same on 3-D and 4-D meshes (targets costed by a greedy walk: cheap to compile).
 static_assert(contraction_rule<3>(lin3, {S0, S1, R}, {R, R, S1}).c == State<3>{S0, S1, S2});
+// A matrix already cut where the product needs it stays, and the vector moves: the
+// per-mesh-dim choice the greedy costs replaced gathered and re-cut the matrix here
+// (about 500 times the nominal traffic).
+constexpr auto mv3 = contraction_rule<3>(specs::matvec(), {R, S1, R}, {S0, R, R});
+static_assert(mv3.a == State<3>{R, S1, R} && mv3.b == State<3>{R, S0, R} && mv3.c == State<3>{R, P, R});
+constexpr auto mv4 = contraction_rule<4>(specs::matvec(), {R, S1, R, S0}, {S0, R, R, R});
+static_assert(mv4.a == State<4>{R, S1, R, S0} && mv4.c == State<4>{R, P, R, S0});
+// The greedy walk's cost: the planner's where the order is plain; finite where it
+// must detour (mesh dim 1 shards tensor dim 0 and mesh dim 0 must be cut along it:
+// gather dim 1, cut dim 0, cut dim 1 again).
+constexpr double kBytes = 4096;
+static_assert(detail::greedy_plan_cost<3>({S0, R, R}, {R, R, R}, kBytes) ==
+              detail::plan_cost<3>({S0, R, R}, {R, R, R}, kBytes));
+static_assert(detail::greedy_plan_cost<3>({S0, S1, P}, {S0, S1, R}, kBytes) ==
+              detail::plan_cost<3>({S0, S1, P}, {S0, S1, R}, kBytes));
+static_assert(detail::greedy_plan_cost<3>({R, S0, R}, {S0, S0, S1}, kBytes) > 0);
+static_assert(detail::greedy_plan_cost<3>({R, S0, R}, {S0, S0, S1}, kBytes) >=
+              detail::plan_cost<3>({R, S0, R}, {S0, S0, S1}, kBytes));
+static_assert(detail::greedy_plan_cost<3>({S0, R, R}, {P, R, R}, kBytes) == -1);  // Shard -> Partial: none
 static_assert(contraction_rule<4>(specs::matmul(), {S0, R, R, R}, {R, S1, R, R}).c == State<4>{S0, S1, R, R});
 static_assert(contraction_rule<4>(specs::matmul(), {S1, R, S0, P}, {S0, S1, R, R}).c == State<4>{P, S1, S0, P});
 
