@@ -62,7 +62,8 @@ inline const char* dtype_name(int64_t t) {
   return t >= 0 && t <= static_cast<int64_t>(DType::Float64) ? name(static_cast<DType>(t)) : "an unknown type";
 }
 inline const char* op_name(int64_t op) {
-  return op >= 0 && op <= static_cast<int64_t>(ReduceOp::Min) ? name(static_cast<ReduceOp>(op)) : "an unknown reduction";
+  if (op < 0 || op > static_cast<int64_t>(ReduceOp::Min)) return "an unknown reduction";
+  return name(static_cast<ReduceOp>(op));
 }
 }  // namespace signature_detail
 

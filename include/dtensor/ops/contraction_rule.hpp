@@ -335,8 +335,8 @@ constexpr double greedy_plan_cost(const PlacementState<M>& s, const PlacementSta
       Step step{};
       if (st[m] == t[m] || !make_step(st, m, t[m], step)) continue;
       bool wait = false;
-      if (t[m].is_shard())
-        for (int o = 0; o < m; ++o) wait = wait || (st[o] != t[o] && (t[o].is_shard(t[m].dim) || st[o].is_shard(t[m].dim)));
+      for (int o = 0; o < m && t[m].is_shard(); ++o)
+        wait = wait || (st[o] != t[o] && (t[o].is_shard(t[m].dim) || st[o].is_shard(t[m].dim)));
       if (wait) continue;
       const int p = priority(st[m], t[m]);
       if (p < best || (p == best && p == 0)) best = p, pick = m;
@@ -348,7 +348,8 @@ constexpr double greedy_plan_cost(const PlacementState<M>& s, const PlacementSta
       for (int m = 0; m < N && pick < 0; ++m) {
         if (st[m] == t[m]) continue;
         for (int b = N - 1; b > m && pick < 0; --b) {
-          const bool blocks = (t[m].is_shard() && st[b].is_shard(t[m].dim)) || (st[m].is_shard() && st[b].is_shard(st[m].dim));
+          const bool blocks =
+              (t[m].is_shard() && st[b].is_shard(t[m].dim)) || (st[m].is_shard() && st[b].is_shard(st[m].dim));
           Step step{};
           if (blocks && make_step(st, b, PlacementDesc{}, step)) pick = b;
         }

@@ -568,12 +568,14 @@ class MpiAllReduce final : public PendingExchange {
     // The job ends here, before the exception that unwound this (if any) reaches
     // run_mpi: say what it was.
     std::string why = "it was dropped before it completed";
-    if (failed_) try {
+    if (failed_) {
+      try {
         std::rethrow_exception(failed_);
       } catch (const std::exception& e) {
         why = e.what();
       } catch (...) {
       }
+    }
     std::fprintf(stderr,
                  "dtensor: rank %d: all_reduce (non-blocking) #%lld was abandoned and has not completed (%s); MPI "
                  "cannot cancel a collective and would write into freed memory: aborting the job\n",
@@ -697,8 +699,10 @@ class MpiComm final : public Comm {
     std::vector<Request> parts;
     std::vector<Segment> small;
     for (const Segment& s : segments) {
-      if (s.count * size_of(t) >= kInPlaceSegmentBytes) parts.push_back(start_all_reduce(s.data, s.data, s.count, t, op));
-      else if (s.count > 0) small.push_back(s);
+      if (s.count * size_of(t) >= kInPlaceSegmentBytes)
+        parts.push_back(start_all_reduce(s.data, s.data, s.count, t, op));
+      else if (s.count > 0)
+        small.push_back(s);
     }
     if (!small.empty()) parts.push_back(Comm::start_all_reduce(small, t, op, cuts));
     return Request(std::make_unique<detail::RequestGroup>(std::move(parts)));
