@@ -17,6 +17,7 @@
 
 #include <doctest/doctest.h>
 
+#include "checkpoint_training.hpp"
 #include "fault_support.hpp"
 #include "spmd.hpp"
 #include "support.hpp"
@@ -603,16 +604,18 @@ TEST_CASE("damaged checkpoints: truncated, bit-flipped, missing files, corrupt i
         for (int i = 7; i >= 0; --i) h = (h << 8) | len[i];
         return 8 + h;
       };
-      const auto f0 = damaged("flipped_first", [&](const fs::path& d) {
-        const auto at = static_cast<std::streamoff>(data_start(d / file1) + 1);
-        std::fstream s(d / file1, std::ios::in | std::ios::out | std::ios::binary);
+      // Flips the lowest bit of the second data byte of `file`.
+      auto flip_second_data_byte = [&](const fs::path& file) {
+        const auto at = static_cast<std::streamoff>(data_start(file) + 1);
+        std::fstream s(file, std::ios::in | std::ios::out | std::ios::binary);
         char c;
         s.seekg(at);
         s.read(&c, 1);
         c ^= 0x01;
         s.seekp(at);
         s.write(&c, 1);
-      });
+      };
+      const auto f0 = damaged("flipped_first", [&](const fs::path& d) { flip_second_data_byte(d / file1); });
       const uint64_t at = data_start(f0 / file1);
       const std::string first_piece = "bytes [" + std::to_string(at) + ", " + std::to_string(at + 16) + ")";
       check_error([&] { io::load(sz, f0, comm); }, {"rank 1:", file1, "checksum mismatch", first_piece, "corrupt"});
@@ -628,14 +631,7 @@ TEST_CASE("damaged checkpoints: truncated, bit-flipped, missing files, corrupt i
       const auto f64 = damaged("flipped64", [&](const fs::path& d) {
         fs::remove_all(d);
         fs::copy(scratch / "good64", d, fs::copy_options::recursive);
-        const auto at = static_cast<std::streamoff>(data_start(d / file1) + 1);
-        std::fstream s(d / file1, std::ios::in | std::ios::out | std::ios::binary);
-        char c;
-        s.seekg(at);
-        s.read(&c, 1);
-        c ^= 0x01;
-        s.seekp(at);
-        s.write(&c, 1);
+        flip_second_data_byte(d / file1);
       });
       check_error([&] { io::load(sz, f64, comm); }, {"rank 1:", file1, "checksum mismatch", first_piece, "corrupt"});
       io::load(sz, scratch / "good64", comm);
@@ -718,43 +714,7 @@ TEST_CASE("what the program asks for must match the checkpoint: dtype, shape, na
 
 namespace {
 
-constexpr int64_t kIn = 5, kHidden = 7, kOut = 3, kBatch = 6;
-using Cfg2 = nn::Config<double, 2, nn::Axes<2, 0, 1>>;  // DP x TP
-template <class Cfg>
-using MLP = nn::Sequential<nn::Linear<Cfg, kIn, kHidden, nn::Colwise>, nn::GELU<Cfg>,
-                           nn::Linear<Cfg, kHidden, kOut, nn::Rowwise>>;
-
-template <class Cfg, int M>
-MLP<Cfg> make_mlp(const DeviceMesh<M>& mesh, uint64_t seed) {
-  return MLP<Cfg>(nn::Linear<Cfg, kIn, kHidden, nn::Colwise>(mesh, {seed}), nn::GELU<Cfg>(),
-                  nn::Linear<Cfg, kHidden, kOut, nn::Rowwise>(mesh, {seed + 1}));
-}
-
-// One step of training on batch `step` (the data depends on the step and index only);
-// returns the loss.
-template <class Cfg, int M, class Opt>
-double train_step(MLP<Cfg>& model, Opt& opt, const DeviceMesh<M>& mesh, int64_t step) {
-  using Model = MLP<Cfg>;
-  auto x = dtensor::detail::generate<typename Model::InputT>(
-      {kBatch, kIn}, mesh, {}, [&](uint64_t i) { return dtensor::detail::normal_value<double>(100 + step, i); });
-  auto t = dtensor::detail::generate<typename Model::OutputT>({kBatch, kOut}, mesh, {}, [&](uint64_t i) {
-    return std::sin(dtensor::detail::normal_value<double>(500 + step, i));
-  });
-  nn::MSELoss<Cfg> loss;
-  model.zero_grad();
-  auto y = model.forward(x);
-  const double l = loss.forward(y, t);
-  model.backward(loss.backward(y));
-  opt.step(model);
-  return l;
-}
-
-template <class Cfg, class Opt>
-void add_training(io::StateDict& sd, MLP<Cfg>& model, Opt& opt, int64_t& step) {
-  io::add_model(sd, model);
-  io::add_optimizer(sd, opt, model);
-  sd.add("step", step);
-}
+using namespace dtensor::test::checkpoint;
 
 template <class Opt>
 void resume_test(Comm& world, const Opt& fresh_opt, const char* name) {

@@ -20,6 +20,8 @@
 #include <dtensor/io.hpp>
 #include <dtensor/nn.hpp>
 
+#include "checkpoint_training.hpp"
+
 using namespace dtensor;
 namespace fs = std::filesystem;
 
@@ -55,6 +57,17 @@ RunOptions on(Device d) {
 
 const Shape<2> kW{7, 5}, kB{6, 3}, kP{4, 6}, kE{0, 4};
 
+// The test's four tensors under the names saves and loads use.
+template <class W, class B, class P, class E>
+io::StateDict named(W& w, B& b, P& p, E& e) {
+  io::StateDict sd;
+  sd.add("w", w);
+  sd.add("b", b);
+  sd.add("p", p);
+  sd.add("e", e);
+  return sd;
+}
+
 }  // namespace
 
 TEST_CASE("DTensors in device memory: saved through host staging, loaded onto other meshes, device or host") {
@@ -73,11 +86,7 @@ TEST_CASE("DTensors in device memory: saved through host staging, loaded onto ot
         auto p = distribute<Partial<Sum>, Shard<1>>(gp, mesh);
         auto e = zeros<float, Shard<0>, Shard<1>>(kE, mesh);
         REQUIRE(!w.local().device().is_host());
-        io::StateDict sd;
-        sd.add("w", w);
-        sd.add("b", b);
-        sd.add("p", p);
-        sd.add("e", e);
+        auto sd = named(w, b, p, e);
         io::save(sd, dir.path / "ck", comm);
       },
       on(Device::cuda(0)));
@@ -91,11 +100,7 @@ TEST_CASE("DTensors in device memory: saved through host staging, loaded onto ot
         auto p = zeros<int32_t, Partial<Sum>>(kP, mesh);  // rank 0 holds the value, the others zero terms
         auto e = zeros<float, Replicate>(kE, mesh);
         REQUIRE(!w.local().device().is_host());
-        io::StateDict sd;
-        sd.add("w", w);
-        sd.add("b", b);
-        sd.add("p", p);
-        sd.add("e", e);
+        auto sd = named(w, b, p, e);
         io::load(sd, dir.path / "ck", comm);
         CHECK(w.full_tensor().to(Device::host()) == gw);
         CHECK(b.full_tensor().to(Device::host()) == gb);
@@ -120,39 +125,7 @@ TEST_CASE("DTensors in device memory: saved through host staging, loaded onto ot
 
 namespace {
 
-constexpr int64_t kIn = 5, kHidden = 7, kOut = 3, kBatch = 6;
-using Cfg2 = nn::Config<double, 2, nn::Axes<2, 0, 1>>;  // DP x TP
-using MLP = nn::Sequential<nn::Linear<Cfg2, kIn, kHidden, nn::Colwise>, nn::GELU<Cfg2>,
-                           nn::Linear<Cfg2, kHidden, kOut, nn::Rowwise>>;
-
-MLP make_mlp(const DeviceMesh<2>& mesh, uint64_t seed) {
-  return MLP(nn::Linear<Cfg2, kIn, kHidden, nn::Colwise>(mesh, {seed}), nn::GELU<Cfg2>(),
-             nn::Linear<Cfg2, kHidden, kOut, nn::Rowwise>(mesh, {seed + 1}));
-}
-
-// One step on batch `step` (the data depends on the step only); returns the loss.
-template <class Opt>
-double train_step(MLP& model, Opt& opt, const DeviceMesh<2>& mesh, int64_t step) {
-  auto x = dtensor::detail::generate<MLP::InputT>(
-      {kBatch, kIn}, mesh, {}, [&](uint64_t i) { return dtensor::detail::normal_value<double>(100 + step, i); });
-  auto t = dtensor::detail::generate<MLP::OutputT>({kBatch, kOut}, mesh, {}, [&](uint64_t i) {
-    return std::sin(dtensor::detail::normal_value<double>(500 + step, i));
-  });
-  nn::MSELoss<Cfg2> loss;
-  model.zero_grad();
-  auto y = model.forward(x);
-  const double l = loss.forward(y, t);
-  model.backward(loss.backward(y));
-  opt.step(model);
-  return l;
-}
-
-template <class Opt>
-void add_training(io::StateDict& sd, MLP& model, Opt& opt, int64_t& step) {
-  io::add_model(sd, model);
-  io::add_optimizer(sd, opt, model);
-  sd.add("step", step);
-}
+using namespace dtensor::test::checkpoint;
 
 template <class Opt>
 void resume_on_device(const Opt& fresh_opt, const char* name) {
@@ -165,7 +138,7 @@ void resume_on_device(const Opt& fresh_opt, const char* name) {
       4,
       [&](Comm& comm) {
         DeviceMesh<2> mesh(comm, {2, 2});
-        auto model = make_mlp(mesh, 1);
+        auto model = make_mlp<Cfg2>(mesh, 1);
         Opt opt = fresh_opt;
         int64_t step = 0;
         for (; step < N; ++step) train_step(model, opt, mesh, step);
@@ -178,7 +151,7 @@ void resume_on_device(const Opt& fresh_opt, const char* name) {
         for (; step < N + Mo; ++step) mine.push_back(train_step(model, opt, mesh, step));
         if (comm.rank() == 0) expect = mine;
         // Resumed on the same mesh and device: other weights, a fresh optimizer.
-        auto resumed = make_mlp(mesh, 99);
+        auto resumed = make_mlp<Cfg2>(mesh, 99);
         Opt opt2 = fresh_opt;
         int64_t s = -1;
         io::StateDict sd;
@@ -195,7 +168,7 @@ void resume_on_device(const Opt& fresh_opt, const char* name) {
   // other sums): equal to rounding.
   run_threads(3, [&](Comm& comm) {
     DeviceMesh<2> mesh(comm, {1, 3});
-    auto resumed = make_mlp(mesh, 7);
+    auto resumed = make_mlp<Cfg2>(mesh, 7);
     Opt opt3 = fresh_opt;
     int64_t s = -1;
     io::StateDict sd;
