@@ -95,8 +95,33 @@ inline std::atomic<long>& streams_created() {
 }
 inline void count(std::atomic<long>& c) { c.fetch_add(1, std::memory_order_relaxed); }
 
+// A pointer that the library hands to the device: it must be device memory. Host
+// memory there is the mistake a GPU reports as an illegal address (or, where the
+// GPU can reach host pages, a corrupted host heap), and an untagged pointer would
+// work here unnoticed, so the emulator stops the program and says so (on the
+// stream's worker, for queued work: no caller is left to throw to).
+inline void require_device(const void* p, const char* what) {
+  if (p && !(reinterpret_cast<std::uintptr_t>(p) & kTag)) {
+    std::fprintf(stderr,
+                 "emulated device: %s was given host memory (%p) where device memory is expected; a GPU would "
+                 "fault on it. Stage host values through device memory (comm/host_values.hpp) or allocate the "
+                 "buffer on the tensor's device.\n",
+                 what, p);
+    std::abort();
+  }
+}
+// The opposite mistake: device memory passed as host memory.
+inline void require_host(const void* p, const char* what) {
+  if (reinterpret_cast<std::uintptr_t>(p) & kTag) {
+    std::fprintf(stderr, "emulated device: %s was given device memory (%p) as host memory.\n", what, p);
+    std::abort();
+  }
+}
+
+// The host address behind device pointer p (checked: see require_device).
 template <class T = void>
 T* real(const void* p) {
+  require_device(p, "a device function");
   return reinterpret_cast<T*>(reinterpret_cast<std::uintptr_t>(p) & ~kTag);
 }
 inline void* tagged(void* p) { return p ? reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) | kTag) : p; }
@@ -464,6 +489,8 @@ inline void zero(void* p, std::size_t bytes, int device) {
 
 inline void copy(void* dst, Device dd, const void* src, Device sd, std::size_t bytes) {
   if (!bytes) return;
+  if (dd.is_host()) require_host(dst, "a copy's host destination");
+  if (sd.is_host()) require_host(src, "a copy's host source");
   void* d = dd.is_host() ? dst : real(dst);
   const void* s = sd.is_host() ? src : real(src);
   const int dev = dd.is_host() ? sd.index : dd.index;

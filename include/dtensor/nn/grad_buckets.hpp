@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/host_values.hpp"
 #include "dtensor/comm/segments.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/tensor/tensor.hpp"
@@ -174,7 +175,7 @@ class GradBuckets {
     mix(cap_), mix(static_cast<uint64_t>(op_));
     const auto mine = static_cast<int64_t>(h >> 2);
     int64_t v[2] = {mine, -mine};
-    comm_->all_reduce(v, v, 2, DType::Int64, ReduceOp::Max);
+    all_reduce_values(*comm_, v, 2, ReduceOp::Max);  // host values, staged where the communicator is on a GPU
     DTENSOR_CHECK(v[0] == -v[1], InvalidArgument, "GradBuckets: the ranks of mesh dim ", mesh_dim_,
                   " registered different gradients (count, sizes or element types) or bucket sizes; every rank "
                   "registers the same gradients in the same order");

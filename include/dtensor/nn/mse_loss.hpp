@@ -9,6 +9,7 @@
 // Host or device blocks alike.
 #include <optional>
 
+#include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/local.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
@@ -45,7 +46,7 @@ class MSELoss {
     for (int m = 0; m < M; ++m)
       if (!Y::placement_state[m].is_shard()) owner = owner && mesh.coord(m) == 0;
     T sum = owner ? static_cast<T>(sum_of_squares(*diff_)) : T(0);
-    mesh.comm().all_reduce(&sum, &sum, 1, dtype_of<T>(), ReduceOp::Sum);
+    all_reduce_values(mesh.comm(), &sum, 1, ReduceOp::Sum);
     CommCounter::record(StepKind::AllReduce, -1, sizeof(T));
     return sum / static_cast<T>(numel_);
   }

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/factory.hpp"
@@ -227,7 +228,7 @@ class Norm {
   }
   template <class Mesh>
   static void reduce_rows(const Mesh& mesh, T* data, int64_t n) {
-    mesh.comm(Cfg::tp).all_reduce(data, data, static_cast<std::size_t>(n), dtype_of<T>(), ReduceOp::Sum);
+    all_reduce_values(mesh.comm(Cfg::tp), data, static_cast<std::size_t>(n), ReduceOp::Sum);  // host statistics
     CommCounter::record(StepKind::AllReduce, Cfg::tp, static_cast<std::size_t>(n) * sizeof(T));
   }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/local.hpp"
 #include "dtensor/compute/optimizer_update.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
@@ -183,7 +184,7 @@ double clip_grad_norm(Model& model, double max_norm) {
   });
   if (!world) return 0;
   double total = local;
-  world->all_reduce(&total, &total, 1, DType::Float64, ReduceOp::Sum);
+  all_reduce_values(*world, &total, 1, ReduceOp::Sum);
   CommCounter::record(StepKind::AllReduce, -1, sizeof(double));
   const double norm = std::sqrt(total);
   if (norm > max_norm && norm > 0) {
