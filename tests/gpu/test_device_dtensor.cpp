@@ -11,7 +11,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstring>
 #include <tuple>
 #include <vector>
 
@@ -176,7 +175,8 @@ TEST_CASE("operators on device tensors agree with the host") {
     same_on_gpu<1>({n}, [&](const auto& m) { return slice<1>(distribute<Shard<1>>(a, m), 1, a.extent(1) - 1); });
     same_on_gpu<1>({n}, [&](const auto& m) { return concat<0>(distribute<Shard<1>>(a, m), distribute<Shard<1>>(c, m)); });
     same_on_gpu<1>({n}, [&](const auto& m) { return transpose(distribute<Shard<0>>(a, m)); });
-    same_on_gpu<1>({n}, [&](const auto& m) { return randn<double, Shard<1>>(Shape<2>{5, 2 * n + 1}, m, 42); });
+    // Normal values: a GPU's log and cos are within 2 ulp (the rand test above).
+    same_on_gpu<1>({n}, [&](const auto& m) { return randn<double, Shard<1>>(Shape<2>{5, 2 * n + 1}, m, 42); }, 1e-15);
     // Backwards on device buffers: max over a sharded dim (ties counted across ranks),
     // transpose, add_bias.
     same_on_gpu<1>({n}, [&](const auto& m) {
@@ -234,11 +234,13 @@ TEST_CASE("2x2 mesh: batched matmul and a conjugate-gradient step on device tens
   }, 1e-12);
 }
 
-TEST_CASE("rand and randn on a device mesh are generated there, equal to the host's bit for bit") {
+TEST_CASE("rand and randn on a device mesh are generated there, as the host generates them") {
   // Uneven shards on a 1-D mesh of 3 and a 2x2 mesh with both tensor dims sharded; the
   // reference is the single-rank fill (factory.hpp), the device fill is the backend's
-  // random_fill (no host staging).
-  auto check = [](auto make, auto reference) {
+  // random_fill (no host staging). Uniform values are the same bits everywhere; a
+  // normal value takes a log and a cosine, which a GPU computes within 1 and 2 ulp
+  // (compute/counter_rng.hpp), so it may differ from the host's in the last bits.
+  auto check = [](auto make, auto reference, uint64_t max_ulps) {
     for (Device dev : {Device::host(), Device::cuda(0)}) {
       RunOptions opt;
       opt.device = dev;
@@ -248,16 +250,16 @@ TEST_CASE("rand and randn on a device mesh are generated there, equal to the hos
         const auto full = x.full_tensor().to(Device::host());
         const auto want = reference();
         REQUIRE(full.shape() == want.shape());
-        CHECK(std::memcmp(full.data(), want.data(), want.bytes()) == 0);
+        test::check_ulps(full, want, dev.is_host() ? 0 : max_ulps);
       }, opt);
     }
   };
   check([](Comm& comm) { return randn<double, Shard<0>>(Shape<2>{7, 5}, DeviceMesh<1>(comm), 11); },
-        [] { return randn<double>(Shape<2>{7, 5}, 11); });
+        [] { return randn<double>(Shape<2>{7, 5}, 11); }, 4);
   check([](Comm& comm) { return rand<float, Shard<1>>(Shape<2>{3, 9}, DeviceMesh<1>(comm), 12); },
-        [] { return rand<float>(Shape<2>{3, 9}, 12); });
+        [] { return rand<float>(Shape<2>{3, 9}, 12); }, 0);
   check([](Comm& comm) { return randn<float, Shard<0>, Shard<1>>(Shape<3>{5, 7, 2}, DeviceMesh<2>(comm, {2, 2}), 13); },
-        [] { return randn<float>(Shape<3>{5, 7, 2}, 13); });
+        [] { return randn<float>(Shape<3>{5, 7, 2}, 13); }, 1);
   check([](Comm& comm) { return rand<double, Replicate, Shard<2>>(Shape<3>{2, 3, 5}, DeviceMesh<2>(comm, {2, 2}), 14); },
-        [] { return rand<double>(Shape<3>{2, 3, 5}, 14); });
+        [] { return rand<double>(Shape<3>{2, 3, 5}, 14); }, 0);
 }
