@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU check for a GPU machine that cannot build dtensor (no Eigen, doctest or
+# Google Benchmark there, and no package registry to install them from): build here,
+# run there.
+#   scripts/gpu_bundle.sh [bundle.tar.xz]       (default build-gpu/gpu_bundle.tar.xz)
+# builds the GPU test entries (ctest -L gpu), train_cnn_cuda and bench_cuda in
+# build-gpu/ with this machine's CUDA toolkit, for CUDAARCHS (default 90: H100/H200),
+# and packs them with the non-CUDA libraries they load (Google Benchmark), the list
+# of entries as ctest runs them (arguments, environment, time limit) and a runner.
+# On the GPU machine, whose CUDA toolkit (or PyTorch's wheels) provides cuBLAS,
+# cuDNN 9 and NCCL 2 of the same CUDA major version:
+#   mkdir b && tar -xJf bundle.tar.xz -C b && b/run.sh [results dir]
+# runs every entry, train_cnn_cuda and bench_cuda, and with
+# DTENSOR_GPU_CHECK_SANITIZER=1 each test again under compute-sanitizer memcheck, then
+# prints the summary that scripts/gpu_check.sh prints (tests passed, failed, skipped).
+# Where the GPU machine can build, scripts/gpu_check.sh is the one command instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bundle=${1:-build-gpu/gpu_bundle.tar.xz}
+build=${DTENSOR_BUILD_DIR:-build-gpu}
+jobs=${DTENSOR_JOBS:-$(nproc)}
+export CUDAARCHS=${CUDAARCHS:-90}
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON -DDTENSOR_BUILD_BENCH=ON > "$build.configure.log" ||
+  { cat "$build.configure.log"; exit 1; }
+grep -q "dtensor: CUDA backend enabled" "$build.configure.log" ||
+  { echo "gpu_bundle: CMake did not enable the CUDA backend (see $build.configure.log)" >&2; exit 1; }
+
+# The entries labelled gpu, as ctest would run them: name, environment, time limit,
+# executable and arguments (a tab between fields, a space within them).
+entries=$(ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
+import json, os, sys
+for t in json.load(sys.stdin)["tests"]:
+    props = {p["name"]: p["value"] for p in t.get("properties", [])}
+    env = " ".join(props.get("ENVIRONMENT", []))
+    cmd = t["command"]
+    print("\t".join([t["name"], env or "-", str(int(float(props.get("TIMEOUT", 600)))), os.path.basename(cmd[0])] + cmd[1:]))
+')
+targets=$(cut -f4 <<< "$entries" | sort -u)
+cmake --build "$build" -j"$jobs" --target $targets bench_cuda
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/bin" "$stage/lib"
+for t in $targets; do cp "$(find "$build" -type f -name "$t" -perm -u+x | head -1)" "$stage/bin/"; done
+cp "$build/bench/bench_cuda" "$stage/bin/"
+strip "$stage"/bin/*
+printf '%s\n' "$entries" > "$stage/entries.tsv"
+# Shared libraries outside the CUDA toolkit and the C/C++ runtime: carried.
+ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
+  case $(basename "$lib") in
+    libc.so* | libm.so* | libdl.so* | librt.so* | libpthread.so* | libgcc_s.so* | libstdc++.so* | ld-linux*) ;;
+    libcu* | libnccl* | libnv*) ;;  # CUDA's: the GPU machine's own
+    *) cp -L "$lib" "$stage/lib/" ;;
+  esac
+done
+cp scripts/gpu_run_bundle.sh "$stage/run.sh"
+{
+  echo "dtensor $(git describe --always --dirty 2>/dev/null || echo unknown)"
+  echo "built $(date -u +%FT%TZ) with $("${CUDACXX:-/usr/local/cuda/bin/nvcc}" --version | sed -n 's/.*release \([0-9.]*\).*/nvcc \1/p'), architectures $CUDAARCHS"
+  sed -n 's/.*dtensor: \(cuDNN .* found\|NCCL .* found\).*/\1/p' "$build.configure.log"
+} > "$stage/BUILD_INFO"
+mkdir -p "$(dirname "$bundle")"
+tar -C "$stage" -cJf "$bundle" .
+echo "gpu_bundle: $bundle ($(du -h "$bundle" | cut -f1)): $(wc -l < "$stage/entries.tsv") test entries, train_cnn_cuda and bench_cuda"
