@@ -21,10 +21,12 @@ build=${DTENSOR_BUILD_DIR:-build-gpu}
 jobs=${DTENSOR_JOBS:-$(nproc)}
 export CUDAARCHS=${CUDAARCHS:-90}
 
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON -DDTENSOR_BUILD_BENCH=ON > "$build.configure.log" ||
-  { cat "$build.configure.log"; exit 1; }
-grep -q "dtensor: CUDA backend enabled" "$build.configure.log" ||
-  { echo "gpu_bundle: CMake did not enable the CUDA backend (see $build.configure.log)" >&2; exit 1; }
+mkdir -p "$build"
+log=$build/gpu_bundle_configure.log
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON -DDTENSOR_BUILD_BENCH=ON > "$log" ||
+  { cat "$log"; exit 1; }
+grep -q "dtensor: CUDA backend enabled" "$log" ||
+  { echo "gpu_bundle: CMake did not enable the CUDA backend (see $log)" >&2; exit 1; }
 
 # The entries labelled gpu, as ctest would run them: name, environment, time limit,
 # executable and arguments (a tab between fields, a space within them).
@@ -58,7 +60,7 @@ cp scripts/gpu_run_bundle.sh "$stage/run.sh"
 {
   echo "dtensor $(git describe --always --dirty 2>/dev/null || echo unknown)"
   echo "built $(date -u +%FT%TZ) with $("${CUDACXX:-/usr/local/cuda/bin/nvcc}" --version | sed -n 's/.*release \([0-9.]*\).*/nvcc \1/p'), architectures $CUDAARCHS"
-  sed -n 's/.*dtensor: \(cuDNN .* found\|NCCL .* found\).*/\1/p' "$build.configure.log"
+  sed -n 's/.*dtensor: \(cuDNN .* found\|NCCL .* found\).*/\1/p' "$log"
 } > "$stage/BUILD_INFO"
 mkdir -p "$(dirname "$bundle")"
 tar -C "$stage" -cJf "$bundle" .
