@@ -73,8 +73,11 @@ if [[ ${DTENSOR_GPU_CHECK_SANITIZER:-0} == 1 ]]; then
     envs=()
     [[ $env != - ]] && read -r -a envs <<< "$env"
     read -r -a argv <<< "${args:-}"
-    env "${envs[@]}" timeout "$limit" "$cs" --tool memcheck --print-limit 10 "bin/$exe" "${argv[@]}" \
-      > "$out/memcheck_$name.log" 2>&1
+    # API errors are not reported: dtensor checks the result of every CUDA call itself
+    # (a failure fails the test), and NCCL's init probes kernel images and handles the
+    # cudaErrorNoKernelImageForDevice it gets, which memcheck would count as errors.
+    env "${envs[@]}" timeout "$limit" "$cs" --tool memcheck --report-api-errors no --print-limit 10 \
+      "bin/$exe" "${argv[@]}" > "$out/memcheck_$name.log" 2>&1
     rc=$?
     summary=$(grep -m1 "ERROR SUMMARY" "$out/memcheck_$name.log" || echo "no summary (exit $rc)")
     [[ $summary == *" 0 errors"* && ($rc == 0 || $rc == 77) ]] || sanitizer_bad=$((sanitizer_bad + 1))
