@@ -216,6 +216,7 @@ class Model {
                   "dtensor::nn::Sequential::backward: dy is not placed as a gradient of the model's output (see "
                   "placement/gradient.hpp)");
     prepare_reductions<G>();
+    if (reduced_) keep_reduced_once<G>();
     try {
       if constexpr (InputGrad) {
         auto dx = backward_from<N - 1, true, G>(dy);
@@ -242,9 +243,11 @@ class Model {
   }
   std::size_t bucket_bytes() const { return bucket_bytes_; }
 
-  // Sets every parameter's gradient to zero (before the next backward).
+  // Sets every parameter's gradient to zero (before the next backward). Without it,
+  // the next backward adds to the gradients (gradient accumulation over micro-batches).
   void zero_grad() {
     for_each_parameter([](auto& p) { p.zero_grad(); });
+    reduced_ = false;
   }
 
  private:
@@ -339,6 +342,35 @@ class Model {
     }
   }
 
+  // Gradient accumulation: before this backward, the gradients hold the earlier
+  // passes' sums, already reduced and so equal on every rank of each reduction group.
+  // Reduced again, they would count once per rank (R g1 + g2, not g1 + g2). Each
+  // group keeps them on one rank, the one at coordinate 0 of every mesh dim the
+  // gradient is reduced over, and the others start from zero: the next reduction adds
+  // the new terms to the old sum exactly once.
+  template <class G>
+  void keep_reduced_once() {
+    constexpr auto& p = reduction_plan<G>;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            constexpr int layer = static_cast<int>(I);
+            int k = 0;
+            std::get<layer>(layers_).for_each_parameter([&](auto& param) {
+              bool keeper = true;
+              for (int e = 0; e < p.size; ++e) {
+                const auto& c = p.entries[e];
+                if (c.phase == Phase::GradReduce && c.layer == layer && c.parameter == k)
+                  keeper = keeper && param.value().mesh().coord(c.mesh_dim) == 0;
+              }
+              if (!keeper) param.zero_grad();
+              ++k;
+            });
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+  }
+
   template <class G>
   void finish_reductions() {
     constexpr auto& p = reduction_plan<G>;
@@ -353,6 +385,7 @@ class Model {
         }
       buckets_[m]->finish();
     }
+    reduced_ = true;
   }
 
   void drop_reductions() {
@@ -369,6 +402,7 @@ class Model {
   bool prepared_ = false;
   const void* prepared_for_ = nullptr;
   int first_dim_ = -1;
+  bool reduced_ = false;  // the gradients hold reduced sums (a backward since the last zero_grad)
   std::array<std::unique_ptr<GradBuckets>, M> buckets_{};
   std::vector<int> slot_;  // per plan entry: the gradient's index in its mesh dim's buckets
   std::vector<void*> buffers_;

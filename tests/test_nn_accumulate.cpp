@@ -1,0 +1,171 @@
+// Gradient accumulation: backward passes over micro-batches without zero_grad between
+// them add up to the gradients of one pass over the concatenated batch, also where
+// the gradients are reduced over mesh dims (data parallel, domain parallel). The
+// reference is the same model on one rank, one pass over the whole batch (no
+// reduction there). Micro-batches of uneven sizes, on 1-D, DP x TP and spatial meshes.
+#include <array>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <dtensor/nn.hpp>
+#include <dtensor/nn/conv.hpp>
+
+#include "compare.hpp"
+#include "nn_support.hpp"
+#include "spmd.hpp"
+
+using namespace dtensor;
+using namespace dtensor::test;
+
+namespace {
+
+// Every parameter's gradient, gathered whole (placed like the parameter after the
+// reductions).
+template <class Model, class Mesh>
+std::vector<std::vector<double>> gathered_grads(Model& model, const Mesh& mesh) {
+  std::vector<std::vector<double>> out;
+  model.for_each_parameter([&](auto& p) {
+    using DT = typename std::decay_t<decltype(p)>::dtensor_type;
+    const auto g = DT(mesh, p.value().layout(), p.grad()).full_tensor();
+    out.emplace_back(g.data(), g.data() + g.numel());
+  });
+  return out;
+}
+
+// An input or output gradient of the micro-batch [first, first + rows) of a batch
+// whose element i is normal_value(seed, i): the same numbers whatever the mesh. An
+// output gradient takes the output's blocks (a strided convolution's need not follow
+// the chunk rule).
+template <class DT>
+DT rows_of_batch(Shape<DT::rank> shape, int64_t first, const typename DT::Mesh& mesh, uint64_t seed,
+                 const Splits<DT::rank>& blocks = {}) {
+  int64_t row = 1;
+  for (int d = 1; d < DT::rank; ++d) row *= shape[d];
+  const uint64_t offset = static_cast<uint64_t>(first * row);
+  return dtensor::detail::generate<DT>(shape, mesh, blocks, [&](uint64_t i) {
+    return dtensor::detail::normal_value<double>(seed, offset + i);
+  });
+}
+
+// passes micro-batches of `batches` rows, accumulated; the gradients.
+template <class Model, int M, class Make>
+std::vector<std::vector<double>> accumulate(Comm& comm, const std::array<int, M>& shape, Make make,
+                                            const std::vector<int64_t>& batches, Shape<Model::InputT::rank> in,
+                                            Shape<Model::OutputT::rank> out) {
+  DeviceMesh<M> mesh(comm, shape);
+  Model model = make(mesh);
+  model.set_bucket_bytes(200);  // several buckets
+  model.zero_grad();
+  int64_t first = 0;
+  for (int64_t b : batches) {
+    in[0] = out[0] = b;
+    const auto x = rows_of_batch<typename Model::InputT>(in, first, mesh, 11);
+    const auto y = model.forward(x);
+    REQUIRE(y.shape() == out);
+    model.backward(rows_of_batch<typename Model::OutputT>(out, first, mesh, 12, y.layout().blocks));
+    first += b;
+  }
+  return gathered_grads(model, mesh);
+}
+
+template <class Model, int M, class Make>
+void check_accumulation(const std::array<int, M>& shape, Make make, const Shape<Model::InputT::rank>& in,
+                        const Shape<Model::OutputT::rank>& out) {
+  const std::vector<int64_t> batches{5, 3, 4};  // uneven over every mesh below
+  for (std::size_t passes = 1; passes <= batches.size(); ++passes) {
+    const std::vector<int64_t> mine(batches.begin(), batches.begin() + static_cast<std::ptrdiff_t>(passes));
+    int64_t total = 0;
+    for (int64_t b : mine) total += b;
+    std::vector<std::vector<double>> want;
+    run_threads(1, [&](Comm& comm) {
+      std::array<int, M> one;
+      one.fill(1);
+      want = accumulate<Model, M>(comm, one, make, {total}, in, out);
+    });
+    int n = 1;
+    for (int s : shape) n *= s;
+    spmd(n, [&](Comm& comm) {
+      INFO(passes, " passes on a mesh of ", n, " ranks");
+      const auto got = accumulate<Model, M>(comm, shape, make, mine, in, out);
+      REQUIRE(got.size() == want.size());
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        INFO("parameter ", k);
+        REQUIRE(got[k].size() == want[k].size());
+        CHECK(max_abs_diff(got[k].data(), want[k].data(), static_cast<int64_t>(want[k].size())) < 1e-11);
+      }
+    });
+  }
+}
+
+constexpr int64_t kIn = 5, kHidden = 7, kOut = 3;
+// Linear -> GELU -> Linear, the linear layers in styles S1 and S2.
+template <class Cfg, nn::LinearStyle S1, nn::LinearStyle S2>
+using MLP = nn::Sequential<nn::Linear<Cfg, kIn, kHidden, S1>, nn::GELU<Cfg>, nn::Linear<Cfg, kHidden, kOut, S2>>;
+template <class Cfg, nn::LinearStyle S1, nn::LinearStyle S2>
+struct MakeMLP {
+  template <class Mesh>
+  MLP<Cfg, S1, S2> operator()(const Mesh& mesh) const {
+    return MLP<Cfg, S1, S2>(nn::Linear<Cfg, kIn, kHidden, S1>(mesh, {1}), nn::GELU<Cfg>(),
+                            nn::Linear<Cfg, kHidden, kOut, S2>(mesh, {2}));
+  }
+};
+
+constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
+constexpr auto k3s2 = nn::ConvSpec<2>::square(3, 2, 1);
+template <class Img>
+using CNN = nn::Sequential<nn::Conv<Img, 2, 4, k3>, nn::ReLU<Img>, nn::Conv<Img, 4, 3, k3s2>>;
+template <class Img>
+struct MakeCNN {
+  template <class Mesh>
+  CNN<Img> operator()(const Mesh& mesh) const {
+    return CNN<Img>(nn::Conv<Img, 2, 4, k3>(mesh, {1}), nn::ReLU<Img>(), nn::Conv<Img, 4, 3, k3s2>(mesh, {2}));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("gradient accumulation, hand-worked: a 1x1 linear layer, x = dy = 1, two passes give 4 on 1 and 2 ranks") {
+  // The weight's gradient is x^T dy = 2 per pass over the batch of two rows; before the
+  // fix the second pass's reduction summed the first's result again: 2 * 2 + 2 = 6.
+  using Cfg = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;  // batch over mesh dim 0
+  using L = nn::Linear<Cfg, 1, 1, nn::NoParallel, false>;
+  for (int n : {1, 2}) {
+    spmd(n, [&](Comm& comm) {
+      DeviceMesh<1> mesh(comm);
+      nn::Sequential<L> model{L(mesh, {3})};
+      const auto ones = full<double, Shard<0>>(Shape<2>{2, 1}, mesh, 1.0);
+      model.zero_grad();
+      for (int pass = 1; pass <= 3; ++pass) {
+        (void)model.forward(ones);
+        model.backward(ones);
+        CHECK(model.template layer<0>().weight().grad()(0, 0) == 2.0 * pass);
+      }
+      model.zero_grad();
+      (void)model.forward(ones);
+      model.backward(ones);
+      CHECK(model.template layer<0>().weight().grad()(0, 0) == 2.0);  // zero_grad starts afresh
+    });
+  }
+}
+
+TEST_CASE("gradient accumulation of an MLP: data parallel on 1-D meshes, DP x TP on 2x2 and 2x3") {
+  using DP = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
+  using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
+  using Plain = MLP<DP, nn::NoParallel, nn::NoParallel>;
+  using Tp = MLP<DpTp, nn::Colwise, nn::Rowwise>;
+  for (int n = 2; n <= 4; ++n)
+    check_accumulation<Plain, 1>({n}, MakeMLP<DP, nn::NoParallel, nn::NoParallel>{}, Shape<2>{0, kIn},
+                                 Shape<2>{0, kOut});
+  check_accumulation<Tp, 2>({2, 2}, MakeMLP<DpTp, nn::Colwise, nn::Rowwise>{}, Shape<2>{0, kIn}, Shape<2>{0, kOut});
+  check_accumulation<Tp, 2>({2, 3}, MakeMLP<DpTp, nn::Colwise, nn::Rowwise>{}, Shape<2>{0, kIn}, Shape<2>{0, kOut});
+}
+
+TEST_CASE("gradient accumulation of a CNN: images over H and W (2x2), over batch and H (2x2), over H (3 ranks)") {
+  using HW = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+  using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
+  using H = nn::ImageConfig<double, 2, nn::DomainAxes<1, nn::kNone, 0, nn::kNone>>;
+  const Shape<4> in{0, 2, 13, 10}, out{0, 3, 7, 5};
+  check_accumulation<CNN<HW>, 2>({2, 2}, MakeCNN<HW>{}, in, out);
+  check_accumulation<CNN<DpH>, 2>({2, 2}, MakeCNN<DpH>{}, in, out);
+  check_accumulation<CNN<H>, 1>({3}, MakeCNN<H>{}, in, out);
+}
