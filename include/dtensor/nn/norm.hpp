@@ -17,7 +17,11 @@
 //   RMSNorm:    y = x / sqrt(mean(x^2) + eps) * g
 //
 // The blocks stay where they live (host or GPU): each row's sums and the normalization
-// are compute/row_stats.hpp's, in double; the per-row statistics travel in T.
+// are compute/row_stats.hpp's, in double, and the per-row statistics travel in double
+// whatever T is: rounded to float, a sum of squares loses the digits that
+// E[x^2] - E[x]^2 keeps when a row's mean is large against its spread (a float32 row
+// of mean 1000 and spread 1 kept about one digit).
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -27,6 +31,7 @@
 #include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
@@ -97,7 +102,7 @@ class Norm {
     if (kFeatureSharded && Cfg::tp >= 0) {
       State rows = in_state();
       rows[Cfg::tp] = partial_sum();
-      const int64_t stats = Kind == NormKind::Layer ? 2 : 1;
+      const int64_t stats = kStats * detail::stat_units<T>;  // doubles, in T-sized units
       p.add({Phase::Forward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows});
       if (input_grad) p.add({Phase::Backward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows});
     }
@@ -131,17 +136,16 @@ class Norm {
                   " features of the input but ", scale_.value().local().numel(),
                   " of the scale; split both by the chunk rule");
     // Row statistics over the global features: [sum,] sum of squares per row, reduced
-    // over TP together when the features are sharded (in T, as the plan counts them).
-    std::vector<double> sums(static_cast<std::size_t>(2 * rows));
-    local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), nullptr, rows, cols, sums.data());
-    std::vector<T> stats = row_stats(sums, rows);
-    if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(x.mesh(), stats.data(), rows * kStats);
+    // over TP together when the features are sharded.
+    std::vector<double> stats = row_stats(dev, lx.data(), static_cast<const T*>(nullptr), rows, cols);
+    if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(x.mesh(), stats);
     const double n = static_cast<double>(Features);
     std::vector<double> mean(static_cast<std::size_t>(rows), 0.0);
     inv_.assign(static_cast<std::size_t>(rows), 0.0);
     for (int64_t r = 0; r < rows; ++r) {
-      if constexpr (Kind == NormKind::Layer) mean[r] = static_cast<double>(stats[r * kStats]) / n;
-      const double var = static_cast<double>(stats[r * kStats + kStats - 1]) / n - mean[r] * mean[r];
+      if constexpr (Kind == NormKind::Layer) mean[r] = stats[r * kStats] / n;
+      // Rounding can leave a constant row's variance a hair below zero.
+      const double var = std::max(0.0, stats[r * kStats + kStats - 1] / n - mean[r] * mean[r]);
       inv_[r] = 1 / std::sqrt(var + eps_);
     }
     // xhat = (x - mean) inv; y = xhat g (+ b) along the features.
@@ -191,15 +195,13 @@ class Norm {
       auto dxh = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
       local::row_affine(dev, ld.data(), static_cast<const T*>(nullptr), {.col_scale = g.data()}, rows, cols,
                         dxh.data());
-      std::vector<double> sums(static_cast<std::size_t>(2 * rows));
-      local::row_moments(dev, dxh.data(), xhat->data(), nullptr, rows, cols, sums.data());
-      std::vector<T> stats = row_stats(sums, rows);
-      if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(dy.mesh(), stats.data(), rows * kStats);
+      std::vector<double> stats = row_stats(dev, dxh.data(), xhat->data(), rows, cols);
+      if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(dy.mesh(), stats);
       const double n = static_cast<double>(Features);
       std::vector<double> m1(static_cast<std::size_t>(rows), 0.0), xhat_scale(m1.size());
       for (int64_t r = 0; r < rows; ++r) {
-        if constexpr (Kind == NormKind::Layer) m1[r] = static_cast<double>(stats[r * kStats]) / n;
-        xhat_scale[r] = -inv_[r] * static_cast<double>(stats[r * kStats + kStats - 1]) / n;
+        if constexpr (Kind == NormKind::Layer) m1[r] = stats[r * kStats] / n;
+        xhat_scale[r] = -inv_[r] * stats[r * kStats + kStats - 1] / n;
       }
       auto dx = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
       local::row_affine(dev, dxh.data(), xhat->data(),
@@ -210,14 +212,16 @@ class Norm {
   }
 
  private:
-  // [sum,] sum of squares (or of products) per row, in T, row-major [rows, kStats], from
-  // row_moments' [sums | second sums].
+  // [sum,] sum of squares (b null) or of products a b per row, in double, row-major
+  // [rows, kStats], from row_moments' [sums | second sums].
   static constexpr int kStats = Kind == NormKind::Layer ? 2 : 1;
-  static std::vector<T> row_stats(const std::vector<double>& sums, int64_t rows) {
-    std::vector<T> stats(static_cast<std::size_t>(rows * kStats));
+  static std::vector<double> row_stats(Device dev, const T* a, const T* b, int64_t rows, int64_t cols) {
+    std::vector<double> sums(static_cast<std::size_t>(2 * rows));
+    local::row_moments(dev, a, b, nullptr, rows, cols, sums.data());
+    std::vector<double> stats(static_cast<std::size_t>(rows * kStats));
     for (int64_t r = 0; r < rows; ++r) {
-      if constexpr (Kind == NormKind::Layer) stats[r * kStats] = static_cast<T>(sums[r]);
-      stats[r * kStats + kStats - 1] = static_cast<T>(sums[rows + r]);
+      if constexpr (Kind == NormKind::Layer) stats[r * kStats] = sums[r];
+      stats[r * kStats + kStats - 1] = sums[rows + r];
     }
     return stats;
   }
@@ -227,9 +231,9 @@ class Norm {
     return r;
   }
   template <class Mesh>
-  static void reduce_rows(const Mesh& mesh, T* data, int64_t n) {
-    all_reduce_values(mesh.comm(Cfg::tp), data, static_cast<std::size_t>(n), ReduceOp::Sum);  // host statistics
-    CommCounter::record(StepKind::AllReduce, Cfg::tp, static_cast<std::size_t>(n) * sizeof(T));
+  static void reduce_rows(const Mesh& mesh, std::vector<double>& stats) {
+    all_reduce_values(mesh.comm(Cfg::tp), stats.data(), stats.size(), ReduceOp::Sum);  // host statistics
+    CommCounter::record(StepKind::AllReduce, Cfg::tp, stats.size() * sizeof(double));
   }
 
   double eps_;
