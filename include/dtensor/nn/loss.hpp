@@ -11,7 +11,7 @@
 //
 // The forward issues, class-sharded: an all-reduce MAX over TP of the row maxima, one
 // all-reduce SUM over TP carrying [sum of exp(z - max), target logit (, sum of
-// w_j z_j under label smoothing)] per row; then, when the batch is sharded over DP,
+// w_j (z_j - max) under label smoothing)] per row; then, when the batch is sharded over DP,
 // one all-reduce SUM over DP of [loss total, count of counted targets, bad targets],
 // so that the mean divides by the global count (exact with uneven shards and
 // ignored rows). The whole vocabulary never meets on one rank. The backward reads
@@ -32,6 +32,10 @@
 //   loss_row = (1 - eps) w_y (lse - z_y) + eps / classes (W lse - sum_j w_j z_j)
 // (w = 1: (1 - eps) (lse - z_y) + eps (lse - mean_j z_j)), and the mean divides the
 // total by the sum of w_y over the counted rows (their count without weights).
+// Computed as W (lse - max) - sum_j w_j (z_j - max), from sums in double: written
+// as above, two terms of about classes x the logits' common offset cancel, and a
+// float32 loss lost a digit per decade of offset (1e-6 at an offset of 1000). The
+// per-row values and the totals travel in double for the same reason.
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -43,6 +47,7 @@
 #include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/plan.hpp"
@@ -106,12 +111,12 @@ class CrossEntropy {
       row[Cfg::tp] = {PlacementKind::Partial, -1, ReduceOp::Max};
       p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::tp, true, 1, row});
       row[Cfg::tp] = partial_sum();
-      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::tp, true, sum_columns(o), row});
+      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::tp, true, sum_columns(o) * detail::stat_units<T>, row});
     }
     if (Cfg::dp >= 0) {
       State total{};
       total[Cfg::dp] = partial_sum();
-      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::dp, false, total_columns, total});
+      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::dp, false, total_columns * detail::stat_units<T>, total});
     }
   }
 
@@ -154,8 +159,8 @@ class CrossEntropy {
     // Every rank holds all the weights, so every rank agrees on this check.
     DTENSOR_CHECK(weights_.empty() || static_cast<int64_t>(weights_.size()) == classes, InvalidArgument, name, ": ",
                   weights_.size(), " class weights for ", classes, " classes");
-    T wsum = static_cast<T>(classes);
-    if (!weights_.empty()) wsum = std::accumulate(weights_.begin(), weights_.end(), T{0});
+    double wsum = static_cast<double>(classes);
+    if (!weights_.empty()) wsum = std::accumulate(weights_.begin(), weights_.end(), 0.0);
     // The targets on the host (the loss's checks and sums) and beside the logits.
     const std::vector<int64_t> yh = detail::host_values(y);
     Targets yd = y.device() == dev ? y : y.to(dev);
@@ -166,8 +171,8 @@ class CrossEntropy {
     std::vector<T> mx = detail::host_values(mx_local);
     if constexpr (class_sharded) reduce(mesh.comm(Cfg::tp), Cfg::tp, mx.data(), mx.size(), ReduceOp::Max);
 
-    // 2. Per row [sum exp(z - max), z_target (held by one TP rank), sum w_j z_j]:
-    // p = exp(z - max) stays for the backward.
+    // 2. Per row [sum exp(z - max), z_target (held by one TP rank), sum w_j (z_j - max)],
+    // in double: p = exp(z - max) stays for the backward.
     auto p = Tensor<T, Rank>(zl);
     const Tensor<T, 1> mx_dev = detail::values_on(dev, mx);
     auto sum_exp = Tensor<T, 1>::uninitialized({rows}, dev);
@@ -175,25 +180,21 @@ class CrossEntropy {
     auto target_logit = Tensor<T, 1>::uninitialized({rows}, dev);
     local::take_along_last(dev, zl.data(), rows, cl, yd.data(), c0, target_logit.data());
     const int64_t k = sum_columns(opt_);
-    std::vector<std::vector<T>> columns{detail::host_values(sum_exp), detail::host_values(target_logit)};
-    if (k == 3) {  // sum_j w_j z_j over this rank's classes: z [rows, cl] times w [cl]
-      auto wz = Tensor<T, 1>::uninitialized({rows}, dev);
-      if (weights_.empty()) {
-        local::reduce_dim<ReduceOp::Sum>(dev, zl.data(), wz.data(), rows, cl, 1);
-      } else {
-        const Tensor<T, 1> w = detail::values_on(dev, std::vector<T>(weights_.begin() + c0, weights_.begin() + c0 + cl));
-        local::gemm_ex(dev, GemmDims{.m = rows, .n = 1, .k = cl}, T(1), zl.data(), w.data(), T(0), wz.data());
-      }
-      columns.push_back(detail::host_values(wz));
+    const std::vector<T> sum_exp_h = detail::host_values(sum_exp), target_h = detail::host_values(target_logit);
+    std::vector<double> smoothing;
+    if (k == 3) smoothing = shifted_weighted_sums(dev, zl, mx, c0);
+    std::vector<double> acc(static_cast<std::size_t>(rows * k));
+    for (int64_t r = 0; r < rows; ++r) {
+      acc[r * k] = sum_exp_h[r];
+      acc[r * k + 1] = target_h[r];
+      if (k == 3) acc[r * k + 2] = smoothing[r];
     }
-    std::vector<T> acc(static_cast<std::size_t>(rows * k));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < k; ++c) acc[r * k + c] = columns[c][r];
     if constexpr (class_sharded) reduce(mesh.comm(Cfg::tp), Cfg::tp, acc.data(), acc.size(), ReduceOp::Sum);
 
-    // 3. Per-row losses, summed over this rank's rows; then over DP.
-    const T eps = static_cast<T>(opt_.label_smoothing);
-    T total[total_columns] = {0, 0, 0};
+    // 3. Per-row losses, summed over this rank's rows; then over DP. lse - max and
+    // z_y - max: neither carries the logits' offset.
+    const double eps = opt_.label_smoothing;
+    double total[total_columns] = {0, 0, 0};
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = yh[r];
       if (t == opt_.ignore_index) continue;
@@ -201,9 +202,9 @@ class CrossEntropy {
         total[2] += 1;
         continue;
       }
-      const T lse = mx[r] + std::log(acc[r * k]);
-      T l = weight(t) * (lse - acc[r * k + 1]);
-      if (k == 3) l = (1 - eps) * l + eps / static_cast<T>(classes) * (wsum * lse - acc[r * k + 2]);
+      const double lse_shifted = std::log(acc[r * k]), m = static_cast<double>(mx[r]);
+      double l = weight(t) * (lse_shifted - (acc[r * k + 1] - m));
+      if (k == 3) l = (1 - eps) * l + eps / static_cast<double>(classes) * (wsum * lse_shifted - acc[r * k + 2]);
       total[0] += l;
       total[1] += weight(t);
     }
@@ -211,12 +212,12 @@ class CrossEntropy {
     DTENSOR_CHECK(total[2] == 0, InvalidArgument, name, ": ", static_cast<int64_t>(total[2]),
                   " target(s) outside [0, ", classes, ") that are not ignore_index (", opt_.ignore_index, ")");
 
-    const T scale = opt_.reduction == Reduction::Mean ? T(1) / total[1] : T(1);
+    const double scale = opt_.reduction == Reduction::Mean ? 1 / total[1] : 1.0;
     // Save what the gradient needs: exp(z - max), the sums of exponentials, the targets.
-    std::vector<T> sums(static_cast<std::size_t>(rows));
+    std::vector<double> sums(static_cast<std::size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) sums[r] = acc[r * k];
     saved_.emplace(Saved{z.mesh(), z.layout(), std::move(p), std::move(yd), yh, std::move(sums), scale, wsum, classes, c0});
-    return opt_.reduction == Reduction::Mean ? total[0] / total[1] : total[0];
+    return static_cast<T>(opt_.reduction == Reduction::Mean ? total[0] / total[1] : total[0]);
   }
 
   // dloss/dlogits of the last forward, placed like the logits; local, no collective.
@@ -231,24 +232,24 @@ class CrossEntropy {
     const Device dev = s.exp_shifted.device();
     const int64_t rows = detail::rows_of<Rank>(s.exp_shifted.shape());
     const int64_t cl = s.exp_shifted.shape()[F];
-    const T eps = static_cast<T>(opt_.label_smoothing);
-    const T per_class = eps / static_cast<T>(s.classes);
+    const double eps = opt_.label_smoothing;
+    const double per_class = eps / static_cast<double>(s.classes);
     std::vector<double> a(static_cast<std::size_t>(rows));
     std::vector<T> u(a.size()), v(a.size());
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = s.y_host[r];
       if (t == opt_.ignore_index) continue;  // a, u, v stay 0: the row's gradient is 0
-      const T qsum = (1 - eps) * weight(t) + per_class * s.wsum;
-      a[r] = static_cast<double>(s.scale * qsum / s.sum_exp[r]);
-      u[r] = -s.scale * per_class;
-      v[r] = -s.scale * (1 - eps) * weight(t);
+      const double qsum = (1 - eps) * weight(t) + per_class * s.wsum;
+      a[r] = s.scale * qsum / s.sum_exp[r];
+      u[r] = static_cast<T>(-s.scale * per_class);
+      v[r] = static_cast<T>(-s.scale * (1 - eps) * weight(t));
     }
     auto g = Tensor<T, Rank>::uninitialized(s.exp_shifted.shape(), dev);
     local::row_affine(dev, s.exp_shifted.data(), static_cast<const T*>(nullptr), {.scale = a.data()}, rows, cl,
                       g.data());
     if (eps != 0 && cl > 0) {
       std::vector<T> w(static_cast<std::size_t>(cl));
-      for (int64_t j = 0; j < cl; ++j) w[j] = weight(s.c0 + j);
+      for (int64_t j = 0; j < cl; ++j) w[j] = static_cast<T>(weight(s.c0 + j));
       const Tensor<T, 1> ud = detail::values_on(dev, u), wd = detail::values_on(dev, w);
       local::gemm_ex(dev, GemmDims{.m = rows, .n = cl, .k = 1}, T(1), ud.data(), wd.data(), T(1), g.data());
     }
@@ -258,13 +259,37 @@ class CrossEntropy {
   }
 
  private:
-  template <class C>
-  static void reduce(C& comm, int mesh_dim, T* values, std::size_t n, ReduceOp op) {
+  template <class C, class V>
+  static void reduce(C& comm, int mesh_dim, V* values, std::size_t n, ReduceOp op) {
     all_reduce_values(comm, values, n, op);
-    CommCounter::record(StepKind::AllReduce, mesh_dim, n * sizeof(T));
+    CommCounter::record(StepKind::AllReduce, mesh_dim, n * sizeof(V));
   }
 
-  T weight(int64_t c) const { return weights_.empty() ? T(1) : weights_[static_cast<std::size_t>(c)]; }
+  // sum_j w_j (z_j - max_r) per row over this rank's classes, in double: with unit
+  // weights straight from the row sums shifted by the max; with weights, from the
+  // block (z - max) w (each term rounded to T once, none of them near the offset).
+  std::vector<double> shifted_weighted_sums(Device dev, const Tensor<T, Rank>& zl, const std::vector<T>& mx,
+                                            int64_t c0) const {
+    const int64_t rows = detail::rows_of<Rank>(zl.shape()), cl = zl.shape()[F];
+    const std::vector<double> shift(mx.begin(), mx.end());
+    std::vector<double> sums(static_cast<std::size_t>(2 * rows));
+    if (weights_.empty()) {
+      local::row_moments(dev, zl.data(), static_cast<const T*>(nullptr), shift.data(), rows, cl, sums.data());
+    } else {
+      std::vector<double> w(static_cast<std::size_t>(cl));
+      for (int64_t j = 0; j < cl; ++j) w[j] = weight(c0 + j);
+      auto terms = Tensor<T, Rank>::uninitialized(zl.shape(), dev);
+      local::row_affine(dev, zl.data(), static_cast<const T*>(nullptr), {.center = shift.data(), .col_scale = w.data()},
+                        rows, cl, terms.data());
+      local::row_moments(dev, terms.data(), static_cast<const T*>(nullptr), nullptr, rows, cl, sums.data());
+    }
+    sums.resize(static_cast<std::size_t>(rows));  // [sums | second sums]: the first half
+    return sums;
+  }
+
+  double weight(int64_t c) const {
+    return weights_.empty() ? 1.0 : static_cast<double>(weights_[static_cast<std::size_t>(c)]);
+  }
 
   struct Saved {
     typename Logits::Mesh mesh;
@@ -272,8 +297,8 @@ class CrossEntropy {
     Tensor<T, Rank> exp_shifted;  // exp(z - max), max over the whole class dim
     Targets y;                    // beside the logits
     std::vector<int64_t> y_host;
-    std::vector<T> sum_exp;  // over the whole class dim
-    T scale, wsum;
+    std::vector<double> sum_exp;  // over the whole class dim
+    double scale, wsum;
     int64_t classes, c0;
   };
   CrossEntropyOptions opt_;
