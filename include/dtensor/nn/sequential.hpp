@@ -5,8 +5,9 @@
 //
 // Where a layer's output placements differ from what the next layer takes, the
 // model redistributes between them (and runs the adjoint in the backward); the plan
-// shows it against the receiving layer. StrictSequential refuses to compile instead:
-// every collective of a strict model is one a layer's style asks for.
+// shows it against the receiving layer. StrictSequential refuses to compile instead,
+// as soon as its type is used (its plan too, not only its forward): every collective
+// of a strict model is one a layer's style asks for.
 //
 //   using MLP = nn::Sequential<nn::Linear<Cfg, 16, 64, nn::Colwise>, nn::GELU<Cfg>,
 //                              nn::Linear<Cfg, 64, 16, nn::Rowwise>>;
@@ -29,15 +30,40 @@
 namespace dtensor::nn {
 
 namespace detail {
-// Instantiated with the layer's index and type, so that the compiler's "required
-// from" line names the layer when the assertion fires.
-template <class Policy, int LayerIndex, class LayerT, bool Redistributes>
+// Why a layer's input would be redistributed: the first mesh dim where what arrives
+// differs from what the layer takes.
+enum class InputChange { None, ReducePartial, GatherShard, Other };
+template <std::size_t M>
+constexpr InputChange input_change(const PlacementState<M>& arriving, const PlacementState<M>& in) {
+  for (std::size_t m = 0; m < M; ++m) {
+    if (arriving[m] == in[m]) continue;
+    if (arriving[m].is_partial() && !in[m].is_partial()) return InputChange::ReducePartial;
+    if (arriving[m].is_shard() && !in[m].is_shard(arriving[m].dim)) return InputChange::GatherShard;
+    return InputChange::Other;
+  }
+  return InputChange::None;
+}
+
+// Instantiated with the layer's index and type, so that the compiler's "In
+// instantiation of check_layer_input<Strict, index, layer type, ...>" line, printed
+// above the message, names the layer.
+template <class Policy, int LayerIndex, class LayerT, InputChange Change>
 struct check_layer_input {
-  static_assert(!(std::is_same_v<Policy, Strict> && Redistributes),
-                "dtensor strict model: the layer named below (its index and type) takes its input in placements "
-                "that differ from the previous layer's output, so the model would insert a redistribution. Change "
-                "the layer's style (e.g. follow a colwise layer with a rowwise one), or use Sequential instead of "
-                "StrictSequential to accept the collective.");
+  static constexpr bool strict = std::is_same_v<Policy, Strict>;
+  static_assert(!(strict && Change == InputChange::ReducePartial),
+                "dtensor strict model: the layer named in the instantiation line above (index, type) needs values, "
+                "but the layer before gives a Partial (terms still to be summed, e.g. after a global pooling over "
+                "sharded dims or a Partial-output linear layer), so the model would all-reduce it. Sum it in a "
+                "layer whose style asks for that collective, or use Sequential to accept the all-reduce.");
+  static_assert(!(strict && Change == InputChange::GatherShard),
+                "dtensor strict model: the layer named in the instantiation line above (index, type) takes whole a "
+                "dim that the layer before leaves sharded, so the model would all-gather it (e.g. two colwise "
+                "linear layers in a row). Follow a colwise layer with a rowwise one, or use Sequential to accept "
+                "the all-gather.");
+  static_assert(!(strict && Change == InputChange::Other),
+                "dtensor strict model: the layer named in the instantiation line above (index, type) takes its "
+                "input in other placements than the layer before gives, so the model would redistribute it. Change "
+                "either layer's style, or use Sequential to accept the redistribution.");
   static constexpr bool ok = true;
 };
 // The config of a layer's output: its own, unless it changes the activations' rank
@@ -117,6 +143,14 @@ class Model {
     return f;
   }
   static constexpr Flow flow = forward_flow();
+  // A strict model is refused as soon as its type is used: its plan, explain and
+  // forward alike.
+  static constexpr bool strict_checked = []<std::size_t... I>(std::index_sequence<I...>) {
+    return (detail::check_layer_input<Policy, static_cast<int>(I), layer_t<I>,
+                                      detail::input_change(flow.arriving[I], flow.in[I])>::ok &&
+            ...);
+  }(std::make_index_sequence<N>{});
+  static_assert(strict_checked);
   // The model's input: the first layer's own input type where it has one (token ids
   // for an embedding), else an activation placed as the first layer takes it.
   using InputT = typename detail::model_input<First, dtensor_t<T, Rank, placements_t<flow.arriving[0]>>>::type;
@@ -253,7 +287,6 @@ class Model {
  private:
   template <int I, class X>
   auto forward_from(const X& x) {
-    static_assert(detail::check_layer_input<Policy, I, layer_t<I>, !(flow.arriving[I] == flow.in[I])>::ok);
     const auto& xi = redistribute_as<placements_t<flow.in[I]>>(x);
     auto y = std::get<I>(layers_).forward(xi);
     if constexpr (I + 1 < N) return forward_from<I + 1>(y);
