@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 #include <dtensor/nn/conv.hpp>
 
+#include "compare.hpp"
 #include "spmd.hpp"
 
 using namespace dtensor;
@@ -82,12 +83,7 @@ Tensor<T, R> pattern(const Shape<R>& shape, uint64_t seed) {
 
 template <class T>
 double rel_diff(const T* a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return num / std::max(den, 1e-30);
+  return max_rel_diff(a, b.data(), static_cast<int64_t>(b.size()));
 }
 
 template <class DT, class T, int R>
@@ -284,8 +280,6 @@ TEST_CASE("an op fed the same layout under other placements plans its halo again
     const auto yb = reused.forward(scatter<B>(xg, mesh, {}), w, nullptr).full_tensor();
     nn::ConvOp<double, 2> fresh(nn::ConvSpec<2>::square_same(3), 1, 1, "conv2d");
     const auto yf = fresh.forward(scatter<B>(xg, mesh, {}), w, nullptr).full_tensor();
-    double worst = 0;
-    for (int64_t i = 0; i < yf.numel(); ++i) worst = std::max(worst, std::abs(yb.data()[i] - yf.data()[i]));
-    CHECK(worst == 0);
+    CHECK(max_abs_diff(yb, yf) == 0);
   });
 }

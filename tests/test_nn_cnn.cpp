@@ -10,6 +10,7 @@
 #include <dtensor/nn.hpp>
 #include <dtensor/nn/conv.hpp>
 
+#include "compare.hpp"
 #include "nn_support.hpp"
 #include "spmd.hpp"
 
@@ -71,19 +72,16 @@ Result run(Comm& comm, const std::array<int, M>& shape, const Shape<4>& image) {
   return r;
 }
 
-double max_diff(const double* a, const double* b, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
 
 void compare(const Result& r, const Result& ref) {
   REQUIRE(r.y.shape() == ref.y.shape());
-  CHECK(max_diff(r.y.data(), ref.y.data(), r.y.numel()) < 1e-12);
-  CHECK(max_diff(r.dx.data(), ref.dx.data(), r.dx.numel()) < 1e-12);
+  CHECK(max_abs_diff(r.y, ref.y) < 1e-12);
+  CHECK(max_abs_diff(r.dx, ref.dx) < 1e-12);
+  REQUIRE(r.dw.size() == ref.dw.size());
+  REQUIRE(r.db.size() == ref.db.size());
   for (std::size_t i = 0; i < ref.dw.size(); ++i) {
-    CHECK(max_diff(r.dw[i].data(), ref.dw[i].data(), r.dw[i].numel()) < 1e-11);
-    CHECK(max_diff(r.db[i].data(), ref.db[i].data(), r.db[i].numel()) < 1e-11);
+    CHECK(max_abs_diff(r.dw[i], ref.dw[i]) < 1e-11);
+    CHECK(max_abs_diff(r.db[i], ref.db[i]) < 1e-11);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <dtensor/nn.hpp>
 
+#include "compare.hpp"
 #include "nn_support.hpp"
 #include "spmd.hpp"
 
@@ -38,12 +39,12 @@ void check_embedding(Comm& comm, const std::array<int, M>& shape) {
   Mat grad_ref = Mat::Zero(kVocab, kDim);
   for (int64_t i = 0; i < kBatch; ++i) {
     const int64_t id = (i * 7 + 3) % kVocab;
-    CHECK((Y.row(i) - table.row(id)).cwiseAbs().maxCoeff() == 0.0);
+    CHECK(max_abs_diff(Y.row(i), table.row(id)) == 0.0);
     grad_ref.row(id) += DY.row(i);
   }
   using TT = typename Emb::TableT;
   const Mat grad = as_mat(TT(mesh, emb.table().value().layout(), emb.table().grad()).full_tensor());
-  CHECK((grad - grad_ref).cwiseAbs().maxCoeff() < 1e-14);
+  CHECK(max_abs_diff(grad, grad_ref) < 1e-14);
 }
 
 using Tp1 = nn::Config<double, 2, nn::Axes<1, nn::kNone, 0>>;
@@ -163,7 +164,7 @@ TEST_CASE("SGD (momentum, weight decay, Nesterov) and AdamW update sharded param
             ref.array() -= 0.01 / bc1 * m1.array() / ((v1.array() / bc2).sqrt() + 1e-8);
           }
         }
-        CHECK((as_mat(w.value().full_tensor()) - ref).cwiseAbs().maxCoeff() < 1e-14);
+        CHECK(max_abs_diff(as_mat(w.value().full_tensor()), ref) < 1e-14);
       }
     });
 }

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 #include <dtensor/nn.hpp>
 
+#include "compare.hpp"
 #include "nn_support.hpp"
 #include "spmd.hpp"
 
@@ -105,12 +106,12 @@ void check_mlp(Comm& comm, const std::array<int, M>& shape, int64_t batch, std::
     return as_mat(g.full_tensor());
   };
   const double tol = 1e-12;
-  CHECK((as_mat(y.full_tensor()) - r.y).cwiseAbs().maxCoeff() < tol);
-  CHECK((grad_of(l1.weight()) - r.dw1).cwiseAbs().maxCoeff() < tol);
-  CHECK((grad_of(l1.bias()) - r.db1).cwiseAbs().maxCoeff() < tol);
-  CHECK((grad_of(l2.weight()) - r.dw2).cwiseAbs().maxCoeff() < tol);
-  CHECK((grad_of(l2.bias()) - r.db2).cwiseAbs().maxCoeff() < tol);
-  CHECK((as_mat(dx.full_tensor()) - r.dx).cwiseAbs().maxCoeff() < tol);
+  CHECK(max_abs_diff(as_mat(y.full_tensor()), r.y) < tol);
+  CHECK(max_abs_diff(grad_of(l1.weight()), r.dw1) < tol);
+  CHECK(max_abs_diff(grad_of(l1.bias()), r.db1) < tol);
+  CHECK(max_abs_diff(grad_of(l2.weight()), r.dw2) < tol);
+  CHECK(max_abs_diff(grad_of(l2.bias()), r.db2) < tol);
+  CHECK(max_abs_diff(as_mat(dx.full_tensor()), r.dx) < tol);
 }
 
 }  // namespace
@@ -142,10 +143,10 @@ TEST_CASE("two colwise layers: the inserted all-gather and its adjoint, against 
       const Mat b1 = as_mat(l1.bias().value().full_tensor()), b2 = as_mat(l2.bias().value().full_tensor());
       Mat h = (X * W1).rowwise() + Eigen::Map<const Eigen::RowVectorXd>(b1.data(), b1.size());
       Mat yr = (h * W2).rowwise() + Eigen::Map<const Eigen::RowVectorXd>(b2.data(), b2.size());
-      CHECK((as_mat(y.full_tensor()) - yr).cwiseAbs().maxCoeff() < 1e-12);
+      CHECK(max_abs_diff(as_mat(y.full_tensor()), yr) < 1e-12);
       using WT = std::decay_t<decltype(l1.weight())>::dtensor_type;
       WT g1(mesh, l1.weight().value().layout(), l1.weight().grad());
-      CHECK((as_mat(g1.full_tensor()) - X.transpose() * (DY * W2.transpose())).cwiseAbs().maxCoeff() < 1e-12);
+      CHECK(max_abs_diff(as_mat(g1.full_tensor()), X.transpose() * (DY * W2.transpose())) < 1e-12);
     });
 }
 

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 #include <dtensor/nn.hpp>
 
+#include "compare.hpp"
 #include "nn_support.hpp"
 #include "spmd.hpp"
 
@@ -72,16 +73,16 @@ void check_norm(Comm& comm, const std::array<int, M>& shape, const Shape<Norm::R
 
   const Mat X = as_mat(x.full_tensor()), DY = as_mat(dy.full_tensor());
   const Mat G = as_mat(n.scale().value().full_tensor()), B = as_mat(n.shift().value().full_tensor());
-  CHECK((as_mat(y.full_tensor()) - norm_ref(layer, X, G, B)).cwiseAbs().maxCoeff() < 1e-12);
+  CHECK(max_abs_diff(as_mat(y.full_tensor()), norm_ref(layer, X, G, B)) < 1e-12);
   auto loss_x = [&](const Mat& p) { return norm_ref(layer, p, G, B).cwiseProduct(DY).sum(); };
   auto loss_g = [&](const Mat& p) { return norm_ref(layer, X, p, B).cwiseProduct(DY).sum(); };
   auto loss_b = [&](const Mat& p) { return norm_ref(layer, X, G, p).cwiseProduct(DY).sum(); };
   using PT = typename Norm::ParamT;
   auto grad_of = [&](auto& p) { return as_mat(PT(mesh, p.value().layout(), p.grad()).full_tensor()); };
   // dx may be a Partial<Sum> gradient of a replicated input: full_tensor reduces it.
-  CHECK((as_mat(dx.full_tensor()) - numeric_grad(X, loss_x)).cwiseAbs().maxCoeff() < 1e-7);
-  CHECK((grad_of(n.scale()) - numeric_grad(G, loss_g)).cwiseAbs().maxCoeff() < 1e-7);
-  if (layer) CHECK((grad_of(n.shift()) - numeric_grad(B, loss_b)).cwiseAbs().maxCoeff() < 1e-7);
+  CHECK(max_abs_diff(as_mat(dx.full_tensor()), numeric_grad(X, loss_x)) < 1e-7);
+  CHECK(max_abs_diff(grad_of(n.scale()), numeric_grad(G, loss_g)) < 1e-7);
+  if (layer) CHECK(max_abs_diff(grad_of(n.shift()), numeric_grad(B, loss_b)) < 1e-7);
 }
 
 using Tp1 = nn::Config<double, 2, nn::Axes<1, nn::kNone, 0>>;
@@ -169,8 +170,8 @@ std::pair<double, double> float_error(Comm& comm, const std::array<int, M>& shap
       const double want_dx = inv * (dr[c] - md - xh * mdx);
       const double dy_err = std::abs(static_cast<double>(y.data()[r * F + c]) - xh);
       const double dx_err = std::abs(static_cast<double>(dx.data()[r * F + c]) - want_dx);
-      ey = std::isnan(dy_err) ? INFINITY : std::max(ey, dy_err);
-      edx = std::isnan(dx_err) ? INFINITY : std::max(edx, dx_err);
+      ey = worst_of(ey, dy_err);
+      edx = worst_of(edx, dx_err);
       dx_max = std::max(dx_max, std::abs(want_dx));
     }
   }

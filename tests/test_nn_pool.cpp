@@ -18,6 +18,7 @@
 #include <dtensor/nn/sequential.hpp>
 #include <dtensor/nn/upsample.hpp>
 
+#include "compare.hpp"
 #include "spmd.hpp"
 
 using namespace dtensor;
@@ -37,12 +38,7 @@ Tensor<T, R> pattern(const Shape<R>& shape, uint64_t seed) {
 // The largest difference over the largest reference value.
 template <class T>
 double rel_diff(const T* a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    num = std::max(num, std::abs(static_cast<double>(a[i]) - b[i]));
-    den = std::max(den, std::abs(b[i]));
-  }
-  return num / std::max(den, 1e-30);
+  return max_rel_diff(a, b.data(), static_cast<int64_t>(b.size()));
 }
 template <class T, int R>
 double rel_diff(const Tensor<T, R>& a, const std::vector<double>& b) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "compare.hpp"
 #include "support.hpp"
 
 namespace dtensor::test {
@@ -218,13 +219,13 @@ double block_error(const DTensor<double, R, P...>& a, const Grid<R>& ref) {
   double e = 0;
   each_index<R>(a.local_shape(), [&](const Index<R>& i) {
     const double x = a.local().data()[linear_index<R>(a.local_shape(), i)];
-    e = std::max(e, std::abs(x - ref.v[ref.lin(plus<R>(off, i))]));
+    e = worst_of(e, std::abs(x - ref.v[ref.lin(plus<R>(off, i))]));
   });
   return e;
 }
 double max_abs(const std::vector<double>& v) {
   double m = 0;
-  for (double x : v) m = std::max(m, std::abs(x));
+  for (double x : v) m = worst_of(m, std::abs(x));
   return m;
 }
 
@@ -443,9 +444,7 @@ Run run_one_rank(Method method, Kind kind, int iters, const Index<R>& n) {
 
 double max_diff(const std::vector<double>& a, const std::vector<double>& b) {
   REQUIRE(a.size() == b.size());
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
+  return max_abs_diff(a, b);
 }
 
 // The distributed iterates equal the single-rank ones: bitwise for Jacobi (no

@@ -2,6 +2,11 @@
 
 #include <doctest/doctest.h>
 
+#include <limits>
+#include <vector>
+
+#include "compare.hpp"
+
 using namespace dtensor;
 
 TEST_CASE("Tensor: shape, element access, row-major order") {
@@ -66,4 +71,22 @@ TEST_CASE("large host blocks are reused instead of returned to the system") {
   CHECK(again.data() == first);
   Tensor<float, 1> zeroed({1 << 18});  // a reused block is still zero-filled when asked
   for (int64_t i = 0; i < zeroed.numel(); i += 4096) REQUIRE(zeroed(i) == 0.f);
+}
+
+TEST_CASE("the tests' comparisons (tests/compare.hpp) fail on a NaN, an all-NaN result included") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> ref{1, 2, 3}, all_nan{nan, nan, nan}, one_nan{1, nan, 3};
+  CHECK(test::max_abs_diff(ref, ref) == 0);
+  CHECK(test::max_abs_diff(all_nan, ref) == test::kInfinite);
+  CHECK(test::max_abs_diff(one_nan, ref) == test::kInfinite);
+  CHECK(test::max_abs_diff(ref, one_nan) == test::kInfinite);  // a NaN in the reference too
+  CHECK(test::max_abs_diff(ref, std::vector<double>{1, 2}) == test::kInfinite);
+  CHECK(test::max_rel_diff(all_nan, ref) == test::kInfinite);
+  const Eigen::MatrixXd a = Eigen::MatrixXd::Constant(2, 2, nan), b = Eigen::MatrixXd::Zero(2, 2);
+  CHECK(test::max_abs_diff(a, b) == test::kInfinite);
+  CHECK(test::max_abs_diff(b, Eigen::MatrixXd::Zero(2, 3)) == test::kInfinite);
+  Tensor<float, 1> t(Shape<1>{2}), u(Shape<1>{2});
+  t(1) = std::numeric_limits<float>::quiet_NaN();
+  CHECK(test::max_abs_diff(t, u) == test::kInfinite);
+  CHECK(test::worst_of(0.5, nan) == test::kInfinite);
 }

@@ -23,6 +23,8 @@
 #include <dtensor/nn/pool.hpp>
 #include <dtensor/nn/upsample.hpp>
 
+#include "compare.hpp"
+
 using namespace dtensor;
 
 namespace {
@@ -80,9 +82,7 @@ void same_on_device(const char* what, Make make) {
     const auto dev = run(Device::cuda(0), s, make);
     REQUIRE(host.size() == 2);
     for (std::size_t k = 0; k < host.size(); ++k) {
-      double worst = host[k].size() == dev[k].size() ? 0 : 1e300;
-      for (std::size_t i = 0; i < host[k].size() && i < dev[k].size(); ++i)
-        worst = std::max(worst, std::abs(host[k][i] - dev[k][i]));
+      const double worst = test::max_abs_diff(host[k], dev[k]);
       INFO((k == 0 ? "output" : "input gradient"), ": largest difference ", worst);
       CHECK(worst < 1e-13);  // the reverse exchange adds a corner's terms in arrival order
     }

@@ -21,16 +21,18 @@
 #include <dtensor/dtensor.hpp>
 #include <dtensor/nn.hpp>
 
+#include "compare.hpp"
+
 using namespace dtensor;
 
 namespace {
 
 // The largest difference relative to max(1, |host|).
 double worst(const std::vector<double>& host, const std::vector<double>& dev) {
-  if (host.size() != dev.size()) return 1e300;
+  if (host.size() != dev.size()) return test::kInfinite;
   double w = 0;
   for (std::size_t i = 0; i < host.size(); ++i)
-    w = std::max(w, std::abs(host[i] - dev[i]) / std::max(1.0, std::abs(host[i])));
+    w = test::worst_of(w, std::abs(host[i] - dev[i]) / std::max(1.0, std::abs(host[i])));
   return w;
 }
 
