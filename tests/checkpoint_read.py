@@ -224,7 +224,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="dtensor-py-") as tmp:
         ckpt = os.path.join(tmp, "ck")
         env = dict(os.environ, DTENSOR_CHECKPOINT_PY_DIR=ckpt)
-        run = subprocess.run([sys.argv[1], "--test-case=python interop*"], env=env,
+        run = subprocess.run([sys.argv[1], "--test-case=python interop*", "--no-skip"], env=env,
                              capture_output=True, text=True, timeout=300)
         if run.returncode != 0 or not os.path.exists(os.path.join(ckpt, "index.json")):
             print(run.stdout, run.stderr)
