@@ -337,3 +337,54 @@ TEST_CASE("float32 cross-entropy with label smoothing and weights: logits with a
           CHECK(gerr < 1e-7);
         });
 }
+
+namespace {
+
+// MSELoss on y and t placed like Y, against the sums written out on the gathered
+// tensors: loss = sum (y - t)^2 / numel on every rank, dloss/dy = 2 (y - t) / numel.
+template <class Cfg, class Y>
+void check_mse(const typename Y::Mesh& mesh, const Shape<2>& shape) {
+  const Y y = dtensor::detail::generate<Y>(shape, mesh, {}, [](uint64_t i) {
+    return dtensor::detail::normal_value<double>(1, i);
+  });
+  const Y t = dtensor::detail::generate<Y>(shape, mesh, {}, [](uint64_t i) {
+    return dtensor::detail::normal_value<double>(2, i);
+  });
+  nn::MSELoss<Cfg> mse;
+  CommCounter counter;
+  const double l = mse.forward(y, t);
+  CHECK(counter.count() == 1);  // the plan's one all-reduce
+  const auto g = mse.backward(y).full_tensor();
+  const auto yg = y.full_tensor(), tg = t.full_tensor();
+  double want = 0;
+  std::vector<double> dwant(static_cast<std::size_t>(yg.numel()));
+  for (int64_t i = 0; i < yg.numel(); ++i) {
+    const double d = yg.data()[i] - tg.data()[i];
+    want += d * d;
+    dwant[i] = 2 * d / static_cast<double>(yg.numel());
+  }
+  want /= static_cast<double>(yg.numel());
+  INFO(Y::placements_string(), ", shape ", to_string(shape));
+  CHECK(std::abs(l - want) <= 1e-14 * want);
+  CHECK(max_abs_diff(g.data(), dwant.data(), g.numel()) < 1e-15);
+  CHECK_THROWS_AS(mse.backward(y), InvalidArgument);  // one backward per forward
+}
+
+}  // namespace
+
+TEST_CASE("mean squared error: the loss and its gradient against the sums written out, sharded and replicated") {
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [&](Comm& comm) {
+      DeviceMesh<1> mesh(comm);
+      check_mse<Cfg1, DTensor<double, 2, Shard<1>>>(mesh, {5, 7});    // 7 columns over n ranks
+      check_mse<Cfg1, DTensor<double, 2, Shard<0>>>(mesh, {3, 4});    // 3 rows: an empty block on 4
+      check_mse<Cfg1, DTensor<double, 2, Replicate>>(mesh, {5, 7});  // counted once, not n times
+    });
+  for (auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{2, 3}})
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      check_mse<Cfg2, DTensor<double, 2, Shard<0>, Shard<1>>>(mesh, {5, 7});
+      check_mse<Cfg2, DTensor<double, 2, Shard<0>, Replicate>>(mesh, {5, 7});
+      check_mse<Cfg2, DTensor<double, 2, Replicate, Shard<0>>>(mesh, {5, 7});
+    });
+}
