@@ -522,6 +522,11 @@ TEST_CASE("NcclComm: argument errors are InvalidArgument and leave the communica
                        doctest::Contains("2 blocks given for a communicator of 1 ranks"), InvalidArgument);
   const Block one[] = {Block::contiguous(0, 2)};
   CHECK_THROWS_AS(comm->gather(v.data(), one[0], v.data(), one, DType::Float32, 3), InvalidArgument);
+  // Every runtime's rule (Comm::check_message): tags are non-negative.
+  const SendSpec s{.peer = 0, .tag = -1, .buf = v.data(), .region = Region::contiguous(0, 4)};
+  const RecvSpec r{.peer = 0, .tag = -1, .buf = v.data(), .region = Region::contiguous(0, 4)};
+  CHECK_THROWS_WITH_AS(comm->start_exchange({&s, 1}, {&r, 1}, DType::Float32),
+                       doctest::Contains("tags are non-negative"), InvalidArgument);
   CHECK_FALSE(comm->aborted());
   comm->all_reduce(v.data(), v.data(), 4, DType::Float32, ReduceOp::Sum);
   CHECK(v.host() == std::vector<float>(4, 1.f));

@@ -859,8 +859,8 @@ class NcclComm final : public Comm {
   // complete. The blocking send and recv are Comm's, on top of this.
   Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
     usable("start_exchange");
-    for (const auto& m : sends) check_message(m.peer, m.buf, m.region, "a send");
-    for (const auto& m : recvs) check_message(m.peer, m.buf, m.region, "a receive");
+    for (const auto& m : sends) check_nccl_message(m.peer, m.tag, m.buf, m.region, "a send");
+    for (const auto& m : recvs) check_nccl_message(m.peer, m.tag, m.buf, m.region, "a receive");
     if (sends.empty() && recvs.empty()) return Request();
     const std::size_t elem = size_of(t);
     // Messages to itself are matched now, before anything is queued: a receive without
@@ -1430,8 +1430,10 @@ class NcclComm final : public Comm {
     std::vector<std::size_t> claimed;    // self_queue_ entries taken, ascending
   };
 
-  void check_message(int peer, const void* buf, const Region& r, const char* what) const {
-    check_exchange_peer(peer, "start_exchange");
+  // Comm::check_message's rules (peer, tag >= 0, region dims and extents), which every
+  // runtime keeps, then NCCL's own: the buffer, the offset, a reach within int64.
+  void check_nccl_message(int peer, int tag, const void* buf, const Region& r, const char* what) const {
+    check_message(peer, tag, r, "start_exchange");
     DTENSOR_CHECK(r.ndim >= 0 && r.ndim <= kMaxRegionDims, InvalidArgument, "start_exchange: ", what,
                   " to or from rank ", peer, " has a region of ", r.ndim, " dims (at most ", kMaxRegionDims, ")");
     DTENSOR_CHECK(r.offset >= 0, InvalidArgument, "start_exchange: ", what, " has a negative offset: ", to_string(r));
