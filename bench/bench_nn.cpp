@@ -5,6 +5,7 @@
 //     (host overhead): (dtensor 1 rank - Eigen) / 3 layers
 //   medium sizes (batch 64, 256 -> 1024 -> 256): a step on 1 rank and on 2 ranks
 //     (tensor parallel, in-process threads) against the Eigen step
+//   a fill of an input on 2 ranks with and without the ranks' shape agreement check
 //
 //   build/bench/bench_nn [--benchmark_filter=...]
 #include "common.hpp"
@@ -80,8 +81,20 @@ void BM_dtensor_step(benchmark::State& state) {
   }
 }
 
+// The fills' shape agreement check (distributed/factory.hpp): one all-reduce of four
+// doubles over the mesh, against the same fill trusted. A 64 x 256 float input.
+template <LayoutCheck Check>
+void BM_fill(benchmark::State& state) {
+  Comm& comm = state.threads() == 1 ? *bench::one_rank().comms[0] : bench::comm_for(state);
+  DeviceMesh<1> mesh(comm, {state.threads()});
+  for (auto _ : state)
+    benchmark::DoNotOptimize(zeros<float, Shard<0>>(Shape<2>{64, 256}, mesh, {}, Check).local().data());
+}
+
 }  // namespace
 
+BENCHMARK(BM_fill<LayoutCheck::Trust>)->Threads(2)->UseRealTime();
+BENCHMARK(BM_fill<LayoutCheck::Validate>)->Threads(2)->UseRealTime();
 BENCHMARK(BM_eigen_step<2, 4, 8, 4>);
 BENCHMARK(BM_dtensor_step<2, 4, 8, 4>)->Threads(1);
 BENCHMARK(BM_eigen_step<64, 256, 1024, 256>)->Unit(benchmark::kMicrosecond);

@@ -243,10 +243,11 @@ constexpr auto plan_of(bool partial_dy = false, bool input_grad = true) {
 static_assert(plan_of<BN<H1>>().count(nn::Phase::Forward, StepKind::AllReduce, 0) == 1);
 static_assert(plan_of<BN<H1>>().count(nn::Phase::Backward, StepKind::AllReduce, 0) == 1);
 static_assert(plan_of<BN<H1>>().count(nn::Phase::GradReduce) == 0);
-// The statistics travel in double, also for float.
-static_assert(plan_of<BN<H1>>().bytes<double>(nn::Phase::Forward, 1000, {4}) == 2 * kC * 8);
+// The statistics travel in double, also for float, with the 4 values of the shape
+// agreement check (comm/agreement.hpp).
+static_assert(plan_of<BN<H1>>().bytes<double>(nn::Phase::Forward, 1000, {4}) == (2 * kC + 4) * 8);
 static_assert(plan_of<BN<Img<float, 1, nn::kNone, 0, nn::kNone>>>().bytes<float>(nn::Phase::Forward, 1000, {4}) ==
-              2 * kC * 8);
+              (2 * kC + 4) * 8);
 static_assert(plan_of<BN<HW>>().count(nn::Phase::Forward, StepKind::AllReduce, -1) == 1 &&
               plan_of<BN<HW>>().count(nn::Phase::Forward) == 1);
 static_assert(plan_of<BN<DpH>>().count(nn::Phase::Backward, StepKind::AllReduce, -1) == 1 &&

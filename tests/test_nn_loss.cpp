@@ -44,10 +44,11 @@ static_assert(loss_plan<Replicated1>().size == 0);
 static_assert(loss_plan<Sharded2>().count(nn::Phase::Forward, StepKind::AllReduce, 1) == 2);
 static_assert(loss_plan<Sharded2>().count(nn::Phase::Forward, StepKind::AllReduce, 0) == 1);
 static_assert(loss_plan<Replicated2>().size == 1 && loss_plan<Replicated2>().count(nn::Phase::Forward) == 1);
-// Bytes per rank for 8 tokens on 2x2: max [4 rows], [4 rows x 2], the DP total [3].
-static_assert(loss_plan<Sharded2>().bytes<double>(nn::Phase::Forward, 8, {2, 2}) == (4 + 4 * 2 + 3) * 8);
+// Bytes per rank for 8 tokens on 2x2: max [4 rows], [4 rows x 2], the DP total [3],
+// and in each sum the 4 values of the shape agreement check (comm/agreement.hpp).
+static_assert(loss_plan<Sharded2>().bytes<double>(nn::Phase::Forward, 8, {2, 2}) == (4 + 4 * 2 + 4 + 3 + 4) * 8);
 static_assert(loss_plan<Sharded2>({.label_smoothing = 0.1}).bytes<double>(nn::Phase::Forward, 8, {2, 2}) ==
-              (4 + 4 * 3 + 3) * 8);
+              (4 + 4 * 3 + 4 + 3 + 4) * 8);
 static_assert(Sharded2::grad_input(Sharded2::logits_placements) == Sharded2::logits_placements);
 // A model ending in a colwise layer hands its class-sharded logits to the loss: the
 // training plan holds the loss's collectives and none for the logits' gradient.
@@ -145,7 +146,7 @@ void check_loss(Comm& comm, const std::array<int, M>& shape, int64_t batch, int6
     const auto& e = plan.entries[i];
     CHECK(records[i].kind == e.kind);
     CHECK(records[i].mesh_dim == e.mesh_dim);
-    CHECK(records[i].bytes == static_cast<std::size_t>((e.per_token ? rows : 1) * e.elements) * sizeof(double));
+    CHECK(records[i].bytes == static_cast<std::size_t>((e.per_token ? rows : 1) * e.elements + e.fixed) * sizeof(double));
   }
 
   const Mat zg = as_mat(z.full_tensor());

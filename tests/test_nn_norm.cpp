@@ -95,7 +95,7 @@ using SeqDpTp = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
 static constexpr auto fs_plan = nn::Sequential<nn::LayerNorm<Tp1, kF, nn::NormFeatureSharded>>::plan(
     nn::Sequential<nn::LayerNorm<Tp1, kF, nn::NormFeatureSharded>>::output_placements, kF, /*input_grad*/ true);
 static_assert(fs_plan.count(nn::Phase::Forward) == 1 && fs_plan.count(nn::Phase::Backward) == 1);
-static_assert(fs_plan.bytes<double>(nn::Phase::Forward, 10, {2}) == 10 * 2 * 8);
+static_assert(fs_plan.bytes<double>(nn::Phase::Forward, 10, {2}) == (10 * 2 + 4) * 8);  // and the shape check's 4
 // Sequence parallel: the scale's and shift's gradients are Partial over TP.
 using SP = nn::Sequential<nn::LayerNorm<SeqDpTp, kF, nn::SequenceParallel>>;
 static constexpr auto sp_plan = SP::plan(SP::output_placements, kF);

@@ -6,14 +6,24 @@
 // Partial placements hold terms whose reduction is the value. A value put into a
 // Partial<Sum> mesh dim is held by the rank at coordinate 0 and the other ranks hold
 // zeros; under Partial<Avg|Max|Min> every rank holds the value itself.
+//
+// Each rank passes the global shape it believes. The fills check by default
+// (LayoutCheck::Validate) that every rank of the mesh passed the same shape and
+// splits: one all-reduce of four doubles over the mesh (comm/agreement.hpp), a few
+// microseconds, and on a disagreement one all-gather that names the ranks. A rank
+// that believed another batch size would otherwise hold a block that tiles no
+// tensor, and the layers after it would sum numbers that mean nothing.
+// LayoutCheck::Trust skips it (a loop that makes the same shapes every step).
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
 
+#include "dtensor/comm/agreement.hpp"
 #include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/movement.hpp"
+#include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/tensor/box.hpp"
 
@@ -34,6 +44,36 @@ bool holds_zero_term(const PlacementState<M>& ps, const std::array<int, M>& coor
   for (std::size_t m = 0; m < M; ++m)
     if (ps[m].is_partial() && ps[m].op == ReduceOp::Sum && coords[m] != 0) return true;
   return false;
+}
+
+// Throws, on every rank, when the ranks of `mesh` passed different global shapes or
+// splits to `what`. Collective over the mesh (nothing on a mesh of one rank).
+template <int M, std::size_t R>
+void check_same_layout(const char* what, const DeviceMesh<M>& mesh, const std::array<int64_t, R>& shape,
+                       const Splits<static_cast<int>(R)>& splits) {
+  Comm& comm = mesh.comm();
+  if (comm.size() == 1) return;
+  uint64_t h = agreement_signature(shape);
+  for (std::size_t d = 0; d < R; ++d)
+    for (int64_t b : splits[d]) h = agreement_signature({static_cast<int64_t>(h), static_cast<int64_t>(d), b});
+  double v[kAgreementValues];
+  write_agreement(v, h);
+  all_reduce_values(comm, v, kAgreementValues, ReduceOp::Sum);
+  CommCounter::record(StepKind::AllReduce, -1, sizeof v);
+  if (agreed(v, comm.size())) return;
+  // Only now: every rank's shape, to name the ones that differ from rank 0's.
+  const std::vector<int64_t> all = all_gather_values(comm, shape.data(), R);
+  auto shape_of = [&](int r) {
+    std::array<int64_t, R> s{};
+    for (std::size_t d = 0; d < R; ++d) s[d] = all[static_cast<std::size_t>(r) * R + d];
+    return s;
+  };
+  for (int r = 1; r < comm.size(); ++r)
+    DTENSOR_CHECK(shape_of(r) == shape_of(0), InvalidArgument, what, ": the ranks disagree on the global shape: rank ",
+                  r, " passed ", dtensor::to_string(shape_of(r)), " where rank 0 passed ",
+                  dtensor::to_string(shape_of(0)), "; every rank must pass the same shape");
+  throw InvalidArgument(cat(what, ": the ranks passed the same global shape ", dtensor::to_string(shape),
+                            " but different splits (block sizes); every rank must pass the same splits"));
 }
 
 template <int M, class... P>
@@ -156,7 +196,9 @@ DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMes
   return x;
 }
 
-enum class FromLocalCheck { Validate, Trust };
+// Whether a factory checks that the ranks agree on the layout (one collective).
+enum class LayoutCheck { Validate, Trust };
+using FromLocalCheck = LayoutCheck;
 
 // Wraps the block each rank holds. `global_shape` and `splits` must be the same on
 // every rank; the block sizes follow the chunk rule unless `splits` gives them. With
@@ -254,8 +296,10 @@ DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& me
 // A DTensor whose value is `value` everywhere.
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> full(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh, T value,
-                                           const Splits<static_cast<int>(R)>& splits = {}) {
+                                           const Splits<static_cast<int>(R)>& splits = {},
+                                           LayoutCheck check = LayoutCheck::Validate) {
   detail::check_mesh_matches<M, P...>();
+  if (check == LayoutCheck::Validate) detail::check_same_layout("full", mesh, shape, splits);
   using DT = DTensor<T, static_cast<int>(R), P...>;
   DT x = detail::make_dtensor<DT>(mesh, ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
   local::fill(x.local(), detail::holds_zero_term(DT::placement_state, mesh.coords()) ? T{0} : value);
@@ -263,13 +307,15 @@ DTensor<T, static_cast<int>(R), P...> full(const std::array<int64_t, R>& shape, 
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> zeros(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
-                                            const Splits<static_cast<int>(R)>& splits = {}) {
-  return full<T, P...>(shape, mesh, T{0}, splits);
+                                            const Splits<static_cast<int>(R)>& splits = {},
+                                            LayoutCheck check = LayoutCheck::Validate) {
+  return full<T, P...>(shape, mesh, T{0}, splits, check);
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> ones(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
-                                           const Splits<static_cast<int>(R)>& splits = {}) {
-  return full<T, P...>(shape, mesh, T{1}, splits);
+                                           const Splits<static_cast<int>(R)>& splits = {},
+                                           LayoutCheck check = LayoutCheck::Validate) {
+  return full<T, P...>(shape, mesh, T{1}, splits, check);
 }
 
 // Uniform in [0, 1) and standard normal fills. Element i of the global tensor
@@ -277,15 +323,19 @@ DTensor<T, static_cast<int>(R), P...> ones(const std::array<int64_t, R>& shape, 
 // whatever the placements and the mesh.
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> rand(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
-                                           uint64_t seed, const Splits<static_cast<int>(R)>& splits = {}) {
+                                           uint64_t seed, const Splits<static_cast<int>(R)>& splits = {},
+                                           LayoutCheck check = LayoutCheck::Validate) {
   detail::check_mesh_matches<M, P...>();
+  if (check == LayoutCheck::Validate) detail::check_same_layout("rand", mesh, shape, splits);
   return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits,
                                                                       {.kind = CounterDraw::Kind::Uniform, .seed = seed});
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> randn(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
-                                            uint64_t seed, const Splits<static_cast<int>(R)>& splits = {}) {
+                                            uint64_t seed, const Splits<static_cast<int>(R)>& splits = {},
+                                            LayoutCheck check = LayoutCheck::Validate) {
   detail::check_mesh_matches<M, P...>();
+  if (check == LayoutCheck::Validate) detail::check_same_layout("randn", mesh, shape, splits);
   return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits,
                                                                       {.kind = CounterDraw::Kind::Normal, .seed = seed});
 }

@@ -90,9 +90,9 @@ class BatchNorm {
   }
   template <int Cap>
   static constexpr void plan(ModelPlan<M, Cap>& p, int layer, const State&, const State& grad_out, int64_t, bool) {
-    detail::plan_stats(p, Phase::Forward, layer, stat_mask, 2 * C * detail::stat_units<T>);
+    detail::plan_stats<T>(p, Phase::Forward, layer, stat_mask, 2 * C);
     // Also without dx: the parameters' gradients come out of this all-reduce.
-    detail::plan_stats(p, Phase::Backward, layer, stat_mask, 2 * C * detail::stat_units<T>);
+    detail::plan_stats<T>(p, Phase::Backward, layer, stat_mask, 2 * C);
     add_reductions(p, layer, 0, State{}, param_grad(grad_out), {C, 1}, 1);
     add_reductions(p, layer, 1, State{}, param_grad(grad_out), {C, 1}, 1);
   }
@@ -149,7 +149,7 @@ class BatchNorm {
                          row_sums.data());
       std::vector<double> sums(static_cast<std::size_t>(2 * C), 0.0);
       for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
-      detail::all_reduce_stats(x.mesh(), stat_mask, sums.data(), sums.size());
+      detail::all_reduce_stats(x.mesh(), stat_mask, sums, name, x.shape());
       const double k = static_cast<double>(count), mom = opt_.momentum;
       std::vector<double> rm = detail::host_doubles(running_mean_.local());
       std::vector<double> rv = detail::host_doubles(running_var_.local());
@@ -205,7 +205,7 @@ class BatchNorm {
     local::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
     std::vector<double> sums(static_cast<std::size_t>(2 * C), 0.0);
     for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
-    detail::all_reduce_stats(dy.mesh(), stat_mask, sums.data(), sums.size());
+    detail::all_reduce_stats(dy.mesh(), stat_mask, sums, name, dy.shape());
     bias_.accumulate(detail::channel_tensor<T>(dev, std::vector<double>(sums.begin(), sums.begin() + C)));
     weight_.accumulate(detail::channel_tensor<T>(dev, std::vector<double>(sums.begin() + C, sums.end())));
     if constexpr (!NeedInputGrad) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dtensor/comm/agreement.hpp"
 #include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
@@ -66,22 +67,50 @@ constexpr StatReductions<M> stat_reductions(MeshMask mask) {
 template <class T>
 inline constexpr int64_t stat_units = static_cast<int64_t>(sizeof(double) / sizeof(T));
 
-// Sums `n` host values over the mesh dims of `mask`, in place, on every rank.
-template <int M>
-void all_reduce_stats(const DeviceMesh<M>& mesh, MeshMask mask, double* buf, std::size_t n) {
-  constexpr std::size_t kM = static_cast<std::size_t>(M);
-  const StatReductions<kM> r = stat_reductions<kM>(mask);
-  for (int i = 0; i < r.n; ++i) {
-    const int d = r.mesh_dims[i];
-    all_reduce_values(d < 0 ? mesh.comm() : mesh.comm(d), buf, n, ReduceOp::Sum);
-    CommCounter::record(StepKind::AllReduce, d, n * sizeof(double));
-  }
+// Sums the host doubles `values` in place over the communicators that
+// for_each_comm(f) calls f(comm, mesh_dim) with, in turn. The same all-reduces carry
+// comm/agreement.hpp's check that every rank they sum over built its input with the
+// same global shape: sums alone would come out wrong with no sign of it. If not,
+// every rank throws the same error, naming `who` and its own belief `shape`.
+template <std::size_t R, class ForEachComm>
+void checked_sums(std::vector<double>& values, const char* who, const std::array<int64_t, R>& shape,
+                  ForEachComm&& for_each_comm) {
+  const std::size_t n = values.size();
+  values.resize(n + kAgreementValues);
+  write_agreement(values.data() + n, agreement_signature(shape));
+  int64_t ranks = 1;
+  for_each_comm([&](Comm& comm, int mesh_dim) {
+    all_reduce_values(comm, values.data(), values.size(), ReduceOp::Sum);
+    CommCounter::record(StepKind::AllReduce, mesh_dim, values.size() * sizeof(double));
+    ranks *= comm.size();
+  });
+  const bool same = agreed(values.data() + n, ranks);
+  values.resize(n);
+  DTENSOR_CHECK(same, InvalidArgument, who, ": the ranks of its all-reduce disagree on the global shape of its input "
+                "(this rank's is ", dtensor::to_string(shape), "); build the input with the same global shape on every rank");
 }
 
-// The plan entries of all_reduce_stats for a buffer of `elements` (not per token):
-// before the sum, the buffer is Partial<Sum> over the mesh dims of `mask`.
-template <std::size_t M, int C>
-constexpr void plan_stats(ModelPlan<M, C>& p, Phase phase, int layer, MeshMask mask, int64_t elements) {
+// Sums the statistics `stats` over the mesh dims of `mask`, checked as above.
+template <int M, std::size_t R>
+void all_reduce_stats(const DeviceMesh<M>& mesh, MeshMask mask, std::vector<double>& stats, const char* who,
+                      const std::array<int64_t, R>& shape) {
+  constexpr std::size_t kM = static_cast<std::size_t>(M);
+  const StatReductions<kM> r = stat_reductions<kM>(mask);
+  if (r.n == 0) return;
+  checked_sums(stats, who, shape, [&](auto&& f) {
+    for (int i = 0; i < r.n; ++i) {
+      const int d = r.mesh_dims[i];
+      f(d < 0 ? mesh.comm() : mesh.comm(d), d);
+    }
+  });
+}
+
+// The plan entries of all_reduce_stats for `values` doubles (not per token) and the
+// agreement check's, in T-sized units: before the sum, the buffer is Partial<Sum>
+// over the mesh dims of `mask`.
+template <class T, std::size_t M, int C>
+constexpr void plan_stats(ModelPlan<M, C>& p, Phase phase, int layer, MeshMask mask, int64_t values) {
+  const int64_t elements = (values + static_cast<int64_t>(kAgreementValues)) * stat_units<T>;
   PlacementState<M> partial{};
   for (std::size_t m = 0; m < M; ++m)
     if (mask & (MeshMask{1} << m)) partial[m] = partial_sum();

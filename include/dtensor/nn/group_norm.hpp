@@ -70,8 +70,8 @@ class GroupNorm {
   template <int Cap>
   static constexpr void plan(ModelPlan<M, Cap>& p, int layer, const State&, const State& grad_out, int64_t,
                              bool input_grad) {
-    detail::plan_stats(p, Phase::Forward, layer, stat_mask, 2 * G * detail::stat_units<T>);
-    if (input_grad) detail::plan_stats(p, Phase::Backward, layer, stat_mask, 2 * G * detail::stat_units<T>);
+    detail::plan_stats<T>(p, Phase::Forward, layer, stat_mask, 2 * G);
+    if (input_grad) detail::plan_stats<T>(p, Phase::Backward, layer, stat_mask, 2 * G);
     add_reductions(p, layer, 0, State{}, param_grad(grad_out), {C, 1}, 1);
     add_reductions(p, layer, 1, State{}, param_grad(grad_out), {C, 1}, 1);
   }
@@ -103,7 +103,7 @@ class GroupNorm {
     // [sums | sums of squares], one per (sample, group): a row of `run` cells each.
     std::vector<double> sums(static_cast<std::size_t>(2 * groups));
     local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), nullptr, groups, run, sums.data());
-    detail::all_reduce_stats(x.mesh(), stat_mask, sums.data(), sums.size());
+    detail::all_reduce_stats(x.mesh(), stat_mask, sums, name, x.shape());
     inv_.resize(static_cast<std::size_t>(groups));
     std::vector<double> mean(static_cast<std::size_t>(groups));
     const double k = static_cast<double>(count_);
@@ -158,7 +158,7 @@ class GroupNorm {
         const int64_t c = r % C, i = r / C * G + c / channels_per_group;
         sums[i] += w[c] * row_sums[r], sums[groups + i] += w[c] * row_sums[rows + r];
       }
-      detail::all_reduce_stats(dy.mesh(), stat_mask, sums.data(), sums.size());
+      detail::all_reduce_stats(dy.mesh(), stat_mask, sums, name, dy.shape());
       const double k = static_cast<double>(count_);
       std::vector<double> scale(static_cast<std::size_t>(rows)), xhat_scale(scale.size()), offset(scale.size());
       for (int64_t r = 0; r < rows; ++r) {

@@ -111,12 +111,15 @@ class CrossEntropy {
       row[Cfg::tp] = {PlacementKind::Partial, -1, ReduceOp::Max};
       p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::tp, true, 1, row});
       row[Cfg::tp] = partial_sum();
-      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::tp, true, sum_columns(o) * detail::stat_units<T>, row});
+      // Per row, and the shape agreement check's values once (nn/channel_stats.hpp).
+      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::tp, true, sum_columns(o) * detail::stat_units<T>, row, -1,
+             {}, 0, static_cast<int64_t>(kAgreementValues) * detail::stat_units<T>});
     }
     if (Cfg::dp >= 0) {
       State total{};
       total[Cfg::dp] = partial_sum();
-      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::dp, false, total_columns * detail::stat_units<T>, total});
+      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::dp, false,
+             (total_columns + static_cast<int64_t>(kAgreementValues)) * detail::stat_units<T>, total});
     }
   }
 
@@ -189,7 +192,9 @@ class CrossEntropy {
       acc[r * k + 1] = target_h[r];
       if (k == 3) acc[r * k + 2] = smoothing[r];
     }
-    if constexpr (class_sharded) reduce(mesh.comm(Cfg::tp), Cfg::tp, acc.data(), acc.size(), ReduceOp::Sum);
+    // Over TP, with the check that every TP rank believes the same logits shape (a rank
+    // that split another class count would add the wrong classes' terms).
+    if constexpr (class_sharded) detail::checked_sums(acc, name, z.shape(), [&](auto&& f) { f(mesh.comm(Cfg::tp), Cfg::tp); });
 
     // 3. Per-row losses, summed over this rank's rows; then over DP. lse - max and
     // z_y - max: neither carries the logits' offset.
@@ -208,7 +213,13 @@ class CrossEntropy {
       total[0] += l;
       total[1] += weight(t);
     }
-    if constexpr (Cfg::dp >= 0) reduce(mesh.comm(Cfg::dp), Cfg::dp, total, total_columns, ReduceOp::Sum);
+    // Over DP, with the check that every DP rank believes the same logits shape (a rank
+    // that built a batch of another size would only skew the mean).
+    if constexpr (Cfg::dp >= 0) {
+      std::vector<double> totals(total, total + total_columns);
+      detail::checked_sums(totals, name, z.shape(), [&](auto&& f) { f(mesh.comm(Cfg::dp), Cfg::dp); });
+      std::copy(totals.begin(), totals.end(), total);
+    }
     DTENSOR_CHECK(total[2] == 0, InvalidArgument, name, ": ", static_cast<int64_t>(total[2]),
                   " target(s) outside [0, ", classes, ") that are not ignore_index (", opt_.ignore_index, ")");
 

@@ -13,6 +13,7 @@
 #include "dtensor/compute/local.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/plan.hpp"
 #include "dtensor/tensor/eigen.hpp"
 
@@ -26,10 +27,12 @@ class MSELoss {
   static constexpr int M = Cfg::M;
 
   static constexpr State grad_input(const State& y) { return y; }
-  // One all-reduce of one element over the whole mesh (mesh dim -1).
+  // One all-reduce over the whole mesh (mesh dim -1): the sum, in double, and the
+  // shape agreement check's values (nn/channel_stats.hpp), in T-sized units.
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, const State&) {
-    p.add({Phase::Forward, -1, StepKind::AllReduce, -1, false, 1, State{}});
+    p.add({Phase::Forward, -1, StepKind::AllReduce, -1, false,
+           (1 + static_cast<int64_t>(kAgreementValues)) * detail::stat_units<T>, State{}});
   }
 
   template <class Y>
@@ -45,10 +48,11 @@ class MSELoss {
     bool owner = true;
     for (int m = 0; m < M; ++m)
       if (!Y::placement_state[m].is_shard()) owner = owner && mesh.coord(m) == 0;
-    T sum = owner ? static_cast<T>(sum_of_squares(*diff_)) : T(0);
-    all_reduce_values(mesh.comm(), &sum, 1, ReduceOp::Sum);
-    CommCounter::record(StepKind::AllReduce, -1, sizeof(T));
-    return sum / static_cast<T>(numel_);
+    std::vector<double> sum;
+    sum.reserve(1 + kAgreementValues);  // the check's values go in without a second allocation
+    sum.push_back(owner ? sum_of_squares(*diff_) : 0.0);
+    detail::checked_sums(sum, "MSELoss", y.shape(), [&](auto&& f) { f(mesh.comm(), -1); });
+    return static_cast<T>(sum[0] / static_cast<double>(numel_));
   }
 
   // The gradient of the last forward's loss, placed like its y.
@@ -62,11 +66,11 @@ class MSELoss {
   }
 
  private:
-  // In T on the host (Eigen), as the loss is defined; a device sums in its kernel.
+  // In double on the host (Eigen); a device sums in its kernel (float accumulating in double).
   static double sum_of_squares(const Tensor<T, Cfg::rank>& d) {
     if (!d.device().is_host())
       return dtensor::detail::device_backend(d.device()).sum_squares(dtype_of<T>(), d.data(), d.numel());
-    return static_cast<double>(as_eigen_array(d).square().sum());
+    return as_eigen_array(d).template cast<double>().square().sum();
   }
   static constexpr bool has_partial(const State& s) {
     for (const auto& p : s)

@@ -102,9 +102,12 @@ class Norm {
     if (kFeatureSharded && Cfg::tp >= 0) {
       State rows = in_state();
       rows[Cfg::tp] = partial_sum();
-      const int64_t stats = kStats * detail::stat_units<T>;  // doubles, in T-sized units
-      p.add({Phase::Forward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows});
-      if (input_grad) p.add({Phase::Backward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows});
+      // kStats doubles per row and the shape agreement check's values (nn/channel_stats.hpp),
+      // in T-sized units.
+      const int64_t stats = kStats * detail::stat_units<T>;
+      const int64_t check = static_cast<int64_t>(kAgreementValues) * detail::stat_units<T>;
+      p.add({Phase::Forward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows, -1, {}, 0, check});
+      if (input_grad) p.add({Phase::Backward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows, -1, {}, 0, check});
     }
     add_reductions(p, layer, 0, param_state(), param_grad(grad_out), {Features, 1}, 1);
     if constexpr (Kind == NormKind::Layer) add_reductions(p, layer, 1, param_state(), param_grad(grad_out), {Features, 1}, 1);
@@ -138,7 +141,7 @@ class Norm {
     // Row statistics over the global features: [sum,] sum of squares per row, reduced
     // over TP together when the features are sharded.
     std::vector<double> stats = row_stats(dev, lx.data(), static_cast<const T*>(nullptr), rows, cols);
-    if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(x.mesh(), stats);
+    if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(x.mesh(), stats, x.shape());
     const double n = static_cast<double>(Features);
     std::vector<double> mean(static_cast<std::size_t>(rows), 0.0);
     inv_.assign(static_cast<std::size_t>(rows), 0.0);
@@ -196,7 +199,7 @@ class Norm {
       local::row_affine(dev, ld.data(), static_cast<const T*>(nullptr), {.col_scale = g.data()}, rows, cols,
                         dxh.data());
       std::vector<double> stats = row_stats(dev, dxh.data(), xhat->data(), rows, cols);
-      if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(dy.mesh(), stats);
+      if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(dy.mesh(), stats, dy.shape());
       const double n = static_cast<double>(Features);
       std::vector<double> m1(static_cast<std::size_t>(rows), 0.0), xhat_scale(m1.size());
       for (int64_t r = 0; r < rows; ++r) {
@@ -231,9 +234,8 @@ class Norm {
     return r;
   }
   template <class Mesh>
-  static void reduce_rows(const Mesh& mesh, std::vector<double>& stats) {
-    all_reduce_values(mesh.comm(Cfg::tp), stats.data(), stats.size(), ReduceOp::Sum);  // host statistics
-    CommCounter::record(StepKind::AllReduce, Cfg::tp, stats.size() * sizeof(double));
+  static void reduce_rows(const Mesh& mesh, std::vector<double>& stats, const Shape<Rank>& shape) {
+    detail::checked_sums(stats, name, shape, [&](auto&& f) { f(mesh.comm(Cfg::tp), Cfg::tp); });
   }
 
   double eps_;

@@ -28,6 +28,8 @@ constexpr const char* name(Phase p) {
 
 // One collective of a plan. An activation holds tokens x `elements` values, a
 // parameter `elements` values; `before` is its placements when the collective runs.
+// `fixed` values more travel on every rank whatever the tokens (a layer's shape
+// agreement check, comm/agreement.hpp).
 template <std::size_t M>
 struct PlannedCollective {
   Phase phase = Phase::Forward;
@@ -40,6 +42,7 @@ struct PlannedCollective {
   int parameter = -1;  // GradReduce: the parameter's index in its layer (for_each_parameter order)
   std::array<int64_t, 2> shape{};  // GradReduce: the parameter's global shape (rank 1 or 2)
   int ndim = 0;
+  int64_t fixed = 0;
 
   // Elements of the parameter block the rank at `coords` holds (GradReduce entries):
   // exact, by the chunk rule (a chunk of a chunk where two mesh dims shard one dim).
@@ -63,7 +66,7 @@ struct PlannedCollective {
     int64_t e = (per_token ? tokens : 1) * elements;
     for (std::size_t m = 0; m < M; ++m)
       if (before[m].is_shard()) e /= mesh_shape[m];
-    return e;
+    return e + fixed;
   }
 };
 
