@@ -27,6 +27,11 @@ declare -A mpi=(
   [timeout]="all_reduce #1 timed out after 1 s"
   [early]="returned from its function"
 )
+# The default mode (no DTENSOR_CHECK_COLLECTIVES): the deadline alone ends the job.
+declare -A mpi_default=(
+  [early_default]="all_reduce #1 .4 elements, a communicator of 3 ranks. has waited 2.[0-9] s"
+  [stop_default]="all_reduce #1 .4 elements, a communicator of 3 ranks. has waited 2.[0-9] s"
+)
 
 printf "| case | runs | ok | hangs | other failures |\n|---|---|---|---|---|\n"
 for tc in "${inprocess[@]}"; do
@@ -48,5 +53,16 @@ if [[ -x $bin/mpi_rank_failure ]]; then
       else ((bad++)); fi
     done
     printf "| MPI (3 processes): %s | %d | %d | %d | %d |\n" "$mode" "$n" "$ok" "$hang" "$bad"
+  done
+  for mode in "${!mpi_default[@]}"; do
+    ok=0 hang=0 bad=0
+    for ((i = 0; i < n; ++i)); do
+      out=$(DTENSOR_TIMEOUT_S=2 timeout 60 mpiexec -n 3 "$bin/mpi_rank_failure" "$mode" 2>&1)
+      rc=$?
+      if [[ $rc == 124 ]]; then ((hang++))
+      elif grep -Eq "${mpi_default[$mode]}" <<< "$out" && ! grep -q "not reached" <<< "$out"; then ((ok++))
+      else ((bad++)); fi
+    done
+    printf "| MPI (3 processes, default mode): %s | %d | %d | %d | %d |\n" "$mode" "$n" "$ok" "$hang" "$bad"
   done
 fi

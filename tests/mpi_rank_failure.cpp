@@ -4,6 +4,10 @@
 //   sizes     rank 2 contributes fewer elements to an all_gather
 //   timeout   rank 1 arrives 5 s late; DTENSOR_TIMEOUT_S=1 for the others
 //   early     rank 1 returns without calling the collective the others wait in
+// and in the default mode (no DTENSOR_CHECK_COLLECTIVES; the deadline,
+// DTENSOR_TIMEOUT_S=2, is all that watches):
+//   early_default  rank 1 returns early, as `early`
+//   stop_default   rank 1 stops itself (SIGSTOP) before the collective
 //   p2p       ranks 0 and 2 exchange messages with rank 1, which never posts its
 //             side (it sleeps 5 s); DTENSOR_TIMEOUT_S=1 for the others
 //   p2p_short rank 1 sends 3 elements where rank 0's irecv takes 4
@@ -23,6 +27,7 @@
 // (run_mpi's MPI_Abort), never hang; ctest checks the message.
 #include <dtensor/mpi.hpp>
 
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -58,7 +63,14 @@ int main(int argc, char** argv) {
       std::printf("not reached\n");
       return;
     }
-    if (mode == "early" && comm.rank() == 1) return;
+    if ((mode == "early" || mode == "early_default") && comm.rank() == 1) return;
+    if (mode == "stop_default" && comm.rank() == 1) {
+      std::raise(SIGSTOP);
+      // mpirun may continue it while ending the job: it must not then complete the
+      // all-reduce from what its dead peers had sent.
+      std::this_thread::sleep_for(std::chrono::seconds(30));
+      return;
+    }
     if (mode == "p2p") {
       if (comm.rank() == 1) {
         std::this_thread::sleep_for(std::chrono::seconds(5));

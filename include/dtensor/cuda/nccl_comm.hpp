@@ -22,8 +22,8 @@
 //
 // Faults. After queueing a collective the calling thread waits for it, polling an
 // event (spinning briefly, then sleeping) and NCCL's asynchronous error state. An
-// asynchronous error, a GPU fault or the timeout (NcclOptions::timeout, default
-// DTENSOR_TIMEOUT_S) aborts the NCCL communicator (ncclCommAbort) and throws
+// asynchronous error, a GPU fault or the timeout (NcclOptions::timeout, default the
+// runtimes' deadline, comm/deadline.hpp) aborts the NCCL communicator (ncclCommAbort) and throws
 // CommError, CudaError or CollectiveTimeout naming the collective, the rank and the
 // time it waited. Any other failure after a rank has entered a collective aborts it
 // as well: its peers are inside the collective and it can no longer match them.
@@ -125,6 +125,7 @@
 
 #include "dtensor/comm/collective_kind.hpp"
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/deadline.hpp"
 #include "dtensor/comm/signature.hpp"
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/cuda/kernels.hpp"
@@ -216,11 +217,11 @@ struct NcclOptions {
   // init_all, which makes one stream per communicator.
   cudaStream_t stream = nullptr;
   // How long a collective may take before the communicator is aborted and
-  // CollectiveTimeout thrown. Unset: DTENSOR_TIMEOUT_S (seconds) if set, else no
-  // limit. Zero or negative: no limit.
+  // CollectiveTimeout thrown. Unset: the runtimes' deadline (comm/deadline.hpp:
+  // DTENSOR_TIMEOUT_S, else 120 s). Zero or negative: no limit.
   std::optional<std::chrono::milliseconds> timeout;
   // Guarded mode (see the top of this file). Unset: on when DTENSOR_CHECK_COLLECTIVES
-  // is set and not "0", or when DTENSOR_TIMEOUT_S is set, as for MpiComm.
+  // is set and not "0", as for MpiComm.
   std::optional<bool> check_collectives;
 };
 
@@ -1059,12 +1060,11 @@ class NcclComm final : public Comm {
 
   static Settings settings(const Options& o) {
     Settings s;
-    double env_s = 0;
-    if (const char* t = std::getenv("DTENSOR_TIMEOUT_S")) env_s = std::atof(t);
+    const double deadline = deadline_s();
     if (o.timeout) s.timeout = std::max(*o.timeout, std::chrono::milliseconds(0));
-    else if (env_s > 0) s.timeout = std::chrono::milliseconds(std::max<long long>(1, std::llround(env_s * 1000)));
+    else if (deadline > 0) s.timeout = std::chrono::milliseconds(std::max<long long>(1, std::llround(deadline * 1000)));
     const char* c = std::getenv("DTENSOR_CHECK_COLLECTIVES");
-    s.guarded = o.check_collectives ? *o.check_collectives : (env_s > 0 || (c && *c && *c != '0'));
+    s.guarded = o.check_collectives ? *o.check_collectives : (c && *c && *c != '0');
     return s;
   }
 

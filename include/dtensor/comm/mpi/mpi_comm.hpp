@@ -11,8 +11,8 @@
 //
 // Point to point (start_exchange): MPI_Irecv and MPI_Isend on nested hvector
 // datatypes built from each Region, so faces of a block travel in place; the
-// Request polls them against DTENSOR_TIMEOUT_S (300 s when unset) and checks each
-// received size. The blocking send is Comm's, on top of it; the blocking recv
+// Request polls them against the deadline (comm/deadline.hpp: DTENSOR_TIMEOUT_S, 120 s
+// when unset) and checks each received size. The blocking send is Comm's, on top of it; the blocking recv
 // probes the size first. An exchange that fails (an MPI error, a message of the
 // wrong size) is failed for good: every later wait() or test() rethrows its error,
 // and the receives of the same batch that did complete are still finished
@@ -40,13 +40,19 @@
 //
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
 //
-// Guarded mode (DTENSOR_CHECK_COLLECTIVES=1, or DTENSOR_TIMEOUT_S=seconds): before
-// each collective the ranks exchange a signature (sequence number, kind, element
-// type, reduction, root, size) with a non-blocking all-gather polled against the
-// timeout. Ranks that call different collectives or disagree on sizes get a
-// CommError on every rank instead of a hang or corrupted memory; a rank that never
-// arrives makes the others raise CollectiveTimeout (and run_mpi then aborts the
-// job). Off by default: it costs one small all-gather per collective.
+// Deadlines, by default: every blocking collective is watched (comm/mpi/watchdog.hpp)
+// and one still waiting at the deadline ends the job with a message naming the rank,
+// the collective and its number; the non-blocking waits poll against it. A rank that
+// returned early or was stopped can no longer hang the job. The watching costs a few
+// relaxed stores per collective (bench/README.md: within the noise).
+//
+// Guarded mode (DTENSOR_CHECK_COLLECTIVES=1): before each collective the ranks
+// exchange a signature (sequence number, kind, element type, reduction, root, size)
+// with a non-blocking all-gather polled against the deadline. Ranks that call
+// different collectives or disagree on sizes get a CommError on every rank instead
+// of a hang or corrupted memory; a rank that never arrives makes the others raise
+// CollectiveTimeout (and run_mpi then aborts the job), and one that returned from its
+// function is named. Off by default: it costs one small all-gather per collective.
 #include <mpi.h>
 
 #include <chrono>
@@ -64,6 +70,8 @@
 
 #include "dtensor/comm/collective_kind.hpp"
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/deadline.hpp"
+#include "dtensor/comm/mpi/watchdog.hpp"
 #include "dtensor/comm/signature.hpp"
 #include "dtensor/util/error.hpp"
 
@@ -631,9 +639,10 @@ class MpiComm final : public Comm {
     detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
-    if (const char* t = std::getenv("DTENSOR_TIMEOUT_S")) timeout_s_ = std::atof(t);
+    detail::check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank");
+    timeout_s_ = deadline_s();
     const char* c = std::getenv("DTENSOR_CHECK_COLLECTIVES");
-    guarded_ = timeout_s_ > 0 || (c && *c && *c != '0');
+    guarded_ = c && *c && *c != '0';
   }
   // A duplicate of MPI_COMM_WORLD: dtensor's traffic never mixes with the program's.
   static std::unique_ptr<MpiComm> world() {
@@ -655,20 +664,22 @@ class MpiComm final : public Comm {
   // MPI_Finalize (which can then keep the job from ending): the peers' timeout aborts
   // the job, or this rank's own timeout names the problem.
   void finish() {
-    if (guarded_) exchange_signatures(detail::kFinishedKind, kFinished, DType::Int8, ReduceOp::Sum, 0, 0);
+    if (!guarded_) return;
+    ++seq_;
+    exchange_signatures(detail::kFinishedKind, kFinished, DType::Int8, ReduceOp::Sum, 0, 0);
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
   void barrier() override {
-    enter(Collective::Barrier, DType::Int8, ReduceOp::Sum, 0, 0);
+    const auto watched = enter(Collective::Barrier, DType::Int8, ReduceOp::Sum, 0, 0);
     detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
-    enter(Collective::AllReduce, t, op, 0, n);
+    const auto watched = enter(Collective::AllReduce, t, op, 0, n);
     detail::check_mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op),
                                     comm_),
                       "MPI_Allreduce");
@@ -680,7 +691,7 @@ class MpiComm final : public Comm {
   // posted it (a mismatch is then a CommError on every rank, before MPI sees it).
   Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
-    enter(Collective::AllReduce, t, op, 0, n);
+    (void)enter(Collective::AllReduce, t, op, 0, n);  // polled against the deadline: not watched
     return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
                                                           send, recv, n, t, op));
   }
@@ -709,7 +720,7 @@ class MpiComm final : public Comm {
   }
 
   void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    enter(Collective::Broadcast, t, ReduceOp::Sum, root, static_cast<int64_t>(count));
+    const auto watched = enter(Collective::Broadcast, t, ReduceOp::Sum, root, static_cast<int64_t>(count));
     detail::check_mpi(MPI_Bcast(buf, detail::mpi_count(static_cast<int64_t>(count), "broadcast"), detail::mpi_type(t),
                                 root, comm_),
                       "MPI_Bcast");
@@ -718,7 +729,8 @@ class MpiComm final : public Comm {
   void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
                   DType t) override {
     check_peers(recv_blocks, "all_gather");
-    const auto& sig = enter(Collective::AllGather, t, ReduceOp::Sum, 0, send_block.numel());
+    const auto watched = enter(Collective::AllGather, t, ReduceOp::Sum, 0, send_block.numel());
+    const auto& sig = signatures_;
     if (guarded_)  // each rank's contribution must fill the block reserved for it
       for (int k = 0; k < size_; ++k)
         if (sig[k].count != recv_blocks[k].numel())
@@ -744,7 +756,7 @@ class MpiComm final : public Comm {
   void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                       ReduceOp op) override {
     check_peers(send_blocks, "reduce_scatter");
-    enter(Collective::ReduceScatter, t, op, 0, 0);
+    const auto watched = enter(Collective::ReduceScatter, t, op, 0, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts(size_);
     for (int k = 0; k < size_; ++k) counts[k] = detail::mpi_count(send_blocks[k].numel(), "reduce_scatter");
@@ -781,7 +793,7 @@ class MpiComm final : public Comm {
                   std::span<const Block> recv_blocks, DType t) override {
     check_peers(send_blocks, "all_to_all");
     check_peers(recv_blocks, "all_to_all");
-    enter(Collective::AllToAll, t, ReduceOp::Sum, 0, 0);
+    const auto watched = enter(Collective::AllToAll, t, ReduceOp::Sum, 0, 0);
     // Always MPI_Alltoallw: whether this rank's blocks happen to be contiguous (a
     // shard of one row, an empty shard) differs from rank to rank, and every rank
     // must make the same MPI call.
@@ -790,7 +802,7 @@ class MpiComm final : public Comm {
 
   void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                int root) override {
-    enter(Collective::Scatter, t, ReduceOp::Sum, root, 0);
+    const auto watched = enter(Collective::Scatter, t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
     std::vector<std::byte> packed;
@@ -822,7 +834,7 @@ class MpiComm final : public Comm {
 
   void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
               int root) override {
-    enter(Collective::Gather, t, ReduceOp::Sum, root, 0);
+    const auto watched = enter(Collective::Gather, t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
     std::vector<std::byte> packed;
@@ -849,10 +861,8 @@ class MpiComm final : public Comm {
   }
 
   // Point to point: see detail::MpiExchange. The blocking send is the base class's,
-  // on top of it. A wait lasts at most DTENSOR_TIMEOUT_S, or kExchangeTimeoutS when
-  // unset: a peer that never posts its side must end in an error, not a hang, even
-  // outside guarded mode.
-  static constexpr double kExchangeTimeoutS = 300;
+  // on top of it. A wait lasts at most the deadline: a peer that never posts its side
+  // ends in an error, not a hang, in every mode.
   Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
     check_not_poisoned("start_exchange");
     for (const SendSpec& s : sends) check_message(s.peer, s.tag, s.region, "start_exchange (send)");
@@ -888,7 +898,7 @@ class MpiComm final : public Comm {
   }
 
   std::unique_ptr<Comm> split(int color, int key) override {
-    enter(Collective::Split, DType::Int8, ReduceOp::Sum, 0, 0);
+    const auto watched = enter(Collective::Split, DType::Int8, ReduceOp::Sum, 0, 0);
     MPI_Comm out;
     detail::check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "MPI_Comm_split");
     if (out == MPI_COMM_NULL) return nullptr;
@@ -898,15 +908,18 @@ class MpiComm final : public Comm {
  private:
   static constexpr const char* kFinished = "the end of run_mpi";
 
-  // Guarded mode: exchange and compare signatures (see the top of this file and
-  // comm/signature.hpp). Returns every rank's signature; empty when not guarded.
-  const std::vector<detail::Signature>& enter(Collective k, DType t, ReduceOp rop, int root, int64_t count) {
-    return exchange_signatures(static_cast<int64_t>(k), name(k), t, rop, root, count);
+  // Every collective starts here: its number; in guarded mode the exchange and
+  // comparison of signatures (see the top of this file and comm/signature.hpp; they
+  // are left in signatures_); the watch of the blocking call that follows, which
+  // ends when the returned object goes.
+  [[nodiscard]] detail::WatchedCall enter(Collective k, DType t, ReduceOp rop, int root, int64_t count) {
+    ++seq_;
+    if (guarded_) exchange_signatures(static_cast<int64_t>(k), name(k), t, rop, root, count);
+    if (timeout_s_ <= 0) return {};
+    return detail::WatchedCall(name(k), seq_, count > 0 ? count : -1, rank_, world_rank_, size_, timeout_s_);
   }
   const std::vector<detail::Signature>& exchange_signatures(int64_t kind, const char* op, DType t, ReduceOp rop,
                                                             int root, int64_t count) {
-    if (!guarded_) return signatures_;
-    ++seq_;
     const detail::Signature mine{seq_, kind, static_cast<int64_t>(t), static_cast<int64_t>(rop), root, count};
     signatures_.resize(size_);
     MPI_Request req;
@@ -934,7 +947,8 @@ class MpiComm final : public Comm {
     }
   }
 
-  double exchange_timeout_s() const { return timeout_s_ > 0 ? timeout_s_ : kExchangeTimeoutS; }
+  // No deadline (DTENSOR_TIMEOUT_S=0): 1e9 s, which a time_point can still add.
+  double exchange_timeout_s() const { return timeout_s_ > 0 ? timeout_s_ : 1e9; }
 
   // See "Abandoned exchanges" at the top of this file.
   void check_not_poisoned(const char* op) const {
@@ -975,7 +989,7 @@ class MpiComm final : public Comm {
 
   MPI_Comm comm_;
   bool owned_;
-  int rank_ = 0, size_ = 0;
+  int rank_ = 0, size_ = 0, world_rank_ = 0;
   bool guarded_ = false;
   double timeout_s_ = 0;
   int64_t seq_ = 0;

@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtensor/comm/deadline.hpp"
 #include "dtensor/tensor/device.hpp"
 #include "dtensor/util/error.hpp"
 
@@ -44,13 +45,11 @@ struct RunOptions {
   // dtensor/cuda.hpp). Several ranks may share one GPU.
   Device device = Device::host();
 
+  // comm/deadline.hpp's: DTENSOR_TIMEOUT_S, else 120 s; none (a year) for 0.
   static std::chrono::milliseconds default_timeout() {
-    if (const char* s = std::getenv("DTENSOR_TIMEOUT_S")) {
-      char* end = nullptr;
-      double v = std::strtod(s, &end);
-      if (end != s && v > 0) return std::chrono::milliseconds(static_cast<int64_t>(v * 1000));
-    }
-    return std::chrono::seconds(300);
+    const double s = deadline_s();
+    if (s <= 0) return std::chrono::hours(24 * 365);
+    return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
   }
 };
 
