@@ -90,6 +90,26 @@ TEST_CASE("a rank that returns early, skipping a collective, is reported without
   CHECK(seconds_since(t0) < 5);
 }
 
+TEST_CASE("a mismatch on a mesh dim's communicator names the world ranks too") {
+  // A 2x2 mesh: mesh dim 0's communicator of the column at coordinate 1 holds world
+  // ranks 1 and 3 as its ranks 0 and 1. They disagree on the element count; either
+  // may report first.
+  std::string what;
+  try {
+    run_threads(4, [](Comm& comm) {
+      DeviceMesh<2> mesh(comm, {2, 2});
+      std::vector<float> v(comm.rank() == 3 ? 5 : 4);
+      all_reduce<float>(mesh.comm(0), v);
+    });
+  } catch (const RankFailure& e) {
+    what = e.what();
+  }
+  INFO(what);
+  CHECK(what.find("disagree on the element count") != std::string::npos);
+  CHECK(what.find("rank 0 (world rank 1)") != std::string::npos);
+  CHECK(what.find("rank 1 (world rank 3)") != std::string::npos);
+}
+
 TEST_CASE("mismatched collectives and sizes are detected on the first synchronisation") {
   CHECK_THROWS_WITH_AS(run_threads(2,
                                    [](Comm& comm) {

@@ -67,23 +67,34 @@ inline const char* op_name(int64_t op) {
 }
 }  // namespace signature_detail
 
+// "rank r", and its world rank where it differs: on a sub-communicator (a mesh dim's)
+// the ranks are not the ones a user launched, and "rank 1 and rank 0 disagree" would
+// name the wrong processes. `world_ranks` maps communicator ranks to world ranks
+// (empty: the same).
+inline std::string rank_label(int r, std::span<const int> world_ranks) {
+  if (r < 0 || static_cast<std::size_t>(r) >= world_ranks.size() || world_ranks[static_cast<std::size_t>(r)] == r)
+    return cat("rank ", r);
+  return cat("rank ", r, " (world rank ", world_ranks[static_cast<std::size_t>(r)], ")");
+}
+
 // Compares rank `me`'s signature with every other's; throws CommError naming the
-// first disagreement.
-inline void check_signatures(std::span<const Signature> all, int me) {
+// first disagreement, with world ranks where they differ (see rank_label).
+inline void check_signatures(std::span<const Signature> all, int me, std::span<const int> world_ranks = {}) {
   using namespace signature_detail;
   const Signature& mine = all[static_cast<std::size_t>(me)];
   const int n = static_cast<int>(all.size());
+  auto rank = [&](int r) { return rank_label(r, world_ranks); };
   for (int k = 0; k < n; ++k) {
     const Signature& o = all[static_cast<std::size_t>(k)];
     if (o.kind == kFinishedKind && mine.kind != kFinishedKind)
-      throw CommError(cat("dtensor: rank ", me, ": ", kind_name(mine.kind), " #", mine.seq, ": rank ", k,
+      throw CommError(cat("dtensor: ", rank(me), ": ", kind_name(mine.kind), " #", mine.seq, ": ", rank(k),
                           " returned from its function without joining this collective"));
     if (mine.kind == kFinishedKind && o.kind != kFinishedKind)
-      throw CommError(cat("dtensor: rank ", me, " returned from its function while rank ", k,
+      throw CommError(cat("dtensor: ", rank(me), " returned from its function while ", rank(k),
                           " waits in its collective #", o.seq, " (", kind_name(o.kind), "): a collective was skipped"));
     if (o.seq != mine.seq || o.kind != mine.kind)
-      throw CommError(cat("dtensor: collective mismatch on a communicator of ", n, " ranks: rank ", me, " called ",
-                          kind_name(mine.kind), " #", mine.seq, " while rank ", k, " called ", kind_name(o.kind),
+      throw CommError(cat("dtensor: collective mismatch on a communicator of ", n, " ranks: ", rank(me), " called ",
+                          kind_name(mine.kind), " #", mine.seq, " while ", rank(k), " called ", kind_name(o.kind),
                           " #", o.seq));
   }
   if (mine.kind < 0 || mine.kind >= kCollectiveKinds) return;
@@ -92,7 +103,7 @@ inline void check_signatures(std::span<const Signature> all, int me) {
   for (int k = 0; k < n; ++k) {
     const Signature& o = all[static_cast<std::size_t>(k)];
     auto disagree = [&](auto&&... about) {
-      throw CommError(cat("dtensor: ", what, " #", mine.seq, ": rank ", me, " and rank ", k, " disagree on the ",
+      throw CommError(cat("dtensor: ", what, " #", mine.seq, ": ", rank(me), " and ", rank(k), " disagree on the ",
                           about...));
     };
     if (f.dtype && o.dtype != mine.dtype)

@@ -614,6 +614,21 @@ inline void prefer_ring_iallreduce() {
 #endif
 }
 
+// The world rank of each rank of `comm` (MPI_Group_translate_ranks, once per
+// communicator), for messages that name the processes a user launched.
+inline std::vector<int> world_ranks_of(MPI_Comm comm, int size) {
+  MPI_Group group, world;
+  check_mpi(MPI_Comm_group(comm, &group), "MPI_Comm_group");
+  check_mpi(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group");
+  std::vector<int> ranks(static_cast<std::size_t>(size)), out(ranks.size());
+  for (int k = 0; k < size; ++k) ranks[static_cast<std::size_t>(k)] = k;
+  const int rc = MPI_Group_translate_ranks(group, size, ranks.data(), world, out.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  check_mpi(rc, "MPI_Group_translate_ranks");
+  return out;
+}
+
 // Blocks that are contiguous and lie one after another in rank order: the plain
 // v-collectives apply, with counts and displacements in elements.
 inline bool packed_in_order(std::span<const Block> blocks) {  // in rank order, no gaps
@@ -640,6 +655,7 @@ class MpiComm final : public Comm {
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
     detail::check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank");
+    world_ranks_ = detail::world_ranks_of(comm_, size_);
     timeout_s_ = deadline_s();
     const char* c = std::getenv("DTENSOR_CHECK_COLLECTIVES");
     guarded_ = c && *c && *c != '0';
@@ -885,7 +901,8 @@ class MpiComm final : public Comm {
       if (found) break;
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > exchange_timeout_s())
-        throw CollectiveTimeout(detail::cat("dtensor: rank ", rank_, ": recv from rank ", src, " (tag ", tag, ", ",
+        throw CollectiveTimeout(detail::cat("dtensor: ", me(), ": recv from ", detail::rank_label(src, world_ranks_),
+                                            " (tag ", tag, ", ",
                                             count, " elements) timed out after ", exchange_timeout_s(),
                                             " s (DTENSOR_TIMEOUT_S)"));
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
@@ -927,7 +944,7 @@ class MpiComm final : public Comm {
     detail::check_mpi(MPI_Iallgather(&mine, 6, MPI_INT64_T, signatures_.data(), 6, MPI_INT64_T, comm_, &req),
                       "MPI_Iallgather");
     wait(req, op);
-    detail::check_signatures(signatures_, rank_);
+    detail::check_signatures(signatures_, rank_, world_ranks_);
     return signatures_;
   }
 
@@ -940,7 +957,7 @@ class MpiComm final : public Comm {
       if (done) return;
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (timeout_s_ > 0 && waited > timeout_s_)
-        throw CollectiveTimeout(detail::cat("dtensor: rank ", rank_, ": ", op, " #", seq_, " timed out after ",
+        throw CollectiveTimeout(detail::cat("dtensor: ", me(), ": ", op, " #", seq_, " timed out after ",
                                             timeout_s_, " s waiting for the other ranks to call it "
                                             "(DTENSOR_TIMEOUT_S)"));
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
@@ -953,7 +970,7 @@ class MpiComm final : public Comm {
   // See "Abandoned exchanges" at the top of this file.
   void check_not_poisoned(const char* op) const {
     if (!poison_->why.empty())
-      throw CommError(detail::cat("dtensor: rank ", rank_, ": ", op, " refused: ", poison_->why));
+      throw CommError(detail::cat("dtensor: ", me(), ": ", op, " refused: ", poison_->why));
   }
 
 
@@ -990,6 +1007,8 @@ class MpiComm final : public Comm {
   MPI_Comm comm_;
   bool owned_;
   int rank_ = 0, size_ = 0, world_rank_ = 0;
+  std::vector<int> world_ranks_;  // this communicator's ranks in MPI_COMM_WORLD
+  std::string me() const { return detail::rank_label(rank_, world_ranks_); }
   bool guarded_ = false;
   double timeout_s_ = 0;
   int64_t seq_ = 0;

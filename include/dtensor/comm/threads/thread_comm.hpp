@@ -1149,7 +1149,7 @@ class ThreadComm final : public Comm {
                                            .count = static_cast<int64_t>(s.count)};
     }
     try {
-      detail::check_signatures(sigs, rank_);
+      detail::check_signatures(sigs, rank_, g_->world_ranks);
     } catch (const CommError& e) {
       world().fail(world_rank(), e);
     }
