@@ -24,11 +24,15 @@ namespace detail {
 template <int mesh_dim, class From, class To>
 struct check_redistribute_on_mesh_dim {
   static_assert(transition_error(describe<From>(), describe<To>()) != TransitionError::ShardToPartial,
-                "dtensor::redistribute: Shard -> Partial on a mesh dim is not allowed: a shard cannot be split into "
-                "partial terms. Keep Shard, or redistribute to Replicate (all-gather) and then to Partial.");
+                "dtensor::redistribute: Shard -> Partial on a mesh dim is not allowed (the mesh dim is the first "
+                "argument of check_redistribute_on_mesh_dim<mesh dim, from, to> in the instantiation line above): a "
+                "shard cannot be split into partial terms. Keep Shard, or redistribute to Replicate (all-gather) "
+                "and then to Partial.");
   static_assert(transition_error(describe<From>(), describe<To>()) != TransitionError::PartialToOtherPartial,
-                "dtensor::redistribute: Partial<A> -> Partial<B> with A != B on a mesh dim is not allowed: terms "
-                "reduced by one operator cannot be turned into terms of another. Redistribute to Replicate first.");
+                "dtensor::redistribute: Partial<A> -> Partial<B> with A != B on a mesh dim is not allowed (the mesh "
+                "dim is the first argument of check_redistribute_on_mesh_dim<mesh dim, from, to> in the "
+                "instantiation line above): terms reduced by one operator cannot be turned into terms of another. "
+                "Redistribute to Replicate first.");
   static constexpr bool ok = true;
 };
 

@@ -11,6 +11,7 @@
 //
 //   const auto& [a2, b2] = detail::operands_at<Policy, add_name, kNoOwnCollective, QA, QB>(a, b);
 #include <tuple>
+#include <utility>
 
 #include "dtensor/ops/placement_algebra.hpp"
 #include "dtensor/ops/policy.hpp"
@@ -20,6 +21,19 @@ namespace dtensor::detail {
 // For operators whose only communication is bringing their operands in place.
 inline constexpr bool kNoOwnCollective = false;
 
+// What the policy check names: the first operand's collective, else the operator's own.
+template <bool OwnCollective, class... FromTo>
+constexpr NeededCollective needed_collective() {
+  NeededCollective n = NeededCollective::None;
+  ((n = n != NeededCollective::None ? n
+        : communicates<typename FromTo::first_type, typename FromTo::second_type>()
+            ? first_collective<typename FromTo::first_type, typename FromTo::second_type>()
+            : NeededCollective::None),
+   ...);
+  if (n == NeededCollective::None && OwnCollective) n = NeededCollective::OwnReduction;
+  return n;
+}
+
 // The operands x... brought to the placement lists Targets... (one each), after the
 // policy check; OwnCollective: the operator communicates by itself (a reduction that
 // all-reduces over a sharded dim). Returns a tuple, each element a reference to the
@@ -28,7 +42,7 @@ template <class Policy, class Op, bool OwnCollective, class... Targets, class...
 auto operands_at(const X&... x) {
   static_assert(sizeof...(Targets) == sizeof...(X), "operands_at: one placement list per operand");
   static_assert(check_policy<Policy, Op, std::tuple<typename X::placements...>, std::tuple<Targets...>,
-                             OwnCollective || (communicates<typename X::placements, Targets>() || ...)>::ok);
+                             needed_collective<OwnCollective, std::pair<typename X::placements, Targets>...>()>::ok);
   return std::tuple<decltype(redistribute_as<Targets>(x))...>(redistribute_as<Targets>(x)...);
 }
 

@@ -35,6 +35,24 @@ struct dtensor_type<T, Rank, Placements<P...>> {
   using type = DTensor<T, Rank, P...>;
 };
 
+// The first collective redistributing From -> To issues (of the first candidate
+// that issues any), or None.
+template <class From, class To>
+constexpr NeededCollective first_collective() {
+  using R = Redistribution<From, To>;
+  for (int c = 0; c < R::candidates.count; ++c) {
+    const auto& plan = R::candidates.plans[c];
+    for (int i = 0; i < plan.nsteps; ++i) switch (plan.steps[i].kind) {
+        case StepKind::AllGather: return NeededCollective::AllGather;
+        case StepKind::AllReduce: return NeededCollective::AllReduce;
+        case StepKind::ReduceScatter: return NeededCollective::ReduceScatter;
+        case StepKind::AllToAll: return NeededCollective::AllToAll;
+        default: break;
+      }
+  }
+  return NeededCollective::None;
+}
+
 // Whether redistributing From -> To issues any collective, whichever candidate runs.
 template <class From, class To>
 constexpr bool communicates() {
