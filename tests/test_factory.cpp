@@ -120,3 +120,35 @@ TEST_CASE("rand and randn equal the single-rank fill, whatever the placements an
     CHECK(x.local() == box_of(u, x.local_offset(), x.local_shape()));
   });
 }
+
+TEST_CASE("from_function: element i of the global tensor is fn(i), on any placements, mesh and uneven blocks") {
+  const Shape<2> shape{9, 7};
+  auto fn = [](uint64_t i) { return 0.5 * static_cast<double>(i) - 3; };
+  Tensor<double, 2> want(shape);
+  for (int64_t i = 0; i < want.numel(); ++i) want.data()[i] = fn(static_cast<uint64_t>(i));
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [&](Comm& comm) {
+      DeviceMesh<1> line(comm);
+      CHECK(from_function<double, Shard<0>>(shape, line, fn).full_tensor() == want);
+      CHECK(from_function<double, Shard<1>>(shape, line, fn).full_tensor() == want);
+      CHECK(from_function<double, Partial<Sum>>(shape, line, fn).full_tensor() == want);
+      Splits<2> odd;
+      odd[0] = n == 1 ? V{9} : n == 2 ? V{2, 7} : n == 3 ? V{0, 4, 5} : V{1, 0, 6, 2};
+      CHECK(from_function<double, Shard<0>>(shape, line, fn, odd).full_tensor() == want);
+    });
+  spmd(4, [&](Comm& comm) {
+    DeviceMesh<2> grid(comm, {2, 2});
+    const auto x = from_function<float, Shard<0>, Shard<1>>(shape, grid, fn);
+    CHECK(x.full_tensor() == Tensor<float, 2>(shape, [&] {
+            std::vector<float> v(static_cast<std::size_t>(want.numel()));
+            for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(want.data()[i]);
+            return v;
+          }()));
+    // The counter-based generator as a function of the global index: rand's and randn's values.
+    CHECK(from_function<float, Shard<1>, Replicate>(shape, grid, [](uint64_t i) { return uniform_at<float>(5, i); })
+              .full_tensor() == rand<float>(shape, 5));
+    CHECK(from_function<double, Replicate, Shard<0>>(shape, grid, [](uint64_t i) { return normal_at<double>(6, i); })
+              .full_tensor() == randn<double>(shape, 6));
+  });
+  CHECK(hash64(1) != hash64(2));
+}

@@ -70,3 +70,14 @@ TEST_CASE("DeviceMesh: shapes that do not match the communicator are errors on e
     return;
   CHECK(caught == (dtensor::test::under_mpi() ? 3 : 12));
 }
+
+TEST_CASE("DeviceMesh takes the extents in any integer type; out of range is an error") {
+  spmd(4, [&](Comm& comm) {
+    const DeviceMesh<2> mesh(comm, std::array<int64_t, 2>{2, 2});
+    CHECK(mesh.shape() == std::array<int, 2>{2, 2});
+    const DeviceMesh<1> line(comm, std::array<std::size_t, 1>{4});
+    CHECK(line.size() == 4);
+    CHECK_THROWS_WITH_AS(DeviceMesh<2>(comm, std::array<int64_t, 2>{int64_t{1} << 40, 1}),
+                         doctest::Contains("outside [0, INT_MAX]"), InvalidArgument);
+  });
+}

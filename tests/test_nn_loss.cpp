@@ -290,6 +290,9 @@ TEST_CASE("cross-entropy takes the targets as a DTensor placed like the logits' 
     const Reference ref = reference(as_mat(z.full_tensor()), y, loss.options(), {});
     CHECK(std::abs(l - ref.loss) < 1e-12);
     CHECK(max_abs_diff(as_mat(loss.backward().full_tensor()), ref.grad) < 1e-12);
+    // The losses' one protocol, as MSELoss: backward(z) with the forward's logits.
+    (void)loss.forward(z, yd);
+    CHECK(max_abs_diff(as_mat(loss.backward(z).full_tensor()), ref.grad) < 1e-12);
   });
 }
 

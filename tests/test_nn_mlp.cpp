@@ -161,3 +161,20 @@ TEST_CASE("MLP on DP x TP meshes 2x2 and 2x3, batch uneven over DP") {
 static_assert(MLP<Cfg2>::plan(MLP<Cfg2>::output_placements, kIn).buckets(0, 200, 8, {2, 3}, {0, 0}) == 2);
 static_assert(MLP<Cfg2>::plan(MLP<Cfg2>::output_placements, kIn).buckets(0, 200, 8, {2, 3}, {0, 2}) == 1);
 }
+
+TEST_CASE("explain lists a training step's collectives in the order they run") {
+  // DP x TP: the rowwise layer's forward all-reduce, then (the backward has none here)
+  // the gradient reductions from the last layer to the first.
+  static constexpr auto plan = MLP<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn);
+  const std::string s = MLP<Cfg2>::explain(plan, 8, {2, 2});
+  INFO(s);
+  const auto forward = s.find("forward: layer 2"), loss = s.find("forward: loss"),
+             last = s.find("gradient reduction: layer 2"), first = s.find("gradient reduction: layer 0");
+  REQUIRE(forward != std::string::npos);
+  REQUIRE(loss != std::string::npos);
+  REQUIRE(last != std::string::npos);
+  REQUIRE(first != std::string::npos);
+  CHECK(forward < loss);
+  CHECK(loss < last);
+  CHECK(last < first);
+}

@@ -1,6 +1,8 @@
 #pragma once
 // Layers that train: placement rules per layer, typed models with a constexpr
-// communication plan, tensor-parallel styles, optimizers.
+// communication plan, tensor-parallel styles, optimizers. With the core
+// (dtensor/dtensor.hpp: meshes, runtimes, DTensors), so a model program needs no other.
+#include "dtensor/dtensor.hpp"
 #include "dtensor/nn/activation.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/dropout.hpp"

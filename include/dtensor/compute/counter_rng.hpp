@@ -41,6 +41,20 @@ DTENSOR_HOST_DEVICE T normal_value(uint64_t seed, uint64_t i) {
 
 namespace dtensor {
 
+// The counter-based generator behind rand, randn and dropout, for a program's own
+// fills (from_function): value i of the stream `seed` depends on (seed, i) alone, so
+// any rank computes any element without drawing the ones before it. Uniform in
+// [0, 1); standard normal (Box-Muller); hash64, the 64-bit mixer under both.
+template <class T>
+DTENSOR_HOST_DEVICE T uniform_at(uint64_t seed, uint64_t i) {
+  return detail::uniform_value<T>(seed, i);
+}
+template <class T>
+DTENSOR_HOST_DEVICE T normal_at(uint64_t seed, uint64_t i) {
+  return detail::normal_value<T>(seed, i);
+}
+DTENSOR_HOST_DEVICE constexpr uint64_t hash64(uint64_t x) { return detail::mix64(x); }
+
 // What a counter fill draws for global element i: a uniform [0, 1) or standard normal
 // value (rand, randn), or dropout's kept-and-scaled mask (`scale` where the uniform
 // draw of `stream` is at least p, else 0; nn/dropout.hpp).

@@ -77,6 +77,12 @@ void check_same_layout(const char* what, const DeviceMesh<M>& mesh, const std::a
 }
 
 template <int M, class... P>
+inline constexpr bool placements_fit_mesh = sizeof...(P) == static_cast<std::size_t>(M);
+
+// The factories assert this first, then compile their body only where it holds
+// (if constexpr), so that a wrong count of placements is one error, not the error
+// and the six that the body would add.
+template <int M, class... P>
 constexpr void check_mesh_matches() {
   static_assert(sizeof...(P) == static_cast<std::size_t>(M),
                 "dtensor: the number of placements must equal the number of mesh dimensions; "
@@ -151,49 +157,54 @@ template <class... P, class T, int Rank, int M>
 DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMesh<M>& mesh, int src = 0,
                                   const std::type_identity_t<Splits<Rank>>& splits = {}) {
   detail::check_mesh_matches<M, P...>();
-  using DT = DTensor<T, Rank, P...>;
-  Comm& comm = mesh.comm();
-  DTENSOR_CHECK(src >= 0 && src < comm.size(), InvalidArgument, "distribute: source rank ", src,
-                " is outside the mesh of ", comm.size(), " ranks");
-  Shape<Rank> shape = comm.rank() == src ? global.shape() : Shape<Rank>{};
-  broadcast_values(comm, shape.data(), Rank, src);
-  DT x = detail::make_dtensor<DT>(mesh, ShardLayout<Rank>::make(shape, DT::placement_state, mesh.shape(), splits));
-
-  // The source packs every rank's block, in rank order, into one staging buffer.
-  std::vector<T> staging;
-  detail::SmallVector<Block, 16> blocks(comm.size());
-  if (comm.rank() == src) {
-    int64_t total = 0;
-    std::vector<std::pair<Shape<Rank>, Shape<Rank>>> boxes(comm.size());
-    for (int r = 0; r < comm.size(); ++r) {
-      const auto c = mesh.coords_of(r);
-      const bool zero = detail::holds_zero_term(DT::placement_state, c);
-      boxes[r] = {x.layout().local_offset(DT::placement_state, mesh.shape(), c),
-                  x.layout().local_shape(DT::placement_state, mesh.shape(), c)};
-      const int64_t n = zero ? 0 : numel(boxes[r].second);
-      blocks[r] = Block::contiguous(total, n);
-      total += n;
-    }
-    staging.resize(static_cast<std::size_t>(total));
-    // A global tensor on a GPU is read through one host copy (distribute runs once, at setup).
-    const Tensor<T, Rank> host_copy = global.device().is_host() ? Tensor<T, Rank>() : global.to(Device::host());
-    const T* g = global.device().is_host() ? global.data() : host_copy.data();
-    for (int r = 0; r < comm.size(); ++r)
-      if (blocks[r].len > 0)
-        detail::copy_box_out(g, shape, boxes[r].first, boxes[r].second, staging.data() + blocks[r].offset);
-  }
-  const bool zero = detail::holds_zero_term(DT::placement_state, mesh.coords());
-  const Block mine = Block::contiguous(0, zero ? 0 : x.local().numel());
-  if (comm.device().is_host()) {
-    comm.scatter(staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
+  if constexpr (!detail::placements_fit_mesh<M, P...>) {
+    __builtin_unreachable();  // the assertion above failed
   } else {
-    auto dev_staging = Tensor<T, 1>::uninitialized(Shape<1>{static_cast<int64_t>(staging.size())}, comm.device());
-    if (!staging.empty())
-      detail::copy_bytes(dev_staging.data(), comm.device(), staging.data(), Device::host(), staging.size() * sizeof(T));
-    comm.scatter(dev_staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
+    using DT = DTensor<T, Rank, P...>;
+    Comm& comm = mesh.comm();
+    DTENSOR_CHECK(src >= 0 && src < comm.size(), InvalidArgument, "distribute: source rank ", src,
+                  " is outside the mesh of ", comm.size(), " ranks");
+    Shape<Rank> shape = comm.rank() == src ? global.shape() : Shape<Rank>{};
+    broadcast_values(comm, shape.data(), Rank, src);
+    DT x = detail::make_dtensor<DT>(mesh, ShardLayout<Rank>::make(shape, DT::placement_state, mesh.shape(), splits));
+
+    // The source packs every rank's block, in rank order, into one staging buffer.
+    std::vector<T> staging;
+    detail::SmallVector<Block, 16> blocks(comm.size());
+    if (comm.rank() == src) {
+      int64_t total = 0;
+      std::vector<std::pair<Shape<Rank>, Shape<Rank>>> boxes(comm.size());
+      for (int r = 0; r < comm.size(); ++r) {
+        const auto c = mesh.coords_of(r);
+        const bool zero = detail::holds_zero_term(DT::placement_state, c);
+        boxes[r] = {x.layout().local_offset(DT::placement_state, mesh.shape(), c),
+                    x.layout().local_shape(DT::placement_state, mesh.shape(), c)};
+        const int64_t n = zero ? 0 : numel(boxes[r].second);
+        blocks[r] = Block::contiguous(total, n);
+        total += n;
+      }
+      staging.resize(static_cast<std::size_t>(total));
+      // A global tensor on a GPU is read through one host copy (distribute runs once, at setup).
+      const Tensor<T, Rank> host_copy = global.device().is_host() ? Tensor<T, Rank>() : global.to(Device::host());
+      const T* g = global.device().is_host() ? global.data() : host_copy.data();
+      for (int r = 0; r < comm.size(); ++r)
+        if (blocks[r].len > 0)
+          detail::copy_box_out(g, shape, boxes[r].first, boxes[r].second, staging.data() + blocks[r].offset);
+    }
+    const bool zero = detail::holds_zero_term(DT::placement_state, mesh.coords());
+    const Block mine = Block::contiguous(0, zero ? 0 : x.local().numel());
+    if (comm.device().is_host()) {
+      comm.scatter(staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
+    } else {
+      auto dev_staging = Tensor<T, 1>::uninitialized(Shape<1>{static_cast<int64_t>(staging.size())}, comm.device());
+      if (!staging.empty())
+        detail::copy_bytes(dev_staging.data(), comm.device(), staging.data(), Device::host(),
+                           staging.size() * sizeof(T));
+      comm.scatter(dev_staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
+    }
+    if (zero) local::fill(x.local(), T{});
+    return x;
   }
-  if (zero) local::fill(x.local(), T{});
-  return x;
 }
 
 // Whether a factory checks that the ranks agree on the layout (one collective).
@@ -208,52 +219,57 @@ using FromLocalCheck = LayoutCheck;
 template <class... P, class T, int Rank, int M>
 DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& mesh,
                                   const std::type_identity_t<Shape<Rank>>& global_shape,
-                                  const std::type_identity_t<Splits<Rank>>& splits = {}, FromLocalCheck check = FromLocalCheck::Validate) {
+                                  const std::type_identity_t<Splits<Rank>>& splits = {},
+                                  FromLocalCheck check = FromLocalCheck::Validate) {
   detail::check_mesh_matches<M, P...>();
-  using DT = DTensor<T, Rank, P...>;
-  ShardLayout<Rank> layout;
-  std::string error;
-  try {
-    layout = ShardLayout<Rank>::make(global_shape, DT::placement_state, mesh.shape(), splits);
-  } catch (const InvalidArgument& e) {
-    error = e.what();
-  }
-  if (check == FromLocalCheck::Validate) {
-    // Per rank: [ok, dtype, local shape, expected local shape, global shape].
-    constexpr int W = 2 + 3 * Rank;
-    std::array<int64_t, W> mine{};
-    mine[0] = error.empty();
-    mine[1] = static_cast<int64_t>(dtype_of<T>());
-    const Shape<Rank> expect = error.empty() ? layout.local_shape(DT::placement_state, mesh.shape(), mesh.coords())
-                                             : Shape<Rank>{};
-    for (int d = 0; d < Rank; ++d)
-      mine[2 + d] = local.extent(d), mine[2 + Rank + d] = expect[d], mine[2 + 2 * Rank + d] = global_shape[d];
-    Comm& comm = mesh.comm();
-    const std::vector<int64_t> all = all_gather_values(comm, mine.data(), W);
-    for (int r = 0; r < comm.size(); ++r) {
-      const int64_t* e = all.data() + static_cast<std::size_t>(r) * W;
-      auto shape_at = [&](int at) {
-        Shape<Rank> s{};
-        for (int d = 0; d < Rank; ++d) s[d] = e[at + d];
-        return s;
-      };
-      DTENSOR_CHECK(e[0], InvalidArgument, "from_local: rank ", r, " gave an invalid layout",
-                    r == comm.rank() ? " (" + error + ")" : std::string());
-      DTENSOR_CHECK(e[1] == all[1], InvalidArgument, "from_local: rank ", r, " holds ",
-                    name(static_cast<DType>(e[1])), " elements but rank 0 holds ", name(static_cast<DType>(all[1])));
-      Shape<Rank> first{};  // rank 0's declaration: every rank compares with the same one
-      for (int d = 0; d < Rank; ++d) first[d] = all[2 + 2 * Rank + d];
-      DTENSOR_CHECK(shape_at(2 + 2 * Rank) == first, InvalidArgument, "from_local: rank ", r,
-                    " declares the global shape ", to_string(shape_at(2 + 2 * Rank)), " but rank 0 declares ",
-                    to_string(first));
-      DTENSOR_CHECK(shape_at(2) == shape_at(2 + Rank), InvalidArgument, "from_local: rank ", r,
-                    " holds a local block of shape ", to_string(shape_at(2)), " but the placements ",
-                    DT::placements_string(), " of a ", to_string(global_shape),
-                    " tensor give it ", to_string(shape_at(2 + Rank)));
+  if constexpr (!detail::placements_fit_mesh<M, P...>) {
+    __builtin_unreachable();  // the assertion above failed
+  } else {
+    using DT = DTensor<T, Rank, P...>;
+    ShardLayout<Rank> layout;
+    std::string error;
+    try {
+      layout = ShardLayout<Rank>::make(global_shape, DT::placement_state, mesh.shape(), splits);
+    } catch (const InvalidArgument& e) {
+      error = e.what();
     }
+    if (check == FromLocalCheck::Validate) {
+      // Per rank: [ok, dtype, local shape, expected local shape, global shape].
+      constexpr int W = 2 + 3 * Rank;
+      std::array<int64_t, W> mine{};
+      mine[0] = error.empty();
+      mine[1] = static_cast<int64_t>(dtype_of<T>());
+      const Shape<Rank> expect = error.empty() ? layout.local_shape(DT::placement_state, mesh.shape(), mesh.coords())
+                                               : Shape<Rank>{};
+      for (int d = 0; d < Rank; ++d)
+        mine[2 + d] = local.extent(d), mine[2 + Rank + d] = expect[d], mine[2 + 2 * Rank + d] = global_shape[d];
+      Comm& comm = mesh.comm();
+      const std::vector<int64_t> all = all_gather_values(comm, mine.data(), W);
+      for (int r = 0; r < comm.size(); ++r) {
+        const int64_t* e = all.data() + static_cast<std::size_t>(r) * W;
+        auto shape_at = [&](int at) {
+          Shape<Rank> s{};
+          for (int d = 0; d < Rank; ++d) s[d] = e[at + d];
+          return s;
+        };
+        DTENSOR_CHECK(e[0], InvalidArgument, "from_local: rank ", r, " gave an invalid layout",
+                      r == comm.rank() ? " (" + error + ")" : std::string());
+        DTENSOR_CHECK(e[1] == all[1], InvalidArgument, "from_local: rank ", r, " holds ",
+                      name(static_cast<DType>(e[1])), " elements but rank 0 holds ", name(static_cast<DType>(all[1])));
+        Shape<Rank> first{};  // rank 0's declaration: every rank compares with the same one
+        for (int d = 0; d < Rank; ++d) first[d] = all[2 + 2 * Rank + d];
+        DTENSOR_CHECK(shape_at(2 + 2 * Rank) == first, InvalidArgument, "from_local: rank ", r,
+                      " declares the global shape ", to_string(shape_at(2 + 2 * Rank)), " but rank 0 declares ",
+                      to_string(first));
+        DTENSOR_CHECK(shape_at(2) == shape_at(2 + Rank), InvalidArgument, "from_local: rank ", r,
+                      " holds a local block of shape ", to_string(shape_at(2)), " but the placements ",
+                      DT::placements_string(), " of a ", to_string(global_shape),
+                      " tensor give it ", to_string(shape_at(2 + Rank)));
+      }
+    }
+    if (!error.empty()) throw InvalidArgument(error);
+    return DT(mesh, std::move(layout), std::move(local));
   }
-  if (!error.empty()) throw InvalidArgument(error);
-  return DT(mesh, std::move(layout), std::move(local));
 }
 
 // Wraps the blocks the ranks hold, of any sizes: the global shape and the block
@@ -262,35 +278,40 @@ DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& me
 template <class... P, class T, int Rank, int M>
 DTensor<T, Rank, P...> from_local(Tensor<T, Rank> local, const DeviceMesh<M>& mesh) {
   detail::check_mesh_matches<M, P...>();
-  using DT = DTensor<T, Rank, P...>;
-  Comm& comm = mesh.comm();
-  std::array<int64_t, Rank + 1> mine{};
-  mine[0] = static_cast<int64_t>(dtype_of<T>());
-  for (int d = 0; d < Rank; ++d) mine[1 + d] = local.extent(d);
-  const std::vector<int64_t> all = all_gather_values(comm, mine.data(), Rank + 1);
+  if constexpr (!detail::placements_fit_mesh<M, P...>) {
+    __builtin_unreachable();  // the assertion above failed
+  } else {
+    using DT = DTensor<T, Rank, P...>;
+    Comm& comm = mesh.comm();
+    std::array<int64_t, Rank + 1> mine{};
+    mine[0] = static_cast<int64_t>(dtype_of<T>());
+    for (int d = 0; d < Rank; ++d) mine[1 + d] = local.extent(d);
+    const std::vector<int64_t> all = all_gather_values(comm, mine.data(), Rank + 1);
 
-  Shape<Rank> global{};
-  Splits<Rank> splits;
-  for (int d = 0; d < Rank; ++d) {
-    const auto g = detail::sharding_mesh_dims(DT::placement_state, d);
-    const int64_t nb = detail::block_count(g, mesh.shape(), g.n);
-    std::vector<int64_t> sizes(nb, -1);
-    for (int r = 0; r < comm.size(); ++r) {
-      const int64_t* e = all.data() + static_cast<std::size_t>(r) * (Rank + 1);
-      DTENSOR_CHECK(e[0] == all[0], InvalidArgument, "from_local: rank ", r, " holds ", name(static_cast<DType>(e[0])),
-                    " elements but rank 0 holds ", name(static_cast<DType>(all[0])));
-      auto& s = sizes[detail::block_index(g, mesh.shape(), mesh.coords_of(r))];
-      DTENSOR_CHECK(s < 0 || s == e[1 + d], InvalidArgument, "from_local: rank ", r, " holds extent ", e[1 + d],
-                    " along tensor dim ", d, " but another rank holding the same ",
-                    g.n ? "block" : "unsharded dim", " holds ", s);
-      s = e[1 + d];
+    Shape<Rank> global{};
+    Splits<Rank> splits;
+    for (int d = 0; d < Rank; ++d) {
+      const auto g = detail::sharding_mesh_dims(DT::placement_state, d);
+      const int64_t nb = detail::block_count(g, mesh.shape(), g.n);
+      std::vector<int64_t> sizes(nb, -1);
+      for (int r = 0; r < comm.size(); ++r) {
+        const int64_t* e = all.data() + static_cast<std::size_t>(r) * (Rank + 1);
+        DTENSOR_CHECK(e[0] == all[0], InvalidArgument, "from_local: rank ", r, " holds ",
+                      name(static_cast<DType>(e[0])),
+                      " elements but rank 0 holds ", name(static_cast<DType>(all[0])));
+        auto& s = sizes[detail::block_index(g, mesh.shape(), mesh.coords_of(r))];
+        DTENSOR_CHECK(s < 0 || s == e[1 + d], InvalidArgument, "from_local: rank ", r, " holds extent ", e[1 + d],
+                      " along tensor dim ", d, " but another rank holding the same ",
+                      g.n ? "block" : "unsharded dim", " holds ", s);
+        s = e[1 + d];
+      }
+      for (auto s : sizes) global[d] += g.n ? s : 0;
+      if (g.n) splits[d] = std::move(sizes);
+      else global[d] = sizes[0];
     }
-    for (auto s : sizes) global[d] += g.n ? s : 0;
-    if (g.n) splits[d] = std::move(sizes);
-    else global[d] = sizes[0];
+    ShardLayout<Rank> layout = ShardLayout<Rank>::make(global, DT::placement_state, mesh.shape(), splits);
+    return DT(mesh, std::move(layout), std::move(local));
   }
-  ShardLayout<Rank> layout = ShardLayout<Rank>::make(global, DT::placement_state, mesh.shape(), splits);
-  return DT(mesh, std::move(layout), std::move(local));
 }
 
 // A DTensor whose value is `value` everywhere.
@@ -299,11 +320,16 @@ DTensor<T, static_cast<int>(R), P...> full(const std::array<int64_t, R>& shape, 
                                            const Splits<static_cast<int>(R)>& splits = {},
                                            LayoutCheck check = LayoutCheck::Validate) {
   detail::check_mesh_matches<M, P...>();
-  if (check == LayoutCheck::Validate) detail::check_same_layout("full", mesh, shape, splits);
-  using DT = DTensor<T, static_cast<int>(R), P...>;
-  DT x = detail::make_dtensor<DT>(mesh, ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
-  local::fill(x.local(), detail::holds_zero_term(DT::placement_state, mesh.coords()) ? T{0} : value);
-  return x;
+  if constexpr (!detail::placements_fit_mesh<M, P...>) {
+    __builtin_unreachable();  // the assertion above failed
+  } else {
+    if (check == LayoutCheck::Validate) detail::check_same_layout("full", mesh, shape, splits);
+    using DT = DTensor<T, static_cast<int>(R), P...>;
+    DT x = detail::make_dtensor<DT>(mesh,
+                                    ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
+    local::fill(x.local(), detail::holds_zero_term(DT::placement_state, mesh.coords()) ? T{0} : value);
+    return x;
+  }
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> zeros(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
@@ -326,18 +352,47 @@ DTensor<T, static_cast<int>(R), P...> rand(const std::array<int64_t, R>& shape, 
                                            uint64_t seed, const Splits<static_cast<int>(R)>& splits = {},
                                            LayoutCheck check = LayoutCheck::Validate) {
   detail::check_mesh_matches<M, P...>();
-  if (check == LayoutCheck::Validate) detail::check_same_layout("rand", mesh, shape, splits);
-  return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits,
-                                                                      {.kind = CounterDraw::Kind::Uniform, .seed = seed});
+  if constexpr (!detail::placements_fit_mesh<M, P...>) {
+    __builtin_unreachable();  // the assertion above failed
+  } else {
+    if (check == LayoutCheck::Validate) detail::check_same_layout("rand", mesh, shape, splits);
+    return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(
+        shape, mesh, splits, {.kind = CounterDraw::Kind::Uniform, .seed = seed});
+  }
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> randn(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
                                             uint64_t seed, const Splits<static_cast<int>(R)>& splits = {},
                                             LayoutCheck check = LayoutCheck::Validate) {
   detail::check_mesh_matches<M, P...>();
-  if (check == LayoutCheck::Validate) detail::check_same_layout("randn", mesh, shape, splits);
-  return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits,
-                                                                      {.kind = CounterDraw::Kind::Normal, .seed = seed});
+  if constexpr (!detail::placements_fit_mesh<M, P...>) {
+    __builtin_unreachable();  // the assertion above failed
+  } else {
+    if (check == LayoutCheck::Validate) detail::check_same_layout("randn", mesh, shape, splits);
+    return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(
+        shape, mesh, splits, {.kind = CounterDraw::Kind::Normal, .seed = seed});
+  }
+}
+
+// A DTensor whose global element i (the row-major linear index) is fn(i), converted
+// to T: each rank computes the elements of its own block only, on the host (and
+// copies them to the mesh's device). fn must give the same value for the same i on
+// every rank; uniform_at and normal_at (compute/counter_rng.hpp) are such functions.
+//   auto x = from_function<float, Shard<0>, Replicate>({8, 3}, mesh, [](uint64_t i) {
+//     return normal_at<float>(7, i) + 0.5f;
+//   });
+template <class T, class... P, std::size_t R, int M, class Fn>
+DTensor<T, static_cast<int>(R), P...> from_function(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
+                                                    Fn&& fn, const Splits<static_cast<int>(R)>& splits = {},
+                                                    LayoutCheck check = LayoutCheck::Validate) {
+  detail::check_mesh_matches<M, P...>();
+  if constexpr (!detail::placements_fit_mesh<M, P...>) {
+    __builtin_unreachable();  // the assertion above failed
+  } else {
+    if (check == LayoutCheck::Validate) detail::check_same_layout("from_function", mesh, shape, splits);
+    return detail::generate<DTensor<T, static_cast<int>(R), P...>>(
+        shape, mesh, splits, [&](uint64_t i) { return static_cast<T>(fn(i)); });
+  }
 }
 
 // The single-rank references of the fills above.

@@ -4,8 +4,12 @@
 // that coordinate), made once at construction. Copies share one state, so a mesh
 // is cheap to pass around; it must not outlive the communicator it was built on.
 #include <array>
+#include <climits>
+#include <concepts>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/mesh/link_cost.hpp"
@@ -24,6 +28,12 @@ class DeviceMesh {
   // Collective over `comm`: every rank must construct the mesh with the same shape.
   DeviceMesh(Comm& comm, const Coords& shape, const std::array<LinkCost, NDim>& links = {})
       : DeviceMesh(std::shared_ptr<Comm>(std::shared_ptr<Comm>{}, &comm), shape, links) {}
+
+  // The same from extents of another integer type (a std::array<int64_t, N>, say).
+  template <std::integral I>
+    requires(!std::is_same_v<I, int>)
+  DeviceMesh(Comm& comm, const std::array<I, NDim>& shape, const std::array<LinkCost, NDim>& links = {})
+      : DeviceMesh(comm, narrow(shape), links) {}
 
   // 1-D mesh over the whole communicator.
   explicit DeviceMesh(Comm& comm)
@@ -95,6 +105,17 @@ class DeviceMesh {
     std::array<LinkCost, NDim> links{};
   };
 
+  template <class I>
+  static Coords narrow(const std::array<I, NDim>& shape) {
+    Coords c{};
+    for (int d = 0; d < NDim; ++d) {
+      DTENSOR_CHECK(shape[d] >= 0 && static_cast<int64_t>(shape[d]) <= INT_MAX, InvalidArgument,
+                    "DeviceMesh: mesh dim ", d, " has extent ", static_cast<int64_t>(shape[d]),
+                    ", outside [0, INT_MAX]");
+      c[d] = static_cast<int>(shape[d]);
+    }
+    return c;
+  }
   DeviceMesh(std::shared_ptr<Comm> comm, const Coords& shape, const std::array<LinkCost, NDim>& links)
       : s_(std::make_shared<State>()) {
     long long total = 1;

@@ -231,6 +231,14 @@ class CrossEntropy {
     return static_cast<T>(opt_.reduction == Reduction::Mean ? total[0] / total[1] : total[0]);
   }
 
+  // The losses' one protocol (nn/mse_loss.hpp has the same): forward(y, target), then
+  // backward(y) with the forward's y. Here y only has to be laid out as the forward's.
+  Logits backward(const Logits& z) {
+    DTENSOR_CHECK(!saved_.has_value() || z.layout().blocks == saved_->layout.blocks, InvalidArgument, name,
+                  ": backward(z) takes the logits of the last forward (their blocks differ)");
+    return backward();
+  }
+
   // dloss/dlogits of the last forward, placed like the logits; local, no collective.
   // Per counted row, with q_j = (1 - eps) w_y [j = y] + eps w_j / classes (the
   // weighted target distribution): scale * (softmax_j sum_k q_k - q_j), as

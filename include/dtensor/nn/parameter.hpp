@@ -32,6 +32,10 @@ class Parameter {
   // This rank's block of the gradient (the shape of value().local()).
   Tensor<value_type, rank>& grad() { return grad_; }
   const Tensor<value_type, rank>& grad() const { return grad_; }
+  // The gradient as a DTensor placed like the value (a copy of the block): what it is
+  // once the model's backward has run its gradient reductions (nn/sequential.hpp),
+  // to gather (full_tensor), save or inspect.
+  DT gradient() const { return DT(value_.mesh(), value_.layout(), grad_); }
 
   void zero_grad() { local::fill(grad_, value_type{0}); }
   // grad += g, for a block computed by a layer's backward.

@@ -8,6 +8,7 @@
 //
 // Bytes are those CommCounter records (the local buffer the collective reads) when
 // every sharded extent divides evenly; for uneven shards they are the average.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -177,9 +178,20 @@ constexpr void add_reductions(ModelPlan<M, C>& p, int layer, int parameter, cons
 template <std::size_t M, int C>
 std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::array<int, M>& mesh_shape,
                       std::size_t elem_bytes, const std::array<std::string, 64>& layer_names = {}) {
-  std::string s;
-  for (int i = 0; i < plan.size; ++i) {
+  // In the order a step runs them: the forward by layer, the loss's, then the
+  // backward from the last layer, each layer's gradient reductions after its backward.
+  std::array<int, C> order{};
+  for (int i = 0; i < plan.size; ++i) order[i] = i;
+  auto rank_of = [&](int i) {
     const auto& e = plan.entries[i];
+    const int64_t layer = e.layer < 0 ? 1 << 20 : e.layer;  // the loss after the last layer
+    if (e.phase == Phase::Forward) return layer * 4;
+    return (int64_t{1} << 24) - layer * 4 + (e.phase == Phase::GradReduce ? 1 : 0);
+  };
+  std::stable_sort(order.begin(), order.begin() + plan.size, [&](int a, int b) { return rank_of(a) < rank_of(b); });
+  std::string s;
+  for (int k = 0; k < plan.size; ++k) {
+    const auto& e = plan.entries[order[k]];
     std::string who = e.layer < 0 ? std::string("loss") : "layer " + std::to_string(e.layer);
     if (e.layer >= 0 && e.layer < 64 && !layer_names[e.layer].empty()) who += " (" + layer_names[e.layer] + ")";
     s += std::string(name(e.phase)) + ": " + who + ": " + name(e.kind) +
