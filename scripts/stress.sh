@@ -42,27 +42,24 @@ for tc in "${inprocess[@]}"; do
   done
   printf "| in-process: %s | %d | %d | %d | %d |\n" "${tc%\*}" "$n" "$ok" "$hang" "$bad"
 done
+# One MPI fault case n times: mpi_case LABEL MODE REGEX ENV...
+mpi_case() {
+  local label=$1 mode=$2 regex=$3 out rc ok=0 hang=0 bad=0
+  shift 3
+  for ((i = 0; i < n; ++i)); do
+    out=$(env "$@" timeout 60 mpiexec -n 3 "$bin/mpi_rank_failure" "$mode" 2>&1 < /dev/null)
+    rc=$?
+    if [[ $rc == 124 ]]; then ((hang++))
+    elif grep -Eq "$regex" <<< "$out" && ! grep -q "not reached" <<< "$out"; then ((ok++))
+    else ((bad++)); fi
+  done
+  printf "| MPI (3 processes%s): %s | %d | %d | %d | %d |\n" "$label" "$mode" "$n" "$ok" "$hang" "$bad"
+}
 if [[ -x $bin/mpi_rank_failure ]]; then
   for mode in "${!mpi[@]}"; do
-    ok=0 hang=0 bad=0
-    for ((i = 0; i < n; ++i)); do
-      out=$(DTENSOR_CHECK_COLLECTIVES=1 DTENSOR_TIMEOUT_S=1 timeout 60 mpiexec -n 3 "$bin/mpi_rank_failure" "$mode" 2>&1)
-      rc=$?
-      if [[ $rc == 124 ]]; then ((hang++))
-      elif grep -Eq "${mpi[$mode]}" <<< "$out" && ! grep -q "not reached" <<< "$out"; then ((ok++))
-      else ((bad++)); fi
-    done
-    printf "| MPI (3 processes): %s | %d | %d | %d | %d |\n" "$mode" "$n" "$ok" "$hang" "$bad"
+    mpi_case "" "$mode" "${mpi[$mode]}" DTENSOR_CHECK_COLLECTIVES=1 DTENSOR_TIMEOUT_S=1
   done
   for mode in "${!mpi_default[@]}"; do
-    ok=0 hang=0 bad=0
-    for ((i = 0; i < n; ++i)); do
-      out=$(DTENSOR_TIMEOUT_S=2 timeout 60 mpiexec -n 3 "$bin/mpi_rank_failure" "$mode" 2>&1)
-      rc=$?
-      if [[ $rc == 124 ]]; then ((hang++))
-      elif grep -Eq "${mpi_default[$mode]}" <<< "$out" && ! grep -q "not reached" <<< "$out"; then ((ok++))
-      else ((bad++)); fi
-    done
-    printf "| MPI (3 processes, default mode): %s | %d | %d | %d | %d |\n" "$mode" "$n" "$ok" "$hang" "$bad"
+    mpi_case ", default mode" "$mode" "${mpi_default[$mode]}" DTENSOR_TIMEOUT_S=2
   done
 fi

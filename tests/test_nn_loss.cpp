@@ -146,7 +146,8 @@ void check_loss(Comm& comm, const std::array<int, M>& shape, int64_t batch, int6
     const auto& e = plan.entries[i];
     CHECK(records[i].kind == e.kind);
     CHECK(records[i].mesh_dim == e.mesh_dim);
-    CHECK(records[i].bytes == static_cast<std::size_t>((e.per_token ? rows : 1) * e.elements + e.fixed) * sizeof(double));
+    const int64_t elements = (e.per_token ? rows : 1) * e.elements + e.fixed;
+    CHECK(records[i].bytes == static_cast<std::size_t>(elements) * sizeof(double));
   }
 
   const Mat zg = as_mat(z.full_tensor());
@@ -320,7 +321,8 @@ TEST_CASE("float32 cross-entropy with label smoothing and weights: logits with a
           std::vector<float> wf;
           std::vector<double> wd;
           if (weighted)
-            for (int64_t c = 0; c < classes; ++c) wf.push_back(0.5f + 0.25f * static_cast<float>(c % 7)), wd.push_back(wf.back());
+            for (int64_t c = 0; c < classes; ++c)
+              wf.push_back(0.5f + 0.25f * static_cast<float>(c % 7)), wd.push_back(wf.back());
           const nn::CrossEntropyOptions o{nn::Reduction::Mean, kIgnore, 0.1};
           LossF loss(o, wf);
           const double l = loss.forward(z, yl);
@@ -335,7 +337,8 @@ TEST_CASE("float32 cross-entropy with label smoothing and weights: logits with a
             gerr = worst_of(gerr, e);
           }
           const double lerr = std::abs(l - ref.loss) / std::abs(ref.loss);
-          INFO("offset ", offset, ", ", n, " ranks", std::string(weighted ? ", weighted" : ""), ": loss relative error ", lerr,
+          INFO("offset ", offset, ", ", n, " ranks", std::string(weighted ? ", weighted" : ""),
+               ": loss relative error ", lerr,
                ", dlogits error ", gerr, " (largest ", ref.grad.cwiseAbs().maxCoeff(), ")");
           CHECK(lerr < 2e-7);
           CHECK(gerr < 1e-7);

@@ -67,7 +67,8 @@ TEST_CASE("fills: a rank that passes another global shape or other splits gets t
   spmd(4, [&](Comm& comm) {  // a 1-D mesh
     DeviceMesh<1> mesh(comm);
     const std::array<int64_t, 1> shape{batch_of(comm)};
-    every_rank_refuses([&] { (void)zeros<double, Shard<0>>(shape, mesh); }, "rank 3 passed [20] where rank 0 passed [16]");
+    every_rank_refuses([&] { (void)zeros<double, Shard<0>>(shape, mesh); },
+                       "rank 3 passed [20] where rank 0 passed [16]");
   });
 }
 

@@ -344,6 +344,23 @@ DTensor<T, static_cast<int>(R), P...> ones(const std::array<int64_t, R>& shape, 
   return full<T, P...>(shape, mesh, T{1}, splits, check);
 }
 
+namespace detail {
+// rand and randn: the checks, then each rank's counter fill of its block.
+template <class T, class... P, std::size_t R, int M>
+DTensor<T, static_cast<int>(R), P...> checked_counter_fill(const char* what, const std::array<int64_t, R>& shape,
+                                                           const DeviceMesh<M>& mesh,
+                                                           const Splits<static_cast<int>(R)>& splits,
+                                                           LayoutCheck check, const CounterDraw& draw) {
+  check_mesh_matches<M, P...>();
+  if constexpr (!placements_fit_mesh<M, P...>) {
+    __builtin_unreachable();  // the assertion above failed
+  } else {
+    if (check == LayoutCheck::Validate) check_same_layout(what, mesh, shape, splits);
+    return counter_fill<DTensor<T, static_cast<int>(R), P...>>(shape, mesh, splits, draw);
+  }
+}
+}  // namespace detail
+
 // Uniform in [0, 1) and standard normal fills. Element i of the global tensor
 // depends on (seed, i) only: the result equals rand<T>(shape, seed) on one rank,
 // whatever the placements and the mesh.
@@ -351,27 +368,15 @@ template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> rand(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
                                            uint64_t seed, const Splits<static_cast<int>(R)>& splits = {},
                                            LayoutCheck check = LayoutCheck::Validate) {
-  detail::check_mesh_matches<M, P...>();
-  if constexpr (!detail::placements_fit_mesh<M, P...>) {
-    __builtin_unreachable();  // the assertion above failed
-  } else {
-    if (check == LayoutCheck::Validate) detail::check_same_layout("rand", mesh, shape, splits);
-    return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(
-        shape, mesh, splits, {.kind = CounterDraw::Kind::Uniform, .seed = seed});
-  }
+  return detail::checked_counter_fill<T, P...>("rand", shape, mesh, splits, check,
+                                               {.kind = CounterDraw::Kind::Uniform, .seed = seed});
 }
 template <class T, class... P, std::size_t R, int M>
 DTensor<T, static_cast<int>(R), P...> randn(const std::array<int64_t, R>& shape, const DeviceMesh<M>& mesh,
                                             uint64_t seed, const Splits<static_cast<int>(R)>& splits = {},
                                             LayoutCheck check = LayoutCheck::Validate) {
-  detail::check_mesh_matches<M, P...>();
-  if constexpr (!detail::placements_fit_mesh<M, P...>) {
-    __builtin_unreachable();  // the assertion above failed
-  } else {
-    if (check == LayoutCheck::Validate) detail::check_same_layout("randn", mesh, shape, splits);
-    return detail::counter_fill<DTensor<T, static_cast<int>(R), P...>>(
-        shape, mesh, splits, {.kind = CounterDraw::Kind::Normal, .seed = seed});
-  }
+  return detail::checked_counter_fill<T, P...>("randn", shape, mesh, splits, check,
+                                               {.kind = CounterDraw::Kind::Normal, .seed = seed});
 }
 
 // A DTensor whose global element i (the row-major linear index) is fn(i), converted

@@ -87,7 +87,8 @@ void checked_sums(std::vector<double>& values, const char* who, const std::array
   const bool same = agreed(values.data() + n, ranks);
   values.resize(n);
   DTENSOR_CHECK(same, InvalidArgument, who, ": the ranks of its all-reduce disagree on the global shape of its input "
-                "(this rank's is ", dtensor::to_string(shape), "); build the input with the same global shape on every rank");
+                "(this rank's is ", dtensor::to_string(shape),
+                "); build the input with the same global shape on every rank");
 }
 
 // Sums the statistics `stats` over the mesh dims of `mask`, checked as above.

@@ -107,7 +107,8 @@ class Norm {
       const int64_t stats = kStats * detail::stat_units<T>;
       const int64_t check = static_cast<int64_t>(kAgreementValues) * detail::stat_units<T>;
       p.add({Phase::Forward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows, -1, {}, 0, check});
-      if (input_grad) p.add({Phase::Backward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows, -1, {}, 0, check});
+      if (input_grad)
+        p.add({Phase::Backward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows, -1, {}, 0, check});
     }
     add_reductions(p, layer, 0, param_state(), param_grad(grad_out), {Features, 1}, 1);
     if constexpr (Kind == NormKind::Layer) add_reductions(p, layer, 1, param_state(), param_grad(grad_out), {Features, 1}, 1);
