@@ -147,7 +147,7 @@ class BatchNorm {
       for (int64_t r = 0; r < rows; ++r) shift[r] = shift_[r % C];
       local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), shift.data(), rows, blk.cells,
                          row_sums.data());
-      std::vector<double> sums(static_cast<std::size_t>(2 * C), 0.0);
+      std::vector<double> sums = detail::sums_buffer(static_cast<std::size_t>(2 * C));
       for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
       detail::all_reduce_stats(x.mesh(), stat_mask, sums, name, x.shape());
       const double k = static_cast<double>(count), mom = opt_.momentum;
@@ -203,7 +203,7 @@ class BatchNorm {
     // [sum dy, sum dy * xhat] per channel: the bias's and the weight's gradients.
     std::vector<double> row_sums(static_cast<std::size_t>(2 * rows));
     local::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
-    std::vector<double> sums(static_cast<std::size_t>(2 * C), 0.0);
+    std::vector<double> sums = detail::sums_buffer(static_cast<std::size_t>(2 * C));
     for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
     detail::all_reduce_stats(dy.mesh(), stat_mask, sums, name, dy.shape());
     bias_.accumulate(detail::channel_tensor<T>(dev, std::vector<double>(sums.begin(), sums.begin() + C)));

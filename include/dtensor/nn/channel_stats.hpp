@@ -67,6 +67,15 @@ constexpr StatReductions<M> stat_reductions(MeshMask mask) {
 template <class T>
 inline constexpr int64_t stat_units = static_cast<int64_t>(sizeof(double) / sizeof(T));
 
+// n zeros to sum with checked_sums, with room for its agreement values: appending
+// them then moves nothing (the buffer is made every step).
+inline std::vector<double> sums_buffer(std::size_t n) {
+  std::vector<double> v;
+  v.reserve(n + kAgreementValues);
+  v.resize(n);
+  return v;
+}
+
 // Sums the host doubles `values` in place over the communicators that
 // for_each_comm(f) calls f(comm, mesh_dim) with, in turn. The same all-reduces carry
 // comm/agreement.hpp's check that every rank they sum over built its input with the

@@ -101,7 +101,7 @@ class GroupNorm {
     const int64_t groups = blk.samples * G, run = channels_per_group * blk.cells;  // a group's cells are contiguous
     count_ = channels_per_group * detail::global_cells(x.shape());
     // [sums | sums of squares], one per (sample, group): a row of `run` cells each.
-    std::vector<double> sums(static_cast<std::size_t>(2 * groups));
+    std::vector<double> sums = detail::sums_buffer(static_cast<std::size_t>(2 * groups));
     local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), nullptr, groups, run, sums.data());
     detail::all_reduce_stats(x.mesh(), stat_mask, sums, name, x.shape());
     inv_.resize(static_cast<std::size_t>(groups));
@@ -153,7 +153,7 @@ class GroupNorm {
       // channels' sums weighted by w.
       const std::vector<double> w = detail::host_doubles(weight_.value().local());
       const int64_t groups = blk.samples * G;
-      std::vector<double> sums(static_cast<std::size_t>(2 * groups), 0.0);
+      std::vector<double> sums = detail::sums_buffer(static_cast<std::size_t>(2 * groups));
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t c = r % C, i = r / C * G + c / channels_per_group;
         sums[i] += w[c] * row_sums[r], sums[groups + i] += w[c] * row_sums[rows + r];

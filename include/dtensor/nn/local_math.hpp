@@ -11,6 +11,15 @@
 
 namespace dtensor::nn::detail {
 
+// A block's sum of squares, in double (a gradient's for clip_grad_norm, a loss's
+// difference): Eigen on the host; a device's kernel (float accumulating in double).
+template <class T, int R>
+double sum_of_squares(const Tensor<T, R>& g) {
+  if (!g.device().is_host())
+    return dtensor::detail::device_backend(g.device()).sum_squares(dtype_of<T>(), g.data(), g.numel());
+  return as_eigen_array(g).template cast<double>().square().sum();
+}
+
 // c = op(a) op(b) (+ c when accumulate), op = transpose where asked; a is [m, k]
 // after op, b [k, n], c [m, n]. One GEMM with transpose flags (Eigen maps on the
 // host, cuBLAS on a GPU): a transposed operand is never copied.

@@ -186,7 +186,7 @@ class CrossEntropy {
     const std::vector<T> sum_exp_h = detail::host_values(sum_exp), target_h = detail::host_values(target_logit);
     std::vector<double> smoothing;
     if (k == 3) smoothing = shifted_weighted_sums(dev, zl, mx, c0);
-    std::vector<double> acc(static_cast<std::size_t>(rows * k));
+    std::vector<double> acc = detail::sums_buffer(static_cast<std::size_t>(rows * k));
     for (int64_t r = 0; r < rows; ++r) {
       acc[r * k] = sum_exp_h[r];
       acc[r * k + 1] = target_h[r];
@@ -194,12 +194,13 @@ class CrossEntropy {
     }
     // Over TP, with the check that every TP rank believes the same logits shape (a rank
     // that split another class count would add the wrong classes' terms).
-    if constexpr (class_sharded) detail::checked_sums(acc, name, z.shape(), [&](auto&& f) { f(mesh.comm(Cfg::tp), Cfg::tp); });
+    if constexpr (class_sharded)
+      detail::checked_sums(acc, name, z.shape(), [&](auto&& f) { f(mesh.comm(Cfg::tp), Cfg::tp); });
 
     // 3. Per-row losses, summed over this rank's rows; then over DP. lse - max and
     // z_y - max: neither carries the logits' offset.
     const double eps = opt_.label_smoothing;
-    double total[total_columns] = {0, 0, 0};
+    std::vector<double> total = detail::sums_buffer(total_columns);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = yh[r];
       if (t == opt_.ignore_index) continue;
@@ -215,11 +216,8 @@ class CrossEntropy {
     }
     // Over DP, with the check that every DP rank believes the same logits shape (a rank
     // that built a batch of another size would only skew the mean).
-    if constexpr (Cfg::dp >= 0) {
-      std::vector<double> totals(total, total + total_columns);
-      detail::checked_sums(totals, name, z.shape(), [&](auto&& f) { f(mesh.comm(Cfg::dp), Cfg::dp); });
-      std::copy(totals.begin(), totals.end(), total);
-    }
+    if constexpr (Cfg::dp >= 0)
+      detail::checked_sums(total, name, z.shape(), [&](auto&& f) { f(mesh.comm(Cfg::dp), Cfg::dp); });
     DTENSOR_CHECK(total[2] == 0, InvalidArgument, name, ": ", static_cast<int64_t>(total[2]),
                   " target(s) outside [0, ", classes, ") that are not ignore_index (", opt_.ignore_index, ")");
 
@@ -278,10 +276,10 @@ class CrossEntropy {
   }
 
  private:
-  template <class C, class V>
-  static void reduce(C& comm, int mesh_dim, V* values, std::size_t n, ReduceOp op) {
+  template <class C>
+  static void reduce(C& comm, int mesh_dim, T* values, std::size_t n, ReduceOp op) {
     all_reduce_values(comm, values, n, op);
-    CommCounter::record(StepKind::AllReduce, mesh_dim, n * sizeof(V));
+    CommCounter::record(StepKind::AllReduce, mesh_dim, n * sizeof(T));
   }
 
   // sum_j w_j (z_j - max_r) per row over this rank's classes, in double: with unit

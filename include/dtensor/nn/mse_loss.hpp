@@ -9,13 +9,12 @@
 // Host or device blocks alike.
 #include <optional>
 
-#include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/local.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/nn/channel_stats.hpp"
+#include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/plan.hpp"
-#include "dtensor/tensor/eigen.hpp"
 
 namespace dtensor::nn {
 
@@ -48,9 +47,8 @@ class MSELoss {
     bool owner = true;
     for (int m = 0; m < M; ++m)
       if (!Y::placement_state[m].is_shard()) owner = owner && mesh.coord(m) == 0;
-    std::vector<double> sum;
-    sum.reserve(1 + kAgreementValues);  // the check's values go in without a second allocation
-    sum.push_back(owner ? sum_of_squares(*diff_) : 0.0);
+    std::vector<double> sum = detail::sums_buffer(1);
+    sum[0] = owner ? detail::sum_of_squares(*diff_) : 0.0;
     detail::checked_sums(sum, "MSELoss", y.shape(), [&](auto&& f) { f(mesh.comm(), -1); });
     return static_cast<T>(sum[0] / static_cast<double>(numel_));
   }
@@ -66,12 +64,6 @@ class MSELoss {
   }
 
  private:
-  // In double on the host (Eigen); a device sums in its kernel (float accumulating in double).
-  static double sum_of_squares(const Tensor<T, Cfg::rank>& d) {
-    if (!d.device().is_host())
-      return dtensor::detail::device_backend(d.device()).sum_squares(dtype_of<T>(), d.data(), d.numel());
-    return as_eigen_array(d).template cast<double>().square().sum();
-  }
   static constexpr bool has_partial(const State& s) {
     for (const auto& p : s)
       if (p.is_partial()) return true;

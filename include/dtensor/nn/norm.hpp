@@ -222,7 +222,7 @@ class Norm {
   static std::vector<double> row_stats(Device dev, const T* a, const T* b, int64_t rows, int64_t cols) {
     std::vector<double> sums(static_cast<std::size_t>(2 * rows));
     local::row_moments(dev, a, b, nullptr, rows, cols, sums.data());
-    std::vector<double> stats(static_cast<std::size_t>(rows * kStats));
+    std::vector<double> stats = detail::sums_buffer(static_cast<std::size_t>(rows * kStats));
     for (int64_t r = 0; r < rows; ++r) {
       if constexpr (Kind == NormKind::Layer) stats[r * kStats] = sums[r];
       stats[r * kStats + kStats - 1] = sums[rows + r];

@@ -15,8 +15,8 @@
 #include "dtensor/compute/local.hpp"
 #include "dtensor/compute/optimizer_update.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
-#include "dtensor/tensor/eigen.hpp"
 
 namespace dtensor::nn {
 
@@ -59,14 +59,6 @@ class StateBuffers {
  private:
   std::vector<Tensor<unsigned char, 1>> buffers_;
 };
-
-// A gradient block's sum of squares, in double.
-template <class T, int R>
-double sum_of_squares(const Tensor<T, R>& g) {
-  if (!g.device().is_host())
-    return dtensor::detail::device_backend(g.device()).sum_squares(dtype_of<T>(), g.data(), g.numel());
-  return static_cast<double>(as_eigen_array(g).template cast<double>().square().sum());
-}
 
 }  // namespace detail
 
