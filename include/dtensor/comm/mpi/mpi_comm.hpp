@@ -12,8 +12,8 @@
 // Point to point (start_exchange): MPI_Irecv and MPI_Isend on nested hvector
 // datatypes built from each Region, so faces of a block travel in place; the
 // Request polls them against the deadline (comm/deadline.hpp: DTENSOR_TIMEOUT_S, 120 s
-// when unset) and checks each received size. The blocking send is Comm's, on top of it; the blocking recv
-// probes the size first. An exchange that fails (an MPI error, a message of the
+// when unset) and checks each received size. The blocking send is Comm's, on top of
+// it; the blocking recv probes the size first. An exchange that fails (an MPI error, a message of the
 // wrong size) is failed for good: every later wait() or test() rethrows its error,
 // and the receives of the same batch that did complete are still finished
 // (accumulated) first.
@@ -654,7 +654,6 @@ class MpiComm final : public Comm {
     detail::check_mpi(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     detail::check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     detail::check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
-    detail::check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_), "MPI_Comm_rank");
     world_ranks_ = detail::world_ranks_of(comm_, size_);
     timeout_s_ = deadline_s();
     const char* c = std::getenv("DTENSOR_CHECK_COLLECTIVES");
@@ -933,7 +932,8 @@ class MpiComm final : public Comm {
     ++seq_;
     if (guarded_) exchange_signatures(static_cast<int64_t>(k), name(k), t, rop, root, count);
     if (timeout_s_ <= 0) return {};
-    return detail::WatchedCall(name(k), seq_, count > 0 ? count : -1, rank_, world_rank_, size_, timeout_s_);
+    const int world_rank = world_ranks_[static_cast<std::size_t>(rank_)];
+    return detail::WatchedCall(name(k), seq_, count > 0 ? count : -1, rank_, world_rank, size_, timeout_s_);
   }
   const std::vector<detail::Signature>& exchange_signatures(int64_t kind, const char* op, DType t, ReduceOp rop,
                                                             int root, int64_t count) {
@@ -1006,7 +1006,7 @@ class MpiComm final : public Comm {
 
   MPI_Comm comm_;
   bool owned_;
-  int rank_ = 0, size_ = 0, world_rank_ = 0;
+  int rank_ = 0, size_ = 0;
   std::vector<int> world_ranks_;  // this communicator's ranks in MPI_COMM_WORLD
   std::string me() const { return detail::rank_label(rank_, world_ranks_); }
   bool guarded_ = false;
