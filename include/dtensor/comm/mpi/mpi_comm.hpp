@@ -674,14 +674,20 @@ class MpiComm final : public Comm {
   MPI_Comm native() const { return comm_; }
   bool guarded() const { return guarded_; }
 
-  // Guarded mode: a polled barrier at the end of run_mpi. A rank that returned while
-  // its peers still wait in a collective it skipped stays here, instead of entering
-  // MPI_Finalize (which can then keep the job from ending): the peers' timeout aborts
-  // the job, or this rank's own timeout names the problem.
+  // A barrier at the end of run_mpi. A rank that returned while its peers still wait
+  // in a collective it skipped stays here, instead of entering MPI_Finalize: a peer's
+  // abort (its deadline) does not reliably end a process inside MPI_Finalize (Open MPI
+  // 4.1's mpirun then hangs or crashes in about one job in ten), but ends one in a
+  // barrier. Guarded mode polls it and names the mismatch. Otherwise the barrier has no
+  // deadline of its own: a rank that ends long after the others (writing its output)
+  // is no fault, and a peer stuck in a skipped collective meets its own deadline.
   void finish() {
-    if (!guarded_) return;
     ++seq_;
-    exchange_signatures(detail::kFinishedKind, kFinished, DType::Int8, ReduceOp::Sum, 0, 0);
+    if (guarded_) {
+      exchange_signatures(detail::kFinishedKind, kFinished, DType::Int8, ReduceOp::Sum, 0, 0);
+      return;
+    }
+    detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }

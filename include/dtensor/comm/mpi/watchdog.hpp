@@ -8,10 +8,13 @@
 // process watches the calls instead. The main thread marks where a call starts and
 // ends (a few relaxed stores, no clock read); the watchdog looks every tenth of a
 // second, and a call that has not ended by the deadline is reported on stderr (the
-// rank, the collective and its number, its size, how long it waited) and ends the
-// process, which makes mpirun end the job. It ends the process itself rather than
-// calling MPI_Abort: under MPI_THREAD_FUNNELED (run_mpi's level) only the main thread
-// may call MPI, and the main thread is inside the call that does not return.
+// rank, the collective and its number, its size, how long it waited) and the job is
+// ended with MPI_Abort from the watchdog's thread, the launcher's abort path that a
+// failing rank takes too (run_mpi). Under MPI_THREAD_FUNNELED (run_mpi's level) only
+// the main thread should call MPI, but the main thread is inside the call that does not
+// return, and ending the process with a non-zero status instead leaves the others to
+// mpirun's handling of an exit without MPI_Finalize, which has hung in Open MPI
+// releases (open-mpi/ompi#3380). Should MPI_Abort return, the process ends itself.
 //
 // One slot per process: under MPI_THREAD_FUNNELED a process is in at most one MPI
 // call at a time. Non-blocking operations (exchanges, start_all_reduce) are polled
@@ -24,6 +27,8 @@
 #include <cstdlib>
 #include <mutex>
 #include <thread>
+
+#include <mpi.h>
 
 namespace dtensor::detail {
 
@@ -92,7 +97,8 @@ class MpiWatchdog {
                  op_.load(std::memory_order_relaxed), static_cast<long long>(seq_.load(std::memory_order_relaxed)),
                  counted, size_.load(std::memory_order_relaxed), waited_s);
     std::fflush(stderr);
-    std::_Exit(1);  // mpirun then ends the other processes
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);  // not reached: MPI_Abort does not return
   }
 
   uint64_t calls_ = 0;  // written by the main thread only
