@@ -2,8 +2,8 @@
 // Pooling (compute/pool.hpp) on a GPU, with the host's rules exactly: only the valid
 // taps count (inside the block and inside [valid_lo, valid_hi)), max takes the first
 // largest tap in tap order (NaN counting as the largest) and gives it the gradient,
-// average divides by kernel_cells or by the valid taps, a window without a valid tap
-// gives 0. (cuDNN's pooling has no valid range other than its padding, no dilation,
+// average divides by the counted taps (count_pad: those before count_hi) or by the
+// valid ones, a window without a valid tap gives 0. (cuDNN's pooling has no valid range other than its padding, no dilation,
 // and leaves the tie rule of its backward unspecified: hence these kernels. Pooling
 // reads each input a few times and computes nearly nothing, so one thread per output
 // is as fast as the memory allows.)
@@ -24,8 +24,9 @@ struct PoolGeo {
   int64_t planes;
   int64_t in[3], out[3], k[3], s[3], dl[3], st[3];
   int64_t vlo[3], vhi[3];                          // valid cells
+  int64_t chi[3];                                  // counted cells end (-1: no limit)
   int64_t b[3], e[3];                              // the output box (forward)
-  int64_t kcells, in_cells, out_cells, box_cells;  // (fields, not functions: device code reads them)
+  int64_t in_cells, out_cells, box_cells;  // (fields, not functions: device code reads them)
   bool max, count_pad;
 };
 
@@ -40,9 +41,9 @@ inline PoolGeo pool_geo(const PoolDims& p, const OutBox& box) {
     g.in[i] = used ? d.in[j] : 1, g.out[i] = used ? d.out[j] : 1, g.k[i] = used ? d.kernel[j] : 1;
     g.s[i] = used ? d.stride[j] : 1, g.dl[i] = used ? d.dilation[j] : 1, g.st[i] = used ? d.in_start[j] : 0;
     g.vlo[i] = used ? p.valid_lo[j] : 0, g.vhi[i] = used ? p.valid_hi[j] : 1;
+    g.chi[i] = used ? p.count_hi[j] : -1;
     g.b[i] = used ? box.begin[j] : 0, g.e[i] = used ? box.end[j] : 1;
   }
-  g.kcells = d.kernel_cells();
   g.in_cells = g.in[0] * g.in[1] * g.in[2], g.out_cells = g.out[0] * g.out[1] * g.out[2];
   g.box_cells = (g.e[0] - g.b[0]) * (g.e[1] - g.b[1]) * (g.e[2] - g.b[2]);
   g.max = p.mode == PoolMode::Max, g.count_pad = p.count_pad;
@@ -94,9 +95,21 @@ DTENSOR_DEVICE inline int64_t pool_window(const PoolGeo& g, const T* xp, const i
   return arg;
 }
 
+// Average's divisor for output o with `count` valid taps: with count_pad, the taps
+// below the counted cells' end (all of them without one), else the valid taps.
 template <class T>
-DTENSOR_DEVICE inline T pool_divisor(const PoolGeo& g, int64_t count) {
-  return g.count_pad ? T(g.kcells) : T(count);
+DTENSOR_DEVICE inline T pool_divisor(const PoolGeo& g, const int64_t* o, int64_t count) {
+  if (!g.count_pad) return T(count);
+  int64_t cells = 1;
+  for (int i = 0; i < 3; ++i) {
+    if (g.chi[i] < 0) {
+      cells *= g.k[i];
+      continue;
+    }
+    const int64_t base = g.st[i] + o[i] * g.s[i];  // taps k with base + k dl < chi: ceil((chi - base) / dl)
+    cells *= pool_clamp(-pool_floor_div(base - g.chi[i], g.dl[i]), 0, g.k[i]);
+  }
+  return T(cells);
 }
 
 // y[box] = the pooling of x; one thread per output of the box.
@@ -116,7 +129,7 @@ DTENSOR_KERNEL void pool_forward_kernel(const T* __restrict__ x, T* __restrict__
     if (g.max) {
       r = arg < 0 ? T(0) : value;
     } else {
-      const T div = pool_divisor<T>(g, count);
+      const T div = pool_divisor<T>(g, o, count);
       r = div == T(0) ? T(0) : value / div;
     }
     y[plane * g.out_cells + (o[0] * g.out[1] + o[1]) * g.out[2] + o[2]] = r;
@@ -176,7 +189,7 @@ DTENSOR_KERNEL void pool_backward_kernel(const int32_t* __restrict__ arg, const 
                 pool_taps(g, i, o[i], lo, hi);
                 count *= hi - lo;
               }
-            sum = sum + dyp[oi] / pool_divisor<T>(g, count);
+            sum = sum + dyp[oi] / pool_divisor<T>(g, o, count);
           }
         }
       }

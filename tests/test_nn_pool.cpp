@@ -266,9 +266,18 @@ void check_conv_transpose(const typename X::Mesh& mesh, const std::array<int64_t
 
 // --- max and average pooling ---
 
+// The output extent of pooling n cells, PyTorch's formula (pooling_output_shape).
+int64_t pool_out_extent(int64_t n, int64_t k, int64_t s, int64_t pad, int64_t dil, bool ceil_mode) {
+  const int64_t room = n + 2 * pad - dil * (k - 1) - 1;
+  int64_t out = (ceil_mode ? (room + s - 1) / s : room / s) + 1;
+  if (ceil_mode && (out - 1) * s >= n + pad) --out;
+  return out;
+}
+
 // The whole image's pooling, as PyTorch defines it: windows over the zero-padded
-// image; max skips the padding, average divides by the kernel's cells
-// (count_include_pad) or by the taps inside the image.
+// image; max skips the padding, average divides by the window's cells up to the
+// padding's end (count_include_pad; all of them but where ceil_mode's last window
+// reaches past it) or by the taps inside the image.
 template <class T, int S>
 void check_pool(const auto& mesh, PoolMode mode, const nn::PoolOptions<S>& opt, const Shape<2 + S>& shape,
                 const Splits<2 + S>& splits, bool overlap, auto tag) {
@@ -278,9 +287,9 @@ void check_pool(const auto& mesh, PoolMode mode, const nn::PoolOptions<S>& opt, 
   Geo gy = gx;
   std::array<int64_t, 3> k{1, 1, 1}, st{1, 1, 1}, pad{0, 0, 0}, dil{1, 1, 1};
   for (int i = 0; i < S; ++i) {
-    const WindowDim w = opt.window(i);
-    k[i] = w.kernel, st[i] = w.stride, pad[i] = w.pad_lo, dil[i] = w.dilation;
-    gy.s[i] = (shape[2 + i] + 2 * pad[i] - dil[i] * (k[i] - 1) - 1) / st[i] + 1;
+    k[i] = opt.kernel[i], st[i] = opt.stride[i] == 0 ? k[i] : opt.stride[i], pad[i] = opt.padding[i];
+    dil[i] = opt.dilation[i];
+    gy.s[i] = pool_out_extent(shape[2 + i], k[i], st[i], pad[i], dil[i], opt.ceil_mode);
   }
   Shape<R> ys = shape;
   for (int i = 0; i < S; ++i) ys[2 + i] = gy.s[i];
@@ -314,7 +323,12 @@ void check_pool(const auto& mesh, PoolMode mode, const nn::PoolOptions<S>& opt, 
           dxr[arg] += g;
           return;
         }
-        const double div = opt.count_include_pad ? double(k[0] * k[1] * k[2]) : double(valid);
+        double counted = 1;  // PyTorch: hend = min(hstart + k, n + pad), cells hend - hstart
+        for (int e = 0; e < 3; ++e) {
+          const int64_t start = o[e] * st[e] - pad[e];
+          counted *= double(std::min(start + k[e], gx.s[e] + pad[e]) - start);
+        }
+        const double div = opt.count_include_pad ? counted : double(valid);
         yr[yo] = sum / div;
         for (int64_t t0 = 0; t0 < k[0]; ++t0)
           for (int64_t t1 = 0; t1 < k[1]; ++t1)
@@ -510,11 +524,11 @@ TEST_CASE("ConvTranspose layer in a Sequential: gradients reduced by the model; 
   });
 }
 
-TEST_CASE("max and average pooling over H on 1-D meshes: sizes, kernels, strides, padding, dilation") {
+TEST_CASE("max and average pooling over H on 1-D meshes: sizes, kernels, strides, padding, dilation, ceil_mode") {
   for (int ranks = 1; ranks <= 4; ++ranks)
     spmd(ranks, [&](Comm& comm) {
       DeviceMesh<1> mesh(comm, {ranks});
-      int cases = 0;
+      int cases = 0, ceil_cases = 0;
       for (int64_t size : {16, 15, 9})
         for (int64_t k : {1, 2, 3, 5})
           for (int64_t s : {1, 2})
@@ -528,24 +542,73 @@ TEST_CASE("max and average pooling over H on 1-D meshes: sizes, kernels, strides
                 nn::PoolOptions<2> opt;
                 opt.kernel = {k, 2}, opt.stride = {s, 0}, opt.padding = {pad, 0}, opt.dilation = {d, 1};
                 opt.count_include_pad = variant != 3;
-                if (WindowDim(opt.window(0)).out_extent(size) < 1) continue;
+                // ceil_mode in two thirds of the stride-2 cases (where it may add a
+                // window) and half of the others
+                opt.ceil_mode = s == 2 ? (k + pad + variant + ranks) % 3 != 0 : (size + variant) % 2 == 0;
+                if (opt.window(0, size).out_extent(size) < 1) continue;
                 check_pool<double, 2>(mesh, mode, opt, {2, 2, size, 4}, {}, cases % 2 == 0,
                                       as<DTensor<double, 4, Shard<2>>>);
                 ++cases;
+                ceil_cases += opt.window(0, size).pad_hi > pad;
               }
       CHECK(cases > 40);
+      CHECK(ceil_cases >= 5);
+    });
+}
+
+// PyTorch's ceil_mode worked by hand: x = 1..6, kernel 3, stride 2, padding 1 gives
+// four windows (floor: three), starting at -1, 1, 3, 5; the last reads cell 5 and the
+// padding cell 6, and reaches past the padding's end (7) by one: average counts 2 cells.
+TEST_CASE("pooling with ceil_mode, worked by hand, on 1 to 3 ranks with uneven and empty blocks") {
+  const std::vector<std::vector<int64_t>> splits = {{6}, {5, 1}, {1, 0, 5}};
+  for (int ranks = 1; ranks <= 3; ++ranks)
+    spmd(ranks, [&](Comm& comm) {
+      DeviceMesh<1> mesh(comm, {ranks});
+      using X = DTensor<double, 3, Shard<2>>;
+      Tensor<double, 3> xg(Shape<3>{1, 1, 6});
+      for (int i = 0; i < 6; ++i) xg.data()[i] = i + 1;
+      Splits<3> sp{};
+      sp[2] = splits[static_cast<std::size_t>(ranks - 1)];
+      const X x = scatter<X>(xg, mesh, sp);
+      nn::PoolOptions<1> opt = nn::PoolOptions<1>::square(3, 2, 1);
+      opt.ceil_mode = true;
+      struct Want {
+        PoolMode mode;
+        bool count_pad;
+        std::vector<double> y, dx;  // dx for dy = 1
+      };
+      for (const Want& want : {Want{PoolMode::Max, true, {2, 4, 6, 6}, {0, 1, 0, 1, 0, 2}},
+                               Want{PoolMode::Average, true, {1, 3, 5, 3}, {1. / 3, 2. / 3, 1. / 3, 2. / 3, 1. / 3, 5. / 6}},
+                               Want{PoolMode::Average, false, {1.5, 3, 5, 6}, {.5, 5. / 6, 1. / 3, 2. / 3, 1. / 3, 4. / 3}}}) {
+        INFO((want.mode == PoolMode::Max ? "max" : want.count_pad ? "avg" : "avg, pad not counted"), " on ", ranks,
+             " ranks");
+        opt.count_include_pad = want.count_pad;
+        nn::PoolOp<double, 1> op(want.mode, opt, "pool");
+        const X y = op.forward(x);
+        REQUIRE(y.shape() == (Shape<3>{1, 1, 4}));
+        CHECK(rel_diff(y.full_tensor(), want.y) < 1e-15);
+        Tensor<double, 3> ones(Shape<3>{1, 1, 4});
+        for (int i = 0; i < 4; ++i) ones.data()[i] = 1;
+        const X dx = op.template backward<true>(scatter<X>(ones, mesh, y.layout().blocks));
+        CHECK(rel_diff(dx.full_tensor(), want.dx) < 1e-15);
+      }
+      // floor mode: three windows
+      opt.ceil_mode = false;
+      nn::PoolOp<double, 1> floor_op(PoolMode::Max, opt, "pool");
+      CHECK(floor_op.forward(x).shape() == (Shape<3>{1, 1, 3}));
     });
 }
 
 TEST_CASE("pooling on 2x2 meshes over H and W and over batch and H; explicit, thin and empty blocks; float") {
   const nn::PoolOptions<2> k2 = nn::PoolOptions<2>::square(2), k3s2 = nn::PoolOptions<2>::square(3, 2, 1),
                            k3s1 = nn::PoolOptions<2>::square(3, 1, 1);
-  nn::PoolOptions<2> k3s1x = k3s1;
+  nn::PoolOptions<2> k3s1x = k3s1, k2c = k2, k3s2c = k3s2;
   k3s1x.count_include_pad = false;
+  k2c.ceil_mode = k3s2c.ceil_mode = true;  // a window more: k2 over 15, 9 and 5 cells, k3s2 over 16
   spmd(4, [&](Comm& comm) {
     DeviceMesh<2> mesh(comm, {2, 2});
     for (PoolMode mode : {PoolMode::Max, PoolMode::Average})
-      for (const auto& opt : {k2, k3s2, k3s1x}) {
+      for (const auto& opt : {k2, k3s2, k3s1x, k2c, k3s2c}) {
         check_pool<double, 2>(mesh, mode, opt, {2, 3, 15, 9}, {}, true, as<DTensor<double, 4, Shard<2>, Shard<3>>>);
         check_pool<float, 2>(mesh, mode, opt, {1, 2, 16, 9}, {}, false, as<DTensor<float, 4, Shard<2>, Shard<3>>>);
         check_pool<double, 2>(mesh, mode, opt, {3, 2, 9, 5}, {}, true, as<DTensor<double, 4, Shard<0>, Shard<2>>>);
@@ -557,7 +620,7 @@ TEST_CASE("pooling on 2x2 meshes over H and W and over batch and H; explicit, th
     thin[2] = {1, 9, 1, 5};   // 1-cell blocks: thinner than a 5-wide window's reach
     empty[2] = {6, 0, 5, 5};  // block 1 holds nothing and computes nothing
     for (PoolMode mode : {PoolMode::Max, PoolMode::Average})
-      for (const auto& opt : {nn::PoolOptions<2>::square(5, 1, 2), nn::PoolOptions<2>::square(3, 2, 1), k2})
+      for (const auto& opt : {nn::PoolOptions<2>::square(5, 1, 2), nn::PoolOptions<2>::square(3, 2, 1), k2, k3s2c})
         for (const auto& sp : {thin, empty})
           check_pool<double, 2>(mesh, mode, opt, {2, 2, 16, 6}, sp, true, as<DTensor<double, 4, Shard<2>>>);
   });

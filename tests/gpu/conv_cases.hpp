@@ -445,7 +445,15 @@ PoolRef<T> ref_pool(const PoolDims& p, const std::vector<T>& x, const std::vecto
             double sum = 0;
             int64_t count = 0;
             pool_taps(p, {o0, o1, o2}, [&](int64_t c) { sum += x[base + c], ++count; });
-            const double div = p.count_pad ? double(d.kernel_cells()) : double(count);
+            double counted = 1;  // the taps before count_hi along each dim (all: no limit)
+            const std::array<int64_t, 3> o{o0, o1, o2};
+            for (int i = 0; i < 3; ++i) {
+              int64_t n = 0;
+              for (int64_t k = 0; k < d.kernel[i]; ++k)
+                n += p.count_hi[i] < 0 || d.in_start[i] + o[i] * d.stride[i] + k * d.dilation[i] < p.count_hi[i];
+              counted *= double(n);
+            }
+            const double div = p.count_pad ? counted : double(count);
             r.y[yo] = div == 0 ? 0.0 : sum / div;
             if (div != 0) pool_taps(p, {o0, o1, o2}, [&](int64_t c) { r.dx[base + c] += dy[yo] / div; });
           }
@@ -473,6 +481,10 @@ inline PoolCase pool_case(uint64_t i) {
         c.p.valid_lo[j] = r.in(0, d.in[j]);
         c.p.valid_hi[j] = r.in(c.p.valid_lo[j], d.in[j]);
       }
+      if (r.below(2) == 0) {  // where counting stops (ceil_mode's windows past the padding): near the valid end
+        const int64_t valid_end = c.p.valid_hi[j] < 0 ? d.in[j] : c.p.valid_hi[j];
+        c.p.count_hi[j] = r.in(valid_end, valid_end + 2);
+      }
     }
     d.in_channels = d.out_channels = r.in(1, 3);
     d.batch = r.below(12) == 0 ? 0 : r.in(1, 2);
@@ -495,7 +507,8 @@ void check_pool(Device dev, const PoolCase& c, uint64_t seed) {
   const ConvDims& d = p.window;
   std::string v;
   for (int i = 0; i < d.spatial; ++i)
-    v += " [" + std::to_string(p.valid_lo[i]) + ", " + std::to_string(p.valid_hi[i]) + ")";
+    v += " [" + std::to_string(p.valid_lo[i]) + ", " + std::to_string(p.valid_hi[i]) + "), counted to " +
+         std::to_string(p.count_hi[i]);
   INFO(std::string(p.mode == PoolMode::Max ? "max" : "average"), std::string(p.count_pad ? " (count_pad) " : " "),
        describe(d), "; valid", v, "; ", describe(c.box), "; on ", to_string(dev));
   const T nan = std::numeric_limits<T>::quiet_NaN(), sentinel = T(7.25);
@@ -525,6 +538,17 @@ void check_pool(Device dev, const PoolCase& c, uint64_t seed) {
 // Max pooling's rules, worked by hand: ties go to the first tap, a window without a
 // valid tap gives 0 and no gradient, cells outside the valid range are padding
 // whatever they hold.
+// Average pooling as PyTorch's ceil_mode gives it over 6 cells, kernel 3, stride 2,
+// padding 1: four windows from cell -1, counted up to cell 7.
+inline PoolDims ceil_mode_case() {
+  PoolDims c;
+  c.mode = PoolMode::Average;
+  c.window.spatial = 1, c.window.in = {6, 1, 1}, c.window.out = {4, 1, 1}, c.window.kernel = {3, 1, 1};
+  c.window.stride = {2, 1, 1}, c.window.in_start = {-1, 0, 0};
+  c.count_hi = {7, -1, -1};
+  return c;
+}
+
 template <class T>
 void pool_hand_cases(Device dev) {
   INFO("on ", to_string(dev));
@@ -562,6 +586,19 @@ void pool_hand_cases(Device dev) {
   a.count_pad = false;
   local::pool_forward(dev, a, X3.data(), Y3.data());
   CHECK(back(Y3) == std::vector<T>{T(1.5), 3});
+  // PyTorch's ceil_mode over [1 .. 6] with padding 1: a fourth window (5, 6, 7) reads
+  // cell 5 and padding, and counts only up to the padding's end (count_hi 7): 6 / 2.
+  const PoolDims c = ceil_mode_case();
+  auto X4 = on(dev, std::vector<T>{1, 2, 3, 4, 5, 6});
+  auto Y4 = on(dev, std::vector<T>(4));
+  local::pool_forward(dev, c, X4.data(), Y4.data());
+  CHECK(back(Y4) == std::vector<T>{1, 3, 5, 3});
+  auto DY4 = on(dev, std::vector<T>(4, T(1)));
+  auto DX4 = on(dev, std::vector<T>(6, T(-1)));
+  local::pool_backward(dev, c, X4.data(), DY4.data(), DX4.data());
+  const std::vector<double> want{1. / 3, 2. / 3, 1. / 3, 2. / 3, 1. / 3, 5. / 6};
+  const auto dx = back(DX4);
+  for (std::size_t i = 0; i < want.size(); ++i) CHECK(double(dx[i]) == doctest::Approx(want[i]).epsilon(1e-6));
 }
 
 // --- upsampling ---

@@ -156,6 +156,8 @@ inline void window_copy_kernels() {
 
 inline void all_cases(int pool_count = 24, int up_count = 24) {
   SUBCASE("pooling kernels") {
+    pool_kernels<float>(cc::PoolCase{cc::ceil_mode_case(), {}}, 1);
+    pool_kernels<double>(cc::PoolCase{cc::ceil_mode_case(), {}}, 2);
     for (int i = 0; i < pool_count; ++i) {
       pool_kernels<float>(cc::pool_case(static_cast<uint64_t>(700 + i)), i);
       pool_kernels<double>(cc::pool_case(static_cast<uint64_t>(800 + i)), i);

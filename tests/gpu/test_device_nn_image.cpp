@@ -99,6 +99,11 @@ TEST_CASE("image layers on device buffers equal the host's") {
     o.count_include_pad = false;
     return nn::AvgPool<Img>(o);
   });
+  same_on_device("avg_pool ceil_mode", [](auto&) {
+    auto o = nn::PoolOptions<2>::square(2, 2);
+    o.ceil_mode = true;  // odd image sizes: a last window that reaches past the image
+    return nn::AvgPool<Img>(o);
+  });
   same_on_device("upsample_nearest", [](auto&) { return nn::Upsample<Img>({2, 3}); });
   same_on_device("upsample_bilinear", [](auto&) { return nn::Upsample<Img, UpsampleMode::Bilinear>({2, 2}); });
   same_on_device("conv_transpose", [](auto& mesh) { return nn::ConvTranspose<Img, 3, 2>(mesh, {3}); });

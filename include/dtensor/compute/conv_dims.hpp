@@ -93,17 +93,20 @@ struct OutBox {
 enum class PoolMode { Max, Average };
 
 //
-// Average pooling divides by kernel_cells() when count_pad (every tap counts, as in
-// PyTorch when no window reaches past the padding), else by the number of valid
-// taps. Max pooling treats NaN as the largest value (it propagates, as PyTorch's
-// does); its gradient goes to the first largest tap in tap order (kernel dims
-// row-major), the same rule on the host and on a device.
+// Average pooling divides by the window's taps below count_hi when count_pad (every
+// tap, kernel_cells(), when count_hi is -1), else by the number of valid taps.
+// count_hi is where PyTorch's explicit padding ends: with ceil_mode a last window may
+// reach past it, and PyTorch counts its cells only up to there. Max pooling treats
+// NaN as the largest value (it propagates, as PyTorch's does); its gradient goes to
+// the first largest tap in tap order (kernel dims row-major), the same rule on the
+// host and on a device.
 struct PoolDims {
   ConvDims window;
   PoolMode mode = PoolMode::Max;
   bool count_pad = true;
   std::array<int64_t, 3> valid_lo{0, 0, 0};
   std::array<int64_t, 3> valid_hi{-1, -1, -1};  // -1: in[d]
+  std::array<int64_t, 3> count_hi{-1, -1, -1};  // -1: no limit (may lie beyond in[d])
 
   // The same dims with valid_hi resolved, after checking them (every pooling entry
   // point calls it).
@@ -118,6 +121,9 @@ struct PoolDims {
       DTENSOR_CHECK(0 <= r.valid_lo[d] && r.valid_lo[d] <= r.valid_hi[d] && r.valid_hi[d] <= window.in[d],
                     InvalidArgument, fn, ": the valid cells [", r.valid_lo[d], ", ", r.valid_hi[d],
                     ") of spatial dim ", d, " are not inside the stored [0, ", window.in[d], ")");
+      DTENSOR_CHECK(r.count_hi[d] == -1 || (d < window.spatial && r.count_hi[d] >= r.valid_hi[d]), InvalidArgument,
+                    fn, ": the counted cells of spatial dim ", d, " end at ", r.count_hi[d],
+                    ", before the valid cells' end ", r.valid_hi[d], " (-1: no limit; unused dims take -1)");
     }
     return r;
   }

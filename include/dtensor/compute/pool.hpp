@@ -4,7 +4,7 @@
 // loops; on a device, the backend table. T is float or double.
 //
 //   pool_forward   y[box] = max or average of each window's valid taps (the rest of
-//                  y is left alone)
+//                  y is left alone; average's divisor as PoolDims says)
 //   pool_backward  dx = the gradient, recomputed from x (max: the first largest tap
 //                  of each window takes its dy); every cell of dx is written
 //
@@ -57,6 +57,26 @@ inline std::array<std::array<int64_t, 3>, 2> valid_cells(const PoolDims& p) {
   return v;
 }
 
+// Average pooling's divisor when the padding counts: per dim, the taps below
+// count_hi (all of the kernel where there is no limit), for each output of the box.
+struct Counted {
+  std::array<std::vector<int64_t>, 3> of;  // of[i][o - b[i]]
+  int64_t at(int i, int64_t o, const Box& b) const { return of[i][o - b.b[i]]; }
+};
+inline const Counted& counted_taps(const PoolDims& p, const Geo& g, const Box& b) {
+  thread_local Counted c;
+  const int shift = 3 - p.window.spatial;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t hi = i >= shift ? p.count_hi[i - shift] : -1;
+    c.of[i].resize(static_cast<std::size_t>(b.extent(i)));
+    for (int64_t o = b.b[i]; o < b.e[i]; ++o) {
+      const int64_t base = g.st[i] + o * g.s[i];
+      c.of[i][o - b.b[i]] = hi < 0 ? g.k[i] : conv::inside(base, g.dl[i], base, hi, 0, g.k[i]).size();
+    }
+  }
+  return c;
+}
+
 // Calls f(cell index in the plane) for each valid tap of output (o0, o1, o2), in tap order.
 template <class F>
 void for_taps(const Geo& g, const Taps& t, const Box& b, int64_t o0, int64_t o1, int64_t o2, F&& f) {
@@ -82,8 +102,8 @@ int64_t arg_max(const Geo& g, const Taps& t, const Box& b, int64_t o0, int64_t o
 }
 
 template <class T>
-T divisor(const PoolDims& p, const Taps& t, const Box& b, int64_t o0, int64_t o1, int64_t o2) {
-  if (p.count_pad) return T(p.window.kernel_cells());
+T divisor(const PoolDims& p, const Taps& t, const Counted& c, const Box& b, int64_t o0, int64_t o1, int64_t o2) {
+  if (p.count_pad) return T(c.at(0, o0, b) * c.at(1, o1, b) * c.at(2, o2, b));
   return T(t.at(0, o0, b).size() * t.at(1, o1, b).size() * t.at(2, o2, b).size());
 }
 
@@ -94,6 +114,7 @@ void forward(const PoolDims& p, const T* x, T* y, const OutBox& box) {
   if (b.cells() == 0) return;
   const auto v = valid_cells(p);
   const Taps& t = valid_taps(g, b, v[0], v[1]);
+  const Counted& counted = counted_taps(p, g, b);
   for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
     const T* xp = x + plane * g.in_cells;
     T* yp = y + plane * g.out_cells;
@@ -108,7 +129,7 @@ void forward(const PoolDims& p, const T* x, T* y, const OutBox& box) {
           }
           T sum = 0;
           for_taps(g, t, b, o0, o1, o2, [&](int64_t c) { sum += xp[c]; });
-          const T div = divisor<T>(p, t, b, o0, o1, o2);
+          const T div = divisor<T>(p, t, counted, b, o0, o1, o2);
           yr[o2] = div == T(0) ? T(0) : sum / div;
         }
       }
@@ -123,6 +144,7 @@ void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
   if (b.cells() == 0) return;
   const auto v = valid_cells(p);
   const Taps& t = valid_taps(g, b, v[0], v[1]);
+  const Counted& counted = counted_taps(p, g, b);
   for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
     const T* xp = x + plane * g.in_cells;
     const T* dyp = dy + plane * g.out_cells;
@@ -136,7 +158,7 @@ void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
             if (a >= 0) dxp[a] += dyr[o2];
             continue;
           }
-          const T div = divisor<T>(p, t, b, o0, o1, o2);
+          const T div = divisor<T>(p, t, counted, b, o0, o1, o2);
           if (div == T(0)) continue;
           const T share = dyr[o2] / div;
           for_taps(g, t, b, o0, o1, o2, [&](int64_t c) { dxp[c] += share; });

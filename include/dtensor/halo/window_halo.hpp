@@ -137,8 +137,10 @@ class WindowHalo {
     }
     return c;
   }
-  // Pooling on the padded block: cells beyond the global image are padding.
-  PoolDims pool_dims(PoolMode mode, bool count_pad) const {
+  // Pooling on the padded block: cells beyond the global image are padding. With
+  // count_pad, average pooling counts a window's cells up to `counted_pad_hi` cells
+  // past the image's end (PyTorch's padding, where ceil_mode's windows may reach further).
+  PoolDims pool_dims(PoolMode mode, bool count_pad, const std::array<int64_t, S>& counted_pad_hi) const {
     PoolDims p;
     const int64_t c = local_shape()[1];
     p.window = conv_dims(c, c, 1);
@@ -149,6 +151,7 @@ class WindowHalo {
       // padded index q holds global cell q - lo + off
       p.valid_lo[i] = std::max<int64_t>(0, lo - off);
       p.valid_hi[i] = std::min<int64_t>(padded_shape()[2 + i], split_[i].in_extent + lo - off);
+      p.count_hi[i] = split_[i].in_extent + counted_pad_hi[i] + lo - off;
     }
     return p;
   }

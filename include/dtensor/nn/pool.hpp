@@ -7,7 +7,8 @@
 //   forward    copy the block into its padded storage; start the halo exchange; pool
 //              the outputs that read no ghost; finish it; pool the boundary strips.
 //              Cells beyond the image are padding (max skips them; average counts
-//              them as zeros with count_include_pad, else leaves them out)
+//              them as zeros with count_include_pad, up to the padding's end where
+//              ceil_mode's last window reaches past it, else leaves them out)
 //   backward   local pooling gradient into a padded block, recomputed from the saved
 //              padded input (max: each window's dy to its first largest tap); its
 //              ghosts are then added into their owners (the reverse exchange, SUM)
@@ -16,6 +17,7 @@
 // (window_geometry.hpp: a stride-2 output of an input split 8 | 7 is split 4 | 4).
 // PoolOp is the distributed pooling with run-time options (what a sweep calls);
 // MaxPool<Cfg> and AvgPool<Cfg> are the layers.
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
@@ -30,7 +32,10 @@ namespace dtensor::nn {
 
 // PyTorch's pooling arguments per spatial dim. stride 0 means the kernel (PyTorch's
 // default); dilation is for max pooling only; count_include_pad for average pooling
-// only (PyTorch's default: true). ceil_mode is not offered (floor, PyTorch's default).
+// only (PyTorch's default: true). ceil_mode rounds the output extent up, as PyTorch:
+// one more window where the last would start inside the image or the low padding
+// (never in the high padding); max skips its cells past the image, average with
+// count_include_pad counts them only up to the padding's end.
 template <int S>
 struct PoolOptions {
   std::array<int64_t, S> kernel = filled<S>(2);
@@ -38,14 +43,25 @@ struct PoolOptions {
   std::array<int64_t, S> padding = filled<S>(0);
   std::array<int64_t, S> dilation = filled<S>(1);
   bool count_include_pad = true;
+  bool ceil_mode = false;
 
   static constexpr PoolOptions square(int64_t k, int64_t stride = 0, int64_t padding = 0) {
     PoolOptions o;
     o.kernel = filled<S>(k), o.stride = filled<S>(stride), o.padding = filled<S>(padding);
     return o;
   }
-  constexpr WindowDim window(int i) const {
-    return WindowDim{kernel[i], stride[i] == 0 ? kernel[i] : stride[i], dilation[i], padding[i], padding[i]};
+  constexpr int64_t stride_of(int i) const { return stride[i] == 0 ? kernel[i] : stride[i]; }
+  // The window of spatial dim i over an input of n cells. ceil_mode is more padding
+  // on the high side: as much as the extra window reads past the padding given.
+  constexpr WindowDim window(int i, int64_t n) const {
+    WindowDim w{kernel[i], stride_of(i), dilation[i], padding[i], padding[i]};
+    if (!ceil_mode) return w;
+    const int64_t room = n + 2 * padding[i] - w.span();
+    if (room < 0) return w;  // no window fits: the floor's error
+    int64_t outs = (room + w.stride - 1) / w.stride + 1;
+    if ((outs - 1) * w.stride >= n + padding[i]) --outs;  // the last window would start in the high padding
+    w.pad_hi += std::max<int64_t>(0, (outs - 1) * w.stride + w.span() - (n + 2 * padding[i]));
+    return w;
   }
 };
 
@@ -57,9 +73,9 @@ std::string to_string(const PoolOptions<S>& o) {
     return r;
   };
   std::array<int64_t, S> stride{};
-  for (int i = 0; i < S; ++i) stride[i] = o.window(i).stride;
+  for (int i = 0; i < S; ++i) stride[i] = o.stride_of(i);
   return "kernel " + list(o.kernel) + ", stride " + list(stride) + ", padding " + list(o.padding) + ", dilation " +
-         list(o.dilation);
+         list(o.dilation) + (o.ceil_mode ? ", ceil_mode" : "");
 }
 
 // The distributed pooling of one layer on one rank: plans its halo for each input
@@ -73,7 +89,8 @@ class PoolOp {
   PoolOp(PoolMode mode, PoolOptions<S> options, std::string name)
       : mode_(mode), options_(options), name_(std::move(name)) {
     for (int i = 0; i < S; ++i) {
-      const WindowDim w = options.window(i);
+      const WindowDim w{options.kernel[i], options.stride_of(i), options.dilation[i], options.padding[i],
+                        options.padding[i]};
       DTENSOR_CHECK(w.kernel >= 1 && options.stride[i] >= 0 && w.dilation >= 1 && w.pad_lo >= 0, InvalidArgument,
                     name_, ": ", to_string(options), ": kernel and dilation must be positive, stride and padding "
                     "non-negative");
@@ -104,7 +121,7 @@ class PoolOp {
     auto& wh = *halo_;
     const int64_t channels = x.shape()[1];
     wh.load(x.local().data(), x_padded_.data());
-    const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad);
+    const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad, options_.padding);
     auto y = Tensor<T, Rank>::uninitialized(wh.local_out_shape(channels), dev);
     const OutBox inner = wh.interior_box();
     if (overlap_ && wh.has_ghosts() && !inner.empty(dims.window)) {
@@ -140,7 +157,7 @@ class PoolOp {
       const Device dev = dy.local().device();
       if (dx_padded_.shape() != wh.padded_shape() || dx_padded_.device() != dev)
         dx_padded_ = Tensor<T, Rank>::uninitialized(wh.padded_shape(), dev);
-      const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad);
+      const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad, options_.padding);
       local::pool_backward(dev, dims, x_padded_.data(), dy.local().data(), dx_padded_.data());
       wh.reverse(dx_padded_.data());
       auto dx = Tensor<T, Rank>::uninitialized(wh.local_shape(), dev);
@@ -155,7 +172,7 @@ class PoolOp {
   void prepare(const X& x) {
     if (!halo_ || !halo_->plans(x.mesh(), X::placement_state, x.layout())) {
       std::array<WindowDim, S> win;
-      for (int i = 0; i < S; ++i) win[i] = options_.window(i);
+      for (int i = 0; i < S; ++i) win[i] = options_.window(i, x.shape()[2 + i]);
       halo_.emplace(x.mesh(), X::placement_state, x.layout(), win, name_);
     }
     if (x_padded_.shape() != halo_->padded_shape() || x_padded_.device() != x.local().device())
