@@ -15,5 +15,6 @@
 #include "dtensor/nn/optim.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/residual.hpp"
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/nn/styles.hpp"

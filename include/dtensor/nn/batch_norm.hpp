@@ -117,6 +117,9 @@ class BatchNorm {
   ParamT& running_mean() { return running_mean_; }
   ParamT& running_var() { return running_var_; }
   int64_t num_batches_tracked() const { return batches_; }
+  // How many parameters for_each_parameter visits (the model numbers them).
+  static constexpr int parameter_count = 2;
+
   template <class Fn>
   void for_each_parameter(Fn&& f) {
     f(weight_);

@@ -281,6 +281,9 @@ class Conv {
   Parameter<WeightT>& weight() { return weight_; }
   Parameter<BiasT>& bias() { return bias_; }
   ConvOp<T, S>& op() { return op_; }
+  // How many parameters for_each_parameter visits (the model numbers them).
+  static constexpr int parameter_count = Bias ? 2 : 1;
+
   template <class Fn>
   void for_each_parameter(Fn&& f) {
     f(weight_);

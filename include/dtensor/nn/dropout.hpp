@@ -78,6 +78,9 @@ class Dropout {
     }
   }
 
+  // How many parameters for_each_parameter visits (the model numbers them).
+  static constexpr int parameter_count = 0;
+
   template <class F>
   void for_each_parameter(F&&) {}
 

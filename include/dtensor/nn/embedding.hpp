@@ -87,6 +87,9 @@ class Embedding {
         })) {}
 
   Parameter<TableT>& table() { return table_; }
+  // How many parameters for_each_parameter visits (the model numbers them).
+  static constexpr int parameter_count = 1;
+
   template <class Fn>
   void for_each_parameter(Fn&& f) {
     f(table_);

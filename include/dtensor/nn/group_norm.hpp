@@ -86,6 +86,9 @@ class GroupNorm {
 
   Parameter<ParamT>& weight() { return weight_; }
   Parameter<ParamT>& bias() { return bias_; }
+  // How many parameters for_each_parameter visits (the model numbers them).
+  static constexpr int parameter_count = 2;
+
   template <class Fn>
   void for_each_parameter(Fn&& f) {
     f(weight_);

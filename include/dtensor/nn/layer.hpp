@@ -26,6 +26,11 @@
 //   DTensor<T, Rank, output(in)...> forward(const DTensor<T, Rank, in...>& x);
 //   template <class G> auto backward(const G& dy);   // G placed as an accepted gradient of output(in)
 //   template <class F> void for_each_parameter(F&& f);        // f(Parameter&) for each parameter
+//   static constexpr int parameter_count;   // how many for_each_parameter visits
+//
+// A layer numbers its parameters 0 .. parameter_count - 1 in its plan, in the order
+// of for_each_parameter; a model made of layers (Sequential, a residual block) is a
+// layer too, and numbers its layers' parameters one after the other.
 //
 // The placement rules take the tensor-parallel and data-parallel mesh dims from
 // Config::axes, so one layer type serves a 1-D mesh, a DP x TP mesh and more.
@@ -46,8 +51,19 @@ concept Layer = requires(typename L::config::State s, ModelPlan<L::config::M>& p
   { L::output(s) } -> std::same_as<typename L::config::State>;
   { L::grad_input(s, s) } -> std::same_as<typename L::config::State>;
   { L::out_features(int64_t{}) } -> std::same_as<int64_t>;
+  { L::parameter_count } -> std::convertible_to<int>;
   L::plan(plan, 0, s, s, int64_t{}, true);
 };
+
+// A layer's backward as a part of a bigger model: a model used as a layer runs its
+// layers' backwards without reducing the gradients (the outermost model does).
+template <bool NeedInputGrad, class L, class G>
+auto layer_backward(L& layer, const G& dy) {
+  if constexpr (requires { layer.template backward_unreduced<NeedInputGrad>(dy); })
+    return layer.template backward_unreduced<NeedInputGrad>(dy);
+  else
+    return layer.template backward<NeedInputGrad>(dy);
+}
 
 // redistribute_backward<P...>(dy) for a Placements<P...> list.
 template <class PList, class G>

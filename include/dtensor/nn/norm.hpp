@@ -124,6 +124,9 @@ class Norm {
 
   Parameter<ParamT>& scale() { return scale_; }
   Parameter<ParamT>& shift() { return shift_; }
+  // How many parameters for_each_parameter visits (the model numbers them).
+  static constexpr int parameter_count = Kind == NormKind::Layer ? 2 : 1;
+
   template <class Fn>
   void for_each_parameter(Fn&& f) {
     f(scale_);

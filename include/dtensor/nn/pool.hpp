@@ -225,6 +225,9 @@ class Pool {
   explicit Pool(PoolOptions<S> options = {}) : op_(Mode, options, name) {}
 
   PoolOp<T, S>& op() { return op_; }
+  // How many parameters for_each_parameter visits (the model numbers them).
+  static constexpr int parameter_count = 0;
+
   template <class F>
   void for_each_parameter(F&&) {}
 

@@ -3,6 +3,12 @@
 // generated from the layers' rules, and the communication plan of a training step as
 // a constant expression.
 //
+// A Sequential is a layer (nn/layer.hpp) too: a block that nests in another model or
+// in a residual connection (nn/residual.hpp). Inside another model it takes its
+// input in its own input placements (the outer model redistributes to them), its
+// plan's collectives count as the outer layer's, its parameters are numbered after
+// one another, and its backward leaves the gradient reductions to the outermost model.
+//
 // Where a layer's output placements differ from what the next layer takes, the
 // model redistributes between them (and runs the adjoint in the backward); the plan
 // shows it against the receiving layer. StrictSequential refuses to compile instead,
@@ -97,6 +103,14 @@ constexpr bool chained() {
   return ok;
 }
 
+// Room in a plan for a layer's collectives: a few forward and backward ones and one
+// reduction per parameter and mesh dim; a block (a model) says its own.
+template <class L>
+constexpr int plan_room() {
+  if constexpr (requires { L::kPlanCapacity; }) return L::kPlanCapacity;
+  else return 4 * (L::config::M + 2);
+}
+
 template <class First, class Default>
 struct model_input {
   using type = Default;
@@ -126,9 +140,19 @@ class Model {
   static constexpr int M = config::M;
   static constexpr int Rank = config::rank;  // the input's
   using output_config = detail::out_config_t<std::tuple_element_t<N - 1, Layers>>;
+  using out_config = output_config;
   static constexpr int OutRank = output_config::rank;
   template <int I>
   using layer_t = std::tuple_element_t<I, Layers>;
+  static constexpr const char* name = "sequential";
+  static constexpr int parameter_count = (L::parameter_count + ... + 0);
+  // The number of layer I's first parameter among the model's.
+  static constexpr std::array<int, N + 1> parameter_offsets = [] {
+    std::array<int, N + 1> o{};
+    int i = 0;
+    ((o[i + 1] = o[i] + L::parameter_count, ++i), ...);
+    return o;
+  }();
 
   // Placements along the forward: what arrives at each layer, what it takes, what it gives.
   struct Flow {
@@ -178,12 +202,38 @@ class Model {
     return g;
   }
 
+  // --- the model as a layer of a bigger one (nn/layer.hpp) ---
+  static constexpr State input(const State&) { return input_placements; }
+  static constexpr State output(const State&) { return output_placements; }
+  static constexpr State grad_input(const State&, const State& grad_out) {
+    return backward_flow(grad_out).grad_arriving[0];
+  }
+  static constexpr int64_t out_features(int64_t features) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((features = layer_t<I>::out_features(features)), ...);
+    }(std::make_index_sequence<N>{});
+    return features;
+  }
+  // The model's collectives, as those of layer `layer` of the outer plan, its
+  // parameters numbered from 0 in for_each_parameter's order.
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>& outer, int layer, const State&, const State& grad_out,
+                             int64_t features, bool input_grad) {
+    const auto inner = plan<kPlanCapacity>(grad_out, features, input_grad);
+    for (int e = 0; e < inner.size; ++e) {
+      auto c = inner.entries[e];
+      if (c.parameter >= 0) c.parameter += parameter_offsets[c.layer];
+      c.layer = layer;
+      outer.add(c);
+    }
+  }
+
   // Every collective of one step: forward, backward (from an output gradient placed
   // `grad_output`, e.g. a loss's), and the gradient reductions; `in_features` is the
   // input's last extent, which sizes the activations of layers that keep it.
   // Room for every entry: a layer adds at most a few forward and backward
   // collectives and one reduction per parameter and mesh dim.
-  static constexpr int kPlanCapacity = 16 + 4 * N * (M + 2);
+  static constexpr int kPlanCapacity = 16 + (detail::plan_room<L>() + ... + 0);
 
   template <int C = kPlanCapacity>
   static constexpr ModelPlan<M, C> plan(const State& grad_output, int64_t in_features,
@@ -253,11 +303,11 @@ class Model {
     if (reduced_) keep_reduced_once<G>();
     try {
       if constexpr (InputGrad) {
-        auto dx = backward_from<N - 1, true, G>(dy);
+        auto dx = backward_from<N - 1, true, G, true>(dy);
         finish_reductions<G>();
         return dx;
       } else {
-        backward_from<N - 1, false, G>(dy);
+        backward_from<N - 1, false, G, true>(dy);
         finish_reductions<G>();
       }
     } catch (...) {
@@ -266,6 +316,17 @@ class Model {
       drop_reductions();
       throw;
     }
+  }
+
+  // The backward as a layer of a bigger model: the layers' backwards only; the
+  // gradients stay unreduced (Partial where the plan says), for the outer model.
+  template <bool InputGrad = true, class G>
+  auto backward_unreduced(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, output_placements),
+                  "dtensor::nn::Sequential::backward: dy is not placed as a gradient of the block's output (see "
+                  "placement/gradient.hpp)");
+    if constexpr (InputGrad) return backward_from<N - 1, true, G, false>(dy);
+    else backward_from<N - 1, false, G, false>(dy);
   }
 
   // The size of the data-parallel gradient buckets (nn/grad_buckets.hpp), in bytes;
@@ -293,17 +354,17 @@ class Model {
     else return y;
   }
 
-  template <int I, bool InputGrad, class G0, class G>
+  template <int I, bool InputGrad, class G0, bool Reduce, class G>
   auto backward_from(const G& dy) {
     constexpr bool need = I > 0 || InputGrad;
-    auto dx = std::get<I>(layers_).template backward<need>(dy);
-    mark_ready<G0>(I);  // this layer's gradients are complete: their buckets may start
+    auto dx = layer_backward<need>(std::get<I>(layers_), dy);
+    if constexpr (Reduce) mark_ready<G0>(I);  // this layer's gradients are complete: their buckets may start
     if constexpr (!need) {
       return;
     } else {
       auto da = redistribute_backward_as<placements_t<flow.arriving[I]>>(dx);
       if constexpr (I == 0) return da;
-      else return backward_from<I - 1, InputGrad, G0>(da);
+      else return backward_from<I - 1, InputGrad, G0, Reduce>(da);
     }
   }
 
@@ -361,6 +422,11 @@ class Model {
               }
               ++k;
             });
+            // The plan numbers the parameters by parameter_count: a layer that visits
+            // another number would have its gradients reduced into the wrong buffers.
+            DTENSOR_CHECK(k == layer_t<layer>::parameter_count, InvalidArgument, "Sequential: layer ", layer, " (",
+                          layer_t<layer>::name, ") visits ", k, " parameters in for_each_parameter but declares "
+                          "parameter_count = ", layer_t<layer>::parameter_count, "; make them agree");
           }(),
           ...);
     }(std::make_index_sequence<N>{});

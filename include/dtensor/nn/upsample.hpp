@@ -239,6 +239,9 @@ class Upsample {
   explicit Upsample(std::array<int64_t, S> scale = filled<S>(2)) : op_(Mode, scale, name) {}
 
   UpsampleOp<T, S>& op() { return op_; }
+  // How many parameters for_each_parameter visits (the model numbers them).
+  static constexpr int parameter_count = 0;
+
   template <class F>
   void for_each_parameter(F&&) {}
 

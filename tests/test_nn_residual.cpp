@@ -1,0 +1,328 @@
+// Blocks that nest and residual connections (nn/sequential.hpp as a layer,
+// nn/residual.hpp): a Sequential inside a Sequential equals the flat chain, and its
+// plan numbers the parameters as the model registers them; y = x + f(x) against its
+// definition (the block alone, plus x), finite differences on one rank, and the same
+// model on one rank, for token models (DP, DP x TP on 2x2 and 2x3) and images sharded
+// in space (H x W, DP x H, H on 3 ranks), uneven sizes throughout; the constexpr plan
+// equal to what CommCounter sees; gradient accumulation over micro-batches.
+#include <array>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <dtensor/cnn.hpp>
+#include <dtensor/nn.hpp>
+
+#include "compare.hpp"
+#include "nn_support.hpp"
+#include "spmd.hpp"
+
+using namespace dtensor;
+using namespace dtensor::test;
+using nn::Phase;
+
+namespace {
+
+constexpr int64_t kIn = 5, kHidden = 6, kWide = 8, kOut = 3;
+
+using DP = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;  // batch over mesh dim 0
+using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;       // batch over 0, features over 1
+
+// The residual branch of a transformer's MLP: colwise -> GELU -> rowwise.
+template <class Cfg, nn::LinearStyle S1, nn::LinearStyle S2>
+using Branch = nn::Sequential<nn::Linear<Cfg, kHidden, kWide, S1>, nn::GELU<Cfg>, nn::Linear<Cfg, kWide, kHidden, S2>>;
+template <class Cfg, nn::LinearStyle S1, nn::LinearStyle S2>
+using ResMLP = nn::Sequential<nn::Linear<Cfg, kIn, kHidden>, nn::Residual<Branch<Cfg, S1, S2>>, nn::GELU<Cfg>,
+                              nn::Linear<Cfg, kHidden, kOut>>;
+
+template <class Cfg, nn::LinearStyle S1, nn::LinearStyle S2>
+Branch<Cfg, S1, S2> make_branch(const DeviceMesh<Cfg::M>& mesh) {
+  return Branch<Cfg, S1, S2>(nn::Linear<Cfg, kHidden, kWide, S1>(mesh, {2}), nn::GELU<Cfg>(),
+                             nn::Linear<Cfg, kWide, kHidden, S2>(mesh, {3}));
+}
+template <class Cfg, nn::LinearStyle S1, nn::LinearStyle S2>
+struct MakeResMLP {
+  ResMLP<Cfg, S1, S2> operator()(const DeviceMesh<Cfg::M>& mesh) const {
+    return ResMLP<Cfg, S1, S2>(nn::Linear<Cfg, kIn, kHidden>(mesh, {1}),
+                               nn::Residual<Branch<Cfg, S1, S2>>(make_branch<Cfg, S1, S2>(mesh)), nn::GELU<Cfg>(),
+                               nn::Linear<Cfg, kHidden, kOut>(mesh, {4}));
+  }
+};
+
+// --- the protocol and the plans ---
+
+static_assert(nn::Layer<Branch<DpTp, nn::Colwise, nn::Rowwise>>);
+static_assert(nn::Layer<nn::Residual<Branch<DpTp, nn::Colwise, nn::Rowwise>>>);
+static_assert(Branch<DpTp, nn::Colwise, nn::Rowwise>::parameter_count == 4);
+static_assert(ResMLP<DpTp, nn::Colwise, nn::Rowwise>::parameter_count == 8);
+
+// A nested Sequential plans what the flat chain plans, its collectives counted as its
+// own layer's, its parameters numbered after one another (for_each_parameter order).
+using Lin1 = nn::Linear<DpTp, kIn, kWide, nn::Colwise>;
+using Lin2 = nn::Linear<DpTp, kWide, kOut, nn::Rowwise>;
+using Flat = nn::Sequential<Lin1, nn::GELU<DpTp>, Lin2>;
+using Nested = nn::Sequential<nn::Sequential<Lin1, nn::GELU<DpTp>, Lin2>>;
+static constexpr auto flat_plan = Flat::plan(Flat::output_placements, kIn, true);
+static constexpr auto nested_plan = Nested::plan(Nested::output_placements, kIn, true);
+static_assert(flat_plan.size == nested_plan.size);
+static_assert([] {
+  for (int e = 0; e < flat_plan.size; ++e) {
+    const auto &f = flat_plan.entries[e], &n = nested_plan.entries[e];
+    if (f.phase != n.phase || f.kind != n.kind || f.mesh_dim != n.mesh_dim || n.layer != 0) return false;
+    // flat: layer 0's weight and bias are 0 and 1, layer 2's too; nested: 0 .. 3
+    if (f.parameter >= 0 && n.parameter != f.parameter + (f.layer == 2 ? 2 : 0)) return false;
+  }
+  return true;
+}());
+static_assert(nested_plan.count(Phase::GradReduce, StepKind::AllReduce, 0) == 4);
+
+// The residual TP branch: the rowwise layer's all-reduce forward; the shortcut needs
+// nothing (both terms Replicate over TP). Backward, the branch's input gradient stays
+// Partial over TP (a gradient of a replicated activation; the layer before reduces
+// it where it needs values) and the shortcut's joins it as a term on one rank: no
+// collective either.
+using Res = nn::Residual<Branch<DpTp, nn::Colwise, nn::Rowwise>>;
+static constexpr auto res_plan = nn::Sequential<Res>::plan(nn::Sequential<Res>::output_placements, kHidden, true);
+static_assert(res_plan.count(Phase::Forward) == 1 && res_plan.count(Phase::Forward, StepKind::AllReduce, 1) == 1);
+static_assert(res_plan.count(Phase::Backward) == 0);
+static_assert(Res::branch_grad(Res::output({}))[1].is_partial() && Res::shortcut_grad(Res::output({}))[1].is_replicate());
+
+// A colwise-only branch leaves its output sharded over TP: the shortcut is sliced to
+// it (no collective) and the sum all-gathered by the next layer. Backward, the
+// shortcut's gradient is the adjoint of the slice, Partial over TP (zero outside each
+// rank's columns), as the branch's: they add locally.
+using ColBranch = nn::Linear<DpTp, kHidden, kHidden, nn::Colwise>;
+using ResCol = nn::Sequential<nn::Residual<ColBranch>, nn::Linear<DpTp, kHidden, kOut>>;
+static constexpr auto rescol_plan = ResCol::plan(ResCol::output_placements, kHidden, true);
+static_assert(nn::Residual<ColBranch>::output({})[1].is_shard(1));
+static_assert(rescol_plan.count(Phase::Forward) == 1 && rescol_plan.count(Phase::Forward, StepKind::AllGather, 1) == 1);
+static_assert(rescol_plan.count(Phase::Backward) == 0);
+
+// --- run time: token models ---
+
+// rows x features of normal values, element i a function of (seed, first row's offset + i).
+template <class DT>
+DT rows(Shape<DT::rank> shape, const typename DT::Mesh& mesh, uint64_t seed, const Splits<DT::rank>& blocks = {}) {
+  return dtensor::detail::generate<DT>(shape, mesh, blocks,
+                                       [&](uint64_t i) { return dtensor::detail::normal_value<double>(seed, i); });
+}
+
+struct Result {
+  std::vector<double> y, dx;
+  std::vector<std::vector<double>> grads;
+};
+template <class T, int R>
+std::vector<double> flat(const Tensor<T, R>& t) {
+  return std::vector<double>(t.data(), t.data() + t.numel());
+}
+
+// One forward and backward of `model` with an input gradient; the gathered results
+// and the gradients after the model's reductions. Checks the collectives against the plan.
+template <class Model, class Mesh>
+Result step(Model& model, const Mesh& mesh, Shape<Model::InputT::rank> in, Shape<Model::OutputT::rank> out) {
+  // (the features size the bytes only)
+  static constexpr auto plan = Model::plan(Model::output_placements, kHidden, true);
+  model.zero_grad();
+  const auto x = rows<typename Model::InputT>(in, mesh, 11);
+  CommCounter c;
+  const auto y = model.forward(x);
+  const auto dx = model.template backward<true>(rows<typename Model::OutputT>(out, mesh, 12, y.layout().blocks));
+  CHECK(c.count() == plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()));
+  Result r{flat(y.full_tensor()), flat(dx.full_tensor()), {}};
+  model.for_each_parameter([&](auto& p) { r.grads.push_back(flat(p.gradient().full_tensor())); });
+  return r;
+}
+
+void check_same(const Result& got, const Result& want, double tol) {
+  CHECK(max_abs_diff(got.y.data(), want.y.data(), static_cast<int64_t>(want.y.size())) < tol);
+  CHECK(max_abs_diff(got.dx.data(), want.dx.data(), static_cast<int64_t>(want.dx.size())) < tol);
+  REQUIRE(got.grads.size() == want.grads.size());
+  for (std::size_t k = 0; k < want.grads.size(); ++k) {
+    INFO("parameter ", k);
+    REQUIRE(got.grads[k].size() == want.grads[k].size());
+    CHECK(max_abs_diff(got.grads[k].data(), want.grads[k].data(), static_cast<int64_t>(want.grads[k].size())) < tol);
+  }
+}
+
+// The model on `shape` against the same model on one rank.
+template <class Model, int M, class Make>
+void check_against_one_rank(const std::array<int, M>& shape, Make make, const Shape<Model::InputT::rank>& in,
+                            const Shape<Model::OutputT::rank>& out, double tol) {
+  Result want;
+  run_threads(1, [&](Comm& comm) {
+    std::array<int, M> one;
+    one.fill(1);
+    DeviceMesh<M> mesh(comm, one);
+    Model model = make(mesh);
+    want = step(model, mesh, in, out);
+  });
+  int n = 1;
+  for (int s : shape) n *= s;
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<M> mesh(comm, shape);
+    INFO("mesh ", mesh.to_string());
+    Model model = make(mesh);
+    check_same(step(model, mesh, in, out), want, tol);
+  });
+}
+
+// Gradient accumulation: passes over micro-batches add up to one pass over the whole.
+template <class Model, int M, class Make>
+std::vector<std::vector<double>> accumulate(Comm& comm, const std::array<int, M>& shape, Make make,
+                                            const std::vector<int64_t>& batches, Shape<Model::InputT::rank> in,
+                                            Shape<Model::OutputT::rank> out) {
+  DeviceMesh<M> mesh(comm, shape);
+  Model model = make(mesh);
+  model.set_bucket_bytes(200);
+  model.zero_grad();
+  int64_t first = 0;
+  for (int64_t b : batches) {
+    in[0] = out[0] = b;
+    int64_t row_in = 1, row_out = 1;
+    for (int d = 1; d < Model::InputT::rank; ++d) row_in *= in[d];
+    for (int d = 1; d < Model::OutputT::rank; ++d) row_out *= out[d];
+    const auto x = dtensor::detail::generate<typename Model::InputT>(in, mesh, {}, [&](uint64_t i) {
+      return dtensor::detail::normal_value<double>(21, static_cast<uint64_t>(first * row_in) + i);
+    });
+    const auto y = model.forward(x);
+    model.backward(dtensor::detail::generate<typename Model::OutputT>(out, mesh, y.layout().blocks, [&](uint64_t i) {
+      return dtensor::detail::normal_value<double>(22, static_cast<uint64_t>(first * row_out) + i);
+    }));
+    first += b;
+  }
+  std::vector<std::vector<double>> g;
+  model.for_each_parameter([&](auto& p) { g.push_back(flat(p.gradient().full_tensor())); });
+  return g;
+}
+
+template <class Model, int M, class Make>
+void check_accumulation(const std::array<int, M>& shape, Make make, const Shape<Model::InputT::rank>& in,
+                        const Shape<Model::OutputT::rank>& out) {
+  const std::vector<int64_t> batches{5, 3, 4};
+  std::vector<std::vector<double>> want;
+  run_threads(1, [&](Comm& comm) {
+    std::array<int, M> one;
+    one.fill(1);
+    want = accumulate<Model, M>(comm, one, make, {12}, in, out);
+  });
+  int n = 1;
+  for (int s : shape) n *= s;
+  spmd(n, [&](Comm& comm) {
+    const auto got = accumulate<Model, M>(comm, shape, make, batches, in, out);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      INFO("parameter ", k, " after 3 micro-batches on ", n, " ranks");
+      CHECK(max_abs_diff(got[k].data(), want[k].data(), static_cast<int64_t>(want[k].size())) < 1e-11);
+    }
+  });
+}
+
+}  // namespace
+
+TEST_CASE("a residual block is x + f(x): against the block alone plus x, and finite differences (one rank)") {
+  using Cfg = DP;
+  using B = Branch<Cfg, nn::NoParallel, nn::NoParallel>;
+  using Model = nn::Sequential<nn::Residual<B>>;
+  run_threads(1, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {1});
+    Model model{nn::Residual<B>(make_branch<Cfg, nn::NoParallel, nn::NoParallel>(mesh))};
+    B alone = make_branch<Cfg, nn::NoParallel, nn::NoParallel>(mesh);
+    const Shape<2> s{4, kHidden};
+    const auto x = rows<Model::InputT>(s, mesh, 1);
+    const auto dy = rows<Model::OutputT>(s, mesh, 2);
+    model.zero_grad();
+    alone.zero_grad();
+    const auto y = model.forward(x);
+    const auto dx = model.template backward<true>(dy);
+    const auto fy = alone.forward(x);
+    const auto fdx = alone.template backward<true>(dy);
+    for (int64_t i = 0; i < y.local().numel(); ++i) {
+      CHECK(y.local().data()[i] == fy.local().data()[i] + x.local().data()[i]);
+      CHECK(dx.local().data()[i] == fdx.local().data()[i] + dy.local().data()[i]);
+    }
+    // d/dx_i of sum(y * dy) by central differences.
+    auto loss = [&](const Model::InputT& xi) {
+      Model m{nn::Residual<B>(make_branch<Cfg, nn::NoParallel, nn::NoParallel>(mesh))};
+      const auto yi = m.forward(xi);
+      double l = 0;
+      for (int64_t k = 0; k < yi.local().numel(); ++k) l += yi.local().data()[k] * dy.local().data()[k];
+      return l;
+    };
+    for (int64_t i : {0, 7, 23}) {
+      const double h = 1e-6;
+      auto xp = x, xm = x;
+      xp.local().data()[i] += h, xm.local().data()[i] -= h;
+      CHECK(dx.local().data()[i] == doctest::Approx((loss(xp) - loss(xm)) / (2 * h)).epsilon(1e-7));
+    }
+  });
+}
+
+TEST_CASE("a nested Sequential equals the flat chain: outputs, input gradient, parameter gradients, collectives") {
+  auto make_flat = [](const DeviceMesh<2>& mesh) { return Flat(Lin1(mesh, {1}), nn::GELU<DpTp>(), Lin2(mesh, {2})); };
+  auto make_nested = [](const DeviceMesh<2>& mesh) {
+    return Nested(nn::Sequential<Lin1, nn::GELU<DpTp>, Lin2>(Lin1(mesh, {1}), nn::GELU<DpTp>(), Lin2(mesh, {2})));
+  };
+  for (const std::array<int, 2>& shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{2, 3}, std::array<int, 2>{1, 1}}) {
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      Flat flat_model = make_flat(mesh);
+      Nested nested_model = make_nested(mesh);
+      const Result a = step(flat_model, mesh, {7, kIn}, {7, kOut});
+      const Result b = step(nested_model, mesh, {7, kIn}, {7, kOut});
+      check_same(b, a, 1e-14);
+    });
+  }
+}
+
+TEST_CASE("residual MLP block: DP on 1-4 ranks, DP x TP on 2x2 and 2x3, against one rank; accumulation") {
+  using Plain = ResMLP<DP, nn::NoParallel, nn::NoParallel>;
+  using Tp = ResMLP<DpTp, nn::Colwise, nn::Rowwise>;
+  for (int n = 1; n <= 4; ++n)
+    check_against_one_rank<Plain, 1>({n}, MakeResMLP<DP, nn::NoParallel, nn::NoParallel>{}, {7, kIn}, {7, kOut}, 1e-12);
+  check_against_one_rank<Tp, 2>({2, 2}, MakeResMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {7, kIn}, {7, kOut}, 1e-12);
+  check_against_one_rank<Tp, 2>({2, 3}, MakeResMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {5, kIn}, {5, kOut}, 1e-12);
+  check_accumulation<Tp, 2>({2, 3}, MakeResMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {0, kIn}, {0, kOut});
+  check_accumulation<Plain, 1>({3}, MakeResMLP<DP, nn::NoParallel, nn::NoParallel>{}, {0, kIn}, {0, kOut});
+}
+
+TEST_CASE("a residual branch whose output is sharded over TP: the shortcut sliced, the gradients added locally") {
+  auto make = [](const DeviceMesh<2>& mesh) {
+    return ResCol(nn::Residual<ColBranch>(ColBranch(mesh, {5})), nn::Linear<DpTp, kHidden, kOut>(mesh, {6}));
+  };
+  check_against_one_rank<ResCol, 2>({2, 3}, make, {5, kHidden}, {5, kOut}, 1e-12);
+  check_against_one_rank<ResCol, 2>({1, 4}, make, {5, kHidden}, {5, kOut}, 1e-12);
+}
+
+// --- images: a ResNet basic block (conv-BN-ReLU-conv-BN, + x) sharded in space ---
+
+namespace {
+constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
+constexpr int64_t kC = 3;
+template <class Img>
+using Basic = nn::Sequential<nn::Conv<Img, kC, kC, k3>, nn::BatchNorm<Img, kC>, nn::ReLU<Img>,
+                             nn::Conv<Img, kC, kC, k3>, nn::BatchNorm<Img, kC>>;
+template <class Img>
+using ResNet = nn::Sequential<nn::Conv<Img, 2, kC, k3>, nn::Residual<Basic<Img>>, nn::ReLU<Img>>;
+template <class Img>
+struct MakeResNet {
+  ResNet<Img> operator()(const DeviceMesh<Img::M>& mesh) const {
+    return ResNet<Img>(nn::Conv<Img, 2, kC, k3>(mesh, {1}),
+                       nn::Residual<Basic<Img>>(Basic<Img>(nn::Conv<Img, kC, kC, k3>(mesh, {2}),
+                                                           nn::BatchNorm<Img, kC>(mesh), nn::ReLU<Img>(),
+                                                           nn::Conv<Img, kC, kC, k3>(mesh, {3}),
+                                                           nn::BatchNorm<Img, kC>(mesh))),
+                       nn::ReLU<Img>());
+  }
+};
+}  // namespace
+
+TEST_CASE("residual CNN block on images over H x W (2x2), batch x H (2x2), H (3 ranks): against one rank") {
+  using HW = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+  using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
+  using H = nn::ImageConfig<double, 2, nn::DomainAxes<1, nn::kNone, 0, nn::kNone>>;
+  static_assert(nn::Layer<nn::Residual<Basic<HW>>>);
+  const Shape<4> s{3, 2, 13, 10};
+  const Shape<4> o{3, kC, 13, 10};
+  check_against_one_rank<ResNet<HW>, 2>({2, 2}, MakeResNet<HW>{}, s, o, 1e-11);
+  check_against_one_rank<ResNet<DpH>, 2>({2, 2}, MakeResNet<DpH>{}, s, o, 1e-11);
+  check_against_one_rank<ResNet<H>, 1>({3}, MakeResNet<H>{}, s, o, 1e-11);
+}
