@@ -6,7 +6,8 @@
 //   input      the block's input placements (the model redistributes what arrives)
 //   output     the block's output placements; the shortcut x is redistributed to them
 //              when they differ (e.g. a Partial branch output: x joins as a Partial
-//              term on one rank), shown in the plan as this layer's
+//              term on one rank), shown in the plan as this layer's, refused at
+//              compile time when the block is a StrictSequential
 //   backward   dy goes into the block and, through the adjoint of the shortcut's
 //              redistribution, straight to x; the two input gradients are added in
 //              the block's gradient placements (the shortcut's is redistributed to
@@ -50,6 +51,19 @@ class Residual {
     return redistribute_backward_placements(in_placements, grad_out);
   }
   static constexpr State grad_input(const State&, const State& grad_out) { return branch_grad(grad_out); }
+  // A strict block (StrictSequential) refuses a shortcut that would be redistributed.
+  static constexpr bool strict_checked = [] {
+    if constexpr (requires { typename Block::policy; }) {
+      static_assert(!std::is_same_v<typename Block::policy, Strict> ||
+                        Block::output(in_placements) == in_placements,
+                    "dtensor strict model: this residual block's branch gives its output in other placements than it "
+                    "takes its input, so the model would redistribute the shortcut x to add it (e.g. a colwise branch "
+                    "without its rowwise layer). End the branch in its input's placements, or use Sequential to "
+                    "accept the redistribution.");
+    }
+    return true;
+  }();
+  static_assert(strict_checked);
   // (that the block keeps them too is checked on the shapes, in forward: a plan may
   // be made for a nominal feature count)
   static constexpr int64_t out_features(int64_t features) { return features; }

@@ -144,6 +144,7 @@ class Model {
   static constexpr int OutRank = output_config::rank;
   template <int I>
   using layer_t = std::tuple_element_t<I, Layers>;
+  using policy = Policy;
   static constexpr const char* name = "sequential";
   static constexpr int parameter_count = (L::parameter_count + ... + 0);
   // The number of layer I's first parameter among the model's.
