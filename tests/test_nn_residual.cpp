@@ -12,6 +12,7 @@
 #include <dtensor/cnn.hpp>
 #include <dtensor/nn.hpp>
 
+#include "accumulation.hpp"
 #include "compare.hpp"
 #include "nn_support.hpp"
 #include "spmd.hpp"
@@ -162,57 +163,6 @@ void check_against_one_rank(const std::array<int, M>& shape, Make make, const Sh
     INFO("mesh ", mesh.to_string());
     Model model = make(mesh);
     check_same(step(model, mesh, in, out), want, tol);
-  });
-}
-
-// Gradient accumulation: passes over micro-batches add up to one pass over the whole.
-template <class Model, int M, class Make>
-std::vector<std::vector<double>> accumulate(Comm& comm, const std::array<int, M>& shape, Make make,
-                                            const std::vector<int64_t>& batches, Shape<Model::InputT::rank> in,
-                                            Shape<Model::OutputT::rank> out) {
-  DeviceMesh<M> mesh(comm, shape);
-  Model model = make(mesh);
-  model.set_bucket_bytes(200);
-  model.zero_grad();
-  int64_t first = 0;
-  for (int64_t b : batches) {
-    in[0] = out[0] = b;
-    int64_t row_in = 1, row_out = 1;
-    for (int d = 1; d < Model::InputT::rank; ++d) row_in *= in[d];
-    for (int d = 1; d < Model::OutputT::rank; ++d) row_out *= out[d];
-    const auto x = dtensor::detail::generate<typename Model::InputT>(in, mesh, {}, [&](uint64_t i) {
-      return dtensor::detail::normal_value<double>(21, static_cast<uint64_t>(first * row_in) + i);
-    });
-    const auto y = model.forward(x);
-    model.backward(dtensor::detail::generate<typename Model::OutputT>(out, mesh, y.layout().blocks, [&](uint64_t i) {
-      return dtensor::detail::normal_value<double>(22, static_cast<uint64_t>(first * row_out) + i);
-    }));
-    first += b;
-  }
-  std::vector<std::vector<double>> g;
-  model.for_each_parameter([&](auto& p) { g.push_back(flat(p.gradient().full_tensor())); });
-  return g;
-}
-
-template <class Model, int M, class Make>
-void check_accumulation(const std::array<int, M>& shape, Make make, const Shape<Model::InputT::rank>& in,
-                        const Shape<Model::OutputT::rank>& out) {
-  const std::vector<int64_t> batches{5, 3, 4};
-  std::vector<std::vector<double>> want;
-  run_threads(1, [&](Comm& comm) {
-    std::array<int, M> one;
-    one.fill(1);
-    want = accumulate<Model, M>(comm, one, make, {12}, in, out);
-  });
-  int n = 1;
-  for (int s : shape) n *= s;
-  spmd(n, [&](Comm& comm) {
-    const auto got = accumulate<Model, M>(comm, shape, make, batches, in, out);
-    REQUIRE(got.size() == want.size());
-    for (std::size_t k = 0; k < want.size(); ++k) {
-      INFO("parameter ", k, " after 3 micro-batches on ", n, " ranks");
-      CHECK(max_abs_diff(got[k].data(), want[k].data(), static_cast<int64_t>(want[k].size())) < 1e-11);
-    }
   });
 }
 
