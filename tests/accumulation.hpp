@@ -5,6 +5,7 @@
 // gradients are functions of (seed, global index) only, so every mesh sees the same
 // numbers.
 #include <array>
+#include <optional>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -43,30 +44,41 @@ DT rows_of_batch(Shape<DT::rank> shape, int64_t first, const typename DT::Mesh& 
   });
 }
 
+// Reducing: every backward reduces. NoSync: every backward but the last runs inside
+// model.no_sync(), and issues no gradient reduction (checked with CommCounter).
+enum class Accumulate { Reducing, NoSync };
+
 // passes micro-batches of `batches` rows, accumulated; the gradients.
 template <class Model, int M, class Make>
 std::vector<std::vector<double>> accumulate(Comm& comm, const std::array<int, M>& shape, Make make,
                                             const std::vector<int64_t>& batches, Shape<Model::InputT::rank> in,
-                                            Shape<Model::OutputT::rank> out) {
+                                            Shape<Model::OutputT::rank> out, Accumulate mode = Accumulate::Reducing) {
+  static constexpr auto plan = Model::plan(Model::OutputT::placement_state, 1);
   DeviceMesh<M> mesh(comm, shape);
   Model model = make(mesh);
   model.set_bucket_bytes(200);  // several buckets
   model.zero_grad();
   int64_t first = 0;
-  for (int64_t b : batches) {
-    in[0] = out[0] = b;
+  for (std::size_t pass = 0; pass < batches.size(); ++pass) {
+    const bool quiet = mode == Accumulate::NoSync && pass + 1 < batches.size();
+    std::optional<typename Model::NoSync> guard;
+    if (quiet) guard.emplace(model.no_sync());
+    in[0] = out[0] = batches[pass];
     const auto x = rows_of_batch<typename Model::InputT>(in, first, mesh, 11);
+    CommCounter c;
     const auto y = model.forward(x);
     REQUIRE(y.shape() == out);
     model.backward(rows_of_batch<typename Model::OutputT>(out, first, mesh, 12, y.layout().blocks));
-    first += b;
+    if (quiet) CHECK(c.count() == plan.count(nn::Phase::Forward) + plan.count(nn::Phase::Backward));
+    first += batches[pass];
   }
+  CHECK(model.syncing());
   return gathered_grads(model, mesh);
 }
 
 template <class Model, int M, class Make>
 void check_accumulation(const std::array<int, M>& shape, Make make, const Shape<Model::InputT::rank>& in,
-                        const Shape<Model::OutputT::rank>& out) {
+                        const Shape<Model::OutputT::rank>& out, Accumulate mode = Accumulate::Reducing) {
   const std::vector<int64_t> batches{5, 3, 4};  // uneven over every mesh below
   for (std::size_t passes = 1; passes <= batches.size(); ++passes) {
     const std::vector<int64_t> mine(batches.begin(), batches.begin() + static_cast<std::ptrdiff_t>(passes));
@@ -81,8 +93,8 @@ void check_accumulation(const std::array<int, M>& shape, Make make, const Shape<
     int n = 1;
     for (int s : shape) n *= s;
     spmd(n, [&](Comm& comm) {
-      INFO(passes, " passes on a mesh of ", n, " ranks");
-      const auto got = accumulate<Model, M>(comm, shape, make, mine, in, out);
+      INFO(passes, " passes on a mesh of ", n, " ranks", mode == Accumulate::NoSync ? ", no_sync" : "");
+      const auto got = accumulate<Model, M>(comm, shape, make, mine, in, out, mode);
       REQUIRE(got.size() == want.size());
       for (std::size_t k = 0; k < want.size(); ++k) {
         INFO("parameter ", k);

@@ -83,6 +83,39 @@ TEST_CASE("gradient accumulation of an MLP: data parallel on 1-D meshes, DP x TP
   check_accumulation<Tp, 2>({2, 3}, MakeMLP<DpTp, nn::Colwise, nn::Rowwise>{}, Shape<2>{0, kIn}, Shape<2>{0, kOut});
 }
 
+TEST_CASE("no_sync: micro-batches accumulate unreduced, the last backward reduces their sum once") {
+  using DP = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
+  using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
+  using Plain = MLP<DP, nn::NoParallel, nn::NoParallel>;
+  using Tp = MLP<DpTp, nn::Colwise, nn::Rowwise>;
+  for (int n = 2; n <= 4; ++n)
+    check_accumulation<Plain, 1>({n}, MakeMLP<DP, nn::NoParallel, nn::NoParallel>{}, Shape<2>{0, kIn},
+                                 Shape<2>{0, kOut}, Accumulate::NoSync);
+  check_accumulation<Tp, 2>({2, 2}, MakeMLP<DpTp, nn::Colwise, nn::Rowwise>{}, Shape<2>{0, kIn}, Shape<2>{0, kOut},
+                            Accumulate::NoSync);
+  using HW = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+  check_accumulation<CNN<HW>, 2>({2, 2}, MakeCNN<HW>{}, {0, 2, 13, 10}, {0, 3, 7, 5}, Accumulate::NoSync);
+  // Reduced, then no_sync, then reduced: the first pass's sum still counts once.
+  spmd(2, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {2});
+    using L = nn::Linear<DP, 1, 1, nn::NoParallel, false>;
+    nn::Sequential<L> model{L(mesh, {3})};
+    const auto ones = full<double, Shard<0>>(Shape<2>{2, 1}, mesh, 1.0);
+    model.zero_grad();
+    (void)model.forward(ones);
+    model.backward(ones);  // reduced: 2 on both ranks
+    {
+      auto guard = model.no_sync();
+      CHECK_FALSE(model.syncing());
+      (void)model.forward(ones);
+      model.backward(ones);  // 1 more term on each rank, unreduced
+    }
+    (void)model.forward(ones);
+    model.backward(ones);  // reduces: 2 + 2 + 2
+    CHECK(model.template layer<0>().weight().grad()(0, 0) == 6.0);
+  });
+}
+
 TEST_CASE("gradient accumulation of a CNN: images over H and W (2x2), over batch and H (2x2), over H (3 ranks)") {
   using HW = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
   using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;

@@ -232,6 +232,8 @@ TEST_CASE("residual MLP block: DP on 1-4 ranks, DP x TP on 2x2 and 2x3, against 
   check_against_one_rank<Tp, 2>({2, 3}, MakeResMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {5, kIn}, {5, kOut}, 1e-12);
   check_accumulation<Tp, 2>({2, 3}, MakeResMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {0, kIn}, {0, kOut});
   check_accumulation<Plain, 1>({3}, MakeResMLP<DP, nn::NoParallel, nn::NoParallel>{}, {0, kIn}, {0, kOut});
+  check_accumulation<Tp, 2>({2, 2}, MakeResMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {0, kIn}, {0, kOut},
+                            Accumulate::NoSync);
 }
 
 TEST_CASE("a residual branch whose output is sharded over TP: the shortcut sliced, the gradients added locally") {

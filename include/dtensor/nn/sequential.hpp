@@ -302,6 +302,10 @@ class Model {
                   "placement/gradient.hpp)");
     prepare_reductions<G>();
     if (reduced_) keep_reduced_once<G>();
+    if (!sync_) {  // inside no_sync(): the terms accumulate, reduced by a later backward
+      reduced_ = false;
+      return backward_from<N - 1, InputGrad, G, false>(dy);
+    }
     try {
       if constexpr (InputGrad) {
         auto dx = backward_from<N - 1, true, G, true>(dy);
@@ -345,6 +349,30 @@ class Model {
     for_each_parameter([](auto& p) { p.zero_grad(); });
     reduced_ = false;
   }
+
+  // Gradient accumulation without the reductions of every micro-batch (PyTorch DDP's
+  // no_sync): while the returned guard lives, backward adds each rank's terms to the
+  // gradients and reduces nothing; the first backward after it reduces all that was
+  // accumulated, once. (An optimizer step needs that last, reducing backward.)
+  //   { auto guard = model.no_sync(); model.forward(x1); model.backward(dy1); }
+  //   model.forward(x2); model.backward(dy2);  // reduces the sum of both
+  class NoSync {
+   public:
+    explicit NoSync(Model& m) : m_(&m), was_(m.sync_) { m.sync_ = false; }
+    ~NoSync() {
+      if (m_) m_->sync_ = was_;
+    }
+    NoSync(NoSync&& o) noexcept : m_(std::exchange(o.m_, nullptr)), was_(o.was_) {}
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+
+   private:
+    Model* m_;
+    bool was_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  bool syncing() const { return sync_; }
 
  private:
   template <int I, class X>
@@ -503,6 +531,7 @@ class Model {
   const void* prepared_for_ = nullptr;
   int first_dim_ = -1;
   bool reduced_ = false;  // the gradients hold reduced sums (a backward since the last zero_grad)
+  bool sync_ = true;      // false inside no_sync(): backward reduces nothing
   std::array<std::unique_ptr<GradBuckets>, M> buckets_{};
   std::vector<int> slot_;  // per plan entry: the gradient's index in its mesh dim's buckets
   std::vector<void*> buffers_;
