@@ -98,6 +98,39 @@ static_assert(nn::Residual<ColBranch>::output({})[1].is_shard(1));
 static_assert(rescol_plan.count(Phase::Forward) == 1 && rescol_plan.count(Phase::Forward, StepKind::AllGather, 1) == 1);
 static_assert(rescol_plan.count(Phase::Backward) == 0);
 
+// A projection on the shortcut where the branch changes the features (6 -> 4): the
+// projection's parameters numbered after the branch's in the plan.
+constexpr int64_t kNarrow = 4;
+template <class Cfg>
+using Branch2 = nn::Sequential<nn::Linear<Cfg, kHidden, kWide, nn::Colwise>, nn::GELU<Cfg>,
+                               nn::Linear<Cfg, kWide, kNarrow, nn::Rowwise>>;
+template <class Cfg>
+using Proj = nn::Linear<Cfg, kHidden, kNarrow>;
+template <class Cfg>
+using ResProj = nn::Sequential<nn::Linear<Cfg, kIn, kHidden>, nn::Residual<Branch2<Cfg>, Proj<Cfg>>,
+                               nn::Linear<Cfg, kNarrow, kOut>>;
+static_assert(nn::Residual<Branch2<DpTp>, Proj<DpTp>>::parameter_count == 6);
+static_assert(nn::Residual<Branch2<DpTp>, Proj<DpTp>>::out_features(kHidden) == kNarrow);
+static constexpr auto proj_plan = ResProj<DpTp>::plan(ResProj<DpTp>::output_placements, kIn, true);
+static_assert([] {
+  int seen = 0;  // layer 1's gradient reductions over DP: parameters 0 .. 5, each once
+  for (int e = 0; e < proj_plan.size; ++e) {
+    const auto& c = proj_plan.entries[e];
+    if (c.phase == Phase::GradReduce && c.layer == 1 && c.mesh_dim == 0) seen |= 1 << c.parameter;
+  }
+  return seen == 0b111111;
+}());
+template <class Cfg>
+struct MakeResProj {
+  ResProj<Cfg> operator()(const DeviceMesh<Cfg::M>& mesh) const {
+    Branch2<Cfg> b(nn::Linear<Cfg, kHidden, kWide, nn::Colwise>(mesh, {2}), nn::GELU<Cfg>(),
+                   nn::Linear<Cfg, kWide, kNarrow, nn::Rowwise>(mesh, {3}));
+    return ResProj<Cfg>(nn::Linear<Cfg, kIn, kHidden>(mesh, {1}),
+                        nn::Residual<Branch2<Cfg>, Proj<Cfg>>(std::move(b), Proj<Cfg>(mesh, {7})),
+                        nn::Linear<Cfg, kNarrow, kOut>(mesh, {4}));
+  }
+};
+
 // --- run time: token models ---
 
 // rows x features of normal values, element i a function of (seed, first row's offset + i).
@@ -206,6 +239,56 @@ TEST_CASE("a residual block is x + f(x): against the block alone plus x, and fin
   });
 }
 
+TEST_CASE("a projection shortcut is p(x) + f(x): against the two paths alone, finite differences (one rank)") {
+  using Cfg = DP;
+  using R = nn::Residual<Branch2<Cfg>, Proj<Cfg>>;
+  using Model = nn::Sequential<R>;
+  run_threads(1, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {1});
+    auto branch = [&] {
+      return Branch2<Cfg>(nn::Linear<Cfg, kHidden, kWide, nn::Colwise>(mesh, {2}), nn::GELU<Cfg>(),
+                          nn::Linear<Cfg, kWide, kNarrow, nn::Rowwise>(mesh, {3}));
+    };
+    Model model{R(branch(), Proj<Cfg>(mesh, {7}))};
+    Branch2<Cfg> f = branch();
+    nn::Sequential<Proj<Cfg>> p{Proj<Cfg>(mesh, {7})};
+    const auto x = rows<Model::InputT>({4, kHidden}, mesh, 1);
+    const auto dy = rows<Model::OutputT>({4, kNarrow}, mesh, 2);
+    model.zero_grad(), f.zero_grad(), p.zero_grad();
+    const auto y = model.forward(x);
+    const auto dx = model.template backward<true>(dy);
+    const auto fy = f.forward(x);
+    const auto py = p.forward(x);
+    const auto fdx = f.template backward<true>(dy);
+    const auto pdx = p.template backward<true>(dy);
+    for (int64_t i = 0; i < y.local().numel(); ++i)
+      CHECK(y.local().data()[i] == fy.local().data()[i] + py.local().data()[i]);
+    for (int64_t i = 0; i < dx.local().numel(); ++i)
+      CHECK(dx.local().data()[i] == doctest::Approx(fdx.local().data()[i] + pdx.local().data()[i]).epsilon(1e-15));
+    // the projection's weight gradient is the model's 5th parameter
+    int k = 0;
+    model.for_each_parameter([&](auto& param) {
+      if (k++ == 4) {
+        const auto& want = p.template layer<0>().weight().grad();
+        for (int64_t i = 0; i < want.numel(); ++i) CHECK(param.grad().data()[i] == want.data()[i]);
+      }
+    });
+    auto loss = [&](const Model::InputT& xi) {
+      Model m{R(branch(), Proj<Cfg>(mesh, {7}))};
+      const auto yi = m.forward(xi);
+      double l = 0;
+      for (int64_t j = 0; j < yi.local().numel(); ++j) l += yi.local().data()[j] * dy.local().data()[j];
+      return l;
+    };
+    for (int64_t i : {0, 9, 23}) {
+      const double h = 1e-6;
+      auto xp = x, xm = x;
+      xp.local().data()[i] += h, xm.local().data()[i] -= h;
+      CHECK(dx.local().data()[i] == doctest::Approx((loss(xp) - loss(xm)) / (2 * h)).epsilon(1e-7));
+    }
+  });
+}
+
 TEST_CASE("a nested Sequential equals the flat chain: outputs, input gradient, parameter gradients, collectives") {
   auto make_flat = [](const DeviceMesh<2>& mesh) { return Flat(Lin1(mesh, {1}), nn::GELU<DpTp>(), Lin2(mesh, {2})); };
   auto make_nested = [](const DeviceMesh<2>& mesh) {
@@ -234,6 +317,14 @@ TEST_CASE("residual MLP block: DP on 1-4 ranks, DP x TP on 2x2 and 2x3, against 
   check_accumulation<Plain, 1>({3}, MakeResMLP<DP, nn::NoParallel, nn::NoParallel>{}, {0, kIn}, {0, kOut});
   check_accumulation<Tp, 2>({2, 2}, MakeResMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {0, kIn}, {0, kOut},
                             Accumulate::NoSync);
+}
+
+TEST_CASE("residual block with a projection shortcut (features 6 -> 4): DP, DP x TP, against one rank") {
+  for (int n = 1; n <= 3; ++n)
+    check_against_one_rank<ResProj<DP>, 1>({n}, MakeResProj<DP>{}, {7, kIn}, {7, kOut}, 1e-12);
+  check_against_one_rank<ResProj<DpTp>, 2>({2, 2}, MakeResProj<DpTp>{}, {7, kIn}, {7, kOut}, 1e-12);
+  check_against_one_rank<ResProj<DpTp>, 2>({2, 3}, MakeResProj<DpTp>{}, {5, kIn}, {5, kOut}, 1e-12);
+  check_accumulation<ResProj<DpTp>, 2>({2, 2}, MakeResProj<DpTp>{}, {0, kIn}, {0, kOut});
 }
 
 TEST_CASE("a residual branch whose output is sharded over TP: the shortcut sliced, the gradients added locally") {
@@ -265,9 +356,30 @@ struct MakeResNet {
                        nn::ReLU<Img>());
   }
 };
+// ResNet's downsampling block: the branch strides by 2 and widens 3 -> 5 channels,
+// the shortcut is a 1x1 convolution with the same stride (the same output blocks: both
+// windows are centred on cell 2j).
+constexpr auto k3s2 = nn::ConvSpec<2>::square(3, 2, 1);
+constexpr auto k1s2 = nn::ConvSpec<2>::square(1, 2, 0);
+constexpr int64_t kWideC = 5;
+template <class Img>
+using Down = nn::Sequential<nn::Conv<Img, kC, kWideC, k3s2>, nn::BatchNorm<Img, kWideC>, nn::ReLU<Img>,
+                            nn::Conv<Img, kWideC, kWideC, k3>>;
+template <class Img>
+using DownNet = nn::Sequential<nn::Conv<Img, 2, kC, k3>, nn::Residual<Down<Img>, nn::Conv<Img, kC, kWideC, k1s2>>>;
+template <class Img>
+struct MakeDownNet {
+  DownNet<Img> operator()(const DeviceMesh<Img::M>& mesh) const {
+    return DownNet<Img>(nn::Conv<Img, 2, kC, k3>(mesh, {1}),
+                        nn::Residual<Down<Img>, nn::Conv<Img, kC, kWideC, k1s2>>(
+                            Down<Img>(nn::Conv<Img, kC, kWideC, k3s2>(mesh, {2}), nn::BatchNorm<Img, kWideC>(mesh),
+                                      nn::ReLU<Img>(), nn::Conv<Img, kWideC, kWideC, k3>(mesh, {3})),
+                            nn::Conv<Img, kC, kWideC, k1s2>(mesh, {4})));
+  }
+};
 }  // namespace
 
-TEST_CASE("residual CNN block on images over H x W (2x2), batch x H (2x2), H (3 ranks): against one rank") {
+TEST_CASE("residual CNN blocks on images over H x W (2x2), batch x H (2x2), H (3 ranks), with a downsampling projection: against one rank") {
   using HW = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
   using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
   using H = nn::ImageConfig<double, 2, nn::DomainAxes<1, nn::kNone, 0, nn::kNone>>;
@@ -277,4 +389,9 @@ TEST_CASE("residual CNN block on images over H x W (2x2), batch x H (2x2), H (3 
   check_against_one_rank<ResNet<HW>, 2>({2, 2}, MakeResNet<HW>{}, s, o, 1e-11);
   check_against_one_rank<ResNet<DpH>, 2>({2, 2}, MakeResNet<DpH>{}, s, o, 1e-11);
   check_against_one_rank<ResNet<H>, 1>({3}, MakeResNet<H>{}, s, o, 1e-11);
+  // downsampling with a projection: 13x10 -> 7x5, 3 -> 5 channels
+  const Shape<4> od{3, kWideC, 7, 5};
+  check_against_one_rank<DownNet<HW>, 2>({2, 2}, MakeDownNet<HW>{}, s, od, 1e-11);
+  check_against_one_rank<DownNet<DpH>, 2>({2, 2}, MakeDownNet<DpH>{}, s, od, 1e-11);
+  check_against_one_rank<DownNet<H>, 1>({3}, MakeDownNet<H>{}, s, od, 1e-11);
 }

@@ -1,6 +1,9 @@
 #pragma once
 // Residual<Block>: y = x + f(x), f a block of layers (a Sequential, or one layer) that
 // keeps the activation's shape: ResNet's blocks, a transformer's two branches.
+// Residual<Block, Projection>: y = p(x) + f(x), a layer p on the shortcut where f
+// changes the shape (a ResNet block that widens or downsamples: a 1x1 convolution
+// with the block's stride); its parameters are numbered after the block's.
 //
 // The rule (read by forward, backward and the model's plan alike):
 //   input      the block's input placements (the model redistributes what arrives)
@@ -25,67 +28,130 @@
 
 namespace dtensor::nn {
 
-template <Layer Block>
+namespace detail {
+// The shortcut of a residual block: x itself (Projection = void) or a layer on x.
+template <class Projection>
+inline constexpr bool projected = !std::is_void_v<Projection>;
+struct NoProjection {};
+template <class Projection>
+struct projection_params {
+  static constexpr int count = 0;
+};
+template <class Projection>
+  requires(!std::is_void_v<Projection>)
+struct projection_params<Projection> {
+  static constexpr int count = Projection::parameter_count;
+};
+}  // namespace detail
+
+template <Layer Block, class Projection = void>
 class Residual {
+  static constexpr bool kProjected = detail::projected<Projection>;
+  using ProjectionT = std::conditional_t<kProjected, Projection, detail::NoProjection>;
+  static_assert(!kProjected || Layer<Projection>,
+                "dtensor::nn::Residual<Block, Projection>: the projection must be a layer (nn/layer.hpp)");
+
  public:
   using config = typename Block::config;
   using T = typename config::value_type;
   using State = typename config::State;
   static constexpr int M = config::M;
   static constexpr int Rank = config::rank;
-  static_assert(detail::out_config_t<Block>::rank == Rank && std::is_same_v<typename detail::out_config_t<Block>::value_type, T>,
+  static_assert(detail::out_config_t<Block>::rank == Rank &&
+                    std::is_same_v<typename detail::out_config_t<Block>::value_type, T>,
                 "dtensor::nn::Residual: y = x + f(x) needs a block f that keeps the activation's rank and element "
                 "type (a block ending in a global pooling cannot be residual)");
-  static constexpr const char* name = "residual";
-  static constexpr int parameter_count = Block::parameter_count;
-  static constexpr int kPlanCapacity = detail::plan_room<Block>() + 4 * (M + 2);
+  static constexpr const char* name = kProjected ? "residual(projection)" : "residual";
+  // The block's parameters, then the projection's.
+  static constexpr int parameter_count = Block::parameter_count + detail::projection_params<Projection>::count;
+  static constexpr int kPlanCapacity = [] {
+    int room = detail::plan_room<Block>() + 4 * (M + 2);
+    if constexpr (kProjected) room += detail::plan_room<Projection>();
+    return room;
+  }();
 
   // --- the rule ---
   // The block takes its input in fixed placements (a Sequential's own), whatever arrives.
   static constexpr State in_placements = Block::input(config::activation());
   static constexpr State input(const State&) { return in_placements; }
   static constexpr State output(const State&) { return Block::output(in_placements); }
+  // The shortcut's placements: what the projection takes and gives (x itself: x's).
+  static constexpr State shortcut_in = [] {
+    if constexpr (kProjected) return Projection::input(in_placements);
+    else return in_placements;
+  }();
+  static constexpr State shortcut_out = [] {
+    if constexpr (kProjected) return Projection::output(shortcut_in);
+    else return in_placements;
+  }();
   // The input gradients of the two paths, and their sum's placements (the block's).
   static constexpr State branch_grad(const State& grad_out) { return Block::grad_input(in_placements, grad_out); }
   static constexpr State shortcut_grad(const State& grad_out) {
-    return redistribute_backward_placements(in_placements, grad_out);
+    const State g = redistribute_backward_placements(shortcut_out, grad_out);
+    if constexpr (kProjected)
+      return redistribute_backward_placements(in_placements, Projection::grad_input(shortcut_in, g));
+    else return g;
   }
   static constexpr State grad_input(const State&, const State& grad_out) { return branch_grad(grad_out); }
   // A strict block (StrictSequential) refuses a shortcut that would be redistributed.
   static constexpr bool strict_checked = [] {
     if constexpr (requires { typename Block::policy; }) {
       static_assert(!std::is_same_v<typename Block::policy, Strict> ||
-                        Block::output(in_placements) == in_placements,
-                    "dtensor strict model: this residual block's branch gives its output in other placements than it "
-                    "takes its input, so the model would redistribute the shortcut x to add it (e.g. a colwise branch "
-                    "without its rowwise layer). End the branch in its input's placements, or use Sequential to "
-                    "accept the redistribution.");
+                        (shortcut_out == Block::output(in_placements) && shortcut_in == in_placements),
+                    "dtensor strict model: this residual block's branch gives its output in other placements than its "
+                    "shortcut, so the model would redistribute the shortcut to add it (e.g. a colwise branch without "
+                    "its rowwise layer). End the branch in its input's placements, or use Sequential to accept the "
+                    "redistribution.");
     }
     return true;
   }();
   static_assert(strict_checked);
-  // (that the block keeps them too is checked on the shapes, in forward: a plan may
-  // be made for a nominal feature count)
-  static constexpr int64_t out_features(int64_t features) { return features; }
+  // The block's (x's without a projection: that the block keeps them is checked on
+  // the shapes in forward, as a plan may be made for a nominal feature count).
+  static constexpr int64_t out_features(int64_t features) {
+    if constexpr (kProjected) return Block::out_features(features);
+    else return features;
+  }
 
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t features,
                              bool input_grad) {
     Block::plan(p, layer, in_placements, grad_out, features, input_grad);
-    p.redistribution(Phase::Forward, layer, in_placements, output(in_placements), features, true);
+    const State out = output(in_placements);
+    const State g_short = redistribute_backward_placements(shortcut_out, grad_out);
+    p.redistribution(Phase::Forward, layer, in_placements, shortcut_in, features, true);
+    if constexpr (kProjected) {
+      // the projection's own, its parameters numbered after the block's
+      ModelPlan<M, detail::plan_room<Projection>()> q;
+      Projection::plan(q, layer, shortcut_in, g_short, features, input_grad);
+      for (int e = 0; e < q.size; ++e) {
+        auto c = q.entries[e];
+        if (c.parameter >= 0) c.parameter += Block::parameter_count;
+        p.add(c);
+      }
+    }
+    p.redistribution(Phase::Forward, layer, shortcut_out, out, out_features(features), true);
+    p.adjoint(Phase::Backward, layer, shortcut_out, grad_out, out_features(features), true);
     if (!input_grad) return;
-    p.adjoint(Phase::Backward, layer, in_placements, grad_out, features, true);
+    if constexpr (kProjected)
+      p.adjoint(Phase::Backward, layer, in_placements, Projection::grad_input(shortcut_in, g_short), features, true);
     p.redistribution(Phase::Backward, layer, shortcut_grad(grad_out), branch_grad(grad_out), features, true);
   }
 
   // --- run time ---
   Residual() = default;
-  explicit Residual(Block block) : block_(std::move(block)) {}
+  explicit Residual(Block block)
+    requires(!kProjected)
+      : block_(std::move(block)) {}
+  Residual(Block block, ProjectionT projection)
+    requires kProjected
+      : block_(std::move(block)), projection_(std::move(projection)) {}
 
   Block& block() { return block_; }
   template <class Fn>
   void for_each_parameter(Fn&& f) {
     block_.for_each_parameter(f);
+    if constexpr (kProjected) projection_.for_each_parameter(f);
   }
 
   template <class X>
@@ -94,29 +160,44 @@ class Residual {
                   "dtensor::nn::Residual::forward: the input is not placed as the block takes it");
     auto fx = block_.forward(x);
     using Y = decltype(fx);
-    const auto& shortcut = redistribute_as<typename Y::placements>(x);
-    DTENSOR_CHECK(fx.layout().global == shortcut.layout().global && fx.layout().blocks == shortcut.layout().blocks,
-                  InvalidArgument, "residual: the block maps an input of shape ", dtensor::to_string(x.shape()),
-                  " to ", dtensor::to_string(fx.shape()), (fx.layout().global == shortcut.layout().global
-                                                                 ? " in other blocks (a stride or a pooling moved "
-                                                                   "them); x + f(x) needs both in the same blocks"
-                                                                 : "; x + f(x) needs the same shape"));
-    local::binary(BinaryOp::Add, fx.local(), shortcut.local(), fx.local());
+    const auto& sx = redistribute_as<placements_t<shortcut_in>>(x);
+    const auto add_to = [&](const auto& shortcut) {
+      const auto& s = redistribute_as<typename Y::placements>(shortcut);
+      DTENSOR_CHECK(fx.layout().global == s.layout().global && fx.layout().blocks == s.layout().blocks,
+                    InvalidArgument, name, ": the block gives ", dtensor::to_string(fx.shape()), " and the shortcut ",
+                    dtensor::to_string(s.shape()),
+                    (fx.layout().global == s.layout().global
+                         ? " in other blocks (a stride or a pooling moved them in one path only); the sum needs both "
+                           "in the same blocks"
+                         : "; the sum needs the same shape (a projection on the shortcut can change it)"));
+      local::binary(BinaryOp::Add, fx.local(), s.local(), fx.local());
+    };
+    if constexpr (kProjected) add_to(projection_.forward(sx));
+    else add_to(sx);
     return fx;
   }
 
-  // The block's gradients stay unreduced (nn/layer.hpp's layer_backward): the model
-  // holding this layer reduces them, as every layer's.
+  // The block's gradients (and the projection's) stay unreduced (nn/layer.hpp's
+  // layer_backward): the model holding this layer reduces them, as every layer's.
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
     auto dx = layer_backward<NeedInputGrad>(block_, dy);
+    const auto& ds_out = redistribute_backward_as<placements_t<shortcut_out>>(dy);
+    const auto shortcut_dx = [&] {
+      if constexpr (kProjected) return layer_backward<NeedInputGrad>(projection_, ds_out);
+      else return 0;
+    }();
     if constexpr (!NeedInputGrad) {
       return 0;
     } else {
-      const auto& shortcut = redistribute_backward_as<placements_t<in_placements>>(dy);
+      const auto& ds_in = [&]() -> decltype(auto) {
+        if constexpr (kProjected) return (shortcut_dx);
+        else return (ds_out);
+      }();
+      const auto& shortcut = redistribute_backward_as<placements_t<in_placements>>(ds_in);
       const auto& ds = redistribute_as<typename decltype(dx)::placements>(shortcut);
-      DTENSOR_CHECK(ds.layout().blocks == dx.layout().blocks, InvalidArgument,
-                    "residual: the block's input gradient comes in other blocks than the input's");
+      DTENSOR_CHECK(ds.layout().blocks == dx.layout().blocks, InvalidArgument, name,
+                    ": the block's input gradient comes in other blocks than the shortcut's");
       local::binary(BinaryOp::Add, dx.local(), ds.local(), dx.local());
       return dx;
     }
@@ -124,6 +205,7 @@ class Residual {
 
  private:
   Block block_;
+  [[no_unique_address]] ProjectionT projection_{};
 };
 
 }  // namespace dtensor::nn
