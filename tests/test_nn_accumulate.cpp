@@ -33,6 +33,11 @@ struct MakeMLP {
   }
 };
 
+using DP = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;  // batch over mesh dim 0
+using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;       // and features over mesh dim 1
+using Plain = MLP<DP, nn::NoParallel, nn::NoParallel>;
+using Tp = MLP<DpTp, nn::Colwise, nn::Rowwise>;
+
 constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
 constexpr auto k3s2 = nn::ConvSpec<2>::square(3, 2, 1);
 template <class Img>
@@ -72,10 +77,6 @@ TEST_CASE("gradient accumulation, hand-worked: a 1x1 linear layer, x = dy = 1, t
 }
 
 TEST_CASE("gradient accumulation of an MLP: data parallel on 1-D meshes, DP x TP on 2x2 and 2x3") {
-  using DP = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
-  using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
-  using Plain = MLP<DP, nn::NoParallel, nn::NoParallel>;
-  using Tp = MLP<DpTp, nn::Colwise, nn::Rowwise>;
   for (int n = 2; n <= 4; ++n)
     check_accumulation<Plain, 1>({n}, MakeMLP<DP, nn::NoParallel, nn::NoParallel>{}, Shape<2>{0, kIn},
                                  Shape<2>{0, kOut});
@@ -84,10 +85,6 @@ TEST_CASE("gradient accumulation of an MLP: data parallel on 1-D meshes, DP x TP
 }
 
 TEST_CASE("no_sync: micro-batches accumulate unreduced, the last backward reduces their sum once") {
-  using DP = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
-  using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
-  using Plain = MLP<DP, nn::NoParallel, nn::NoParallel>;
-  using Tp = MLP<DpTp, nn::Colwise, nn::Rowwise>;
   for (int n = 2; n <= 4; ++n)
     check_accumulation<Plain, 1>({n}, MakeMLP<DP, nn::NoParallel, nn::NoParallel>{}, Shape<2>{0, kIn},
                                  Shape<2>{0, kOut}, Accumulate::NoSync);
