@@ -7,19 +7,20 @@
 //
 // The rule (read by forward, backward and the model's plan alike):
 //   input      the block's input placements (the model redistributes what arrives)
-//   output     the block's output placements; the shortcut x is redistributed to them
-//              when they differ (e.g. a Partial branch output: x joins as a Partial
-//              term on one rank), shown in the plan as this layer's, refused at
-//              compile time when the block is a StrictSequential
+//   output     the block's output placements; the shortcut (x, or p(x)) is
+//              redistributed to them when they differ (e.g. a Partial branch output:
+//              x joins as a Partial term on one rank), shown in the plan as this
+//              layer's, refused at compile time when the block is a StrictSequential
 //   backward   dy goes into the block and, through the adjoint of the shortcut's
-//              redistribution, straight to x; the two input gradients are added in
-//              the block's gradient placements (the shortcut's is redistributed to
-//              them where it differs, also in the plan)
+//              redistribution (and p's backward), to x; the two input gradients are
+//              added in the block's gradient placements (the shortcut's is
+//              redistributed to them where it differs, also in the plan)
 //
 // On images sharded in space, both terms must come in the same blocks: a block of
 // stride-1 convolutions keeps the input's blocks (the window-centre rule), so x and
-// f(x) add locally; a block that moves them (a stride, a pooling) is refused with
-// the two layouts named.
+// f(x) add locally, as do a strided block and a projection with the same stride
+// (their windows are centred alike); paths that move the blocks differently are
+// refused with the two layouts named.
 #include <type_traits>
 
 #include "dtensor/compute/local.hpp"
