@@ -1,10 +1,11 @@
 // Blocks that nest and residual connections (nn/sequential.hpp as a layer,
 // nn/residual.hpp): a Sequential inside a Sequential equals the flat chain, and its
-// plan numbers the parameters as the model registers them; y = x + f(x) against its
-// definition (the block alone, plus x), finite differences on one rank, and the same
-// model on one rank, for token models (DP, DP x TP on 2x2 and 2x3) and images sharded
-// in space (H x W, DP x H, H on 3 ranks), uneven sizes throughout; the constexpr plan
-// equal to what CommCounter sees; gradient accumulation over micro-batches.
+// plan numbers the parameters as the model registers them; y = x + f(x) and
+// y = p(x) + f(x) (a projection shortcut) against their definitions (the paths alone,
+// added), finite differences on one rank, and the same model on one rank, for token
+// models (DP, DP x TP on 2x2 and 2x3) and images sharded in space (H x W, DP x H, H on
+// 3 ranks; a downsampling block), uneven sizes throughout; the constexpr plan equal to
+// what CommCounter sees; gradient accumulation over micro-batches, with no_sync.
 #include <array>
 #include <vector>
 
