@@ -318,6 +318,11 @@ TEST_CASE("residual MLP block: DP on 1-4 ranks, DP x TP on 2x2 and 2x3, against 
   check_accumulation<Plain, 1>({3}, MakeResMLP<DP, nn::NoParallel, nn::NoParallel>{}, {0, kIn}, {0, kOut});
   check_accumulation<Tp, 2>({2, 2}, MakeResMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {0, kIn}, {0, kOut},
                             Accumulate::NoSync);
+  // a nested Sequential first, backward without the input's gradient
+  auto make_nested = [](const DeviceMesh<2>& mesh) {
+    return Nested(nn::Sequential<Lin1, nn::GELU<DpTp>, Lin2>(Lin1(mesh, {1}), nn::GELU<DpTp>(), Lin2(mesh, {2})));
+  };
+  check_accumulation<Nested, 2>({2, 3}, make_nested, {0, kIn}, {0, kOut}, Accumulate::NoSync);
 }
 
 TEST_CASE("residual block with a projection shortcut (features 6 -> 4): DP, DP x TP, against one rank") {
@@ -326,6 +331,16 @@ TEST_CASE("residual block with a projection shortcut (features 6 -> 4): DP, DP x
   check_against_one_rank<ResProj<DpTp>, 2>({2, 2}, MakeResProj<DpTp>{}, {7, kIn}, {7, kOut}, 1e-12);
   check_against_one_rank<ResProj<DpTp>, 2>({2, 3}, MakeResProj<DpTp>{}, {5, kIn}, {5, kOut}, 1e-12);
   check_accumulation<ResProj<DpTp>, 2>({2, 2}, MakeResProj<DpTp>{}, {0, kIn}, {0, kOut});
+  // the projection block first: backward without the input's gradient still gives
+  // the projection its parameters' gradients
+  using First = nn::Sequential<nn::Residual<Branch2<DpTp>, Proj<DpTp>>, nn::Linear<DpTp, kNarrow, kOut>>;
+  auto make_first = [](const DeviceMesh<2>& mesh) {
+    Branch2<DpTp> b(nn::Linear<DpTp, kHidden, kWide, nn::Colwise>(mesh, {2}), nn::GELU<DpTp>(),
+                    nn::Linear<DpTp, kWide, kNarrow, nn::Rowwise>(mesh, {3}));
+    return First(nn::Residual<Branch2<DpTp>, Proj<DpTp>>(std::move(b), Proj<DpTp>(mesh, {7})),
+                 nn::Linear<DpTp, kNarrow, kOut>(mesh, {4}));
+  };
+  check_accumulation<First, 2>({2, 3}, make_first, {0, kHidden}, {0, kOut}, Accumulate::NoSync);
 }
 
 TEST_CASE("a residual branch whose output is sharded over TP: the shortcut sliced, the gradients added locally") {
@@ -334,6 +349,9 @@ TEST_CASE("a residual branch whose output is sharded over TP: the shortcut slice
   };
   check_against_one_rank<ResCol, 2>({2, 3}, make, {5, kHidden}, {5, kOut}, 1e-12);
   check_against_one_rank<ResCol, 2>({1, 4}, make, {5, kHidden}, {5, kOut}, 1e-12);
+  // the residual first, backward without the input's gradient (the shortcut then
+  // needs nothing), its collectives against the plan in the no_sync passes
+  check_accumulation<ResCol, 2>({2, 3}, make, {0, kHidden}, {0, kOut}, Accumulate::NoSync);
 }
 
 // --- images: a ResNet basic block (conv-BN-ReLU-conv-BN, + x) sharded in space ---

@@ -22,6 +22,7 @@
 // (their windows are centred alike); paths that move the blocks differently are
 // refused with the two layouts named.
 #include <type_traits>
+#include <utility>
 
 #include "dtensor/compute/local.hpp"
 #include "dtensor/nn/layer.hpp"
@@ -132,7 +133,9 @@ class Residual {
       }
     }
     p.redistribution(Phase::Forward, layer, shortcut_out, out, out_features(features), true);
-    p.adjoint(Phase::Backward, layer, shortcut_out, grad_out, out_features(features), true);
+    // dy to the shortcut's output: for the projection's gradients, or for x's
+    if (kProjected || input_grad)
+      p.adjoint(Phase::Backward, layer, shortcut_out, grad_out, out_features(features), true);
     if (!input_grad) return;
     if constexpr (kProjected)
       p.adjoint(Phase::Backward, layer, in_placements, Projection::grad_input(shortcut_in, g_short), features, true);
@@ -183,28 +186,33 @@ class Residual {
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
     auto dx = layer_backward<NeedInputGrad>(block_, dy);
-    const auto& ds_out = redistribute_backward_as<placements_t<shortcut_out>>(dy);
-    const auto shortcut_dx = [&] {
-      if constexpr (kProjected) return layer_backward<NeedInputGrad>(projection_, ds_out);
-      else return 0;
-    }();
-    if constexpr (!NeedInputGrad) {
-      return 0;
+    if constexpr (!kProjected && !NeedInputGrad) {
+      return 0;  // x's gradient is not asked for, and the shortcut has no parameters
     } else {
-      const auto& ds_in = [&]() -> decltype(auto) {
-        if constexpr (kProjected) return (shortcut_dx);
-        else return (ds_out);
-      }();
-      const auto& shortcut = redistribute_backward_as<placements_t<in_placements>>(ds_in);
-      const auto& ds = redistribute_as<typename decltype(dx)::placements>(shortcut);
-      DTENSOR_CHECK(ds.layout().blocks == dx.layout().blocks, InvalidArgument, name,
-                    ": the block's input gradient comes in other blocks than the shortcut's");
-      local::binary(BinaryOp::Add, dx.local(), ds.local(), dx.local());
-      return dx;
+      const auto& ds_out = redistribute_backward_as<placements_t<shortcut_out>>(dy);
+      if constexpr (kProjected) {
+        auto ds_in = layer_backward<NeedInputGrad>(projection_, ds_out);
+        if constexpr (!NeedInputGrad) return 0;
+        else return add_shortcut(std::move(dx), ds_in);
+      } else {
+        return add_shortcut(std::move(dx), ds_out);
+      }
     }
   }
 
  private:
+  // dx (the block's input gradient) += the shortcut's input gradient ds_in, brought
+  // back to x's placements (the adjoint) and then to dx's.
+  template <class DX, class DS>
+  static DX add_shortcut(DX dx, const DS& ds_in) {
+    const auto& shortcut = redistribute_backward_as<placements_t<in_placements>>(ds_in);
+    const auto& ds = redistribute_as<typename DX::placements>(shortcut);
+    DTENSOR_CHECK(ds.layout().blocks == dx.layout().blocks, InvalidArgument, name,
+                  ": the block's input gradient comes in other blocks than the shortcut's");
+    local::binary(BinaryOp::Add, dx.local(), ds.local(), dx.local());
+    return dx;
+  }
+
   Block block_;
   [[no_unique_address]] ProjectionT projection_{};
 };

@@ -325,13 +325,18 @@ class Model {
 
   // The backward as a layer of a bigger model: the layers' backwards only; the
   // gradients stay unreduced (Partial where the plan says), for the outer model.
+  // Without the input's gradient it returns 0, as a layer's backward does.
   template <bool InputGrad = true, class G>
   auto backward_unreduced(const G& dy) {
     static_assert(is_gradient_of(G::placement_state, output_placements),
                   "dtensor::nn::Sequential::backward: dy is not placed as a gradient of the block's output (see "
                   "placement/gradient.hpp)");
-    if constexpr (InputGrad) return backward_from<N - 1, true, G, false>(dy);
-    else backward_from<N - 1, false, G, false>(dy);
+    if constexpr (InputGrad) {
+      return backward_from<N - 1, true, G, false>(dy);
+    } else {
+      backward_from<N - 1, false, G, false>(dy);
+      return 0;
+    }
   }
 
   // The size of the data-parallel gradient buckets (nn/grad_buckets.hpp), in bytes;
