@@ -51,10 +51,14 @@ struct PoolOptions {
     return o;
   }
   constexpr int64_t stride_of(int i) const { return stride[i] == 0 ? kernel[i] : stride[i]; }
+  // The window of spatial dim i with the padding as given (floor mode's).
+  constexpr WindowDim given_window(int i) const {
+    return WindowDim{kernel[i], stride_of(i), dilation[i], padding[i], padding[i]};
+  }
   // The window of spatial dim i over an input of n cells. ceil_mode is more padding
   // on the high side: as much as the extra window reads past the padding given.
   constexpr WindowDim window(int i, int64_t n) const {
-    WindowDim w{kernel[i], stride_of(i), dilation[i], padding[i], padding[i]};
+    WindowDim w = given_window(i);
     if (!ceil_mode) return w;
     const int64_t room = n + 2 * padding[i] - w.span();
     if (room < 0) return w;  // no window fits: the floor's error
@@ -89,8 +93,7 @@ class PoolOp {
   PoolOp(PoolMode mode, PoolOptions<S> options, std::string name)
       : mode_(mode), options_(options), name_(std::move(name)) {
     for (int i = 0; i < S; ++i) {
-      const WindowDim w{options.kernel[i], options.stride_of(i), options.dilation[i], options.padding[i],
-                        options.padding[i]};
+      const WindowDim w = options.given_window(i);
       DTENSOR_CHECK(w.kernel >= 1 && options.stride[i] >= 0 && w.dilation >= 1 && w.pad_lo >= 0, InvalidArgument,
                     name_, ": ", to_string(options), ": kernel and dilation must be positive, stride and padding "
                     "non-negative");
