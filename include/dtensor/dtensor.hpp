@@ -12,6 +12,7 @@
 #include "dtensor/comm/threads/run_threads.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/realign.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/ops/ops.hpp"

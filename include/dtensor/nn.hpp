@@ -17,4 +17,5 @@
 #include "dtensor/nn/plan.hpp"
 #include "dtensor/nn/residual.hpp"
 #include "dtensor/nn/sequential.hpp"
+#include "dtensor/nn/skip_concat.hpp"
 #include "dtensor/nn/styles.hpp"

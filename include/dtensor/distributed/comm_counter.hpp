@@ -41,6 +41,11 @@ class CommCounter {
     return b;
   }
   const std::vector<CollectiveRecord>& records() const { return records_; }
+  // Point-to-point exchanges outside the halo exchanges: block realignments
+  // (distributed/realign.hpp), each counted once per rank that takes part, with the
+  // bytes it sends. Not collectives: count() leaves them out.
+  int exchanges() const { return exchanges_; }
+  std::size_t exchange_bytes() const { return exchange_bytes_; }
   std::string summary() const {
     std::string s;
     for (const auto& r : records_)
@@ -53,6 +58,9 @@ class CommCounter {
   static void record(StepKind kind, int mesh_dim, std::size_t bytes) {
     for (CommCounter* c : active()) c->records_.push_back({kind, mesh_dim, bytes});
   }
+  static void record_exchange(std::size_t bytes) {
+    for (CommCounter* c : active()) ++c->exchanges_, c->exchange_bytes_ += bytes;
+  }
 
  private:
   static std::vector<CommCounter*>& active() {
@@ -60,6 +68,8 @@ class CommCounter {
     return stack;
   }
   std::vector<CollectiveRecord> records_;
+  int exchanges_ = 0;
+  std::size_t exchange_bytes_ = 0;
 };
 
 }  // namespace dtensor

@@ -71,14 +71,54 @@ struct PlannedCollective {
   }
 };
 
+// A block realignment (distributed/realign.hpp) of tensor dim `tensor_dim`, sharded
+// over `mesh_dim`: point to point, not a collective, and issued at run time only
+// where two paths bring an activation in different blocks (a U-Net's pooling and
+// transposed convolution on uneven shards; nn/skip_concat.hpp).
+struct PlannedRealignment {
+  Phase phase = Phase::Forward;
+  int layer = -1;
+  int tensor_dim = 0;
+  int mesh_dim = 0;
+};
+
 template <std::size_t M, int Capacity = 96>
 struct ModelPlan {
+  static constexpr int kRealignCapacity = 32;
   int size = 0;
   std::array<PlannedCollective<M>, Capacity> entries{};
+  int realignments = 0;
+  std::array<PlannedRealignment, kRealignCapacity> realigned{};
 
   constexpr void add(const PlannedCollective<M>& c) {
     if (size == Capacity) throw "dtensor::nn::ModelPlan: more collectives than the plan's capacity";
     entries[size++] = c;
+  }
+  constexpr void add(const PlannedRealignment& r) {
+    if (realignments == kRealignCapacity) throw "dtensor::nn::ModelPlan: more block realignments than it holds";
+    realigned[realignments++] = r;
+  }
+  // A block's plan as layer `layer`'s: every entry renumbered, a parameter's index
+  // moved by parameter_offset(the entry's layer in `inner`).
+  template <int C2, class Offset>
+  constexpr void merge(const ModelPlan<M, C2>& inner, int layer, Offset parameter_offset) {
+    for (int e = 0; e < inner.size; ++e) {
+      auto c = inner.entries[e];
+      if (c.parameter >= 0) c.parameter += parameter_offset(c.layer);
+      c.layer = layer;
+      add(c);
+    }
+    for (int r = 0; r < inner.realignments; ++r) {
+      auto a = inner.realigned[r];
+      a.layer = layer;
+      add(a);
+    }
+  }
+  // The realignments a phase may issue (each where the blocks differ at run time).
+  constexpr int count_realignments(Phase p) const {
+    int n = 0;
+    for (int i = 0; i < realignments; ++i) n += realigned[i].phase == p;
+    return n;
   }
 
   // How many collectives a phase issues (of a kind; on a mesh dim).
@@ -200,6 +240,13 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
          std::to_string(e.local_elements(tokens, mesh_shape) * static_cast<int64_t>(elem_bytes)) + " bytes per rank\n";
   }
   if (plan.size == 0) s = "no collectives\n";
+  for (int k = 0; k < plan.realignments; ++k) {
+    const auto& r = plan.realigned[k];
+    std::string who = "layer " + std::to_string(r.layer);
+    if (r.layer >= 0 && r.layer < 64 && !layer_names[r.layer].empty()) who += " (" + layer_names[r.layer] + ")";
+    s += std::string(name(r.phase)) + ": " + who + ": block realignment of tensor dim " + std::to_string(r.tensor_dim) +
+         " over mesh dim " + std::to_string(r.mesh_dim) + ", point to point, where the two paths' blocks differ\n";
+  }
   return s;
 }
 

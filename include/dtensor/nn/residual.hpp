@@ -126,11 +126,7 @@ class Residual {
       // the projection's own, its parameters numbered after the block's
       ModelPlan<M, detail::plan_room<Projection>()> q;
       Projection::plan(q, layer, shortcut_in, g_short, features, input_grad);
-      for (int e = 0; e < q.size; ++e) {
-        auto c = q.entries[e];
-        if (c.parameter >= 0) c.parameter += Block::parameter_count;
-        p.add(c);
-      }
+      p.merge(q, layer, [](int) { return Block::parameter_count; });
     }
     p.redistribution(Phase::Forward, layer, shortcut_out, out, out_features(features), true);
     // dy to the shortcut's output: for the projection's gradients, or for x's

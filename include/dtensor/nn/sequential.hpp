@@ -220,13 +220,8 @@ class Model {
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& outer, int layer, const State&, const State& grad_out,
                              int64_t features, bool input_grad) {
-    const auto inner = plan<kPlanCapacity>(grad_out, features, input_grad);
-    for (int e = 0; e < inner.size; ++e) {
-      auto c = inner.entries[e];
-      if (c.parameter >= 0) c.parameter += parameter_offsets[c.layer];
-      c.layer = layer;
-      outer.add(c);
-    }
+    outer.merge(plan<kPlanCapacity>(grad_out, features, input_grad), layer,
+                [](int inner_layer) { return parameter_offsets[inner_layer]; });
   }
 
   // Every collective of one step: forward, backward (from an output gradient placed
