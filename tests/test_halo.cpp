@@ -356,6 +356,35 @@ TEST_CASE("halo: begin/end overlap a computation on the interior; repeated excha
   });
 }
 
+TEST_CASE("halo: the reverse adds a cell's ghosts in a fixed order, whatever order they arrive in") {
+  // Global cell (1, 1) of a 4x4 grid on a 2x2 mesh is a ghost of the three other
+  // ranks (box stencil). Their gradients 1e16, 1 and -1e16 give 0 or 1 depending on
+  // the order of the additions: the reverse must give the same bits every time,
+  // with the ranks arriving in varying orders.
+  spmd(4, [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    const auto g = distinct_tensor<double, 2>({4, 4});
+    const auto x = block_of<double, 2, Shard<0>, Shard<1>>(g, mesh, {});
+    HaloSpec<2> spec{HaloWidths<2>::uniform(1), {Boundary::zero(), Boundary::zero()}, Stencil::Box};
+    const double term[4] = {0.0, 1e16, 1.0, -1e16};
+    std::vector<double> seen;
+    for (int rep = 0; rep < 24; ++rep) {
+      auto y = Ghosted<double, 2, Shard<0>, Shard<1>>::zeros_like(Ghosted<double, 2, Shard<0>, Shard<1>>::from(x, spec));
+      const auto off = y.local_offset();
+      const auto yp = y.padded();
+      PaddedReference<double, 2>::for_each(y.padded_shape(), [&](const Shape<2>& p) {
+        const bool interior = p[0] >= 1 && p[0] < 1 + y.local_shape()[0] && p[1] >= 1 && p[1] < 1 + y.local_shape()[1];
+        if (!interior && off[0] + p[0] - 1 == 1 && off[1] + p[1] - 1 == 1) yp[p] = term[mesh.rank()];
+      });
+      // a different rank late each time
+      if (mesh.rank() == rep % 4) std::this_thread::sleep_for(std::chrono::milliseconds(2 + rep % 3));
+      y.reverse();
+      if (mesh.rank() == 0) seen.push_back(y.interior()[{1, 1}]);
+    }
+    for (double v : seen) CHECK(v == seen.front());
+  });
+}
+
 TEST_CASE("halo: misuse is a clear error") {
   spmd(2, [&](Comm& comm) {
     DeviceMesh<1> mesh(comm);

@@ -19,7 +19,11 @@
 // copied from, and the ghosts are then zero. Convolution backward needs it: the
 // gradient of a ghost is a gradient of its owner's cell. The steps run backwards:
 // the local fills' adjoints from the last dim to the first, then the messages with
-// sender and receiver swapped, receivers adding.
+// sender and receiver swapped. A cell may be a ghost of several ranks (a corner of
+// a block sharded over two dims is read by three neighbours), so the receiver stages
+// the messages and adds them in the plan's order once all have arrived: added as
+// they arrive, the floating-point sum would depend on arrival order, and a training
+// run would differ from the last one in the low bits.
 //
 // begin()/end() split each direction so that a kernel can update the interior
 // while the messages travel. Between them the interior cells being sent must not
@@ -40,6 +44,7 @@
 #include "dtensor/halo/halo_spec.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/placement/shard_layout.hpp"
+#include "dtensor/tensor/tensor.hpp"
 #include "dtensor/tensor/view.hpp"
 
 namespace dtensor {
@@ -188,6 +193,10 @@ class HaloExchange {
   // ghosts are zero afterwards.
   void reverse_begin(T* padded) {
     start(padded, "reverse_begin");
+    // The incoming ghosts' storage, allocated at the first reverse (named again each
+    // time: a copied exchange has its own).
+    if (staging_.numel() != staged_elements_) staging_ = Tensor<T, 1>::uninitialized({staged_elements_}, device_);
+    for (auto& x : reverse_recvs_) x.buf = staging_.data();
     for (int d = Rank; d-- > 0;) fill_outside_adjoint(d);
     bind(padded);
     post(reverse_sends_, reverse_recvs_);
@@ -195,6 +204,9 @@ class HaloExchange {
   }
   void reverse_end() {
     finish("reverse_end");
+    for (std::size_t i = 0; i < reverse_recvs_.size(); ++i)  // in the plan's order: the same sums every run
+      local::reduce_region(device_, dtype_of<T>(), ReduceOp::Sum, staging_.data(), reverse_recvs_[i].region, buf_,
+                           reverse_targets_[i]);
     zero_ghosts();
     buf_ = nullptr, in_flight_ = false;
   }
@@ -232,7 +244,6 @@ class HaloExchange {
     for (auto& x : sends_) x.buf = padded;
     for (auto& x : recvs_) x.buf = padded;
     for (auto& x : reverse_sends_) x.buf = padded;
-    for (auto& x : reverse_recvs_) x.buf = padded;
     bound_ = padded;
   }
   void post(const std::vector<SendSpec>& s, const std::vector<RecvSpec>& r) {
@@ -355,7 +366,12 @@ class HaloExchange {
     }
     // The reverse: every message back the way it came, the receiver adding.
     for (const auto& x : recvs_) reverse_sends_.push_back({x.peer, x.tag + 1, nullptr, x.region});
-    for (const auto& x : sends_) reverse_recvs_.push_back({x.peer, x.tag + 1, nullptr, x.region, true});
+    // Received into staging_ (one run after another), added in reverse_end.
+    for (const auto& x : sends_) {
+      reverse_recvs_.push_back({x.peer, x.tag + 1, nullptr, Region::contiguous(staged_elements_, x.region.numel()), false});
+      reverse_targets_.push_back(x.region);
+      staged_elements_ += x.region.numel();
+    }
   }
 
   // Reflect reads the mirrored cell from this rank's padded block, so that cell must
@@ -444,7 +460,10 @@ class HaloExchange {
   std::array<int, Rank> my_block_{};
   Shape<Rank> interior_{}, padded_{};
   std::vector<SendSpec> sends_, reverse_sends_;  // buf: bind()
-  std::vector<RecvSpec> recvs_, reverse_recvs_;
+  std::vector<RecvSpec> recvs_, reverse_recvs_;  // reverse_recvs_: into staging_
+  std::vector<Region> reverse_targets_;          // where each staged reverse message is added
+  int64_t staged_elements_ = 0;
+  Tensor<T, 1> staging_;
   T* bound_ = nullptr;
   Request request_;
   T* buf_ = nullptr;
