@@ -14,9 +14,8 @@
 // every rank forms the same buckets and posts the same all-reduces in the same
 // order (the Comm contract), whatever order ready() is called in: bucket b starts
 // once it and every bucket before it are ready. Rules:
-//  * gradients join the open bucket of their element type in registration order
-//    until the next one would overflow `bucket_bytes` (element types never share);
-//  * a gradient of `bucket_bytes` or more gets a bucket of its own;
+//  * which gradients share a bucket: nn/bucket_rule.hpp (a model's plan reads the
+//    same rule);
 //  * a bucket is reduced in place, as one buffer made of its gradients
 //    (Comm::start_all_reduce over Segments, cut the same way on every rank): the
 //    in-process runtime reads and writes the gradients themselves, MPI reduces each
@@ -35,6 +34,7 @@
 #include "dtensor/comm/host_values.hpp"
 #include "dtensor/comm/segments.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/nn/bucket_rule.hpp"
 #include "dtensor/tensor/tensor.hpp"
 #include "dtensor/util/error.hpp"
 
@@ -50,7 +50,7 @@ class GradBuckets {
   // `op` is Sum, or Avg for the mean over the DP ranks.
   explicit GradBuckets(Comm& comm, int mesh_dim, std::size_t bucket_bytes = kDefaultBucketBytes,
                        ReduceOp op = ReduceOp::Sum)
-      : comm_(&comm), mesh_dim_(mesh_dim), cap_(bucket_bytes), op_(op) {
+      : comm_(&comm), mesh_dim_(mesh_dim), cap_(bucket_bytes), op_(op), rule_(bucket_bytes) {
     DTENSOR_CHECK(bucket_bytes > 0, InvalidArgument, "GradBuckets: a bucket size of 0 bytes; give at least 1");
     DTENSOR_CHECK(op == ReduceOp::Sum || op == ReduceOp::Avg, InvalidArgument,
                   "GradBuckets: gradients are reduced with Sum or Avg, not ", name(op));
@@ -69,18 +69,10 @@ class GradBuckets {
                   " elements");
     const int i = static_cast<int>(grads_.size());
     const std::size_t bytes = count * size_of(t);
-    int b = -1;
-    for (std::size_t k = 0; k < open_.size(); ++k)
-      if (buckets_[open_[k]].dtype == t) {
-        if (buckets_[open_[k]].bytes + bytes <= cap_) b = open_[k];
-        else open_.erase(open_.begin() + static_cast<std::ptrdiff_t>(k));  // full: closed for good
-        break;
-      }
-    if (b < 0) {
-      b = static_cast<int>(buckets_.size());
+    const int b = rule_.place(bytes, static_cast<int>(t));
+    if (b == static_cast<int>(buckets_.size())) {
       buckets_.emplace_back();
       buckets_.back().dtype = t;
-      if (bytes < cap_) open_.push_back(b);  // a gradient of the bucket size or more stays alone
     }
     Bucket& bk = buckets_[b];
     bk.members.push_back(i);
@@ -204,7 +196,7 @@ class GradBuckets {
   ReduceOp op_;
   std::vector<Grad> grads_;
   std::vector<Bucket> buckets_;
-  std::vector<int> open_;  // buckets still taking gradients, one per element type
+  BucketRule rule_;  // which bucket each registered gradient joins
   std::vector<Request> requests_;
   int next_ = 0;           // the next bucket to start
   bool sealed_ = false;

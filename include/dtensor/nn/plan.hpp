@@ -14,7 +14,9 @@
 #include <string>
 
 #include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/nn/bucket_rule.hpp"
 #include "dtensor/placement/gradient.hpp"
+#include "dtensor/placement/shard_layout.hpp"
 #include "dtensor/plan/planner.hpp"
 #include "dtensor/util/fixed_string.hpp"
 
@@ -52,11 +54,7 @@ struct PlannedCollective {
     for (int d = 0; d < ndim; ++d) {
       int64_t n = shape[d];
       for (std::size_t m = 0; m < M; ++m)
-        if (before[m].is_shard(d)) {
-          const int64_t c = (n + mesh_shape[m] - 1) / mesh_shape[m];
-          const int64_t lo = c * coords[m];
-          n = lo >= n ? 0 : (n - lo < c ? n - lo : c);
-        }
+        if (before[m].is_shard(d)) n = chunk_size(n, mesh_shape[m], coords[m]);
       e *= n;
     }
     return e;
@@ -148,31 +146,20 @@ struct ModelPlan {
   }
 
   // The buckets the gradient reductions over `mesh_dim` form on the rank at `coords`
-  // (nn/grad_buckets.hpp's rule: in registration order, last layer first, a bucket
-  // closes before the gradient that would overflow `bucket_bytes`, a gradient of
-  // that size or more is alone). The ranks that reduce together hold blocks of the
-  // same sizes, so they agree.
+  // (nn/bucket_rule.hpp, as the model registers them: last layer first). The ranks
+  // that reduce together hold blocks of the same sizes, so they agree.
   constexpr int buckets(int mesh_dim, std::size_t bucket_bytes, std::size_t elem_bytes,
                         const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
     int layers = 0;
     for (int i = 0; i < size; ++i) layers = entries[i].layer + 1 > layers ? entries[i].layer + 1 : layers;
-    int n = 0;
-    std::size_t open = 0;
-    bool has_open = false;
+    BucketRule rule(bucket_bytes);
     for (int l = layers - 1; l >= 0; --l)
       for (int i = 0; i < size; ++i) {
         const auto& e = entries[i];
         if (e.phase != Phase::GradReduce || e.layer != l || e.mesh_dim != mesh_dim) continue;
-        const std::size_t b = static_cast<std::size_t>(e.block_elements(mesh_shape, coords)) * elem_bytes;
-        if (has_open && open + b <= bucket_bytes) {
-          open += b;
-          continue;
-        }
-        ++n;
-        has_open = b < bucket_bytes;
-        open = b;
+        rule.place(static_cast<std::size_t>(e.block_elements(mesh_shape, coords)) * elem_bytes, 0);
       }
-    return n;
+    return rule.buckets();
   }
   // The collectives of one training step as CommCounter sees them: forward,
   // backward, and the gradient reductions bucketed.

@@ -25,11 +25,17 @@ namespace dtensor {
 template <int Rank>
 using Splits = std::array<std::vector<int64_t>, Rank>;
 
-// The chunk rule: N elements over k pieces of ceil(N/k), the remainder at the end.
+// The chunk rule: N elements over k pieces of ceil(N/k), the remainder at the end
+// (PyTorch's torch.chunk, so trailing pieces may be short or empty). Piece r's size;
+// constexpr, so that a model's plan (nn/plan.hpp) sizes its gradient blocks by the
+// same rule as the layouts.
+constexpr int64_t chunk_size(int64_t n, int k, int r) {
+  const int64_t c = k > 0 ? (n + k - 1) / k : 0;
+  return std::clamp<int64_t>(n - r * c, 0, c);
+}
 inline std::vector<int64_t> chunk_sizes(int64_t n, int k) {
   std::vector<int64_t> s(k);
-  const int64_t c = k > 0 ? (n + k - 1) / k : 0;
-  for (int r = 0; r < k; ++r) s[r] = std::clamp<int64_t>(n - r * c, 0, c);
+  for (int r = 0; r < k; ++r) s[r] = chunk_size(n, k, r);
   return s;
 }
 
