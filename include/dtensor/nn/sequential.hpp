@@ -20,14 +20,12 @@
 //   static constexpr auto plan = MLP::training_plan<nn::MSELoss<Cfg>>(16);
 //   static_assert(plan.count(nn::Phase::Forward, StepKind::AllReduce, /*tp*/ 1) == 1);  // the rowwise layer's
 #include <array>
-#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
-#include <vector>
 
 #include "dtensor/distributed/redistribute_backward.hpp"
-#include "dtensor/nn/grad_buckets.hpp"
+#include "dtensor/nn/grad_reducer.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/plan.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
@@ -295,25 +293,27 @@ class Model {
     static_assert(is_gradient_of(G::placement_state, output_placements),
                   "dtensor::nn::Sequential::backward: dy is not placed as a gradient of the model's output (see "
                   "placement/gradient.hpp)");
-    prepare_reductions<G>();
-    if (reduced_) keep_reduced_once<G>();
+    constexpr auto& p = reduction_plan<G>;
+    if (!reducer_.prepared()) check_parameter_counts();
+    reducer_.prepare(p, N, config::dp, visit_layer());
+    if (reducer_.reduced()) reducer_.keep_reduced_once(p, N, visit_layer());
     if (!sync_) {  // inside no_sync(): the terms accumulate, reduced by a later backward
-      reduced_ = false;
+      reducer_.skip();
       return backward_from<N - 1, InputGrad, G, false>(dy);
     }
     try {
       if constexpr (InputGrad) {
         auto dx = backward_from<N - 1, true, G, true>(dy);
-        finish_reductions<G>();
+        reducer_.finish(p, N);
         return dx;
       } else {
         backward_from<N - 1, false, G, true>(dy);
-        finish_reductions<G>();
+        reducer_.finish(p, N);
       }
     } catch (...) {
       // In-flight reductions are abandoned before anything else goes; the next
       // backward starts afresh.
-      drop_reductions();
+      reducer_.drop();
       throw;
     }
   }
@@ -336,18 +336,14 @@ class Model {
 
   // The size of the data-parallel gradient buckets (nn/grad_buckets.hpp), in bytes;
   // set before the first backward.
-  void set_bucket_bytes(std::size_t bytes) {
-    DTENSOR_CHECK(!prepared_, InvalidArgument, "Sequential::set_bucket_bytes: set before the first backward");
-    DTENSOR_CHECK(bytes > 0, InvalidArgument, "Sequential::set_bucket_bytes: a bucket of 0 bytes; give at least 1");
-    bucket_bytes_ = bytes;
-  }
-  std::size_t bucket_bytes() const { return bucket_bytes_; }
+  void set_bucket_bytes(std::size_t bytes) { reducer_.set_bucket_bytes(bytes); }
+  std::size_t bucket_bytes() const { return reducer_.bucket_bytes(); }
 
   // Sets every parameter's gradient to zero (before the next backward). Without it,
   // the next backward adds to the gradients (gradient accumulation over micro-batches).
   void zero_grad() {
     for_each_parameter([](auto& p) { p.zero_grad(); });
-    reduced_ = false;
+    reducer_.zero_grad();
   }
 
   // Gradient accumulation without the reductions of every micro-batch (PyTorch DDP's
@@ -387,7 +383,7 @@ class Model {
   auto backward_from(const G& dy) {
     constexpr bool need = I > 0 || InputGrad;
     auto dx = layer_backward<need>(std::get<I>(layers_), dy);
-    if constexpr (Reduce) mark_ready<G0>(I);  // this layer's gradients are complete: their buckets may start
+    if constexpr (Reduce) reducer_.ready(reduction_plan<G0>, I);  // this layer's gradients are complete: their buckets may start
     if constexpr (!need) {
       return;
     } else {
@@ -397,145 +393,41 @@ class Model {
     }
   }
 
-  // The gradient reductions of the plan for an output gradient placed like G: an
-  // all-reduce (Sum) of each Partial parameter gradient over each mesh dim it is
-  // Partial on, bucketed per mesh dim (GradBuckets). The lowest such mesh dim (the
-  // data-parallel one, in a DP x TP model) overlaps with the backward: a bucket
-  // starts as soon as the layers that fill it are done. A gradient Partial on two
-  // mesh dims is reduced over the second after the first has finished.
+  // The gradient reductions (nn/grad_reducer.hpp) of the plan for an output gradient
+  // placed like G.
   template <class G>
   static constexpr auto reduction_plan = plan(G::placement_state, 1);
 
-  template <class G>
-  void prepare_reductions() {
-    constexpr auto& p = reduction_plan<G>;
-    if (prepared_) {
-      DTENSOR_CHECK(prepared_for_ == static_cast<const void*>(&p), InvalidArgument,
-                    "Sequential::backward: the output's gradient is placed differently from the first backward's "
-                    "(e.g. Partial<Sum> instead of Replicate): the gradient reductions were planned for that one. "
-                    "Redistribute the gradient to the first backward's placements");
-      std::size_t i = 0;  // compared in place: no allocation per step
-      bool same = true;
-      for_each_parameter([&](auto& param) { same = same && buffers_[i++] == param.grad().data(); });
-      DTENSOR_CHECK(same, InvalidArgument,
-                    "Sequential::backward: a parameter's gradient buffer was replaced since the first backward; "
-                    "write gradients in place (the gradient buckets hold their buffers)");
-      return;
-    }
-    const DeviceMesh<M>* mesh = nullptr;
-    buffers_.clear();
-    for_each_parameter([&](auto& param) {
-      buffers_.push_back(param.grad().data());
-      mesh = &param.value().mesh();
-    });
-    prepared_ = true;
-    prepared_for_ = &p;
-    slot_.assign(static_cast<std::size_t>(p.size), -1);
-    for (int m = 0; m < M; ++m)
-      for (int e = 0; e < p.size; ++e)
-        if (p.entries[e].phase == Phase::GradReduce && p.entries[e].mesh_dim == m) {
-          if (!buckets_[m]) buckets_[m] = std::make_unique<GradBuckets>(mesh->comm(m), m, bucket_bytes_);
-          if (first_dim_ < 0 || m == config::dp) first_dim_ = m;  // the DP dim overlaps where it has any
-        }
-    // Registration: last layer first, as the backward completes them.
+  // f(parameter) for each parameter of layer `layer` (a run-time index), in
+  // for_each_parameter's order: how the reducer visits the model.
+  auto visit_layer() {
+    return [this](int layer, auto&& f) {
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((static_cast<int>(I) == layer ? (std::get<I>(layers_).for_each_parameter(f), 0) : 0), ...);
+      }(std::make_index_sequence<N>{});
+    };
+  }
+  // The plan numbers the parameters by parameter_count: a layer that visits another
+  // number would have its gradients reduced into the wrong buffers.
+  void check_parameter_counts() {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
-            constexpr int layer = N - 1 - static_cast<int>(I);
             int k = 0;
-            std::get<layer>(layers_).for_each_parameter([&](auto& param) {
-              for (int e = 0; e < p.size; ++e) {
-                const auto& c = p.entries[e];
-                if (c.phase == Phase::GradReduce && c.layer == layer && c.parameter == k)
-                  slot_[e] = buckets_[c.mesh_dim]->add(param.grad());
-              }
-              ++k;
-            });
-            // The plan numbers the parameters by parameter_count: a layer that visits
-            // another number would have its gradients reduced into the wrong buffers.
-            DTENSOR_CHECK(k == layer_t<layer>::parameter_count, InvalidArgument, "Sequential: layer ", layer, " (",
-                          layer_t<layer>::name, ") visits ", k, " parameters in for_each_parameter but declares "
-                          "parameter_count = ", layer_t<layer>::parameter_count, "; make them agree");
+            std::get<I>(layers_).for_each_parameter([&](auto&) { ++k; });
+            DTENSOR_CHECK(k == layer_t<I>::parameter_count, InvalidArgument, "Sequential: layer ", I, " (",
+                          layer_t<I>::name, ") visits ", k, " parameters in for_each_parameter but declares "
+                          "parameter_count = ", layer_t<I>::parameter_count, "; make them agree");
           }(),
           ...);
     }(std::make_index_sequence<N>{});
   }
 
-  template <class G>
-  void mark_ready(int layer) {
-    constexpr auto& p = reduction_plan<G>;
-    for (int e = 0; e < p.size; ++e) {
-      const auto& c = p.entries[e];
-      if (c.phase == Phase::GradReduce && c.layer == layer && c.mesh_dim == first_dim_) buckets_[c.mesh_dim]->ready(slot_[e]);
-    }
-  }
-
-  // Gradient accumulation: before this backward, the gradients hold the earlier
-  // passes' sums, already reduced and so equal on every rank of each reduction group.
-  // Reduced again, they would count once per rank (R g1 + g2, not g1 + g2). Each
-  // group keeps them on one rank, the one at coordinate 0 of every mesh dim the
-  // gradient is reduced over, and the others start from zero: the next reduction adds
-  // the new terms to the old sum exactly once.
-  template <class G>
-  void keep_reduced_once() {
-    constexpr auto& p = reduction_plan<G>;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (
-          [&] {
-            constexpr int layer = static_cast<int>(I);
-            int k = 0;
-            std::get<layer>(layers_).for_each_parameter([&](auto& param) {
-              bool keeper = true;
-              for (int e = 0; e < p.size; ++e) {
-                const auto& c = p.entries[e];
-                if (c.phase == Phase::GradReduce && c.layer == layer && c.parameter == k)
-                  keeper = keeper && param.value().mesh().coord(c.mesh_dim) == 0;
-              }
-              if (!keeper) param.zero_grad();
-              ++k;
-            });
-          }(),
-          ...);
-    }(std::make_index_sequence<N>{});
-  }
-
-  template <class G>
-  void finish_reductions() {
-    constexpr auto& p = reduction_plan<G>;
-    if (first_dim_ < 0) return;
-    buckets_[first_dim_]->finish();
-    for (int m = 0; m < M; ++m) {
-      if (!buckets_[m] || m == first_dim_) continue;
-      for (int layer = N - 1; layer >= 0; --layer)
-        for (int e = 0; e < p.size; ++e) {
-          const auto& c = p.entries[e];
-          if (c.phase == Phase::GradReduce && c.layer == layer && c.mesh_dim == m) buckets_[m]->ready(slot_[e]);
-        }
-      buckets_[m]->finish();
-    }
-    reduced_ = true;
-  }
-
-  void drop_reductions() {
-    for (auto& b : buckets_) b.reset();
-    prepared_ = false;
-    first_dim_ = -1;
-    slot_.clear();
-  }
-
-  // Declared before the buckets, destroyed after them: in-flight reductions read
-  // and write the layers' gradient buffers.
+  // Declared before the reducer, destroyed after it: in-flight reductions read and
+  // write the layers' gradient buffers.
   Layers layers_;
-  std::size_t bucket_bytes_ = GradBuckets::kDefaultBucketBytes;
-  bool prepared_ = false;
-  const void* prepared_for_ = nullptr;
-  int first_dim_ = -1;
-  bool reduced_ = false;  // the gradients hold reduced sums (a backward since the last zero_grad)
-  bool sync_ = true;      // false inside no_sync(): backward reduces nothing
-  std::array<std::unique_ptr<GradBuckets>, M> buckets_{};
-  std::vector<int> slot_;  // per plan entry: the gradient's index in its mesh dim's buckets
-  std::vector<void*> buffers_;
-
+  GradReducer<M> reducer_;
+  bool sync_ = true;  // false inside no_sync(): backward reduces nothing
 };
 
 template <Layer... L>
