@@ -35,6 +35,8 @@
 #endif
 #include <dtensor/cnn.hpp>
 
+#include "unet.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -46,36 +48,6 @@ namespace {
 
 constexpr int64_t kBatch = 6, kH = 28, kW = 36;
 constexpr int kSteps = 20;
-constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
-constexpr auto k1 = nn::ConvSpec<2>::square_same(1);
-
-template <class Img>
-struct UNet {
-  // conv 3x3 - batch norm - ReLU
-  template <int64_t Cin, int64_t Cout>
-  using ConvBlock = nn::Sequential<nn::Conv<Img, Cin, Cout, k3>, nn::BatchNorm<Img, Cout>, nn::ReLU<Img>>;
-  template <int64_t Cin, int64_t Cout>
-  static ConvBlock<Cin, Cout> conv_block(const DeviceMesh<2>& mesh, uint64_t seed) {
-    return ConvBlock<Cin, Cout>(nn::Conv<Img, Cin, Cout, k3>(mesh, {seed}), nn::BatchNorm<Img, Cout>(mesh),
-                                nn::ReLU<Img>());
-  }
-  // The lowest level: down, convolve, up; concatenated with its input.
-  using Bottom = nn::Sequential<nn::MaxPool<Img>, ConvBlock<16, 32>, nn::ConvTranspose<Img, 32, 16>>;
-  using Middle = nn::Sequential<nn::MaxPool<Img>, ConvBlock<8, 16>, nn::SkipConcat<Bottom>, ConvBlock<32, 16>,
-                                nn::ConvTranspose<Img, 16, 8>>;
-  using Model = nn::Sequential<ConvBlock<1, 8>, nn::SkipConcat<Middle>, ConvBlock<16, 8>, nn::Conv<Img, 8, 1, k1>>;
-  using Loss = nn::MSELoss<Img>;
-  static constexpr auto plan = Model::template training_plan<Loss>(1);
-
-  static Model make(const DeviceMesh<2>& mesh) {
-    Bottom bottom(nn::MaxPool<Img>(), conv_block<16, 32>(mesh, 3), nn::ConvTranspose<Img, 32, 16>(mesh, {4}));
-    Middle middle(nn::MaxPool<Img>(), conv_block<8, 16>(mesh, 2), nn::SkipConcat<Bottom>(std::move(bottom)),
-                  conv_block<32, 16>(mesh, 5), nn::ConvTranspose<Img, 16, 8>(mesh, {6}));
-    return Model(conv_block<1, 8>(mesh, 1), nn::SkipConcat<Middle>(std::move(middle)), conv_block<16, 8>(mesh, 7),
-                 nn::Conv<Img, 8, 1, k1>(mesh, {8}));
-  }
-};
-
 using Spatial = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
 using Hybrid = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
 
@@ -86,7 +58,7 @@ using Hybrid = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
 // transposed ones included) are reduced over every mesh dim that shards the batch or
 // space. The two skip connections may each
 // realign over H and W, forward and backward.
-constexpr auto kSpatial = UNet<Spatial>::plan;
+constexpr auto kSpatial = examples::UNet<Spatial>::plan;
 static_assert(kSpatial.count(nn::Phase::Forward, StepKind::AllReduce, -1) == 5 + 1 &&
                   kSpatial.count(nn::Phase::Backward, StepKind::AllReduce, -1) == 5,
               "one fused all-reduce per batch norm each way, and the loss's");
@@ -98,7 +70,7 @@ static_assert(kSpatial.count_realignments(nn::Phase::Forward) == 4 &&
 static_assert(kSpatial.count(nn::Phase::Forward, StepKind::AllGather) == 0 &&
                   kSpatial.count(nn::Phase::Forward, StepKind::AllToAll) == 0,
               "no activation is ever gathered or moved between placements");
-constexpr auto kHybrid = UNet<Hybrid>::plan;
+constexpr auto kHybrid = examples::UNet<Hybrid>::plan;
 static_assert(kHybrid.count_realignments(nn::Phase::Forward) == 2 &&
               kHybrid.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 2 * 8);
 
@@ -115,7 +87,7 @@ float noisy(int step, uint64_t i) {
 
 template <class Img>
 std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan, int* realigned) {
-  using Net = UNet<Img>;
+  using Net = examples::UNet<Img>;
   using Image = typename Net::Model::InputT;
   auto model = Net::make(mesh);
   typename Net::Loss loss;
@@ -161,7 +133,7 @@ bool compare(Comm& comm, const char* what) {
   if (comm.rank() == 0) {
     std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, mesh.to_string().c_str(),
                 static_cast<long long>(kBatch),
-                UNet<Img>::Model::explain(UNet<Img>::plan, kBatch, mesh.shape()).c_str());
+                examples::UNet<Img>::Model::explain(examples::UNet<Img>::plan, kBatch, mesh.shape()).c_str());
     std::printf("%5s %12s %12s %10s\n", "step", "loss 2x2", "loss 1 rank", "rel diff");
     for (int s = 0; s < kSteps; ++s)
       std::printf("%5d %12.6f %12.6f %10.2e\n", s, got[s], ref[s], std::abs(double(got[s]) - ref[s]) / ref[s]);
