@@ -202,6 +202,46 @@ void check_against_one_rank(const std::array<int, M>& shape, Make make, const Sh
 
 }  // namespace
 
+// Parameters are declared once per layer (nn/parameters.hpp): the count, the visit
+// order and the plan's gradient reductions all come from that list, and the model
+// numbers them. A layer built without bias has one parameter everywhere.
+using NoBias = nn::Linear<DpTp, kIn, kWide, nn::Colwise, false>;
+static_assert(nn::parameter_count<NoBias>() == 1 && nn::parameter_count<Lin2>() == 2);
+using Mixed = nn::Sequential<nn::Sequential<NoBias, nn::GELU<DpTp>, Lin2>, nn::LayerNorm<DpTp, kOut>,
+                             nn::Residual<nn::Linear<DpTp, kOut, kOut>>>;
+static_assert(Mixed::parameter_count == 1 + 2 + 2 + 2);
+
+TEST_CASE("declared parameters: the plan's gradient reductions name each parameter by its place in the visit order") {
+  run_threads(1, [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {1, 1});
+    Mixed model(nn::Sequential<NoBias, nn::GELU<DpTp>, Lin2>(NoBias(mesh, {1}), nn::GELU<DpTp>(), Lin2(mesh, {2})),
+                nn::LayerNorm<DpTp, kOut>(mesh), nn::Residual<nn::Linear<DpTp, kOut, kOut>>(nn::Linear<DpTp, kOut, kOut>(mesh, {3})));
+    // (layer, index within the layer) -> the visited parameter's size
+    std::vector<std::vector<int64_t>> sizes(3);
+    nn::for_each_parameter(model.layer<0>(), [&](auto& p) { sizes[0].push_back(p.value().numel()); });
+    nn::for_each_parameter(model.layer<1>(), [&](auto& p) { sizes[1].push_back(p.value().numel()); });
+    nn::for_each_parameter(model.layer<2>(), [&](auto& p) { sizes[2].push_back(p.value().numel()); });
+    CHECK(sizes[0] == std::vector<int64_t>{kIn * kWide, kWide * kOut, kOut});  // no bias, then weight and bias
+    CHECK(sizes[1] == std::vector<int64_t>{kOut, kOut});
+    CHECK(sizes[2] == std::vector<int64_t>{kOut * kOut, kOut});
+    // a 2x2 mesh's plan (DP and TP): every parameter reduced over DP, in its place
+    static constexpr auto plan = Mixed::plan(Mixed::output_placements, kIn);
+    std::vector<std::vector<int>> reduced(3);
+    for (int e = 0; e < plan.size; ++e) {
+      const auto& c = plan.entries[e];
+      if (c.phase != Phase::GradReduce || c.mesh_dim != 0) continue;
+      REQUIRE(c.layer >= 0);
+      REQUIRE(c.layer < 3);
+      REQUIRE(c.parameter < static_cast<int>(sizes[c.layer].size()));
+      CHECK(c.shape[0] * (c.ndim > 1 ? c.shape[1] : 1) == sizes[c.layer][c.parameter]);
+      reduced[c.layer].push_back(c.parameter);
+    }
+    CHECK(reduced[0] == std::vector<int>{0, 1, 2});
+    CHECK(reduced[1] == std::vector<int>{0, 1});
+    CHECK(reduced[2] == std::vector<int>{0, 1});
+  });
+}
+
 TEST_CASE("a residual block is x + f(x): against the block alone plus x, and finite differences (one rank)") {
   using Cfg = DP;
   using B = Branch<Cfg, nn::NoParallel, nn::NoParallel>;

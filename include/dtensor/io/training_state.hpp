@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dtensor/io/state_dict.hpp"
+#include "dtensor/nn/parameters.hpp"
 
 namespace dtensor::io {
 
@@ -36,7 +37,7 @@ void for_each_named_parameter(Model& model, F&& f) {
                   model.template layer<0>();
                 }) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (model.template layer<I>().for_each_parameter([&](auto& p) { f(std::to_string(I) + "." + p.name(), p); }), ...);
+      (nn::for_each_parameter(model.template layer<I>(), [&](auto& p) { f(std::to_string(I) + "." + p.name(), p); }), ...);
     }
     (std::make_index_sequence<Model::N>{});
   } else {

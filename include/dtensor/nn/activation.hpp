@@ -7,13 +7,14 @@
 #include <optional>
 
 #include "dtensor/compute/local.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor::nn {
 
 template <class Cfg, UnaryFn Fn>
-class Activation {
+class Activation : public KeepsPlacements<Cfg, Takes::Values> {
  public:
   using config = Cfg;
   using T = typename Cfg::value_type;
@@ -22,12 +23,6 @@ class Activation {
   static constexpr int Rank = Cfg::rank;
   static constexpr const char* name = UnaryMath<Fn>::name;
 
-  static constexpr State input(const State& arriving) { return values_of(arriving); }
-  static constexpr State output(const State& in) { return in; }
-  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
-  static constexpr int64_t out_features(int64_t f) { return f; }
-  template <int C>
-  static constexpr void plan(ModelPlan<M, C>&, int, const State&, const State&, int64_t, bool) {}
 
   template <class X>
   X forward(const X& x) {
@@ -55,12 +50,6 @@ class Activation {
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }
   }
-
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = 0;
-
-  template <class F>
-  void for_each_parameter(F&&) {}
 
  private:
   // Only the local block is kept: dx = f'(x) dy is local, and the placements of the

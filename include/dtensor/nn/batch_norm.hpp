@@ -47,8 +47,10 @@
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
 
 namespace dtensor::nn {
 
@@ -61,7 +63,7 @@ struct BatchNormOptions {
 //   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
 //   nn::BatchNorm<Img, 16> bn(mesh);         // bn.train(false) to evaluate
 template <class Cfg, int64_t C>
-class BatchNorm {
+class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
   static_assert(C > 0, "dtensor::nn::BatchNorm<Cfg, C>: C (the channels) must be positive");
   static_assert(requires { Cfg::spatial; },
                 "dtensor::nn::BatchNorm<Cfg, C>: Cfg must be an nn::ImageConfig (activations [batch, channels, "
@@ -79,22 +81,23 @@ class BatchNorm {
   // The mesh dims the statistics are summed over: every one that shards the input.
   static constexpr detail::MeshMask stat_mask = detail::shard_mask(Cfg::activation(), /*batch*/ true);
 
-  static constexpr State input(const State&) { return Cfg::activation(); }
-  static constexpr State output(const State& in) { return in; }
-  // dx is linear in dy (for the statistics of the forward): placed like dy.
-  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  // The rule (KeepsPlacements): dx is linear in dy (for the statistics of the
+  // forward), placed like dy.
   static constexpr int64_t out_features(int64_t) { return C; }
   // Complete over the input's shards; Partial only where dy is (a Replicate mesh dim).
   static constexpr State param_grad(const State& grad_out) {
     return detail::channel_param_grad(Cfg::activation(), grad_out, stat_mask);
   }
   template <int Cap>
-  static constexpr void plan(ModelPlan<M, Cap>& p, int layer, const State&, const State& grad_out, int64_t, bool) {
+  static constexpr void plan(ModelPlan<M, Cap>& p, int layer, const State&, const State&, int64_t, bool) {
     detail::plan_stats<T>(p, Phase::Forward, layer, stat_mask, 2 * C);
     // Also without dx: the parameters' gradients come out of this all-reduce.
     detail::plan_stats<T>(p, Phase::Backward, layer, stat_mask, 2 * C);
-    add_reductions(p, layer, 0, State{}, param_grad(grad_out), {C, 1}, 1);
-    add_reductions(p, layer, 1, State{}, param_grad(grad_out), {C, 1}, 1);
+  }
+  // The parameters (nn/parameters.hpp): scale and shift per channel, replicated.
+  static constexpr auto parameters(const State& grad_out) {
+    return std::tuple{declare<&BatchNorm::weight_>(State{}, param_grad(grad_out), {C}),
+                      declare<&BatchNorm::bias_>(State{}, param_grad(grad_out), {C})};
   }
 
   using ParamT = dtensor_t<T, 1, placements_t<State{}>>;
@@ -117,14 +120,6 @@ class BatchNorm {
   ParamT& running_mean() { return running_mean_; }
   ParamT& running_var() { return running_var_; }
   int64_t num_batches_tracked() const { return batches_; }
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = 2;
-
-  template <class Fn>
-  void for_each_parameter(Fn&& f) {
-    f(weight_);
-    f(bias_);
-  }
 
   // Training (the default) normalizes by the batch's statistics and updates the
   // running ones; evaluation normalizes by the running statistics.

@@ -29,8 +29,10 @@
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/halo/window_halo.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
 
 namespace dtensor::nn {
 
@@ -239,7 +241,7 @@ struct ConvInit {
 //   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
 //   nn::Conv<Img, 3, 16, nn::ConvSpec<2>::square_same(3)> conv(mesh);
 template <class Cfg, int64_t Cin, int64_t Cout, auto Spec, bool Bias = true>
-class Conv {
+class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
   static constexpr int S = Cfg::spatial;
   static_assert(std::is_same_v<std::remove_cvref_t<decltype(Spec)>, ConvSpec<S>>,
                 "dtensor::nn::Conv<Cfg, Cin, Cout, Spec>: Spec must be an nn::ConvSpec<S> with S the config's "
@@ -262,14 +264,13 @@ class Conv {
   using BiasT = dtensor_t<T, 1, placements_t<State{}>>;
   using InputT = dtensor_t<T, Rank, placements_t<Rule::input()>>;
 
-  static constexpr State input(const State&) { return Rule::input(); }
-  static constexpr State output(const State& in) { return in; }
-  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  // The rule: KeepsPlacements's (Rule::input() is the activation's), Cout features out.
   static constexpr int64_t out_features(int64_t) { return Cout; }
-  template <int C>
-  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t, bool) {
-    add_reductions(p, layer, 0, State{}, Rule::parameter_grad(grad_out), {Cout, weight_elements / Cout}, 2);
-    if constexpr (Bias) add_reductions(p, layer, 1, State{}, Rule::parameter_grad(grad_out), {Cout, 1}, 1);
+  // The parameters (nn/parameters.hpp): replicated; their gradients Partial over the
+  // mesh dims that shard the batch and space.
+  static constexpr auto parameters(const State& grad_out) {
+    return std::tuple{declare<&Conv::weight_>(State{}, Rule::parameter_grad(grad_out), {Cout, weight_elements / Cout}),
+                      declare<&Conv::bias_, Bias>(State{}, Rule::parameter_grad(grad_out), {Cout})};
   }
 
   // Weights and bias uniform in +-1/sqrt(fan_in), fan_in = Cin / groups x kernel
@@ -281,15 +282,6 @@ class Conv {
   Parameter<WeightT>& weight() { return weight_; }
   Parameter<BiasT>& bias() { return bias_; }
   ConvOp<T, S>& op() { return op_; }
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = Bias ? 2 : 1;
-
-  template <class Fn>
-  void for_each_parameter(Fn&& f) {
-    f(weight_);
-    if constexpr (Bias) f(bias_);
-  }
-
   InputT forward(const InputT& x) {
     return op_.forward(x, weight_.value().local(), Bias ? bias_.value().local().data() : nullptr);
   }

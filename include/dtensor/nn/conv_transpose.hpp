@@ -26,8 +26,10 @@
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/conv.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
 
 namespace dtensor::nn {
 
@@ -172,7 +174,7 @@ class ConvTransposeOp {
 //   nn::ConvTranspose<Img, 16, 8> up(mesh);                                   // 2x2, stride 2
 //   nn::ConvTranspose<Img, 16, 8, nn::ConvSpec<2>{{2, 4}, {2, 4}}> up2(mesh);  // 2x4, stride 2x4
 template <class Cfg, int64_t Cin, int64_t Cout, auto Spec = ConvSpec<Cfg::spatial>::square(2, 2), bool Bias = true>
-class ConvTranspose {
+class ConvTranspose : public KeepsPlacements<Cfg, Takes::Activation> {
   static constexpr int S = Cfg::spatial;
   static_assert(std::is_same_v<std::remove_cvref_t<decltype(Spec)>, ConvSpec<S>>,
                 "dtensor::nn::ConvTranspose<Cfg, Cin, Cout, Spec>: Spec must be an nn::ConvSpec<S> with S the "
@@ -197,14 +199,14 @@ class ConvTranspose {
   using BiasT = dtensor_t<T, 1, placements_t<State{}>>;
   using InputT = dtensor_t<T, Rank, placements_t<Rule::input()>>;
 
-  static constexpr State input(const State&) { return Rule::input(); }
-  static constexpr State output(const State& in) { return in; }
-  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  // The rule: KeepsPlacements's (Rule::input() is the activation's), Cout features out.
   static constexpr int64_t out_features(int64_t) { return Cout; }
-  template <int C>
-  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t, bool) {
-    add_reductions(p, layer, 0, State{}, Rule::parameter_grad(grad_out), {Cin, weight_elements / Cin}, 2);
-    if constexpr (Bias) add_reductions(p, layer, 1, State{}, Rule::parameter_grad(grad_out), {Cout, 1}, 1);
+  // The parameters (nn/parameters.hpp): replicated; their gradients Partial over the
+  // mesh dims that shard the batch and space.
+  static constexpr auto parameters(const State& grad_out) {
+    return std::tuple{
+        declare<&ConvTranspose::weight_>(State{}, Rule::parameter_grad(grad_out), {Cin, weight_elements / Cin}),
+        declare<&ConvTranspose::bias_, Bias>(State{}, Rule::parameter_grad(grad_out), {Cout})};
   }
 
   // Weight and bias uniform in +-1/sqrt(Cout x kernel cells) (PyTorch's default for a
@@ -216,14 +218,6 @@ class ConvTranspose {
 
   Parameter<WeightT>& weight() { return weight_; }
   Parameter<BiasT>& bias() { return bias_; }
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = Bias ? 2 : 1;
-
-  template <class Fn>
-  void for_each_parameter(Fn&& f) {
-    f(weight_);
-    if constexpr (Bias) f(bias_);
-  }
 
   InputT forward(const InputT& x) {
     return op_.forward(x, weight_.value().local(), Bias ? bias_.value().local().data() : nullptr);

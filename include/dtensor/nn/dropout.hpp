@@ -10,12 +10,13 @@
 #include <optional>
 
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 
 namespace dtensor::nn {
 
 template <class Cfg>
-class Dropout {
+class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
  public:
   using config = Cfg;
   using T = typename Cfg::value_type;
@@ -24,12 +25,6 @@ class Dropout {
   static constexpr int Rank = Cfg::rank;
   static constexpr const char* name = "dropout";
 
-  static constexpr State input(const State& arriving) { return arriving; }
-  static constexpr State output(const State& in) { return in; }
-  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
-  static constexpr int64_t out_features(int64_t f) { return f; }
-  template <int C>
-  static constexpr void plan(ModelPlan<M, C>&, int, const State&, const State&, int64_t, bool) {}
 
   Dropout(double p, uint64_t seed) : p_(p), seed_(seed) {
     DTENSOR_CHECK(p >= 0 && p < 1, InvalidArgument, "Dropout: p = ", p, " is outside [0, 1)");
@@ -77,12 +72,6 @@ class Dropout {
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }
   }
-
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = 0;
-
-  template <class F>
-  void for_each_parameter(F&&) {}
 
  private:
   double p_;

@@ -21,6 +21,7 @@
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 
@@ -73,7 +74,10 @@ class Embedding {
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t, bool) {
     p.redistribution(Phase::Forward, layer, product(), out_state(), Dim, true);
     if constexpr (rowwise) p.adjoint(Phase::Backward, layer, product(), grad_out, Dim, true);
-    add_reductions(p, layer, 0, table_state(), table_grad(grad_out), {Vocab, Dim}, 2);
+  }
+  // The parameter (nn/parameters.hpp): the table [Vocab, Dim].
+  static constexpr auto parameters(const State& grad_out) {
+    return std::tuple{declare<&Embedding::table_>(table_state(), table_grad(grad_out), {Vocab, Dim})};
   }
 
   using TableT = dtensor_t<T, 2, placements_t<table_state()>>;
@@ -87,13 +91,6 @@ class Embedding {
         })) {}
 
   Parameter<TableT>& table() { return table_; }
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = 1;
-
-  template <class Fn>
-  void for_each_parameter(Fn&& f) {
-    f(table_);
-  }
 
   OutputT forward(const input_type& ids) {
     const auto& t = table_.value();

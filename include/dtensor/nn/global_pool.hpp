@@ -112,12 +112,6 @@ class GlobalAvgPool {
     }
   }
 
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = 0;
-
-  template <class F>
-  void for_each_parameter(F&&) {}
-
  private:
   // [N, C] in the input's batch blocks (the channels are never sharded here).
   static ShardLayout<2> out_layout(const ShardLayout<Rank>& in) {

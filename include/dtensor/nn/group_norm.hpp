@@ -30,15 +30,17 @@
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
 
 namespace dtensor::nn {
 
 // Cfg: an ImageConfig; C channels in G groups.
 //   nn::GroupNorm<Img, 16, 4> gn(mesh);
 template <class Cfg, int64_t C, int64_t G>
-class GroupNorm {
+class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
   static_assert(C > 0 && G > 0, "dtensor::nn::GroupNorm<Cfg, C, G>: C (channels) and G (groups) must be positive");
   static_assert(C % G == 0, "dtensor::nn::GroupNorm<Cfg, C, G>: the G groups must divide the C channels; pick G "
                             "among the divisors of C (G = C: instance norm, G = 1: a layer norm over C and space)");
@@ -57,9 +59,6 @@ class GroupNorm {
   // The mesh dims the statistics are summed over: those that shard space.
   static constexpr detail::MeshMask stat_mask = detail::shard_mask(Cfg::activation(), /*batch*/ false);
 
-  static constexpr State input(const State&) { return Cfg::activation(); }
-  static constexpr State output(const State& in) { return in; }
-  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
   static constexpr int64_t out_features(int64_t) { return C; }
   // This rank's terms: Partial<Sum> over every mesh dim that shards the input.
   static constexpr State param_grad(const State& grad_out) {
@@ -68,12 +67,14 @@ class GroupNorm {
   // The statistics buffers hold 2 G doubles per sample of the rank's batch: the
   // plan's entries count them per sample (2 G doubles, in T-sized units).
   template <int Cap>
-  static constexpr void plan(ModelPlan<M, Cap>& p, int layer, const State&, const State& grad_out, int64_t,
-                             bool input_grad) {
+  static constexpr void plan(ModelPlan<M, Cap>& p, int layer, const State&, const State&, int64_t, bool input_grad) {
     detail::plan_stats<T>(p, Phase::Forward, layer, stat_mask, 2 * G);
     if (input_grad) detail::plan_stats<T>(p, Phase::Backward, layer, stat_mask, 2 * G);
-    add_reductions(p, layer, 0, State{}, param_grad(grad_out), {C, 1}, 1);
-    add_reductions(p, layer, 1, State{}, param_grad(grad_out), {C, 1}, 1);
+  }
+  // The parameters (nn/parameters.hpp): scale and shift per channel, replicated.
+  static constexpr auto parameters(const State& grad_out) {
+    return std::tuple{declare<&GroupNorm::weight_>(State{}, param_grad(grad_out), {C}),
+                      declare<&GroupNorm::bias_>(State{}, param_grad(grad_out), {C})};
   }
 
   using ParamT = dtensor_t<T, 1, placements_t<State{}>>;
@@ -86,14 +87,6 @@ class GroupNorm {
 
   Parameter<ParamT>& weight() { return weight_; }
   Parameter<ParamT>& bias() { return bias_; }
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = 2;
-
-  template <class Fn>
-  void for_each_parameter(Fn&& f) {
-    f(weight_);
-    f(bias_);
-  }
 
   InputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[1] == C, InvalidArgument, name, ": an input of ", x.shape()[1], " channels, expected ", C,

@@ -22,23 +22,27 @@
 //   template <int C> static constexpr void plan(ModelPlan<M, C>& plan, int layer, State in, State grad_out,
 //                                               int64_t features, bool input_grad);
 //   // Run time. forward saves what backward needs; backward accumulates the
-//   // parameters' gradients and returns the input's gradient.
+//   // parameters' gradients and returns the input's gradient (or 0 without it).
 //   DTensor<T, Rank, output(in)...> forward(const DTensor<T, Rank, in...>& x);
-//   template <class G> auto backward(const G& dy);   // G placed as an accepted gradient of output(in)
-//   template <class F> void for_each_parameter(F&& f);        // f(Parameter&) for each parameter
-//   static constexpr int parameter_count;   // how many for_each_parameter visits
+//   template <bool NeedInputGrad, class G> auto backward(const G& dy);   // G: a gradient of output(in)
+//   // Parameters, if any, declared once (nn/parameters.hpp): the members and their rules.
+//   static constexpr auto parameters(State grad_out);
 //
-// A layer numbers its parameters 0 .. parameter_count - 1 in its plan, in the order
-// of for_each_parameter; a model made of layers (Sequential, a residual block) is a
-// layer too, and numbers its layers' parameters one after the other.
+// The plan's collectives are the layer's own; the gradient reductions of its
+// parameters come from parameters(), numbered by the model that holds the layer
+// (nn::layer_plan). A model made of layers (Sequential, a residual block, a skip
+// connection) is a layer too: it declares parameter_count and for_each_parameter and
+// numbers its layers' parameters one after the other.
 //
 // The placement rules take the tensor-parallel and data-parallel mesh dims from
 // Config::axes, so one layer type serves a 1-D mesh, a DP x TP mesh and more.
 #include <concepts>
 #include <cstdint>
+#include <utility>
 
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/config.hpp"
+#include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/plan.hpp"
 
 namespace dtensor::nn {
@@ -51,9 +55,94 @@ concept Layer = requires(typename L::config::State s, ModelPlan<L::config::M>& p
   { L::output(s) } -> std::same_as<typename L::config::State>;
   { L::grad_input(s, s) } -> std::same_as<typename L::config::State>;
   { L::out_features(int64_t{}) } -> std::same_as<int64_t>;
-  { L::parameter_count } -> std::convertible_to<int>;
   L::plan(plan, 0, s, s, int64_t{}, true);
 };
+
+namespace detail {
+// The input a layer's forward takes: its own input_type (token ids for an
+// embedding), else an activation placed as input() asks.
+template <class L>
+struct protocol_input {
+  using type = dtensor_t<typename L::config::value_type, L::config::rank,
+                         placements_t<L::input(L::config::activation())>>;
+};
+template <class L>
+  requires requires { typename L::input_type; }
+struct protocol_input<L> {
+  using type = typename L::input_type;
+};
+
+// The gradient of a tensor of type Y, in the canonical placements (placement/gradient.hpp).
+template <class Y>
+using gradient_type = dtensor_t<typename Y::value_type, Y::rank, placements_t<grad_placements(Y::placement_state)>>;
+
+// The whole protocol, one piece at a time: instantiated by a model for each of its
+// layers, so that a layer missing a piece gets one error naming the piece (the
+// instantiation line above it names the layer's index and type). Each check runs
+// only where the pieces it needs are there.
+template <int Index, class L>
+struct check_layer_protocol {
+  static constexpr bool has_config = requires { typename L::config; typename L::config::State; };
+  static_assert(has_config, "dtensor::nn layer (index and type in the instantiation line above): no `using config = "
+                            "Cfg;` naming its nn::Config or nn::ImageConfig (nn/config.hpp)");
+  static constexpr bool has_name = requires { { L::name } -> std::convertible_to<const char*>; };
+  static_assert(has_name, "dtensor::nn layer (index and type in the instantiation line above): no `static constexpr "
+                          "const char* name` (what the plan and error messages call it)");
+  template <class C = L>
+  static constexpr bool rule_ok() {
+    if constexpr (!has_config) return true;
+    else
+      return requires(typename C::config::State s) {
+        { C::input(s) } -> std::same_as<typename C::config::State>;
+        { C::output(s) } -> std::same_as<typename C::config::State>;
+        { C::grad_input(s, s) } -> std::same_as<typename C::config::State>;
+      };
+  }
+  static_assert(rule_ok(), "dtensor::nn layer (index and type in the instantiation line above): its placement rule "
+                           "is incomplete: give static constexpr State input(State arriving), output(State in) and "
+                           "grad_input(State in, State grad_out) (nn/layer.hpp)");
+  template <class C = L>
+  static constexpr bool features_ok() {
+    if constexpr (!has_config) return true;
+    else return requires { { C::out_features(int64_t{}) } -> std::same_as<int64_t>; };
+  }
+  static_assert(features_ok(), "dtensor::nn layer (index and type in the instantiation line above): no `static "
+                               "constexpr int64_t out_features(int64_t features)`");
+  template <class C = L>
+  static constexpr bool plan_ok() {
+    if constexpr (!has_config) return true;
+    else
+      return requires(typename C::config::State s, ModelPlan<C::config::M>& p) { C::plan(p, 0, s, s, int64_t{}, true); };
+  }
+  static_assert(plan_ok(), "dtensor::nn layer (index and type in the instantiation line above): no `template <int C> "
+                           "static constexpr void plan(ModelPlan<M, C>&, int layer, State in, State grad_out, int64_t "
+                           "features, bool input_grad)` listing the collectives it issues (an empty body if none)");
+  template <class C = L>
+  static constexpr bool forward_ok() {
+    if constexpr (!has_config || !rule_ok()) return true;
+    else return requires(C& l, const typename protocol_input<C>::type& x) { l.forward(x); };
+  }
+  static_assert(forward_ok(), "dtensor::nn layer (index and type in the instantiation line above): no forward(x) "
+                              "taking an input placed as its input() rule says");
+  template <class C = L>
+  static constexpr bool backward_ok() {
+    if constexpr (!has_config || !forward_ok()) return true;
+    else
+      // backward<false> (what a model's first layer runs; an embedding has no other):
+      // backward<true> is checked where the model instantiates it.
+      return requires(C& l, const typename protocol_input<C>::type& x) {
+        l.template backward<false>(std::declval<const gradient_type<decltype(l.forward(x))>&>());
+      };
+  }
+  static_assert(backward_ok(), "dtensor::nn layer (index and type in the instantiation line above): no `template "
+                               "<bool NeedInputGrad, class G> auto backward(const G& dy)` taking the gradient of its "
+                               "output (returning the input's gradient, or 0 when NeedInputGrad is false)");
+  // Whether every piece is there (the model compiles its forward and backward only
+  // then, so that the message above is the only error).
+  static constexpr bool complete = has_config && has_name && rule_ok() && features_ok() && plan_ok() &&
+                                   forward_ok() && backward_ok();
+};
+}  // namespace detail
 
 // A layer's backward as a part of a bigger model: a model used as a layer runs its
 // layers' backwards without reducing the gradients (the outermost model does).

@@ -17,6 +17,7 @@
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 
@@ -82,8 +83,13 @@ class Linear {
     p.redistribution(Phase::Forward, layer, Rule::product(), Rule::output(), Out, true);
     if constexpr (Rule::rowwise) p.adjoint(Phase::Backward, layer, Rule::product(), grad_out, Out, true);
     if (input_grad) p.adjoint(Phase::Backward, layer, Rule::input(), grad_compute_input(grad_out), In, true);
-    add_reductions(p, layer, 0, Rule::weight(), Rule::weight_grad(grad_product(grad_out)), {In, Out}, 2);
-    if constexpr (Bias) add_reductions(p, layer, 1, Rule::bias(), Rule::bias_grad(grad_product(grad_out)), {Out, 1}, 1);
+  }
+  // The parameters (nn/parameters.hpp): the weight [In, Out] and the bias [Out],
+  // placed by the style; their gradients Partial where the product's gradient is.
+  static constexpr auto parameters(const State& grad_out) {
+    const State g = grad_product(grad_out);
+    return std::tuple{declare<&Linear::weight_>(Rule::weight(), Rule::weight_grad(g), {In, Out}),
+                      declare<&Linear::bias_, Bias>(Rule::bias(), Rule::bias_grad(g), {Out})};
   }
 
   // --- run time ---
@@ -96,15 +102,6 @@ class Linear {
 
   Parameter<WeightT>& weight() { return weight_; }
   Parameter<BiasT>& bias() { return bias_; }
-
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = Bias ? 2 : 1;
-
-  template <class Fn>
-  void for_each_parameter(Fn&& f) {
-    f(weight_);
-    if constexpr (Bias) f(bias_);
-  }
 
   OutputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[F] == In, InvalidArgument, name, ": an input of ", x.shape()[F], " features, expected ",

@@ -35,6 +35,7 @@
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 
@@ -97,8 +98,7 @@ class Norm {
   static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
   static constexpr int64_t out_features(int64_t) { return Features; }
   template <int C>
-  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t,
-                             bool input_grad) {
+  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State&, int64_t, bool input_grad) {
     if (kFeatureSharded && Cfg::tp >= 0) {
       State rows = in_state();
       rows[Cfg::tp] = partial_sum();
@@ -110,8 +110,11 @@ class Norm {
       if (input_grad)
         p.add({Phase::Backward, layer, StepKind::AllReduce, Cfg::tp, true, stats, rows, -1, {}, 0, check});
     }
-    add_reductions(p, layer, 0, param_state(), param_grad(grad_out), {Features, 1}, 1);
-    if constexpr (Kind == NormKind::Layer) add_reductions(p, layer, 1, param_state(), param_grad(grad_out), {Features, 1}, 1);
+  }
+  // The parameters (nn/parameters.hpp): the scale, and LayerNorm's shift.
+  static constexpr auto parameters(const State& grad_out) {
+    return std::tuple{declare<&Norm::scale_>(param_state(), param_grad(grad_out), {Features}),
+                      declare<&Norm::shift_, Kind == NormKind::Layer>(param_state(), param_grad(grad_out), {Features})};
   }
 
   using ParamT = dtensor_t<T, 1, placements_t<param_state()>>;
@@ -124,14 +127,6 @@ class Norm {
 
   Parameter<ParamT>& scale() { return scale_; }
   Parameter<ParamT>& shift() { return shift_; }
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = Kind == NormKind::Layer ? 2 : 1;
-
-  template <class Fn>
-  void for_each_parameter(Fn&& f) {
-    f(scale_);
-    if constexpr (Kind == NormKind::Layer) f(shift_);
-  }
 
   InputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[F] == Features, InvalidArgument, name, ": an input of ", x.shape()[F],

@@ -26,6 +26,7 @@
 #include "dtensor/halo/window_halo.hpp"
 #include "dtensor/nn/conv.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 
 namespace dtensor::nn {
@@ -204,7 +205,7 @@ constexpr const char* pool_name(PoolMode mode, int spatial) {
 //   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
 //   nn::MaxPool<Img> pool(nn::PoolOptions<2>::square(3, 2, 1));   // kernel 3, stride 2, padding 1
 template <class Cfg, PoolMode Mode>
-class Pool {
+class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
   static constexpr int S = Cfg::spatial;
 
  public:
@@ -216,24 +217,13 @@ class Pool {
   static constexpr const char* name = detail::pool_name(Mode, S);
   using InputT = dtensor_t<T, Rank, placements_t<Cfg::activation()>>;
 
-  // Sharded as an activation of Cfg; dx placed like dy (linear in dy; max pooling's
-  // choice of tap comes from x, which is the same on the ranks of a replicated dim).
-  static constexpr State input(const State&) { return Cfg::activation(); }
-  static constexpr State output(const State& in) { return in; }
-  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
-  static constexpr int64_t out_features(int64_t channels) { return channels; }
-  template <int C>
-  static constexpr void plan(ModelPlan<M, C>&, int, const State&, const State&, int64_t, bool) {}
+  // The rule (KeepsPlacements): sharded as an activation of Cfg; dx placed like dy
+  // (linear in dy; max pooling's choice of tap comes from x, which is the same on the
+  // ranks of a replicated dim).
 
   explicit Pool(PoolOptions<S> options = {}) : op_(Mode, options, name) {}
 
   PoolOp<T, S>& op() { return op_; }
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = 0;
-
-  template <class F>
-  void for_each_parameter(F&&) {}
-
   InputT forward(const InputT& x) { return op_.forward(x); }
 
   template <bool NeedInputGrad = true, class G>

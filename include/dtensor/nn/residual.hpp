@@ -42,7 +42,7 @@ struct projection_params {
 template <class Projection>
   requires(!std::is_void_v<Projection>)
 struct projection_params<Projection> {
-  static constexpr int count = Projection::parameter_count;
+  static constexpr int count = nn::parameter_count<Projection>();
 };
 }  // namespace detail
 
@@ -65,7 +65,7 @@ class Residual {
                 "type (a block ending in a global pooling cannot be residual)");
   static constexpr const char* name = kProjected ? "residual(projection)" : "residual";
   // The block's parameters, then the projection's.
-  static constexpr int parameter_count = Block::parameter_count + detail::projection_params<Projection>::count;
+  static constexpr int parameter_count = nn::parameter_count<Block>() + detail::projection_params<Projection>::count;
   static constexpr int kPlanCapacity = [] {
     int room = detail::plan_room<Block>() + 4 * (M + 2);
     if constexpr (kProjected) room += detail::plan_room<Projection>();
@@ -118,15 +118,15 @@ class Residual {
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t features,
                              bool input_grad) {
-    Block::plan(p, layer, in_placements, grad_out, features, input_grad);
+    layer_plan<Block>(p, layer, in_placements, grad_out, features, input_grad);
     const State out = output(in_placements);
     const State g_short = redistribute_backward_placements(shortcut_out, grad_out);
     p.redistribution(Phase::Forward, layer, in_placements, shortcut_in, features, true);
     if constexpr (kProjected) {
       // the projection's own, its parameters numbered after the block's
       ModelPlan<M, detail::plan_room<Projection>()> q;
-      Projection::plan(q, layer, shortcut_in, g_short, features, input_grad);
-      p.merge(q, layer, [](int) { return Block::parameter_count; });
+      layer_plan<Projection>(q, layer, shortcut_in, g_short, features, input_grad);
+      p.merge(q, layer, [](int) { return nn::parameter_count<Block>(); });
     }
     p.redistribution(Phase::Forward, layer, shortcut_out, out, out_features(features), true);
     // dy to the shortcut's output: for the projection's gradients, or for x's
@@ -150,8 +150,8 @@ class Residual {
   Block& block() { return block_; }
   template <class Fn>
   void for_each_parameter(Fn&& f) {
-    block_.for_each_parameter(f);
-    if constexpr (kProjected) projection_.for_each_parameter(f);
+    nn::for_each_parameter(block_, f);
+    if constexpr (kProjected) nn::for_each_parameter(projection_, f);
   }
 
   template <class X>

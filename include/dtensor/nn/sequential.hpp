@@ -20,6 +20,7 @@
 //   static constexpr auto plan = MLP::training_plan<nn::MSELoss<Cfg>>(16);
 //   static_assert(plan.count(nn::Phase::Forward, StepKind::AllReduce, /*tp*/ 1) == 1);  // the rowwise layer's
 #include <array>
+#include <exception>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -120,9 +121,15 @@ struct model_input<First, Default> {
 };
 }  // namespace detail
 
-template <CommPolicy Policy, Layer... L>
+template <CommPolicy Policy, class... L>
 class Model {
   static_assert(sizeof...(L) >= 1, "dtensor::nn::Sequential: give at least one layer");
+  // One readable error per missing piece of a layer's protocol (nn/layer.hpp); the
+  // forward and backward below are compiled only when every layer is complete.
+  static constexpr bool kProtocolComplete = []<std::size_t... I>(std::index_sequence<I...>) {
+    return (detail::check_layer_protocol<static_cast<int>(I), L>::complete && ...);
+  }(std::make_index_sequence<sizeof...(L)>{});
+  static_assert(kProtocolComplete || true, "checked as soon as the model's type is used");
   using Layers = std::tuple<L...>;
   using First = std::tuple_element_t<0, Layers>;
 
@@ -144,12 +151,12 @@ class Model {
   using layer_t = std::tuple_element_t<I, Layers>;
   using policy = Policy;
   static constexpr const char* name = "sequential";
-  static constexpr int parameter_count = (L::parameter_count + ... + 0);
+  static constexpr int parameter_count = (nn::parameter_count<L>() + ... + 0);
   // The number of layer I's first parameter among the model's.
   static constexpr std::array<int, N + 1> parameter_offsets = [] {
     std::array<int, N + 1> o{};
     int i = 0;
-    ((o[i + 1] = o[i] + L::parameter_count, ++i), ...);
+    ((o[i + 1] = o[i] + nn::parameter_count<L>(), ++i), ...);
     return o;
   }();
 
@@ -239,7 +246,7 @@ class Model {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((features[I + 1] = layer_t<I>::out_features(features[I])), ...);
       ((p.redistribution(Phase::Forward, I, flow.arriving[I], flow.in[I], features[I], true),
-        layer_t<I>::plan(p, I, flow.in[I], g.grad_out[I], features[I], I > 0 || input_grad)),
+        layer_plan<layer_t<I>>(p, I, flow.in[I], g.grad_out[I], features[I], I > 0 || input_grad)),
        ...);
     }(std::make_index_sequence<N>{});
     for (int i = N - 1; i >= 0; --i) {
@@ -278,10 +285,13 @@ class Model {
   // f(parameter) for every parameter, first layer first.
   template <class Fn>
   void for_each_parameter(Fn&& f) {
-    std::apply([&](auto&... l) { (l.for_each_parameter(f), ...); }, layers_);
+    std::apply([&](auto&... l) { (nn::for_each_parameter(l, f), ...); }, layers_);
   }
 
-  OutputT forward(const InputT& x) { return forward_from<0>(x); }
+  OutputT forward(const InputT& x) {
+    if constexpr (kProtocolComplete) return forward_from<0>(x);
+    else std::terminate();  // not reached: a layer's protocol check failed to compile
+  }
 
   // The backward of the last forward: accumulates every parameter's gradient and
   // reduces those the plan's gradient reductions name (bucketed, overlapped with the
@@ -293,6 +303,13 @@ class Model {
     static_assert(is_gradient_of(G::placement_state, output_placements),
                   "dtensor::nn::Sequential::backward: dy is not placed as a gradient of the model's output (see "
                   "placement/gradient.hpp)");
+    if constexpr (!kProtocolComplete) return;  // a layer's protocol check failed to compile
+    else return backward_checked<InputGrad>(dy);
+  }
+
+ private:
+  template <bool InputGrad, class G>
+  auto backward_checked(const G& dy) {
     constexpr auto& p = reduction_plan<G>;
     if (!reducer_.prepared()) check_parameter_counts();
     reducer_.prepare(p, N, config::dp, visit_layer());
@@ -318,6 +335,8 @@ class Model {
     }
   }
 
+
+ public:
   // The backward as a layer of a bigger model: the layers' backwards only; the
   // gradients stay unreduced (Partial where the plan says), for the outer model.
   // Without the input's gradient it returns 0, as a layer's backward does.
@@ -326,7 +345,9 @@ class Model {
     static_assert(is_gradient_of(G::placement_state, output_placements),
                   "dtensor::nn::Sequential::backward: dy is not placed as a gradient of the block's output (see "
                   "placement/gradient.hpp)");
-    if constexpr (InputGrad) {
+    if constexpr (!kProtocolComplete) {
+      return 0;  // a layer's protocol check failed to compile
+    } else if constexpr (InputGrad) {
       return backward_from<N - 1, true, G, false>(dy);
     } else {
       backward_from<N - 1, false, G, false>(dy);
@@ -403,21 +424,22 @@ class Model {
   auto visit_layer() {
     return [this](int layer, auto&& f) {
       [&]<std::size_t... I>(std::index_sequence<I...>) {
-        ((static_cast<int>(I) == layer ? (std::get<I>(layers_).for_each_parameter(f), 0) : 0), ...);
+        ((static_cast<int>(I) == layer ? (nn::for_each_parameter(std::get<I>(layers_), f), 0) : 0), ...);
       }(std::make_index_sequence<N>{});
     };
   }
-  // The plan numbers the parameters by parameter_count: a layer that visits another
-  // number would have its gradients reduced into the wrong buffers.
+  // The plan numbers a block's parameters by its parameter_count: a block that
+  // visits another number would have its gradients reduced into the wrong buffers.
+  // (A layer that declares its parameters, nn/parameters.hpp, agrees by construction.)
   void check_parameter_counts() {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
             int k = 0;
-            std::get<I>(layers_).for_each_parameter([&](auto&) { ++k; });
-            DTENSOR_CHECK(k == layer_t<I>::parameter_count, InvalidArgument, "Sequential: layer ", I, " (",
+            nn::for_each_parameter(std::get<I>(layers_), [&](auto&) { ++k; });
+            DTENSOR_CHECK(k == nn::parameter_count<layer_t<I>>(), InvalidArgument, "Sequential: layer ", I, " (",
                           layer_t<I>::name, ") visits ", k, " parameters in for_each_parameter but declares "
-                          "parameter_count = ", layer_t<I>::parameter_count, "; make them agree");
+                          "parameter_count = ", nn::parameter_count<layer_t<I>>(), "; make them agree");
           }(),
           ...);
     }(std::make_index_sequence<N>{});
@@ -430,9 +452,9 @@ class Model {
   bool sync_ = true;  // false inside no_sync(): backward reduces nothing
 };
 
-template <Layer... L>
+template <class... L>
 using Sequential = Model<Implicit, L...>;
-template <Layer... L>
+template <class... L>
 using StrictSequential = Model<Strict, L...>;
 
 }  // namespace dtensor::nn

@@ -73,7 +73,7 @@ class SkipConcat {
                 "dtensor::nn::SkipConcat: y = cat(x, f(x)) needs a block f that keeps the activation's rank and "
                 "element type (a block ending in a global pooling cannot be concatenated with its input)");
   static constexpr const char* name = "skip concat";
-  static constexpr int parameter_count = Block::parameter_count;
+  static constexpr int parameter_count = nn::parameter_count<Block>();
   static constexpr int kPlanCapacity = detail::plan_room<Block>() + 4 * (M + 2);
 
   // --- the rule ---
@@ -118,7 +118,7 @@ class SkipConcat {
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t features,
                              bool input_grad) {
     const int64_t inner = Block::out_features(features);
-    Block::plan(p, layer, in_placements, block_grad_out(grad_out), features, true);
+    layer_plan<Block>(p, layer, in_placements, block_grad_out(grad_out), features, true);
     std::array<int, 3> tdims{}, mdims{};
     const int realign = detail::realigned_dims<config>(&tdims, &mdims);
     p.redistribution(Phase::Forward, layer, block_out, in_placements, inner, true);
@@ -137,7 +137,7 @@ class SkipConcat {
   Block& block() { return block_; }
   template <class Fn>
   void for_each_parameter(Fn&& f) {
-    block_.for_each_parameter(f);
+    nn::for_each_parameter(block_, f);
   }
 
   template <class X>

@@ -26,6 +26,7 @@
 #include "dtensor/halo/window_halo.hpp"
 #include "dtensor/nn/conv.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 
 namespace dtensor::nn {
@@ -213,7 +214,7 @@ class UpsampleOp {
 //   nn::Upsample<Img> up;                                    // nearest, 2x
 //   nn::Upsample<Img, UpsampleMode::Bilinear> up({2, 4});    // bilinear, 2x in H, 4x in W
 template <class Cfg, UpsampleMode Mode = UpsampleMode::Nearest>
-class Upsample {
+class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
   static constexpr int S = Cfg::spatial;
 
  public:
@@ -228,23 +229,11 @@ class Upsample {
                                                                     : "upsample_trilinear";
   using InputT = dtensor_t<T, Rank, placements_t<Cfg::activation()>>;
 
-  // Linear in x: dx placed like dy.
-  static constexpr State input(const State&) { return Cfg::activation(); }
-  static constexpr State output(const State& in) { return in; }
-  static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
-  static constexpr int64_t out_features(int64_t channels) { return channels; }
-  template <int C>
-  static constexpr void plan(ModelPlan<M, C>&, int, const State&, const State&, int64_t, bool) {}
+  // The rule (KeepsPlacements): linear in x, so dx is placed like dy.
 
   explicit Upsample(std::array<int64_t, S> scale = filled<S>(2)) : op_(Mode, scale, name) {}
 
   UpsampleOp<T, S>& op() { return op_; }
-  // How many parameters for_each_parameter visits (the model numbers them).
-  static constexpr int parameter_count = 0;
-
-  template <class F>
-  void for_each_parameter(F&&) {}
-
   InputT forward(const InputT& x) { return op_.forward(x); }
 
   template <bool NeedInputGrad = true, class G>
