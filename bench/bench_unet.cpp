@@ -1,11 +1,11 @@
 // One training step of the 2-level U-Net of examples/unet.hpp (forward, MSE loss,
-// backward with the gradient reductions, SGD), float32, batch 4 of 128 x 128
+// backward with the gradient reductions, SGD), float32, batch 2 of 256 x 256
 // images: on one rank, and on 4 ranks as a 2x2 mesh over H x W and over DP x H.
 // The ratio is the four ranks' CPU time summed over the one rank's (goal <= 1.15):
 // what the halos, the batch norms' and gradients' all-reduces, the skip connections
 // and the smaller local problems add to the work.
 //
-//   bench_unet                      in-process (threads)
+//   bench_unet [side [batch]]       in-process (threads); other sizes from the command line
 //   mpirun -np 4 bench_unet_mpi     MPI: the 4-rank steps on 4 processes
 //
 // CPU time is each rank's thread (in-process) or process (MPI) CPU clock; waiting
@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <vector>
 
@@ -27,7 +28,7 @@ using namespace dtensor;
 
 namespace {
 
-constexpr int64_t kBatch = 4, kSide = 128;
+int64_t kBatch = 2, kSide = 256;  // bench_unet [side [batch]]
 constexpr int kReps = 5;
 
 double cpu_seconds() {
@@ -107,7 +108,8 @@ int main(int argc, char** argv) {
     }
   });
 #else
-  (void)argc, (void)argv;
+  if (argc > 1) kSide = std::atoll(argv[1]);
+  if (argc > 2) kBatch = std::atoll(argv[2]);
   RunOptions quiet;
   quiet.spin = 0;  // a waiting rank sleeps: its CPU clock counts work only
   run_threads(1, [&](Comm& one) { single = step_cpu<Single>(DeviceMesh<2>(one, {1, 1})); });
