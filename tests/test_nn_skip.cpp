@@ -340,12 +340,19 @@ TEST_CASE("U-Net of two levels with batch norm: H x W on 2x2 and 2x3, batch x H,
   for (int n = 1; n <= 4; ++n) check_against_one_rank<UNet2<H>, 1>({n}, MakeUNet2<H>{}, {2, kIn, 12, 8}, 1e-10);
 }
 
-TEST_CASE("U-Net accumulation over 1, 2 and 3 micro-batches, with and without no_sync, against one pass") {
+TEST_CASE("U-Net accumulation over 1, 2 and 3 micro-batches, with and without no_sync, on H or the batch over 1-4 ranks, H x W and DP x H on 2x2 and 2x3: against one pass") {
   using HW = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
   using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
+  using H = nn::ImageConfig<double, 2, nn::DomainAxes<1, nn::kNone, 0, nn::kNone>>;
+  using Dp = nn::ImageConfig<double, 2, nn::DomainAxes<1, 0, nn::kNone, nn::kNone>>;
   for (auto mode : {Accumulate::Reducing, Accumulate::NoSync}) {
     check_accumulation<UNet1<HW>, 2>({2, 2}, MakeUNet1<HW>{}, {6, kIn, 10, 6}, {6, 1, 10, 6}, mode);
     check_accumulation<UNet1<DpH>, 2>({2, 3}, MakeUNet1<DpH>{}, {6, kIn, 10, 6}, {6, 1, 10, 6}, mode);
+    check_accumulation<UNet1<HW>, 2>({2, 3}, MakeUNet1<HW>{}, {6, kIn, 10, 6}, {6, 1, 10, 6}, mode);
+    for (int n = 1; n <= 4; ++n) {
+      check_accumulation<UNet1<H>, 1>({n}, MakeUNet1<H>{}, {6, kIn, 10, 6}, {6, 1, 10, 6}, mode);
+      check_accumulation<UNet1<Dp>, 1>({n}, MakeUNet1<Dp>{}, {6, kIn, 10, 6}, {6, 1, 10, 6}, mode);
+    }
   }
 }
 

@@ -27,7 +27,7 @@
 
 #include "dtensor/compute/conv.hpp"
 #include "dtensor/distributed/factory.hpp"
-#include "dtensor/halo/window_halo.hpp"
+#include "dtensor/halo/windowed_op.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
@@ -105,10 +105,10 @@ class ConvOp {
   }
 
   // Overlap the halo exchange with the outputs that need no ghost (default on).
-  void set_overlap(bool on) { overlap_ = on; }
+  void set_overlap(bool on) { win_.set_overlap(on); }
   const ConvSpec<S>& spec() const { return spec_; }
   // The plan for the last input layout (after a forward).
-  const WindowHalo<T, Rank>& halo() const { return *halo_; }
+  const WindowHalo<T, Rank>& halo() const { return win_.halo(); }
   Shape<Rank> weight_shape() const {
     Shape<Rank> w{cout_, cin_ / spec_.groups};
     for (int i = 0; i < S; ++i) w[2 + i] = spec_.kernel[i];
@@ -124,28 +124,16 @@ class ConvOp {
                   " channels, expected ", cin_, " (input shape ", dtensor::to_string(x.shape()), ")");
     DTENSOR_CHECK(w.shape() == weight_shape(), InvalidArgument, name_, ": a weight block of shape ",
                   dtensor::to_string(w.shape()), ", expected ", dtensor::to_string(weight_shape()));
-    prepare<X>(x);
+    win_.prepare(x, [&](int i, int64_t n) { return spec_.window(i, n); }, name_);
     const Device dev = x.local().device();
-    auto& wh = *halo_;
-    wh.load(x.local().data(), x_padded_.data());
+    const auto& wh = win_.halo();
     const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);
     auto y = Tensor<T, Rank>::uninitialized(wh.local_out_shape(cout_), dev);
-    const OutBox inner = wh.interior_box();
-    if (overlap_ && wh.has_ghosts() && !inner.empty(dims)) {
-      wh.begin(x_padded_.data());
-      try {
-        local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data(), inner);
-      } catch (...) {
-        wh.abandon();  // a later begin() must not find this exchange in flight
-        throw;
-      }
-      wh.end();
-      for (const OutBox& b : wh.boundary_boxes())
-        local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data(), b);
-    } else {
-      wh.forward(x_padded_.data());
-      local::conv_forward(dev, dims, x_padded_.data(), w.data(), bias, y.data());
-    }
+    const T* xp = win_.padded_input();
+    win_.forward(
+        wh.interior_box().empty(dims),
+        [&](const OutBox& b) { local::conv_forward(dev, dims, xp, w.data(), bias, y.data(), b); },
+        [&] { local::conv_forward(dev, dims, xp, w.data(), bias, y.data()); });
     saved_ = true;
     return X(x.mesh(), wh.out_layout(cout_), std::move(y));
   }
@@ -157,7 +145,7 @@ class ConvOp {
   template <bool NeedDx, class G>
   auto backward(const G& dy, const Tensor<T, Rank>& w, Tensor<T, Rank>& dw, T* db) {
     DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward without a forward");
-    auto& wh = *halo_;
+    const auto& wh = win_.halo();
     const Device dev = dy.local().device();
     require_gradient_layout(name_, dy.layout(), wh.out_layout(cout_));  // before the reverse exchange
     DTENSOR_CHECK(dw.shape() == weight_shape(), InvalidArgument, name_, ": a weight gradient block of shape ",
@@ -165,21 +153,11 @@ class ConvOp {
     const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);
     saved_ = false;
     if constexpr (NeedDx) {
-      if (dx_padded_.shape() != wh.padded_shape() || dx_padded_.device() != dev)
-        dx_padded_ = Tensor<T, Rank>::uninitialized(wh.padded_shape(), dev);
-      local::conv_backward_data(dev, dims, dy.local().data(), w.data(), dx_padded_.data());
       // The ghosts' gradients travel to their owners while dW and db are computed:
       // those read only the padded input and dy.
-      wh.reverse_begin(dx_padded_.data());
-      try {
-        weight_terms(dims, dy, dw, db);
-      } catch (...) {
-        wh.abandon();
-        throw;
-      }
-      wh.reverse_end();
-      auto dx = Tensor<T, Rank>::uninitialized(wh.local_shape(), dev);
-      wh.store(dx_padded_.data(), dx.data());
+      auto dx = win_.input_gradient(
+          dev, [&](T* dxp) { local::conv_backward_data(dev, dims, dy.local().data(), w.data(), dxp); },
+          [&] { weight_terms(dims, dy, dw, db); });
       using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
       return DX(dy.mesh(), wh.in_layout(), std::move(dx));
     } else {
@@ -189,31 +167,18 @@ class ConvOp {
   }
 
  private:
-  template <class X>
-  void prepare(const X& x) {
-    if (!halo_ || !halo_->plans(x.mesh(), X::placement_state, x.layout())) {
-      std::array<WindowDim, S> win;
-      for (int i = 0; i < S; ++i) win[i] = spec_.window(i, x.shape()[2 + i]);
-      halo_.emplace(x.mesh(), X::placement_state, x.layout(), win, name_);
-    }
-    if (x_padded_.shape() != halo_->padded_shape() || x_padded_.device() != x.local().device())
-      x_padded_ = Tensor<T, Rank>::uninitialized(halo_->padded_shape(), x.local().device());
-  }
-
   template <class G>
   void weight_terms(const ConvDims& dims, const G& dy, Tensor<T, Rank>& dw, T* db) {
     const Device dev = dy.local().device();
-    local::conv_backward_weight(dev, dims, x_padded_.data(), dy.local().data(), dw.data(), true);
+    local::conv_backward_weight(dev, dims, win_.padded_input(), dy.local().data(), dw.data(), true);
     if (db) local::conv_backward_bias(dev, dims, dy.local().data(), db, true);
   }
 
   ConvSpec<S> spec_;
   int64_t cin_, cout_;
   std::string name_;
-  bool overlap_ = true;
   bool saved_ = false;
-  std::optional<WindowHalo<T, Rank>> halo_;
-  Tensor<T, Rank> x_padded_, dx_padded_;
+  WindowedOp<T, Rank> win_;  // the halo, the padded input kept for the backward
 };
 
 // The placement rule of a convolution (and of any layer that is linear in its input

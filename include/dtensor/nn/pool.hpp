@@ -23,7 +23,7 @@
 #include <string>
 
 #include "dtensor/compute/pool.hpp"
-#include "dtensor/halo/window_halo.hpp"
+#include "dtensor/halo/windowed_op.hpp"
 #include "dtensor/nn/conv.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
@@ -109,39 +109,28 @@ class PoolOp {
   }
 
   // Overlap the halo exchange with the outputs that need no ghost (default on).
-  void set_overlap(bool on) { overlap_ = on; }
+  void set_overlap(bool on) { win_.set_overlap(on); }
   const PoolOptions<S>& options() const { return options_; }
   PoolMode mode() const { return mode_; }
   // The plan for the last input layout (after a forward).
-  const WindowHalo<T, Rank>& halo() const { return *halo_; }
+  const WindowHalo<T, Rank>& halo() const { return win_.halo(); }
 
   // x: [batch, channels, spatial...] sharded over batch and spatial dims; the
   // output is sharded alike.
   template <class X>
   X forward(const X& x) {
     static_assert(X::rank == Rank, "dtensor::nn::PoolOp: the input's rank is not 2 + the spatial dims");
-    prepare<X>(x);
+    win_.prepare(x, [&](int i, int64_t n) { return options_.window(i, n); }, name_);
     const Device dev = x.local().device();
-    auto& wh = *halo_;
+    const auto& wh = win_.halo();
     const int64_t channels = x.shape()[1];
-    wh.load(x.local().data(), x_padded_.data());
     const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad, options_.padding);
     auto y = Tensor<T, Rank>::uninitialized(wh.local_out_shape(channels), dev);
-    const OutBox inner = wh.interior_box();
-    if (overlap_ && wh.has_ghosts() && !inner.empty(dims.window)) {
-      wh.begin(x_padded_.data());
-      try {
-        local::pool_forward(dev, dims, x_padded_.data(), y.data(), inner);
-      } catch (...) {
-        wh.abandon();
-        throw;
-      }
-      wh.end();
-      for (const OutBox& b : wh.boundary_boxes()) local::pool_forward(dev, dims, x_padded_.data(), y.data(), b);
-    } else {
-      wh.forward(x_padded_.data());
-      local::pool_forward(dev, dims, x_padded_.data(), y.data());
-    }
+    const T* xp = win_.padded_input();
+    win_.forward(
+        wh.interior_box().empty(dims.window),
+        [&](const OutBox& b) { local::pool_forward(dev, dims, xp, y.data(), b); },
+        [&] { local::pool_forward(dev, dims, xp, y.data()); });
     saved_ = true;
     return X(x.mesh(), wh.out_layout(channels), std::move(y));
   }
@@ -152,44 +141,27 @@ class PoolOp {
   auto backward(const G& dy) {
     DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward without a forward");
     saved_ = false;
-    auto& wh = *halo_;
+    const auto& wh = win_.halo();
     const int64_t channels = wh.local_shape()[1];
     require_gradient_layout(name_, dy.layout(), wh.out_layout(channels));  // before the reverse exchange
     if constexpr (!NeedDx) {
       return 0;
     } else {
       const Device dev = dy.local().device();
-      if (dx_padded_.shape() != wh.padded_shape() || dx_padded_.device() != dev)
-        dx_padded_ = Tensor<T, Rank>::uninitialized(wh.padded_shape(), dev);
       const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad, options_.padding);
-      local::pool_backward(dev, dims, x_padded_.data(), dy.local().data(), dx_padded_.data());
-      wh.reverse(dx_padded_.data());
-      auto dx = Tensor<T, Rank>::uninitialized(wh.local_shape(), dev);
-      wh.store(dx_padded_.data(), dx.data());
+      auto dx = win_.input_gradient(
+          dev, [&](T* dxp) { local::pool_backward(dev, dims, win_.padded_input(), dy.local().data(), dxp); }, [] {});
       using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
       return DX(dy.mesh(), wh.in_layout(), std::move(dx));
     }
   }
 
  private:
-  template <class X>
-  void prepare(const X& x) {
-    if (!halo_ || !halo_->plans(x.mesh(), X::placement_state, x.layout())) {
-      std::array<WindowDim, S> win;
-      for (int i = 0; i < S; ++i) win[i] = options_.window(i, x.shape()[2 + i]);
-      halo_.emplace(x.mesh(), X::placement_state, x.layout(), win, name_);
-    }
-    if (x_padded_.shape() != halo_->padded_shape() || x_padded_.device() != x.local().device())
-      x_padded_ = Tensor<T, Rank>::uninitialized(halo_->padded_shape(), x.local().device());
-  }
-
   PoolMode mode_;
   PoolOptions<S> options_;
   std::string name_;
-  bool overlap_ = true;
   bool saved_ = false;
-  std::optional<WindowHalo<T, Rank>> halo_;
-  Tensor<T, Rank> x_padded_, dx_padded_;
+  WindowedOp<T, Rank> win_;  // the halo, the padded input kept for the backward
 };
 
 namespace detail {
