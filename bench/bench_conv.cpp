@@ -21,6 +21,8 @@
 #include <dtensor/mpi.hpp>
 #endif
 
+#include "cpu_time.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,20 +37,8 @@ namespace {
 constexpr int64_t kC = 16;
 constexpr int kReps = 7;
 
-double cpu_seconds() {
-  timespec ts{};
-#ifdef DTENSOR_BENCH_MPI
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-#else
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-#endif
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::cpu_seconds;
+using bench::median;
 
 template <class X>
 X image(const typename X::Mesh& mesh, int64_t h, int64_t w) {

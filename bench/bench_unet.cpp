@@ -18,6 +18,8 @@
 
 #include "unet.hpp"
 
+#include "cpu_time.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -31,20 +33,8 @@ namespace {
 int64_t kBatch = 2, kSide = 256;  // bench_unet [side [batch]]
 constexpr int kReps = 5;
 
-double cpu_seconds() {
-  timespec ts{};
-#ifdef DTENSOR_BENCH_MPI
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-#else
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-#endif
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::cpu_seconds;
+using bench::median;
 
 // CPU seconds of one training step on this rank (median over repetitions), summed
 // over the mesh.

@@ -40,6 +40,8 @@
 #endif
 #include <dtensor/cnn.hpp>
 
+#include "common.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -145,20 +147,12 @@ bool compare(Comm& comm, const char* what) {
   off_plan = 0;
   DeviceMesh<2> mesh(comm, {2, 2});
   const std::vector<float> got = train<Img>(mesh, &off_plan);
-  double worst = 0;
-  bool finite = true;  // a NaN loss must fail, not vanish in std::max
-  for (int s = 0; s < kSteps; ++s) {
-    const double d = std::abs(double(got[s]) - ref[s]) / std::abs(double(ref[s]));
-    finite = finite && std::isfinite(d);
-    worst = std::max(worst, d);
-  }
-  const bool ok = finite && worst <= 1e-4 && off_plan == 0;
+  const double worst = examples::largest_relative_difference(got, ref);
+  const bool ok = worst <= 1e-4 && off_plan == 0;
   if (comm.rank() == 0) {
     std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, mesh.to_string().c_str(),
                 static_cast<long long>(kBatch), CNN<Img>::Model::explain(CNN<Img>::plan, kBatch, mesh.shape()).c_str());
-    std::printf("%5s %12s %12s %10s\n", "step", "loss 2x2", "loss 1 rank", "rel diff");
-    for (int s = 0; s < kSteps; ++s)
-      std::printf("%5d %12.6f %12.6f %10.2e\n", s, got[s], ref[s], std::abs(double(got[s]) - ref[s]) / ref[s]);
+    examples::print_losses(got, ref, "loss 2x2");
     std::printf("largest relative difference %.3g (limit 1e-4); collectives off the plan in %d steps: %s\n\n", worst,
                 off_plan, ok ? "OK" : "FAILED");
   }
@@ -170,11 +164,8 @@ bool compare(Comm& comm, const char* what) {
 int main(int argc, char** argv) {
   std::atomic<int> failed = 0;  // written by every rank's thread in-process
   auto program = [&](Comm& comm) {
-    const bool spatial = compare<Spatial>(comm, "images sharded over H and W");
-    const bool hybrid = compare<Hybrid>(comm, "batch over mesh dim 0 (data parallel), H over mesh dim 1");
-    if (!spatial || !hybrid) failed = 1;
-    if (comm.rank() == 0 && spatial && hybrid)
-      std::printf("OK: both meshes train like the single-rank run\n");
+    const auto check = [&]<class Img>(std::type_identity<Img>, const char* what) { return compare<Img>(comm, what); };
+    if (!examples::both_image_meshes<Spatial, Hybrid>(comm, check)) failed = 1;
   };
 #if defined(DTENSOR_EXAMPLE_ON_GPU) || defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
   (void)argc, (void)argv;
@@ -193,11 +184,8 @@ int main(int argc, char** argv) {
   std::printf("emulated device: %ld backend calls\n", dtensor::test::emulated::calls().load());
   if (dtensor::test::emulated::calls() == 0) return 1;  // the device paths never ran
 #endif
-#elif defined(DTENSOR_WITH_MPI)
-  run(argc, argv, 4, program);
 #else
-  (void)argc, (void)argv;
-  run_threads(4, program);
+  examples::run_example(argc, argv, 4, program);
 #endif
   return failed;
 }

@@ -16,16 +16,14 @@
 //   mpirun -np 4 build/examples/train_mlp_mpi     4 processes
 // Prints the loss per step of both runs; exits 1 if they differ by more than 1e-5
 // relative at any step, or if the collectives counted differ from the plan.
-#ifdef DTENSOR_WITH_MPI
-#include <dtensor/mpi.hpp>
-#else
-#include <dtensor/dtensor.hpp>
-#endif
 #include <dtensor/nn.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <vector>
+
+#include "common.hpp"
 
 using namespace dtensor;
 
@@ -83,7 +81,7 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* collectives_off_plan) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int failed = 0;
+  std::atomic<int> failed = 0;  // written by every rank's thread in-process
   auto program = [&](Comm& comm) {
     int off_plan = 0;
     // The reference: the same model on one rank (every rank trains its own copy).
@@ -92,14 +90,11 @@ int main(int argc, char** argv) {
     off_plan = 0;
     DeviceMesh<2> mesh(comm, {2, 2});
     const std::vector<float> got = train(mesh, &off_plan);
-    double worst = 0;
-    for (int s = 0; s < kSteps; ++s) worst = std::max(worst, std::abs(double(got[s]) - ref[s]) / std::abs(double(ref[s])));
+    const double worst = examples::largest_relative_difference(got, ref);
     if (comm.rank() == 0) {
       std::printf("plan of one training step (batch %lld on %s):\n%s", static_cast<long long>(kBatch),
                   mesh.to_string().c_str(), MLP::explain(kPlan, kBatch, mesh.shape()).c_str());
-      std::printf("%5s %14s %14s %10s\n", "step", "loss 2x2", "loss 1 rank", "rel diff");
-      for (int s = 0; s < kSteps; ++s)
-        std::printf("%5d %14.8f %14.8f %10.2e\n", s, got[s], ref[s], std::abs(double(got[s]) - ref[s]) / ref[s]);
+      examples::print_losses(got, ref, "loss 2x2");
       std::printf("largest relative difference %.3g (limit 1e-5); collectives off the plan in %d steps\n", worst,
                   off_plan);
       std::printf(worst <= 1e-5 && off_plan == 0 ? "OK: the 2x2 run trains like the single-rank run\n"
@@ -107,11 +102,6 @@ int main(int argc, char** argv) {
     }
     if (!(worst <= 1e-5) || off_plan != 0) failed = 1;
   };
-#ifdef DTENSOR_WITH_MPI
-  run(argc, argv, 4, program);
-#else
-  (void)argc, (void)argv;
-  run_threads(4, program);
-#endif
+  examples::run_example(argc, argv, 4, program);
   return failed;
 }

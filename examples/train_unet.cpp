@@ -28,13 +28,9 @@
 // Prints the loss per step of each mesh beside the single-rank run; exits 1 if any
 // step differs by more than 1e-5 relative, or the collectives counted differ from
 // the plan.
-#ifdef DTENSOR_WITH_MPI
-#include <dtensor/mpi.hpp>
-#else
-#include <dtensor/dtensor.hpp>
-#endif
 #include <dtensor/cnn.hpp>
 
+#include "common.hpp"
 #include "unet.hpp"
 
 #include <atomic>
@@ -121,22 +117,14 @@ bool compare(Comm& comm, const char* what) {
   off_plan = 0, realigned = 0;
   DeviceMesh<2> mesh(comm, {2, 2});
   const std::vector<float> got = train<Img>(mesh, &off_plan, &realigned);
-  double worst = 0;
-  bool finite = true;  // a NaN loss must fail, not vanish in std::max
-  for (int s = 0; s < kSteps; ++s) {
-    const double d = std::abs(double(got[s]) - ref[s]) / std::abs(double(ref[s]));
-    finite = finite && std::isfinite(d);
-    worst = std::max(worst, d);
-  }
+  const double worst = examples::largest_relative_difference(got, ref);
   const bool learned = got[kSteps - 1] < 0.5 * got[0];
-  const bool ok = finite && worst <= 1e-5 && off_plan == 0 && learned;
+  const bool ok = worst <= 1e-5 && off_plan == 0 && learned;
   if (comm.rank() == 0) {
     std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, mesh.to_string().c_str(),
                 static_cast<long long>(kBatch),
                 examples::UNet<Img>::Model::explain(examples::UNet<Img>::plan, kBatch, mesh.shape()).c_str());
-    std::printf("%5s %12s %12s %10s\n", "step", "loss 2x2", "loss 1 rank", "rel diff");
-    for (int s = 0; s < kSteps; ++s)
-      std::printf("%5d %12.6f %12.6f %10.2e\n", s, got[s], ref[s], std::abs(double(got[s]) - ref[s]) / ref[s]);
+    examples::print_losses(got, ref, "loss 2x2");
     std::printf("largest relative difference %.3g (limit 1e-5); collectives off the plan in %d steps; rank 0 "
                 "realigned blocks %d times in %d steps; loss %s: %s\n\n",
                 worst, off_plan, realigned, kSteps, learned ? "halved or better" : "NOT halved", ok ? "OK" : "FAILED");
@@ -149,16 +137,9 @@ bool compare(Comm& comm, const char* what) {
 int main(int argc, char** argv) {
   std::atomic<int> failed = 0;  // written by every rank's thread in-process
   auto program = [&](Comm& comm) {
-    const bool spatial = compare<Spatial>(comm, "images sharded over H and W");
-    const bool hybrid = compare<Hybrid>(comm, "batch over mesh dim 0 (data parallel), H over mesh dim 1");
-    if (!spatial || !hybrid) failed = 1;
-    if (comm.rank() == 0 && spatial && hybrid) std::printf("OK: both meshes train like the single-rank run\n");
+    const auto check = [&]<class Img>(std::type_identity<Img>, const char* what) { return compare<Img>(comm, what); };
+    if (!examples::both_image_meshes<Spatial, Hybrid>(comm, check)) failed = 1;
   };
-#ifdef DTENSOR_WITH_MPI
-  run(argc, argv, 4, program);
-#else
-  (void)argc, (void)argv;
-  run_threads(4, program);
-#endif
+  examples::run_example(argc, argv, 4, program);
   return failed;
 }

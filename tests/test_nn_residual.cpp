@@ -141,14 +141,7 @@ DT rows(Shape<DT::rank> shape, const typename DT::Mesh& mesh, uint64_t seed, con
                                        [&](uint64_t i) { return dtensor::detail::normal_value<double>(seed, i); });
 }
 
-struct Result {
-  std::vector<double> y, dx;
-  std::vector<std::vector<double>> grads;
-};
-template <class T, int R>
-std::vector<double> flat(const Tensor<T, R>& t) {
-  return std::vector<double>(t.data(), t.data() + t.numel());
-}
+using Result = GatheredStep;
 
 // One forward and backward of `model` with an input gradient; the gathered results
 // and the gradients after the model's reductions. Checks the collectives against the plan.
@@ -162,20 +155,9 @@ Result step(Model& model, const Mesh& mesh, Shape<Model::InputT::rank> in, Shape
   const auto y = model.forward(x);
   const auto dx = model.template backward<true>(rows<typename Model::OutputT>(out, mesh, 12, y.layout().blocks));
   CHECK(c.count() == plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()));
-  Result r{flat(y.full_tensor()), flat(dx.full_tensor()), {}};
+  Result r{flat(y.full_tensor()), flat(dx.full_tensor()), {}, 0};
   model.for_each_parameter([&](auto& p) { r.grads.push_back(flat(p.gradient().full_tensor())); });
   return r;
-}
-
-void check_same(const Result& got, const Result& want, double tol) {
-  CHECK(max_abs_diff(got.y.data(), want.y.data(), static_cast<int64_t>(want.y.size())) < tol);
-  CHECK(max_abs_diff(got.dx.data(), want.dx.data(), static_cast<int64_t>(want.dx.size())) < tol);
-  REQUIRE(got.grads.size() == want.grads.size());
-  for (std::size_t k = 0; k < want.grads.size(); ++k) {
-    INFO("parameter ", k);
-    REQUIRE(got.grads[k].size() == want.grads[k].size());
-    CHECK(max_abs_diff(got.grads[k].data(), want.grads[k].data(), static_cast<int64_t>(want.grads[k].size())) < tol);
-  }
 }
 
 // The model on `shape` against the same model on one rank.
@@ -183,10 +165,7 @@ template <class Model, int M, class Make>
 void check_against_one_rank(const std::array<int, M>& shape, Make make, const Shape<Model::InputT::rank>& in,
                             const Shape<Model::OutputT::rank>& out, double tol) {
   Result want;
-  run_threads(1, [&](Comm& comm) {
-    std::array<int, M> one;
-    one.fill(1);
-    DeviceMesh<M> mesh(comm, one);
+  on_one_rank<M>([&](const DeviceMesh<M>& mesh) {
     Model model = make(mesh);
     want = step(model, mesh, in, out);
   });

@@ -35,11 +35,6 @@ DT normal(Shape<DT::rank> shape, const typename DT::Mesh& mesh, uint64_t seed, c
                                        [&](uint64_t i) { return dtensor::detail::normal_value<double>(seed, i); });
 }
 
-template <class T, int R>
-std::vector<double> flat(const Tensor<T, R>& t) {
-  return std::vector<double>(t.data(), t.data() + t.numel());
-}
-
 // n cells in k blocks, a function of seed: some blocks may be empty.
 std::vector<int64_t> random_blocks(int64_t n, int k, uint64_t seed) {
   std::vector<int64_t> cuts{0, n};
@@ -184,11 +179,7 @@ struct MakeUNet2 {
   }
 };
 
-struct Result {
-  std::vector<double> y, dx;
-  std::vector<std::vector<double>> grads;
-  int exchanges = 0;
-};
+using Result = GatheredStep;
 
 // One forward and backward with the input's gradient; the gathered results, the
 // gradients after the model's reductions, the collectives against the plan.
@@ -209,29 +200,13 @@ Result step(Model& model, const Mesh& mesh, const Shape<4>& in) {
   return r;
 }
 
-void check_same(const Result& got, const Result& want, double tol) {
-  REQUIRE(got.y.size() == want.y.size());
-  CHECK(max_abs_diff(got.y.data(), want.y.data(), static_cast<int64_t>(want.y.size())) < tol);
-  REQUIRE(got.dx.size() == want.dx.size());
-  CHECK(max_abs_diff(got.dx.data(), want.dx.data(), static_cast<int64_t>(want.dx.size())) < tol);
-  REQUIRE(got.grads.size() == want.grads.size());
-  for (std::size_t k = 0; k < want.grads.size(); ++k) {
-    INFO("parameter ", k);
-    REQUIRE(got.grads[k].size() == want.grads[k].size());
-    CHECK(max_abs_diff(got.grads[k].data(), want.grads[k].data(), static_cast<int64_t>(want.grads[k].size())) < tol);
-  }
-}
-
 // The model on `shape` against one rank; returns how many realignments rank 0 ran
 // (-1 where it did not run here: a mesh of another size under MPI, or a rank other
 // than 0).
 template <class Model, int M, class Make>
 int check_against_one_rank(const std::array<int, M>& shape, Make make, const Shape<4>& in, double tol) {
   Result want;
-  run_threads(1, [&](Comm& comm) {
-    std::array<int, M> one;
-    one.fill(1);
-    DeviceMesh<M> mesh(comm, one);
+  on_one_rank<M>([&](const DeviceMesh<M>& mesh) {
     Model model = make(mesh);
     want = step(model, mesh, in);
     CHECK(want.exchanges == 0);

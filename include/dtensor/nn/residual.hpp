@@ -55,12 +55,9 @@ class Residual {
 
  public:
   using config = typename Block::config;
-  using T = typename config::value_type;
   using State = typename config::State;
   static constexpr int M = config::M;
-  static constexpr int Rank = config::rank;
-  static_assert(detail::out_config_t<Block>::rank == Rank &&
-                    std::is_same_v<typename detail::out_config_t<Block>::value_type, T>,
+  static_assert(detail::keeps_activation<Block>,
                 "dtensor::nn::Residual: y = x + f(x) needs a block f that keeps the activation's rank and element "
                 "type (a block ending in a global pooling cannot be residual)");
   static constexpr const char* name = kProjected ? "residual(projection)" : "residual";

@@ -23,6 +23,7 @@
 #include <exception>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "dtensor/distributed/redistribute_backward.hpp"
@@ -84,6 +85,12 @@ struct out_config<L> {
 };
 template <class L>
 using out_config_t = typename out_config<L>::type;
+// Whether a block's output is an activation like its input (rank and element type):
+// what adding or concatenating the two needs.
+template <class B>
+inline constexpr bool keeps_activation = out_config_t<B>::rank == B::config::rank &&
+                                         std::is_same_v<typename out_config_t<B>::value_type,
+                                                        typename B::config::value_type>;
 
 // Whether each layer takes what the one before gives: the same element type and
 // mesh, and the rank of the previous layer's output.

@@ -68,8 +68,7 @@ class SkipConcat {
   static constexpr int M = config::M;
   static constexpr int Rank = config::rank;
   static constexpr int kFeatureDim = config::feature_dim;
-  static_assert(detail::out_config_t<Block>::rank == Rank &&
-                    std::is_same_v<typename detail::out_config_t<Block>::value_type, T>,
+  static_assert(detail::keeps_activation<Block>,
                 "dtensor::nn::SkipConcat: y = cat(x, f(x)) needs a block f that keeps the activation's rank and "
                 "element type (a block ending in a global pooling cannot be concatenated with its input)");
   static constexpr const char* name = "skip concat";

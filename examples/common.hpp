@@ -1,0 +1,61 @@
+#pragma once
+// What the examples share: the check of a training run's loss curve against the single-rank
+// run's, its table, and the runtime a program runs on (MPI when built with it and
+// started by mpirun, in-process threads otherwise).
+#include <dtensor/dtensor.hpp>
+#ifdef DTENSOR_WITH_MPI
+#include <dtensor/mpi.hpp>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace examples {
+
+// max over steps of |got - ref| / |ref|; infinite where a loss is not finite (a NaN
+// must fail a comparison, not vanish in std::max).
+inline double largest_relative_difference(const std::vector<float>& got, const std::vector<float>& ref) {
+  double worst = 0;
+  for (std::size_t s = 0; s < ref.size(); ++s) {
+    const double d = std::abs(double(got[s]) - ref[s]) / std::abs(double(ref[s]));
+    if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, d);
+  }
+  return got.size() == ref.size() ? worst : std::numeric_limits<double>::infinity();
+}
+
+// One line per step: the sharded run's loss, the single-rank run's, their relative difference.
+inline void print_losses(const std::vector<float>& got, const std::vector<float>& ref, const char* mesh_label) {
+  std::printf("%5s %14s %14s %10s\n", "step", mesh_label, "loss 1 rank", "rel diff");
+  for (std::size_t s = 0; s < ref.size(); ++s)
+    std::printf("%5zu %14.8f %14.8f %10.2e\n", s, got[s], ref[s], std::abs(double(got[s]) - ref[s]) / ref[s]);
+}
+
+// The image examples train on two 2x2 meshes, H x W and data parallel x H:
+// check(comm, mesh<Spatial>, what) and check(comm, mesh<Hybrid>, what) must both
+// match one rank. check is a generic lambda taking a std::type_identity of the config.
+template <class Spatial, class Hybrid, class Check>
+bool both_image_meshes(dtensor::Comm& comm, Check&& check) {
+  const bool spatial = check(std::type_identity<Spatial>{}, "images sharded over H and W");
+  const bool hybrid = check(std::type_identity<Hybrid>{}, "batch over mesh dim 0 (data parallel), H over mesh dim 1");
+  if (comm.rank() == 0 && spatial && hybrid) std::printf("OK: both meshes train like the single-rank run\n");
+  return spatial && hybrid;
+}
+
+// program(Comm&) on `ranks` ranks.
+template <class F>
+void run_example(int& argc, char**& argv, int ranks, F&& program) {
+#ifdef DTENSOR_WITH_MPI
+  dtensor::run(argc, argv, ranks, std::forward<F>(program));
+#else
+  (void)argc, (void)argv;
+  dtensor::run_threads(ranks, std::forward<F>(program));
+#endif
+}
+
+}  // namespace examples
