@@ -331,6 +331,27 @@ TEST_CASE("U-Net accumulation over 1, 2 and 3 micro-batches, with and without no
   }
 }
 
+TEST_CASE("SkipConcat as a model's first layer, backward without the input's gradient: the plan leaves out what is not run") {
+  // A group norm first in the block all-reduces in its backward only for the input's
+  // gradient: without it, neither the block nor the skip's sum runs, nor does the plan.
+  using HW = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+  using Block = nn::Sequential<nn::GroupNorm<HW, kC1, 1>, nn::Conv<HW, kC1, kC1, k3>>;
+  using Model = nn::Sequential<nn::SkipConcat<Block>, nn::Conv<HW, 2 * kC1, 1, k1>>;
+  constexpr auto without = Model::plan(Model::output_placements, kC1, false);
+  constexpr auto with = Model::plan(Model::output_placements, kC1, true);
+  static_assert(with.count(Phase::Backward) == without.count(Phase::Backward) + 1);
+  spmd(4, [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    Model model(nn::SkipConcat<Block>(Block(nn::GroupNorm<HW, kC1, 1>(mesh), nn::Conv<HW, kC1, kC1, k3>(mesh, {1}))),
+                nn::Conv<HW, 2 * kC1, 1, k1>(mesh, {2}));
+    const auto x = normal<Model::InputT>({2, kC1, 9, 7}, mesh, 5);
+    CommCounter c;
+    const auto y = model.forward(x);
+    model.backward(normal<Model::OutputT>(y.shape(), mesh, 6, y.layout().blocks));
+    CHECK(c.count() == without.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()));
+  });
+}
+
 TEST_CASE("SkipConcat refuses a block that changes the spatial size, with both shapes named") {
   using H = nn::ImageConfig<double, 2, nn::DomainAxes<1, nn::kNone, 0, nn::kNone>>;
   spmd(2, [&](Comm& comm) {

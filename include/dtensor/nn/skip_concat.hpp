@@ -117,7 +117,7 @@ class SkipConcat {
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t features,
                              bool input_grad) {
     const int64_t inner = Block::out_features(features);
-    layer_plan<Block>(p, layer, in_placements, block_grad_out(grad_out), features, true);
+    layer_plan<Block>(p, layer, in_placements, block_grad_out(grad_out), features, input_grad);
     std::array<int, 3> tdims{}, mdims{};
     const int realign = detail::realigned_dims<config>(&tdims, &mdims);
     p.redistribution(Phase::Forward, layer, block_out, in_placements, inner, true);
@@ -126,6 +126,8 @@ class SkipConcat {
     for (int i = 0; i < realign; ++i) p.add(PlannedRealignment{Phase::Backward, layer, tdims[i], mdims[i]});
     p.adjoint(Phase::Backward, layer, block_out, grad_out, inner, true);
     if (!input_grad) return;
+    // dy's x part to x's placements, then to the block's input gradient's for the sum
+    p.adjoint(Phase::Backward, layer, in_placements, grad_out, features, true);
     p.redistribution(Phase::Backward, layer, skip_grad(grad_out), branch_grad(grad_out), features, true);
   }
 
