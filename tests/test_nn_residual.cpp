@@ -3,7 +3,7 @@
 // plan numbers the parameters as the model registers them; y = x + f(x) and
 // y = p(x) + f(x) (a projection shortcut) against their definitions (the paths alone,
 // added), finite differences on one rank, and the same model on one rank, for token
-// models (DP, DP x TP on 2x2 and 2x3) and images sharded in space (H x W, DP x H, H on
+// models (DP, DP x TP on 2x2 and 2x3; a skip concatenation too) and images sharded in space (H x W, DP x H, H on
 // 3 ranks; a downsampling block), uneven sizes throughout; the constexpr plan equal to
 // what CommCounter sees; gradient accumulation over micro-batches, with no_sync.
 #include <array>
@@ -342,6 +342,34 @@ TEST_CASE("residual MLP block: DP on 1-4 ranks, DP x TP on 2x2 and 2x3, against 
     return Nested(nn::Sequential<Lin1, nn::GELU<DpTp>, Lin2>(Lin1(mesh, {1}), nn::GELU<DpTp>(), Lin2(mesh, {2})));
   };
   check_accumulation<Nested, 2>({2, 3}, make_nested, {0, kIn}, {0, kOut}, Accumulate::NoSync);
+}
+
+// A skip connection by concatenation (nn/skip_concat.hpp) on token models: the
+// features of x and of the branch's output side by side, DenseNet-style.
+template <class Cfg, nn::LinearStyle S1, nn::LinearStyle S2>
+using CatMLP = nn::Sequential<nn::Linear<Cfg, kIn, kHidden>, nn::SkipConcat<Branch<Cfg, S1, S2>>,
+                              nn::Linear<Cfg, 2 * kHidden, kOut>>;
+template <class Cfg, nn::LinearStyle S1, nn::LinearStyle S2>
+struct MakeCatMLP {
+  CatMLP<Cfg, S1, S2> operator()(const DeviceMesh<Cfg::M>& mesh) const {
+    return CatMLP<Cfg, S1, S2>(nn::Linear<Cfg, kIn, kHidden>(mesh, {1}),
+                               nn::SkipConcat<Branch<Cfg, S1, S2>>(make_branch<Cfg, S1, S2>(mesh)),
+                               nn::Linear<Cfg, 2 * kHidden, kOut>(mesh, {4}));
+  }
+};
+
+TEST_CASE("skip concatenation on token models: DP on 1-4 ranks, DP x TP on 2x2 and 2x3, against one rank; accumulation") {
+  using Plain = CatMLP<DP, nn::NoParallel, nn::NoParallel>;
+  using Tp = CatMLP<DpTp, nn::Colwise, nn::Rowwise>;
+  static_assert(nn::SkipConcat<Branch<DpTp, nn::Colwise, nn::Rowwise>>::out_features(kHidden) == 2 * kHidden);
+  constexpr auto plan = Tp::plan(Tp::output_placements, kIn, true);
+  static_assert(plan.realignments == 0, "a token model's blocks (the batch's) never move");
+  for (int n = 1; n <= 4; ++n)
+    check_against_one_rank<Plain, 1>({n}, MakeCatMLP<DP, nn::NoParallel, nn::NoParallel>{}, {7, kIn}, {7, kOut}, 1e-12);
+  check_against_one_rank<Tp, 2>({2, 2}, MakeCatMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {7, kIn}, {7, kOut}, 1e-12);
+  check_against_one_rank<Tp, 2>({2, 3}, MakeCatMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {5, kIn}, {5, kOut}, 1e-12);
+  for (auto mode : {Accumulate::Reducing, Accumulate::NoSync})
+    check_accumulation<Tp, 2>({2, 3}, MakeCatMLP<DpTp, nn::Colwise, nn::Rowwise>{}, {12, kIn}, {12, kOut}, mode);
 }
 
 TEST_CASE("residual block with a projection shortcut (features 6 -> 4): DP, DP x TP, against one rank") {
