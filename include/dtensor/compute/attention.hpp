@@ -1,0 +1,190 @@
+#pragma once
+// Scaled dot-product attention on one rank, forward and backward, in tiles with an
+// online softmax (the flash-attention scheme): memory O(rows x tile), never the
+// [q_len, kv_len] matrix of weights.
+//
+//   o = softmax(q k^T * scale + mask) v        per (batch, head)
+//
+// Tensors are row-major [batch, heads, len, head_dim]: q and o with `heads` heads, k and
+// v with `kv_heads` (grouped-query attention: query head h reads k/v head
+// h / (heads / kv_heads)). The optional additive mask is [q_len, kv_len], the same for
+// every batch and head. Causal masking keeps key j for query i where
+// kv_offset + j <= q_offset + i: the offsets are the blocks' global positions (0 and 0
+// give PyTorch's is_causal on equal lengths, its top-left alignment otherwise), so a
+// block of a sharded sequence masks as the whole sequence would.
+//
+// The forward keeps, per query row, the log-sum-exp of its scores (lse, [batch, heads,
+// q_len]), with which the backward recomputes the weights tile by tile:
+//   D_i = sum(do_i * o_i);  P = exp(S - lse);  dv += P^T do;  dP = do v^T;
+//   dS = P (dP - D);  dq += dS k scale;  dk += dS^T q scale
+// A row whose every key is masked has no softmax: its output and gradients are 0 and
+// its lse is -inf (PyTorch returns NaN there).
+//
+// Host only for now (Eigen, one tile product at a time); the sums are in T.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "dtensor/tensor/eigen.hpp"
+#include "dtensor/util/error.hpp"
+
+namespace dtensor::local {
+
+struct AttentionDims {
+  int64_t batch = 1, heads = 1, kv_heads = 1;
+  int64_t q_len = 0, kv_len = 0, head_dim = 0;
+  double scale = 0;  // 0: 1 / sqrt(head_dim)
+  bool causal = false;
+  int64_t q_offset = 0, kv_offset = 0;  // global positions of the blocks' first rows (causal)
+  int64_t tile = 64;                    // rows of q and of k/v per tile
+
+  double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+  void check(const char* what) const {
+    DTENSOR_CHECK(batch >= 0 && heads >= 1 && kv_heads >= 1 && q_len >= 0 && kv_len >= 0 && head_dim >= 1 &&
+                      tile >= 1,
+                  InvalidArgument, what, ": batch ", batch, ", heads ", heads, ", kv heads ", kv_heads, ", lengths ",
+                  q_len, " and ", kv_len, ", head dim ", head_dim, ", tile ", tile,
+                  ": give non-negative sizes, at least one head and a positive head dim and tile");
+    DTENSOR_CHECK(heads % kv_heads == 0, InvalidArgument, what, ": ", heads, " query heads cannot share ", kv_heads,
+                  " key/value heads: the query heads must be a multiple of them");
+  }
+};
+
+namespace detail::attention {
+
+template <class T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using MapC = Eigen::Map<const Mat<T>>;
+template <class T>
+using Map = Eigen::Map<Mat<T>>;
+
+// The scores of q rows [i0, i0 + ni) against keys [j0, j0 + nj): scale q k^T + mask,
+// -inf where causal masking drops a key.
+template <class T>
+void scores(const AttentionDims& d, const T* q, const T* k, const T* mask, int64_t i0, int64_t ni, int64_t j0,
+            int64_t nj, Mat<T>& s) {
+  const auto qt = MapC<T>(q + i0 * d.head_dim, ni, d.head_dim);
+  const auto kt = MapC<T>(k + j0 * d.head_dim, nj, d.head_dim);
+  s.noalias() = qt * kt.transpose();
+  s *= static_cast<T>(d.softmax_scale());
+  if (mask) s += MapC<T>(mask, d.q_len, d.kv_len).block(i0, j0, ni, nj);
+  if (d.causal)
+    for (int64_t r = 0; r < ni; ++r) {
+      const int64_t last = d.q_offset + i0 + r - d.kv_offset;  // the last key position this row sees, local
+      for (int64_t c = std::max<int64_t>(0, last + 1 - j0); c < nj; ++c) s(r, c) = -std::numeric_limits<T>::infinity();
+    }
+}
+
+// Whether causal masking drops every pair of the tile (its first key lies after its last query).
+inline bool tile_masked(const AttentionDims& d, int64_t i0, int64_t ni, int64_t j0) {
+  return d.causal && d.kv_offset + j0 > d.q_offset + i0 + ni - 1;
+}
+
+}  // namespace detail::attention
+
+// o [batch, heads, q_len, head_dim] and lse [batch, heads, q_len] from q, k, v (see
+// above); mask: nullptr or [q_len, kv_len].
+template <class T>
+void attention_forward(const AttentionDims& d, const T* q, const T* k, const T* v, const T* mask, T* o, T* lse) {
+  namespace A = detail::attention;
+  d.check("attention_forward");
+  const T inf = std::numeric_limits<T>::infinity();
+  const int64_t group = d.heads / d.kv_heads, D = d.head_dim;
+  A::Mat<T> s, acc;
+  Eigen::Array<T, Eigen::Dynamic, 1> m, l, m_new, rescale;
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t h = 0; h < d.heads; ++h) {
+      const int64_t bh = b * d.heads + h, bkv = b * d.kv_heads + h / group;
+      const T* qh = q + bh * d.q_len * D;
+      const T* kh = k + bkv * d.kv_len * D;
+      const T* vh = v + bkv * d.kv_len * D;
+      for (int64_t i0 = 0; i0 < d.q_len; i0 += d.tile) {
+        const int64_t ni = std::min(d.tile, d.q_len - i0);
+        m.setConstant(ni, -inf);
+        l.setZero(ni);
+        acc.setZero(ni, D);
+        for (int64_t j0 = 0; j0 < d.kv_len; j0 += d.tile) {
+          const int64_t nj = std::min(d.tile, d.kv_len - j0);
+          if (A::tile_masked(d, i0, ni, j0)) break;  // and every later tile
+          A::scores(d, qh, kh, mask, i0, ni, j0, nj, s);
+          m_new = m.max(s.rowwise().maxCoeff().array());
+          for (int64_t r = 0; r < ni; ++r) {
+            if (m_new(r) == -inf) {  // every key so far masked: no weight yet
+              s.row(r).setZero();
+              continue;
+            }
+            s.row(r) = (s.row(r).array() - m_new(r)).exp().matrix();
+          }
+          // the earlier terms' factor exp(m - m_new): 0 where there were none, 1 where
+          // there still are none (both -inf: exp would give NaN)
+          rescale = (m == -inf).select(T(0), (m - m_new).exp());
+          rescale = (m_new == -inf).select(T(1), rescale);
+          l = l * rescale + s.rowwise().sum().array();
+          acc = rescale.matrix().asDiagonal() * acc;
+          acc.noalias() += s * A::MapC<T>(vh + j0 * D, nj, D);
+          m = m_new;
+        }
+        auto ot = A::Map<T>(o + (bh * d.q_len + i0) * D, ni, D);
+        for (int64_t r = 0; r < ni; ++r) {
+          if (l(r) > 0) {
+            ot.row(r) = acc.row(r) / l(r);
+            lse[bh * d.q_len + i0 + r] = m(r) + std::log(l(r));
+          } else {  // every key masked
+            ot.row(r).setZero();
+            lse[bh * d.q_len + i0 + r] = -inf;
+          }
+        }
+      }
+    }
+}
+
+// dq, dk, dv (written, not accumulated) from do and the forward's o and lse.
+template <class T>
+void attention_backward(const AttentionDims& d, const T* q, const T* k, const T* v, const T* mask, const T* o,
+                        const T* lse, const T* dout, T* dq, T* dk, T* dv) {
+  namespace A = detail::attention;
+  d.check("attention_backward");
+  const T inf = std::numeric_limits<T>::infinity();
+  const int64_t group = d.heads / d.kv_heads, D = d.head_dim;
+  const T scale = static_cast<T>(d.softmax_scale());
+  std::fill(dq, dq + d.batch * d.heads * d.q_len * D, T(0));
+  std::fill(dk, dk + d.batch * d.kv_heads * d.kv_len * D, T(0));
+  std::fill(dv, dv + d.batch * d.kv_heads * d.kv_len * D, T(0));
+  A::Mat<T> s, dp;
+  Eigen::Array<T, Eigen::Dynamic, 1> delta;
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t h = 0; h < d.heads; ++h) {
+      const int64_t bh = b * d.heads + h, bkv = b * d.kv_heads + h / group;
+      const T* qh = q + bh * d.q_len * D;
+      const T* kh = k + bkv * d.kv_len * D;
+      const T* vh = v + bkv * d.kv_len * D;
+      for (int64_t i0 = 0; i0 < d.q_len; i0 += d.tile) {
+        const int64_t ni = std::min(d.tile, d.q_len - i0);
+        const auto dot = A::MapC<T>(dout + (bh * d.q_len + i0) * D, ni, D);
+        delta = (dot.array() * A::MapC<T>(o + (bh * d.q_len + i0) * D, ni, D).array()).rowwise().sum();
+        const T* lse_t = lse + bh * d.q_len + i0;
+        auto dqt = A::Map<T>(dq + (bh * d.q_len + i0) * D, ni, D);
+        const auto qt = A::MapC<T>(qh + i0 * D, ni, D);
+        for (int64_t j0 = 0; j0 < d.kv_len; j0 += d.tile) {
+          const int64_t nj = std::min(d.tile, d.kv_len - j0);
+          if (A::tile_masked(d, i0, ni, j0)) break;
+          A::scores(d, qh, kh, mask, i0, ni, j0, nj, s);
+          for (int64_t r = 0; r < ni; ++r) {  // P = exp(S - lse); 0 where masked, and in a row with no key
+            if (lse_t[r] == -inf) s.row(r).setZero();
+            else s.row(r) = (s.row(r).array() - lse_t[r]).exp().matrix();
+          }
+          const auto kt = A::MapC<T>(kh + j0 * D, nj, D);
+          const auto vt = A::MapC<T>(vh + j0 * D, nj, D);
+          A::Map<T>(dv + (bkv * d.kv_len + j0) * D, nj, D).noalias() += s.transpose() * dot;
+          dp.noalias() = dot * vt.transpose();
+          s.array() *= (dp.array().colwise() - delta);  // dS
+          dqt.noalias() += scale * (s * kt);
+          A::Map<T>(dk + (bkv * d.kv_len + j0) * D, nj, D).noalias() += scale * (s.transpose() * qt);
+        }
+      }
+    }
+}
+
+}  // namespace dtensor::local
