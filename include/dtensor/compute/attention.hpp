@@ -41,8 +41,7 @@ struct AttentionDims {
 
   double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
   void check(const char* what) const {
-    DTENSOR_CHECK(batch >= 0 && heads >= 1 && kv_heads >= 1 && q_len >= 0 && kv_len >= 0 && head_dim >= 1 &&
-                      tile >= 1,
+    DTENSOR_CHECK(batch >= 0 && heads >= 1 && kv_heads >= 1 && q_len >= 0 && kv_len >= 0 && head_dim >= 1 && tile >= 1,
                   InvalidArgument, what, ": batch ", batch, ", heads ", heads, ", kv heads ", kv_heads, ", lengths ",
                   q_len, " and ", kv_len, ", head dim ", head_dim, ", tile ", tile,
                   ": give non-negative sizes, at least one head and a positive head dim and tile");
@@ -77,6 +76,18 @@ void scores(const AttentionDims& d, const T* q, const T* k, const T* mask, int64
     }
 }
 
+// f(bh, bkv, qh, kh, vh) for each (batch, query head) bh, with its key/value head
+// bkv and the three heads' rows.
+template <class T, class F>
+void for_each_head(const AttentionDims& d, const T* q, const T* k, const T* v, F&& f) {
+  const int64_t group = d.heads / d.kv_heads, D = d.head_dim;
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t h = 0; h < d.heads; ++h) {
+      const int64_t bh = b * d.heads + h, bkv = b * d.kv_heads + h / group;
+      f(bh, bkv, q + bh * d.q_len * D, k + bkv * d.kv_len * D, v + bkv * d.kv_len * D);
+    }
+}
+
 // Whether causal masking drops every pair of the tile (its first key lies after its last query).
 inline bool tile_masked(const AttentionDims& d, int64_t i0, int64_t ni, int64_t j0) {
   return d.causal && d.kv_offset + j0 > d.q_offset + i0 + ni - 1;
@@ -91,53 +102,48 @@ void attention_forward(const AttentionDims& d, const T* q, const T* k, const T* 
   namespace A = detail::attention;
   d.check("attention_forward");
   const T inf = std::numeric_limits<T>::infinity();
-  const int64_t group = d.heads / d.kv_heads, D = d.head_dim;
+  const int64_t D = d.head_dim;
   A::Mat<T> s, acc;
   Eigen::Array<T, Eigen::Dynamic, 1> m, l, m_new, rescale;
-  for (int64_t b = 0; b < d.batch; ++b)
-    for (int64_t h = 0; h < d.heads; ++h) {
-      const int64_t bh = b * d.heads + h, bkv = b * d.kv_heads + h / group;
-      const T* qh = q + bh * d.q_len * D;
-      const T* kh = k + bkv * d.kv_len * D;
-      const T* vh = v + bkv * d.kv_len * D;
-      for (int64_t i0 = 0; i0 < d.q_len; i0 += d.tile) {
-        const int64_t ni = std::min(d.tile, d.q_len - i0);
-        m.setConstant(ni, -inf);
-        l.setZero(ni);
-        acc.setZero(ni, D);
-        for (int64_t j0 = 0; j0 < d.kv_len; j0 += d.tile) {
-          const int64_t nj = std::min(d.tile, d.kv_len - j0);
-          if (A::tile_masked(d, i0, ni, j0)) break;  // and every later tile
-          A::scores(d, qh, kh, mask, i0, ni, j0, nj, s);
-          m_new = m.max(s.rowwise().maxCoeff().array());
-          for (int64_t r = 0; r < ni; ++r) {
-            if (m_new(r) == -inf) {  // every key so far masked: no weight yet
-              s.row(r).setZero();
-              continue;
-            }
-            s.row(r) = (s.row(r).array() - m_new(r)).exp().matrix();
-          }
-          // the earlier terms' factor exp(m - m_new): 0 where there were none, 1 where
-          // there still are none (both -inf: exp would give NaN)
-          rescale = (m == -inf).select(T(0), (m - m_new).exp());
-          rescale = (m_new == -inf).select(T(1), rescale);
-          l = l * rescale + s.rowwise().sum().array();
-          acc = rescale.matrix().asDiagonal() * acc;
-          acc.noalias() += s * A::MapC<T>(vh + j0 * D, nj, D);
-          m = m_new;
-        }
-        auto ot = A::Map<T>(o + (bh * d.q_len + i0) * D, ni, D);
+  A::for_each_head(d, q, k, v, [&](int64_t bh, int64_t, const T* qh, const T* kh, const T* vh) {
+    for (int64_t i0 = 0; i0 < d.q_len; i0 += d.tile) {
+      const int64_t ni = std::min(d.tile, d.q_len - i0);
+      m.setConstant(ni, -inf);
+      l.setZero(ni);
+      acc.setZero(ni, D);
+      for (int64_t j0 = 0; j0 < d.kv_len; j0 += d.tile) {
+        const int64_t nj = std::min(d.tile, d.kv_len - j0);
+        if (A::tile_masked(d, i0, ni, j0)) break;  // and every later tile
+        A::scores(d, qh, kh, mask, i0, ni, j0, nj, s);
+        m_new = m.max(s.rowwise().maxCoeff().array());
         for (int64_t r = 0; r < ni; ++r) {
-          if (l(r) > 0) {
-            ot.row(r) = acc.row(r) / l(r);
-            lse[bh * d.q_len + i0 + r] = m(r) + std::log(l(r));
-          } else {  // every key masked
-            ot.row(r).setZero();
-            lse[bh * d.q_len + i0 + r] = -inf;
+          if (m_new(r) == -inf) {  // every key so far masked: no weight yet
+            s.row(r).setZero();
+            continue;
           }
+          s.row(r) = (s.row(r).array() - m_new(r)).exp().matrix();
+        }
+        // the earlier terms' factor exp(m - m_new): 0 where there were none, 1 where
+        // there still are none (both -inf: exp would give NaN)
+        rescale = (m == -inf).select(T(0), (m - m_new).exp());
+        rescale = (m_new == -inf).select(T(1), rescale);
+        l = l * rescale + s.rowwise().sum().array();
+        acc = rescale.matrix().asDiagonal() * acc;
+        acc.noalias() += s * A::MapC<T>(vh + j0 * D, nj, D);
+        m = m_new;
+      }
+      auto ot = A::Map<T>(o + (bh * d.q_len + i0) * D, ni, D);
+      for (int64_t r = 0; r < ni; ++r) {
+        if (l(r) > 0) {
+          ot.row(r) = acc.row(r) / l(r);
+          lse[bh * d.q_len + i0 + r] = m(r) + std::log(l(r));
+        } else {  // every key masked
+          ot.row(r).setZero();
+          lse[bh * d.q_len + i0 + r] = -inf;
         }
       }
     }
+  });
 }
 
 // dq, dk, dv (written, not accumulated) from do and the forward's o and lse.
@@ -147,44 +153,41 @@ void attention_backward(const AttentionDims& d, const T* q, const T* k, const T*
   namespace A = detail::attention;
   d.check("attention_backward");
   const T inf = std::numeric_limits<T>::infinity();
-  const int64_t group = d.heads / d.kv_heads, D = d.head_dim;
+  const int64_t D = d.head_dim;
   const T scale = static_cast<T>(d.softmax_scale());
   std::fill(dq, dq + d.batch * d.heads * d.q_len * D, T(0));
   std::fill(dk, dk + d.batch * d.kv_heads * d.kv_len * D, T(0));
   std::fill(dv, dv + d.batch * d.kv_heads * d.kv_len * D, T(0));
   A::Mat<T> s, dp;
   Eigen::Array<T, Eigen::Dynamic, 1> delta;
-  for (int64_t b = 0; b < d.batch; ++b)
-    for (int64_t h = 0; h < d.heads; ++h) {
-      const int64_t bh = b * d.heads + h, bkv = b * d.kv_heads + h / group;
-      const T* qh = q + bh * d.q_len * D;
-      const T* kh = k + bkv * d.kv_len * D;
-      const T* vh = v + bkv * d.kv_len * D;
-      for (int64_t i0 = 0; i0 < d.q_len; i0 += d.tile) {
-        const int64_t ni = std::min(d.tile, d.q_len - i0);
-        const auto dot = A::MapC<T>(dout + (bh * d.q_len + i0) * D, ni, D);
-        delta = (dot.array() * A::MapC<T>(o + (bh * d.q_len + i0) * D, ni, D).array()).rowwise().sum();
-        const T* lse_t = lse + bh * d.q_len + i0;
-        auto dqt = A::Map<T>(dq + (bh * d.q_len + i0) * D, ni, D);
-        const auto qt = A::MapC<T>(qh + i0 * D, ni, D);
-        for (int64_t j0 = 0; j0 < d.kv_len; j0 += d.tile) {
-          const int64_t nj = std::min(d.tile, d.kv_len - j0);
-          if (A::tile_masked(d, i0, ni, j0)) break;
-          A::scores(d, qh, kh, mask, i0, ni, j0, nj, s);
-          for (int64_t r = 0; r < ni; ++r) {  // P = exp(S - lse); 0 where masked, and in a row with no key
-            if (lse_t[r] == -inf) s.row(r).setZero();
-            else s.row(r) = (s.row(r).array() - lse_t[r]).exp().matrix();
-          }
-          const auto kt = A::MapC<T>(kh + j0 * D, nj, D);
-          const auto vt = A::MapC<T>(vh + j0 * D, nj, D);
-          A::Map<T>(dv + (bkv * d.kv_len + j0) * D, nj, D).noalias() += s.transpose() * dot;
-          dp.noalias() = dot * vt.transpose();
-          s.array() *= (dp.array().colwise() - delta);  // dS
-          dqt.noalias() += scale * (s * kt);
-          A::Map<T>(dk + (bkv * d.kv_len + j0) * D, nj, D).noalias() += scale * (s.transpose() * qt);
+  A::for_each_head(d, q, k, v, [&](int64_t bh, int64_t bkv, const T* qh, const T* kh, const T* vh) {
+    for (int64_t i0 = 0; i0 < d.q_len; i0 += d.tile) {
+      const int64_t ni = std::min(d.tile, d.q_len - i0);
+      const auto dot = A::MapC<T>(dout + (bh * d.q_len + i0) * D, ni, D);
+      delta = (dot.array() * A::MapC<T>(o + (bh * d.q_len + i0) * D, ni, D).array()).rowwise().sum();
+      const T* lse_t = lse + bh * d.q_len + i0;
+      auto dqt = A::Map<T>(dq + (bh * d.q_len + i0) * D, ni, D);
+      const auto qt = A::MapC<T>(qh + i0 * D, ni, D);
+      for (int64_t j0 = 0; j0 < d.kv_len; j0 += d.tile) {
+        const int64_t nj = std::min(d.tile, d.kv_len - j0);
+        if (A::tile_masked(d, i0, ni, j0)) break;
+        A::scores(d, qh, kh, mask, i0, ni, j0, nj, s);
+        for (int64_t r = 0; r < ni; ++r) {  // P = exp(S - lse); 0 where masked, and in a row with no key
+          if (lse_t[r] == -inf)
+            s.row(r).setZero();
+          else
+            s.row(r) = (s.row(r).array() - lse_t[r]).exp().matrix();
         }
+        const auto kt = A::MapC<T>(kh + j0 * D, nj, D);
+        const auto vt = A::MapC<T>(vh + j0 * D, nj, D);
+        A::Map<T>(dv + (bkv * d.kv_len + j0) * D, nj, D).noalias() += s.transpose() * dot;
+        dp.noalias() = dot * vt.transpose();
+        s.array() *= (dp.array().colwise() - delta);  // dS
+        dqt.noalias() += scale * (s * kt);
+        A::Map<T>(dk + (bkv * d.kv_len + j0) * D, nj, D).noalias() += scale * (s.transpose() * qt);
       }
     }
+  });
 }
 
 }  // namespace dtensor::local
