@@ -3,7 +3,9 @@
 // gradients, and against central differences; causal and not, with and without a
 // mask, grouped-query heads, odd lengths, tiles of 1, 3, 4 and larger than the
 // sequence (the tiled result equals the untiled one); causal offsets for a block of a
-// longer sequence; rows with every key masked; float; bad head counts.
+// longer sequence; rows with every key masked; float; bad head counts; dropout on the
+// weights (the definition, central differences, a block of the heads with its global
+// head index).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -29,6 +31,18 @@ std::vector<T> normal(std::size_t n, uint64_t seed) {
 struct Grads {
   std::vector<double> o, lse, dq, dk, dv;
 };
+
+// Dropout's kept-and-scaled factor of weight (b, h, i, j) of this block, from the
+// global index, written out again here.
+double keep_factor(const AttentionDims& d, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const auto& r = d.dropout;
+  if (r.p == 0) return 1;
+  const int64_t heads = r.heads_total ? r.heads_total : d.heads;
+  const int64_t qn = r.q_total ? r.q_total : d.q_len, kn = r.kv_total ? r.kv_total : d.kv_len;
+  const uint64_t index = static_cast<uint64_t>(
+      (((r.batch_offset + b) * heads + r.head_offset + h) * qn + d.q_offset + i) * kn + d.kv_offset + j);
+  return dtensor::detail::uniform01(r.seed, index, r.stream) >= r.p ? 1 / (1 - r.p) : 0.0;
+}
 
 // The definition, one (batch, head) at a time, the whole [q_len, kv_len] matrix.
 Grads naive(const AttentionDims& d, const std::vector<double>& q, const std::vector<double>& k,
@@ -59,7 +73,7 @@ Grads naive(const AttentionDims& d, const std::vector<double>& q, const std::vec
         g.lse[(b * d.heads + h) * d.q_len + i] = sum == 0 ? -inf : mx + std::log(sum);
         for (int64_t c = 0; c < D; ++c) {
           double o = 0;
-          for (int64_t j = 0; j < d.kv_len; ++j) o += p[i * d.kv_len + j] * v[ko + j * D + c];
+          for (int64_t j = 0; j < d.kv_len; ++j) o += p[i * d.kv_len + j] * keep_factor(d, b, h, i, j) * v[ko + j * D + c];
           g.o[qo + i * D + c] = o;
         }
       }
@@ -69,6 +83,7 @@ Grads naive(const AttentionDims& d, const std::vector<double>& q, const std::vec
         for (int64_t j = 0; j < d.kv_len; ++j) {
           double x = 0;
           for (int64_t c = 0; c < D; ++c) x += dout[qo + i * D + c] * v[ko + j * D + c];
+          x *= keep_factor(d, b, h, i, j);
           dp[i * d.kv_len + j] = x;
           rowdot += p[i * d.kv_len + j] * x;
         }
@@ -77,7 +92,7 @@ Grads naive(const AttentionDims& d, const std::vector<double>& q, const std::vec
           for (int64_t c = 0; c < D; ++c) {
             g.dq[qo + i * D + c] += ds * k[ko + j * D + c] * scale;
             g.dk[ko + j * D + c] += ds * q[qo + i * D + c] * scale;
-            g.dv[ko + j * D + c] += pij * dout[qo + i * D + c];
+            g.dv[ko + j * D + c] += pij * keep_factor(d, b, h, i, j) * dout[qo + i * D + c];
           }
         }
       }
@@ -228,4 +243,69 @@ TEST_CASE("attention: float tiles equal float without tiles; bad head counts are
   CHECK_THROWS_WITH_AS(local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr),
                                                 o.data(), lse.data()),
                        doctest::Contains("4 query heads cannot share 3 key/value heads"), InvalidArgument);
+}
+
+TEST_CASE("attention with dropout on the weights: the definition, central differences, global indices") {
+  for (bool causal : {false, true})
+    for (int64_t tile : {1, 3, 64}) {
+      AttentionDims d = dims(causal, tile);
+      d.dropout = {.p = 0.3, .seed = 9, .stream = 2};
+      INFO("causal ", causal, ", tile ", tile);
+      const auto q = normal<double>(d.batch * d.heads * d.q_len * d.head_dim, 41);
+      const auto k = normal<double>(d.batch * d.kv_heads * d.kv_len * d.head_dim, 42);
+      const auto v = normal<double>(d.batch * d.kv_heads * d.kv_len * d.head_dim, 43);
+      const auto dout = normal<double>(q.size(), 44);
+      const Grads want = naive(d, q, k, v, nullptr, dout), got = tiled(d, q, k, v, static_cast<const double*>(nullptr), dout);
+      CHECK(diff(got.o, want.o) < 1e-13);
+      CHECK(diff(got.dq, want.dq) < 1e-13);
+      CHECK(diff(got.dk, want.dk) < 1e-13);
+      CHECK(diff(got.dv, want.dv) < 1e-13);
+      // without dropout the output differs (the mask did something)
+      AttentionDims plain = d;
+      plain.dropout.p = 0;
+      CHECK(diff(tiled(plain, q, k, v, static_cast<const double*>(nullptr), dout).o, got.o) > 1e-3);
+    }
+  // central differences: the mask is a function of the indices, fixed
+  AttentionDims d = dims(true, 3);
+  d.dropout = {.p = 0.25, .seed = 5};
+  auto q = normal<double>(d.batch * d.heads * d.q_len * d.head_dim, 51);
+  const auto k = normal<double>(d.batch * d.kv_heads * d.kv_len * d.head_dim, 52);
+  const auto v = normal<double>(d.batch * d.kv_heads * d.kv_len * d.head_dim, 53);
+  const auto r = normal<double>(q.size(), 54);
+  const Grads g = tiled(d, q, k, v, static_cast<const double*>(nullptr), r);
+  for (std::size_t i : {3ul, 60ul, 150ul}) {
+    auto loss = [&] {
+      std::vector<double> o(q.size()), lse(d.batch * d.heads * d.q_len);
+      local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(), lse.data());
+      double l = 0;
+      for (std::size_t e = 0; e < o.size(); ++e) l += o[e] * r[e];
+      return l;
+    };
+    const double keep = q[i], h = 1e-6;
+    q[i] = keep + h;
+    const double up = loss();
+    q[i] = keep - h;
+    const double down = loss();
+    q[i] = keep;
+    CHECK(g.dq[i] == doctest::Approx((up - down) / (2 * h)).epsilon(1e-6));
+  }
+  // heads 2..3 of 4 computed alone, with their global head index, equal the whole's
+  AttentionDims whole = dims(false, 4);
+  whole.batch = 1, whole.kv_heads = 4;
+  whole.dropout = {.p = 0.4, .seed = 7};
+  const auto qw = normal<double>(4 * whole.q_len * whole.head_dim, 61);
+  const auto kw = normal<double>(4 * whole.kv_len * whole.head_dim, 62);
+  const auto vw = normal<double>(4 * whole.kv_len * whole.head_dim, 63);
+  const auto dw = normal<double>(qw.size(), 64);
+  const Grads all = tiled(whole, qw, kw, vw, static_cast<const double*>(nullptr), dw);
+  AttentionDims half = whole;
+  half.heads = half.kv_heads = 2;
+  half.dropout.head_offset = 2, half.dropout.heads_total = 4;
+  const auto cut = [](const std::vector<double>& x, std::size_t from) {
+    return std::vector<double>(x.begin() + static_cast<std::ptrdiff_t>(from), x.end());
+  };
+  const std::size_t qh = 2 * whole.q_len * whole.head_dim, kh = 2 * whole.kv_len * whole.head_dim;
+  const Grads part = tiled(half, cut(qw, qh), cut(kw, kh), cut(vw, kh), static_cast<const double*>(nullptr), cut(dw, qh));
+  CHECK(diff(part.o, cut(all.o, qh)) < 1e-14);
+  CHECK(diff(part.dv, cut(all.dv, kh)) < 1e-14);
 }

@@ -20,16 +20,35 @@
 // A row whose every key is masked has no softmax: its output and gradients are 0 and
 // its lse is -inf (PyTorch returns NaN there).
 //
+// Dropout on the weights (AttentionDropout, p > 0): o = (P * keep / (1 - p)) v, the
+// softmax's normalisation unchanged. keep is drawn by the counter generator
+// (compute/counter_rng.hpp) from the weight's GLOBAL index (batch, head, query position,
+// key position): the single-device mask whatever block of the batch, the heads or the
+// sequence this rank holds, and the same draw in forward and backward. The backward
+// uses dP = (do v^T) * keep / (1 - p) (and D = sum(do * o) as without dropout).
+//
 // Host only for now (Eigen, one tile product at a time); the sums are in T.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+#include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::local {
+
+// Dropout on the attention weights: the probability, the draw (seed and stream: a
+// layer advances the stream each step) and where this rank's block lies in the whole
+// [batch, heads, q, kv] weight tensor (zero offsets and totals equal to the block's
+// sizes: the block is the whole).
+struct AttentionDropout {
+  double p = 0;
+  uint64_t seed = 0, stream = 0;
+  int64_t batch_offset = 0, head_offset = 0;
+  int64_t heads_total = 0, q_total = 0, kv_total = 0;  // 0: this block's
+};
 
 struct AttentionDims {
   int64_t batch = 1, heads = 1, kv_heads = 1;
@@ -38,6 +57,7 @@ struct AttentionDims {
   bool causal = false;
   int64_t q_offset = 0, kv_offset = 0;  // global positions of the blocks' first rows (causal)
   int64_t tile = 64;                    // rows of q and of k/v per tile
+  AttentionDropout dropout{};
 
   double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
   void check(const char* what) const {
@@ -45,6 +65,8 @@ struct AttentionDims {
                   InvalidArgument, what, ": batch ", batch, ", heads ", heads, ", kv heads ", kv_heads, ", lengths ",
                   q_len, " and ", kv_len, ", head dim ", head_dim, ", tile ", tile,
                   ": give non-negative sizes, at least one head and a positive head dim and tile");
+    DTENSOR_CHECK(dropout.p >= 0 && dropout.p < 1, InvalidArgument, what, ": dropout probability ", dropout.p,
+                  " is outside [0, 1)");
     DTENSOR_CHECK(heads % kv_heads == 0, InvalidArgument, what, ": ", heads, " query heads cannot share ", kv_heads,
                   " key/value heads: the query heads must be a multiple of them");
   }
@@ -76,6 +98,25 @@ void scores(const AttentionDims& d, const T* q, const T* k, const T* mask, int64
     }
 }
 
+// The kept-and-scaled dropout factors of the tile (rows i0.., keys j0..) of head bh
+// (batch bh / heads, head bh % heads of this block): keep / (1 - p) or 0.
+template <class T>
+void dropout_factors(const AttentionDims& d, int64_t bh, int64_t i0, int64_t ni, int64_t j0, int64_t nj, Mat<T>& keep) {
+  const AttentionDropout& r = d.dropout;
+  const int64_t heads = r.heads_total ? r.heads_total : d.heads;
+  const int64_t qn = r.q_total ? r.q_total : d.q_len, kn = r.kv_total ? r.kv_total : d.kv_len;
+  const int64_t b = r.batch_offset + bh / d.heads, h = r.head_offset + bh % d.heads;
+  const T scale = static_cast<T>(1 / (1 - r.p));
+  keep.resize(ni, nj);
+  for (int64_t x = 0; x < ni; ++x) {
+    const uint64_t row = static_cast<uint64_t>(((b * heads + h) * qn + d.q_offset + i0 + x) * kn);
+    for (int64_t y = 0; y < nj; ++y)
+      keep(x, y) =
+          dtensor::detail::uniform01(r.seed, row + static_cast<uint64_t>(d.kv_offset + j0 + y), r.stream) >= r.p ? scale
+                                                                                                                 : T(0);
+  }
+}
+
 // f(bh, bkv, qh, kh, vh) for each (batch, query head) bh, with its key/value head
 // bkv and the three heads' rows.
 template <class T, class F>
@@ -103,7 +144,7 @@ void attention_forward(const AttentionDims& d, const T* q, const T* k, const T* 
   d.check("attention_forward");
   const T inf = std::numeric_limits<T>::infinity();
   const int64_t D = d.head_dim;
-  A::Mat<T> s, acc;
+  A::Mat<T> s, acc, keep;
   Eigen::Array<T, Eigen::Dynamic, 1> m, l, m_new, rescale;
   A::for_each_head(d, q, k, v, [&](int64_t bh, int64_t, const T* qh, const T* kh, const T* vh) {
     for (int64_t i0 = 0; i0 < d.q_len; i0 += d.tile) {
@@ -129,6 +170,10 @@ void attention_forward(const AttentionDims& d, const T* q, const T* k, const T* 
         rescale = (m_new == -inf).select(T(1), rescale);
         l = l * rescale + s.rowwise().sum().array();
         acc = rescale.matrix().asDiagonal() * acc;
+        if (d.dropout.p > 0) {  // the normalisation above counts every weight; the output the kept ones
+          A::dropout_factors(d, bh, i0, ni, j0, nj, keep);
+          s.array() *= keep.array();
+        }
         acc.noalias() += s * A::MapC<T>(vh + j0 * D, nj, D);
         m = m_new;
       }
@@ -158,7 +203,7 @@ void attention_backward(const AttentionDims& d, const T* q, const T* k, const T*
   std::fill(dq, dq + d.batch * d.heads * d.q_len * D, T(0));
   std::fill(dk, dk + d.batch * d.kv_heads * d.kv_len * D, T(0));
   std::fill(dv, dv + d.batch * d.kv_heads * d.kv_len * D, T(0));
-  A::Mat<T> s, dp;
+  A::Mat<T> s, dp, keep;
   Eigen::Array<T, Eigen::Dynamic, 1> delta;
   A::for_each_head(d, q, k, v, [&](int64_t bh, int64_t bkv, const T* qh, const T* kh, const T* vh) {
     for (int64_t i0 = 0; i0 < d.q_len; i0 += d.tile) {
@@ -180,8 +225,15 @@ void attention_backward(const AttentionDims& d, const T* q, const T* k, const T*
         }
         const auto kt = A::MapC<T>(kh + j0 * D, nj, D);
         const auto vt = A::MapC<T>(vh + j0 * D, nj, D);
-        A::Map<T>(dv + (bkv * d.kv_len + j0) * D, nj, D).noalias() += s.transpose() * dot;
         dp.noalias() = dot * vt.transpose();
+        if (d.dropout.p > 0) {  // dv from the kept weights; dP through the same mask
+          A::dropout_factors(d, bh, i0, ni, j0, nj, keep);
+          A::Map<T>(dv + (bkv * d.kv_len + j0) * D, nj, D).noalias() +=
+              (s.array() * keep.array()).matrix().transpose() * dot;
+          dp.array() *= keep.array();
+        } else {
+          A::Map<T>(dv + (bkv * d.kv_len + j0) * D, nj, D).noalias() += s.transpose() * dot;
+        }
         s.array() *= (dp.array().colwise() - delta);  // dS
         dqt.noalias() += scale * (s * kt);
         A::Map<T>(dk + (bkv * d.kv_len + j0) * D, nj, D).noalias() += scale * (s.transpose() * qt);
