@@ -4,6 +4,7 @@
 // and Eigen views of gathered tensors for the single-rank references.
 #include <algorithm>
 #include <array>
+#include <initializer_list>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -39,6 +40,27 @@ void on_one_rank(F&& f) {
     const DeviceMesh<M> mesh(comm, one);
     f(mesh);
   });
+}
+
+// The input gradient dx of a one-rank model against central differences of
+// sum(model(x) * dy) at elements `at`, each forward on a fresh model from make().
+template <class X, class DX, class DY, class Make>
+void check_input_gradient_fd(const X& x, const DX& dx, const DY& dy, Make&& make,
+                             std::initializer_list<int64_t> at) {
+  auto loss = [&](const X& xi) {
+    auto m = make();
+    const auto yi = m.forward(xi);
+    double l = 0;
+    for (int64_t k = 0; k < yi.local().numel(); ++k) l += yi.local().data()[k] * dy.local().data()[k];
+    return l;
+  };
+  for (int64_t i : at) {
+    INFO("element ", i);
+    const double h = 1e-6;
+    auto xp = x, xm = x;
+    xp.local().data()[i] += h, xm.local().data()[i] -= h;
+    CHECK(dx.local().data()[i] == doctest::Approx((loss(xp) - loss(xm)) / (2 * h)).epsilon(1e-7));
+  }
 }
 
 // What one forward and backward of a model gave, gathered whole: the output, the

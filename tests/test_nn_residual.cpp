@@ -243,19 +243,8 @@ TEST_CASE("a residual block is x + f(x): against the block alone plus x, and fin
       CHECK(dx.local().data()[i] == fdx.local().data()[i] + dy.local().data()[i]);
     }
     // d/dx_i of sum(y * dy) by central differences.
-    auto loss = [&](const Model::InputT& xi) {
-      Model m{nn::Residual<B>(make_branch<Cfg, nn::NoParallel, nn::NoParallel>(mesh))};
-      const auto yi = m.forward(xi);
-      double l = 0;
-      for (int64_t k = 0; k < yi.local().numel(); ++k) l += yi.local().data()[k] * dy.local().data()[k];
-      return l;
-    };
-    for (int64_t i : {0, 7, 23}) {
-      const double h = 1e-6;
-      auto xp = x, xm = x;
-      xp.local().data()[i] += h, xm.local().data()[i] -= h;
-      CHECK(dx.local().data()[i] == doctest::Approx((loss(xp) - loss(xm)) / (2 * h)).epsilon(1e-7));
-    }
+    const auto fresh = [&] { return Model{nn::Residual<B>(make_branch<Cfg, nn::NoParallel, nn::NoParallel>(mesh))}; };
+    check_input_gradient_fd(x, dx, dy, fresh, {0, 7, 23});
   });
 }
 
@@ -293,19 +282,8 @@ TEST_CASE("a projection shortcut is p(x) + f(x): against the two paths alone, fi
         for (int64_t i = 0; i < want.numel(); ++i) CHECK(param.grad().data()[i] == want.data()[i]);
       }
     });
-    auto loss = [&](const Model::InputT& xi) {
-      Model m{R(branch(), Proj<Cfg>(mesh, {7}))};
-      const auto yi = m.forward(xi);
-      double l = 0;
-      for (int64_t j = 0; j < yi.local().numel(); ++j) l += yi.local().data()[j] * dy.local().data()[j];
-      return l;
-    };
-    for (int64_t i : {0, 9, 23}) {
-      const double h = 1e-6;
-      auto xp = x, xm = x;
-      xp.local().data()[i] += h, xm.local().data()[i] -= h;
-      CHECK(dx.local().data()[i] == doctest::Approx((loss(xp) - loss(xm)) / (2 * h)).epsilon(1e-7));
-    }
+    // d/dx_i of sum(y * dy) by central differences.
+    check_input_gradient_fd(x, dx, dy, [&] { return Model{R(branch(), Proj<Cfg>(mesh, {7}))}; }, {0, 9, 23});
   });
 }
 

@@ -260,19 +260,8 @@ TEST_CASE("SkipConcat is cat(x, f(x)): against the block alone, and finite diffe
               fdx.local().data()[n * kC1 * plane + k] + dy.local().data()[(n * 2) * kC1 * plane + k]);
       }
     // d/dx_i of sum(y * dy) by central differences.
-    auto loss = [&](const Model::InputT& xi) {
-      Model m{nn::SkipConcat<Inner1<Img>>(make_inner1<Img>(mesh))};
-      const auto yi = m.forward(xi);
-      double l = 0;
-      for (int64_t k = 0; k < yi.local().numel(); ++k) l += yi.local().data()[k] * dy.local().data()[k];
-      return l;
-    };
-    for (int64_t i : {0, 9, 30, 70, 143}) {
-      const double h = 1e-6;
-      auto xp = x, xm = x;
-      xp.local().data()[i] += h, xm.local().data()[i] -= h;
-      CHECK(dx.local().data()[i] == doctest::Approx((loss(xp) - loss(xm)) / (2 * h)).epsilon(1e-7));
-    }
+    const auto fresh = [&] { return Model{nn::SkipConcat<Inner1<Img>>(make_inner1<Img>(mesh))}; };
+    check_input_gradient_fd(x, dx, dy, fresh, {0, 9, 30, 70, 143});
   });
 }
 
