@@ -119,8 +119,7 @@ double diff(const std::vector<double>& a, const std::vector<double>& b) {
       if (a[i] != b[i]) return std::numeric_limits<double>::infinity();
       continue;
     }
-    const double e = std::abs(a[i] - b[i]);
-    if (!(e <= worst)) worst = e;  // a NaN makes it NaN, and fails the check
+    worst = test::worst_of(worst, std::abs(a[i] - b[i]));  // a NaN makes it infinite
   }
   return worst;
 }

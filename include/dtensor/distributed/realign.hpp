@@ -110,13 +110,7 @@ DTensor<T, Rank, P...> realign(const DTensor<T, Rank, P...>& x, const std::type_
   // The mesh rank whose block index along each dim is `b` (its other coordinates this rank's).
   auto rank_of_blocks = [&](const std::array<int, Rank>& b) {
     auto c = coords;
-    for (int d = 0; d < Rank; ++d) {
-      int k = b[d];
-      for (int i = group[d].n; i-- > 0;) {
-        c[group[d][i]] = k % ms[group[d][i]];
-        k /= ms[group[d][i]];
-      }
-    }
+    for (int d = 0; d < Rank; ++d) detail::set_block_coords(group[d], b[d], ms, c);
     return mesh.rank_of(c);
   };
 

@@ -269,14 +269,7 @@ class HaloExchange {
   // Mesh rank holding the given block along every tensor dim.
   int rank_of_blocks(const std::array<int, Rank>& blocks) const {
     std::vector<int> c = my_coords_;
-    for (int d = 0; d < Rank; ++d) {
-      const auto& g = dims_[d].group;
-      int b = blocks[d];
-      for (int i = g.n; i-- > 0;) {
-        c[g[i]] = b % mesh_shape_[g[i]];
-        b /= mesh_shape_[g[i]];
-      }
-    }
+    for (int d = 0; d < Rank; ++d) detail::set_block_coords(dims_[d].group, blocks[d], mesh_shape_, c);
     int r = 0;
     for (std::size_t m = 0; m < c.size(); ++m) r = r * mesh_shape_[m] + c[m];
     return r;

@@ -81,6 +81,16 @@ int64_t block_index(const MeshDimList& g, const std::array<int, M>& mesh_shape, 
   return idx;
 }
 
+// The inverse of block_index: sets the coordinates, over g's mesh dims, of the rank
+// holding block b (the other coordinates stay as they are).
+template <class MeshShape, class Coords>
+void set_block_coords(const MeshDimList& g, int64_t b, const MeshShape& mesh_shape, Coords& coords) {
+  for (int i = g.n; i-- > 0;) {
+    coords[g[i]] = static_cast<int>(b % mesh_shape[g[i]]);
+    b /= mesh_shape[g[i]];
+  }
+}
+
 // Each block in `blocks` cut by the chunk rule over the mesh dims g[from..g.n).
 template <std::size_t M>
 std::vector<int64_t> subdivide(const std::vector<int64_t>& blocks, const MeshDimList& g, int from,
