@@ -11,6 +11,7 @@
 #include <dtensor/nn.hpp>
 
 #include "compare.hpp"
+#include "spmd.hpp"
 
 namespace dtensor::test {
 
@@ -87,6 +88,54 @@ inline void check_same(const GatheredStep& got, const GatheredStep& want, double
     REQUIRE(got.grads[k].size() == want.grads[k].size());
     CHECK(max_abs_diff(got.grads[k].data(), want.grads[k].data(), static_cast<int64_t>(want.grads[k].size())) < tol);
   }
+}
+
+// A tensor of type DT with standard normal values, element i of the whole a function of
+// (seed, i), split into `blocks` (empty: the chunk rule).
+template <class DT>
+DT normal_rows(Shape<DT::rank> shape, const typename DT::Mesh& mesh, uint64_t seed,
+               const Splits<DT::rank>& blocks = {}) {
+  return dtensor::detail::generate<DT>(shape, mesh, blocks,
+                                       [&](uint64_t i) { return dtensor::detail::normal_value<double>(seed, i); });
+}
+
+// One forward and backward of a model (a Sequential) with an input gradient: the
+// gathered output, input gradient and parameter gradients after the model's
+// reductions. Checks the collectives CommCounter saw against the model's constexpr
+// plan (whose counts do not depend on the features it is given: they size bytes).
+template <class Model, class Mesh>
+GatheredStep model_step(Model& model, const Mesh& mesh, Shape<Model::InputT::rank> in,
+                        Shape<Model::OutputT::rank> out) {
+  static constexpr auto plan = Model::plan(Model::output_placements, 1, true);
+  model.zero_grad();
+  const auto x = normal_rows<typename Model::InputT>(in, mesh, 11);
+  CommCounter c;
+  const auto y = model.forward(x);
+  const auto dx = model.template backward<true>(normal_rows<typename Model::OutputT>(out, mesh, 12, y.layout().blocks));
+  CHECK(c.count() == plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()));
+  GatheredStep r{flat(y.full_tensor()), flat(dx.full_tensor()), {}, 0};
+  model.for_each_parameter([&](auto& p) { r.grads.push_back(flat(p.gradient().full_tensor())); });
+  return r;
+}
+
+// The model make(mesh) on a mesh of `shape` against the same model on one rank, one
+// step each (in-process, or on the MPI world when it has that many processes).
+template <class Model, int M, class Make>
+void check_against_one_rank(const std::array<int, M>& shape, Make make, const Shape<Model::InputT::rank>& in,
+                            const Shape<Model::OutputT::rank>& out, double tol) {
+  GatheredStep want;
+  on_one_rank<M>([&](const DeviceMesh<M>& mesh) {
+    Model model = make(mesh);
+    want = model_step(model, mesh, in, out);
+  });
+  int n = 1;
+  for (int s : shape) n *= s;
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<M> mesh(comm, shape);
+    INFO("mesh ", mesh.to_string());
+    Model model = make(mesh);
+    check_same(model_step(model, mesh, in, out), want, tol);
+  });
 }
 
 }  // namespace dtensor::test

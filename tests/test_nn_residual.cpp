@@ -134,50 +134,7 @@ struct MakeResProj {
 
 // --- run time: token models ---
 
-// rows x features of normal values, element i a function of (seed, first row's offset + i).
-template <class DT>
-DT rows(Shape<DT::rank> shape, const typename DT::Mesh& mesh, uint64_t seed, const Splits<DT::rank>& blocks = {}) {
-  return dtensor::detail::generate<DT>(shape, mesh, blocks,
-                                       [&](uint64_t i) { return dtensor::detail::normal_value<double>(seed, i); });
-}
-
 using Result = GatheredStep;
-
-// One forward and backward of `model` with an input gradient; the gathered results
-// and the gradients after the model's reductions. Checks the collectives against the plan.
-template <class Model, class Mesh>
-Result step(Model& model, const Mesh& mesh, Shape<Model::InputT::rank> in, Shape<Model::OutputT::rank> out) {
-  // (the features size the bytes only)
-  static constexpr auto plan = Model::plan(Model::output_placements, kHidden, true);
-  model.zero_grad();
-  const auto x = rows<typename Model::InputT>(in, mesh, 11);
-  CommCounter c;
-  const auto y = model.forward(x);
-  const auto dx = model.template backward<true>(rows<typename Model::OutputT>(out, mesh, 12, y.layout().blocks));
-  CHECK(c.count() == plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()));
-  Result r{flat(y.full_tensor()), flat(dx.full_tensor()), {}, 0};
-  model.for_each_parameter([&](auto& p) { r.grads.push_back(flat(p.gradient().full_tensor())); });
-  return r;
-}
-
-// The model on `shape` against the same model on one rank.
-template <class Model, int M, class Make>
-void check_against_one_rank(const std::array<int, M>& shape, Make make, const Shape<Model::InputT::rank>& in,
-                            const Shape<Model::OutputT::rank>& out, double tol) {
-  Result want;
-  on_one_rank<M>([&](const DeviceMesh<M>& mesh) {
-    Model model = make(mesh);
-    want = step(model, mesh, in, out);
-  });
-  int n = 1;
-  for (int s : shape) n *= s;
-  spmd(n, [&](Comm& comm) {
-    DeviceMesh<M> mesh(comm, shape);
-    INFO("mesh ", mesh.to_string());
-    Model model = make(mesh);
-    check_same(step(model, mesh, in, out), want, tol);
-  });
-}
 
 }  // namespace
 
@@ -230,8 +187,8 @@ TEST_CASE("a residual block is x + f(x): against the block alone plus x, and fin
     Model model{nn::Residual<B>(make_branch<Cfg, nn::NoParallel, nn::NoParallel>(mesh))};
     B alone = make_branch<Cfg, nn::NoParallel, nn::NoParallel>(mesh);
     const Shape<2> s{4, kHidden};
-    const auto x = rows<Model::InputT>(s, mesh, 1);
-    const auto dy = rows<Model::OutputT>(s, mesh, 2);
+    const auto x = normal_rows<Model::InputT>(s, mesh, 1);
+    const auto dy = normal_rows<Model::OutputT>(s, mesh, 2);
     model.zero_grad();
     alone.zero_grad();
     const auto y = model.forward(x);
@@ -261,8 +218,8 @@ TEST_CASE("a projection shortcut is p(x) + f(x): against the two paths alone, fi
     Model model{R(branch(), Proj<Cfg>(mesh, {7}))};
     Branch2<Cfg> f = branch();
     nn::Sequential<Proj<Cfg>> p{Proj<Cfg>(mesh, {7})};
-    const auto x = rows<Model::InputT>({4, kHidden}, mesh, 1);
-    const auto dy = rows<Model::OutputT>({4, kNarrow}, mesh, 2);
+    const auto x = normal_rows<Model::InputT>({4, kHidden}, mesh, 1);
+    const auto dy = normal_rows<Model::OutputT>({4, kNarrow}, mesh, 2);
     model.zero_grad(), f.zero_grad(), p.zero_grad();
     const auto y = model.forward(x);
     const auto dx = model.template backward<true>(dy);
@@ -297,8 +254,8 @@ TEST_CASE("a nested Sequential equals the flat chain: outputs, input gradient, p
       DeviceMesh<2> mesh(comm, shape);
       Flat flat_model = make_flat(mesh);
       Nested nested_model = make_nested(mesh);
-      const Result a = step(flat_model, mesh, {7, kIn}, {7, kOut});
-      const Result b = step(nested_model, mesh, {7, kIn}, {7, kOut});
+      const Result a = model_step(flat_model, mesh, {7, kIn}, {7, kOut});
+      const Result b = model_step(nested_model, mesh, {7, kIn}, {7, kOut});
       check_same(b, a, 1e-14);
     });
   }

@@ -4,6 +4,7 @@
 // (dtensor/dtensor.hpp: meshes, runtimes, DTensors), so a model program needs no other.
 #include "dtensor/dtensor.hpp"
 #include "dtensor/nn/activation.hpp"
+#include "dtensor/nn/attention.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/dropout.hpp"
 #include "dtensor/nn/embedding.hpp"

@@ -72,7 +72,14 @@ struct AttentionDims {
   }
 };
 
-namespace detail::attention {
+}  // namespace dtensor::local
+
+// (in dtensor::detail, not dtensor::local::detail: a local::detail would hide
+// dtensor::detail from the compute headers that name detail:: inside dtensor::local)
+namespace dtensor::detail::attention {
+
+using local::AttentionDims;
+using local::AttentionDropout;
 
 template <class T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -134,13 +141,15 @@ inline bool tile_masked(const AttentionDims& d, int64_t i0, int64_t ni, int64_t 
   return d.causal && d.kv_offset + j0 > d.q_offset + i0 + ni - 1;
 }
 
-}  // namespace detail::attention
+}  // namespace dtensor::detail::attention
+
+namespace dtensor::local {
 
 // o [batch, heads, q_len, head_dim] and lse [batch, heads, q_len] from q, k, v (see
 // above); mask: nullptr or [q_len, kv_len].
 template <class T>
 void attention_forward(const AttentionDims& d, const T* q, const T* k, const T* v, const T* mask, T* o, T* lse) {
-  namespace A = detail::attention;
+  namespace A = dtensor::detail::attention;
   d.check("attention_forward");
   const T inf = std::numeric_limits<T>::infinity();
   const int64_t D = d.head_dim;
@@ -195,7 +204,7 @@ void attention_forward(const AttentionDims& d, const T* q, const T* k, const T* 
 template <class T>
 void attention_backward(const AttentionDims& d, const T* q, const T* k, const T* v, const T* mask, const T* o,
                         const T* lse, const T* dout, T* dq, T* dk, T* dv) {
-  namespace A = detail::attention;
+  namespace A = dtensor::detail::attention;
   d.check("attention_backward");
   const T inf = std::numeric_limits<T>::infinity();
   const int64_t D = d.head_dim;
@@ -240,6 +249,23 @@ void attention_backward(const AttentionDims& d, const T* q, const T* k, const T*
       }
     }
   });
+}
+
+// [batch, len, heads * head_dim] (the projections' rows) <-> [batch, heads, len, head_dim]
+// (the attention core's layout).
+template <class T>
+void heads_to_front(const T* x, T* y, int64_t batch, int64_t len, int64_t heads, int64_t head_dim) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < len; ++s)
+      for (int64_t h = 0; h < heads; ++h)
+        std::copy_n(x + ((b * len + s) * heads + h) * head_dim, head_dim, y + ((b * heads + h) * len + s) * head_dim);
+}
+template <class T>
+void heads_to_back(const T* y, T* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < len; ++s)
+      for (int64_t h = 0; h < heads; ++h)
+        std::copy_n(y + ((b * heads + h) * len + s) * head_dim, head_dim, x + ((b * len + s) * heads + h) * head_dim);
 }
 
 }  // namespace dtensor::local

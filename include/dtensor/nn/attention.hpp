@@ -1,0 +1,377 @@
+#pragma once
+// MultiHeadAttention<Cfg, Dims, Style>: self-attention over x [batch, seq, hidden]
+// with query, key, value and output projections, grouped-query attention (fewer
+// key/value heads than query heads), causal masking, rotary position embedding and
+// dropout on the weights as options, and PyTorch's tensor-parallel plan for a
+// transformer's attention as styles:
+//
+//   style                   x on TP     q, k, v (colwise)       output proj. (rowwise)  y on TP
+//   NoParallel              Replicate   whole                   whole                   Replicate
+//   HeadParallel<>          Replicate   heads split over TP     rows split (Shard<0>)   Replicate (all-reduce)
+//   HeadParallel<Shard<1>>  Shard<1>    all-gather x, then      rows split              Shard<1> (reduce-
+//                           (sequence)  heads split                                     scatter)
+//
+// Per step, HeadParallel<> issues one all-reduce forward (the output projection's
+// partial sums) and leaves the input's gradient a Partial<Sum> over TP (the three
+// projections' input gradients summed locally first); the layer before reduces it
+// where it needs values (PyTorch's one backward all-reduce). Under sequence
+// parallelism the forward all-gathers the sequence and reduce-scatters the output,
+// the backward the reverse. Heads are whole on a rank: the query and key/value head
+// counts must divide the TP size (checked with the counts named), which makes the
+// chunk rule's split of the projections' columns a split by heads.
+//
+// The math, per rank (h: this rank's heads, D: head dim):
+//   q = x Wq + bq, k = x Wk + bk, v = x Wv + bv    [b, s, h*D] -> [b, h, s, D]
+//   (RoPE on q and k at their global positions)
+//   o = softmax(q k^T / sqrt(D) (+ causal)) v       compute/attention.hpp, tiled
+//   y = o Wo (+ bo once, after the reduction)       [b, s, h*D] -> [b, s, hidden]
+// The backward runs the adjoint of each step in reverse; parameter gradients are
+// local (Partial<Sum> over the data-parallel dim until the model reduces them).
+// Dropout draws from each weight's global (batch, head, query, key) index: the
+// single-device mask on any mesh. Host blocks only for now (the attention core is
+// host code); a device block gets an error saying so.
+#include <cmath>
+#include <optional>
+#include <string>
+
+#include "dtensor/compute/attention.hpp"
+#include "dtensor/compute/rotary.hpp"
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/styles.hpp"
+#include "dtensor/ops/placement_algebra.hpp"
+
+namespace dtensor::nn {
+
+// The sizes of an attention layer, fixed at compile time (they size the parameters
+// and the plan): hidden features, query heads, key/value heads (0: as many as query
+// heads), head dim (0: hidden / heads), and whether the projections have biases.
+struct AttentionShape {
+  int64_t hidden = 0, heads = 1, kv_heads = 0, head_dim = 0;
+  bool bias = true;
+  constexpr int64_t kv() const { return kv_heads ? kv_heads : heads; }
+  constexpr int64_t dim() const { return head_dim ? head_dim : (heads > 0 ? hidden / heads : 0); }
+};
+
+// Options that change no placement: read at run time.
+struct AttentionOptions {
+  bool causal = false;
+  double rope_base = 0;  // rotary position embedding with this base (10000: LLaMA's); 0: none
+  double dropout = 0;    // on the attention weights, while training
+  uint64_t seed = 0;     // the projections' initial values (PyTorch's uniform bound), and the dropout draw
+  int64_t tile = 64;     // rows of q and of k/v per tile of the attention core
+};
+
+// Heads split over the tensor-parallel mesh dim; SequenceOnTP: Replicate, or Shard<1>
+// (sequence parallel: x arrives and y leaves sharded along the sequence).
+template <class SequenceOnTP = Replicate>
+struct HeadParallel {
+  static_assert(std::is_same_v<SequenceOnTP, Replicate> || std::is_same_v<SequenceOnTP, Shard<1>>,
+                "dtensor::nn::HeadParallel<S>: the activation arrives Replicate over TP, or Shard<1> (the sequence "
+                "of [batch, seq, hidden]: sequence parallel)");
+  static constexpr const char* name = "heads";
+  using qkv_style = ColwiseParallel<SequenceOnTP>;
+  using out_style = RowwiseParallel<SequenceOnTP>;
+};
+
+namespace detail {
+template <class S>
+struct attention_styles {  // NoParallel
+  using qkv = NoParallel;
+  using out = NoParallel;
+};
+template <class S>
+struct attention_styles<HeadParallel<S>> {
+  using qkv = typename HeadParallel<S>::qkv_style;
+  using out = typename HeadParallel<S>::out_style;
+};
+template <class S>
+inline constexpr bool is_attention_style = std::is_same_v<S, NoParallel>;
+template <class S>
+inline constexpr bool is_attention_style<HeadParallel<S>> = true;
+}  // namespace detail
+
+template <class Cfg, AttentionShape Dims, class Style = NoParallel>
+class MultiHeadAttention {
+  static_assert(Cfg::rank == 3, "dtensor::nn::MultiHeadAttention: activations are [batch, seq, hidden]: use an "
+                                "nn::Config of rank 3");
+  static_assert(detail::is_attention_style<Style>,
+                "dtensor::nn::MultiHeadAttention<Cfg, Dims, Style>: Style is NoParallel or HeadParallel<...>");
+  static_assert(Dims.hidden > 0 && Dims.heads > 0 && Dims.kv() > 0 && Dims.dim() > 0,
+                "dtensor::nn::MultiHeadAttention: give positive hidden, heads (and kv_heads, head_dim if set)");
+  static_assert(Dims.head_dim != 0 || Dims.hidden % Dims.heads == 0,
+                "dtensor::nn::MultiHeadAttention: hidden is not a multiple of heads; give head_dim explicitly");
+  static_assert(Dims.heads % Dims.kv() == 0,
+                "dtensor::nn::MultiHeadAttention: grouped-query attention shares each key/value head among a whole "
+                "group of query heads: heads must be a multiple of kv_heads");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  using Q = LinearRule<Cfg, typename detail::attention_styles<Style>::qkv>;
+  using O = LinearRule<Cfg, typename detail::attention_styles<Style>::out>;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = 3;
+  static constexpr int F = 2;
+  static constexpr bool kParallel = !std::is_same_v<Style, NoParallel>;
+  static constexpr const char* name = kParallel ? "attention(heads)" : "attention";
+  static constexpr int64_t kHidden = Dims.hidden, kHeads = Dims.heads, kKV = Dims.kv(), kDim = Dims.dim();
+
+  using QWeightT = dtensor_t<T, 2, placements_t<Q::weight()>>;
+  using QBiasT = dtensor_t<T, 1, placements_t<Q::bias()>>;
+  using OWeightT = dtensor_t<T, 2, placements_t<O::weight()>>;
+  using OBiasT = dtensor_t<T, 1, placements_t<O::bias()>>;
+  using InputT = dtensor_t<T, Rank, placements_t<Q::input()>>;
+  using OutputT = dtensor_t<T, Rank, placements_t<O::output()>>;
+
+  // --- the rule ---
+  static constexpr State input(const State&) { return Q::input(); }
+  static constexpr State output(const State&) { return O::output(); }
+  static constexpr int64_t out_features(int64_t) { return kHidden; }
+  // The gradient of the output projection's product (rowwise: the adjoint of its reduction).
+  static constexpr State grad_product(const State& grad_out) {
+    if constexpr (kParallel) return redistribute_backward_placements(O::product(), grad_out);
+    else return grad_out;
+  }
+  // The gradient of the heads (o, and q, k, v): split by heads over TP, as they are.
+  static constexpr State grad_heads(const State& grad_out) {
+    State g = grad_product(grad_out);
+    if (kParallel && Cfg::tp >= 0) g[Cfg::tp] = shard(F);
+    return g;
+  }
+  // The gradient of the projected input: each rank's heads give a Partial<Sum> over TP.
+  static constexpr State grad_compute_input(const State& grad_out) {
+    State g = grad_heads(grad_out);
+    if (kParallel && Cfg::tp >= 0) g[Cfg::tp] = partial_sum();
+    return g;
+  }
+  static constexpr State grad_input(const State&, const State& grad_out) {
+    return redistribute_backward_placements(Q::input(), grad_compute_input(grad_out));
+  }
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t,
+                             bool input_grad) {
+    p.redistribution(Phase::Forward, layer, Q::input(), Q::compute_input(), kHidden, true);
+    p.redistribution(Phase::Forward, layer, O::product(), O::output(), kHidden, true);
+    if constexpr (kParallel) p.adjoint(Phase::Backward, layer, O::product(), grad_out, kHidden, true);
+    if (input_grad) p.adjoint(Phase::Backward, layer, Q::input(), grad_compute_input(grad_out), kHidden, true);
+  }
+  // Parameters: Wq, bq, Wk, bk, Wv, bv ([hidden, heads*D] colwise), Wo, bo ([heads*D, hidden] rowwise).
+  static constexpr auto parameters(const State& grad_out) {
+    const State gh = grad_heads(grad_out), gp = grad_product(grad_out);
+    constexpr bool B = Dims.bias;
+    return std::tuple{declare<&MultiHeadAttention::wq_>(Q::weight(), Q::weight_grad(gh), {kHidden, kHeads * kDim}),
+                      declare<&MultiHeadAttention::bq_, B>(Q::bias(), Q::bias_grad(gh), {kHeads * kDim}),
+                      declare<&MultiHeadAttention::wk_>(Q::weight(), Q::weight_grad(gh), {kHidden, kKV * kDim}),
+                      declare<&MultiHeadAttention::bk_, B>(Q::bias(), Q::bias_grad(gh), {kKV * kDim}),
+                      declare<&MultiHeadAttention::wv_>(Q::weight(), Q::weight_grad(gh), {kHidden, kKV * kDim}),
+                      declare<&MultiHeadAttention::bv_, B>(Q::bias(), Q::bias_grad(gh), {kKV * kDim}),
+                      declare<&MultiHeadAttention::wo_>(O::weight(), O::weight_grad(gp), {kHeads * kDim, kHidden}),
+                      declare<&MultiHeadAttention::bo_, B>(O::bias(), O::bias_grad(gp), {kHidden})};
+  }
+
+  // --- run time ---
+  MultiHeadAttention(const typename QWeightT::Mesh& mesh, AttentionOptions options = {})
+      : options_(options),
+        wq_("wq", uniform<QWeightT>({kHidden, kHeads * kDim}, mesh, options.seed, kHidden)),
+        bq_("bq", uniform<QBiasT>({kHeads * kDim}, mesh, options.seed + 1, kHidden)),
+        wk_("wk", uniform<QWeightT>({kHidden, kKV * kDim}, mesh, options.seed + 2, kHidden)),
+        bk_("bk", uniform<QBiasT>({kKV * kDim}, mesh, options.seed + 3, kHidden)),
+        wv_("wv", uniform<QWeightT>({kHidden, kKV * kDim}, mesh, options.seed + 4, kHidden)),
+        bv_("bv", uniform<QBiasT>({kKV * kDim}, mesh, options.seed + 5, kHidden)),
+        wo_("wo", uniform<OWeightT>({kHeads * kDim, kHidden}, mesh, options.seed + 6, kHeads * kDim)),
+        bo_("bo", uniform<OBiasT>({kHidden}, mesh, options.seed + 7, kHeads * kDim)) {
+    DTENSOR_CHECK(options.dropout >= 0 && options.dropout < 1, InvalidArgument, name, ": dropout ", options.dropout,
+                  " is outside [0, 1)");
+    DTENSOR_CHECK(options.rope_base == 0 || kDim % 2 == 0, InvalidArgument, name, ": RoPE rotates pairs of features; "
+                  "head dim ", kDim, " is odd");
+    if constexpr (kParallel && Cfg::tp >= 0) {
+      const int tp = mesh.size(Cfg::tp);
+      DTENSOR_CHECK(kHeads % tp == 0 && kKV % tp == 0, InvalidArgument, name, ": ", kHeads, " query heads and ", kKV,
+                    " key/value heads over ", tp, " ranks of the tensor-parallel mesh dim ", Cfg::tp,
+                    ": each rank holds whole heads, so both counts must be multiples of ", tp,
+                    " (use a TP size that divides ", kKV, ", or more key/value heads)");
+    }
+  }
+
+  Parameter<QWeightT>& wq() { return wq_; }
+  Parameter<QWeightT>& wk() { return wk_; }
+  Parameter<QWeightT>& wv() { return wv_; }
+  Parameter<OWeightT>& wo() { return wo_; }
+  // Training (the default) draws a fresh dropout mask per forward; evaluation keeps every weight.
+  void train(bool on) { training_ = on; }
+
+  OutputT forward(const InputT& x) {
+    DTENSOR_CHECK(x.shape()[F] == kHidden, InvalidArgument, name, ": an input of ", x.shape()[F],
+                  " features, expected ", kHidden, " (input shape ", dtensor::to_string(x.shape()), ")");
+    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name,
+                  ": the attention core runs on the host only for now; move the block to the host");
+    Saved s{redistribute_as<placements_t<Q::compute_input()>>(x)};
+    const auto& xl = s.x.local();
+    const int64_t b = xl.shape()[0], len = xl.shape()[1], rows = b * len;
+    const int64_t hq = wq_.value().local().shape()[1] / kDim, hkv = wk_.value().local().shape()[1] / kDim;
+    s.dims = local::AttentionDims{.batch = b, .heads = hq, .kv_heads = hkv, .q_len = len, .kv_len = len,
+                                  .head_dim = kDim, .causal = options_.causal, .tile = options_.tile};
+    if (training_ && options_.dropout > 0) {
+      const int tp_rank = kParallel && Cfg::tp >= 0 ? x.mesh().coords()[Cfg::tp] : 0;
+      s.dims.dropout = {.p = options_.dropout, .seed = options_.seed + 0x9e3779b9u, .stream = 1 + step_++,
+                        .batch_offset = s.x.local_offset()[0], .head_offset = tp_rank * hq,
+                        .heads_total = kHeads, .q_total = len, .kv_total = len};
+    }
+    s.q = project_heads(xl, wq_, bq_, b, len, hq);
+    s.k = project_heads(xl, wk_, bk_, b, len, hkv);
+    s.v = project_heads(xl, wv_, bv_, b, len, hkv);
+    if (options_.rope_base > 0) {
+      local::rotary_embedding(rotary(b * hq, len), s.q.data());
+      local::rotary_embedding(rotary(b * hkv, len), s.k.data());
+    }
+    s.o = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, Device::host());
+    s.lse = Tensor<T, 3>::uninitialized({b, hq, len}, Device::host());
+    local::attention_forward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr), s.o.data(),
+                             s.lse.data());
+    const Tensor<T, Rank> o = merged(s.o);
+    auto y = Tensor<T, Rank>::uninitialized({b, len, kHidden}, Device::host());
+    detail::matmul(Device::host(), o.data(), false, wo_.value().local().data(), false, y.data(), rows, kHidden,
+                   hq * kDim);
+    ShardLayout<Rank> layout = s.x.layout();  // the batch's blocks; the features whole (Partial or not)
+    layout.global[F] = kHidden;
+    layout.blocks[F] = {};
+    using Product = dtensor_t<T, Rank, placements_t<O::product()>>;
+    OutputT out = redistribute_as<placements_t<O::output()>>(Product(x.mesh(), std::move(layout), std::move(y)));
+    if constexpr (Dims.bias) {
+      auto& ol = out.local();
+      detail::add_row_vector(Device::host(), ol.data(), bo_.value().local().data(),
+                             detail::rows_of<Rank>(ol.shape()), kHidden);
+    }
+    saved_.emplace(std::move(s));
+    return out;
+  }
+
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, O::output()),
+                  "dtensor::nn::MultiHeadAttention::backward: dy is not placed as a gradient of the layer's output "
+                  "(see placement/gradient.hpp)");
+    DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
+    const auto& dz = [&]() -> decltype(auto) {
+      if constexpr (kParallel) return redistribute_backward_as<placements_t<O::product()>>(dy);
+      else return (dy);
+    }();
+    Saved& s = *saved_;
+    const auto& g = dz.local();
+    const auto& xl = s.x.local();
+    const int64_t b = s.dims.batch, len = s.dims.q_len, rows = b * len, hq = s.dims.heads, hkv = s.dims.kv_heads;
+    DTENSOR_CHECK(g.shape() == (dtensor::Shape<Rank>{b, len, kHidden}), InvalidArgument, name, ": the gradient's block ",
+                  dtensor::to_string(g.shape()), " is not the output's [", b, ", ", len, ", ", kHidden,
+                  "]; backward takes the gradient of the last forward");
+    const Device host = Device::host();
+    // The output projection: dWo += o^T dz, dbo += column sums, do = dz Wo^T.
+    const Tensor<T, Rank> o = merged(s.o);
+    detail::matmul(host, o.data(), true, g.data(), false, wo_.grad().data(), hq * kDim, kHidden, rows, true);
+    if constexpr (Dims.bias) detail::column_sums(host, g.data(), bo_.grad().data(), rows, kHidden, true);
+    auto d_o = Tensor<T, Rank>::uninitialized({b, len, hq * kDim}, host);
+    detail::matmul(host, g.data(), false, wo_.value().local().data(), true, d_o.data(), rows, hq * kDim, kHidden);
+    const Tensor<T, 4> do_heads = split(d_o, hq);
+    // The attention core, then RoPE's adjoint (the inverse rotation).
+    auto dq = Tensor<T, 4>::uninitialized(s.q.shape(), host);
+    auto dk = Tensor<T, 4>::uninitialized(s.k.shape(), host), dv = Tensor<T, 4>::uninitialized(s.v.shape(), host);
+    local::attention_backward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr), s.o.data(),
+                              s.lse.data(), do_heads.data(), dq.data(), dk.data(), dv.data());
+    if (options_.rope_base > 0) {
+      local::rotary_embedding(rotary(b * hq, len), dq.data(), true);
+      local::rotary_embedding(rotary(b * hkv, len), dk.data(), true);
+    }
+    // The three projections: their weights' gradients, and the sum of their input gradients.
+    auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), host);
+    bool first = true;
+    auto projection_backward = [&](const Tensor<T, 4>& dh, auto& w, auto& bias) {
+      const Tensor<T, Rank> d = merged(dh);
+      const int64_t cols = d.shape()[F];
+      detail::matmul(host, xl.data(), true, d.data(), false, w.grad().data(), kHidden, cols, rows, true);
+      if constexpr (Dims.bias) detail::column_sums(host, d.data(), bias.grad().data(), rows, cols, true);
+      if constexpr (NeedInputGrad)
+        detail::matmul(host, d.data(), false, w.value().local().data(), true, dx.data(), rows, kHidden, cols, !first);
+      first = false;
+    };
+    projection_backward(dq, wq_, bq_);
+    projection_backward(dk, wk_, bk_);
+    projection_backward(dv, wv_, bv_);
+    if constexpr (NeedInputGrad) {
+      constexpr State gci = grad_compute_input(G::placement_state);
+      dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
+      saved_.reset();
+      return redistribute_backward_as<placements_t<Q::input()>>(dxc);
+    } else {
+      saved_.reset();
+      return 0;
+    }
+  }
+
+ private:
+  using XC = dtensor_t<T, Rank, placements_t<Q::compute_input()>>;
+  // What the backward needs: the projected input, the rotated heads, the output and
+  // each row's log-sum-exp (the attention weights are recomputed, never kept).
+  struct Saved {
+    XC x;
+    local::AttentionDims dims{};
+    Tensor<T, 4> q{}, k{}, v{}, o{};
+    Tensor<T, 3> lse{};
+  };
+
+  local::RotaryDims rotary(int64_t groups, int64_t len) const {
+    return {.groups = groups, .len = len, .head_dim = kDim, .first_position = 0, .base = options_.rope_base};
+  }
+  // [b, s, h*D] -> [b, h, s, D] and back.
+  static Tensor<T, 4> split(const Tensor<T, Rank>& x, int64_t h) {
+    const int64_t b = x.shape()[0], len = x.shape()[1];
+    auto y = Tensor<T, 4>::uninitialized({b, h, len, kDim}, Device::host());
+    local::heads_to_front(x.data(), y.data(), b, len, h, kDim);
+    return y;
+  }
+  static Tensor<T, Rank> merged(const Tensor<T, 4>& y) {
+    const int64_t b = y.shape()[0], h = y.shape()[1], len = y.shape()[2];
+    auto x = Tensor<T, Rank>::uninitialized({b, len, h * kDim}, Device::host());
+    local::heads_to_back(y.data(), x.data(), b, len, h, kDim);
+    return x;
+  }
+  template <class W, class B>
+  static Tensor<T, 4> project_heads(const Tensor<T, Rank>& x, const W& w, const B& bias, int64_t b, int64_t len,
+                                    int64_t h) {
+    auto p = Tensor<T, Rank>::uninitialized({b, len, h * kDim}, Device::host());
+    detail::matmul(Device::host(), x.data(), false, w.value().local().data(), false, p.data(), b * len, h * kDim,
+                   kHidden);
+    if constexpr (Dims.bias) detail::add_row_vector(Device::host(), p.data(), bias.value().local().data(), b * len,
+                                                     h * kDim);
+    return split(p, h);
+  }
+  // Uniform in [-1/sqrt(fan_in), 1/sqrt(fan_in)), element i a function of (seed, i):
+  // every mesh starts from the single-rank values.
+  template <class DT>
+  static DT uniform(const dtensor::Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed,
+                    int64_t fan_in) {
+    const T bound = T(1) / std::sqrt(static_cast<T>(fan_in));
+    return dtensor::detail::generate<DT>(shape, mesh, {}, [&](uint64_t i) {
+      return static_cast<T>((2 * dtensor::detail::uniform01(seed * 0x100000001b3ull + 17, i) - 1) * bound);
+    });
+  }
+
+  AttentionOptions options_;
+  Parameter<QWeightT> wq_;
+  Parameter<QBiasT> bq_;
+  Parameter<QWeightT> wk_;
+  Parameter<QBiasT> bk_;
+  Parameter<QWeightT> wv_;
+  Parameter<QBiasT> bv_;
+  Parameter<OWeightT> wo_;
+  Parameter<OBiasT> bo_;
+  bool training_ = true;
+  uint64_t step_ = 0;
+  std::optional<Saved> saved_;
+};
+
+}  // namespace dtensor::nn
