@@ -1,0 +1,188 @@
+#pragma once
+// GatedMlp<Cfg, Hidden, Inner, UpStyle, DownStyle>: the SwiGLU feed-forward of LLaMA,
+//
+//   y = (SiLU(x Wg) * (x Wu)) Wd        Wg, Wu [Hidden, Inner], Wd [Inner, Hidden], no biases
+//
+// with the tensor-parallel plan of PyTorch's LLaMA recipes: gate and up colwise (the
+// inner features split over TP), down rowwise (its partial sums all-reduced, or
+// reduce-scattered under sequence parallelism). The styles are those of
+// nn/styles.hpp (ColwiseParallel<S> with RowwiseParallel<S>, or NoParallel twice), so
+// the rule is LinearRule's: one forward all-reduce; backward, the two colwise input
+// gradients are summed locally and leave a Partial<Sum> over TP (sequence parallel:
+// reduce-scattered), as one colwise layer's would.
+#include <cmath>
+#include <optional>
+
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/styles.hpp"
+#include "dtensor/ops/placement_algebra.hpp"
+
+namespace dtensor::nn {
+
+template <class Cfg, int64_t Hidden, int64_t Inner, LinearStyle UpStyle = NoParallel,
+          LinearStyle DownStyle = NoParallel>
+class GatedMlp {
+  static_assert(Hidden > 0 && Inner > 0, "dtensor::nn::GatedMlp<Cfg, Hidden, Inner>: sizes must be positive");
+  using Up = LinearRule<Cfg, UpStyle>;
+  using Down = LinearRule<Cfg, DownStyle>;
+  static_assert((Up::colwise && Down::rowwise) || (!Up::colwise && !Up::rowwise && !Down::colwise && !Down::rowwise),
+                "dtensor::nn::GatedMlp: give ColwiseParallel<S> and RowwiseParallel<S> (tensor parallel), or "
+                "NoParallel twice");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+  static constexpr int Rank = Cfg::rank;
+  static constexpr int F = Cfg::feature_dim;
+  static constexpr bool kParallel = Up::colwise;
+  static constexpr const char* name = kParallel ? "swiglu(colwise, rowwise)" : "swiglu";
+
+  using UpWeightT = dtensor_t<T, 2, placements_t<Up::weight()>>;
+  using DownWeightT = dtensor_t<T, 2, placements_t<Down::weight()>>;
+  using InputT = dtensor_t<T, Rank, placements_t<Up::input()>>;
+  using OutputT = dtensor_t<T, Rank, placements_t<Down::output()>>;
+
+  // --- the rule ---
+  static constexpr State input(const State&) { return Up::input(); }
+  static constexpr State output(const State&) { return Down::output(); }
+  static constexpr int64_t out_features(int64_t) { return Hidden; }
+  static constexpr State grad_product(const State& grad_out) {
+    if constexpr (kParallel) return redistribute_backward_placements(Down::product(), grad_out);
+    else return grad_out;
+  }
+  // The gradient of the inner activations: split over TP as they are.
+  static constexpr State grad_inner(const State& grad_out) {
+    State g = grad_product(grad_out);
+    if (kParallel && Cfg::tp >= 0) g[Cfg::tp] = shard(F);
+    return g;
+  }
+  static constexpr State grad_compute_input(const State& grad_out) {
+    State g = grad_inner(grad_out);
+    if (kParallel && Cfg::tp >= 0) g[Cfg::tp] = partial_sum();
+    return g;
+  }
+  static constexpr State grad_input(const State&, const State& grad_out) {
+    return redistribute_backward_placements(Up::input(), grad_compute_input(grad_out));
+  }
+  template <int C>
+  static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t,
+                             bool input_grad) {
+    p.redistribution(Phase::Forward, layer, Up::input(), Up::compute_input(), Hidden, true);
+    p.redistribution(Phase::Forward, layer, Down::product(), Down::output(), Hidden, true);
+    if constexpr (kParallel) p.adjoint(Phase::Backward, layer, Down::product(), grad_out, Hidden, true);
+    if (input_grad) p.adjoint(Phase::Backward, layer, Up::input(), grad_compute_input(grad_out), Hidden, true);
+  }
+  static constexpr auto parameters(const State& grad_out) {
+    const State gi = grad_inner(grad_out), gp = grad_product(grad_out);
+    return std::tuple{declare<&GatedMlp::gate_>(Up::weight(), Up::weight_grad(gi), {Hidden, Inner}),
+                      declare<&GatedMlp::up_>(Up::weight(), Up::weight_grad(gi), {Hidden, Inner}),
+                      declare<&GatedMlp::down_>(Down::weight(), Down::weight_grad(gp), {Inner, Hidden})};
+  }
+
+  // --- run time ---
+  explicit GatedMlp(const typename UpWeightT::Mesh& mesh, uint64_t seed = 0)
+      : gate_("gate", uniform<UpWeightT>({Hidden, Inner}, mesh, seed, Hidden)),
+        up_("up", uniform<UpWeightT>({Hidden, Inner}, mesh, seed + 1, Hidden)),
+        down_("down", uniform<DownWeightT>({Inner, Hidden}, mesh, seed + 2, Inner)) {}
+
+  OutputT forward(const InputT& x) {
+    DTENSOR_CHECK(x.shape()[F] == Hidden, InvalidArgument, name, ": an input of ", x.shape()[F],
+                  " features, expected ", Hidden, " (input shape ", dtensor::to_string(x.shape()), ")");
+    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": host blocks only for now");
+    saved_.emplace(Saved{redistribute_as<placements_t<Up::compute_input()>>(x)});
+    Saved& s = *saved_;
+    const auto& xl = s.x.local();
+    const int64_t rows = detail::rows_of<Rank>(xl.shape()), inner = gate_.value().local().shape()[1];
+    Shape<Rank> is = xl.shape();
+    is[F] = inner;
+    s.a = Tensor<T, Rank>::uninitialized(is, Device::host());
+    s.u = Tensor<T, Rank>::uninitialized(is, Device::host());
+    detail::matmul(Device::host(), xl.data(), false, gate_.value().local().data(), false, s.a.data(), rows, inner,
+                   Hidden);
+    detail::matmul(Device::host(), xl.data(), false, up_.value().local().data(), false, s.u.data(), rows, inner,
+                   Hidden);
+    auto h = Tensor<T, Rank>::uninitialized(is, Device::host());
+    for (int64_t i = 0; i < h.numel(); ++i) h.data()[i] = silu(s.a.data()[i]) * s.u.data()[i];
+    Shape<Rank> os = xl.shape();
+    os[F] = Hidden;
+    auto y = Tensor<T, Rank>::uninitialized(os, Device::host());
+    detail::matmul(Device::host(), h.data(), false, down_.value().local().data(), false, y.data(), rows, Hidden,
+                   inner);
+    ShardLayout<Rank> layout = s.x.layout();
+    layout.global[F] = Hidden;
+    layout.blocks[F] = {};
+    using Product = dtensor_t<T, Rank, placements_t<Down::product()>>;
+    return redistribute_as<placements_t<Down::output()>>(Product(x.mesh(), std::move(layout), std::move(y)));
+  }
+
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, Down::output()),
+                  "dtensor::nn::GatedMlp::backward: dy is not placed as a gradient of the layer's output");
+    DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
+    const auto& dz = [&]() -> decltype(auto) {
+      if constexpr (kParallel) return redistribute_backward_as<placements_t<Down::product()>>(dy);
+      else return (dy);
+    }();
+    Saved& s = *saved_;
+    const auto& g = dz.local();
+    const auto& xl = s.x.local();
+    const Device host = Device::host();
+    const int64_t rows = detail::rows_of<Rank>(xl.shape()), inner = s.a.shape()[F];
+    DTENSOR_CHECK(detail::rows_of<Rank>(g.shape()) == rows && g.shape()[F] == Hidden, InvalidArgument, name,
+                  ": the gradient's block ", dtensor::to_string(g.shape()), " does not match the last forward's");
+    // h again (cheaper to recompute than to keep), dWd += h^T dz, dh = dz Wd^T
+    auto h = Tensor<T, Rank>::uninitialized(s.a.shape(), host), dh = Tensor<T, Rank>::uninitialized(s.a.shape(), host);
+    for (int64_t i = 0; i < h.numel(); ++i) h.data()[i] = silu(s.a.data()[i]) * s.u.data()[i];
+    detail::matmul(host, h.data(), true, g.data(), false, down_.grad().data(), inner, Hidden, rows, true);
+    detail::matmul(host, g.data(), false, down_.value().local().data(), true, dh.data(), rows, inner, Hidden);
+    // da = dh u SiLU'(a) (into h), du = dh SiLU(a) (into dh)
+    for (int64_t i = 0; i < h.numel(); ++i) {
+      const T a = s.a.data()[i], sg = T(1) / (T(1) + std::exp(-a));
+      h.data()[i] = dh.data()[i] * s.u.data()[i] * (sg + a * sg * (T(1) - sg));
+      dh.data()[i] *= a * sg;
+    }
+    detail::matmul(host, xl.data(), true, h.data(), false, gate_.grad().data(), Hidden, inner, rows, true);
+    detail::matmul(host, xl.data(), true, dh.data(), false, up_.grad().data(), Hidden, inner, rows, true);
+    if constexpr (NeedInputGrad) {
+      auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), host);
+      detail::matmul(host, h.data(), false, gate_.value().local().data(), true, dx.data(), rows, Hidden, inner);
+      detail::matmul(host, dh.data(), false, up_.value().local().data(), true, dx.data(), rows, Hidden, inner, true);
+      constexpr State gci = grad_compute_input(G::placement_state);
+      dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
+      saved_.reset();
+      return redistribute_backward_as<placements_t<Up::input()>>(dxc);
+    } else {
+      saved_.reset();
+      return 0;
+    }
+  }
+
+ private:
+  using XC = dtensor_t<T, Rank, placements_t<Up::compute_input()>>;
+  struct Saved {
+    XC x;
+    Tensor<T, Rank> a{}, u{};  // x Wg and x Wu
+  };
+  static T silu(T a) { return a / (T(1) + std::exp(-a)); }
+  template <class DT>
+  static DT uniform(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed, int64_t fan_in) {
+    const T bound = T(1) / std::sqrt(static_cast<T>(fan_in));
+    return dtensor::detail::generate<DT>(shape, mesh, {}, [&](uint64_t i) {
+      return static_cast<T>((2 * dtensor::detail::uniform01(seed * 0x100000001b3ull + 29, i) - 1) * bound);
+    });
+  }
+
+  Parameter<UpWeightT> gate_, up_;
+  Parameter<DownWeightT> down_;
+  std::optional<Saved> saved_;
+};
+
+}  // namespace dtensor::nn

@@ -1,0 +1,100 @@
+#pragma once
+// PositionEmbedding<Cfg, MaxLen, Dim>: y[b, s, :] = x[b, s, :] + P[s, :], a learned
+// table P [MaxLen, Dim] (GPT-2's position embedding) added to activations
+// [batch, seq, features]. P is replicated; each rank adds the rows of the positions
+// it holds, read from its block's global offset along the sequence, so a sequence
+// sharded over a mesh dim (sequence or context parallel) adds what one rank would.
+//
+// The rule: the input in the placements that arrive, Partials reduced first (P is
+// added once, to values); output as the input; the input's gradient is the output's.
+// P's gradient is a scatter-add of dy's rows by position: Partial<Sum> over every
+// mesh dim that shards dy (each rank saw part of the batch or of the sequence), and
+// whatever dy is on the others (Replicate, or a Partial it carries).
+#include <cstdint>
+#include <optional>
+
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
+
+namespace dtensor::nn {
+
+template <class Cfg, int64_t MaxLen, int64_t Dim>
+class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
+  static_assert(Cfg::rank == 3, "dtensor::nn::PositionEmbedding: activations are [batch, seq, features] (rank 3)");
+  static_assert(MaxLen > 0 && Dim > 0, "dtensor::nn::PositionEmbedding<Cfg, MaxLen, Dim>: sizes must be positive");
+
+ public:
+  using config = Cfg;
+  using T = typename Cfg::value_type;
+  using State = typename Cfg::State;
+  static constexpr int M = Cfg::M;
+  static constexpr const char* name = "position embedding";
+  using ReplicatedTable = dtensor_t<T, 2, placements_t<State{}>>;
+
+  static constexpr auto parameters(const State& grad_out) {
+    State g = grad_out;
+    for (auto& p : g)
+      if (p.is_shard()) p = partial_sum();
+    return std::tuple{declare<&PositionEmbedding::table_>(State{}, g, {MaxLen, Dim})};
+  }
+
+  // Normal values times 0.02 (GPT-2's initialisation), element i a function of (seed, i).
+  explicit PositionEmbedding(const typename ReplicatedTable::Mesh& mesh, uint64_t seed = 0)
+      : table_("position", dtensor::detail::generate<ReplicatedTable>({MaxLen, Dim}, mesh, {}, [&](uint64_t i) {
+          return static_cast<T>(0.02 * dtensor::detail::normal_value<double>(seed, i));
+        })) {}
+
+  Parameter<ReplicatedTable>& table() { return table_; }
+
+  template <class X>
+  X forward(const X& x) {
+    static_assert(values_of(X::placement_state) == X::placement_state,
+                  "dtensor::nn::PositionEmbedding: a Partial input must be reduced first (the model does so)");
+    static_assert([] {
+      for (const auto& p : X::placement_state)
+        if (p.is_shard(2)) return false;
+      return true;
+    }(), "dtensor::nn::PositionEmbedding: the features are sharded (a colwise layer's output); add positions where "
+         "every rank holds whole rows, before the colwise layer or after a rowwise one");
+    DTENSOR_CHECK(x.shape()[1] <= MaxLen && x.shape()[2] == Dim, InvalidArgument, name, ": input ",
+                  dtensor::to_string(x.shape()), " has more than ", MaxLen, " positions or not ", Dim, " features");
+    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": host blocks only for now");
+    first_ = x.local_offset()[1];
+    X y = x;
+    auto& yl = y.local();
+    const T* p = table_.value().local().data();
+    const int64_t b = yl.shape()[0], len = yl.shape()[1];
+    for (int64_t n = 0; n < b; ++n)
+      for (int64_t s = 0; s < len; ++s) {
+        T* row = yl.data() + (n * len + s) * Dim;
+        const T* pr = p + (first_ + s) * Dim;
+        for (int64_t f = 0; f < Dim; ++f) row[f] += pr[f];
+      }
+    return y;
+  }
+
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    const auto& g = dy.local();
+    T* dp = table_.grad().data();
+    const int64_t b = g.shape()[0], len = g.shape()[1];
+    DTENSOR_CHECK(first_ + len <= MaxLen, InvalidArgument, name, ": backward without a matching forward");
+    for (int64_t n = 0; n < b; ++n)
+      for (int64_t s = 0; s < len; ++s) {
+        const T* row = g.data() + (n * len + s) * Dim;
+        T* pr = dp + (first_ + s) * Dim;
+        for (int64_t f = 0; f < Dim; ++f) pr[f] += row[f];
+      }
+    if constexpr (NeedInputGrad) return dy;
+    else return 0;
+  }
+
+ private:
+  Parameter<ReplicatedTable> table_;
+  int64_t first_ = 0;  // the global position of this rank's first row, in the last forward
+};
+
+}  // namespace dtensor::nn
