@@ -101,8 +101,9 @@ DT normal_rows(Shape<DT::rank> shape, const typename DT::Mesh& mesh, uint64_t se
 
 // One forward and backward of a model (a Sequential) with an input gradient: the
 // gathered output, input gradient and parameter gradients after the model's
-// reductions. Checks the collectives CommCounter saw against the model's constexpr
-// plan (whose counts do not depend on the features it is given: they size bytes).
+// reductions. Checks the collectives and point-to-point exchanges (rings) CommCounter
+// saw against the model's constexpr plan (whose counts do not depend on the features
+// it is given: they size bytes).
 template <class Model, class Mesh>
 GatheredStep model_step(Model& model, const Mesh& mesh, Shape<Model::InputT::rank> in,
                         Shape<Model::OutputT::rank> out) {
@@ -113,6 +114,8 @@ GatheredStep model_step(Model& model, const Mesh& mesh, Shape<Model::InputT::ran
   const auto y = model.forward(x);
   const auto dx = model.template backward<true>(normal_rows<typename Model::OutputT>(out, mesh, 12, y.layout().blocks));
   CHECK(c.count() == plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()));
+  CHECK(c.exchanges() == plan.ring_exchanges(nn::Phase::Forward, mesh.shape()) +
+                             plan.ring_exchanges(nn::Phase::Backward, mesh.shape()));
   GatheredStep r{flat(y.full_tensor()), flat(dx.full_tensor()), {}, 0};
   model.for_each_parameter([&](auto& p) { r.grads.push_back(flat(p.gradient().full_tensor())); });
   return r;

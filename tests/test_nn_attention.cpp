@@ -25,6 +25,9 @@ namespace {
 
 using Tp1 = nn::Config<double, 3, nn::Axes<1, nn::kNone, 0>>;  // heads over mesh dim 0
 using DpTp = nn::Config<double, 3, nn::Axes<2, 0, 1>>;         // batch over 0, heads over 1
+using Cp1 = nn::Config<double, 3, nn::Axes<1, nn::kNone, nn::kNone, 0>>;  // the sequence over mesh dim 0
+using TpCp = nn::Config<double, 3, nn::Axes<2, nn::kNone, 0, 1>>;          // heads over 0, sequence over 1
+using DpCp = nn::Config<double, 3, nn::Axes<2, 0, nn::kNone, 1>>;          // batch over 0, sequence over 1
 
 constexpr nn::AttentionShape kGqa{.hidden = 16, .heads = 4, .kv_heads = 2};            // D = 4
 constexpr nn::AttentionShape kOdd{.hidden = 10, .heads = 6, .kv_heads = 3, .head_dim = 4};  // D != hidden / heads
@@ -56,6 +59,15 @@ static_assert(sp_plan.count(Phase::Backward, StepKind::AllGather, 1) == 1 &&
 // The output bias sees the gathered gradient of the whole sequence on every rank: its
 // gradient is whole there, and no parameter is reduced over TP.
 static_assert(sp_plan.count(Phase::GradReduce, StepKind::AllReduce, 1) == 0);
+
+// Context parallel: the projections on each rank's tokens, a ring forward and back,
+// no collective; the parameters' gradients Partial over CP (each rank saw some tokens).
+using CpModel = Model<TpCp, kGqa, nn::HeadParallel<>>;
+static constexpr auto cp_plan = CpModel::plan(CpModel::output_placements, kGqa.hidden, true);
+static_assert(cp_plan.count(Phase::Forward) == 1 && cp_plan.count(Phase::Forward, StepKind::AllReduce, 0) == 1);
+static_assert(cp_plan.count(Phase::Backward) == 0 && cp_plan.rings == 2);
+static_assert(cp_plan.ring_exchanges(Phase::Forward, {2, 4}) == 3 && cp_plan.ring_exchanges(Phase::Backward, {2, 4}) == 7);
+static_assert(cp_plan.count(Phase::GradReduce, StepKind::AllReduce, 1) == 8);
 
 // --- the reference: attention from its definition, on gathered parameters ---
 
@@ -268,4 +280,18 @@ TEST_CASE("attention: head counts that do not divide the TP size are refused on 
     const auto x = normal_rows<Attn<Tp1, kGqa>::InputT>({2, 3, 5}, mesh, 0);
     CHECK_THROWS_WITH_AS(layer.forward(x), doctest::Contains("an input of 5 features, expected 16"), InvalidArgument);
   });
+}
+
+TEST_CASE("attention, context parallel: a ring over the sequence's mesh dim equals one rank, uneven blocks") {
+  const Shape<3> s{2, 7, kGqa.hidden};
+  for (int n = 1; n <= 4; ++n)  // 7 positions: 4 | 3, 3 | 2 | 2, 2 | 2 | 2 | 1
+    check_against_one_rank<Model<Cp1, kGqa>, 1>({n}, MakeModel<Cp1, kGqa, nn::NoParallel>{kCausalRope}, s, s, 1e-12);
+  check_against_one_rank<Model<Cp1, kGqa>, 1>({3}, MakeModel<Cp1, kGqa, nn::NoParallel>{{.seed = 2}}, s, s, 1e-12);
+  using H = nn::HeadParallel<>;
+  check_against_one_rank<Model<TpCp, kGqa, H>, 2>({2, 2}, MakeModel<TpCp, kGqa, H>{kCausalRope}, s, s, 1e-12);
+  const Shape<3> so{3, 8, kOdd.hidden};
+  check_against_one_rank<Model<DpCp, kOdd>, 2>({2, 3}, MakeModel<DpCp, kOdd, nn::NoParallel>{kCausalRope}, so, so,
+                                               1e-12);
+  const nn::AttentionOptions drop{.causal = true, .rope_base = 10000, .dropout = 0.25, .seed = 9, .tile = 3};
+  check_against_one_rank<Model<TpCp, kGqa, H>, 2>({2, 2}, MakeModel<TpCp, kGqa, H>{drop}, s, s, 1e-12);
 }

@@ -24,6 +24,7 @@ namespace {
 using Dp1 = nn::Config<double, 3, nn::Axes<1, 0, nn::kNone>>;  // batch over mesh dim 0
 using Tp1 = nn::Config<double, 3, nn::Axes<1, nn::kNone, 0>>;  // TP over mesh dim 0
 using DpTp = nn::Config<double, 3, nn::Axes<2, 0, 1>>;         // batch over 0, TP over 1
+using TpCp = nn::Config<double, 3, nn::Axes<2, nn::kNone, 0, 1>>;  // TP over 0, the sequence over 1 (ring)
 
 constexpr nn::AttentionShape kGqa{.hidden = 16, .heads = 4, .kv_heads = 2};
 constexpr nn::AttentionShape kSix{.hidden = 12, .heads = 6, .kv_heads = 3, .head_dim = 2};
@@ -81,6 +82,15 @@ static_assert(sp_plan.count(Phase::Backward, StepKind::AllGather, 1) == kTorchSp
 // The replicated weights that see sequence shards (norms, position table) reduced over
 // TP, as PyTorch reduces its SequenceParallel norms' weights.
 static_assert(sp_plan.count(Phase::GradReduce, StepKind::AllReduce, 1) == 5 * 2 + 1);
+
+// Context parallel (TP x CP): TP's collectives, and per block one ring of k/v shifts
+// forward and one backward, point to point; no collective over CP but the gradient
+// reductions (every parameter saw some of the tokens).
+using CpGpt = Gpt<TpCp, Heads>;
+static constexpr auto cp_plan = CpGpt::plan(CpGpt::output_placements, 1, true);
+static_assert(cp_plan.count(Phase::Forward) == kTorchTpForward && cp_plan.count(Phase::Backward) == kTorchTpBackward);
+static_assert(cp_plan.rings == 2 * kBlocks && cp_plan.ring_exchanges(Phase::Forward, {2, 2}) == kBlocks &&
+              cp_plan.ring_exchanges(Phase::Backward, {2, 2}) == 3 * kBlocks);
 
 static_assert(nn::parameter_count<Block<DpTp, Heads>>() == 2 + 8 + 2 + 4);
 static_assert(nn::parameter_count<Block<DpTp, Heads, nn::NormKind::RMS, nn::Mlp::SwiGLU>>() == 1 + 8 + 1 + 3);
@@ -195,6 +205,8 @@ GatheredStep gpt_step(Model& model, const Mesh& mesh, int64_t batch, int64_t len
   const auto y = model.forward(ids);
   model.backward(normal_rows<typename Model::OutputT>({batch, len, kVocab}, mesh, 12, y.layout().blocks));
   CHECK(c.count() == plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()));
+  CHECK(c.exchanges() ==
+        plan.ring_exchanges(Phase::Forward, mesh.shape()) + plan.ring_exchanges(Phase::Backward, mesh.shape()));
   GatheredStep r{flat(y.full_tensor()), {}, {}, 0};
   model.for_each_parameter([&](auto& p) { r.grads.push_back(flat(p.gradient().full_tensor())); });
   return r;
@@ -213,6 +225,7 @@ void check_gpt(const std::array<int, 2>& shape, int64_t batch, int64_t len) {
     auto model = make_gpt<Cfg, Style>(mesh);
     want = gpt_step(model, mesh, batch, len);
   });
+  INFO("batch ", batch, ", length ", len);
   spmd(shape[0] * shape[1], [&](Comm& comm) {
     DeviceMesh<2> mesh(comm, shape);
     INFO("mesh ", mesh.to_string());
@@ -226,4 +239,10 @@ TEST_CASE("a small language model (embeddings, two blocks, vocabulary-parallel h
   check_gpt<DpTp, Heads>({2, 2}, 3, 7);
   check_gpt<DpTp, Seq>({2, 2}, 3, 7);   // the sequence 4 | 3 from the embedding's reduce-scatter on
   check_gpt<DpTp, Seq>({2, 2}, 1, 5);   // 3 | 2, one sequence on one DP rank, none on the other
+}
+
+TEST_CASE("the small language model with context parallelism (TP x CP, ring attention) equals one rank") {
+  check_gpt<TpCp, Heads>({2, 2}, 3, 7);   // the sequence 4 | 3 over CP
+  check_gpt<TpCp, Heads>({1, 4}, 2, 10);  // 3 | 3 | 2 | 2
+  check_gpt<TpCp, Heads>({2, 3}, 2, 8);   // 3 | 3 | 2 over 3, heads over 2
 }

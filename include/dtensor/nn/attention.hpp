@@ -30,6 +30,14 @@
 // Dropout draws from each weight's global (batch, head, query, key) index: the
 // single-device mask on any mesh. Host blocks only for now (the attention core is
 // host code); a device block gets an error saying so.
+//
+// Context parallelism: where the config names a CP mesh dim (nn::Axes<M, DP, TP, CP>),
+// the sequence is sharded over it and stays so: the projections work on this rank's
+// tokens, RoPE and causal masking on their global positions, and the attention runs
+// as a ring over the CP dim (distributed/ring_attention.hpp: key/value blocks travel,
+// n - 1 point-to-point shifts forward and 2n - 1 backward, in the plan as a ring).
+// It combines with heads over TP (TP x CP); sequence parallelism shards the same dim
+// and does not.
 #include <cmath>
 #include <optional>
 #include <string>
@@ -37,6 +45,7 @@
 #include "dtensor/compute/attention.hpp"
 #include "dtensor/compute/rotary.hpp"
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/ring_attention.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
@@ -108,6 +117,9 @@ class MultiHeadAttention {
   static_assert(Dims.heads % Dims.kv() == 0,
                 "dtensor::nn::MultiHeadAttention: grouped-query attention shares each key/value head among a whole "
                 "group of query heads: heads must be a multiple of kv_heads");
+  static_assert(Cfg::cp < 0 || !std::is_same_v<Style, HeadParallel<Shard<1>>>,
+                "dtensor::nn::MultiHeadAttention: context parallelism (Axes' CP dim) shards the sequence already; "
+                "use HeadParallel<> (heads over TP), not HeadParallel<Shard<1>> (sequence parallel)");
 
  public:
   using config = Cfg;
@@ -119,6 +131,7 @@ class MultiHeadAttention {
   static constexpr int Rank = 3;
   static constexpr int F = 2;
   static constexpr bool kParallel = !std::is_same_v<Style, NoParallel>;
+  static constexpr bool kRing = Cfg::cp >= 0;  // the sequence sharded over CP: ring attention
   static constexpr const char* name = kParallel ? "attention(heads)" : "attention";
   static constexpr int64_t kHidden = Dims.hidden, kHeads = Dims.heads, kKV = Dims.kv(), kDim = Dims.dim();
 
@@ -160,6 +173,10 @@ class MultiHeadAttention {
     p.redistribution(Phase::Forward, layer, O::product(), O::output(), kHidden, true);
     if constexpr (kParallel) p.adjoint(Phase::Backward, layer, O::product(), grad_out, kHidden, true);
     if (input_grad) p.adjoint(Phase::Backward, layer, Q::input(), grad_compute_input(grad_out), kHidden, true);
+    if constexpr (kRing) {
+      p.add(PlannedRing{Phase::Forward, layer, Cfg::cp, 1, -1});   // n - 1 shifts of k/v
+      p.add(PlannedRing{Phase::Backward, layer, Cfg::cp, 2, -1});  // and of their gradients
+    }
   }
   // Parameters: Wq, bq, Wk, bk, Wv, bv ([hidden, heads*D] colwise), Wo, bo ([heads*D, hidden] rowwise).
   static constexpr auto parameters(const State& grad_out) {
@@ -215,25 +232,36 @@ class MultiHeadAttention {
     const auto& xl = s.x.local();
     const int64_t b = xl.shape()[0], len = xl.shape()[1], rows = b * len;
     const int64_t hq = wq_.value().local().shape()[1] / kDim, hkv = wk_.value().local().shape()[1] / kDim;
+    // The global positions of this rank's rows: all of them, or its CP block.
+    const int64_t first = s.x.local_offset()[1], total = s.x.shape()[1];
     s.dims = local::AttentionDims{.batch = b, .heads = hq, .kv_heads = hkv, .q_len = len, .kv_len = len,
-                                  .head_dim = kDim, .causal = options_.causal, .tile = options_.tile};
+                                  .head_dim = kDim, .causal = options_.causal, .q_offset = first,
+                                  .kv_offset = first, .tile = options_.tile};
+    if constexpr (kRing) {
+      s.ring.comm = &x.mesh().comm(Cfg::cp);
+      s.ring.offsets.assign(1, 0);
+      for (int64_t block : s.x.layout().blocks[1]) s.ring.offsets.push_back(s.ring.offsets.back() + block);
+    }
     if (training_ && options_.dropout > 0) {
       const int tp_rank = kParallel && Cfg::tp >= 0 ? x.mesh().coords()[Cfg::tp] : 0;
       s.dims.dropout = {.p = options_.dropout, .seed = options_.seed + 0x9e3779b9u, .stream = 1 + step_++,
                         .batch_offset = s.x.local_offset()[0], .head_offset = tp_rank * hq,
-                        .heads_total = kHeads, .q_total = len, .kv_total = len};
+                        .heads_total = kHeads, .q_total = total, .kv_total = total};
     }
     s.q = project_heads(xl, wq_, bq_, b, len, hq);
     s.k = project_heads(xl, wk_, bk_, b, len, hkv);
     s.v = project_heads(xl, wv_, bv_, b, len, hkv);
     if (options_.rope_base > 0) {
-      local::rotary_embedding(rotary(b * hq, len), s.q.data());
-      local::rotary_embedding(rotary(b * hkv, len), s.k.data());
+      local::rotary_embedding(rotary(b * hq, len, first), s.q.data());
+      local::rotary_embedding(rotary(b * hkv, len, first), s.k.data());
     }
     s.o = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, Device::host());
     s.lse = Tensor<T, 3>::uninitialized({b, hq, len}, Device::host());
-    local::attention_forward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr), s.o.data(),
-                             s.lse.data());
+    if constexpr (kRing)
+      ring_attention_forward(s.ring, s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data());
+    else
+      local::attention_forward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
+                               s.o.data(), s.lse.data());
     const Tensor<T, Rank> o = merged(s.o);
     auto y = Tensor<T, Rank>::uninitialized({b, len, kHidden}, Device::host());
     detail::matmul(Device::host(), o.data(), false, wo_.value().local().data(), false, y.data(), rows, kHidden,
@@ -280,11 +308,15 @@ class MultiHeadAttention {
     // The attention core, then RoPE's adjoint (the inverse rotation).
     auto dq = Tensor<T, 4>::uninitialized(s.q.shape(), host);
     auto dk = Tensor<T, 4>::uninitialized(s.k.shape(), host), dv = Tensor<T, 4>::uninitialized(s.v.shape(), host);
-    local::attention_backward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr), s.o.data(),
-                              s.lse.data(), do_heads.data(), dq.data(), dk.data(), dv.data());
+    if constexpr (kRing)
+      ring_attention_backward(s.ring, s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data(),
+                              do_heads.data(), dq.data(), dk.data(), dv.data());
+    else
+      local::attention_backward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
+                                s.o.data(), s.lse.data(), do_heads.data(), dq.data(), dk.data(), dv.data());
     if (options_.rope_base > 0) {
-      local::rotary_embedding(rotary(b * hq, len), dq.data(), true);
-      local::rotary_embedding(rotary(b * hkv, len), dk.data(), true);
+      local::rotary_embedding(rotary(b * hq, len, s.dims.q_offset), dq.data(), true);
+      local::rotary_embedding(rotary(b * hkv, len, s.dims.q_offset), dk.data(), true);
     }
     // The three projections: their weights' gradients, and the sum of their input gradients.
     auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), host);
@@ -319,12 +351,13 @@ class MultiHeadAttention {
   struct Saved {
     XC x;
     local::AttentionDims dims{};
+    AttentionRing ring{};  // the CP dim's ring (kRing)
     Tensor<T, 4> q{}, k{}, v{}, o{};
     Tensor<T, 3> lse{};
   };
 
-  local::RotaryDims rotary(int64_t groups, int64_t len) const {
-    return {.groups = groups, .len = len, .head_dim = kDim, .first_position = 0, .base = options_.rope_base};
+  local::RotaryDims rotary(int64_t groups, int64_t len, int64_t first) const {
+    return {.groups = groups, .len = len, .head_dim = kDim, .first_position = first, .base = options_.rope_base};
   }
   // [b, s, h*D] -> [b, h, s, D] and back.
   static Tensor<T, 4> split(const Tensor<T, Rank>& x, int64_t h) {

@@ -2,10 +2,13 @@
 // What every layer of a model needs to know at compile time: the element type, the
 // rank of the activations ([batch, ..., features]: features last), and which mesh
 // dims carry data parallelism (the batch is sharded over it) and tensor
-// parallelism (the styles of nn/styles.hpp shard weights and features over it).
+// parallelism (the styles of nn/styles.hpp shard weights and features over it), and,
+// for activations [batch, seq, ..., features], which carries context parallelism (the
+// sequence sharded over it: every layer works on its tokens, attention runs a ring).
 //
 //   using Cfg = nn::Config<float, 2, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;   // DP x TP on a 2-D mesh
 //   using Cfg = nn::Config<float, 3, nn::Axes<1, nn::kNone, 0>>;        // TP only, [batch, seq, hidden]
+//   using Cfg = nn::Config<float, 3, nn::Axes<2, nn::kNone, 0, 1>>;     // TP x CP (sequence over mesh dim 1)
 //
 // Images (NCW, NCHW, NCDHW) sharded in space take an ImageConfig instead: the batch
 // over the data-parallel mesh dim, each spatial dim over its own domain mesh dim.
@@ -21,15 +24,17 @@ namespace dtensor::nn {
 
 inline constexpr int kNone = -1;
 
-template <int MeshDims, int DP, int TP>
+template <int MeshDims, int DP, int TP, int CP = kNone>
 struct Axes {
   static_assert(MeshDims >= 1 && MeshDims <= 8, "dtensor::nn::Axes: a mesh has 1 to 8 dims");
-  static_assert(DP >= kNone && DP < MeshDims && TP >= kNone && TP < MeshDims,
-                "dtensor::nn::Axes<M, DP, TP>: DP and TP must be mesh dims (0 .. M-1) or nn::kNone");
-  static_assert(DP == kNone || DP != TP, "dtensor::nn::Axes: data and tensor parallelism need different mesh dims");
+  static_assert(DP >= kNone && DP < MeshDims && TP >= kNone && TP < MeshDims && CP >= kNone && CP < MeshDims,
+                "dtensor::nn::Axes<M, DP, TP, CP>: DP, TP and CP must be mesh dims (0 .. M-1) or nn::kNone");
+  static_assert((DP == kNone || (DP != TP && DP != CP)) && (TP == kNone || TP != CP),
+                "dtensor::nn::Axes: data, tensor and context parallelism need different mesh dims");
   static constexpr int mesh_dims = MeshDims;
   static constexpr int dp = DP;
   static constexpr int tp = TP;
+  static constexpr int cp = CP;
 };
 
 template <class T, int Rank, class AxesT>
@@ -42,15 +47,27 @@ struct Config {
   static constexpr int M = AxesT::mesh_dims;
   static constexpr int dp = AxesT::dp;
   static constexpr int tp = AxesT::tp;
+  static constexpr int cp = AxesT::cp;
+  static_assert(cp < 0 || Rank >= 3, "dtensor::nn::Config: context parallelism shards dim 1, the sequence, of "
+                                     "activations [batch, seq, ..., features]: rank 3 or more");
   static constexpr int feature_dim = Rank - 1;
   using State = PlacementState<static_cast<std::size_t>(M)>;
 
   // The placements of an activation whose tensor-parallel dim holds `on_tp`: the
-  // batch is sharded over the data-parallel dim, everything else replicated.
+  // batch is sharded over the data-parallel dim, the sequence over the context-parallel
+  // dim, everything else replicated.
   static constexpr State activation(PlacementDesc on_tp = {}) {
     State s{};
     if (dp >= 0) s[dp] = {PlacementKind::Shard, 0, ReduceOp::Sum};
+    if (cp >= 0) s[cp] = {PlacementKind::Shard, 1, ReduceOp::Sum};
     if (tp >= 0) s[tp] = on_tp;
+    return s;
+  }
+  // s with Partial<Sum> over the mesh dims that split the tokens (data and context
+  // parallel): a parameter's gradient there, each rank having seen some of them.
+  static constexpr State partial_over_tokens(State s) {
+    if (dp >= 0) s[dp] = {PlacementKind::Partial, -1, ReduceOp::Sum};
+    if (cp >= 0) s[cp] = {PlacementKind::Partial, -1, ReduceOp::Sum};
     return s;
   }
 };
@@ -94,6 +111,7 @@ struct ImageConfig {
   static constexpr int M = DomainAxesT::mesh_dims;
   static constexpr int dp = DomainAxesT::dp;
   static constexpr int tp = kNone;
+  static constexpr int cp = kNone;
   static constexpr int channel_dim = 1;
   static constexpr int feature_dim = 1;  // what a layer's "features" count: channels
   static constexpr std::array<int, Spatial> domain = DomainAxesT::domain;

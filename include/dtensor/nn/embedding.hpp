@@ -66,7 +66,7 @@ class Embedding {
   }
   static constexpr State table_grad(const State& grad_out) {
     State s = table_state();
-    if (Cfg::dp >= 0) s[Cfg::dp] = partial_sum();
+    s = Cfg::partial_over_tokens(s);
     if (Cfg::tp >= 0 && s[Cfg::tp].is_replicate()) s[Cfg::tp] = grad_product(grad_out)[Cfg::tp];
     return s;
   }

@@ -12,7 +12,8 @@
 // The forward issues, class-sharded: an all-reduce MAX over TP of the row maxima, one
 // all-reduce SUM over TP carrying [sum of exp(z - max), target logit (, sum of
 // w_j (z_j - max) under label smoothing)] per row; then, when the batch is sharded over DP,
-// one all-reduce SUM over DP of [loss total, count of counted targets, bad targets],
+// one all-reduce SUM over DP (and one over CP, where the sequence is sharded) of [loss
+// total, count of counted targets, bad targets],
 // so that the mean divides by the global count (exact with uneven shards and
 // ignored rows). The whole vocabulary never meets on one rank. The backward reads
 // only what the forward saved: softmax - one-hot is local to each class block.
@@ -115,11 +116,14 @@ class CrossEntropy {
       p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::tp, true, sum_columns(o) * detail::stat_units<T>, row, -1,
              {}, 0, static_cast<int64_t>(kAgreementValues) * detail::stat_units<T>});
     }
-    if (Cfg::dp >= 0) {
-      State total{};
-      total[Cfg::dp] = partial_sum();
-      p.add({Phase::Forward, -1, StepKind::AllReduce, Cfg::dp, false,
+    // The totals over the dims that split the rows: DP, then CP (the sequence).
+    State total{};
+    for (int m : {Cfg::dp, Cfg::cp}) {
+      if (m < 0) continue;
+      total[m] = partial_sum();
+      p.add({Phase::Forward, -1, StepKind::AllReduce, m, false,
              (total_columns + static_cast<int64_t>(kAgreementValues)) * detail::stat_units<T>, total});
+      total[m] = replicate();
     }
   }
 
@@ -216,8 +220,11 @@ class CrossEntropy {
     }
     // Over DP, with the check that every DP rank believes the same logits shape (a rank
     // that built a batch of another size would only skew the mean).
-    if constexpr (Cfg::dp >= 0)
-      detail::checked_sums(total, name, z.shape(), [&](auto&& f) { f(mesh.comm(Cfg::dp), Cfg::dp); });
+    if constexpr (Cfg::dp >= 0 || Cfg::cp >= 0)
+      detail::checked_sums(total, name, z.shape(), [&](auto&& f) {
+        if (Cfg::dp >= 0) f(mesh.comm(Cfg::dp), Cfg::dp);
+        if (Cfg::cp >= 0) f(mesh.comm(Cfg::cp), Cfg::cp);
+      });
     DTENSOR_CHECK(total[2] == 0, InvalidArgument, name, ": ", static_cast<int64_t>(total[2]),
                   " target(s) outside [0, ", classes, ") that are not ignore_index (", opt_.ignore_index, ")");
 

@@ -87,7 +87,7 @@ class Norm {
   // Gradients of the scale and shift: Partial where this rank saw only some rows.
   static constexpr State param_grad(const State& grad_out) {
     State s = param_state();
-    if (Cfg::dp >= 0) s[Cfg::dp] = partial_sum();
+    s = Cfg::partial_over_tokens(s);
     if (Cfg::tp >= 0 && !kFeatureSharded) s[Cfg::tp] = kSequence ? partial_sum() : grad_out[Cfg::tp];
     return s;
   }

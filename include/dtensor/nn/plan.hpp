@@ -80,13 +80,27 @@ struct PlannedRealignment {
   int mesh_dim = 0;
 };
 
+// A ring of point-to-point shifts over mesh dim `mesh_dim` (ring attention,
+// distributed/ring_attention.hpp): each rank sends to the next and receives from the
+// previous, `per_rank * n + extra` exchanges for n ranks on that dim.
+struct PlannedRing {
+  Phase phase = Phase::Forward;
+  int layer = -1;
+  int mesh_dim = 0;
+  int per_rank = 1, extra = -1;
+  constexpr int exchanges(int n) const { return n > 1 ? per_rank * n + extra : 0; }
+};
+
 template <std::size_t M, int Capacity = 96>
 struct ModelPlan {
   static constexpr int kRealignCapacity = 32;
+  static constexpr int kRingCapacity = 32;
   int size = 0;
   std::array<PlannedCollective<M>, Capacity> entries{};
   int realignments = 0;
   std::array<PlannedRealignment, kRealignCapacity> realigned{};
+  int rings = 0;
+  std::array<PlannedRing, kRingCapacity> ringed{};
 
   constexpr void add(const PlannedCollective<M>& c) {
     if (size == Capacity) throw "dtensor::nn::ModelPlan: more collectives than the plan's capacity";
@@ -95,6 +109,10 @@ struct ModelPlan {
   constexpr void add(const PlannedRealignment& r) {
     if (realignments == kRealignCapacity) throw "dtensor::nn::ModelPlan: more block realignments than it holds";
     realigned[realignments++] = r;
+  }
+  constexpr void add(const PlannedRing& r) {
+    if (rings == kRingCapacity) throw "dtensor::nn::ModelPlan: more rings than it holds";
+    ringed[rings++] = r;
   }
   // A block's plan as layer `layer`'s: every entry renumbered, a parameter's index
   // moved by parameter_offset(the entry's layer in `inner`).
@@ -111,6 +129,19 @@ struct ModelPlan {
       a.layer = layer;
       add(a);
     }
+    for (int r = 0; r < inner.rings; ++r) {
+      auto a = inner.ringed[r];
+      a.layer = layer;
+      add(a);
+    }
+  }
+  // The point-to-point exchanges of a phase's rings on a mesh of `mesh_shape` (what
+  // CommCounter::exchanges counts, with the realignments).
+  constexpr int ring_exchanges(Phase p, const std::array<int, M>& mesh_shape) const {
+    int n = 0;
+    for (int i = 0; i < rings; ++i)
+      if (ringed[i].phase == p) n += ringed[i].exchanges(mesh_shape[ringed[i].mesh_dim]);
+    return n;
   }
   // The realignments a phase may issue (each where the blocks differ at run time).
   constexpr int count_realignments(Phase p) const {
@@ -233,6 +264,13 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
     if (r.layer >= 0 && r.layer < 64 && !layer_names[r.layer].empty()) who += " (" + layer_names[r.layer] + ")";
     s += std::string(name(r.phase)) + ": " + who + ": block realignment of tensor dim " + std::to_string(r.tensor_dim) +
          " over mesh dim " + std::to_string(r.mesh_dim) + ", point to point, where the two paths' blocks differ\n";
+  }
+  for (int k = 0; k < plan.rings; ++k) {
+    const auto& r = plan.ringed[k];
+    std::string who = "layer " + std::to_string(r.layer);
+    if (r.layer >= 0 && r.layer < 64 && !layer_names[r.layer].empty()) who += " (" + layer_names[r.layer] + ")";
+    s += std::string(name(r.phase)) + ": " + who + ": ring on mesh dim " + std::to_string(r.mesh_dim) + ", " +
+         std::to_string(r.exchanges(mesh_shape[r.mesh_dim])) + " point-to-point shifts per rank\n";
   }
   return s;
 }

@@ -100,13 +100,13 @@ struct LinearRule {
   // gradient holds there (Replicate where every rank computed the whole of it).
   static constexpr State weight_grad(const State& grad_product) {
     State s = weight();
-    if (Cfg::dp >= 0) s[Cfg::dp] = partial_sum();
+    s = Cfg::partial_over_tokens(s);
     if (Cfg::tp >= 0 && s[Cfg::tp].is_replicate()) s[Cfg::tp] = grad_product[Cfg::tp];
     return s;
   }
   static constexpr State bias_grad(const State& grad_product) {
     State s = bias();
-    if (Cfg::dp >= 0) s[Cfg::dp] = partial_sum();
+    s = Cfg::partial_over_tokens(s);
     if (Cfg::tp >= 0 && s[Cfg::tp].is_replicate()) s[Cfg::tp] = grad_product[Cfg::tp];
     return s;
   }

@@ -1,0 +1,145 @@
+// Ring attention (distributed/ring_attention.hpp) against the single-rank attention core
+// on the whole sequence: rings of 1-4 ranks, even and uneven blocks (and an empty one),
+// causal or not, grouped-query heads, dropout on the weights; forward and all three
+// gradients; the exchanges counted; a rank failing inside the ring ends every rank.
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <dtensor/distributed/ring_attention.hpp>
+
+#include "compare.hpp"
+#include "spmd.hpp"
+
+using namespace dtensor;
+using namespace dtensor::test;
+
+namespace {
+
+// [batch, heads, len, dim] values of the whole sequence, element i from (seed, i).
+std::vector<double> values(int64_t n, uint64_t seed) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = dtensor::detail::normal_value<double>(seed, static_cast<uint64_t>(i));
+  return v;
+}
+// Positions [lo, hi) of every (batch, head) of x [groups, len, dim].
+std::vector<double> rows_of(const std::vector<double>& x, int64_t groups, int64_t len, int64_t dim, int64_t lo,
+                            int64_t hi) {
+  std::vector<double> out;
+  for (int64_t g = 0; g < groups; ++g)
+    out.insert(out.end(), x.begin() + (g * len + lo) * dim, x.begin() + (g * len + hi) * dim);
+  return out;
+}
+
+struct Case {
+  std::vector<int64_t> lengths;  // per ring rank
+  bool causal = false;
+  int64_t heads = 4, kv_heads = 2;
+  double dropout = 0;
+};
+
+void check_ring(const Case& c) {
+  const int n = static_cast<int>(c.lengths.size());
+  std::vector<int64_t> offsets{0};
+  for (int64_t l : c.lengths) offsets.push_back(offsets.back() + l);
+  const int64_t len = offsets.back(), batch = 2, dim = 4;
+  local::AttentionDims whole{.batch = batch, .heads = c.heads, .kv_heads = c.kv_heads, .q_len = len, .kv_len = len,
+                             .head_dim = dim, .causal = c.causal, .tile = 3};
+  whole.dropout = {.p = c.dropout, .seed = 5, .stream = 2, .heads_total = c.heads, .q_total = len, .kv_total = len};
+  const int64_t gq = batch * c.heads, gk = batch * c.kv_heads;
+  const auto q = values(gq * len * dim, 1), k = values(gk * len * dim, 2), v = values(gk * len * dim, 3),
+             dout = values(gq * len * dim, 4);
+  std::vector<double> o(q.size()), lse(static_cast<std::size_t>(gq * len)), dq(q.size()), dk(k.size()), dv(v.size());
+  local::attention_forward(whole, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                           lse.data());
+  local::attention_backward(whole, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                            lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  spmd(n, [&](Comm& comm) {
+    const int r = comm.rank();
+    INFO("ring of ", n, ", rank ", r, ", causal ", c.causal, ", dropout ", c.dropout);
+    const AttentionRing ring{&comm, offsets};
+    const int64_t lo = offsets[r], hi = offsets[r + 1];
+    local::AttentionDims d = whole;
+    d.q_len = hi - lo;
+    const auto ql = rows_of(q, gq, len, dim, lo, hi), kl = rows_of(k, gk, len, dim, lo, hi),
+               vl = rows_of(v, gk, len, dim, lo, hi), dol = rows_of(dout, gq, len, dim, lo, hi);
+    std::vector<double> ol(ql.size()), lsel(static_cast<std::size_t>(gq * (hi - lo))), dql(ql.size()),
+        dkl(kl.size()), dvl(vl.size());
+    CommCounter counted;
+    ring_attention_forward(ring, d, ql.data(), kl.data(), vl.data(), ol.data(), lsel.data());
+    CHECK(counted.exchanges() == n - 1);
+    ring_attention_backward(ring, d, ql.data(), kl.data(), vl.data(), ol.data(), lsel.data(), dol.data(), dql.data(),
+                            dkl.data(), dvl.data());
+    CHECK(counted.exchanges() == (n - 1) + (n > 1 ? 2 * n - 1 : 0));
+    CHECK(max_abs_diff(ol, rows_of(o, gq, len, dim, lo, hi)) < 1e-13);
+    CHECK(max_abs_diff(lsel, rows_of(lse, gq, len, 1, lo, hi)) < 1e-13);
+    CHECK(max_abs_diff(dql, rows_of(dq, gq, len, dim, lo, hi)) < 1e-13);
+    CHECK(max_abs_diff(dkl, rows_of(dk, gk, len, dim, lo, hi)) < 1e-13);
+    CHECK(max_abs_diff(dvl, rows_of(dv, gk, len, dim, lo, hi)) < 1e-13);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("ring attention equals attention on the whole sequence: 1-4 ranks, even and uneven blocks") {
+  for (bool causal : {false, true}) {
+    check_ring({{7}, causal});
+    check_ring({{4, 4}, causal});
+    check_ring({{5, 3}, causal});
+    check_ring({{3, 3, 2}, causal});
+    check_ring({{2, 5, 1, 4}, causal});
+    check_ring({{3, 0, 4}, causal});  // a rank holding no position passes blocks on
+  }
+}
+
+TEST_CASE("ring attention: grouped-query heads, one key/value head, and dropout's single-device mask") {
+  check_ring({{3, 4, 2}, true, 4, 1});
+  check_ring({{4, 3}, false, 2, 2});
+  check_ring({{3, 2, 4}, true, 4, 2, 0.3});
+  check_ring({{5, 2}, false, 4, 4, 0.5});
+}
+
+TEST_CASE("ring attention: a rank failing inside the ring ends every rank with an error, no hang") {
+  if (skip_under_mpi("a failing rank ends an MPI job")) return;
+  for (int failing : {0, 2}) {
+    std::vector<std::string> errors(3);
+    CHECK_THROWS([&] {
+      run_threads(3, [&](Comm& comm) {
+        const AttentionRing ring{&comm, {0, 3, 5, 8}};
+        const int64_t len = ring.length(comm.rank());
+        local::AttentionDims d{.batch = 1, .heads = 2, .kv_heads = 2, .q_len = len, .head_dim = 4, .causal = true};
+        const std::vector<double> q(2 * len * 4, 0.5);
+        std::vector<double> o(q.size()), lse(2 * len);
+        try {
+          if (comm.rank() == failing) throw std::runtime_error("injected failure before the ring");
+          ring_attention_forward(ring, d, q.data(), q.data(), q.data(), o.data(), lse.data());
+        } catch (const std::exception& e) {
+          errors[comm.rank()] = e.what();
+          throw;
+        }
+      });
+    }());
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank ", r, ": ", errors[r]);
+      CHECK(!errors[r].empty());
+    }
+  }
+}
+
+TEST_CASE("ring attention: ranks that disagree about the blocks get an error, no hang") {
+  if (skip_under_mpi("a failing rank ends an MPI job")) return;
+  CHECK_THROWS_AS(run_threads(2,
+                              [&](Comm& comm) {
+                                // rank 1 believes the blocks are 4 | 3, rank 0 that they are 3 | 4
+                                const AttentionRing ring{&comm, comm.rank() == 0 ? std::vector<int64_t>{0, 3, 7}
+                                                                                 : std::vector<int64_t>{0, 4, 7}};
+                                const int64_t len = ring.length(comm.rank());
+                                local::AttentionDims d{.batch = 1, .heads = 1, .kv_heads = 1, .q_len = len,
+                                                       .head_dim = 2};
+                                const std::vector<double> q(2 * len, 0.5);
+                                std::vector<double> o(q.size()), lse(len);
+                                ring_attention_forward(ring, d, q.data(), q.data(), q.data(), o.data(), lse.data());
+                              }),
+                  Error);
+}
