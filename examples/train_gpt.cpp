@@ -10,18 +10,22 @@
 //   loss    cross-entropy on the vocabulary-sharded logits (loss parallel), AdamW
 //           lr 3e-3, 30 steps, batch 8
 //
-// Two placements of the same model on a 2x2 mesh, data parallel over mesh dim 0:
-//   DP x TP   heads and MLP features over mesh dim 1 (PyTorch's transformer plan)
+// Three placements of the same model on a 2x2 mesh:
+//   DP x TP   batch over mesh dim 0, heads and MLP features over mesh dim 1
+//             (PyTorch's transformer plan)
 //   DP x SP   the same with sequence parallelism: norms, residuals and positions on
 //             sequence shards, all-gather / reduce-scatter instead of all-reduce
+//   TP x CP   heads over mesh dim 0, the sequence over mesh dim 1 (context parallel):
+//             every layer on its tokens, attention as a ring of key/value blocks
 // The compiler checks each step's plan (the all-reduces or gathers and scatters per
-// block, the gradient reductions), and each run counts its collectives against it.
+// block, the rings, the gradient reductions), and each run counts its collectives and
+// point-to-point shifts against it.
 //
 // Usage:
 //   build/examples/train_gpt                      4 in-process ranks (threads)
 //   mpirun -np 4 build/examples/train_gpt_mpi     4 processes
 // Exits 1 if a loss differs from the single-rank run's by more than 1e-5 relative, or
-// if the collectives counted differ from the plan.
+// if the collectives or shifts counted differ from the plan.
 #include <dtensor/nn.hpp>
 
 #include <atomic>
@@ -40,10 +44,11 @@ constexpr int64_t kVocab = 97, kHidden = 64, kFfn = 256, kLen = 32, kBatch = 8;
 constexpr nn::AttentionShape kAttention{.hidden = kHidden, .heads = 4};
 constexpr int kSteps = 30;
 
-using Cfg = nn::Config<float, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
+using DpTp = nn::Config<float, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
+using TpCp = nn::Config<float, 3, nn::Axes<2, nn::kNone, /*tp*/ 0, /*cp*/ 1>>;
 
 // Style: nn::HeadParallel<> (TP) or nn::HeadParallel<Shard<1>> (TP with sequence parallel).
-template <class Style>
+template <class Cfg, class Style>
 struct Gpt {
   using SeqOnTP = std::conditional_t<std::is_same_v<Style, nn::HeadParallel<>>, Replicate, Shard<1>>;
   using Embed = nn::Embedding<Cfg, kVocab, kHidden, nn::RowwiseParallel<SeqOnTP>>;
@@ -53,7 +58,7 @@ struct Gpt {
   using Head = nn::Linear<Cfg, kHidden, kVocab, nn::ColwiseParallel<SeqOnTP>, false>;
   using Model = nn::Sequential<Embed, Positions, Block, Block, Norm, Head>;
   using Loss = nn::CrossEntropy<Cfg>;  // logits sharded over the vocabulary: loss parallel
-  using Targets = dtensor_t<int64_t, 2, placements_t<Cfg::activation()>>;
+  using Targets = dtensor_t<int64_t, 2, placements_t<Cfg::activation()>>;  // rows placed like the logits'
   static constexpr auto plan = Model::template training_plan<Loss>(kHidden);
 
   static Model make(const DeviceMesh<2>& mesh) {
@@ -66,10 +71,12 @@ struct Gpt {
 // The plans, checked by the compiler: per block one all-reduce over TP after each
 // branch forward and one before each branch's rowwise projection backward (the
 // embedding's and the head's make 5 each way); with sequence parallelism each becomes
-// an all-gather and a reduce-scatter. The loss adds its all-reduces (max and sums over
-// TP, the mean over DP).
-using Tp = Gpt<nn::HeadParallel<>>;
-using Sp = Gpt<nn::HeadParallel<Shard<1>>>;
+// an all-gather and a reduce-scatter; with context parallelism each attention adds a
+// ring of point-to-point shifts each way. The loss adds its all-reduces (max and sums
+// over TP, the mean over DP or over the sequence's shards).
+using Tp = Gpt<DpTp, nn::HeadParallel<>>;
+using Sp = Gpt<DpTp, nn::HeadParallel<Shard<1>>>;
+using Cp = Gpt<TpCp, nn::HeadParallel<>>;
 static_assert(Tp::plan.count(nn::Phase::Forward, StepKind::AllReduce, 1) == 5 + 2 &&
                   Tp::plan.count(nn::Phase::Backward, StepKind::AllReduce, 1) == 5,
               "DP x TP: 2 all-reduces per block each way, the embedding's and the head's, the loss's 2");
@@ -78,6 +85,11 @@ static_assert(Sp::plan.count(nn::Phase::Forward, StepKind::AllGather, 1) == 5 &&
                   Sp::plan.count(nn::Phase::Backward, StepKind::AllGather, 1) == 5 &&
                   Sp::plan.count(nn::Phase::Backward, StepKind::ReduceScatter, 1) == 5,
               "DP x SP: an all-gather and a reduce-scatter per all-reduce of DP x TP");
+static_assert(Cp::plan.count(nn::Phase::Forward, StepKind::AllReduce, 0) == 5 + 2 &&
+                  Cp::plan.count(nn::Phase::Backward, StepKind::AllReduce, 0) == 5 && Cp::plan.rings == 4 &&
+                  Cp::plan.count(nn::Phase::Forward, StepKind::AllReduce, 1) == 1,
+              "TP x CP: DP x TP's all-reduces on mesh dim 0, a ring per attention each way on mesh dim 1, and the "
+              "loss's sum over the sequence's shards");
 
 // Sequence n of step s: a start and a stride from (s, n) only, whatever the mesh.
 uint64_t draw(int step, int64_t n, int what) {
@@ -110,7 +122,9 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
     losses.push_back(loss.forward(logits, targets));
     model.backward(loss.backward());
     adam.step(model);
-    if (counted.count() != G::plan.step_collectives(model.bucket_bytes(), sizeof(float), mesh.shape(), mesh.coords()))
+    if (counted.count() != G::plan.step_collectives(model.bucket_bytes(), sizeof(float), mesh.shape(), mesh.coords()) ||
+        counted.exchanges() != G::plan.ring_exchanges(nn::Phase::Forward, mesh.shape()) +
+                                   G::plan.ring_exchanges(nn::Phase::Backward, mesh.shape()))
       ++*off_plan;
   }
   return losses;
@@ -146,8 +160,9 @@ int main(int argc, char** argv) {
   auto program = [&](Comm& comm) {
     const bool tp = compare<Tp>(comm, "DP x TP: batch over mesh dim 0, heads and MLP features over mesh dim 1");
     const bool sp = compare<Sp>(comm, "DP x TP with sequence parallelism over mesh dim 1");
-    if (comm.rank() == 0 && tp && sp) std::printf("OK: both placements train like the single-rank run\n");
-    if (!(tp && sp)) failed = 1;
+    const bool cp = compare<Cp>(comm, "TP x CP: heads over mesh dim 0, the sequence over mesh dim 1 (ring attention)");
+    if (comm.rank() == 0 && tp && sp && cp) std::printf("OK: the three placements train like the single-rank run\n");
+    if (!(tp && sp && cp)) failed = 1;
   };
   examples::run_example(argc, argv, 4, program);
   return failed;

@@ -270,7 +270,7 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
     std::string who = "layer " + std::to_string(r.layer);
     if (r.layer >= 0 && r.layer < 64 && !layer_names[r.layer].empty()) who += " (" + layer_names[r.layer] + ")";
     s += std::string(name(r.phase)) + ": " + who + ": ring on mesh dim " + std::to_string(r.mesh_dim) + ", " +
-         std::to_string(r.exchanges(mesh_shape[r.mesh_dim])) + " point-to-point shifts per rank\n";
+         std::to_string(r.exchanges(mesh_shape[r.mesh_dim])) + " point-to-point shift(s) per rank\n";
   }
   return s;
 }
