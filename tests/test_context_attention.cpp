@@ -1,13 +1,17 @@
-// Ring attention (distributed/ring_attention.hpp) against the single-rank attention core
-// on the whole sequence: rings of 1-4 ranks, even and uneven blocks (and an empty one),
-// causal or not, grouped-query heads, dropout on the weights; forward and all three
-// gradients; the exchanges counted; a rank failing inside the ring ends every rank.
+// Context-parallel attention, the sequence sharded over a group of ranks: the ring
+// (distributed/ring_attention.hpp) and all-to-all attention (distributed/
+// ulysses_attention.hpp, heads <-> sequence) against the single-rank attention core on
+// the whole sequence: 1-4 ranks, even and uneven blocks (and an empty one), causal or
+// not, grouped-query heads, dropout on the weights; forward and all three gradients;
+// the exchanges and all-to-alls counted; a rank failing inside the ring ends every
+// rank; head counts the ranks do not divide refused.
 #include <numeric>
 #include <stdexcept>
 #include <vector>
 
 #include <doctest/doctest.h>
 #include <dtensor/distributed/ring_attention.hpp>
+#include <dtensor/distributed/ulysses_attention.hpp>
 
 #include "compare.hpp"
 #include "spmd.hpp"
@@ -142,4 +146,68 @@ TEST_CASE("ring attention: ranks that disagree about the blocks get an error, no
                                 ring_attention_forward(ring, d, q.data(), q.data(), q.data(), o.data(), lse.data());
                               }),
                   Error);
+}
+
+namespace {
+// The same comparison for all-to-all attention (heads <-> sequence).
+void check_ulysses(const Case& c) {
+  const int n = static_cast<int>(c.lengths.size());
+  std::vector<int64_t> offsets{0};
+  for (int64_t l : c.lengths) offsets.push_back(offsets.back() + l);
+  const int64_t len = offsets.back(), batch = 2, dim = 4;
+  local::AttentionDims whole{.batch = batch, .heads = c.heads, .kv_heads = c.kv_heads, .q_len = len, .kv_len = len,
+                             .head_dim = dim, .causal = c.causal, .tile = 3};
+  whole.dropout = {.p = c.dropout, .seed = 5, .stream = 2, .heads_total = c.heads, .q_total = len, .kv_total = len};
+  const int64_t gq = batch * c.heads, gk = batch * c.kv_heads;
+  const auto q = values(gq * len * dim, 1), k = values(gk * len * dim, 2), v = values(gk * len * dim, 3),
+             dout = values(gq * len * dim, 4);
+  std::vector<double> o(q.size()), lse(static_cast<std::size_t>(gq * len)), dq(q.size()), dk(k.size()), dv(v.size());
+  local::attention_forward(whole, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                           lse.data());
+  local::attention_backward(whole, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                            lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  spmd(n, [&](Comm& comm) {
+    const int r = comm.rank();
+    INFO("all-to-all over ", n, ", rank ", r, ", causal ", c.causal, ", dropout ", c.dropout);
+    const int64_t lo = offsets[r], hi = offsets[r + 1];
+    local::AttentionDims d = whole;
+    d.q_len = d.kv_len = hi - lo;
+    d.q_offset = d.kv_offset = lo;
+    const auto ql = rows_of(q, gq, len, dim, lo, hi), kl = rows_of(k, gk, len, dim, lo, hi),
+               vl = rows_of(v, gk, len, dim, lo, hi), dol = rows_of(dout, gq, len, dim, lo, hi);
+    std::vector<double> ol(ql.size()), lsel(static_cast<std::size_t>(gq * (hi - lo))), dql(ql.size()),
+        dkl(kl.size()), dvl(vl.size());
+    CommCounter counted;
+    UlyssesAttention<double> attention({&comm, offsets}, 0);
+    attention.forward(d, ql.data(), kl.data(), vl.data(), ol.data(), lsel.data());
+    CHECK(counted.count(StepKind::AllToAll) == 5);
+    attention.backward(dol.data(), dql.data(), dkl.data(), dvl.data());
+    CHECK(counted.count(StepKind::AllToAll) == 9);
+    CHECK(max_abs_diff(ol, rows_of(o, gq, len, dim, lo, hi)) < 1e-13);
+    CHECK(max_abs_diff(lsel, rows_of(lse, gq, len, 1, lo, hi)) < 1e-13);
+    CHECK(max_abs_diff(dql, rows_of(dq, gq, len, dim, lo, hi)) < 1e-13);
+    CHECK(max_abs_diff(dkl, rows_of(dk, gk, len, dim, lo, hi)) < 1e-13);
+    CHECK(max_abs_diff(dvl, rows_of(dv, gk, len, dim, lo, hi)) < 1e-13);
+  });
+}
+}  // namespace
+
+TEST_CASE("all-to-all attention equals attention on the whole sequence: 1, 2 and 4 ranks, uneven blocks") {
+  for (bool causal : {false, true}) {
+    check_ulysses({{7}, causal});
+    check_ulysses({{5, 3}, causal});
+    check_ulysses({{2, 5, 0, 4}, causal, 4, 4});
+    check_ulysses({{3, 2}, causal, 4, 2, 0.3});
+  }
+  check_ulysses({{3, 3, 2}, true, 6, 3});
+}
+
+TEST_CASE("all-to-all attention: head counts that the ranks do not divide are refused, naming the counts") {
+  spmd(2, [&](Comm& comm) {
+    local::AttentionDims d{.batch = 1, .heads = 4, .kv_heads = 1, .q_len = 2, .kv_len = 2, .head_dim = 2};
+    std::vector<double> x(8), o(8), lse(8);
+    UlyssesAttention<double> attention({&comm, {0, 2, 4}}, 0);
+    CHECK_THROWS_WITH_AS(attention.forward(d, x.data(), x.data(), x.data(), o.data(), lse.data()),
+                         doctest::Contains("4 query heads and 1 key/value heads over 2 ranks"), InvalidArgument);
+  });
 }

@@ -1,0 +1,183 @@
+#pragma once
+// Neighborhood attention in 2-D on one rank (NATTEN's na2d, stride 1): each pixel's
+// query attends to the kernel_x x kernel_y pixels of a window around it,
+//
+//   o(p) = sum over keys m of the window W(p):  softmax_m(q(p) . k(m) * scale) v(m)
+//
+// Windows follow NATTEN: clamped at the image's borders, never padded. Along a dim of
+// extent L with kernel K (odd) and dilation d, position i belongs to the group of
+// positions with its residue g = i mod d (ceil((L - g) / d) of them, t = i / d its
+// place); its window is K consecutive group members starting at
+//   s = max(t - K/2, 0) + (t + K/2 >= L_g ? L_g - K/2 - t - 1 : 0)
+// so a query near the border attends to a whole window shifted inward. K * d <= L
+// (every group holds a whole window).
+//
+// Tensors are heads-last like NATTEN's: q, o [batch, qx, qy, heads, head_dim] over a
+// block of query pixels, k, v [batch, kx, ky, heads, head_dim] over a block of key
+// pixels that contains every window of those queries (a halo; each block given by its
+// global first pixel and extents, so a rank of an image sharded in space runs this on
+// its block and its ghosts). The backward recomputes each window's weights (K^2 per
+// query) and accumulates dk, dv into the key block (ghosts included: the halo's
+// reverse exchange adds them to their owners).
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "dtensor/util/error.hpp"
+
+namespace dtensor::local {
+
+// The first key of position i's window along a dim (global positions; keys at
+// first + dilation * m, m < kernel).
+constexpr int64_t neighborhood_start(int64_t i, int64_t extent, int64_t kernel, int64_t dilation) {
+  const int64_t g = i % dilation, t = i / dilation, lg = (extent - g + dilation - 1) / dilation, r = kernel / 2;
+  int64_t s = std::max<int64_t>(t - r, 0);
+  if (t + r >= lg) s += lg - r - t - 1;
+  return g + dilation * s;
+}
+
+struct NeighborhoodDims {
+  int64_t batch = 1, heads = 1, head_dim = 1;
+  std::array<int64_t, 2> extent{};          // the whole image, X and Y
+  std::array<int64_t, 2> kernel{3, 3}, dilation{1, 1};
+  std::array<int64_t, 2> q_first{}, q_len{};    // the query block: first global pixel, extents
+  std::array<int64_t, 2> kv_first{}, kv_len{};  // the key/value block
+  double scale = 0;                            // 0: 1 / sqrt(head_dim)
+
+  double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+  void check(const char* what) const {
+    for (int a = 0; a < 2; ++a) {
+      DTENSOR_CHECK(kernel[a] >= 1 && kernel[a] % 2 == 1 && dilation[a] >= 1, InvalidArgument, what, ": kernel ",
+                    kernel[a], " and dilation ", dilation[a], " along dim ", a,
+                    ": the kernel must be odd (a window centred on its query) and both positive");
+      DTENSOR_CHECK(kernel[a] * dilation[a] <= extent[a], InvalidArgument, what, ": a window of ", kernel[a],
+                    " pixels at dilation ", dilation[a], " does not fit the image's ", extent[a], " along dim ", a);
+    }
+  }
+};
+
+// The key pixels [lo, hi) a query block reads along dim a (what its halo must hold).
+inline std::array<int64_t, 2> neighborhood_reach(const NeighborhoodDims& d, int a) {
+  int64_t lo = d.extent[a], hi = 0;
+  for (int64_t i = d.q_first[a]; i < d.q_first[a] + d.q_len[a]; ++i) {
+    const int64_t s = neighborhood_start(i, d.extent[a], d.kernel[a], d.dilation[a]);
+    lo = std::min(lo, s);
+    hi = std::max(hi, s + d.dilation[a] * (d.kernel[a] - 1) + 1);
+  }
+  return {lo, hi};
+}
+
+}  // namespace dtensor::local
+
+// (dtensor::detail, not dtensor::local::detail, which would hide dtensor::detail from
+// the compute headers that name detail:: inside dtensor::local)
+namespace dtensor::detail::neighborhood {
+using local::NeighborhoodDims;
+using local::neighborhood_start;
+using local::neighborhood_reach;
+template <class T, class F>
+void for_each_query(const NeighborhoodDims& d, F&& f) {
+  d.check("neighborhood attention");
+  for (int a = 0; a < 2; ++a) {
+    if (d.q_len[a] == 0) return;
+    const auto r = neighborhood_reach(d, a);
+    DTENSOR_CHECK(r[0] >= d.kv_first[a] && r[1] <= d.kv_first[a] + d.kv_len[a], InvalidArgument,
+                  "neighborhood attention: the windows of queries ", d.q_first[a], " .. ",
+                  d.q_first[a] + d.q_len[a] - 1, " along dim ", a, " read keys ", r[0], " .. ", r[1] - 1,
+                  ", outside the key block ", d.kv_first[a], " .. ", d.kv_first[a] + d.kv_len[a] - 1);
+  }
+  std::vector<int64_t> keys(static_cast<std::size_t>(d.kernel[0] * d.kernel[1]));
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t x = 0; x < d.q_len[0]; ++x)
+      for (int64_t y = 0; y < d.q_len[1]; ++y) {
+        const int64_t sx = neighborhood_start(d.q_first[0] + x, d.extent[0], d.kernel[0], d.dilation[0]);
+        const int64_t sy = neighborhood_start(d.q_first[1] + y, d.extent[1], d.kernel[1], d.dilation[1]);
+        int64_t m = 0;
+        for (int64_t i = 0; i < d.kernel[0]; ++i)
+          for (int64_t j = 0; j < d.kernel[1]; ++j) {
+            const int64_t kx = sx + d.dilation[0] * i - d.kv_first[0], ky = sy + d.dilation[1] * j - d.kv_first[1];
+            keys[m++] = (b * d.kv_len[0] + kx) * d.kv_len[1] + ky;  // the key pixel's index in the key block
+          }
+        f((b * d.q_len[0] + x) * d.q_len[1] + y, keys);
+      }
+}
+}  // namespace dtensor::detail::neighborhood
+
+namespace dtensor::local {
+
+// o from q, k, v.
+template <class T>
+void neighborhood_attention_forward(const NeighborhoodDims& d, const T* q, const T* k, const T* v, T* o) {
+  const int64_t H = d.heads, D = d.head_dim, pix = H * D;
+  const T scale = static_cast<T>(d.softmax_scale());
+  std::vector<T> s(static_cast<std::size_t>(d.kernel[0] * d.kernel[1]));
+  dtensor::detail::neighborhood::for_each_query<T>(d, [&](int64_t p, const std::vector<int64_t>& keys) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* qp = q + p * pix + h * D;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (std::size_t m = 0; m < keys.size(); ++m) {
+        const T* km = k + keys[m] * pix + h * D;
+        T acc = 0;
+        for (int64_t c = 0; c < D; ++c) acc += qp[c] * km[c];
+        s[m] = acc * scale;
+        mx = std::max(mx, s[m]);
+      }
+      T sum = 0;
+      for (auto& e : s) sum += (e = std::exp(e - mx));
+      T* op = o + p * pix + h * D;
+      std::fill(op, op + D, T(0));
+      for (std::size_t m = 0; m < keys.size(); ++m) {
+        const T w = s[m] / sum;
+        const T* vm = v + keys[m] * pix + h * D;
+        for (int64_t c = 0; c < D; ++c) op[c] += w * vm[c];
+      }
+    }
+  });
+}
+
+// dq (written) and dk, dv (added into: zero them first, ghosts included) from dout.
+template <class T>
+void neighborhood_attention_backward(const NeighborhoodDims& d, const T* q, const T* k, const T* v, const T* dout,
+                                     T* dq, T* dk, T* dv) {
+  const int64_t H = d.heads, D = d.head_dim, pix = H * D;
+  const T scale = static_cast<T>(d.softmax_scale());
+  std::vector<T> p(static_cast<std::size_t>(d.kernel[0] * d.kernel[1])), dp(p.size());
+  dtensor::detail::neighborhood::for_each_query<T>(d, [&](int64_t i, const std::vector<int64_t>& keys) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* qi = q + i * pix + h * D;
+      const T* doi = dout + i * pix + h * D;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (std::size_t m = 0; m < keys.size(); ++m) {
+        const T* km = k + keys[m] * pix + h * D;
+        const T* vm = v + keys[m] * pix + h * D;
+        T acc = 0, dacc = 0;
+        for (int64_t c = 0; c < D; ++c) acc += qi[c] * km[c], dacc += doi[c] * vm[c];
+        p[m] = acc * scale;
+        dp[m] = dacc;
+        mx = std::max(mx, p[m]);
+      }
+      T sum = 0;
+      for (auto& e : p) sum += (e = std::exp(e - mx));
+      T delta = 0;  // sum_m P_m dP_m (= do . o)
+      for (std::size_t m = 0; m < keys.size(); ++m) delta += (p[m] /= sum) * dp[m];
+      T* dqi = dq + i * pix + h * D;
+      std::fill(dqi, dqi + D, T(0));
+      for (std::size_t m = 0; m < keys.size(); ++m) {
+        const T ds = p[m] * (dp[m] - delta) * scale;
+        const T* km = k + keys[m] * pix + h * D;
+        T* dkm = dk + keys[m] * pix + h * D;
+        T* dvm = dv + keys[m] * pix + h * D;
+        for (int64_t c = 0; c < D; ++c) {
+          dqi[c] += ds * km[c];
+          dkm[c] += ds * qi[c];
+          dvm[c] += p[m] * doi[c];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace dtensor::local
