@@ -295,3 +295,29 @@ TEST_CASE("attention, context parallel: a ring over the sequence's mesh dim equa
   const nn::AttentionOptions drop{.causal = true, .rope_base = 10000, .dropout = 0.25, .seed = 9, .tile = 3};
   check_against_one_rank<Model<TpCp, kGqa, H>, 2>({2, 2}, MakeModel<TpCp, kGqa, H>{drop}, s, s, 1e-12);
 }
+
+TEST_CASE("attention, context parallel by all-to-all (heads <-> sequence): equal to one rank, uneven blocks") {
+  constexpr nn::AttentionShape kA2A{.hidden = 16, .heads = 4, .kv_heads = 2, .context = nn::ContextParallel::AllToAll};
+  constexpr nn::AttentionShape kA2AFull{.hidden = 16, .heads = 4, .context = nn::ContextParallel::AllToAll};
+  constexpr nn::AttentionShape kA2AOdd{.hidden = 10, .heads = 6, .kv_heads = 3, .head_dim = 4,
+                                       .context = nn::ContextParallel::AllToAll};
+  using M2 = Model<TpCp, kA2AFull, nn::HeadParallel<>>;
+  static constexpr auto plan = M2::plan(M2::output_placements, kGqa.hidden, true);
+  static_assert(plan.rings == 0 && plan.count(Phase::Forward, StepKind::AllToAll, 1) == 5 &&
+                plan.count(Phase::Backward, StepKind::AllToAll, 1) == 4);
+  const Shape<3> s{2, 7, 16};
+  for (int n : {1, 2})  // 7 positions: 4 | 3
+    check_against_one_rank<Model<Cp1, kA2A>, 1>({n}, MakeModel<Cp1, kA2A, nn::NoParallel>{kCausalRope}, s, s, 1e-12);
+  check_against_one_rank<M2, 2>({2, 2}, MakeModel<TpCp, kA2AFull, nn::HeadParallel<>>{kCausalRope}, s, s, 1e-12);
+  const Shape<3> so{3, 8, kOdd.hidden};  // 3 | 3 | 2
+  check_against_one_rank<Model<DpCp, kA2AOdd>, 2>({2, 3}, MakeModel<DpCp, kA2AOdd, nn::NoParallel>{kCausalRope}, so,
+                                                  so, 1e-12);
+  const nn::AttentionOptions drop{.causal = true, .rope_base = 10000, .dropout = 0.25, .seed = 9, .tile = 3};
+  check_against_one_rank<M2, 2>({2, 2}, MakeModel<TpCp, kA2AFull, nn::HeadParallel<>>{drop}, s, s, 1e-12);
+  spmd(4, [&](Comm& comm) {  // 2 key/value heads over TP 2 leave 1 per rank: not a multiple of CP's 2
+    DeviceMesh<2> mesh(comm, {2, 2});
+    CHECK_THROWS_WITH_AS((Attn<TpCp, kA2A, nn::HeadParallel<>>(mesh)),
+                         doctest::Contains("2 query heads and 1 key/value heads per rank over 2 ranks"),
+                         InvalidArgument);
+  });
+}

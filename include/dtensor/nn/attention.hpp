@@ -35,7 +35,10 @@
 // the sequence is sharded over it and stays so: the projections work on this rank's
 // tokens, RoPE and causal masking on their global positions, and the attention runs
 // as a ring over the CP dim (distributed/ring_attention.hpp: key/value blocks travel,
-// n - 1 point-to-point shifts forward and 2n - 1 backward, in the plan as a ring).
+// n - 1 point-to-point shifts forward and 2n - 1 backward, in the plan as a ring), or,
+// with AttentionShape::context = AllToAll, as DeepSpeed Ulysses' all-to-alls
+// (distributed/ulysses_attention.hpp: 5 forward, 4 backward, each rank's heads split
+// over the CP ranks).
 // It combines with heads over TP (TP x CP); sequence parallelism shards the same dim
 // and does not.
 #include <cmath>
@@ -46,6 +49,7 @@
 #include "dtensor/compute/rotary.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/distributed/ring_attention.hpp"
+#include "dtensor/distributed/ulysses_attention.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
@@ -56,12 +60,19 @@
 
 namespace dtensor::nn {
 
-// The sizes of an attention layer, fixed at compile time (they size the parameters
-// and the plan): hidden features, query heads, key/value heads (0: as many as query
-// heads), head dim (0: hidden / heads), and whether the projections have biases.
+// How attention runs where the sequence is sharded over a context-parallel mesh dim:
+// a ring of key/value blocks (any head count), or all-to-alls that trade the sequence
+// for the heads (DeepSpeed Ulysses; the heads on a rank must divide the CP size).
+enum class ContextParallel { Ring, AllToAll };
+
+// What the compiler knows of an attention layer (it sizes the parameters and the
+// plan): hidden features, query heads, key/value heads (0: as many as query heads),
+// head dim (0: hidden / heads), whether the projections have biases, and the
+// context-parallel scheme (used only under a CP mesh dim).
 struct AttentionShape {
   int64_t hidden = 0, heads = 1, kv_heads = 0, head_dim = 0;
   bool bias = true;
+  ContextParallel context = ContextParallel::Ring;
   constexpr int64_t kv() const { return kv_heads ? kv_heads : heads; }
   constexpr int64_t dim() const { return head_dim ? head_dim : (heads > 0 ? hidden / heads : 0); }
 };
@@ -131,7 +142,9 @@ class MultiHeadAttention {
   static constexpr int Rank = 3;
   static constexpr int F = 2;
   static constexpr bool kParallel = !std::is_same_v<Style, NoParallel>;
-  static constexpr bool kRing = Cfg::cp >= 0;  // the sequence sharded over CP: ring attention
+  // The sequence sharded over CP: ring or all-to-all attention.
+  static constexpr bool kRing = Cfg::cp >= 0 && Dims.context == ContextParallel::Ring;
+  static constexpr bool kAllToAll = Cfg::cp >= 0 && Dims.context == ContextParallel::AllToAll;
   static constexpr const char* name = kParallel ? "attention(heads)" : "attention";
   static constexpr int64_t kHidden = Dims.hidden, kHeads = Dims.heads, kKV = Dims.kv(), kDim = Dims.dim();
 
@@ -177,6 +190,14 @@ class MultiHeadAttention {
       p.add(PlannedRing{Phase::Forward, layer, Cfg::cp, 1, -1});   // n - 1 shifts of k/v
       p.add(PlannedRing{Phase::Backward, layer, Cfg::cp, 2, -1});  // and of their gradients
     }
+    if constexpr (kAllToAll) {
+      // per token: q, k, v to heads and o, lse back; do to heads, dq, dk, dv back
+      const State at = Q::product();
+      for (int64_t e : {kHeads * kDim, kKV * kDim, kKV * kDim, kHeads * kDim, kHeads})
+        p.add({Phase::Forward, layer, StepKind::AllToAll, Cfg::cp, true, e, at});
+      for (int64_t e : {kHeads * kDim, kHeads * kDim, kKV * kDim, kKV * kDim})
+        p.add({Phase::Backward, layer, StepKind::AllToAll, Cfg::cp, true, e, at});
+    }
   }
   // Parameters: Wq, bq, Wk, bk, Wv, bv ([hidden, heads*D] colwise), Wo, bo ([heads*D, hidden] rowwise).
   static constexpr auto parameters(const State& grad_out) {
@@ -207,6 +228,14 @@ class MultiHeadAttention {
                   " is outside [0, 1)");
     DTENSOR_CHECK(options.rope_base == 0 || kDim % 2 == 0, InvalidArgument, name, ": RoPE rotates pairs of features; "
                   "head dim ", kDim, " is odd");
+    if constexpr (kAllToAll) {
+      const int tp = kParallel && Cfg::tp >= 0 ? mesh.size(Cfg::tp) : 1, cp = mesh.size(Cfg::cp);
+      DTENSOR_CHECK((kHeads / tp) % cp == 0 && (kKV / tp) % cp == 0, InvalidArgument, name, ": ", kHeads / tp,
+                    " query heads and ", kKV / tp, " key/value heads per rank over ", cp,
+                    " ranks of the context-parallel mesh dim ", Cfg::cp, ": all-to-all attention splits each rank's "
+                    "heads over them, so both counts must be multiples of ", cp,
+                    " (or take ContextParallel::Ring, which any head count fits)");
+    }
     if constexpr (kParallel && Cfg::tp >= 0) {
       const int tp = mesh.size(Cfg::tp);
       DTENSOR_CHECK(kHeads % tp == 0 && kKV % tp == 0, InvalidArgument, name, ": ", kHeads, " query heads and ", kKV,
@@ -237,7 +266,7 @@ class MultiHeadAttention {
     s.dims = local::AttentionDims{.batch = b, .heads = hq, .kv_heads = hkv, .q_len = len, .kv_len = len,
                                   .head_dim = kDim, .causal = options_.causal, .q_offset = first,
                                   .kv_offset = first, .tile = options_.tile};
-    if constexpr (kRing) {
+    if constexpr (kRing || kAllToAll) {
       s.ring.comm = &x.mesh().comm(Cfg::cp);
       s.ring.offsets.assign(1, 0);
       for (int64_t block : s.x.layout().blocks[1]) s.ring.offsets.push_back(s.ring.offsets.back() + block);
@@ -257,11 +286,15 @@ class MultiHeadAttention {
     }
     s.o = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, Device::host());
     s.lse = Tensor<T, 3>::uninitialized({b, hq, len}, Device::host());
-    if constexpr (kRing)
+    if constexpr (kRing) {
       ring_attention_forward(s.ring, s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data());
-    else
+    } else if constexpr (kAllToAll) {
+      s.all_to_all.emplace(s.ring, Cfg::cp);
+      s.all_to_all->forward(s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data());
+    } else {
       local::attention_forward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
                                s.o.data(), s.lse.data());
+    }
     const Tensor<T, Rank> o = merged(s.o);
     auto y = Tensor<T, Rank>::uninitialized({b, len, kHidden}, Device::host());
     detail::matmul(Device::host(), o.data(), false, wo_.value().local().data(), false, y.data(), rows, kHidden,
@@ -311,6 +344,8 @@ class MultiHeadAttention {
     if constexpr (kRing)
       ring_attention_backward(s.ring, s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data(),
                               do_heads.data(), dq.data(), dk.data(), dv.data());
+    else if constexpr (kAllToAll)
+      s.all_to_all->backward(do_heads.data(), dq.data(), dk.data(), dv.data());
     else
       local::attention_backward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
                                 s.o.data(), s.lse.data(), do_heads.data(), dq.data(), dk.data(), dv.data());
@@ -351,7 +386,8 @@ class MultiHeadAttention {
   struct Saved {
     XC x;
     local::AttentionDims dims{};
-    AttentionRing ring{};  // the CP dim's ring (kRing)
+    AttentionRing ring{};  // the CP dim's ranks and sequence blocks (kRing, kAllToAll)
+    std::optional<UlyssesAttention<T>> all_to_all;  // its head-split tensors (kAllToAll)
     Tensor<T, 4> q{}, k{}, v{}, o{};
     Tensor<T, 3> lse{};
   };
