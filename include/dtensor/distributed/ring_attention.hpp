@@ -9,8 +9,9 @@
 //              softmax's rule (log-sum-exp weights); then wait, and swap buffers.
 //   backward   the same tour with the forward's global output and log-sum-exp: each
 //              block's dq is added here, its dk and dv into accumulators that travel
-//              with the block (one hop behind it, once computed), and after the last
-//              step the accumulators take one more hop home to their owner.
+//              with the block (one hop behind it, sent once added to and received
+//              while the next block computes), and after the last step the
+//              accumulators take one more hop home to their owner.
 //
 // Exchanges per rank and layer on a ring of n: n - 1 forward, 2n - 1 backward (n - 1
 // shifts of k/v, n of their gradients); CommCounter counts each. Blocks may have any
@@ -98,8 +99,11 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
   const T inf = std::numeric_limits<T>::infinity();
   std::fill(o, o + rows * D, T(0));
   std::fill(lse, lse + rows, -inf);
-  std::vector<T> cur_k(k, k + kv_row * ring.length(r)), cur_v(v, v + kv_row * ring.length(r));
-  std::vector<T> next_k(static_cast<std::size_t>(kv_row * ring.longest())), next_v(next_k.size());
+  // Buffers of the longest block, never resized: messages land in them while they are in flight.
+  const auto longest = static_cast<std::size_t>(kv_row * ring.longest());
+  std::vector<T> cur_k(longest), cur_v(longest), next_k(longest), next_v(longest);
+  std::copy_n(k, kv_row * ring.length(r), cur_k.data());
+  std::copy_n(v, kv_row * ring.length(r), cur_v.data());
   std::vector<T> ob(static_cast<std::size_t>(rows * D)), lb(static_cast<std::size_t>(rows));
   for (int t = 0; t < n; ++t) {
     const int j = (r - t + n) % n, incoming = (r - t - 1 + 2 * n) % n;
@@ -130,10 +134,6 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
       req.wait();
       std::swap(cur_k, next_k);
       std::swap(cur_v, next_v);
-      cur_k.resize(static_cast<std::size_t>(kv_row * ring.length(incoming)));
-      cur_v.resize(cur_k.size());
-      next_k.resize(static_cast<std::size_t>(kv_row * ring.longest()));
-      next_v.resize(next_k.size());
     }
   }
 }
@@ -146,38 +146,58 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
   const int n = ring.size(), r = ring.rank();
   const int64_t kv_row = d.batch * d.kv_heads * d.head_dim;
   const int64_t qn = d.batch * d.heads * d.q_len * d.head_dim, own = kv_row * ring.length(r);
+  // Buffers of the longest block, never resized: messages land in them while they are in flight.
   const auto longest = static_cast<std::size_t>(kv_row * ring.longest());
   std::fill(dq, dq + qn, T(0));
-  std::vector<T> cur_k(k, k + own), cur_v(v, v + own), next_k(longest), next_v(longest);
-  std::vector<T> cur_dk(static_cast<std::size_t>(own), T(0)), cur_dv(cur_dk.size()), next_dk(longest), next_dv(longest);
+  std::vector<T> k_hand(longest), v_hand(longest), k_next(longest), v_next(longest);
+  std::copy_n(k, own, k_hand.data());
+  std::copy_n(v, own, v_hand.data());
+  std::vector<T> acc_dk(longest), acc_dv(longest), in_dk(longest), in_dv(longest);
   std::vector<T> dqb(static_cast<std::size_t>(qn)), dkb(longest), dvb(longest);
+  Request grads;  // the accumulators' shift, in flight during the next block's compute
   for (int t = 0; t < n; ++t) {
     const int j = (r - t + n) % n, incoming = (r - t - 1 + 2 * n) % n;
     const int64_t here = kv_row * ring.length(j), there = kv_row * ring.length(incoming);
     Request kv;
-    if (t + 1 < n) kv = R::shift<T>(ring, {cur_k.data(), cur_v.data()}, here, {next_k.data(), next_v.data()}, there);
+    if (t + 1 < n) kv = R::shift<T>(ring, {k_hand.data(), v_hand.data()}, here, {k_next.data(), v_next.data()}, there);
     const local::AttentionDims bd = R::block_dims(d, ring, j);
-    if (!R::block_masked(bd)) {
-      local::attention_backward(bd, q, cur_k.data(), cur_v.data(), static_cast<const T*>(nullptr), o, lse, dout,
+    const bool computed = !R::block_masked(bd);
+    if (computed) {
+      local::attention_backward(bd, q, k_hand.data(), v_hand.data(), static_cast<const T*>(nullptr), o, lse, dout,
                                 dqb.data(), dkb.data(), dvb.data());
       for (int64_t i = 0; i < qn; ++i) dq[i] += dqb[i];
-      for (int64_t i = 0; i < here; ++i) cur_dk[i] += dkb[i], cur_dv[i] += dvb[i];
     }
+    // Block j's accumulated gradients: zero at home, else what the previous rank sent
+    // (its shift overlapped this step's compute).
+    if (t == 0) {
+      std::fill(acc_dk.begin(), acc_dk.begin() + here, T(0));
+      std::fill(acc_dv.begin(), acc_dv.begin() + here, T(0));
+    } else {
+      grads.wait();
+      std::swap(acc_dk, in_dk);
+      std::swap(acc_dv, in_dv);
+    }
+    if (computed)
+      for (int64_t i = 0; i < here; ++i) acc_dk[i] += dkb[i], acc_dv[i] += dvb[i];
     if (n == 1) break;
-    // The accumulators follow their block: to the next rank (after the last step, the
-    // block's owner), and the previous rank's come in (after the last step, ours).
-    const int64_t back = t + 1 < n ? there : own;
-    R::shift<T>(ring, {cur_dk.data(), cur_dv.data()}, here, {next_dk.data(), next_dv.data()}, back, 2).wait();
-    if (t + 1 < n) kv.wait();
-    std::swap(cur_dk, next_dk);
-    std::swap(cur_dv, next_dv);
-    std::swap(cur_k, next_k);
-    std::swap(cur_v, next_v);
-    for (auto* b : {&cur_k, &cur_v, &cur_dk, &cur_dv}) b->resize(static_cast<std::size_t>(back));
-    for (auto* b : {&next_k, &next_v, &next_dk, &next_dv}) b->resize(longest);
+    // The accumulators follow their block to the next rank (after the last step, the
+    // block's owner); the previous rank's come in (after the last step, ours).
+    grads = R::shift<T>(ring, {acc_dk.data(), acc_dv.data()}, here, {in_dk.data(), in_dv.data()},
+                        t + 1 < n ? there : own, 2);
+    if (t + 1 < n) {
+      kv.wait();
+      std::swap(k_hand, k_next);
+      std::swap(v_hand, v_next);
+    }
   }
-  std::copy_n(cur_dk.data(), own, dk);
-  std::copy_n(cur_dv.data(), own, dv);
+  if (n > 1) {
+    grads.wait();
+    std::copy_n(in_dk.data(), own, dk);
+    std::copy_n(in_dv.data(), own, dv);
+  } else {
+    std::copy_n(acc_dk.data(), own, dk);
+    std::copy_n(acc_dv.data(), own, dv);
+  }
 }
 
 }  // namespace dtensor
