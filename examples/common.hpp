@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -45,6 +46,28 @@ bool both_image_meshes(dtensor::Comm& comm, Check&& check) {
   const bool hybrid = check(std::type_identity<Hybrid>{}, "batch over mesh dim 0 (data parallel), H over mesh dim 1");
   if (comm.rank() == 0 && spatial && hybrid) std::printf("OK: both meshes train like the single-rank run\n");
   return spatial && hybrid;
+}
+
+// One training run on a 2x2 mesh beside the same run on one rank (each rank trains its
+// own single-rank copy first): train(mesh, &off_plan) returns the losses per step and
+// counts the steps whose collectives differ from the plan.
+struct AgainstOneRank {
+  std::string mesh;  // the 2x2 mesh, printed (its runtime too)
+  std::vector<float> got, ref;
+  int off_plan = 0;     // the 2x2 run's
+  double worst = 0;     // largest_relative_difference(got, ref)
+};
+template <class Train>
+AgainstOneRank train_against_one_rank(dtensor::Comm& comm, Train&& train) {
+  AgainstOneRank r;
+  int ignored = 0;
+  auto self = comm.split(comm.rank(), 0);
+  r.ref = train(dtensor::DeviceMesh<2>(*self, {1, 1}), &ignored);
+  const dtensor::DeviceMesh<2> mesh(comm, {2, 2});
+  r.mesh = mesh.to_string();
+  r.got = train(mesh, &r.off_plan);
+  r.worst = largest_relative_difference(r.got, r.ref);
+  return r;
 }
 
 // program(Comm&) on `ranks` ranks.

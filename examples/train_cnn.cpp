@@ -141,20 +141,16 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
 // Trains on the 2x2 mesh and on one rank; prints both; returns whether they agree.
 template <class Img>
 bool compare(Comm& comm, const char* what) {
-  int off_plan = 0;
-  auto self = comm.split(comm.rank(), 0);  // every rank trains its own single-rank copy
-  const std::vector<float> ref = train<Img>(DeviceMesh<2>(*self, {1, 1}), &off_plan);
-  off_plan = 0;
-  DeviceMesh<2> mesh(comm, {2, 2});
-  const std::vector<float> got = train<Img>(mesh, &off_plan);
-  const double worst = examples::largest_relative_difference(got, ref);
-  const bool ok = worst <= 1e-4 && off_plan == 0;
+  const auto r = examples::train_against_one_rank(comm, [](const DeviceMesh<2>& mesh, int* off) {
+    return train<Img>(mesh, off);
+  });
+  const bool ok = r.worst <= 1e-4 && r.off_plan == 0;
   if (comm.rank() == 0) {
-    std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, mesh.to_string().c_str(),
-                static_cast<long long>(kBatch), CNN<Img>::Model::explain(CNN<Img>::plan, kBatch, mesh.shape()).c_str());
-    examples::print_losses(got, ref, "loss 2x2");
-    std::printf("largest relative difference %.3g (limit 1e-4); collectives off the plan in %d steps: %s\n\n", worst,
-                off_plan, ok ? "OK" : "FAILED");
+    std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, r.mesh.c_str(),
+                static_cast<long long>(kBatch), CNN<Img>::Model::explain(CNN<Img>::plan, kBatch, {2, 2}).c_str());
+    examples::print_losses(r.got, r.ref, "loss 2x2");
+    std::printf("largest relative difference %.3g (limit 1e-4); collectives off the plan in %d steps: %s\n\n", r.worst,
+                r.off_plan, ok ? "OK" : "FAILED");
   }
   return ok;
 }

@@ -133,22 +133,18 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
 // Trains on the 2x2 mesh and on one rank; prints both; returns whether they agree.
 template <class G>
 bool compare(Comm& comm, const char* what) {
-  int off_plan = 0;
-  auto self = comm.split(comm.rank(), 0);  // every rank trains its own single-rank copy
-  const std::vector<float> ref = train<G>(DeviceMesh<2>(*self, {1, 1}), &off_plan);
-  off_plan = 0;
-  DeviceMesh<2> mesh(comm, {2, 2});
-  const std::vector<float> got = train<G>(mesh, &off_plan);
-  const double worst = examples::largest_relative_difference(got, ref);
-  const bool ok = worst <= 1e-5 && off_plan == 0 && got.back() < 0.5f * got.front();
+  const auto r = examples::train_against_one_rank(comm, [](const DeviceMesh<2>& mesh, int* off) {
+    return train<G>(mesh, off);
+  });
+  const bool ok = r.worst <= 1e-5 && r.off_plan == 0 && r.got.back() < 0.5f * r.got.front();
   if (comm.rank() == 0) {
-    std::printf("== %s on %s\nplan of one training step (batch %lld x %lld tokens):\n%s", what,
-                mesh.to_string().c_str(), static_cast<long long>(kBatch), static_cast<long long>(kLen),
-                G::Model::explain(G::plan, kBatch * kLen, mesh.shape()).c_str());
-    examples::print_losses(got, ref, "loss 2x2");
+    std::printf("== %s on %s\nplan of one training step (batch %lld x %lld tokens):\n%s", what, r.mesh.c_str(),
+                static_cast<long long>(kBatch), static_cast<long long>(kLen),
+                G::Model::explain(G::plan, kBatch * kLen, {2, 2}).c_str());
+    examples::print_losses(r.got, r.ref, "loss 2x2");
     std::printf("largest relative difference %.3g (limit 1e-5); collectives off the plan in %d steps; loss %.3f -> "
                 "%.3f: %s\n\n",
-                worst, off_plan, got.front(), got.back(), ok ? "OK" : "FAILED");
+                r.worst, r.off_plan, r.got.front(), r.got.back(), ok ? "OK" : "FAILED");
   }
   return ok;
 }

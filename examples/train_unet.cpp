@@ -111,23 +111,21 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan, int* realigne
 
 template <class Img>
 bool compare(Comm& comm, const char* what) {
-  int off_plan = 0, realigned = 0;
-  auto self = comm.split(comm.rank(), 0);  // every rank trains its own single-rank copy
-  const std::vector<float> ref = train<Img>(DeviceMesh<2>(*self, {1, 1}), &off_plan, &realigned);
-  off_plan = 0, realigned = 0;
-  DeviceMesh<2> mesh(comm, {2, 2});
-  const std::vector<float> got = train<Img>(mesh, &off_plan, &realigned);
-  const double worst = examples::largest_relative_difference(got, ref);
-  const bool learned = got[kSteps - 1] < 0.5 * got[0];
-  const bool ok = worst <= 1e-5 && off_plan == 0 && learned;
+  int realigned = 0;  // by rank 0 in the 2x2 run (the last one)
+  const auto r = examples::train_against_one_rank(comm, [&](const DeviceMesh<2>& mesh, int* off) {
+    realigned = 0;
+    return train<Img>(mesh, off, &realigned);
+  });
+  const bool learned = r.got[kSteps - 1] < 0.5 * r.got[0];
+  const bool ok = r.worst <= 1e-5 && r.off_plan == 0 && learned;
   if (comm.rank() == 0) {
-    std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, mesh.to_string().c_str(),
+    std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, r.mesh.c_str(),
                 static_cast<long long>(kBatch),
-                examples::UNet<Img>::Model::explain(examples::UNet<Img>::plan, kBatch, mesh.shape()).c_str());
-    examples::print_losses(got, ref, "loss 2x2");
+                examples::UNet<Img>::Model::explain(examples::UNet<Img>::plan, kBatch, {2, 2}).c_str());
+    examples::print_losses(r.got, r.ref, "loss 2x2");
     std::printf("largest relative difference %.3g (limit 1e-5); collectives off the plan in %d steps; rank 0 "
                 "realigned blocks %d times in %d steps; loss %s: %s\n\n",
-                worst, off_plan, realigned, kSteps, learned ? "halved or better" : "NOT halved", ok ? "OK" : "FAILED");
+                r.worst, r.off_plan, realigned, kSteps, learned ? "halved or better" : "NOT halved", ok ? "OK" : "FAILED");
   }
   return ok;
 }

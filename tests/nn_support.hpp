@@ -64,6 +64,34 @@ void check_input_gradient_fd(const X& x, const DX& dx, const DY& dy, Make&& make
   }
 }
 
+// Each parameter's gradient of a one-rank `layer` (after its backward of dy) against
+// central differences of sum(layer(x) * dy) at two elements (the second and the
+// second-to-last), each forward on a fresh make() with that element moved.
+template <class L, class X, class DY, class Make>
+void check_parameter_gradients_fd(L& layer, const X& x, const DY& dy, Make&& make) {
+  int index = 0;
+  nn::for_each_parameter(layer, [&](auto& p) {
+    const int64_t n = p.value().local().numel();
+    for (int64_t e : {std::min<int64_t>(1, n - 1), std::max<int64_t>(n - 2, 0)}) {
+      auto loss = [&](double delta) {
+        auto m = make();
+        int k = 0;
+        nn::for_each_parameter(m, [&](auto& q) {
+          if (k++ == index) q.value().local().data()[e] += delta;
+        });
+        const auto ym = m.forward(x);
+        double l = 0;
+        for (int64_t i = 0; i < ym.local().numel(); ++i) l += ym.local().data()[i] * dy.local().data()[i];
+        return l;
+      };
+      INFO(p.name(), " element ", e);
+      const double h = 1e-6;
+      CHECK(p.grad().data()[e] == doctest::Approx((loss(h) - loss(-h)) / (2 * h)).epsilon(1e-7));
+    }
+    ++index;
+  });
+}
+
 // What one forward and backward of a model gave, gathered whole: the output, the
 // input's gradient, each parameter's gradient after the model's reductions, and the
 // block realignments (distributed/realign.hpp) rank 0 ran.

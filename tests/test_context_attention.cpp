@@ -43,44 +43,94 @@ struct Case {
   double dropout = 0;
 };
 
-void check_ring(const Case& c) {
-  const int n = static_cast<int>(c.lengths.size());
+// The whole sequence's attention and gradients on one rank (the attention core), and
+// each rank's share of them: its block of positions of every (batch, head).
+struct Whole {
+  static constexpr int64_t kBatch = 2, kDim = 4;
   std::vector<int64_t> offsets{0};
-  for (int64_t l : c.lengths) offsets.push_back(offsets.back() + l);
-  const int64_t len = offsets.back(), batch = 2, dim = 4;
-  local::AttentionDims whole{.batch = batch, .heads = c.heads, .kv_heads = c.kv_heads, .q_len = len, .kv_len = len,
-                             .head_dim = dim, .causal = c.causal, .tile = 3};
-  whole.dropout = {.p = c.dropout, .seed = 5, .stream = 2, .heads_total = c.heads, .q_total = len, .kv_total = len};
-  const int64_t gq = batch * c.heads, gk = batch * c.kv_heads;
-  const auto q = values(gq * len * dim, 1), k = values(gk * len * dim, 2), v = values(gk * len * dim, 3),
-             dout = values(gq * len * dim, 4);
-  std::vector<double> o(q.size()), lse(static_cast<std::size_t>(gq * len)), dq(q.size()), dk(k.size()), dv(v.size());
-  local::attention_forward(whole, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
-                           lse.data());
-  local::attention_backward(whole, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
-                            lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  int64_t len = 0, gq = 0, gk = 0;
+  local::AttentionDims dims;
+  std::vector<double> q, k, v, dout, o, lse, dq, dk, dv;
+
+  explicit Whole(const Case& c) {
+    for (int64_t l : c.lengths) offsets.push_back(offsets.back() + l);
+    len = offsets.back(), gq = kBatch * c.heads, gk = kBatch * c.kv_heads;
+    dims = {.batch = kBatch, .heads = c.heads, .kv_heads = c.kv_heads, .q_len = len, .kv_len = len,
+            .head_dim = kDim, .causal = c.causal, .tile = 3};
+    dims.dropout = {.p = c.dropout, .seed = 5, .stream = 2, .heads_total = c.heads, .q_total = len, .kv_total = len};
+    q = values(gq * len * kDim, 1), k = values(gk * len * kDim, 2), v = values(gk * len * kDim, 3);
+    dout = values(gq * len * kDim, 4);
+    o.resize(q.size()), lse.resize(static_cast<std::size_t>(gq * len)), dq.resize(q.size());
+    dk.resize(k.size()), dv.resize(v.size());
+    local::attention_forward(dims, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                             lse.data());
+    local::attention_backward(dims, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                              lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  }
+  // Rank r's rows of x [groups, len, row].
+  std::vector<double> share(const std::vector<double>& x, int64_t groups, int r, int64_t row = kDim) const {
+    return rows_of(x, groups, len, row, offsets[r], offsets[r + 1]);
+  }
+  // Rank r's inputs and the buffers for its results.
+  struct Block {
+    std::vector<double> q, k, v, dout, o, lse, dq, dk, dv;
+  };
+  Block block(int r) const {
+    Block b{share(q, gq, r), share(k, gk, r), share(v, gk, r), share(dout, gq, r), {}, {}, {}, {}, {}};
+    b.o.resize(b.q.size()), b.lse.resize(b.q.size() / kDim), b.dq.resize(b.q.size());
+    b.dk.resize(b.k.size()), b.dv.resize(b.v.size());
+    return b;
+  }
+  void check(const Block& b, int r) const {
+    CHECK(max_abs_diff(b.o, share(o, gq, r)) < 1e-13);
+    CHECK(max_abs_diff(b.lse, share(lse, gq, r, 1)) < 1e-13);
+    CHECK(max_abs_diff(b.dq, share(dq, gq, r)) < 1e-13);
+    CHECK(max_abs_diff(b.dk, share(dk, gk, r)) < 1e-13);
+    CHECK(max_abs_diff(b.dv, share(dv, gk, r)) < 1e-13);
+  }
+  // Rank r's dims: its queries (and keys) at their place in the sequence.
+  local::AttentionDims local_dims(int r) const {
+    local::AttentionDims d = dims;
+    d.q_len = d.kv_len = offsets[r + 1] - offsets[r];
+    d.q_offset = d.kv_offset = offsets[r];
+    return d;
+  }
+};
+
+void check_ring(const Case& c) {
+  const Whole whole(c);
+  const int n = static_cast<int>(c.lengths.size());
   spmd(n, [&](Comm& comm) {
     const int r = comm.rank();
     INFO("ring of ", n, ", rank ", r, ", causal ", c.causal, ", dropout ", c.dropout);
-    const AttentionRing ring{&comm, offsets};
-    const int64_t lo = offsets[r], hi = offsets[r + 1];
-    local::AttentionDims d = whole;
-    d.q_len = hi - lo;
-    const auto ql = rows_of(q, gq, len, dim, lo, hi), kl = rows_of(k, gk, len, dim, lo, hi),
-               vl = rows_of(v, gk, len, dim, lo, hi), dol = rows_of(dout, gq, len, dim, lo, hi);
-    std::vector<double> ol(ql.size()), lsel(static_cast<std::size_t>(gq * (hi - lo))), dql(ql.size()),
-        dkl(kl.size()), dvl(vl.size());
+    const AttentionRing ring{&comm, whole.offsets};
+    auto b = whole.block(r);
+    const auto d = whole.local_dims(r);
     CommCounter counted;
-    ring_attention_forward(ring, d, ql.data(), kl.data(), vl.data(), ol.data(), lsel.data());
+    ring_attention_forward(ring, d, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data());
     CHECK(counted.exchanges() == n - 1);
-    ring_attention_backward(ring, d, ql.data(), kl.data(), vl.data(), ol.data(), lsel.data(), dol.data(), dql.data(),
-                            dkl.data(), dvl.data());
+    ring_attention_backward(ring, d, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data(), b.dout.data(),
+                            b.dq.data(), b.dk.data(), b.dv.data());
     CHECK(counted.exchanges() == (n - 1) + (n > 1 ? 2 * n - 1 : 0));
-    CHECK(max_abs_diff(ol, rows_of(o, gq, len, dim, lo, hi)) < 1e-13);
-    CHECK(max_abs_diff(lsel, rows_of(lse, gq, len, 1, lo, hi)) < 1e-13);
-    CHECK(max_abs_diff(dql, rows_of(dq, gq, len, dim, lo, hi)) < 1e-13);
-    CHECK(max_abs_diff(dkl, rows_of(dk, gk, len, dim, lo, hi)) < 1e-13);
-    CHECK(max_abs_diff(dvl, rows_of(dv, gk, len, dim, lo, hi)) < 1e-13);
+    whole.check(b, r);
+  });
+}
+
+// The same comparison for all-to-all attention (heads <-> sequence).
+void check_ulysses(const Case& c) {
+  const Whole whole(c);
+  const int n = static_cast<int>(c.lengths.size());
+  spmd(n, [&](Comm& comm) {
+    const int r = comm.rank();
+    INFO("all-to-all over ", n, ", rank ", r, ", causal ", c.causal, ", dropout ", c.dropout);
+    auto b = whole.block(r);
+    CommCounter counted;
+    UlyssesAttention<double> attention({&comm, whole.offsets}, 0);
+    attention.forward(whole.local_dims(r), b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data());
+    CHECK(counted.count(StepKind::AllToAll) == 5);
+    attention.backward(b.dout.data(), b.dq.data(), b.dk.data(), b.dv.data());
+    CHECK(counted.count(StepKind::AllToAll) == 9);
+    whole.check(b, r);
   });
 }
 
@@ -147,50 +197,6 @@ TEST_CASE("ring attention: ranks that disagree about the blocks get an error, no
                               }),
                   Error);
 }
-
-namespace {
-// The same comparison for all-to-all attention (heads <-> sequence).
-void check_ulysses(const Case& c) {
-  const int n = static_cast<int>(c.lengths.size());
-  std::vector<int64_t> offsets{0};
-  for (int64_t l : c.lengths) offsets.push_back(offsets.back() + l);
-  const int64_t len = offsets.back(), batch = 2, dim = 4;
-  local::AttentionDims whole{.batch = batch, .heads = c.heads, .kv_heads = c.kv_heads, .q_len = len, .kv_len = len,
-                             .head_dim = dim, .causal = c.causal, .tile = 3};
-  whole.dropout = {.p = c.dropout, .seed = 5, .stream = 2, .heads_total = c.heads, .q_total = len, .kv_total = len};
-  const int64_t gq = batch * c.heads, gk = batch * c.kv_heads;
-  const auto q = values(gq * len * dim, 1), k = values(gk * len * dim, 2), v = values(gk * len * dim, 3),
-             dout = values(gq * len * dim, 4);
-  std::vector<double> o(q.size()), lse(static_cast<std::size_t>(gq * len)), dq(q.size()), dk(k.size()), dv(v.size());
-  local::attention_forward(whole, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
-                           lse.data());
-  local::attention_backward(whole, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
-                            lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
-  spmd(n, [&](Comm& comm) {
-    const int r = comm.rank();
-    INFO("all-to-all over ", n, ", rank ", r, ", causal ", c.causal, ", dropout ", c.dropout);
-    const int64_t lo = offsets[r], hi = offsets[r + 1];
-    local::AttentionDims d = whole;
-    d.q_len = d.kv_len = hi - lo;
-    d.q_offset = d.kv_offset = lo;
-    const auto ql = rows_of(q, gq, len, dim, lo, hi), kl = rows_of(k, gk, len, dim, lo, hi),
-               vl = rows_of(v, gk, len, dim, lo, hi), dol = rows_of(dout, gq, len, dim, lo, hi);
-    std::vector<double> ol(ql.size()), lsel(static_cast<std::size_t>(gq * (hi - lo))), dql(ql.size()),
-        dkl(kl.size()), dvl(vl.size());
-    CommCounter counted;
-    UlyssesAttention<double> attention({&comm, offsets}, 0);
-    attention.forward(d, ql.data(), kl.data(), vl.data(), ol.data(), lsel.data());
-    CHECK(counted.count(StepKind::AllToAll) == 5);
-    attention.backward(dol.data(), dql.data(), dkl.data(), dvl.data());
-    CHECK(counted.count(StepKind::AllToAll) == 9);
-    CHECK(max_abs_diff(ol, rows_of(o, gq, len, dim, lo, hi)) < 1e-13);
-    CHECK(max_abs_diff(lsel, rows_of(lse, gq, len, 1, lo, hi)) < 1e-13);
-    CHECK(max_abs_diff(dql, rows_of(dq, gq, len, dim, lo, hi)) < 1e-13);
-    CHECK(max_abs_diff(dkl, rows_of(dk, gk, len, dim, lo, hi)) < 1e-13);
-    CHECK(max_abs_diff(dvl, rows_of(dv, gk, len, dim, lo, hi)) < 1e-13);
-  });
-}
-}  // namespace
 
 TEST_CASE("all-to-all attention equals attention on the whole sequence: 1, 2 and 4 ranks, uneven blocks") {
   for (bool causal : {false, true}) {

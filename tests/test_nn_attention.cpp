@@ -146,29 +146,7 @@ void check_one_rank_against_definition(bool causal, double rope_base) {
     const auto dy = normal_rows<typename L::OutputT>(s, mesh, 2);
     const auto dx = layer.template backward<true>(dy);
     check_input_gradient_fd(x, dx, dy, make, {0, 17, 40, 2 * 7 * A.hidden - 1});
-    std::vector<std::vector<double>> grad_values;
-    nn::for_each_parameter(layer, [&](auto& p) { grad_values.push_back(flat(p.grad())); });
-    int index = 0;
-    nn::for_each_parameter(layer, [&](auto& p) {
-      const int64_t n = p.value().local().numel();
-      for (int64_t e : {int64_t{0}, n / 2 + 1}) {
-        auto loss = [&](double delta) {
-          L m = make();
-          int k = 0;
-          nn::for_each_parameter(m, [&](auto& q) {
-            if (k++ == index) q.value().local().data()[e] += delta;
-          });
-          const auto ym = m.forward(x);
-          double l = 0;
-          for (int64_t i = 0; i < ym.local().numel(); ++i) l += ym.local().data()[i] * dy.local().data()[i];
-          return l;
-        };
-        INFO(p.name(), " element ", e);
-        const double h = 1e-6;
-        CHECK(grad_values[index][e] == doctest::Approx((loss(h) - loss(-h)) / (2 * h)).epsilon(1e-7));
-      }
-      ++index;
-    });
+    check_parameter_gradients_fd(layer, x, dy, make);
   });
 }
 

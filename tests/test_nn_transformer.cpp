@@ -116,23 +116,7 @@ TEST_CASE("SwiGLU feed-forward on one rank: its definition, and central differen
     const auto dy = normal_rows<L::OutputT>({2, 3, 6}, mesh, 2);
     const auto dx = layer.backward<true>(dy);
     check_input_gradient_fd(x, dx, dy, make, {0, 7, 35});
-    int index = 0;
-    nn::for_each_parameter(layer, [&](auto& p) {
-      for (int64_t e : {int64_t{1}, p.value().local().numel() - 2}) {
-        auto loss = [&](double delta) {
-          L m = make();
-          int k = 0;
-          nn::for_each_parameter(m, [&](auto& q) {
-            if (k++ == index) q.value().local().data()[e] += delta;
-          });
-          const auto ym = m.forward(x);
-          return (as_mat(ym.local()).array() * as_mat(dy.local()).array()).sum();
-        };
-        INFO(p.name(), " element ", e);
-        CHECK(p.grad().data()[e] == doctest::Approx((loss(1e-6) - loss(-1e-6)) / 2e-6).epsilon(1e-7));
-      }
-      ++index;
-    });
+    check_parameter_gradients_fd(layer, x, dy, make);
   });
 }
 

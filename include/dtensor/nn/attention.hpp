@@ -53,6 +53,7 @@
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/pair_rule.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
@@ -136,8 +137,8 @@ class MultiHeadAttention {
   using config = Cfg;
   using T = typename Cfg::value_type;
   using State = typename Cfg::State;
-  using Q = LinearRule<Cfg, typename detail::attention_styles<Style>::qkv>;
-  using O = LinearRule<Cfg, typename detail::attention_styles<Style>::out>;
+  using Q = LinearRule<Cfg, typename detail::attention_styles<Style>::qkv>;  // q, k, v
+  using O = LinearRule<Cfg, typename detail::attention_styles<Style>::out>;  // the output projection
   static constexpr int M = Cfg::M;
   static constexpr int Rank = 3;
   static constexpr int F = 2;
@@ -155,37 +156,16 @@ class MultiHeadAttention {
   using InputT = dtensor_t<T, Rank, placements_t<Q::input()>>;
   using OutputT = dtensor_t<T, Rank, placements_t<O::output()>>;
 
-  // --- the rule ---
-  static constexpr State input(const State&) { return Q::input(); }
-  static constexpr State output(const State&) { return O::output(); }
+  // --- the rule (nn/pair_rule.hpp: q, k, v colwise, the output rowwise) ---
+  using Rule = PairRule<Cfg, typename detail::attention_styles<Style>::qkv, typename detail::attention_styles<Style>::out>;
+  static constexpr State input(const State&) { return Rule::input(); }
+  static constexpr State output(const State&) { return Rule::output(); }
   static constexpr int64_t out_features(int64_t) { return kHidden; }
-  // The gradient of the output projection's product (rowwise: the adjoint of its reduction).
-  static constexpr State grad_product(const State& grad_out) {
-    if constexpr (kParallel) return redistribute_backward_placements(O::product(), grad_out);
-    else return grad_out;
-  }
-  // The gradient of the heads (o, and q, k, v): split by heads over TP, as they are.
-  static constexpr State grad_heads(const State& grad_out) {
-    State g = grad_product(grad_out);
-    if (kParallel && Cfg::tp >= 0) g[Cfg::tp] = shard(F);
-    return g;
-  }
-  // The gradient of the projected input: each rank's heads give a Partial<Sum> over TP.
-  static constexpr State grad_compute_input(const State& grad_out) {
-    State g = grad_heads(grad_out);
-    if (kParallel && Cfg::tp >= 0) g[Cfg::tp] = partial_sum();
-    return g;
-  }
-  static constexpr State grad_input(const State&, const State& grad_out) {
-    return redistribute_backward_placements(Q::input(), grad_compute_input(grad_out));
-  }
+  static constexpr State grad_input(const State&, const State& grad_out) { return Rule::grad_input(grad_out); }
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t,
                              bool input_grad) {
-    p.redistribution(Phase::Forward, layer, Q::input(), Q::compute_input(), kHidden, true);
-    p.redistribution(Phase::Forward, layer, O::product(), O::output(), kHidden, true);
-    if constexpr (kParallel) p.adjoint(Phase::Backward, layer, O::product(), grad_out, kHidden, true);
-    if (input_grad) p.adjoint(Phase::Backward, layer, Q::input(), grad_compute_input(grad_out), kHidden, true);
+    Rule::template plan<C>(p, layer, grad_out, kHidden, input_grad);
     if constexpr (kRing) {
       p.add(PlannedRing{Phase::Forward, layer, Cfg::cp, 1, -1});   // n - 1 shifts of k/v
       p.add(PlannedRing{Phase::Backward, layer, Cfg::cp, 2, -1});  // and of their gradients
@@ -201,7 +181,7 @@ class MultiHeadAttention {
   }
   // Parameters: Wq, bq, Wk, bk, Wv, bv ([hidden, heads*D] colwise), Wo, bo ([heads*D, hidden] rowwise).
   static constexpr auto parameters(const State& grad_out) {
-    const State gh = grad_heads(grad_out), gp = grad_product(grad_out);
+    const State gh = Rule::grad_inner(grad_out), gp = Rule::grad_product(grad_out);
     constexpr bool B = Dims.bias;
     return std::tuple{declare<&MultiHeadAttention::wq_>(Q::weight(), Q::weight_grad(gh), {kHidden, kHeads * kDim}),
                       declare<&MultiHeadAttention::bq_, B>(Q::bias(), Q::bias_grad(gh), {kHeads * kDim}),
@@ -369,7 +349,7 @@ class MultiHeadAttention {
     projection_backward(dk, wk_, bk_);
     projection_backward(dv, wv_, bv_);
     if constexpr (NeedInputGrad) {
-      constexpr State gci = grad_compute_input(G::placement_state);
+      constexpr State gci = Rule::grad_compute_input(G::placement_state);
       dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
       saved_.reset();
       return redistribute_backward_as<placements_t<Q::input()>>(dxc);

@@ -17,6 +17,7 @@
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/pair_rule.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
@@ -28,11 +29,9 @@ template <class Cfg, int64_t Hidden, int64_t Inner, LinearStyle UpStyle = NoPara
           LinearStyle DownStyle = NoParallel>
 class GatedMlp {
   static_assert(Hidden > 0 && Inner > 0, "dtensor::nn::GatedMlp<Cfg, Hidden, Inner>: sizes must be positive");
-  using Up = LinearRule<Cfg, UpStyle>;
-  using Down = LinearRule<Cfg, DownStyle>;
-  static_assert((Up::colwise && Down::rowwise) || (!Up::colwise && !Up::rowwise && !Down::colwise && !Down::rowwise),
-                "dtensor::nn::GatedMlp: give ColwiseParallel<S> and RowwiseParallel<S> (tensor parallel), or "
-                "NoParallel twice");
+  using Rule = PairRule<Cfg, UpStyle, DownStyle>;
+  using Up = typename Rule::Up;
+  using Down = typename Rule::Down;
 
  public:
   using config = Cfg;
@@ -41,7 +40,7 @@ class GatedMlp {
   static constexpr int M = Cfg::M;
   static constexpr int Rank = Cfg::rank;
   static constexpr int F = Cfg::feature_dim;
-  static constexpr bool kParallel = Up::colwise;
+  static constexpr bool kParallel = Rule::parallel;
   static constexpr const char* name = kParallel ? "swiglu(colwise, rowwise)" : "swiglu";
 
   using UpWeightT = dtensor_t<T, 2, placements_t<Up::weight()>>;
@@ -49,38 +48,18 @@ class GatedMlp {
   using InputT = dtensor_t<T, Rank, placements_t<Up::input()>>;
   using OutputT = dtensor_t<T, Rank, placements_t<Down::output()>>;
 
-  // --- the rule ---
-  static constexpr State input(const State&) { return Up::input(); }
-  static constexpr State output(const State&) { return Down::output(); }
+  // --- the rule (nn/pair_rule.hpp: gate and up colwise, down rowwise) ---
+  static constexpr State input(const State&) { return Rule::input(); }
+  static constexpr State output(const State&) { return Rule::output(); }
   static constexpr int64_t out_features(int64_t) { return Hidden; }
-  static constexpr State grad_product(const State& grad_out) {
-    if constexpr (kParallel) return redistribute_backward_placements(Down::product(), grad_out);
-    else return grad_out;
-  }
-  // The gradient of the inner activations: split over TP as they are.
-  static constexpr State grad_inner(const State& grad_out) {
-    State g = grad_product(grad_out);
-    if (kParallel && Cfg::tp >= 0) g[Cfg::tp] = shard(F);
-    return g;
-  }
-  static constexpr State grad_compute_input(const State& grad_out) {
-    State g = grad_inner(grad_out);
-    if (kParallel && Cfg::tp >= 0) g[Cfg::tp] = partial_sum();
-    return g;
-  }
-  static constexpr State grad_input(const State&, const State& grad_out) {
-    return redistribute_backward_placements(Up::input(), grad_compute_input(grad_out));
-  }
+  static constexpr State grad_input(const State&, const State& grad_out) { return Rule::grad_input(grad_out); }
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t,
                              bool input_grad) {
-    p.redistribution(Phase::Forward, layer, Up::input(), Up::compute_input(), Hidden, true);
-    p.redistribution(Phase::Forward, layer, Down::product(), Down::output(), Hidden, true);
-    if constexpr (kParallel) p.adjoint(Phase::Backward, layer, Down::product(), grad_out, Hidden, true);
-    if (input_grad) p.adjoint(Phase::Backward, layer, Up::input(), grad_compute_input(grad_out), Hidden, true);
+    Rule::template plan<C>(p, layer, grad_out, Hidden, input_grad);
   }
   static constexpr auto parameters(const State& grad_out) {
-    const State gi = grad_inner(grad_out), gp = grad_product(grad_out);
+    const State gi = Rule::grad_inner(grad_out), gp = Rule::grad_product(grad_out);
     return std::tuple{declare<&GatedMlp::gate_>(Up::weight(), Up::weight_grad(gi), {Hidden, Inner}),
                       declare<&GatedMlp::up_>(Up::weight(), Up::weight_grad(gi), {Hidden, Inner}),
                       declare<&GatedMlp::down_>(Down::weight(), Down::weight_grad(gp), {Inner, Hidden})};
@@ -155,7 +134,7 @@ class GatedMlp {
       auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), host);
       detail::matmul(host, h.data(), false, gate_.value().local().data(), true, dx.data(), rows, Hidden, inner);
       detail::matmul(host, dh.data(), false, up_.value().local().data(), true, dx.data(), rows, Hidden, inner, true);
-      constexpr State gci = grad_compute_input(G::placement_state);
+      constexpr State gci = Rule::grad_compute_input(G::placement_state);
       dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
       saved_.reset();
       return redistribute_backward_as<placements_t<Up::input()>>(dxc);
