@@ -7,8 +7,10 @@
 //              (wall time of the slowest rank, ranks started together)
 //   compute    the ring's block computations alone on every rank at once, without
 //              its shifts: the exposed communication is ring - compute
-// Non-causal (every rank computes n blocks) and causal (rank r computes r + 1 of them:
-// the plain ring is unbalanced, rank n - 1 sets the pace).
+// Non-causal (every rank computes n blocks), causal on contiguous blocks (rank r
+// computes r + 1 of them: the plain ring is unbalanced, rank n - 1 sets the pace) and
+// causal on the load-balanced layout (AttentionRing::balanced: each rank an early and a
+// late chunk; the data taken as already there, as when the sequence is laid out so once).
 //
 //   bench_ring_attention [L]                  in-process ranks (threads), n = 2 and 4
 //   mpirun -np N bench_ring_attention_mpi [L] N processes
@@ -44,28 +46,15 @@ std::vector<float> values(int64_t n, uint64_t seed) {
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// One rank's forward + backward over `len` positions against blocks of `kv_len`
-// (compute only): the whole sequence on one rank, or a ring rank's blocks in turn.
-double core(const local::AttentionDims& d, const std::vector<int64_t>& kv_offsets, bool forward_and_backward) {
+// One rank's forward + backward over the whole sequence.
+double whole_sequence(const local::AttentionDims& d) {
   const int64_t qn = kHeads * d.q_len * kDim;
-  const auto q = values(qn, 1), dout = values(qn, 4);
-  std::vector<float> o(qn), lse(kHeads * d.q_len), dq(qn);
-  int64_t longest = 0;
-  for (std::size_t j = 0; j + 1 < kv_offsets.size(); ++j) longest = std::max(longest, kv_offsets[j + 1] - kv_offsets[j]);
-  const auto k = values(kHeads * longest * kDim, 2), v = values(kHeads * longest * kDim, 3);
-  std::vector<float> dk(k.size()), dv(v.size());
+  const auto q = values(qn, 1), k = values(qn, 2), v = values(qn, 3), dout = values(qn, 4);
+  std::vector<float> o(qn), lse(kHeads * d.q_len), dq(qn), dk(qn), dv(qn);
   const auto t0 = Clock::now();
-  for (std::size_t j = 0; j + 1 < kv_offsets.size(); ++j) {
-    local::AttentionDims b = d;
-    b.kv_offset = kv_offsets[j];
-    b.kv_len = kv_offsets[j + 1] - kv_offsets[j];
-    if (b.causal && b.kv_offset > b.q_offset + b.q_len - 1) continue;  // the ring skips it too
-    local::attention_forward(b, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(),
-                             lse.data());
-    if (forward_and_backward)
-      local::attention_backward(b, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(),
-                                lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
-  }
+  local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(), lse.data());
+  local::attention_backward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(), lse.data(),
+                            dout.data(), dq.data(), dk.data(), dv.data());
   return seconds_since(t0);
 }
 
@@ -73,14 +62,33 @@ struct RingTimes {
   double ring = 0, compute = 0;  // slowest rank's
 };
 
-// On `comm` (the ring): the ring's time and its compute alone, best of kReps.
-RingTimes ring_times(Comm& comm, bool causal) {
+// The ring's block computations on this rank without its shifts: each block's pieces
+// against this rank's, as ring_attention_forward/backward run them.
+double ring_compute(const AttentionRing& ring, const local::AttentionDims& d) {
+  const int64_t qn = kHeads * d.q_len * kDim, kn = kHeads * ring.longest() * kDim;
+  const auto q = values(qn, 1), k = values(kn, 2), v = values(kn, 3), dout = values(qn, 4);
+  std::vector<float> ob(d.q_len * kDim), lb(d.q_len), dq(d.q_len * kDim), dk(ring.longest() * kDim), dv(dk.size());
+  const auto t0 = Clock::now();
+  for (int j = 0; j < ring.size(); ++j)
+    dtensor::detail::ring::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qr, int64_t kr) {
+      local::attention_forward(one, q.data() + qr * kDim, k.data() + kr * kDim, v.data() + kr * kDim,
+                               static_cast<const float*>(nullptr), ob.data(), lb.data());
+      local::attention_backward(one, q.data() + qr * kDim, k.data() + kr * kDim, v.data() + kr * kDim,
+                                static_cast<const float*>(nullptr), ob.data(), lb.data(), dout.data() + qr * kDim,
+                                dq.data(), dk.data(), dv.data());
+    });
+  return seconds_since(t0);
+}
+
+// On `comm` (the ring): the ring's time and its compute alone, best of kReps; the
+// sequence in blocks, or (balanced) in the load-balanced layout.
+RingTimes ring_times(Comm& comm, bool causal, bool balanced) {
   const int n = comm.size(), r = comm.rank();
   std::vector<int64_t> offsets{0};
   for (int i = 0; i < n; ++i) offsets.push_back(offsets.back() + chunk_size(kLen, n, i));
-  const AttentionRing ring{&comm, offsets};
+  const AttentionRing ring = balanced ? AttentionRing::balanced(comm, kLen) : AttentionRing{&comm, offsets};
   local::AttentionDims d{.batch = 1, .heads = kHeads, .kv_heads = kHeads, .q_len = ring.length(r), .head_dim = kDim,
-                         .causal = causal, .q_offset = offsets[r]};
+                         .causal = causal};
   const int64_t qn = kHeads * d.q_len * kDim;
   const auto q = values(qn, 1), k = values(qn, 2), v = values(qn, 3), dout = values(qn, 4);
   std::vector<float> o(qn), lse(kHeads * d.q_len), dq(qn), dk(qn), dv(qn);
@@ -95,7 +103,7 @@ RingTimes ring_times(Comm& comm, bool causal) {
     comm.all_reduce(&t, &t, 1, DType::Float64, ReduceOp::Max);
     best.ring = std::min(best.ring, t);
     comm.barrier();
-    double c = core(d, offsets, true);
+    double c = ring_compute(ring, d);
     comm.all_reduce(&c, &c, 1, DType::Float64, ReduceOp::Max);
     best.compute = std::min(best.compute, c);
   }
@@ -103,17 +111,17 @@ RingTimes ring_times(Comm& comm, bool causal) {
 }
 
 double one_rank(bool causal) {
-  const local::AttentionDims d{.batch = 1, .heads = kHeads, .kv_heads = kHeads, .q_len = kLen, .head_dim = kDim,
+  const local::AttentionDims d{.batch = 1, .heads = kHeads, .kv_heads = kHeads, .q_len = kLen, .kv_len = kLen, .head_dim = kDim,
                                .causal = causal};
   double best = 1e30;
-  for (int rep = 0; rep < kReps; ++rep) best = std::min(best, core(d, {0, kLen}, true));
+  for (int rep = 0; rep < kReps; ++rep) best = std::min(best, whole_sequence(d));
   return best;
 }
 
-void report(int n, bool causal, double single, const RingTimes& t) {
-  std::printf("L=%lld %-10s %d ranks: one rank %8.1f ms, ring %8.1f ms (%.2fx faster), compute alone %8.1f ms, "
+void report(int n, const char* what, double single, const RingTimes& t) {
+  std::printf("L=%lld %-17s %d ranks: one rank %8.1f ms, ring %8.1f ms (%.2fx faster), compute alone %8.1f ms, "
               "exposed communication %7.1f ms (%4.1f%% of the ring)\n",
-              static_cast<long long>(kLen), causal ? "causal" : "non-causal", n, single * 1e3, t.ring * 1e3,
+              static_cast<long long>(kLen), what, n, single * 1e3, t.ring * 1e3,
               single / t.ring, t.compute * 1e3, (t.ring - t.compute) * 1e3,
               100 * std::max(0.0, t.ring - t.compute) / t.ring);
 }
@@ -122,31 +130,36 @@ void report(int n, bool causal, double single, const RingTimes& t) {
 
 int main(int argc, char** argv) {
   if (argc > 1) kLen = std::atoll(argv[1]);
+  // non-causal; causal on the blocks; causal on the load-balanced layout
+  const struct {
+    bool causal, balanced;
+    const char* what;
+  } kinds[] = {{false, false, "non-causal"}, {true, false, "causal"}, {true, true, "causal, balanced"}};
 #ifdef DTENSOR_BENCH_MPI
   return run_mpi(argc, argv, [&](Comm& world) {
-    for (bool causal : {false, true}) {
+    for (const auto& k : kinds) {
       double single = 0;
-      if (world.rank() == 0) single = one_rank(causal);
+      if (world.rank() == 0) single = one_rank(k.causal);
       world.barrier();
-      const RingTimes t = ring_times(world, causal);
-      if (world.rank() == 0) report(world.size(), causal, single, t);
+      const RingTimes t = ring_times(world, k.causal, k.balanced);
+      if (world.rank() == 0) report(world.size(), k.what, single, t);
     }
   });
 #else
   RunOptions quiet;
   quiet.spin = 0;  // a waiting rank sleeps, leaving the core to the others
-  for (bool causal : {false, true}) {
-    const double single = one_rank(causal);
+  for (const auto& k : kinds) {
+    const double single = one_rank(k.causal);
     for (int n : {2, 4}) {
       RingTimes t;
       run_threads(
           n,
           [&](Comm& comm) {
-            const RingTimes mine = ring_times(comm, causal);
+            const RingTimes mine = ring_times(comm, k.causal, k.balanced);
             if (comm.rank() == 0) t = mine;
           },
           quiet);
-      report(n, causal, single, t);
+      report(n, k.what, single, t);
     }
   }
   return 0;

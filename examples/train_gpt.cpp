@@ -16,7 +16,8 @@
 //   DP x SP   the same with sequence parallelism: norms, residuals and positions on
 //             sequence shards, all-gather / reduce-scatter instead of all-reduce
 //   TP x CP   heads over mesh dim 0, the sequence over mesh dim 1 (context parallel):
-//             every layer on its tokens, attention as a ring of key/value blocks
+//             every layer on its tokens, attention as a ring of key/value blocks on
+//             the load-balanced layout (q, k, v moved there and back by attention)
 // The compiler checks each step's plan (the all-reduces or gathers and scatters per
 // block, the rings, the gradient reductions), and each run counts its collectives and
 // point-to-point shifts against it.
@@ -41,7 +42,9 @@ using namespace dtensor;
 namespace {
 
 constexpr int64_t kVocab = 97, kHidden = 64, kFfn = 256, kLen = 32, kBatch = 8;
-constexpr nn::AttentionShape kAttention{.hidden = kHidden, .heads = 4};
+// (where the sequence is sharded, TP x CP: the ring on the load-balanced layout, each
+// rank an early and a late chunk of the causal sequence)
+constexpr nn::AttentionShape kAttention{.hidden = kHidden, .heads = 4, .context = nn::ContextParallel::RingBalanced};
 constexpr int kSteps = 30;
 
 using DpTp = nn::Config<float, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
@@ -86,7 +89,7 @@ static_assert(Sp::plan.count(nn::Phase::Forward, StepKind::AllGather, 1) == 5 &&
                   Sp::plan.count(nn::Phase::Backward, StepKind::ReduceScatter, 1) == 5,
               "DP x SP: an all-gather and a reduce-scatter per all-reduce of DP x TP");
 static_assert(Cp::plan.count(nn::Phase::Forward, StepKind::AllReduce, 0) == 5 + 2 &&
-                  Cp::plan.count(nn::Phase::Backward, StepKind::AllReduce, 0) == 5 && Cp::plan.rings == 4 &&
+                  Cp::plan.count(nn::Phase::Backward, StepKind::AllReduce, 0) == 5 && Cp::plan.rings == 2 * 4 &&
                   Cp::plan.count(nn::Phase::Forward, StepKind::AllReduce, 1) == 1,
               "TP x CP: DP x TP's all-reduces on mesh dim 0, a ring per attention each way on mesh dim 1, and the "
               "loss's sum over the sequence's shards");

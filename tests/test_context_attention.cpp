@@ -27,20 +27,12 @@ std::vector<double> values(int64_t n, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) v[i] = dtensor::detail::normal_value<double>(seed, static_cast<uint64_t>(i));
   return v;
 }
-// Positions [lo, hi) of every (batch, head) of x [groups, len, dim].
-std::vector<double> rows_of(const std::vector<double>& x, int64_t groups, int64_t len, int64_t dim, int64_t lo,
-                            int64_t hi) {
-  std::vector<double> out;
-  for (int64_t g = 0; g < groups; ++g)
-    out.insert(out.end(), x.begin() + (g * len + lo) * dim, x.begin() + (g * len + hi) * dim);
-  return out;
-}
-
 struct Case {
   std::vector<int64_t> lengths;  // per ring rank
   bool causal = false;
   int64_t heads = 4, kv_heads = 2;
   double dropout = 0;
+  bool balanced = false;  // the ring's load-balanced layout (AttentionRing::balanced) instead of the blocks
 };
 
 // The whole sequence's attention and gradients on one rank (the attention core), and
@@ -67,26 +59,39 @@ struct Whole {
     local::attention_backward(dims, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
                               lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
   }
-  // Rank r's rows of x [groups, len, row].
-  std::vector<double> share(const std::vector<double>& x, int64_t groups, int r, int64_t row = kDim) const {
-    return rows_of(x, groups, len, row, offsets[r], offsets[r + 1]);
+  // The positions of rank r (of n): its block, or its two chunks of the balanced layout.
+  std::vector<RingPiece> pieces(int r, bool balanced) const {
+    if (!balanced) return {{offsets[r], offsets[r + 1] - offsets[r]}};
+    const int n = static_cast<int>(offsets.size()) - 1;
+    std::vector<int64_t> first{0};
+    for (int c = 0; c < 2 * n; ++c) first.push_back(first.back() + chunk_size(len, 2 * n, c));
+    return {{first[r], first[r + 1] - first[r]}, {first[2 * n - 1 - r], first[2 * n - r] - first[2 * n - 1 - r]}};
+  }
+  // Those positions' rows of x [groups, len, row], in the pieces' order within each group.
+  std::vector<double> share(const std::vector<double>& x, int64_t groups, const std::vector<RingPiece>& ps,
+                            int64_t row = kDim) const {
+    std::vector<double> out;
+    for (int64_t g = 0; g < groups; ++g)
+      for (const RingPiece& p : ps)
+        out.insert(out.end(), x.begin() + (g * len + p.start) * row, x.begin() + (g * len + p.start + p.len) * row);
+    return out;
   }
   // Rank r's inputs and the buffers for its results.
   struct Block {
     std::vector<double> q, k, v, dout, o, lse, dq, dk, dv;
   };
-  Block block(int r) const {
-    Block b{share(q, gq, r), share(k, gk, r), share(v, gk, r), share(dout, gq, r), {}, {}, {}, {}, {}};
+  Block block(const std::vector<RingPiece>& ps) const {
+    Block b{share(q, gq, ps), share(k, gk, ps), share(v, gk, ps), share(dout, gq, ps), {}, {}, {}, {}, {}};
     b.o.resize(b.q.size()), b.lse.resize(b.q.size() / kDim), b.dq.resize(b.q.size());
     b.dk.resize(b.k.size()), b.dv.resize(b.v.size());
     return b;
   }
-  void check(const Block& b, int r) const {
-    CHECK(max_abs_diff(b.o, share(o, gq, r)) < 1e-13);
-    CHECK(max_abs_diff(b.lse, share(lse, gq, r, 1)) < 1e-13);
-    CHECK(max_abs_diff(b.dq, share(dq, gq, r)) < 1e-13);
-    CHECK(max_abs_diff(b.dk, share(dk, gk, r)) < 1e-13);
-    CHECK(max_abs_diff(b.dv, share(dv, gk, r)) < 1e-13);
+  void check(const Block& b, const std::vector<RingPiece>& ps) const {
+    CHECK(max_abs_diff(b.o, share(o, gq, ps)) < 1e-13);
+    CHECK(max_abs_diff(b.lse, share(lse, gq, ps, 1)) < 1e-13);
+    CHECK(max_abs_diff(b.dq, share(dq, gq, ps)) < 1e-13);
+    CHECK(max_abs_diff(b.dk, share(dk, gk, ps)) < 1e-13);
+    CHECK(max_abs_diff(b.dv, share(dv, gk, ps)) < 1e-13);
   }
   // Rank r's dims: its queries (and keys) at their place in the sequence.
   local::AttentionDims local_dims(int r) const {
@@ -102,17 +107,19 @@ void check_ring(const Case& c) {
   const int n = static_cast<int>(c.lengths.size());
   spmd(n, [&](Comm& comm) {
     const int r = comm.rank();
-    INFO("ring of ", n, ", rank ", r, ", causal ", c.causal, ", dropout ", c.dropout);
-    const AttentionRing ring{&comm, whole.offsets};
-    auto b = whole.block(r);
-    const auto d = whole.local_dims(r);
+    INFO("ring of ", n, ", rank ", r, ", causal ", c.causal, ", dropout ", c.dropout, ", balanced ", c.balanced);
+    const AttentionRing ring = c.balanced ? AttentionRing::balanced(comm, whole.len) : AttentionRing{&comm, whole.offsets};
+    const auto ps = whole.pieces(r, c.balanced);
+    auto b = whole.block(ps);
+    local::AttentionDims d = whole.dims;
+    d.q_len = d.kv_len = ring.length(r);
     CommCounter counted;
     ring_attention_forward(ring, d, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data());
     CHECK(counted.exchanges() == n - 1);
     ring_attention_backward(ring, d, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data(), b.dout.data(),
                             b.dq.data(), b.dk.data(), b.dv.data());
     CHECK(counted.exchanges() == (n - 1) + (n > 1 ? 2 * n - 1 : 0));
-    whole.check(b, r);
+    whole.check(b, ps);
   });
 }
 
@@ -123,14 +130,15 @@ void check_ulysses(const Case& c) {
   spmd(n, [&](Comm& comm) {
     const int r = comm.rank();
     INFO("all-to-all over ", n, ", rank ", r, ", causal ", c.causal, ", dropout ", c.dropout);
-    auto b = whole.block(r);
+    const auto ps = whole.pieces(r, false);
+    auto b = whole.block(ps);
     CommCounter counted;
     UlyssesAttention<double> attention({&comm, whole.offsets}, 0);
     attention.forward(whole.local_dims(r), b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data());
     CHECK(counted.count(StepKind::AllToAll) == 5);
     attention.backward(b.dout.data(), b.dq.data(), b.dk.data(), b.dv.data());
     CHECK(counted.count(StepKind::AllToAll) == 9);
-    whole.check(b, r);
+    whole.check(b, ps);
   });
 }
 
@@ -144,6 +152,38 @@ TEST_CASE("ring attention equals attention on the whole sequence: 1-4 ranks, eve
     check_ring({{3, 3, 2}, causal});
     check_ring({{2, 5, 1, 4}, causal});
     check_ring({{3, 0, 4}, causal});  // a rank holding no position passes blocks on
+  }
+}
+
+TEST_CASE("ring attention, load-balanced layout (each rank an early and a late chunk): equal to the whole sequence") {
+  for (int64_t len : {8, 11, 13}) {  // 2n chunks even and uneven
+    for (int n = 1; n <= 4; ++n) {
+      std::vector<int64_t> lengths(n, 0);  // the whole's length only: the balanced layout cuts it itself
+      lengths[0] = len;
+      check_ring({lengths, true, 4, 2, 0, true});
+    }
+  }
+  check_ring({{5, 4, 4}, true, 4, 2, 0.3, true});  // dropout's mask from global positions
+  check_ring({{9, 0}, false, 4, 4, 0, true});      // non-causal, in any layout
+}
+
+TEST_CASE("relayout: the sequence's blocks to the balanced layout and back, one exchange each way") {
+  for (int n = 1; n <= 4; ++n) {
+    const Whole whole({{11}});  // the values of a sequence of 11: rows of [groups, 11, 4]
+    spmd(n, [&](Comm& comm) {
+      const int r = comm.rank();
+      std::vector<int64_t> offsets{0};
+      for (int i = 0; i < n; ++i) offsets.push_back(offsets.back() + chunk_size(11, n, i));
+      const AttentionRing blocks{&comm, offsets}, balanced = AttentionRing::balanced(comm, 11);
+      const auto mine = whole.share(whole.q, whole.gq, {{offsets[r], offsets[r + 1] - offsets[r]}});
+      std::vector<double> there(whole.gq * balanced.length(r) * Whole::kDim), back(mine.size());
+      CommCounter counted;
+      detail::ring::relayout<double>(blocks, balanced, {{mine.data(), there.data(), whole.gq, Whole::kDim}});
+      CHECK(max_abs_diff(there, whole.share(whole.q, whole.gq, balanced.pieces[r])) == 0);
+      detail::ring::relayout<double>(balanced, blocks, {{there.data(), back.data(), whole.gq, Whole::kDim}});
+      CHECK(max_abs_diff(back, mine) == 0);
+      CHECK(counted.exchanges() == (n > 1 ? 2 : 0));  // alone, a local copy
+    });
   }
 }
 

@@ -299,3 +299,21 @@ TEST_CASE("attention, context parallel by all-to-all (heads <-> sequence): equal
                          InvalidArgument);
   });
 }
+
+TEST_CASE("attention, context parallel on the load-balanced ring: q, k, v moved to it and back, equal to one rank") {
+  constexpr nn::AttentionShape kBal{.hidden = 16, .heads = 4, .kv_heads = 2, .context = nn::ContextParallel::RingBalanced};
+  constexpr nn::AttentionShape kBalOdd{.hidden = 10, .heads = 6, .kv_heads = 3, .head_dim = 4,
+                                       .context = nn::ContextParallel::RingBalanced};
+  using M2 = Model<TpCp, kBal, nn::HeadParallel<>>;
+  static constexpr auto plan = M2::plan(M2::output_placements, kGqa.hidden, true);
+  static_assert(plan.ring_exchanges(Phase::Forward, {2, 4}) == 3 + 2 && plan.ring_exchanges(Phase::Backward, {2, 4}) == 7 + 2);
+  const Shape<3> s{2, 11, 16};  // 11 positions: 2n chunks of the chunk rule, uneven
+  for (int n = 1; n <= 4; ++n)
+    check_against_one_rank<Model<Cp1, kBal>, 1>({n}, MakeModel<Cp1, kBal, nn::NoParallel>{kCausalRope}, s, s, 1e-12);
+  check_against_one_rank<M2, 2>({2, 2}, MakeModel<TpCp, kBal, nn::HeadParallel<>>{kCausalRope}, s, s, 1e-12);
+  const Shape<3> so{3, 8, kOdd.hidden};
+  check_against_one_rank<Model<DpCp, kBalOdd>, 2>({2, 3}, MakeModel<DpCp, kBalOdd, nn::NoParallel>{kCausalRope}, so,
+                                                  so, 1e-12);
+  const nn::AttentionOptions drop{.causal = true, .rope_base = 10000, .dropout = 0.25, .seed = 9, .tile = 3};
+  check_against_one_rank<M2, 2>({2, 2}, MakeModel<TpCp, kBal, nn::HeadParallel<>>{drop}, s, s, 1e-12);
+}

@@ -31,24 +31,60 @@
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
+#include "dtensor/comm/region.hpp"
 #include "dtensor/compute/attention.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/placement/shard_layout.hpp"
 
 namespace dtensor {
 
-// The ring: its communicator (ranks in ring order) and the sequence's block offsets,
-// rank i holding positions [offsets[i], offsets[i + 1]).
+// A range of sequence positions a rank holds.
+struct RingPiece {
+  int64_t start = 0, len = 0;
+};
+
+// The ring: its communicator (ranks in ring order) and which positions each rank holds:
+// the contiguous blocks [offsets[i], offsets[i + 1]), or, where `pieces` is given,
+// rank i's ranges pieces[i], its rows in that order (balanced(): the load-balanced
+// layout of a causal ring).
 struct AttentionRing {
   Comm* comm = nullptr;
   std::vector<int64_t> offsets;
+  std::vector<std::vector<RingPiece>> pieces{};
+
+  // The causal ring's load-balanced layout: 2n chunks of the sequence (the chunk
+  // rule), rank r holding chunk r and chunk 2n - 1 - r, so that every rank has as many
+  // (query, key) pairs below the diagonal as any other.
+  static AttentionRing balanced(Comm& comm, int64_t total) {
+    const int n = comm.size();
+    std::vector<int64_t> first{0};
+    for (int c = 0; c < 2 * n; ++c) first.push_back(first.back() + chunk_size(total, 2 * n, c));
+    AttentionRing ring{&comm, {0, total}, {}};
+    for (int r = 0; r < n; ++r)
+      ring.pieces.push_back({{first[r], first[r + 1] - first[r]}, {first[2 * n - 1 - r], first[2 * n - r] - first[2 * n - 1 - r]}});
+    return ring;
+  }
 
   int size() const { return comm->size(); }
   int rank() const { return comm->rank(); }
-  int64_t length(int i) const { return offsets[i + 1] - offsets[i]; }
+  std::vector<RingPiece> pieces_of(int i) const {
+    if (!pieces.empty()) return pieces[i];
+    return {{offsets[i], offsets[i + 1] - offsets[i]}};
+  }
+  int64_t length(int i) const {
+    int64_t n = 0;
+    for (const auto& p : pieces_of(i)) n += p.len;
+    return n;
+  }
   int64_t longest() const {
     int64_t m = 0;
     for (int i = 0; i < size(); ++i) m = std::max(m, length(i));
     return m;
+  }
+  int64_t total() const {
+    int64_t n = 0;
+    for (int i = 0; i < size(); ++i) n += length(i);
+    return n;
   }
 };
 
@@ -71,15 +107,92 @@ Request shift(const AttentionRing& ring, std::initializer_list<const T*> bufs, i
   return ring.comm->start_exchange(sends, recvs, dtype_of<T>());
 }
 
-// The dims of this rank's queries against block j.
-inline local::AttentionDims block_dims(local::AttentionDims d, const AttentionRing& ring, int j) {
-  d.q_offset = ring.offsets[ring.rank()];
-  d.kv_offset = ring.offsets[j];
-  d.kv_len = ring.length(j);
-  return d;
+// One tensor moved between two layouts of the sequence: [groups, positions, row] in
+// each rank's order of its positions.
+template <class T>
+struct RelayoutTensor {
+  const T* src = nullptr;
+  T* dst = nullptr;
+  int64_t groups = 1, row = 1;
+};
+
+// Moves rows from layout `from` to layout `to` (the same ranks, the same sequence):
+// one point-to-point exchange; each message one intersection of a piece that a rank
+// holds in `from` with a piece that another (or itself) holds in `to`, every rank
+// deriving every message from the two layouts.
+template <class T>
+void relayout(const AttentionRing& from, const AttentionRing& to, std::initializer_list<RelayoutTensor<T>> tensors) {
+  const int n = from.size(), me = from.rank();
+  std::vector<SendSpec> sends;
+  std::vector<RecvSpec> recvs;
+  int64_t sent = 0;
+  // rows of `ps` before piece i
+  auto row_of = [](const std::vector<RingPiece>& ps, std::size_t i) {
+    int64_t r = 0;
+    for (std::size_t k = 0; k < i; ++k) r += ps[k].len;
+    return r;
+  };
+  for (int s = 0; s < n; ++s)
+    for (int t = 0; t < n; ++t) {
+      if (s != me && t != me) continue;
+      const auto fs = from.pieces_of(s), tt = to.pieces_of(t);
+      const int64_t ls = from.length(s), lt = to.length(t);
+      for (std::size_t i = 0; i < fs.size(); ++i)
+        for (std::size_t j = 0; j < tt.size(); ++j) {
+          const int64_t lo = std::max(fs[i].start, tt[j].start);
+          const int64_t hi = std::min(fs[i].start + fs[i].len, tt[j].start + tt[j].len);
+          if (lo >= hi) continue;
+          int tensor = 0;
+          for (const auto& x : tensors) {
+            const int tag = (tensor++ * 16 + static_cast<int>(i)) * 16 + static_cast<int>(j);
+            const Shape<3> size{x.groups, hi - lo, x.row};
+            if (s == me) {
+              const Shape<3> at{0, row_of(fs, i) + lo - fs[i].start, 0};
+              sends.push_back({t, tag, x.src, Region::box(Shape<3>{x.groups, ls, x.row}, at, size).simplified()});
+              sent += x.groups * (hi - lo) * x.row;
+            }
+            if (t == me) {
+              const Shape<3> at{0, row_of(tt, j) + lo - tt[j].start, 0};
+              recvs.push_back({s, tag, x.dst, Region::box(Shape<3>{x.groups, lt, x.row}, at, size).simplified(), false});
+            }
+          }
+        }
+    }
+  if (n > 1) CommCounter::record_exchange(static_cast<std::size_t>(sent) * sizeof(T));  // (alone: a local copy)
+  from.comm->start_exchange(sends, recvs, dtype_of<T>()).wait();
 }
-inline bool block_masked(const local::AttentionDims& d) {
-  return d.kv_len == 0 || d.q_len == 0 || (d.causal && d.kv_offset > d.q_offset + d.q_len - 1);
+
+// f(dims, q row, k row) for each pair of a query piece of this rank and a key piece of
+// block j that causal masking does not wholly drop, and each (batch, query head): the
+// core's dims for that head's rows (one head, the pieces' global positions) and the
+// first rows of q (in this rank's layout, `q_len` rows per head) and of k (in block j's).
+template <class F>
+void for_each_piece_pair(const local::AttentionDims& d, const AttentionRing& ring, int j, F&& f) {
+  const auto mine = ring.pieces_of(ring.rank()), theirs = ring.pieces_of(j);
+  const int64_t kv_len = ring.length(j), total = ring.total(), group = d.heads / d.kv_heads;
+  int64_t qrow = 0;
+  for (const RingPiece& p : mine) {
+    int64_t krow = 0;
+    for (const RingPiece& s : theirs) {
+      const bool masked = p.len == 0 || s.len == 0 || (d.causal && s.start > p.start + p.len - 1);
+      if (!masked)
+        for (int64_t b = 0; b < d.batch; ++b)
+          for (int64_t h = 0; h < d.heads; ++h) {
+            local::AttentionDims one = d;
+            one.batch = 1, one.heads = 1, one.kv_heads = 1;
+            one.q_len = p.len, one.kv_len = s.len, one.q_offset = p.start, one.kv_offset = s.start;
+            one.dropout.batch_offset = d.dropout.batch_offset + b;
+            one.dropout.head_offset = d.dropout.head_offset + h;
+            one.dropout.heads_total = d.dropout.heads_total ? d.dropout.heads_total : d.heads;
+            one.dropout.q_total = d.dropout.q_total ? d.dropout.q_total : total;
+            one.dropout.kv_total = d.dropout.kv_total ? d.dropout.kv_total : total;
+            const int64_t bh = b * d.heads + h, bkv = b * d.kv_heads + h / group;
+            f(one, bh * d.q_len + qrow, bkv * kv_len + krow);
+          }
+      krow += s.len;
+    }
+    qrow += p.len;
+  }
 }
 
 }  // namespace detail::ring
@@ -91,9 +204,11 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
                             T* o, T* lse) {
   namespace R = detail::ring;
   const int n = ring.size(), r = ring.rank();
-  DTENSOR_CHECK(static_cast<int>(ring.offsets.size()) == n + 1 && ring.length(r) == d.q_len, InvalidArgument,
-                "ring attention: rank ", r, " holds ", d.q_len, " positions, but the ring's offsets give it ",
-                static_cast<int>(ring.offsets.size()) == n + 1 ? ring.length(r) : -1);
+  DTENSOR_CHECK((ring.pieces.empty() ? static_cast<int>(ring.offsets.size()) == n + 1
+                                     : static_cast<int>(ring.pieces.size()) == n) &&
+                    ring.length(r) == d.q_len,
+                InvalidArgument, "ring attention: rank ", r, " holds ", d.q_len,
+                " positions, but the ring's layout gives it another count or has no entry for every rank");
   const int64_t kv_row = d.batch * d.kv_heads * d.head_dim;  // elements per position of k (or v)
   const int64_t rows = d.batch * d.heads * d.q_len, D = d.head_dim;
   const T inf = std::numeric_limits<T>::infinity();
@@ -104,32 +219,34 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
   std::vector<T> cur_k(longest), cur_v(longest), next_k(longest), next_v(longest);
   std::copy_n(k, kv_row * ring.length(r), cur_k.data());
   std::copy_n(v, kv_row * ring.length(r), cur_v.data());
-  std::vector<T> ob(static_cast<std::size_t>(rows * D)), lb(static_cast<std::size_t>(rows));
+  std::vector<T> ob(static_cast<std::size_t>(d.q_len * D)), lb(static_cast<std::size_t>(d.q_len));  // one head's
   for (int t = 0; t < n; ++t) {
     const int j = (r - t + n) % n, incoming = (r - t - 1 + 2 * n) % n;
     Request req;
     if (t + 1 < n)
       req = R::shift<T>(ring, {cur_k.data(), cur_v.data()}, kv_row * ring.length(j), {next_k.data(), next_v.data()},
                         kv_row * ring.length(incoming));
-    const local::AttentionDims bd = R::block_dims(d, ring, j);
-    if (!R::block_masked(bd)) {
-      local::attention_forward(bd, q, cur_k.data(), cur_v.data(), static_cast<const T*>(nullptr), ob.data(),
-                               lb.data());
-      // merge: lse' = log(e^lse + e^lb), o' = o e^(lse - lse') + ob e^(lb - lse')
-      for (int64_t i = 0; i < rows; ++i) {
+    // This rank's query pieces against block j's key pieces, head by head, each result
+    // merged into the running output: lse' = log(e^lse + e^lb), o' = o e^(lse - lse') + ob e^(lb - lse').
+    R::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qrow, int64_t krow) {
+      local::attention_forward(one, q + qrow * D, cur_k.data() + krow * D, cur_v.data() + krow * D,
+                               static_cast<const T*>(nullptr), ob.data(), lb.data());
+      for (int64_t i = 0; i < one.q_len; ++i) {
+        T* oi = o + (qrow + i) * D;
+        T& li = lse[qrow + i];
         if (lb[i] == -inf) continue;
-        if (lse[i] == -inf) {
-          std::copy_n(ob.data() + i * D, D, o + i * D);
-          lse[i] = lb[i];
+        if (li == -inf) {
+          std::copy_n(ob.data() + i * D, D, oi);
+          li = lb[i];
           continue;
         }
-        const T m = std::max(lse[i], lb[i]);
-        const T merged = m + std::log(std::exp(lse[i] - m) + std::exp(lb[i] - m));
-        const T a = std::exp(lse[i] - merged), b = std::exp(lb[i] - merged);
-        for (int64_t c = 0; c < D; ++c) o[i * D + c] = a * o[i * D + c] + b * ob[i * D + c];
-        lse[i] = merged;
+        const T m = std::max(li, lb[i]);
+        const T merged = m + std::log(std::exp(li - m) + std::exp(lb[i] - m));
+        const T a = std::exp(li - merged), b = std::exp(lb[i] - merged);
+        for (int64_t c = 0; c < D; ++c) oi[c] = a * oi[c] + b * ob[i * D + c];
+        li = merged;
       }
-    }
+    });
     if (t + 1 < n) {
       req.wait();
       std::swap(cur_k, next_k);
@@ -144,7 +261,7 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
                              const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   namespace R = detail::ring;
   const int n = ring.size(), r = ring.rank();
-  const int64_t kv_row = d.batch * d.kv_heads * d.head_dim;
+  const int64_t kv_row = d.batch * d.kv_heads * d.head_dim, D = d.head_dim;
   const int64_t qn = d.batch * d.heads * d.q_len * d.head_dim, own = kv_row * ring.length(r);
   // Buffers of the longest block, never resized: messages land in them while they are in flight.
   const auto longest = static_cast<std::size_t>(kv_row * ring.longest());
@@ -153,20 +270,26 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
   std::copy_n(k, own, k_hand.data());
   std::copy_n(v, own, v_hand.data());
   std::vector<T> acc_dk(longest), acc_dv(longest), in_dk(longest), in_dv(longest);
-  std::vector<T> dqb(static_cast<std::size_t>(qn)), dkb(longest), dvb(longest);
+  std::vector<T> dkb(longest), dvb(longest);
+  // one head's piece of dq, dk, dv
+  std::vector<T> dqh(static_cast<std::size_t>(d.q_len * D)), dkh(static_cast<std::size_t>(ring.longest() * D)),
+      dvh(dkh.size());
   Request grads;  // the accumulators' shift, in flight during the next block's compute
   for (int t = 0; t < n; ++t) {
     const int j = (r - t + n) % n, incoming = (r - t - 1 + 2 * n) % n;
     const int64_t here = kv_row * ring.length(j), there = kv_row * ring.length(incoming);
     Request kv;
     if (t + 1 < n) kv = R::shift<T>(ring, {k_hand.data(), v_hand.data()}, here, {k_next.data(), v_next.data()}, there);
-    const local::AttentionDims bd = R::block_dims(d, ring, j);
-    const bool computed = !R::block_masked(bd);
-    if (computed) {
-      local::attention_backward(bd, q, k_hand.data(), v_hand.data(), static_cast<const T*>(nullptr), o, lse, dout,
-                                dqb.data(), dkb.data(), dvb.data());
-      for (int64_t i = 0; i < qn; ++i) dq[i] += dqb[i];
-    }
+    // dq added here; block j's dk and dv into dkb, dvb (then into its accumulators).
+    std::fill(dkb.begin(), dkb.begin() + here, T(0));
+    std::fill(dvb.begin(), dvb.begin() + here, T(0));
+    R::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qrow, int64_t krow) {
+      local::attention_backward(one, q + qrow * D, k_hand.data() + krow * D, v_hand.data() + krow * D,
+                                static_cast<const T*>(nullptr), o + qrow * D, lse + qrow, dout + qrow * D,
+                                dqh.data(), dkh.data(), dvh.data());
+      for (int64_t i = 0; i < one.q_len * D; ++i) dq[qrow * D + i] += dqh[i];
+      for (int64_t i = 0; i < one.kv_len * D; ++i) dkb[krow * D + i] += dkh[i], dvb[krow * D + i] += dvh[i];
+    });
     // Block j's accumulated gradients: zero at home, else what the previous rank sent
     // (its shift overlapped this step's compute).
     if (t == 0) {
@@ -177,8 +300,7 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
       std::swap(acc_dk, in_dk);
       std::swap(acc_dv, in_dv);
     }
-    if (computed)
-      for (int64_t i = 0; i < here; ++i) acc_dk[i] += dkb[i], acc_dv[i] += dvb[i];
+    for (int64_t i = 0; i < here; ++i) acc_dk[i] += dkb[i], acc_dv[i] += dvb[i];
     if (n == 1) break;
     // The accumulators follow their block to the next rank (after the last step, the
     // block's owner); the previous rank's come in (after the last step, ours).

@@ -40,6 +40,8 @@ class UlyssesAttention {
     DTENSOR_CHECK(d.heads % n == 0 && d.kv_heads % n == 0, InvalidArgument, "all-to-all attention: ", d.heads,
                   " query heads and ", d.kv_heads, " key/value heads over ", n,
                   " ranks: both must be multiples of the ranks (use the ring instead, or another head count)");
+    DTENSOR_CHECK(g_.pieces.empty(), InvalidArgument,
+                  "all-to-all attention: the group's ranks must hold contiguous blocks of the sequence (offsets)");
     DTENSOR_CHECK(g_.length(r) == d.q_len, InvalidArgument, "all-to-all attention: rank ", r, " holds ", d.q_len,
                   " positions, the group's offsets give it ", g_.length(r));
     local_ = d;

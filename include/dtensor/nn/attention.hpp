@@ -36,6 +36,8 @@
 // tokens, RoPE and causal masking on their global positions, and the attention runs
 // as a ring over the CP dim (distributed/ring_attention.hpp: key/value blocks travel,
 // n - 1 point-to-point shifts forward and 2n - 1 backward, in the plan as a ring), or,
+// with AttentionShape::context = RingBalanced, as a ring on the load-balanced layout of
+// a causal sequence (q, k, v moved there and back: 2 more exchanges each way), or,
 // with AttentionShape::context = AllToAll, as DeepSpeed Ulysses' all-to-alls
 // (distributed/ulysses_attention.hpp: 5 forward, 4 backward, each rank's heads split
 // over the CP ranks).
@@ -64,7 +66,11 @@ namespace dtensor::nn {
 // How attention runs where the sequence is sharded over a context-parallel mesh dim:
 // a ring of key/value blocks (any head count), or all-to-alls that trade the sequence
 // for the heads (DeepSpeed Ulysses; the heads on a rank must divide the CP size).
-enum class ContextParallel { Ring, AllToAll };
+// RingBalanced: the ring on the load-balanced layout of a causal sequence (each rank
+// one early and one late chunk: AttentionRing::balanced), q, k, v moved there and the
+// output back by one point-to-point exchange each way (and the same backward), so
+// that no rank waits for the one holding the sequence's end.
+enum class ContextParallel { Ring, RingBalanced, AllToAll };
 
 // What the compiler knows of an attention layer (it sizes the parameters and the
 // plan): hidden features, query heads, key/value heads (0: as many as query heads),
@@ -144,7 +150,8 @@ class MultiHeadAttention {
   static constexpr int F = 2;
   static constexpr bool kParallel = !std::is_same_v<Style, NoParallel>;
   // The sequence sharded over CP: ring or all-to-all attention.
-  static constexpr bool kRing = Cfg::cp >= 0 && Dims.context == ContextParallel::Ring;
+  static constexpr bool kBalanced = Cfg::cp >= 0 && Dims.context == ContextParallel::RingBalanced;
+  static constexpr bool kRing = Cfg::cp >= 0 && (Dims.context == ContextParallel::Ring || kBalanced);
   static constexpr bool kAllToAll = Cfg::cp >= 0 && Dims.context == ContextParallel::AllToAll;
   static constexpr const char* name = kParallel ? "attention(heads)" : "attention";
   static constexpr int64_t kHidden = Dims.hidden, kHeads = Dims.heads, kKV = Dims.kv(), kDim = Dims.dim();
@@ -167,8 +174,12 @@ class MultiHeadAttention {
                              bool input_grad) {
     Rule::template plan<C>(p, layer, grad_out, kHidden, input_grad);
     if constexpr (kRing) {
-      p.add(PlannedRing{Phase::Forward, layer, Cfg::cp, 1, -1});   // n - 1 shifts of k/v
-      p.add(PlannedRing{Phase::Backward, layer, Cfg::cp, 2, -1});  // and of their gradients
+      p.add(PlannedRing{Phase::Forward, layer, Cfg::cp, 1, -1, "ring of k/v"});               // n - 1 shifts
+      p.add(PlannedRing{Phase::Backward, layer, Cfg::cp, 2, -1, "ring of k/v and gradients"});  // 2n - 1
+    }
+    if constexpr (kBalanced) {  // to the balanced layout and back, each way
+      p.add(PlannedRing{Phase::Forward, layer, Cfg::cp, 0, 2, "to the balanced layout and back"});
+      p.add(PlannedRing{Phase::Backward, layer, Cfg::cp, 0, 2, "to the balanced layout and back"});
     }
     if constexpr (kAllToAll) {
       // per token: q, k, v to heads and o, lse back; do to heads, dq, dk, dv back
@@ -266,7 +277,23 @@ class MultiHeadAttention {
     }
     s.o = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, Device::host());
     s.lse = Tensor<T, 3>::uninitialized({b, hq, len}, Device::host());
-    if constexpr (kRing) {
+    if constexpr (kBalanced) {
+      // q, k, v to the balanced layout (kept there for the backward), the ring, o and lse back
+      s.balanced = AttentionRing::balanced(*s.ring.comm, total);
+      const local::AttentionDims bd = balanced_dims(s);
+      const int64_t lb = bd.q_len;
+      Tensor<T, 4> qb({b, hq, lb, kDim}), kb({b, hkv, lb, kDim}), vb({b, hkv, lb, kDim});
+      dtensor::detail::ring::relayout<T>(s.ring, s.balanced, {{s.q.data(), qb.data(), b * hq, kDim},
+                                                              {s.k.data(), kb.data(), b * hkv, kDim},
+                                                              {s.v.data(), vb.data(), b * hkv, kDim}});
+      s.o_balanced = Tensor<T, 4>({b, hq, lb, kDim});
+      s.lse_balanced = Tensor<T, 3>({b, hq, lb});
+      ring_attention_forward(s.balanced, bd, qb.data(), kb.data(), vb.data(), s.o_balanced.data(),
+                             s.lse_balanced.data());
+      dtensor::detail::ring::relayout<T>(s.balanced, s.ring, {{s.o_balanced.data(), s.o.data(), b * hq, kDim},
+                                                              {s.lse_balanced.data(), s.lse.data(), b * hq, 1}});
+      s.q = std::move(qb), s.k = std::move(kb), s.v = std::move(vb);
+    } else if constexpr (kRing) {
       ring_attention_forward(s.ring, s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data());
     } else if constexpr (kAllToAll) {
       s.all_to_all.emplace(s.ring, Cfg::cp);
@@ -319,9 +346,20 @@ class MultiHeadAttention {
     detail::matmul(host, g.data(), false, wo_.value().local().data(), true, d_o.data(), rows, hq * kDim, kHidden);
     const Tensor<T, 4> do_heads = split(d_o, hq);
     // The attention core, then RoPE's adjoint (the inverse rotation).
-    auto dq = Tensor<T, 4>::uninitialized(s.q.shape(), host);
-    auto dk = Tensor<T, 4>::uninitialized(s.k.shape(), host), dv = Tensor<T, 4>::uninitialized(s.v.shape(), host);
-    if constexpr (kRing)
+    auto dq = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, host);
+    auto dk = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, host);
+    auto dv = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, host);
+    if constexpr (kBalanced) {
+      const local::AttentionDims bd = balanced_dims(s);
+      const int64_t lb = bd.q_len;
+      Tensor<T, 4> dob({b, hq, lb, kDim}), dqb({b, hq, lb, kDim}), dkb({b, hkv, lb, kDim}), dvb({b, hkv, lb, kDim});
+      dtensor::detail::ring::relayout<T>(s.ring, s.balanced, {{do_heads.data(), dob.data(), b * hq, kDim}});
+      ring_attention_backward(s.balanced, bd, s.q.data(), s.k.data(), s.v.data(), s.o_balanced.data(),
+                              s.lse_balanced.data(), dob.data(), dqb.data(), dkb.data(), dvb.data());
+      dtensor::detail::ring::relayout<T>(s.balanced, s.ring, {{dqb.data(), dq.data(), b * hq, kDim},
+                                                              {dkb.data(), dk.data(), b * hkv, kDim},
+                                                              {dvb.data(), dv.data(), b * hkv, kDim}});
+    } else if constexpr (kRing)
       ring_attention_backward(s.ring, s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data(),
                               do_heads.data(), dq.data(), dk.data(), dv.data());
     else if constexpr (kAllToAll)
@@ -366,12 +404,21 @@ class MultiHeadAttention {
   struct Saved {
     XC x;
     local::AttentionDims dims{};
-    AttentionRing ring{};  // the CP dim's ranks and sequence blocks (kRing, kAllToAll)
+    AttentionRing ring{};      // the CP dim's ranks and sequence blocks (kRing, kAllToAll)
+    AttentionRing balanced{};  // and the balanced layout (kBalanced), where q, k, v, o, lse are kept
+    Tensor<T, 4> o_balanced{};
+    Tensor<T, 3> lse_balanced{};
     std::optional<UlyssesAttention<T>> all_to_all;  // its head-split tensors (kAllToAll)
     Tensor<T, 4> q{}, k{}, v{}, o{};
     Tensor<T, 3> lse{};
   };
 
+  // The ring's dims on the balanced layout: this rank's positions there.
+  static local::AttentionDims balanced_dims(const Saved& s) {
+    local::AttentionDims d = s.dims;
+    d.q_len = d.kv_len = s.balanced.length(s.balanced.rank());
+    return d;
+  }
   local::RotaryDims rotary(int64_t groups, int64_t len, int64_t first) const {
     return {.groups = groups, .len = len, .head_dim = kDim, .first_position = first, .base = options_.rope_base};
   }

@@ -80,14 +80,16 @@ struct PlannedRealignment {
   int mesh_dim = 0;
 };
 
-// A ring of point-to-point shifts over mesh dim `mesh_dim` (ring attention,
-// distributed/ring_attention.hpp): each rank sends to the next and receives from the
-// previous, `per_rank * n + extra` exchanges for n ranks on that dim.
+// Point-to-point exchanges over mesh dim `mesh_dim` whose count depends on its size:
+// a ring of shifts (ring attention, distributed/ring_attention.hpp: each rank sends to
+// the next and receives from the previous) or the moves around it (to the balanced
+// layout and back), `per_rank * n + extra` exchanges for n > 1 ranks on that dim.
 struct PlannedRing {
   Phase phase = Phase::Forward;
   int layer = -1;
   int mesh_dim = 0;
   int per_rank = 1, extra = -1;
+  const char* what = "ring";  // what explain() calls it
   constexpr int exchanges(int n) const { return n > 1 ? per_rank * n + extra : 0; }
 };
 
@@ -269,8 +271,8 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
     const auto& r = plan.ringed[k];
     std::string who = "layer " + std::to_string(r.layer);
     if (r.layer >= 0 && r.layer < 64 && !layer_names[r.layer].empty()) who += " (" + layer_names[r.layer] + ")";
-    s += std::string(name(r.phase)) + ": " + who + ": ring on mesh dim " + std::to_string(r.mesh_dim) + ", " +
-         std::to_string(r.exchanges(mesh_shape[r.mesh_dim])) + " point-to-point shift(s) per rank\n";
+    s += std::string(name(r.phase)) + ": " + who + ": " + r.what + " on mesh dim " + std::to_string(r.mesh_dim) +
+         ", " + std::to_string(r.exchanges(mesh_shape[r.mesh_dim])) + " point-to-point exchange(s) per rank\n";
   }
   return s;
 }
