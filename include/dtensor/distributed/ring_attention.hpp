@@ -21,8 +21,15 @@
 // skipped (its messages still pass, the ring stays in step). A rank that fails in the
 // middle fails the others' waits (the runtimes' point-to-point rules): no hang.
 //
+// A rank may hold several ranges of positions (AttentionRing::pieces): the load-balanced
+// layout of a causal sequence gives rank r chunks r and 2n - 1 - r of 2n, so that every
+// rank has as much work below the diagonal; each pair of a query piece and a key piece
+// is then computed head by head at its global positions. relayout() moves rows between
+// two layouts (the blocks of a sharded sequence and the balanced one) in one exchange.
+//
 // Tensors as compute/attention.hpp's: q, o [batch, heads, q_len, head_dim], k, v
-// [batch, kv_heads, kv_len, head_dim] of this rank's block; lse [batch, heads, q_len].
+// [batch, kv_heads, kv_len, head_dim] of this rank's positions (its pieces' rows in
+// order); lse [batch, heads, q_len].
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
