@@ -12,5 +12,7 @@
 #include "dtensor/nn/global_pool.hpp"
 #include "dtensor/nn/group_norm.hpp"
 #include "dtensor/nn/image_io.hpp"
+#include "dtensor/nn/image_tokens.hpp"
+#include "dtensor/nn/neighborhood_attention.hpp"
 #include "dtensor/nn/pool.hpp"
 #include "dtensor/nn/upsample.hpp"

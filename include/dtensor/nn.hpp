@@ -22,4 +22,5 @@
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/nn/skip_concat.hpp"
 #include "dtensor/nn/styles.hpp"
+#include "dtensor/nn/token_pool.hpp"
 #include "dtensor/nn/transformer.hpp"

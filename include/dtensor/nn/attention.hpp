@@ -408,7 +408,7 @@ class MultiHeadAttention {
     AttentionRing balanced{};  // and the balanced layout (kBalanced), where q, k, v, o, lse are kept
     Tensor<T, 4> o_balanced{};
     Tensor<T, 3> lse_balanced{};
-    std::optional<UlyssesAttention<T>> all_to_all;  // its head-split tensors (kAllToAll)
+    std::optional<UlyssesAttention<T>> all_to_all{};  // its head-split tensors (kAllToAll)
     Tensor<T, 4> q{}, k{}, v{}, o{};
     Tensor<T, 3> lse{};
   };
