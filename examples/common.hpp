@@ -70,6 +70,27 @@ AgainstOneRank train_against_one_rank(dtensor::Comm& comm, Train&& train) {
   return r;
 }
 
+// Synthetic images for the classifiers: stripes at one of `classes` angles (the class)
+// plus noise, [N, channels, h, w]; image n's class and every pixel depend on (step, n,
+// pixel) only, so every mesh sees the same data.
+struct StripeImages {
+  int64_t channels, h, w, classes;
+  double frequency;     // of the stripes, radians per pixel
+  uint64_t noise_seed;  // the noise of step s draws from noise_seed + s
+
+  int64_t label(int step, int64_t image) const {
+    return static_cast<int64_t>(dtensor::detail::mix64(static_cast<uint64_t>(step * 1000 + image)) %
+                                static_cast<uint64_t>(classes));
+  }
+  float pixel(int step, uint64_t i) const {
+    const int64_t x = static_cast<int64_t>(i) % w, y = static_cast<int64_t>(i) / w % h;
+    const int64_t c = static_cast<int64_t>(i) / (w * h) % channels, n = static_cast<int64_t>(i) / (w * h * channels);
+    const double angle = 3.14159265358979 * static_cast<double>(label(step, n)) / static_cast<double>(classes);
+    const double stripes = std::sin(frequency * (x * std::cos(angle) + y * std::sin(angle)) + c);
+    return static_cast<float>(stripes + 0.5 * dtensor::detail::normal_value<double>(noise_seed + step, i));
+  }
+};
+
 // program(Comm&) on `ranks` ranks.
 template <class F>
 void run_example(int& argc, char**& argv, int ranks, F&& program) {

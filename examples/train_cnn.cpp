@@ -103,16 +103,7 @@ static_assert(kHybrid.count(nn::Phase::Forward, StepKind::AllReduce, 0) == 1 &&
               kHybrid.count(nn::Phase::Forward, StepKind::AllReduce, 1) == 1);
 
 // Image i of step s, its class and its pixels depend on (s, i, pixel) only.
-int64_t label(int step, int64_t image) {
-  return static_cast<int64_t>(dtensor::detail::mix64(static_cast<uint64_t>(step * 1000 + image)) % kClasses);
-}
-float pixel(int step, uint64_t i) {
-  const int64_t x = static_cast<int64_t>(i) % kW, y = static_cast<int64_t>(i) / kW % kH;
-  const int64_t c = static_cast<int64_t>(i) / (kW * kH) % kChannels, n = static_cast<int64_t>(i) / (kW * kH * kChannels);
-  const double angle = 3.14159265358979 * static_cast<double>(label(step, n)) / kClasses;
-  const double stripes = std::sin(0.7 * (x * std::cos(angle) + y * std::sin(angle)) + c);
-  return static_cast<float>(stripes + 0.5 * dtensor::detail::normal_value<double>(500 + step, i));
-}
+constexpr examples::StripeImages kImages{kChannels, kH, kW, kClasses, 0.7, 500};
 
 template <class Img>
 std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
@@ -123,9 +114,9 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
     auto x = dtensor::detail::generate<typename Net::Model::InputT>(
-        {kBatch, kChannels, kH, kW}, mesh, {}, [&](uint64_t i) { return pixel(step, i); });
+        {kBatch, kChannels, kH, kW}, mesh, {}, [&](uint64_t i) { return kImages.pixel(step, i); });
     auto t = dtensor::detail::generate<typename Net::Targets>(
-        {kBatch}, mesh, {}, [&](uint64_t i) { return label(step, static_cast<int64_t>(i)); });
+        {kBatch}, mesh, {}, [&](uint64_t i) { return kImages.label(step, static_cast<int64_t>(i)); });
     CommCounter counted;
     model.zero_grad();
     auto y = model.forward(x);
