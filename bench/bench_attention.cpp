@@ -1,4 +1,4 @@
-// The local attention core (compute/attention.hpp: tiles of 64 rows, online softmax)
+// The local attention core (compute/attention.hpp: tiles of 128 rows by default, online softmax)
 // against the naive three products in the same process: S = q k^T (the whole [L, L]
 // matrix per head), a row softmax, o = P v, and their backward (dP = do v^T, dS,
 // dq = dS k, dk = dS^T q, dv = P^T do), all as Eigen matrix products on one core.
@@ -7,12 +7,13 @@
 // version the [L, L] weights and their gradient per head (one head at a time here),
 // the tiled one a tile of scores and its row statistics.
 //
-//   bench_attention
+//   bench_attention [tile]
 #include <dtensor/compute/attention.hpp>
 #include <dtensor/compute/counter_rng.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 using namespace dtensor;
@@ -58,7 +59,8 @@ double best_of(int reps, F&& f) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const int64_t tile = argc > 1 ? std::atoll(argv[1]) : 64;  // rows per tile (the core's default 64)
   std::printf("attention forward + backward, float, 1 core, %lld heads of %lld, non-causal (best of 3)\n",
               static_cast<long long>(kHeads), static_cast<long long>(kDim));
   std::printf("%6s %12s %12s %7s %16s %16s\n", "L", "naive ms", "tiled ms", "ratio", "naive extra MiB",
@@ -79,7 +81,7 @@ int main() {
       }
     });
     local::AttentionDims d;
-    d.heads = d.kv_heads = kHeads, d.q_len = d.kv_len = L, d.head_dim = kDim, d.tile = 64;
+    d.heads = d.kv_heads = kHeads, d.q_len = d.kv_len = L, d.head_dim = kDim, d.tile = tile;
     const double tiled = best_of(3, [&] {
       local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(),
                                lse.data());
@@ -89,7 +91,7 @@ int main() {
     // naive: P and dP, [L, L] each; tiled: a [tile, tile] score block, its gradient,
     // a [tile, D] accumulator and the row statistics
     const double naive_mib = 2.0 * L * L * sizeof(float) / (1 << 20);
-    const double tiled_kib = (2.0 * 64 * 64 + 64 * kDim + 4 * 64) * sizeof(float) / 1024;
+    const double tiled_kib = (2.0 * tile * tile + tile * kDim + 4 * tile) * sizeof(float) / 1024;
     std::printf("%6lld %12.1f %12.1f %7.2f %16.1f %16.1f\n", static_cast<long long>(L), naive * 1e3, tiled * 1e3,
                 tiled / naive, naive_mib, tiled_kib);
   }

@@ -90,7 +90,7 @@ struct AttentionOptions {
   double rope_base = 0;  // rotary position embedding with this base (10000: LLaMA's); 0: none
   double dropout = 0;    // on the attention weights, while training
   uint64_t seed = 0;     // the projections' initial values (PyTorch's uniform bound), and the dropout draw
-  int64_t tile = 64;     // rows of q and of k/v per tile of the attention core
+  int64_t tile = 128;    // rows of q and of k/v per tile of the attention core
 };
 
 // Heads split over the tensor-parallel mesh dim; SequenceOnTP: Replicate, or Shard<1>
