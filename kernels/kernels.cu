@@ -13,6 +13,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "attention.cuh"
 #include "block_copy.cuh"
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/util/error.hpp"
@@ -708,6 +709,93 @@ void window_copy(DType t, int64_t planes, const std::array<int64_t, 3>& box, con
     detail::window_copy_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const W*>(src),
                                                                        static_cast<W*>(dst), c, n);
     DTENSOR_CUDA_LAUNCHED();
+  });
+}
+
+// --- attention ---
+
+namespace {
+
+// The tile of one attention kernel for d's head dim, or an error naming the head dim
+// that does not fit a block's shared memory.
+int64_t attention_tile_for(const local::AttentionDims& d, int64_t elem, int rows, int pairs, int scalars,
+                           const char* fn) {
+  const int64_t tile = detail::attention_tile(d.head_dim, elem, rows, pairs, scalars);
+  DTENSOR_CHECK(tile > 0, InvalidArgument, "cuda::kernels::", fn, ": head dim ", d.head_dim, " of ", elem,
+                "-byte elements does not fit the kernel's shared memory (", detail::kAttentionSharedBytes,
+                " bytes for one row of each tile); use a smaller head dim");
+  return tile;
+}
+
+unsigned attention_blocks(int64_t jobs) { return static_cast<unsigned>(std::min<int64_t>(jobs, kMaxBlocks)); }
+
+}  // namespace
+
+void attention_forward(DType t, const local::AttentionDims& dims, const void* q, const void* k, const void* v,
+                       const void* mask, void* o, void* lse, cudaStream_t stream) {
+  check_floating(t, "attention_forward");
+  dims.check("cuda::kernels::attention_forward");
+  local::AttentionDims d = dims;
+  d.scale = d.softmax_scale();
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      const int64_t tile = attention_tile_for(d, sizeof(T), detail::kForwardRows, detail::kForwardPairs,
+                                              detail::kForwardScalars, "attention_forward");
+      const int64_t jobs = d.batch * d.heads * ((d.q_len + tile - 1) / tile);
+      if (jobs == 0) return;
+      const auto bytes = static_cast<std::size_t>(
+          detail::attention_shared_elems(tile, d.head_dim, detail::kForwardRows, detail::kForwardPairs,
+                                         detail::kForwardScalars) * static_cast<int64_t>(sizeof(T)));
+      detail::attention_forward_kernel<T><<<attention_blocks(jobs), kThreads, bytes, stream>>>(
+          d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+          static_cast<const T*>(mask), static_cast<T*>(o), static_cast<T*>(lse), tile);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
+void attention_backward(DType t, const local::AttentionDims& dims, const void* q, const void* k, const void* v,
+                        const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
+                        void* dv, cudaStream_t stream) {
+  check_floating(t, "attention_backward");
+  dims.check("cuda::kernels::attention_backward");
+  local::AttentionDims d = dims;
+  d.scale = d.softmax_scale();
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      const auto* qs = static_cast<const T*>(q);
+      const auto* ks = static_cast<const T*>(k);
+      const auto* vs = static_cast<const T*>(v);
+      const auto* ms = static_cast<const T*>(mask);
+      const auto* os = static_cast<const T*>(o);
+      const auto* ls = static_cast<const T*>(lse);
+      const auto* dos = static_cast<const T*>(dout);
+      const int64_t elem = sizeof(T);
+      const int64_t q_tile = attention_tile_for(d, elem, detail::kDqRows, detail::kBackwardPairs,
+                                                detail::kBackwardScalars, "attention_backward");
+      const int64_t q_jobs = d.batch * d.heads * ((d.q_len + q_tile - 1) / q_tile);
+      if (q_jobs > 0) {
+        const auto bytes = static_cast<std::size_t>(
+            detail::attention_shared_elems(q_tile, d.head_dim, detail::kDqRows, detail::kBackwardPairs,
+                                           detail::kBackwardScalars) * elem);
+        detail::attention_dq_kernel<T><<<attention_blocks(q_jobs), kThreads, bytes, stream>>>(
+            d, qs, ks, vs, ms, os, ls, dos, static_cast<T*>(dq), q_tile);
+        DTENSOR_CUDA_LAUNCHED();
+      }
+      const int64_t kv_tile = attention_tile_for(d, elem, detail::kDkvRows, detail::kBackwardPairs,
+                                                 detail::kBackwardScalars, "attention_backward");
+      const int64_t kv_jobs = d.batch * d.kv_heads * ((d.kv_len + kv_tile - 1) / kv_tile);
+      if (kv_jobs > 0) {
+        const auto bytes = static_cast<std::size_t>(
+            detail::attention_shared_elems(kv_tile, d.head_dim, detail::kDkvRows, detail::kBackwardPairs,
+                                           detail::kBackwardScalars) * elem);
+        detail::attention_dkv_kernel<T><<<attention_blocks(kv_jobs), kThreads, bytes, stream>>>(
+            d, qs, ks, vs, ms, os, ls, dos, static_cast<T*>(dk), static_cast<T*>(dv), kv_tile);
+        DTENSOR_CUDA_LAUNCHED();
+      }
+    }
   });
 }
 

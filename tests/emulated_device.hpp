@@ -46,6 +46,7 @@
 //   DTENSOR_EMU_DELAY_US=n       longest delay before an operation, microseconds (default 200)
 //   DTENSOR_EMU_DELAY_PERCENT=n  share of the operations delayed (default 10; the
 //                                others run as soon as the worker gets to them)
+#include <dtensor/compute/attention.hpp>
 #include <dtensor/compute/conv.hpp>
 #include <dtensor/compute/optimizer_update.hpp>
 #include <dtensor/compute/pool.hpp>
@@ -957,6 +958,34 @@ inline const detail::DeviceBackend& backend() {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
                 local::upsample_backward(Device::host(), dims, real<const T>(dy), real<T>(dx));
+              });
+            });
+          },
+      // Attention: the host's tiled core, on the stream's worker.
+      .attention_forward =
+          [](DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v, const void* mask,
+             void* o, void* lse) {
+            require_floating(t, "attention_forward");
+            d.check("attention_forward");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::attention_forward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
+                                         real<T>(o), real<T>(lse));
+              });
+            });
+          },
+      .attention_backward =
+          [](DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v, const void* mask,
+             const void* o, const void* lse, const void* dout, void* dq, void* dk, void* dv) {
+            require_floating(t, "attention_backward");
+            d.check("attention_backward");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::attention_backward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
+                                          real<const T>(o), real<const T>(lse), real<const T>(dout), real<T>(dq),
+                                          real<T>(dk), real<T>(dv));
               });
             });
           },

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention.cuh"
 #include "block_copy.cuh"
 #include "dtensor/comm/block.hpp"
 #include "elementwise.cuh"
@@ -1372,3 +1373,104 @@ TEST_CASE("kernels on the host: random_fill gives the host's counter-based draws
 }
 
 }  // namespace
+
+// --- attention (kernels/attention.cuh) against the host's tiled core ---
+
+struct AttentionCase {
+  const char* what;
+  dtensor::local::AttentionDims dims;
+  bool mask = false;
+};
+
+template <class T>
+void check_attention_kernels(const AttentionCase& c, int64_t tile) {
+  using dtensor::local::AttentionDims;
+  AttentionDims d = c.dims;
+  d.tile = 5;  // the host reference's tiles, unlike the kernels'
+  const int64_t D = d.head_dim, nq = d.batch * d.heads * d.q_len * D, nkv = d.batch * d.kv_heads * d.kv_len * D;
+  const int64_t rows = d.batch * d.heads * d.q_len;
+  const auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+  const std::vector<T> q = random_values<T>(sz(nq), -1, 1, 21), k = random_values<T>(sz(nkv), -1, 1, 22),
+                       v = random_values<T>(sz(nkv), -1, 1, 23), dout = random_values<T>(sz(nq), -1, 1, 24);
+  const std::vector<T> mask = c.mask ? random_values<T>(sz(d.q_len * d.kv_len), -2, 2, 25) : std::vector<T>{};
+  const T* mask_ptr = c.mask ? mask.data() : nullptr;
+  std::vector<T> o(sz(nq)), lse(sz(rows)), dq(sz(nq)), dk(sz(nkv)), dv(sz(nkv));
+  dtensor::local::attention_forward(d, q.data(), k.data(), v.data(), mask_ptr, o.data(), lse.data());
+  dtensor::local::attention_backward(d, q.data(), k.data(), v.data(), mask_ptr, o.data(), lse.data(), dout.data(),
+                                     dq.data(), dk.data(), dv.data());
+  AttentionDims kdims = d;
+  kdims.scale = d.softmax_scale();  // as the launcher resolves it
+  const auto eq = [](T a, T b) { return close(a, b, 5 * tolerance<T>()); };
+  const auto bytes = [&](int rows_, int pairs, int scalars) {
+    return static_cast<std::size_t>(kd::attention_shared_elems(tile, D, rows_, pairs, scalars)) * sizeof(T);
+  };
+  const int64_t q_jobs = d.batch * d.heads * ((d.q_len + tile - 1) / tile);
+  const int64_t kv_jobs = d.batch * d.kv_heads * ((d.kv_len + tile - 1) / tile);
+  // One block per job and fewer blocks than jobs (each loops), whole and odd blocks of threads.
+  const std::vector<Config> configs = {{Dim3{static_cast<unsigned>(std::max<int64_t>(q_jobs, 1))}, Dim3{kd::kThreads}},
+                                       {Dim3{2}, Dim3{33}}};
+  each_launch(configs, [&](const Config& cfg) {
+    INFO(c.what, ", ", type_name<T>(), ", tile ", tile);
+    Buffer<T> qb(q), kb(k), vb(v), mb(mask), ob(sz(nq)), lb(sz(rows)), dob(dout), dqb(sz(nq)), dkb(sz(nkv)), dvb(sz(nkv));
+    const T* mp = c.mask ? static_cast<const T*>(mb.data()) : nullptr;
+    if (q_jobs > 0)
+      hl::launch(cfg.grid, cfg.block, bytes(kd::kForwardRows, kd::kForwardPairs, kd::kForwardScalars),
+                 kd::attention_forward_kernel<T>, kdims, static_cast<const T*>(qb.data()),
+                 static_cast<const T*>(kb.data()), static_cast<const T*>(vb.data()), mp, ob.data(), lb.data(), tile);
+    CHECK(mismatch(ob.values(), o, eq) == "");
+    CHECK(mismatch(lb.values(), lse, eq) == "");
+    // The backward from the reference's o and lse, so that it is checked on its own.
+    Buffer<T> orf(o), lrf(lse);
+    if (q_jobs > 0)
+      hl::launch(cfg.grid, cfg.block, bytes(kd::kDqRows, kd::kBackwardPairs, kd::kBackwardScalars),
+                 kd::attention_dq_kernel<T>, kdims, static_cast<const T*>(qb.data()), static_cast<const T*>(kb.data()),
+                 static_cast<const T*>(vb.data()), mp, static_cast<const T*>(orf.data()),
+                 static_cast<const T*>(lrf.data()), static_cast<const T*>(dob.data()), dqb.data(), tile);
+    if (kv_jobs > 0)
+      hl::launch(Dim3{std::min(cfg.grid.x, static_cast<unsigned>(kv_jobs))}, cfg.block,
+                 bytes(kd::kDkvRows, kd::kBackwardPairs, kd::kBackwardScalars), kd::attention_dkv_kernel<T>, kdims,
+                 static_cast<const T*>(qb.data()), static_cast<const T*>(kb.data()), static_cast<const T*>(vb.data()),
+                 mp, static_cast<const T*>(orf.data()), static_cast<const T*>(lrf.data()),
+                 static_cast<const T*>(dob.data()), dkb.data(), dvb.data(), tile);
+    CHECK(mismatch(dqb.values(), dq, eq) == "");
+    CHECK(mismatch(dkb.values(), dk, eq) == "");
+    CHECK(mismatch(dvb.values(), dv, eq) == "");
+    CHECK((qb.guards_intact() && kb.guards_intact() && vb.guards_intact() && mb.guards_intact() &&
+           ob.guards_intact() && lb.guards_intact() && dqb.guards_intact() && dkb.guards_intact() &&
+           dvb.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: attention forward, dq and dk/dv equal the host's tiled core") {
+  using dtensor::local::AttentionDims;
+  const AttentionCase cases[] = {
+      {"grouped heads, uneven lengths",
+       AttentionDims{.batch = 2, .heads = 4, .kv_heads = 2, .q_len = 11, .kv_len = 9, .head_dim = 6}},
+      // rows 0-3 see no key: o and the gradients 0, lse -inf
+      {"causal, keys after the queries",
+       AttentionDims{.batch = 1, .heads = 2, .kv_heads = 1, .q_len = 10, .kv_len = 13, .head_dim = 5, .causal = true,
+                     .q_offset = 0, .kv_offset = 4}},
+      {"causal block of a longer sequence, additive mask",
+       AttentionDims{.batch = 1, .heads = 3, .kv_heads = 3, .q_len = 9, .kv_len = 12, .head_dim = 4, .causal = true,
+                     .q_offset = 7, .kv_offset = 2},
+       true},
+      {"dropout 0.3 on a block of the heads and the sequence",
+       AttentionDims{.batch = 2, .heads = 2, .kv_heads = 1, .q_len = 7, .kv_len = 10, .head_dim = 3, .causal = true,
+                     .q_offset = 5, .kv_offset = 0,
+                     .dropout = {.p = 0.3, .seed = 9, .stream = 4, .batch_offset = 1, .head_offset = 2,
+                                 .heads_total = 6, .q_total = 20, .kv_total = 20}}},
+      {"no queries", AttentionDims{.batch = 1, .heads = 2, .kv_heads = 2, .q_len = 0, .kv_len = 5, .head_dim = 4}},
+      {"no keys", AttentionDims{.batch = 1, .heads = 2, .kv_heads = 1, .q_len = 4, .kv_len = 0, .head_dim = 4}},
+  };
+  for_types<float, double>([&]<class T>() {
+    for (const AttentionCase& c : cases) {
+      check_attention_kernels<T>(c, 4);  // several tiles each way, the last ones partial
+      check_attention_kernels<T>(c, kd::attention_tile(c.dims.head_dim, sizeof(T), kd::kDkvRows,
+                                                       kd::kBackwardPairs, kd::kBackwardScalars));
+    }
+  });
+  // The launchers' tiles fit a block's 48 KiB, and a head dim that fits no tile is refused.
+  CHECK(kd::attention_tile(64, 4, kd::kForwardRows, kd::kForwardPairs, kd::kForwardScalars) == 32);
+  CHECK(kd::attention_tile(128, 8, kd::kDkvRows, kd::kBackwardPairs, kd::kBackwardScalars) == 4);
+  CHECK(kd::attention_tile(1 << 20, 4, kd::kDkvRows, kd::kBackwardPairs, kd::kBackwardScalars) == 0);
+}

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "dtensor/comm/block.hpp"
+#include "dtensor/compute/attention.hpp"
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/cuda/kernels.hpp"
 
@@ -535,6 +536,70 @@ TEST_CASE("softmax_shift and softmax_finish") {
   k::softmax_shift(DType::Float32, nullptr, nullptr, nullptr, 0, 5, 3, false, s);  // empty
   k::softmax_finish(DType::Float32, nullptr, nullptr, 2, 0, 3, true, s);
   CHECK_THROWS_AS(k::softmax_finish(DType::Int32, nullptr, nullptr, 1, 1, 1, true, s), dtensor::InvalidArgument);
+}
+
+// --- attention (kernels/attention.cuh) against the host's tiled core ---
+
+template <class T>
+void check_attention(const dtensor::local::AttentionDims& d, bool with_mask, cudaStream_t s) {
+  INFO(dtensor::name(dtype_of<T>()), ": batch ", d.batch, ", heads ", d.heads, "/", d.kv_heads, ", lengths ", d.q_len,
+       "/", d.kv_len, ", head dim ", d.head_dim, d.causal ? ", causal" : "", ", dropout ", d.dropout.p,
+       with_mask ? ", mask" : "");
+  const int64_t D = d.head_dim, nq = d.batch * d.heads * d.q_len * D, nkv = d.batch * d.kv_heads * d.kv_len * D;
+  const int64_t rows = d.batch * d.heads * d.q_len;
+  const auto q = random_values<T>(nq, -1, 1, 31), kk = random_values<T>(nkv, -1, 1, 32),
+             v = random_values<T>(nkv, -1, 1, 33), dout = random_values<T>(nq, -1, 1, 34);
+  const auto mask = with_mask ? random_values<T>(d.q_len * d.kv_len, -2, 2, 35) : std::vector<T>{};
+  std::vector<T> o(nq), lse(rows), dq(nq), dk(nkv), dv(nkv);
+  const T* hm = with_mask ? mask.data() : nullptr;
+  dtensor::local::attention_forward(d, q.data(), kk.data(), v.data(), hm, o.data(), lse.data());
+  dtensor::local::attention_backward(d, q.data(), kk.data(), v.data(), hm, o.data(), lse.data(), dout.data(),
+                                     dq.data(), dk.data(), dv.data());
+  Device<T> gq(q, s), gk(kk, s), gv(v, s), gm(mask, s), gdo(dout, s);
+  Device<T> go(std::vector<T>(nq, T(7)), s), gl(std::vector<T>(rows, T(7)), s);  // every element must be written
+  Device<T> gdq(std::vector<T>(nq, T(7)), s), gdk(std::vector<T>(nkv, T(7)), s), gdv(std::vector<T>(nkv, T(7)), s);
+  const T* dm = with_mask ? gm.get() : nullptr;
+  k::attention_forward(dtype_of<T>(), d, gq.get(), gk.get(), gv.get(), dm, go.get(), gl.get(), s);
+  // Sums of up to kv_len terms in another order than the host's.
+  const double tol = std::is_same_v<T, float> ? 3e-5 : 1e-12;
+  check_close(go.host(), o, tol, "o", tol);
+  check_close(gl.host(), lse, tol, "lse", tol);
+  k::attention_backward(dtype_of<T>(), d, gq.get(), gk.get(), gv.get(), dm, go.get(), gl.get(), gdo.get(), gdq.get(),
+                        gdk.get(), gdv.get(), s);
+  check_close(gdq.host(), dq, 3 * tol, "dq", 3 * tol);
+  check_close(gdk.host(), dk, 3 * tol, "dk", 3 * tol);
+  check_close(gdv.host(), dv, 3 * tol, "dv", 3 * tol);
+}
+
+TEST_CASE("attention_forward and attention_backward equal the host's tiled core") {
+  using dtensor::local::AttentionDims;
+  Stream s;
+  const AttentionDims plain{.batch = 2, .heads = 8, .kv_heads = 2, .q_len = 197, .kv_len = 230, .head_dim = 64};
+  AttentionDims causal = plain;
+  causal.causal = true, causal.q_offset = 300, causal.kv_offset = 250;  // a block of a longer sequence
+  AttentionDims dropout = causal;
+  dropout.dropout = {.p = 0.2, .seed = 5, .stream = 3, .batch_offset = 2, .head_offset = 8, .heads_total = 16,
+                     .q_total = 600, .kv_total = 600};
+  const AttentionDims wide{.batch = 1, .heads = 4, .kv_heads = 4, .q_len = 300, .kv_len = 300, .head_dim = 128,
+                           .causal = true};
+  const AttentionDims odd{.batch = 3, .heads = 3, .kv_heads = 1, .q_len = 33, .kv_len = 65, .head_dim = 7};
+  for (const AttentionDims& d : {plain, causal, dropout, wide, odd}) {
+    check_attention<float>(d, false, s);
+    check_attention<double>(d, false, s);
+  }
+  check_attention<float>(causal, true, s);
+  check_attention<double>(odd, true, s);
+  const AttentionDims long_seq{.batch = 1, .heads = 2, .kv_heads = 1, .q_len = 2048, .kv_len = 2048, .head_dim = 64,
+                               .causal = true};
+  check_attention<float>(long_seq, false, s);
+  // Empty blocks: nothing launched, and the gradients of k and v still written (zeros).
+  const AttentionDims no_queries{.batch = 1, .heads = 2, .kv_heads = 1, .q_len = 0, .kv_len = 5, .head_dim = 8};
+  check_attention<float>(no_queries, false, s);
+  CHECK_THROWS_AS(k::attention_forward(DType::Int32, plain, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s),
+                  dtensor::InvalidArgument);
+  const AttentionDims huge{.batch = 1, .heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 1, .head_dim = 1 << 16};
+  CHECK_THROWS_AS(k::attention_forward(DType::Float64, huge, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s),
+                  dtensor::InvalidArgument);
 }
 
 }  // namespace

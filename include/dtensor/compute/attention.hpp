@@ -27,52 +27,20 @@
 // sequence this rank holds, and the same draw in forward and backward. The backward
 // uses dP = (do v^T) * keep / (1 - p) (and D = sum(do * o) as without dropout).
 //
-// Host only for now (Eigen, one tile product at a time); the sums are in T.
+// On the host: Eigen, one tile product at a time. On a device (the overloads taking a
+// Device): the device table's kernels (kernels/attention.cuh in the CUDA backend), with
+// the same rules. The sums are in T.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+#include "dtensor/compute/attention_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
+#include "dtensor/compute/device_backend.hpp"
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/util/error.hpp"
 
-namespace dtensor::local {
-
-// Dropout on the attention weights: the probability, the draw (seed and stream: a
-// layer advances the stream each step) and where this rank's block lies in the whole
-// [batch, heads, q, kv] weight tensor (zero offsets and totals equal to the block's
-// sizes: the block is the whole).
-struct AttentionDropout {
-  double p = 0;
-  uint64_t seed = 0, stream = 0;
-  int64_t batch_offset = 0, head_offset = 0;
-  int64_t heads_total = 0, q_total = 0, kv_total = 0;  // 0: this block's
-};
-
-struct AttentionDims {
-  int64_t batch = 1, heads = 1, kv_heads = 1;
-  int64_t q_len = 0, kv_len = 0, head_dim = 0;
-  double scale = 0;  // 0: 1 / sqrt(head_dim)
-  bool causal = false;
-  int64_t q_offset = 0, kv_offset = 0;  // global positions of the blocks' first rows (causal)
-  int64_t tile = 128;                   // rows of q and of k/v per tile (bench_attention: 128 beats 64 by 10%)
-  AttentionDropout dropout{};
-
-  double softmax_scale() const { return scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
-  void check(const char* what) const {
-    DTENSOR_CHECK(batch >= 0 && heads >= 1 && kv_heads >= 1 && q_len >= 0 && kv_len >= 0 && head_dim >= 1 && tile >= 1,
-                  InvalidArgument, what, ": batch ", batch, ", heads ", heads, ", kv heads ", kv_heads, ", lengths ",
-                  q_len, " and ", kv_len, ", head dim ", head_dim, ", tile ", tile,
-                  ": give non-negative sizes, at least one head and a positive head dim and tile");
-    DTENSOR_CHECK(dropout.p >= 0 && dropout.p < 1, InvalidArgument, what, ": dropout probability ", dropout.p,
-                  " is outside [0, 1)");
-    DTENSOR_CHECK(heads % kv_heads == 0, InvalidArgument, what, ": ", heads, " query heads cannot share ", kv_heads,
-                  " key/value heads: the query heads must be a multiple of them");
-  }
-};
-
-}  // namespace dtensor::local
 
 // (in dtensor::detail, not dtensor::local::detail: a local::detail would hide
 // dtensor::detail from the compute headers that name detail:: inside dtensor::local)
@@ -109,19 +77,9 @@ void scores(const AttentionDims& d, const T* q, const T* k, const T* mask, int64
 // (batch bh / heads, head bh % heads of this block): keep / (1 - p) or 0.
 template <class T>
 void dropout_factors(const AttentionDims& d, int64_t bh, int64_t i0, int64_t ni, int64_t j0, int64_t nj, Mat<T>& keep) {
-  const AttentionDropout& r = d.dropout;
-  const int64_t heads = r.heads_total ? r.heads_total : d.heads;
-  const int64_t qn = r.q_total ? r.q_total : d.q_len, kn = r.kv_total ? r.kv_total : d.kv_len;
-  const int64_t b = r.batch_offset + bh / d.heads, h = r.head_offset + bh % d.heads;
-  const T scale = static_cast<T>(1 / (1 - r.p));
   keep.resize(ni, nj);
-  for (int64_t x = 0; x < ni; ++x) {
-    const uint64_t row = static_cast<uint64_t>(((b * heads + h) * qn + d.q_offset + i0 + x) * kn);
-    for (int64_t y = 0; y < nj; ++y)
-      keep(x, y) =
-          dtensor::detail::uniform01(r.seed, row + static_cast<uint64_t>(d.kv_offset + j0 + y), r.stream) >= r.p ? scale
-                                                                                                                 : T(0);
-  }
+  for (int64_t x = 0; x < ni; ++x)
+    for (int64_t y = 0; y < nj; ++y) keep(x, y) = local::attention_dropout_factor<T>(d, bh, i0 + x, j0 + y);
 }
 
 // f(bh, bkv, qh, kh, vh) for each (batch, query head) bh, with its key/value head
@@ -136,9 +94,8 @@ void for_each_head(const AttentionDims& d, const T* q, const T* k, const T* v, F
     }
 }
 
-// Whether causal masking drops every pair of the tile (its first key lies after its last query).
 inline bool tile_masked(const AttentionDims& d, int64_t i0, int64_t ni, int64_t j0) {
-  return d.causal && d.kv_offset + j0 > d.q_offset + i0 + ni - 1;
+  return local::attention_tile_masked(d, i0, ni, j0);
 }
 
 }  // namespace dtensor::detail::attention
@@ -251,6 +208,22 @@ void attention_backward(const AttentionDims& d, const T* q, const T* k, const T*
   });
 }
 
+// The same on the tensors' device: the host code above, or the device table's.
+template <class T>
+void attention_forward(Device dev, const AttentionDims& d, const T* q, const T* k, const T* v, const T* mask, T* o,
+                       T* lse) {
+  if (dev.is_host()) return attention_forward(d, q, k, v, mask, o, lse);
+  d.check("attention_forward");
+  dtensor::detail::device_backend(dev).attention_forward(dtype_of<T>(), d, q, k, v, mask, o, lse);
+}
+template <class T>
+void attention_backward(Device dev, const AttentionDims& d, const T* q, const T* k, const T* v, const T* mask,
+                        const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
+  if (dev.is_host()) return attention_backward(d, q, k, v, mask, o, lse, dout, dq, dk, dv);
+  d.check("attention_backward");
+  dtensor::detail::device_backend(dev).attention_backward(dtype_of<T>(), d, q, k, v, mask, o, lse, dout, dq, dk, dv);
+}
+
 // [batch, len, heads * head_dim] (the projections' rows) <-> [batch, heads, len, head_dim]
 // (the attention core's layout).
 template <class T>
@@ -266,6 +239,30 @@ void heads_to_back(const T* y, T* x, int64_t batch, int64_t len, int64_t heads, 
     for (int64_t s = 0; s < len; ++s)
       for (int64_t h = 0; h < heads; ++h)
         std::copy_n(y + ((b * heads + h) * len + s) * head_dim, head_dim, x + ((b * len + s) * heads + h) * head_dim);
+}
+
+}  // namespace dtensor::local
+
+namespace dtensor::local {
+
+// The same on the tensors' device (on a GPU, one strided block copy per batch and head).
+template <class T>
+void heads_to_front(Device dev, const T* x, T* y, int64_t batch, int64_t len, int64_t heads, int64_t head_dim) {
+  if (dev.is_host()) return heads_to_front(x, y, batch, len, heads, head_dim);
+  const auto& be = dtensor::detail::device_backend(dev);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      be.copy_block(x, Block{(b * len * heads + h) * head_dim, len, heads * head_dim, head_dim}, y,
+                    Block::contiguous((b * heads + h) * len * head_dim, len * head_dim), sizeof(T));
+}
+template <class T>
+void heads_to_back(Device dev, const T* y, T* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim) {
+  if (dev.is_host()) return heads_to_back(y, x, batch, len, heads, head_dim);
+  const auto& be = dtensor::detail::device_backend(dev);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      be.copy_block(y, Block::contiguous((b * heads + h) * len * head_dim, len * head_dim), x,
+                    Block{(b * len * heads + h) * head_dim, len, heads * head_dim, head_dim}, sizeof(T));
 }
 
 }  // namespace dtensor::local

@@ -14,6 +14,7 @@
 #include "dtensor/comm/block.hpp"
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/compute/attention_dims.hpp"
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/functions.hpp"
@@ -106,6 +107,15 @@ struct DeviceBackend {
   void (*pool_backward)(DType, const PoolDims&, const void* x, const void* dy, void* dx);
   void (*upsample_forward)(DType, const UpsampleDims&, const void* x, void* y);
   void (*upsample_backward)(DType, const UpsampleDims&, const void* dy, void* dx);
+
+  // Scaled dot-product attention on one rank's blocks (compute/attention.hpp: layouts,
+  // masking, dropout; float and double); mask null or [q_len, kv_len]. The backward
+  // writes dq, dk and dv whole.
+  void (*attention_forward)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v,
+                            const void* mask, void* o, void* lse);
+  void (*attention_backward)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v,
+                             const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
+                             void* dv);
 };
 
 inline const DeviceBackend*& cuda_backend_slot() {

@@ -17,6 +17,7 @@
 #include "dtensor/comm/block.hpp"
 #include "dtensor/comm/dtype.hpp"
 #include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/compute/attention_dims.hpp"
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/functions.hpp"
@@ -153,5 +154,17 @@ void upsample_backward(DType t, const UpsampleDims& u, const void* dy, void* dx,
 void window_copy(DType t, int64_t planes, const std::array<int64_t, 3>& box, const void* src,
                  const std::array<int64_t, 3>& src_ext, const std::array<int64_t, 3>& src_start, void* dst,
                  const std::array<int64_t, 3>& dst_ext, const std::array<int64_t, 3>& dst_start, cudaStream_t stream);
+
+// --- scaled dot-product attention (float32 and float64; compute/attention.hpp's
+// definition, layouts and rules; kernels/attention.cuh) ---
+
+// o [batch, heads, q_len, head_dim] and lse [batch, heads, q_len]; mask null or
+// [q_len, kv_len]. d.tile is the host's and is not used: the kernels pick their own.
+void attention_forward(DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v,
+                       const void* mask, void* o, void* lse, cudaStream_t stream);
+// dq, dk, dv written (not accumulated) from do and the forward's o and lse.
+void attention_backward(DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v,
+                        const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
+                        void* dv, cudaStream_t stream);
 
 }  // namespace dtensor::cuda::kernels
