@@ -325,3 +325,127 @@ TEST_CASE("embedding, layer and RMS norms, dropout and MSE on device buffers equ
   layer_same_on_device<2>("dropout p = 0.3", {2, 2}, [](const DeviceMesh<2>&) { return Drop{nn::Dropout<DpTp>(0.3, 42)}; },
                           x_of(std::type_identity<Drop>{}, Shape<2>{kBatch, kDim}));
 }
+
+// --- transformer layers: attention (heads over TP, sequence parallel, grouped-query
+// heads, causal, RoPE, dropout), the SwiGLU feed-forward, position embeddings, a
+// pre-norm block, the token mean pool ---
+
+namespace {
+
+constexpr nn::AttentionShape kDevGqa{.hidden = 16, .heads = 4, .kv_heads = 2};
+constexpr nn::AttentionShape kDevOdd{.hidden = 10, .heads = 6, .kv_heads = 3, .head_dim = 4};
+constexpr nn::AttentionOptions kDevCausal{.causal = true, .rope_base = 10000, .dropout = 0.2, .seed = 3};
+
+template <class Cfg, nn::AttentionShape A, class Style, int64_t MaxLen = 16>
+struct MakeAttention {
+  using Model = nn::Sequential<nn::PositionEmbedding<Cfg, MaxLen, A.hidden>, nn::MultiHeadAttention<Cfg, A, Style>>;
+  Model operator()(const DeviceMesh<Cfg::M>& m) const {
+    return Model(nn::PositionEmbedding<Cfg, MaxLen, A.hidden>(m, 4), nn::MultiHeadAttention<Cfg, A, Style>(m, kDevCausal));
+  }
+};
+
+template <class Cfg, class Style, nn::NormKind N, nn::Mlp K, int64_t Ffn>
+struct MakeBlock {
+  using Model = nn::Sequential<nn::PositionEmbedding<Cfg, 16, kDevGqa.hidden>,
+                               nn::TransformerBlock<Cfg, kDevGqa, Ffn, Style, N, K>>;
+  Model operator()(const DeviceMesh<Cfg::M>& m) const {
+    return Model(nn::PositionEmbedding<Cfg, 16, kDevGqa.hidden>(m, 4),
+                 nn::TransformerBlock<Cfg, kDevGqa, Ffn, Style, N, K>(m, kDevCausal, 7));
+  }
+};
+
+template <class Model>
+auto normal_input(const Shape<3>& shape) {
+  return [shape](const auto& m) {
+    return dtensor::detail::counter_fill<typename Model::InputT>(shape, m, {}, {.kind = CounterDraw::Kind::Normal, .seed = 3});
+  };
+}
+
+// The token mean pool alone: rank 0's gathered output and input gradient.
+template <class Cfg, int M>
+std::vector<double> pool_run(Device dev, const std::array<int, M>& shape, const Shape<3>& s) {
+  std::vector<double> out;
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      ranks_of<M>(shape),
+      [&](Comm& comm) {
+        const DeviceMesh<M> mesh(comm, shape);
+        nn::TokenMeanPool<Cfg> pool;
+        using Pool = nn::TokenMeanPool<Cfg>;
+        const auto x = dtensor::detail::counter_fill<typename Pool::InputT>(s, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 8});
+        const auto y = pool.forward(x);
+        CHECK(y.local().device() == dev);
+        const auto dy = dtensor::detail::counter_fill<typename Pool::OutputT>(y.shape(), mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 9});
+        const auto dx = pool.template backward<true>(dy);
+        std::vector<double> mine = nn::detail::host_values(y.full_tensor());
+        const auto g = nn::detail::host_values(dx.full_tensor());
+        mine.insert(mine.end(), g.begin(), g.end());
+        if (comm.rank() == 0) out = std::move(mine);
+      },
+      opt);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks and the token pool on device buffers equal the host's") {
+  using Dp1 = nn::Config<double, 3, nn::Axes<1, 0, nn::kNone>>;
+  using Tp1 = nn::Config<double, 3, nn::Axes<1, nn::kNone, 0>>;
+  using DpTp = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
+  using Heads = nn::HeadParallel<>;
+  using Seq = nn::HeadParallel<Shard<1>>;
+  {
+    using Make = MakeAttention<Dp1, kDevGqa, nn::NoParallel>;
+    layer_same_on_device<1>("attention, batch 5 over 3 ranks, grouped-query heads, causal, RoPE, dropout", {3}, Make{},
+                            normal_input<Make::Model>({5, 7, 16}));
+  }
+  {
+    using Make = MakeAttention<DpTp, kDevGqa, Heads>;
+    layer_same_on_device<2>("attention, heads over TP, batch over DP (2x2)", {2, 2}, Make{},
+                            normal_input<Make::Model>({3, 9, 16}));
+  }
+  {
+    using Make = MakeAttention<Tp1, kDevOdd, Heads>;
+    layer_same_on_device<1>("attention, 6 heads over 3 ranks, head dim 4 with hidden 10", {3}, Make{},
+                            normal_input<Make::Model>({2, 5, 10}));
+  }
+  {
+    using Make = MakeAttention<DpTp, kDevGqa, Seq>;
+    layer_same_on_device<2>("attention, sequence parallel, uneven sequence shards", {2, 2}, Make{},
+                            normal_input<Make::Model>({3, 9, 16}));
+  }
+  {
+    using Make = MakeBlock<DpTp, Heads, nn::NormKind::RMS, nn::Mlp::SwiGLU, 19>;
+    layer_same_on_device<2>("pre-norm block, RMS norm and SwiGLU (inner 10 | 9), heads over TP", {2, 2}, Make{},
+                            normal_input<Make::Model>({3, 7, 16}));
+  }
+  {
+    using Make = MakeBlock<Tp1, Seq, nn::NormKind::Layer, nn::Mlp::Gelu, 24>;
+    layer_same_on_device<1>("pre-norm block, layer norm and GELU, sequence parallel", {2}, Make{},
+                            normal_input<Make::Model>({2, 7, 16}));
+  }
+  for (int ranks : {1, 3}) {
+    INFO("token mean pool, batch over ", ranks, " ranks");
+    const auto host = pool_run<Dp1, 1>(Device::host(), {ranks}, {5, 4, 6});
+    const auto dev = pool_run<Dp1, 1>(Device::cuda(0), {ranks}, {5, 4, 6});
+    REQUIRE(!host.empty());
+    CHECK(worst(host, dev) < 1e-14);
+  }
+  // Context parallelism's ring and all-to-all are host code: device blocks are refused, by name.
+  using Cp1 = nn::Config<double, 3, nn::Axes<1, nn::kNone, nn::kNone, 0>>;
+  constexpr nn::AttentionShape kRing{.hidden = 16, .heads = 4, .kv_heads = 2, .context = nn::ContextParallel::Ring};
+  RunOptions opt;
+  opt.device = Device::cuda(0);
+  run_threads(
+      1,
+      [&](Comm& comm) {
+        const DeviceMesh<1> mesh(comm, {1});
+        nn::MultiHeadAttention<Cp1, kRing, nn::NoParallel> attn(mesh);
+        using A = nn::MultiHeadAttention<Cp1, kRing, nn::NoParallel>;
+        const auto x = dtensor::detail::counter_fill<A::InputT>({2, 5, 16}, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 1});
+        CHECK_THROWS_WITH_AS(attn.forward(x), doctest::Contains("context-parallel attention (ring or all-to-all) runs on host"),
+                             InvalidArgument);
+      },
+      opt);
+}

@@ -28,8 +28,10 @@
 // The backward runs the adjoint of each step in reverse; parameter gradients are
 // local (Partial<Sum> over the data-parallel dim until the model reduces them).
 // Dropout draws from each weight's global (batch, head, query, key) index: the
-// single-device mask on any mesh. Host blocks only for now (the attention core is
-// host code); a device block gets an error saying so.
+// single-device mask on any mesh. Blocks on a GPU run the same steps there (the
+// attention core's kernels, RoPE and the head layout through the device table), but
+// for context parallelism, whose ring and all-to-all are host code for now: a device
+// block there gets an error saying so.
 //
 // Context parallelism: where the config names a CP mesh dim (nn::Axes<M, DP, TP, CP>),
 // the sequence is sharded over it and stays so: the projections work on this rank's
@@ -246,10 +248,13 @@ class MultiHeadAttention {
   OutputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[F] == kHidden, InvalidArgument, name, ": an input of ", x.shape()[F],
                   " features, expected ", kHidden, " (input shape ", dtensor::to_string(x.shape()), ")");
-    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name,
-                  ": the attention core runs on the host only for now; move the block to the host");
+    if constexpr (kRing || kAllToAll)
+      DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name,
+                    ": context-parallel attention (ring or all-to-all) runs on host blocks only for now; move the "
+                    "blocks to the host, or shard the sequence only outside attention");
     Saved s{redistribute_as<placements_t<Q::compute_input()>>(x)};
     const auto& xl = s.x.local();
+    const Device dev = xl.device();
     const int64_t b = xl.shape()[0], len = xl.shape()[1], rows = b * len;
     const int64_t hq = wq_.value().local().shape()[1] / kDim, hkv = wk_.value().local().shape()[1] / kDim;
     // The global positions of this rank's rows: all of them, or its CP block.
@@ -272,11 +277,11 @@ class MultiHeadAttention {
     s.k = project_heads(xl, wk_, bk_, b, len, hkv);
     s.v = project_heads(xl, wv_, bv_, b, len, hkv);
     if (options_.rope_base > 0) {
-      local::rotary_embedding(rotary(b * hq, len, first), s.q.data());
-      local::rotary_embedding(rotary(b * hkv, len, first), s.k.data());
+      local::rotary_embedding(dev, rotary(b * hq, len, first), s.q.data());
+      local::rotary_embedding(dev, rotary(b * hkv, len, first), s.k.data());
     }
-    s.o = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, Device::host());
-    s.lse = Tensor<T, 3>::uninitialized({b, hq, len}, Device::host());
+    s.o = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, dev);
+    s.lse = Tensor<T, 3>::uninitialized({b, hq, len}, dev);
     if constexpr (kBalanced) {
       // q, k, v to the balanced layout (kept there for the backward), the ring, o and lse back
       s.balanced = AttentionRing::balanced(*s.ring.comm, total);
@@ -299,12 +304,12 @@ class MultiHeadAttention {
       s.all_to_all.emplace(s.ring, Cfg::cp);
       s.all_to_all->forward(s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data());
     } else {
-      local::attention_forward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
+      local::attention_forward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
                                s.o.data(), s.lse.data());
     }
     const Tensor<T, Rank> o = merged(s.o);
-    auto y = Tensor<T, Rank>::uninitialized({b, len, kHidden}, Device::host());
-    detail::matmul(Device::host(), o.data(), false, wo_.value().local().data(), false, y.data(), rows, kHidden,
+    auto y = Tensor<T, Rank>::uninitialized({b, len, kHidden}, dev);
+    detail::matmul(dev, o.data(), false, wo_.value().local().data(), false, y.data(), rows, kHidden,
                    hq * kDim);
     ShardLayout<Rank> layout = s.x.layout();  // the batch's blocks; the features whole (Partial or not)
     layout.global[F] = kHidden;
@@ -313,7 +318,7 @@ class MultiHeadAttention {
     OutputT out = redistribute_as<placements_t<O::output()>>(Product(x.mesh(), std::move(layout), std::move(y)));
     if constexpr (Dims.bias) {
       auto& ol = out.local();
-      detail::add_row_vector(Device::host(), ol.data(), bo_.value().local().data(),
+      detail::add_row_vector(dev, ol.data(), bo_.value().local().data(),
                              detail::rows_of<Rank>(ol.shape()), kHidden);
     }
     saved_.emplace(std::move(s));
@@ -337,18 +342,18 @@ class MultiHeadAttention {
     DTENSOR_CHECK(g.shape() == (dtensor::Shape<Rank>{b, len, kHidden}), InvalidArgument, name, ": the gradient's block ",
                   dtensor::to_string(g.shape()), " is not the output's [", b, ", ", len, ", ", kHidden,
                   "]; backward takes the gradient of the last forward");
-    const Device host = Device::host();
+    const Device dev = g.device();  // where the blocks live: the host or a GPU
     // The output projection: dWo += o^T dz, dbo += column sums, do = dz Wo^T.
     const Tensor<T, Rank> o = merged(s.o);
-    detail::matmul(host, o.data(), true, g.data(), false, wo_.grad().data(), hq * kDim, kHidden, rows, true);
-    if constexpr (Dims.bias) detail::column_sums(host, g.data(), bo_.grad().data(), rows, kHidden, true);
-    auto d_o = Tensor<T, Rank>::uninitialized({b, len, hq * kDim}, host);
-    detail::matmul(host, g.data(), false, wo_.value().local().data(), true, d_o.data(), rows, hq * kDim, kHidden);
+    detail::matmul(dev, o.data(), true, g.data(), false, wo_.grad().data(), hq * kDim, kHidden, rows, true);
+    if constexpr (Dims.bias) detail::column_sums(dev, g.data(), bo_.grad().data(), rows, kHidden, true);
+    auto d_o = Tensor<T, Rank>::uninitialized({b, len, hq * kDim}, dev);
+    detail::matmul(dev, g.data(), false, wo_.value().local().data(), true, d_o.data(), rows, hq * kDim, kHidden);
     const Tensor<T, 4> do_heads = split(d_o, hq);
     // The attention core, then RoPE's adjoint (the inverse rotation).
-    auto dq = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, host);
-    auto dk = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, host);
-    auto dv = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, host);
+    auto dq = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, dev);
+    auto dk = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, dev);
+    auto dv = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, dev);
     if constexpr (kBalanced) {
       const local::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
@@ -365,22 +370,22 @@ class MultiHeadAttention {
     else if constexpr (kAllToAll)
       s.all_to_all->backward(do_heads.data(), dq.data(), dk.data(), dv.data());
     else
-      local::attention_backward(s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
+      local::attention_backward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
                                 s.o.data(), s.lse.data(), do_heads.data(), dq.data(), dk.data(), dv.data());
     if (options_.rope_base > 0) {
-      local::rotary_embedding(rotary(b * hq, len, s.dims.q_offset), dq.data(), true);
-      local::rotary_embedding(rotary(b * hkv, len, s.dims.q_offset), dk.data(), true);
+      local::rotary_embedding(dev, rotary(b * hq, len, s.dims.q_offset), dq.data(), true);
+      local::rotary_embedding(dev, rotary(b * hkv, len, s.dims.q_offset), dk.data(), true);
     }
     // The three projections: their weights' gradients, and the sum of their input gradients.
-    auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), host);
+    auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), dev);
     bool first = true;
     auto projection_backward = [&](const Tensor<T, 4>& dh, auto& w, auto& bias) {
       const Tensor<T, Rank> d = merged(dh);
       const int64_t cols = d.shape()[F];
-      detail::matmul(host, xl.data(), true, d.data(), false, w.grad().data(), kHidden, cols, rows, true);
-      if constexpr (Dims.bias) detail::column_sums(host, d.data(), bias.grad().data(), rows, cols, true);
+      detail::matmul(dev, xl.data(), true, d.data(), false, w.grad().data(), kHidden, cols, rows, true);
+      if constexpr (Dims.bias) detail::column_sums(dev, d.data(), bias.grad().data(), rows, cols, true);
       if constexpr (NeedInputGrad)
-        detail::matmul(host, d.data(), false, w.value().local().data(), true, dx.data(), rows, kHidden, cols, !first);
+        detail::matmul(dev, d.data(), false, w.value().local().data(), true, dx.data(), rows, kHidden, cols, !first);
       first = false;
     };
     projection_backward(dq, wq_, bq_);
@@ -425,23 +430,23 @@ class MultiHeadAttention {
   // [b, s, h*D] -> [b, h, s, D] and back.
   static Tensor<T, 4> split(const Tensor<T, Rank>& x, int64_t h) {
     const int64_t b = x.shape()[0], len = x.shape()[1];
-    auto y = Tensor<T, 4>::uninitialized({b, h, len, kDim}, Device::host());
-    local::heads_to_front(x.data(), y.data(), b, len, h, kDim);
+    auto y = Tensor<T, 4>::uninitialized({b, h, len, kDim}, x.device());
+    local::heads_to_front(x.device(), x.data(), y.data(), b, len, h, kDim);
     return y;
   }
   static Tensor<T, Rank> merged(const Tensor<T, 4>& y) {
     const int64_t b = y.shape()[0], h = y.shape()[1], len = y.shape()[2];
-    auto x = Tensor<T, Rank>::uninitialized({b, len, h * kDim}, Device::host());
-    local::heads_to_back(y.data(), x.data(), b, len, h, kDim);
+    auto x = Tensor<T, Rank>::uninitialized({b, len, h * kDim}, y.device());
+    local::heads_to_back(y.device(), y.data(), x.data(), b, len, h, kDim);
     return x;
   }
   template <class W, class B>
   static Tensor<T, 4> project_heads(const Tensor<T, Rank>& x, const W& w, const B& bias, int64_t b, int64_t len,
                                     int64_t h) {
-    auto p = Tensor<T, Rank>::uninitialized({b, len, h * kDim}, Device::host());
-    detail::matmul(Device::host(), x.data(), false, w.value().local().data(), false, p.data(), b * len, h * kDim,
+    auto p = Tensor<T, Rank>::uninitialized({b, len, h * kDim}, x.device());
+    detail::matmul(x.device(), x.data(), false, w.value().local().data(), false, p.data(), b * len, h * kDim,
                    kHidden);
-    if constexpr (Dims.bias) detail::add_row_vector(Device::host(), p.data(), bias.value().local().data(), b * len,
+    if constexpr (Dims.bias) detail::add_row_vector(x.device(), p.data(), bias.value().local().data(), b * len,
                                                      h * kDim);
     return split(p, h);
   }

@@ -74,25 +74,22 @@ class GatedMlp {
   OutputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[F] == Hidden, InvalidArgument, name, ": an input of ", x.shape()[F],
                   " features, expected ", Hidden, " (input shape ", dtensor::to_string(x.shape()), ")");
-    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": host blocks only for now");
     saved_.emplace(Saved{redistribute_as<placements_t<Up::compute_input()>>(x)});
     Saved& s = *saved_;
     const auto& xl = s.x.local();
+    const Device dev = xl.device();  // the host or a GPU: every step below runs there
     const int64_t rows = detail::rows_of<Rank>(xl.shape()), inner = gate_.value().local().shape()[1];
     Shape<Rank> is = xl.shape();
     is[F] = inner;
-    s.a = Tensor<T, Rank>::uninitialized(is, Device::host());
-    s.u = Tensor<T, Rank>::uninitialized(is, Device::host());
-    detail::matmul(Device::host(), xl.data(), false, gate_.value().local().data(), false, s.a.data(), rows, inner,
-                   Hidden);
-    detail::matmul(Device::host(), xl.data(), false, up_.value().local().data(), false, s.u.data(), rows, inner,
-                   Hidden);
-    auto h = Tensor<T, Rank>::uninitialized(is, Device::host());
-    for (int64_t i = 0; i < h.numel(); ++i) h.data()[i] = silu(s.a.data()[i]) * s.u.data()[i];
+    s.a = Tensor<T, Rank>::uninitialized(is, dev);
+    s.u = Tensor<T, Rank>::uninitialized(is, dev);
+    detail::matmul(dev, xl.data(), false, gate_.value().local().data(), false, s.a.data(), rows, inner, Hidden);
+    detail::matmul(dev, xl.data(), false, up_.value().local().data(), false, s.u.data(), rows, inner, Hidden);
+    const Tensor<T, Rank> h = gated(s);
     Shape<Rank> os = xl.shape();
     os[F] = Hidden;
-    auto y = Tensor<T, Rank>::uninitialized(os, Device::host());
-    detail::matmul(Device::host(), h.data(), false, down_.value().local().data(), false, y.data(), rows, Hidden,
+    auto y = Tensor<T, Rank>::uninitialized(os, dev);
+    detail::matmul(dev, h.data(), false, down_.value().local().data(), false, y.data(), rows, Hidden,
                    inner);
     ShardLayout<Rank> layout = s.x.layout();
     layout.global[F] = Hidden;
@@ -113,27 +110,26 @@ class GatedMlp {
     Saved& s = *saved_;
     const auto& g = dz.local();
     const auto& xl = s.x.local();
-    const Device host = Device::host();
+    const Device dev = xl.device();  // where the blocks live: the dev or a GPU
     const int64_t rows = detail::rows_of<Rank>(xl.shape()), inner = s.a.shape()[F];
     DTENSOR_CHECK(detail::rows_of<Rank>(g.shape()) == rows && g.shape()[F] == Hidden, InvalidArgument, name,
                   ": the gradient's block ", dtensor::to_string(g.shape()), " does not match the last forward's");
     // h again (cheaper to recompute than to keep), dWd += h^T dz, dh = dz Wd^T
-    auto h = Tensor<T, Rank>::uninitialized(s.a.shape(), host), dh = Tensor<T, Rank>::uninitialized(s.a.shape(), host);
-    for (int64_t i = 0; i < h.numel(); ++i) h.data()[i] = silu(s.a.data()[i]) * s.u.data()[i];
-    detail::matmul(host, h.data(), true, g.data(), false, down_.grad().data(), inner, Hidden, rows, true);
-    detail::matmul(host, g.data(), false, down_.value().local().data(), true, dh.data(), rows, inner, Hidden);
-    // da = dh u SiLU'(a) (into h), du = dh SiLU(a) (into dh)
-    for (int64_t i = 0; i < h.numel(); ++i) {
-      const T a = s.a.data()[i], sg = T(1) / (T(1) + std::exp(-a));
-      h.data()[i] = dh.data()[i] * s.u.data()[i] * (sg + a * sg * (T(1) - sg));
-      dh.data()[i] *= a * sg;
-    }
-    detail::matmul(host, xl.data(), true, h.data(), false, gate_.grad().data(), Hidden, inner, rows, true);
-    detail::matmul(host, xl.data(), true, dh.data(), false, up_.grad().data(), Hidden, inner, rows, true);
+    Tensor<T, Rank> h = gated(s), dh = Tensor<T, Rank>::uninitialized(s.a.shape(), dev);
+    detail::matmul(dev, h.data(), true, g.data(), false, down_.grad().data(), inner, Hidden, rows, true);
+    detail::matmul(dev, g.data(), false, down_.value().local().data(), true, dh.data(), rows, inner, Hidden);
+    // da = SiLU'(a) (dh u) (into h), du = dh SiLU(a) (into dh)
+    local::binary(BinaryOp::Mul, dh, s.u, h);
+    local::unary_backward(UnaryFn::Silu, s.a, h, h);
+    auto silu_a = Tensor<T, Rank>::uninitialized(s.a.shape(), dev);
+    local::unary(UnaryFn::Silu, s.a, silu_a);
+    local::binary(BinaryOp::Mul, dh, silu_a, dh);
+    detail::matmul(dev, xl.data(), true, h.data(), false, gate_.grad().data(), Hidden, inner, rows, true);
+    detail::matmul(dev, xl.data(), true, dh.data(), false, up_.grad().data(), Hidden, inner, rows, true);
     if constexpr (NeedInputGrad) {
-      auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), host);
-      detail::matmul(host, h.data(), false, gate_.value().local().data(), true, dx.data(), rows, Hidden, inner);
-      detail::matmul(host, dh.data(), false, up_.value().local().data(), true, dx.data(), rows, Hidden, inner, true);
+      auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), dev);
+      detail::matmul(dev, h.data(), false, gate_.value().local().data(), true, dx.data(), rows, Hidden, inner);
+      detail::matmul(dev, dh.data(), false, up_.value().local().data(), true, dx.data(), rows, Hidden, inner, true);
       constexpr State gci = Rule::grad_compute_input(G::placement_state);
       dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
       saved_.reset();
@@ -150,7 +146,13 @@ class GatedMlp {
     XC x;
     Tensor<T, Rank> a{}, u{};  // x Wg and x Wu
   };
-  static T silu(T a) { return a / (T(1) + std::exp(-a)); }
+  // SiLU(x Wg) * (x Wu), from the saved products (on their device).
+  static Tensor<T, Rank> gated(const Saved& s) {
+    auto h = Tensor<T, Rank>::uninitialized(s.a.shape(), s.a.device());
+    local::unary(UnaryFn::Silu, s.a, h);
+    local::binary(BinaryOp::Mul, h, s.u, h);
+    return h;
+  }
   template <class DT>
   static DT uniform(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed, int64_t fan_in) {
     const T bound = T(1) / std::sqrt(static_cast<T>(fan_in));

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
@@ -61,33 +62,25 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
          "every rank holds whole rows, before the colwise layer or after a rowwise one");
     DTENSOR_CHECK(x.shape()[1] <= MaxLen && x.shape()[2] == Dim, InvalidArgument, name, ": input ",
                   dtensor::to_string(x.shape()), " has more than ", MaxLen, " positions or not ", Dim, " features");
-    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": host blocks only for now");
     first_ = x.local_offset()[1];
     X y = x;
     auto& yl = y.local();
-    const T* p = table_.value().local().data();
     const int64_t b = yl.shape()[0], len = yl.shape()[1];
+    // each sequence's rows += the table's rows of their positions (on the blocks' device)
     for (int64_t n = 0; n < b; ++n)
-      for (int64_t s = 0; s < len; ++s) {
-        T* row = yl.data() + (n * len + s) * Dim;
-        const T* pr = p + (first_ + s) * Dim;
-        for (int64_t f = 0; f < Dim; ++f) row[f] += pr[f];
-      }
+      local::reduce_block(yl.device(), dtype_of<T>(), ReduceOp::Sum, table_.value().local().data(),
+                          Block::contiguous(first_ * Dim, len * Dim), yl.data(), Block::contiguous(n * len * Dim, len * Dim));
     return y;
   }
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
     const auto& g = dy.local();
-    T* dp = table_.grad().data();
     const int64_t b = g.shape()[0], len = g.shape()[1];
     DTENSOR_CHECK(first_ + len <= MaxLen, InvalidArgument, name, ": backward without a matching forward");
-    for (int64_t n = 0; n < b; ++n)
-      for (int64_t s = 0; s < len; ++s) {
-        const T* row = g.data() + (n * len + s) * Dim;
-        T* pr = dp + (first_ + s) * Dim;
-        for (int64_t f = 0; f < Dim; ++f) pr[f] += row[f];
-      }
+    for (int64_t n = 0; n < b; ++n)  // the table's rows += every sequence's gradient rows
+      local::reduce_block(g.device(), dtype_of<T>(), ReduceOp::Sum, g.data(), Block::contiguous(n * len * Dim, len * Dim),
+                          table_.grad().data(), Block::contiguous(first_ * Dim, len * Dim));
     if constexpr (NeedInputGrad) return dy;
     else return 0;
   }

@@ -12,6 +12,8 @@
 //              Replicate over the CP dim (the gradient of a Partial<Sum> value).
 #include <optional>
 
+#include "dtensor/compute/local.hpp"
+#include "dtensor/compute/movement.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
@@ -50,15 +52,13 @@ class TokenMeanPool {
   using OutputT = dtensor_t<T, 2, placements_t<output(State{})>>;
 
   OutputT forward(const InputT& x) {
-    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": host blocks only for now");
     DTENSOR_CHECK(x.shape()[1] > 0, InvalidArgument, name, ": a sequence of no tokens has no mean");
     const Shape<3> ls = x.local().shape();
     const T scale = T(1) / static_cast<T>(x.shape()[1]);
-    Tensor<T, 2> y({ls[0], ls[2]}, Device::host());
-    for (int64_t b = 0; b < ls[0]; ++b)
-      for (int64_t s = 0; s < ls[1]; ++s)
-        for (int64_t c = 0; c < ls[2]; ++c) y.data()[b * ls[2] + c] += x.local().data()[(b * ls[1] + s) * ls[2] + c];
-    for (int64_t i = 0; i < y.numel(); ++i) y.data()[i] *= scale;
+    const Device dev = x.local().device();
+    auto y = Tensor<T, 2>::uninitialized({ls[0], ls[2]}, dev);
+    local::reduce_dim(dev, ReduceOp::Sum, x.local().data(), y.data(), ls[0], ls[1], ls[2]);
+    local::binary_scalar(BinaryOp::Mul, y, scale, y);
     saved_.emplace(Saved{x.layout(), ls, x.shape()[1]});
     return OutputT(x.mesh(), out_layout(x.layout()), std::move(y));
   }
@@ -76,11 +76,13 @@ class TokenMeanPool {
       return 0;
     } else {
       const T scale = T(1) / static_cast<T>(s.total);
-      auto dx = Tensor<T, 3>::uninitialized(s.local, Device::host());
-      for (int64_t b = 0; b < s.local[0]; ++b)
-        for (int64_t t = 0; t < s.local[1]; ++t)
-          for (int64_t c = 0; c < s.local[2]; ++c)
-            dx.data()[(b * s.local[1] + t) * s.local[2] + c] = dy.local().data()[b * s.local[2] + c] * scale;
+      const Device dev = dy.local().device();
+      const int64_t tokens = s.local[1], c = s.local[2];
+      auto dx = Tensor<T, 3>::uninitialized(s.local, dev);
+      for (int64_t b = 0; b < s.local[0]; ++b)  // row b of dy repeated for each token (a source of stride 0)
+        local::copy_block(dev, dy.local().data(), Block{b * c, tokens, 0, c}, dx.data(),
+                          Block::contiguous(b * tokens * c, tokens * c), sizeof(T));
+      local::binary_scalar(BinaryOp::Mul, dx, scale, dx);
       using DX = dtensor_t<T, 3, placements_t<grad_input(State{}, G::placement_state)>>;
       return DX(dy.mesh(), s.layout, std::move(dx));
     }
