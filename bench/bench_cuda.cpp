@@ -5,7 +5,11 @@
 //    against launching the same kernel directly (both synchronise each iteration,
 //    so the difference is what dtensor adds between the call and the launch);
 //  * a redistribution on device buffers (2 in-process ranks sharing the GPU)
-//    against the bare device-to-device copies it consists of.
+//    against the bare device-to-device copies it consists of;
+//  * the attention core's kernels (kernels/attention.cuh: tiled, online softmax,
+//    O(seq) memory) against the three-product version that materialises the
+//    [seq, seq] weights (cuBLAS batched products and the softmax kernels), float32,
+//    2 x 8 heads of 64, forward and forward + backward; causal for the kernels alone.
 //
 //   build/bench/bench_cuda --benchmark_out=cuda.json
 #include <benchmark/benchmark.h>
@@ -14,6 +18,7 @@
 #include <map>
 #include <mutex>
 
+#include <dtensor/compute/attention.hpp>
 #include <dtensor/cuda.hpp>
 
 using namespace dtensor;
@@ -139,6 +144,107 @@ BENCHMARK(BM_kernel_add)->Arg(1)->Arg(4096)->UseRealTime();
 BENCHMARK(BM_dtensor_add_gpu)->Arg(1)->Arg(4096)->UseRealTime();
 BENCHMARK(BM_memcpy_gather_gpu)->Arg(1 << 24)->Arg(1 << 28)->Threads(2)->UseRealTime();
 BENCHMARK(BM_dtensor_gather_gpu)->Arg(1 << 24)->Arg(1 << 28)->Threads(2)->UseRealTime();
+
+namespace {
+
+// --- attention: the tiled kernels against the materialised three products
+constexpr int64_t kAttnBatch = 2, kAttnHeads = 8, kAttnDim = 64;
+
+struct AttentionBuffers {
+  int64_t bh, len;
+  Tensor<float, 1> q, k, v, o, lse, dout, dq, dk, dv;
+  explicit AttentionBuffers(int64_t l) : bh(kAttnBatch * kAttnHeads), len(l) {
+    const Device dev = Device::cuda(0);
+    const int64_t n = bh * len * kAttnDim;
+    q = rand<float>(Shape<1>{n}, 1).to(dev), k = rand<float>(Shape<1>{n}, 2).to(dev);
+    v = rand<float>(Shape<1>{n}, 3).to(dev), dout = rand<float>(Shape<1>{n}, 4).to(dev);
+    o = Tensor<float, 1>::uninitialized({n}, dev), lse = Tensor<float, 1>::uninitialized({bh * len}, dev);
+    dq = Tensor<float, 1>::uninitialized({n}, dev), dk = Tensor<float, 1>::uninitialized({n}, dev);
+    dv = Tensor<float, 1>::uninitialized({n}, dev);
+  }
+  local::AttentionDims dims(bool causal) const {
+    return {.batch = kAttnBatch, .heads = kAttnHeads, .kv_heads = kAttnHeads, .q_len = len, .kv_len = len,
+            .head_dim = kAttnDim, .causal = causal};
+  }
+};
+
+// Forward 2 products of 2 L^2 D flops per head, backward 5 (the weights recomputed once
+// in each of the two backward kernels count as work done, not as flops).
+void set_attention_flops(benchmark::State& state, int64_t len, bool backward, bool causal) {
+  const double products = backward ? 2 + 5 : 2;
+  set_flops(state, products * 2.0 * kAttnBatch * kAttnHeads * len * len * kAttnDim * (causal ? 0.5 : 1.0));
+}
+
+// range(0): sequence length; range(1): 1 with the backward; range(2): 1 causal.
+void BM_attention_kernels_gpu(benchmark::State& state) {
+  cuda::set_device(0);
+  const Device dev = Device::cuda(0);
+  AttentionBuffers b(state.range(0));
+  const bool backward = state.range(1) != 0, causal = state.range(2) != 0;
+  const local::AttentionDims d = b.dims(causal);
+  const float* none = nullptr;
+  for (auto _ : state) {
+    local::attention_forward(dev, d, b.q.data(), b.k.data(), b.v.data(), none, b.o.data(), b.lse.data());
+    if (backward)
+      local::attention_backward(dev, d, b.q.data(), b.k.data(), b.v.data(), none, b.o.data(), b.lse.data(),
+                                b.dout.data(), b.dq.data(), b.dk.data(), b.dv.data());
+    cuda::synchronize();
+  }
+  set_attention_flops(state, b.len, backward, causal);
+  state.counters["MiB"] = 0;  // no temporaries beyond o and lse
+}
+
+// softmax(q k^T / sqrt(D)) v with the weights in global memory: [heads, L, L] for the
+// scores and, backward, as many for dP.
+void BM_attention_three_products_gpu(benchmark::State& state) {
+  cuda::set_device(0);
+  const Device dev = Device::cuda(0);
+  const auto& be = dtensor::detail::device_backend(dev);
+  AttentionBuffers b(state.range(0));
+  const bool backward = state.range(1) != 0;
+  const int64_t L = b.len, D = kAttnDim, bh = b.bh, rows = bh * L;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  auto p = Tensor<float, 1>::uninitialized({rows * L}, dev), dp = Tensor<float, 1>::uninitialized({rows * L}, dev);
+  auto mx = Tensor<float, 1>::uninitialized({rows}, dev), sums = Tensor<float, 1>::uninitialized({rows}, dev);
+  auto tmp = Tensor<float, 1>::uninitialized({rows * D}, dev);
+  const DType t = DType::Float32;
+  const GemmDims qk{.trans_b = true, .m = L, .n = L, .k = D, .batch = bh};
+  const GemmDims pv{.m = L, .n = D, .k = L, .batch = bh};
+  const GemmDims pt_do{.trans_a = true, .m = L, .n = D, .k = L, .batch = bh};
+  for (auto _ : state) {
+    local::gemm_ex(dev, qk, scale, b.q.data(), b.k.data(), 0.0f, p.data());
+    be.reduce_dim(t, ReduceOp::Max, p.data(), mx.data(), rows, L, 1);
+    be.softmax_shift(t, p.data(), mx.data(), sums.data(), rows, L, 1, false);
+    be.softmax_finish(t, p.data(), sums.data(), rows, L, 1, false);
+    local::gemm_ex(dev, pv, 1.0f, p.data(), b.v.data(), 0.0f, b.o.data());
+    if (backward) {
+      local::gemm_ex(dev, pt_do, 1.0f, p.data(), b.dout.data(), 0.0f, b.dv.data());       // dV = P^T dO
+      local::gemm_ex(dev, qk, 1.0f, b.dout.data(), b.v.data(), 0.0f, dp.data());          // dP = dO V^T
+      be.binary(t, BinaryOp::Mul, b.dout.data(), b.o.data(), tmp.data(), rows * D);        // delta = rowsum(dO o)
+      be.reduce_dim(t, ReduceOp::Sum, tmp.data(), sums.data(), rows, D, 1);
+      be.unary(t, UnaryFn::Neg, sums.data(), sums.data(), rows);
+      be.add_bias(t, dp.data(), sums.data(), dp.data(), rows, L, false);                  // dP - delta
+      be.binary(t, BinaryOp::Mul, dp.data(), p.data(), dp.data(), rows * L);               // dS
+      local::gemm_ex(dev, pv, scale, dp.data(), b.k.data(), 0.0f, b.dq.data());           // dQ = dS K / sqrt(D)
+      local::gemm_ex(dev, pt_do, scale, dp.data(), b.q.data(), 0.0f, b.dk.data());        // dK = dS^T Q / sqrt(D)
+    }
+    cuda::synchronize();
+  }
+  set_attention_flops(state, L, backward, false);
+  state.counters["MiB"] = static_cast<double>((backward ? 2 : 1) * rows * L * sizeof(float)) / (1 << 20);
+}
+
+void attention_args(benchmark::internal::Benchmark* b) {
+  for (int64_t len : {512, 1024, 2048, 4096})
+    for (int64_t backward : {0, 1}) b->Args({len, backward, 0});
+}
+void attention_causal_args(benchmark::internal::Benchmark* b) {
+  for (int64_t len : {512, 1024, 2048, 4096}) b->Args({len, 1, 1});
+}
+}  // namespace
+
+BENCHMARK(BM_attention_three_products_gpu)->Apply(attention_args)->UseRealTime();
+BENCHMARK(BM_attention_kernels_gpu)->Apply(attention_args)->Apply(attention_causal_args)->UseRealTime();
 
 int main(int argc, char** argv) {
   if (!have_gpu()) {
