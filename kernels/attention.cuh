@@ -9,6 +9,8 @@
 //   attention_dq_kernel        one block per (batch x head, tile of query rows): dq
 //   attention_dkv_kernel       one block per (batch x kv head, tile of key rows): dk, dv,
 //                              over the group's query heads and every query tile
+//   attention_merge_kernel     one thread per row: a partial result (over some keys)
+//                              merged into a running one by log-sum-exp (ring attention)
 // The backward recomputes the weights from lse in both of its kernels (twice the score
 // products of a fused backward) so that each block owns the rows it writes: no atomics,
 // the same bits on every run, and kernels that the host launcher runs in CI.
@@ -295,6 +297,31 @@ DTENSOR_KERNEL void attention_dkv_kernel(AttentionDims d, const T* __restrict__ 
       dv[(bkv * d.kv_len + j0) * D + e] = sdv[e];
     }
     DTENSOR_SYNCTHREADS();
+  }
+}
+
+// o, lse (a result over some keys) merged with ob, lb (over others), in place:
+// lse' = log(e^lse + e^lb), o' = o e^(lse - lse') + ob e^(lb - lse'); a side with
+// lse -inf (no key) contributes nothing. compute/attention.hpp's attention_merge.
+template <class T>
+DTENSOR_KERNEL void attention_merge_kernel(T* __restrict__ o, T* __restrict__ lse, const T* __restrict__ ob,
+                                           const T* __restrict__ lb, int64_t rows, int64_t dim) {
+  const T inf = dinf<T>();
+  for (int64_t i = first(); i < rows; i += stride()) {
+    const T l = lse[i], b = lb[i];
+    T* oi = o + i * dim;
+    const T* bi = ob + i * dim;
+    if (b == -inf) continue;
+    if (l == -inf) {
+      for (int64_t c = 0; c < dim; ++c) oi[c] = bi[c];
+      lse[i] = b;
+      continue;
+    }
+    const T m = l > b ? l : b;
+    const T merged = m + dlog(dexp(l - m) + dexp(b - m));
+    const T fa = dexp(l - merged), fb = dexp(b - merged);
+    for (int64_t c = 0; c < dim; ++c) oi[c] = fa * oi[c] + fb * bi[c];
+    lse[i] = merged;
   }
 }
 

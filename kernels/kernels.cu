@@ -799,4 +799,20 @@ void attention_backward(DType t, const local::AttentionDims& dims, const void* q
   });
 }
 
+void attention_merge(DType t, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim,
+                     cudaStream_t stream) {
+  check_floating(t, "attention_merge");
+  check_size(rows, "attention_merge");
+  check_size(dim, "attention_merge");
+  if (rows == 0) return;
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      detail::attention_merge_kernel<T><<<blocks_for(rows), kThreads, 0, stream>>>(
+          static_cast<T*>(o), static_cast<T*>(lse), static_cast<const T*>(ob), static_cast<const T*>(lb), rows, dim);
+      DTENSOR_CUDA_LAUNCHED();
+    }
+  });
+}
+
 }  // namespace dtensor::cuda::kernels

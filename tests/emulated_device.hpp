@@ -989,6 +989,17 @@ inline const detail::DeviceBackend& backend() {
               });
             });
           },
+      .attention_merge =
+          [](DType t, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim) {
+            require_floating(t, "attention_merge");
+            launch([=] {
+              floating(t, [&](auto tag) {
+                using T = decltype(tag);
+                local::attention_merge(Device::host(), real<T>(o), real<T>(lse), real<const T>(ob),
+                                       real<const T>(lb), rows, dim);
+              });
+            });
+          },
   };
   return table;
 }

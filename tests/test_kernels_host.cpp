@@ -1474,3 +1474,30 @@ TEST_CASE("kernels on the host: attention forward, dq and dk/dv equal the host's
   CHECK(kd::attention_tile(128, 8, kd::kDkvRows, kd::kBackwardPairs, kd::kBackwardScalars) == 4);
   CHECK(kd::attention_tile(1 << 20, 4, kd::kDkvRows, kd::kBackwardPairs, kd::kBackwardScalars) == 0);
 }
+
+TEST_CASE("kernels on the host: attention_merge equals the host's log-sum-exp merge") {
+  for_types<float, double>([]<class T>() {
+    const int64_t rows = 37, dim = 5;
+    const auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+    std::vector<T> o = random_values<T>(sz(rows * dim), -1, 1, 41), ob = random_values<T>(sz(rows * dim), -1, 1, 42);
+    std::vector<T> lse = random_values<T>(sz(rows), -3, 3, 43), lb = random_values<T>(sz(rows), -3, 3, 44);
+    const T inf = std::numeric_limits<T>::infinity();
+    lse[3] = -inf;             // no key yet: the other side is copied
+    lb[5] = -inf;              // nothing to add
+    lse[7] = lb[7] = -inf;     // neither
+    lb[9] = lse[9] + T(40);    // one side dominates
+    std::vector<T> want_o = o, want_l = lse;
+    dtensor::local::attention_merge(dtensor::Device::host(), want_o.data(), want_l.data(), ob.data(), lb.data(), rows, dim);
+    CHECK(want_l[3] == lb[3]);
+    CHECK(want_l[7] == -inf);
+    each_launch(stride_configs(rows, false), [&](const Config& c) {
+      Buffer<T> ob_(o), lb_(lse), obb(ob), lbb(lb);
+      hl::launch(c.grid, c.block, 0, kd::attention_merge_kernel<T>, ob_.data(), lb_.data(),
+                 static_cast<const T*>(obb.data()), static_cast<const T*>(lbb.data()), rows, dim);
+      const auto eq = [](T a, T b) { return close(a, b, tolerance<T>()); };
+      CHECK(mismatch(ob_.values(), want_o, eq) == "");
+      CHECK(mismatch(lb_.values(), want_l, eq) == "");
+      CHECK((ob_.guards_intact() && lb_.guards_intact() && obb.guards_intact() && lbb.guards_intact()));
+    });
+  });
+}

@@ -432,20 +432,26 @@ TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks and the to
     REQUIRE(!host.empty());
     CHECK(worst(host, dev) < 1e-14);
   }
-  // Context parallelism's ring and all-to-all are host code: device blocks are refused, by name.
-  using Cp1 = nn::Config<double, 3, nn::Axes<1, nn::kNone, nn::kNone, 0>>;
+}
+
+TEST_CASE("context-parallel attention on device buffers equals the host's: ring, load-balanced ring, all-to-all") {
+  using Cp1 = nn::Config<double, 3, nn::Axes<1, nn::kNone, nn::kNone, 0>>;    // the sequence over mesh dim 0
+  using TpCp = nn::Config<double, 3, nn::Axes<2, nn::kNone, 0, 1>>;            // heads over 0, sequence over 1
   constexpr nn::AttentionShape kRing{.hidden = 16, .heads = 4, .kv_heads = 2, .context = nn::ContextParallel::Ring};
-  RunOptions opt;
-  opt.device = Device::cuda(0);
-  run_threads(
-      1,
-      [&](Comm& comm) {
-        const DeviceMesh<1> mesh(comm, {1});
-        nn::MultiHeadAttention<Cp1, kRing, nn::NoParallel> attn(mesh);
-        using A = nn::MultiHeadAttention<Cp1, kRing, nn::NoParallel>;
-        const auto x = dtensor::detail::counter_fill<A::InputT>({2, 5, 16}, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 1});
-        CHECK_THROWS_WITH_AS(attn.forward(x), doctest::Contains("context-parallel attention (ring or all-to-all) runs on host"),
-                             InvalidArgument);
-      },
-      opt);
+  constexpr nn::AttentionShape kBalanced{.hidden = 16, .heads = 4, .kv_heads = 2,
+                                         .context = nn::ContextParallel::RingBalanced};
+  constexpr nn::AttentionShape kAllToAll{.hidden = 16, .heads = 4, .kv_heads = 2,
+                                         .context = nn::ContextParallel::AllToAll};
+  for (int ranks : {2, 3}) {
+    INFO(ranks, " ranks on the sequence (13 positions: uneven blocks)");
+    using Ring = MakeAttention<Cp1, kRing, nn::NoParallel>;
+    layer_same_on_device<1>("ring attention", {ranks}, Ring{}, normal_input<Ring::Model>({2, 13, 16}));
+    using Bal = MakeAttention<Cp1, kBalanced, nn::NoParallel>;
+    layer_same_on_device<1>("load-balanced ring attention", {ranks}, Bal{}, normal_input<Bal::Model>({2, 13, 16}));
+  }
+  using A2A = MakeAttention<Cp1, kAllToAll, nn::NoParallel>;
+  layer_same_on_device<1>("all-to-all attention", {2}, A2A{}, normal_input<A2A::Model>({2, 13, 16}));
+  using TpRing = MakeAttention<TpCp, kBalanced, nn::HeadParallel<>>;
+  layer_same_on_device<2>("load-balanced ring under heads over TP (2x2)", {2, 2}, TpRing{},
+                          normal_input<TpRing::Model>({2, 11, 16}));
 }

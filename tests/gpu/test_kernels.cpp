@@ -597,6 +597,20 @@ TEST_CASE("attention_forward and attention_backward equal the host's tiled core"
   check_attention<float>(no_queries, false, s);
   CHECK_THROWS_AS(k::attention_forward(DType::Int32, plain, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s),
                   dtensor::InvalidArgument);
+  // The ring's merge of two partial results, rows with no key on either side included.
+  {
+    const int64_t rows = 300, dim = 64;
+    auto o = random_values<double>(rows * dim, -1, 1, 51), ob = random_values<double>(rows * dim, -1, 1, 52);
+    auto lse = random_values<double>(rows, -3, 3, 53), lb = random_values<double>(rows, -3, 3, 54);
+    lse[3] = -std::numeric_limits<double>::infinity();
+    lb[5] = -std::numeric_limits<double>::infinity();
+    lse[7] = lb[7] = -std::numeric_limits<double>::infinity();
+    Device<double> go(o, s), gl(lse, s), gob(ob, s), glb(lb, s);
+    dtensor::local::attention_merge(dtensor::Device::host(), o.data(), lse.data(), ob.data(), lb.data(), rows, dim);
+    k::attention_merge(DType::Float64, go.get(), gl.get(), gob.get(), glb.get(), rows, dim, s);
+    check_close(go.host(), o, 1e-14, "merged o", 1e-14);
+    check_close(gl.host(), lse, 1e-14, "merged lse", 1e-14);
+  }
   const AttentionDims huge{.batch = 1, .heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 1, .head_dim = 1 << 16};
   CHECK_THROWS_AS(k::attention_forward(DType::Float64, huge, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s),
                   dtensor::InvalidArgument);

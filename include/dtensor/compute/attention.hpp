@@ -224,6 +224,32 @@ void attention_backward(Device dev, const AttentionDims& d, const T* q, const T*
   dtensor::detail::device_backend(dev).attention_backward(dtype_of<T>(), d, q, k, v, mask, o, lse, dout, dq, dk, dv);
 }
 
+// o, lse ([rows, dim], [rows]: a result over some keys) merged in place with ob, lb
+// (the same rows over other keys): lse' = log(e^lse + e^lb),
+// o' = o e^(lse - lse') + ob e^(lb - lse'); a side with lse -inf (no key) adds nothing.
+// What ring attention does after each block (kernels/attention.cuh on a device).
+template <class T>
+void attention_merge(Device dev, T* o, T* lse, const T* ob, const T* lb, int64_t rows, int64_t dim) {
+  if (!dev.is_host())
+    return dtensor::detail::device_backend(dev).attention_merge(dtype_of<T>(), o, lse, ob, lb, rows, dim);
+  const T inf = std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < rows; ++i) {
+    T* oi = o + i * dim;
+    const T* bi = ob + i * dim;
+    if (lb[i] == -inf) continue;
+    if (lse[i] == -inf) {
+      std::copy_n(bi, dim, oi);
+      lse[i] = lb[i];
+      continue;
+    }
+    const T m = std::max(lse[i], lb[i]);
+    const T merged = m + std::log(std::exp(lse[i] - m) + std::exp(lb[i] - m));
+    const T fa = std::exp(lse[i] - merged), fb = std::exp(lb[i] - merged);
+    for (int64_t c = 0; c < dim; ++c) oi[c] = fa * oi[c] + fb * bi[c];
+    lse[i] = merged;
+  }
+}
+
 // [batch, len, heads * head_dim] (the projections' rows) <-> [batch, heads, len, head_dim]
 // (the attention core's layout).
 template <class T>

@@ -116,6 +116,8 @@ struct DeviceBackend {
   void (*attention_backward)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v,
                              const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
                              void* dv);
+  // o, lse ([rows, dim], [rows]) merged in place with ob, lb by log-sum-exp.
+  void (*attention_merge)(DType, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim);
 };
 
 inline const DeviceBackend*& cuda_backend_slot() {

@@ -193,6 +193,8 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
              const void* o, const void* lse, const void* dout, void* dq, void* dk, void* dv) {
             k::attention_backward(t, d, q, kk, v, mask, o, lse, dout, dq, dk, dv, current_stream());
           },
+      .attention_merge = [](DType t, void* o, void* lse, const void* ob, const void* lb, int64_t rows,
+                            int64_t dim) { k::attention_merge(t, o, lse, ob, lb, rows, dim, current_stream()); },
   };
   return table;
 }

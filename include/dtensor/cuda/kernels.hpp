@@ -166,5 +166,9 @@ void attention_forward(DType t, const local::AttentionDims& d, const void* q, co
 void attention_backward(DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v,
                         const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
                         void* dv, cudaStream_t stream);
+// o, lse ([rows, dim], [rows]) merged in place with another partial result ob, lb
+// over other keys, by log-sum-exp (ring attention's step).
+void attention_merge(DType t, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim,
+                     cudaStream_t stream);
 
 }  // namespace dtensor::cuda::kernels

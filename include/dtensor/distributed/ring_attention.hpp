@@ -19,7 +19,9 @@
 // layout, so each receive is posted with the right size. Causal masking uses the
 // blocks' global positions; a block that lies wholly after this rank's queries is
 // skipped (its messages still pass, the ring stays in step). A rank that fails in the
-// middle fails the others' waits (the runtimes' point-to-point rules): no hang.
+// middle fails the others' waits (the runtimes' point-to-point rules): no hang. The
+// blocks live where the communicator keeps its buffers (the host or a GPU); on a GPU
+// the core, the merges and the accumulations run as kernels on the rank's stream.
 //
 // A rank may hold several ranges of positions (AttentionRing::pieces): the load-balanced
 // layout of a causal sequence gives rank r chunks r and 2n - 1 - r of 2n, so that every
@@ -40,6 +42,8 @@
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/comm/region.hpp"
 #include "dtensor/compute/attention.hpp"
+#include "dtensor/compute/movement.hpp"
+#include "dtensor/tensor/tensor.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/placement/shard_layout.hpp"
 
@@ -173,10 +177,22 @@ void relayout(const AttentionRing& from, const AttentionRing& to, std::initializ
 // block j that causal masking does not wholly drop, and each (batch, query head): the
 // core's dims for that head's rows (one head, the pieces' global positions) and the
 // first rows of q (in this rank's layout, `q_len` rows per head) and of k (in block j's).
+// Where both ranks hold one piece, one call covers every head (dims of the whole
+// blocks, first rows 0): one launch per block on a GPU rather than one per head.
 template <class F>
 void for_each_piece_pair(const local::AttentionDims& d, const AttentionRing& ring, int j, F&& f) {
   const auto mine = ring.pieces_of(ring.rank()), theirs = ring.pieces_of(j);
   const int64_t kv_len = ring.length(j), total = ring.total(), group = d.heads / d.kv_heads;
+  if (mine.size() == 1 && theirs.size() == 1) {  // whole blocks: every head in one call
+    const RingPiece p = mine[0], s = theirs[0];
+    if (p.len == 0 || s.len == 0 || (d.causal && s.start > p.start + p.len - 1)) return;
+    local::AttentionDims all = d;
+    all.q_len = p.len, all.kv_len = s.len, all.q_offset = p.start, all.kv_offset = s.start;
+    all.dropout.heads_total = d.dropout.heads_total ? d.dropout.heads_total : d.heads;
+    all.dropout.q_total = d.dropout.q_total ? d.dropout.q_total : total;
+    all.dropout.kv_total = d.dropout.kv_total ? d.dropout.kv_total : total;
+    return f(all, int64_t{0}, int64_t{0});
+  }
   int64_t qrow = 0;
   for (const RingPiece& p : mine) {
     int64_t krow = 0;
@@ -204,8 +220,31 @@ void for_each_piece_pair(const local::AttentionDims& d, const AttentionRing& rin
 
 }  // namespace detail::ring
 
+namespace detail::ring {
+
+// A buffer on the ring's device (its communicator's: host memory or a GPU's).
+template <class T>
+Tensor<T, 1> buffer(Device dev, int64_t n) {
+  return Tensor<T, 1>::uninitialized({n}, dev);
+}
+// dst[0, n) = src[0, n) on that device.
+template <class T>
+void copy(Device dev, const T* src, T* dst, int64_t n) {
+  if (n > 0) local::copy_block(dev, src, Block::contiguous(0, n), dst, Block::contiguous(0, n), sizeof(T));
+}
+// dst[0, n) += src[0, n) on that device.
+template <class T>
+void add(Device dev, const T* src, T* dst, int64_t n) {
+  if (n > 0)
+    local::reduce_block(dev, dtype_of<T>(), ReduceOp::Sum, src, Block::contiguous(0, n), dst, Block::contiguous(0, n));
+}
+
+}  // namespace detail::ring
+
 // o and lse of this rank's queries against the whole sequence. d: the local dims
-// (q_len this rank's; kv_len, offsets are set per block from the ring).
+// (q_len this rank's; kv_len, offsets are set per block from the ring). The tensors
+// live where the ring's communicator keeps its buffers (Comm::device()): host memory,
+// or a GPU, where the attention core, the merges and the copies run as kernels.
 template <class T>
 void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, const T* q, const T* k, const T* v,
                             T* o, T* lse) {
@@ -216,43 +255,32 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
                     ring.length(r) == d.q_len,
                 InvalidArgument, "ring attention: rank ", r, " holds ", d.q_len,
                 " positions, but the ring's layout gives it another count or has no entry for every rank");
+  const Device dev = ring.comm->device();
   const int64_t kv_row = d.batch * d.kv_heads * d.head_dim;  // elements per position of k (or v)
   const int64_t rows = d.batch * d.heads * d.q_len, D = d.head_dim;
-  const T inf = std::numeric_limits<T>::infinity();
-  std::fill(o, o + rows * D, T(0));
-  std::fill(lse, lse + rows, -inf);
+  local::fill(dev, o, rows * D, T(0));
+  local::fill(dev, lse, rows, -std::numeric_limits<T>::infinity());
   // Buffers of the longest block, never resized: messages land in them while they are in flight.
-  const auto longest = static_cast<std::size_t>(kv_row * ring.longest());
-  std::vector<T> cur_k(longest), cur_v(longest), next_k(longest), next_v(longest);
-  std::copy_n(k, kv_row * ring.length(r), cur_k.data());
-  std::copy_n(v, kv_row * ring.length(r), cur_v.data());
-  std::vector<T> ob(static_cast<std::size_t>(d.q_len * D)), lb(static_cast<std::size_t>(d.q_len));  // one head's
+  const int64_t longest = kv_row * ring.longest();
+  Tensor<T, 1> cur_k = R::buffer<T>(dev, longest), cur_v = R::buffer<T>(dev, longest);
+  Tensor<T, 1> next_k = R::buffer<T>(dev, longest), next_v = R::buffer<T>(dev, longest);
+  R::copy(dev, k, cur_k.data(), kv_row * ring.length(r));
+  R::copy(dev, v, cur_v.data(), kv_row * ring.length(r));
+  // one call's result: one head's rows, or every head's (for_each_piece_pair)
+  Tensor<T, 1> ob = R::buffer<T>(dev, rows * D), lb = R::buffer<T>(dev, rows);
   for (int t = 0; t < n; ++t) {
     const int j = (r - t + n) % n, incoming = (r - t - 1 + 2 * n) % n;
     Request req;
     if (t + 1 < n)
       req = R::shift<T>(ring, {cur_k.data(), cur_v.data()}, kv_row * ring.length(j), {next_k.data(), next_v.data()},
                         kv_row * ring.length(incoming));
-    // This rank's query pieces against block j's key pieces, head by head, each result
-    // merged into the running output: lse' = log(e^lse + e^lb), o' = o e^(lse - lse') + ob e^(lb - lse').
+    // This rank's query pieces against block j's key pieces, each result merged into
+    // the running output by log-sum-exp (local::attention_merge).
     R::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qrow, int64_t krow) {
-      local::attention_forward(one, q + qrow * D, cur_k.data() + krow * D, cur_v.data() + krow * D,
+      const int64_t nq = one.batch * one.heads * one.q_len;
+      local::attention_forward(dev, one, q + qrow * D, cur_k.data() + krow * D, cur_v.data() + krow * D,
                                static_cast<const T*>(nullptr), ob.data(), lb.data());
-      for (int64_t i = 0; i < one.q_len; ++i) {
-        T* oi = o + (qrow + i) * D;
-        T& li = lse[qrow + i];
-        if (lb[i] == -inf) continue;
-        if (li == -inf) {
-          std::copy_n(ob.data() + i * D, D, oi);
-          li = lb[i];
-          continue;
-        }
-        const T m = std::max(li, lb[i]);
-        const T merged = m + std::log(std::exp(li - m) + std::exp(lb[i] - m));
-        const T a = std::exp(li - merged), b = std::exp(lb[i] - merged);
-        for (int64_t c = 0; c < D; ++c) oi[c] = a * oi[c] + b * ob[i * D + c];
-        li = merged;
-      }
+      local::attention_merge(dev, o + qrow * D, lse + qrow, ob.data(), lb.data(), nq, D);
     });
     if (t + 1 < n) {
       req.wait();
@@ -262,25 +290,28 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
   }
 }
 
-// dq, dk, dv (written) of this rank's blocks from the forward's o and lse and dout.
+// dq, dk, dv (written) of this rank's blocks from the forward's o and lse and dout
+// (on the ring's device, as the forward).
 template <class T>
 void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, const T* q, const T* k, const T* v,
                              const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   namespace R = detail::ring;
   const int n = ring.size(), r = ring.rank();
+  const Device dev = ring.comm->device();
   const int64_t kv_row = d.batch * d.kv_heads * d.head_dim, D = d.head_dim;
   const int64_t qn = d.batch * d.heads * d.q_len * d.head_dim, own = kv_row * ring.length(r);
   // Buffers of the longest block, never resized: messages land in them while they are in flight.
-  const auto longest = static_cast<std::size_t>(kv_row * ring.longest());
-  std::fill(dq, dq + qn, T(0));
-  std::vector<T> k_hand(longest), v_hand(longest), k_next(longest), v_next(longest);
-  std::copy_n(k, own, k_hand.data());
-  std::copy_n(v, own, v_hand.data());
-  std::vector<T> acc_dk(longest), acc_dv(longest), in_dk(longest), in_dv(longest);
-  std::vector<T> dkb(longest), dvb(longest);
-  // one head's piece of dq, dk, dv
-  std::vector<T> dqh(static_cast<std::size_t>(d.q_len * D)), dkh(static_cast<std::size_t>(ring.longest() * D)),
-      dvh(dkh.size());
+  const int64_t longest = kv_row * ring.longest();
+  local::fill(dev, dq, qn, T(0));
+  Tensor<T, 1> k_hand = R::buffer<T>(dev, longest), v_hand = R::buffer<T>(dev, longest);
+  Tensor<T, 1> k_next = R::buffer<T>(dev, longest), v_next = R::buffer<T>(dev, longest);
+  R::copy(dev, k, k_hand.data(), own);
+  R::copy(dev, v, v_hand.data(), own);
+  Tensor<T, 1> acc_dk = R::buffer<T>(dev, longest), acc_dv = R::buffer<T>(dev, longest);
+  Tensor<T, 1> in_dk = R::buffer<T>(dev, longest), in_dv = R::buffer<T>(dev, longest);
+  Tensor<T, 1> dkb = R::buffer<T>(dev, longest), dvb = R::buffer<T>(dev, longest);
+  // one call's dq, dk, dv: one head's rows, or every head's (for_each_piece_pair)
+  Tensor<T, 1> dqh = R::buffer<T>(dev, qn), dkh = R::buffer<T>(dev, longest), dvh = R::buffer<T>(dev, longest);
   Request grads;  // the accumulators' shift, in flight during the next block's compute
   for (int t = 0; t < n; ++t) {
     const int j = (r - t + n) % n, incoming = (r - t - 1 + 2 * n) % n;
@@ -288,26 +319,29 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
     Request kv;
     if (t + 1 < n) kv = R::shift<T>(ring, {k_hand.data(), v_hand.data()}, here, {k_next.data(), v_next.data()}, there);
     // dq added here; block j's dk and dv into dkb, dvb (then into its accumulators).
-    std::fill(dkb.begin(), dkb.begin() + here, T(0));
-    std::fill(dvb.begin(), dvb.begin() + here, T(0));
+    local::fill(dev, dkb.data(), here, T(0));
+    local::fill(dev, dvb.data(), here, T(0));
     R::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qrow, int64_t krow) {
-      local::attention_backward(one, q + qrow * D, k_hand.data() + krow * D, v_hand.data() + krow * D,
+      const int64_t nq = one.batch * one.heads * one.q_len * D, nk = one.batch * one.kv_heads * one.kv_len * D;
+      local::attention_backward(dev, one, q + qrow * D, k_hand.data() + krow * D, v_hand.data() + krow * D,
                                 static_cast<const T*>(nullptr), o + qrow * D, lse + qrow, dout + qrow * D,
                                 dqh.data(), dkh.data(), dvh.data());
-      for (int64_t i = 0; i < one.q_len * D; ++i) dq[qrow * D + i] += dqh[i];
-      for (int64_t i = 0; i < one.kv_len * D; ++i) dkb[krow * D + i] += dkh[i], dvb[krow * D + i] += dvh[i];
+      R::add(dev, dqh.data(), dq + qrow * D, nq);
+      R::add(dev, dkh.data(), dkb.data() + krow * D, nk);
+      R::add(dev, dvh.data(), dvb.data() + krow * D, nk);
     });
     // Block j's accumulated gradients: zero at home, else what the previous rank sent
     // (its shift overlapped this step's compute).
     if (t == 0) {
-      std::fill(acc_dk.begin(), acc_dk.begin() + here, T(0));
-      std::fill(acc_dv.begin(), acc_dv.begin() + here, T(0));
+      local::fill(dev, acc_dk.data(), here, T(0));
+      local::fill(dev, acc_dv.data(), here, T(0));
     } else {
       grads.wait();
       std::swap(acc_dk, in_dk);
       std::swap(acc_dv, in_dv);
     }
-    for (int64_t i = 0; i < here; ++i) acc_dk[i] += dkb[i], acc_dv[i] += dvb[i];
+    R::add(dev, dkb.data(), acc_dk.data(), here);
+    R::add(dev, dvb.data(), acc_dv.data(), here);
     if (n == 1) break;
     // The accumulators follow their block to the next rank (after the last step, the
     // block's owner); the previous rank's come in (after the last step, ours).
@@ -319,14 +353,9 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
       std::swap(v_hand, v_next);
     }
   }
-  if (n > 1) {
-    grads.wait();
-    std::copy_n(in_dk.data(), own, dk);
-    std::copy_n(in_dv.data(), own, dv);
-  } else {
-    std::copy_n(acc_dk.data(), own, dk);
-    std::copy_n(acc_dv.data(), own, dv);
-  }
+  if (n > 1) grads.wait();  // our block's accumulators, home after the last hop
+  R::copy(dev, n > 1 ? in_dk.data() : acc_dk.data(), dk, own);
+  R::copy(dev, n > 1 ? in_dv.data() : acc_dv.data(), dv, own);
 }
 
 }  // namespace dtensor

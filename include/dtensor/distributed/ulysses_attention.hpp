@@ -16,6 +16,7 @@
 // with the counts named). Blocks of the sequence may be uneven: every rank knows them
 // all, and each all-to-all's blocks are strided ranges of the row-major tensors, moved
 // in place (comm/block.hpp). Causal masking and dropout see global positions and heads.
+// The tensors live where the group's communicator keeps its buffers: the host or a GPU.
 #include <cstdint>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "dtensor/compute/attention.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/ring_attention.hpp"
+#include "dtensor/tensor/tensor.hpp"
 
 namespace dtensor {
 
@@ -56,15 +58,16 @@ class UlyssesAttention {
       heads_.dropout.q_total = heads_.dropout.kv_total = heads_.q_len;
     }
     const int64_t L = heads_.q_len, D = d.head_dim;
-    q_.resize(static_cast<std::size_t>(d.batch * heads_.heads * L * D));
-    k_.resize(static_cast<std::size_t>(d.batch * heads_.kv_heads * L * D));
-    v_.resize(k_.size());
-    o_.resize(q_.size());
-    lse_.resize(static_cast<std::size_t>(d.batch * heads_.heads * L));
+    const Device dev = g_.comm->device();
+    q_ = buffer(d.batch * heads_.heads * L * D);
+    k_ = buffer(d.batch * heads_.kv_heads * L * D);
+    v_ = buffer(k_.numel());
+    o_ = buffer(q_.numel());
+    lse_ = buffer(d.batch * heads_.heads * L);
     to_heads(q, q_.data(), d.heads, D);
     to_heads(k, k_.data(), d.kv_heads, D);
     to_heads(v, v_.data(), d.kv_heads, D);
-    local::attention_forward(heads_, q_.data(), k_.data(), v_.data(), static_cast<const T*>(nullptr), o_.data(),
+    local::attention_forward(dev, heads_, q_.data(), k_.data(), v_.data(), static_cast<const T*>(nullptr), o_.data(),
                              lse_.data());
     to_positions(o_.data(), o, d.heads, D);
     to_positions(lse_.data(), lse, d.heads, 1);
@@ -72,9 +75,10 @@ class UlyssesAttention {
 
   void backward(const T* dout, T* dq, T* dk, T* dv) {
     const int64_t D = local_.head_dim;
-    std::vector<T> dout_h(o_.size()), dq_h(q_.size()), dk_h(k_.size()), dv_h(v_.size());
+    Tensor<T, 1> dout_h = buffer(o_.numel()), dq_h = buffer(q_.numel()), dk_h = buffer(k_.numel()),
+                 dv_h = buffer(v_.numel());
     to_heads(dout, dout_h.data(), local_.heads, D);
-    local::attention_backward(heads_, q_.data(), k_.data(), v_.data(), static_cast<const T*>(nullptr), o_.data(),
+    local::attention_backward(g_.comm->device(), heads_, q_.data(), k_.data(), v_.data(), static_cast<const T*>(nullptr), o_.data(),
                               lse_.data(), dout_h.data(), dq_h.data(), dk_h.data(), dv_h.data());
     to_positions(dq_h.data(), dq, local_.heads, D);
     to_positions(dk_h.data(), dk, local_.kv_heads, D);
@@ -112,10 +116,13 @@ class UlyssesAttention {
     g_.comm->all_to_all(src, send, dst, recv, dtype_of<T>());
   }
 
+  // On the group's device (its communicator's: the host or a GPU).
+  Tensor<T, 1> buffer(int64_t n) const { return Tensor<T, 1>::uninitialized({n}, g_.comm->device()); }
+
   AttentionRing g_;
   int mesh_dim_;
   local::AttentionDims local_{}, heads_{};
-  std::vector<T> q_, k_, v_, o_, lse_;  // head-split, whole sequence
+  Tensor<T, 1> q_{}, k_{}, v_{}, o_{}, lse_{};  // head-split, whole sequence
 };
 
 }  // namespace dtensor

@@ -28,10 +28,9 @@
 // The backward runs the adjoint of each step in reverse; parameter gradients are
 // local (Partial<Sum> over the data-parallel dim until the model reduces them).
 // Dropout draws from each weight's global (batch, head, query, key) index: the
-// single-device mask on any mesh. Blocks on a GPU run the same steps there (the
-// attention core's kernels, RoPE and the head layout through the device table), but
-// for context parallelism, whose ring and all-to-all are host code for now: a device
-// block there gets an error saying so.
+// single-device mask on any mesh. Blocks on a GPU run the same steps there: the
+// attention core's kernels, RoPE and the head layout through the device table, and
+// under context parallelism the ring's merges and the exchanges on device buffers.
 //
 // Context parallelism: where the config names a CP mesh dim (nn::Axes<M, DP, TP, CP>),
 // the sequence is sharded over it and stays so: the projections work on this rank's
@@ -248,10 +247,6 @@ class MultiHeadAttention {
   OutputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[F] == kHidden, InvalidArgument, name, ": an input of ", x.shape()[F],
                   " features, expected ", kHidden, " (input shape ", dtensor::to_string(x.shape()), ")");
-    if constexpr (kRing || kAllToAll)
-      DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name,
-                    ": context-parallel attention (ring or all-to-all) runs on host blocks only for now; move the "
-                    "blocks to the host, or shard the sequence only outside attention");
     Saved s{redistribute_as<placements_t<Q::compute_input()>>(x)};
     const auto& xl = s.x.local();
     const Device dev = xl.device();
@@ -287,12 +282,13 @@ class MultiHeadAttention {
       s.balanced = AttentionRing::balanced(*s.ring.comm, total);
       const local::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
-      Tensor<T, 4> qb({b, hq, lb, kDim}), kb({b, hkv, lb, kDim}), vb({b, hkv, lb, kDim});
+      auto qb = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev), kb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev),
+           vb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev);
       dtensor::detail::ring::relayout<T>(s.ring, s.balanced, {{s.q.data(), qb.data(), b * hq, kDim},
                                                               {s.k.data(), kb.data(), b * hkv, kDim},
                                                               {s.v.data(), vb.data(), b * hkv, kDim}});
-      s.o_balanced = Tensor<T, 4>({b, hq, lb, kDim});
-      s.lse_balanced = Tensor<T, 3>({b, hq, lb});
+      s.o_balanced = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
+      s.lse_balanced = Tensor<T, 3>::uninitialized({b, hq, lb}, dev);
       ring_attention_forward(s.balanced, bd, qb.data(), kb.data(), vb.data(), s.o_balanced.data(),
                              s.lse_balanced.data());
       dtensor::detail::ring::relayout<T>(s.balanced, s.ring, {{s.o_balanced.data(), s.o.data(), b * hq, kDim},
@@ -357,7 +353,8 @@ class MultiHeadAttention {
     if constexpr (kBalanced) {
       const local::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
-      Tensor<T, 4> dob({b, hq, lb, kDim}), dqb({b, hq, lb, kDim}), dkb({b, hkv, lb, kDim}), dvb({b, hkv, lb, kDim});
+      auto dob = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev), dqb = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
+      auto dkb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev), dvb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev);
       dtensor::detail::ring::relayout<T>(s.ring, s.balanced, {{do_heads.data(), dob.data(), b * hq, kDim}});
       ring_attention_backward(s.balanced, bd, s.q.data(), s.k.data(), s.v.data(), s.o_balanced.data(),
                               s.lse_balanced.data(), dob.data(), dqb.data(), dkb.data(), dvb.data());
