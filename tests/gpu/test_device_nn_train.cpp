@@ -387,6 +387,31 @@ std::vector<double> pool_run(Device dev, const std::array<int, M>& shape, const 
   return out;
 }
 
+// Image rows to tokens and back alone: rank 0's gathered tokens and image gradient.
+template <class Img, int M>
+std::vector<double> tokens_run(Device dev, const std::array<int, M>& shape, const Shape<4>& s) {
+  std::vector<double> out;
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      ranks_of<M>(shape),
+      [&](Comm& comm) {
+        const DeviceMesh<M> mesh(comm, shape);
+        using Tokens = nn::ImageTokens<Img>;
+        Tokens tokens;
+        const auto x = dtensor::detail::counter_fill<typename Tokens::InputT>(s, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 8});
+        const auto y = tokens.forward(x);
+        CHECK(y.local().device() == dev);
+        const auto dx = tokens.template backward<true>(y);  // dy in the tokens' blocks: y itself
+        std::vector<double> mine = nn::detail::host_values(y.full_tensor());
+        const auto g = nn::detail::host_values(dx.full_tensor());
+        mine.insert(mine.end(), g.begin(), g.end());
+        if (comm.rank() == 0) out = std::move(mine);
+      },
+      opt);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks and the token pool on device buffers equal the host's") {
@@ -424,6 +449,14 @@ TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks and the to
     using Make = MakeBlock<Tp1, Seq, nn::NormKind::Layer, nn::Mlp::Gelu, 24>;
     layer_same_on_device<1>("pre-norm block, layer norm and GELU, sequence parallel", {2}, Make{},
                             normal_input<Make::Model>({2, 7, 16}));
+  }
+  {
+    using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;  // batch over 0, rows over 1
+    INFO("image rows to tokens and back, 2x2 (batch x rows), uneven");
+    const auto host = tokens_run<DpH, 2>(Device::host(), {2, 2}, {3, 4, 5, 6});
+    const auto dev = tokens_run<DpH, 2>(Device::cuda(0), {2, 2}, {3, 4, 5, 6});
+    REQUIRE(!host.empty());
+    CHECK(worst(host, dev) == 0);  // moves only
   }
   for (int ranks : {1, 3}) {
     INFO("token mean pool, batch over ", ranks, " ranks");

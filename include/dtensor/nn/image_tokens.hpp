@@ -14,6 +14,7 @@
 //   using Tokens = nn::ImageTokens<Img>;     // out_config: Config<float, 3, Axes<2, 0, kNone, 1>>
 #include <optional>
 
+#include "dtensor/compute/device_backend.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
@@ -48,7 +49,6 @@ class ImageTokens {
   using OutputT = dtensor_t<T, 3, placements_t<out_config::activation()>>;
 
   OutputT forward(const InputT& x) {
-    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": host blocks only for now");
     layout_ = x.layout();
     return OutputT(x.mesh(), tokens_layout(x.layout()), to_tokens(x.local()));
   }
@@ -68,8 +68,8 @@ class ImageTokens {
       const int64_t n = g.shape()[0], c = g.shape()[2];
       Shape<4> ls{n, c, 0, in.global[3]};
       ls[2] = in.global[3] == 0 ? 0 : g.shape()[1] / in.global[3];
-      auto dx = Tensor<T, 4>::uninitialized(ls, Device::host());
-      transpose(g.data(), dx.data(), n, ls[2] * ls[3], c, false);
+      auto dx = Tensor<T, 4>::uninitialized(ls, g.device());
+      transpose(g.device(), g.data(), dx.data(), n, ls[2] * ls[3], c, false);
       return InputT(dy.mesh(), in, std::move(dx));
     }
   }
@@ -83,12 +83,22 @@ class ImageTokens {
   }
   static Tensor<T, 3> to_tokens(const Tensor<T, 4>& x) {
     const Shape<4> s = x.shape();
-    auto y = Tensor<T, 3>::uninitialized({s[0], s[2] * s[3], s[1]}, Device::host());
-    transpose(x.data(), y.data(), s[0], s[2] * s[3], s[1], true);
+    auto y = Tensor<T, 3>::uninitialized({s[0], s[2] * s[3], s[1]}, x.device());
+    transpose(x.device(), x.data(), y.data(), s[0], s[2] * s[3], s[1], true);
     return y;
   }
-  // Per sample: [C, P] <-> [P, C] (to_tokens: from channels-first).
-  static void transpose(const T* src, T* dst, int64_t n, int64_t positions, int64_t channels, bool to_tokens) {
+  // Per sample: [C, P] <-> [P, C] (to_tokens: from channels-first); on a GPU one
+  // transpose kernel per sample.
+  static void transpose(Device dev, const T* src, T* dst, int64_t n, int64_t positions, int64_t channels,
+                        bool to_tokens) {
+    if (!dev.is_host()) {
+      const auto& be = dtensor::detail::device_backend(dev);
+      const int64_t plane = positions * channels;
+      for (int64_t b = 0; b < n && plane > 0; ++b)
+        be.transpose(dtype_of<T>(), src + b * plane, dst + b * plane, to_tokens ? channels : positions,
+                     to_tokens ? positions : channels);
+      return;
+    }
     for (int64_t b = 0; b < n; ++b)
       for (int64_t c = 0; c < channels; ++c)
         for (int64_t p = 0; p < positions; ++p) {
