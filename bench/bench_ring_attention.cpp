@@ -67,7 +67,8 @@ struct RingTimes {
 double ring_compute(const AttentionRing& ring, const local::AttentionDims& d) {
   const int64_t qn = kHeads * d.q_len * kDim, kn = kHeads * ring.longest() * kDim;
   const auto q = values(qn, 1), k = values(kn, 2), v = values(kn, 3), dout = values(qn, 4);
-  std::vector<float> ob(d.q_len * kDim), lb(d.q_len), dq(d.q_len * kDim), dk(ring.longest() * kDim), dv(dk.size());
+  // one call's results: one head's rows, or every head's where the ring's blocks are whole
+  std::vector<float> ob(qn), lb(kHeads * d.q_len), dq(qn), dk(kn), dv(kn);
   const auto t0 = Clock::now();
   for (int j = 0; j < ring.size(); ++j)
     dtensor::detail::ring::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qr, int64_t kr) {
