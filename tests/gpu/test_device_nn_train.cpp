@@ -361,9 +361,10 @@ auto normal_input(const Shape<3>& shape) {
   };
 }
 
-// The token mean pool alone: rank 0's gathered output and input gradient.
-template <class Cfg, int M>
-std::vector<double> pool_run(Device dev, const std::array<int, M>& shape, const Shape<3>& s) {
+// A layer without parameters alone (made by Layer{}): rank 0's gathered output and
+// input gradient, for the input `s` and the gradient dy_of(y, mesh).
+template <class Layer, int M, std::size_t R, class DyOf>
+std::vector<double> parameterless_run(Device dev, const std::array<int, M>& shape, const Shape<R>& s, DyOf dy_of) {
   std::vector<double> out;
   RunOptions opt;
   opt.device = dev;
@@ -371,38 +372,11 @@ std::vector<double> pool_run(Device dev, const std::array<int, M>& shape, const 
       ranks_of<M>(shape),
       [&](Comm& comm) {
         const DeviceMesh<M> mesh(comm, shape);
-        nn::TokenMeanPool<Cfg> pool;
-        using Pool = nn::TokenMeanPool<Cfg>;
-        const auto x = dtensor::detail::counter_fill<typename Pool::InputT>(s, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 8});
-        const auto y = pool.forward(x);
+        Layer layer;
+        const auto x = dtensor::detail::counter_fill<typename Layer::InputT>(s, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 8});
+        const auto y = layer.forward(x);
         CHECK(y.local().device() == dev);
-        const auto dy = dtensor::detail::counter_fill<typename Pool::OutputT>(y.shape(), mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 9});
-        const auto dx = pool.template backward<true>(dy);
-        std::vector<double> mine = nn::detail::host_values(y.full_tensor());
-        const auto g = nn::detail::host_values(dx.full_tensor());
-        mine.insert(mine.end(), g.begin(), g.end());
-        if (comm.rank() == 0) out = std::move(mine);
-      },
-      opt);
-  return out;
-}
-
-// Image rows to tokens and back alone: rank 0's gathered tokens and image gradient.
-template <class Img, int M>
-std::vector<double> tokens_run(Device dev, const std::array<int, M>& shape, const Shape<4>& s) {
-  std::vector<double> out;
-  RunOptions opt;
-  opt.device = dev;
-  run_threads(
-      ranks_of<M>(shape),
-      [&](Comm& comm) {
-        const DeviceMesh<M> mesh(comm, shape);
-        using Tokens = nn::ImageTokens<Img>;
-        Tokens tokens;
-        const auto x = dtensor::detail::counter_fill<typename Tokens::InputT>(s, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 8});
-        const auto y = tokens.forward(x);
-        CHECK(y.local().device() == dev);
-        const auto dx = tokens.template backward<true>(y);  // dy in the tokens' blocks: y itself
+        const auto dx = layer.template backward<true>(dy_of(y, mesh));
         std::vector<double> mine = nn::detail::host_values(y.full_tensor());
         const auto g = nn::detail::host_values(dx.full_tensor());
         mine.insert(mine.end(), g.begin(), g.end());
@@ -453,15 +427,20 @@ TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks and the to
   {
     using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;  // batch over 0, rows over 1
     INFO("image rows to tokens and back, 2x2 (batch x rows), uneven");
-    const auto host = tokens_run<DpH, 2>(Device::host(), {2, 2}, {3, 4, 5, 6});
-    const auto dev = tokens_run<DpH, 2>(Device::cuda(0), {2, 2}, {3, 4, 5, 6});
+    const auto dy_is_y = [](const auto& y, const auto&) { return y; };  // in the tokens' blocks
+    const auto host = parameterless_run<nn::ImageTokens<DpH>, 2>(Device::host(), {2, 2}, Shape<4>{3, 4, 5, 6}, dy_is_y);
+    const auto dev = parameterless_run<nn::ImageTokens<DpH>, 2>(Device::cuda(0), {2, 2}, Shape<4>{3, 4, 5, 6}, dy_is_y);
     REQUIRE(!host.empty());
     CHECK(worst(host, dev) == 0);  // moves only
   }
   for (int ranks : {1, 3}) {
     INFO("token mean pool, batch over ", ranks, " ranks");
-    const auto host = pool_run<Dp1, 1>(Device::host(), {ranks}, {5, 4, 6});
-    const auto dev = pool_run<Dp1, 1>(Device::cuda(0), {ranks}, {5, 4, 6});
+    using Pool = nn::TokenMeanPool<Dp1>;
+    const auto normal_dy = [](const auto& y, const auto& mesh) {
+      return dtensor::detail::counter_fill<Pool::OutputT>(y.shape(), mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 9});
+    };
+    const auto host = parameterless_run<Pool, 1>(Device::host(), {ranks}, Shape<3>{5, 4, 6}, normal_dy);
+    const auto dev = parameterless_run<Pool, 1>(Device::cuda(0), {ranks}, Shape<3>{5, 4, 6}, normal_dy);
     REQUIRE(!host.empty());
     CHECK(worst(host, dev) < 1e-14);
   }
