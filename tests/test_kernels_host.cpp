@@ -1411,7 +1411,8 @@ void check_attention_kernels(const AttentionCase& c, int64_t tile) {
                                        {Dim3{2}, Dim3{33}}};
   each_launch(configs, [&](const Config& cfg) {
     INFO(c.what, ", ", type_name<T>(), ", tile ", tile);
-    Buffer<T> qb(q), kb(k), vb(v), mb(mask), ob(sz(nq)), lb(sz(rows)), dob(dout), dqb(sz(nq)), dkb(sz(nkv)), dvb(sz(nkv));
+    Buffer<T> qb(q), kb(k), vb(v), mb(mask), ob(sz(nq)), lb(sz(rows)), dob(dout);
+    Buffer<T> dqb(sz(nq)), dkb(sz(nkv)), dvb(sz(nkv));
     const T* mp = c.mask ? static_cast<const T*>(mb.data()) : nullptr;
     if (q_jobs > 0)
       hl::launch(cfg.grid, cfg.block, bytes(kd::kForwardRows, kd::kForwardPairs, kd::kForwardScalars),
@@ -1487,7 +1488,8 @@ TEST_CASE("kernels on the host: attention_merge equals the host's log-sum-exp me
     lse[7] = lb[7] = -inf;     // neither
     lb[9] = lse[9] + T(40);    // one side dominates
     std::vector<T> want_o = o, want_l = lse;
-    dtensor::local::attention_merge(dtensor::Device::host(), want_o.data(), want_l.data(), ob.data(), lb.data(), rows, dim);
+    dtensor::local::attention_merge(dtensor::Device::host(), want_o.data(), want_l.data(), ob.data(), lb.data(), rows,
+                                    dim);
     CHECK(want_l[3] == lb[3]);
     CHECK(want_l[7] == -inf);
     each_launch(stride_configs(rows, false), [&](const Config& c) {

@@ -340,7 +340,8 @@ template <class Cfg, nn::AttentionShape A, class Style, int64_t MaxLen = 16>
 struct MakeAttention {
   using Model = nn::Sequential<nn::PositionEmbedding<Cfg, MaxLen, A.hidden>, nn::MultiHeadAttention<Cfg, A, Style>>;
   Model operator()(const DeviceMesh<Cfg::M>& m) const {
-    return Model(nn::PositionEmbedding<Cfg, MaxLen, A.hidden>(m, 4), nn::MultiHeadAttention<Cfg, A, Style>(m, kDevCausal));
+    return Model(nn::PositionEmbedding<Cfg, MaxLen, A.hidden>(m, 4),
+                 nn::MultiHeadAttention<Cfg, A, Style>(m, kDevCausal));
   }
 };
 
@@ -357,7 +358,8 @@ struct MakeBlock {
 template <class Model>
 auto normal_input(const Shape<3>& shape) {
   return [shape](const auto& m) {
-    return dtensor::detail::counter_fill<typename Model::InputT>(shape, m, {}, {.kind = CounterDraw::Kind::Normal, .seed = 3});
+    return dtensor::detail::counter_fill<typename Model::InputT>(shape, m, {},
+                                                                 {.kind = CounterDraw::Kind::Normal, .seed = 3});
   };
 }
 
@@ -373,7 +375,8 @@ std::vector<double> parameterless_run(Device dev, const std::array<int, M>& shap
       [&](Comm& comm) {
         const DeviceMesh<M> mesh(comm, shape);
         Layer layer;
-        const auto x = dtensor::detail::counter_fill<typename Layer::InputT>(s, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 8});
+        const auto x = dtensor::detail::counter_fill<typename Layer::InputT>(
+            s, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 8});
         const auto y = layer.forward(x);
         CHECK(y.local().device() == dev);
         const auto dx = layer.template backward<true>(dy_of(y, mesh));
@@ -388,7 +391,8 @@ std::vector<double> parameterless_run(Device dev, const std::array<int, M>& shap
 
 }  // namespace
 
-TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks and the token pool on device buffers equal the host's") {
+TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks, image tokens and the token pool on device "
+          "buffers equal the host's") {
   using Dp1 = nn::Config<double, 3, nn::Axes<1, 0, nn::kNone>>;
   using Tp1 = nn::Config<double, 3, nn::Axes<1, nn::kNone, 0>>;
   using DpTp = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
@@ -437,7 +441,8 @@ TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks and the to
     INFO("token mean pool, batch over ", ranks, " ranks");
     using Pool = nn::TokenMeanPool<Dp1>;
     const auto normal_dy = [](const auto& y, const auto& mesh) {
-      return dtensor::detail::counter_fill<Pool::OutputT>(y.shape(), mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 9});
+      return dtensor::detail::counter_fill<Pool::OutputT>(y.shape(), mesh, {},
+                                                          {.kind = CounterDraw::Kind::Normal, .seed = 9});
     };
     const auto host = parameterless_run<Pool, 1>(Device::host(), {ranks}, Shape<3>{5, 4, 6}, normal_dy);
     const auto dev = parameterless_run<Pool, 1>(Device::cuda(0), {ranks}, Shape<3>{5, 4, 6}, normal_dy);

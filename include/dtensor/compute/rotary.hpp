@@ -81,7 +81,8 @@ void rotary_embedding(Device dev, const RotaryDims& d, T* x, bool inverse = fals
   const auto& be = dtensor::detail::device_backend(dev);
   const DType t = dtype_of<T>();
   const auto tensor = [&](int64_t m) { return Tensor<T, 1>::uninitialized({m}, dev); };
-  const Tensor<T, 1> ct = Tensor<T, 1>({d.len * half}, std::move(c)).to(dev), st = Tensor<T, 1>({d.len * half}, std::move(s)).to(dev);
+  const Tensor<T, 1> ct = Tensor<T, 1>({d.len * half}, std::move(c)).to(dev);
+  const Tensor<T, 1> st = Tensor<T, 1>({d.len * half}, std::move(s)).to(dev);
   Tensor<T, 1> cg = tensor(n), sg = tensor(n), x1 = tensor(n), x2 = tensor(n), y1 = tensor(n), y2 = tensor(n);
   // the table repeated for every group (a source of stride 0), the halves gathered
   be.copy_block(ct.data(), Block{0, d.groups, 0, d.len * half}, cg.data(), Block::contiguous(0, n), sizeof(T));

@@ -78,7 +78,8 @@ class UlyssesAttention {
     Tensor<T, 1> dout_h = buffer(o_.numel()), dq_h = buffer(q_.numel()), dk_h = buffer(k_.numel()),
                  dv_h = buffer(v_.numel());
     to_heads(dout, dout_h.data(), local_.heads, D);
-    local::attention_backward(g_.comm->device(), heads_, q_.data(), k_.data(), v_.data(), static_cast<const T*>(nullptr), o_.data(),
+    const T* no_mask = nullptr;
+    local::attention_backward(g_.comm->device(), heads_, q_.data(), k_.data(), v_.data(), no_mask, o_.data(),
                               lse_.data(), dout_h.data(), dq_h.data(), dk_h.data(), dv_h.data());
     to_positions(dq_h.data(), dq, local_.heads, D);
     to_positions(dk_h.data(), dk, local_.kv_heads, D);

@@ -282,8 +282,8 @@ class MultiHeadAttention {
       s.balanced = AttentionRing::balanced(*s.ring.comm, total);
       const local::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
-      auto qb = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev), kb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev),
-           vb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev);
+      auto qb = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
+      auto kb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev), vb = Tensor<T, 4>::uninitialized(kb.shape(), dev);
       dtensor::detail::ring::relayout<T>(s.ring, s.balanced, {{s.q.data(), qb.data(), b * hq, kDim},
                                                               {s.k.data(), kb.data(), b * hkv, kDim},
                                                               {s.v.data(), vb.data(), b * hkv, kDim}});
@@ -353,8 +353,10 @@ class MultiHeadAttention {
     if constexpr (kBalanced) {
       const local::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
-      auto dob = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev), dqb = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
-      auto dkb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev), dvb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev);
+      auto dob = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
+      auto dqb = Tensor<T, 4>::uninitialized(dob.shape(), dev);
+      auto dkb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev);
+      auto dvb = Tensor<T, 4>::uninitialized(dkb.shape(), dev);
       dtensor::detail::ring::relayout<T>(s.ring, s.balanced, {{do_heads.data(), dob.data(), b * hq, kDim}});
       ring_attention_backward(s.balanced, bd, s.q.data(), s.k.data(), s.v.data(), s.o_balanced.data(),
                               s.lse_balanced.data(), dob.data(), dqb.data(), dkb.data(), dvb.data());
