@@ -9,6 +9,7 @@ set -euo pipefail
 packages=(
   cmake g++ make            # build
   libeigen3-dev             # CPU compute
+  libopenblas-dev           # host products (optional at configure time: Eigen without it)
   doctest-dev               # tests
   libopenmpi-dev openmpi-bin  # the MPI runtime (optional at configure time)
   libbenchmark-dev          # bench/ (optional)

@@ -27,7 +27,8 @@
 // sequence this rank holds, and the same draw in forward and backward. The backward
 // uses dP = (do v^T) * keep / (1 - p) (and D = sum(do * o) as without dropout).
 //
-// On the host: Eigen, one tile product at a time. On a device (the overloads taking a
+// On the host: one tile product at a time through local::gemm_ex (OpenBLAS where found,
+// else Eigen), the softmax steps with Eigen arrays. On a device (the overloads taking a
 // Device): the device table's kernels (kernels/attention.cuh in the CUDA backend), with
 // the same rules. The sums are in T.
 #include <algorithm>
@@ -38,6 +39,7 @@
 #include "dtensor/compute/attention_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/device_backend.hpp"
+#include "dtensor/compute/local.hpp"
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/util/error.hpp"
 
@@ -56,15 +58,26 @@ using MapC = Eigen::Map<const Mat<T>>;
 template <class T>
 using Map = Eigen::Map<Mat<T>>;
 
+// c [m, n] (rows ldc apart) = alpha op(a) op(b) + beta c: the tiles' products, through
+// local::gemm_ex (OpenBLAS where CMake found it, so a plain Release build gets the
+// CPU's vector units; Eigen otherwise).
+template <class T>
+void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+             int64_t ldb, T beta, T* c, int64_t ldc) {
+  local::gemm_ex(Device::host(),
+                 GemmDims{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc},
+                 alpha, a, b, beta, c);
+}
+
 // The scores of q rows [i0, i0 + ni) against keys [j0, j0 + nj): scale q k^T + mask,
 // -inf where causal masking drops a key.
 template <class T>
 void scores(const AttentionDims& d, const T* q, const T* k, const T* mask, int64_t i0, int64_t ni, int64_t j0,
             int64_t nj, Mat<T>& s) {
-  const auto qt = MapC<T>(q + i0 * d.head_dim, ni, d.head_dim);
-  const auto kt = MapC<T>(k + j0 * d.head_dim, nj, d.head_dim);
-  s.noalias() = qt * kt.transpose();
-  s *= static_cast<T>(d.softmax_scale());
+  const int64_t D = d.head_dim;
+  s.resize(ni, nj);
+  product(false, true, ni, nj, D, static_cast<T>(d.softmax_scale()), q + i0 * D, D, k + j0 * D, D, T(0), s.data(),
+          nj);
   if (mask) s += MapC<T>(mask, d.q_len, d.kv_len).block(i0, j0, ni, nj);
   if (d.causal)
     for (int64_t r = 0; r < ni; ++r) {
@@ -140,7 +153,7 @@ void attention_forward(const AttentionDims& d, const T* q, const T* k, const T* 
           A::dropout_factors(d, bh, i0, ni, j0, nj, keep);
           s.array() *= keep.array();
         }
-        acc.noalias() += s * A::MapC<T>(vh + j0 * D, nj, D);
+        A::product(false, false, ni, D, nj, T(1), s.data(), nj, vh + j0 * D, D, T(1), acc.data(), D);
         m = m_new;
       }
       auto ot = A::Map<T>(o + (bh * d.q_len + i0) * D, ni, D);
@@ -177,8 +190,6 @@ void attention_backward(const AttentionDims& d, const T* q, const T* k, const T*
       const auto dot = A::MapC<T>(dout + (bh * d.q_len + i0) * D, ni, D);
       delta = (dot.array() * A::MapC<T>(o + (bh * d.q_len + i0) * D, ni, D).array()).rowwise().sum();
       const T* lse_t = lse + bh * d.q_len + i0;
-      auto dqt = A::Map<T>(dq + (bh * d.q_len + i0) * D, ni, D);
-      const auto qt = A::MapC<T>(qh + i0 * D, ni, D);
       for (int64_t j0 = 0; j0 < d.kv_len; j0 += d.tile) {
         const int64_t nj = std::min(d.tile, d.kv_len - j0);
         if (A::tile_masked(d, i0, ni, j0)) break;
@@ -189,20 +200,23 @@ void attention_backward(const AttentionDims& d, const T* q, const T* k, const T*
           else
             s.row(r) = (s.row(r).array() - lse_t[r]).exp().matrix();
         }
-        const auto kt = A::MapC<T>(kh + j0 * D, nj, D);
-        const auto vt = A::MapC<T>(vh + j0 * D, nj, D);
-        dp.noalias() = dot * vt.transpose();
-        if (d.dropout.p > 0) {  // dv from the kept weights; dP through the same mask
+        const T* dot_p = dout + (bh * d.q_len + i0) * D;
+        T* dv_t = dv + (bkv * d.kv_len + j0) * D;
+        dp.resize(ni, nj);
+        A::product(false, true, ni, nj, D, T(1), dot_p, D, vh + j0 * D, D, T(0), dp.data(), nj);  // dP = do v^T
+        if (d.dropout.p > 0) {  // dP through the mask; dv from the kept weights
           A::dropout_factors(d, bh, i0, ni, j0, nj, keep);
-          A::Map<T>(dv + (bkv * d.kv_len + j0) * D, nj, D).noalias() +=
-              (s.array() * keep.array()).matrix().transpose() * dot;
           dp.array() *= keep.array();
+          keep.array() *= s.array();
+          A::product(true, false, nj, D, ni, T(1), keep.data(), nj, dot_p, D, T(1), dv_t, D);
         } else {
-          A::Map<T>(dv + (bkv * d.kv_len + j0) * D, nj, D).noalias() += s.transpose() * dot;
+          A::product(true, false, nj, D, ni, T(1), s.data(), nj, dot_p, D, T(1), dv_t, D);  // dv += P^T do
         }
         s.array() *= (dp.array().colwise() - delta);  // dS
-        dqt.noalias() += scale * (s * kt);
-        A::Map<T>(dk + (bkv * d.kv_len + j0) * D, nj, D).noalias() += scale * (s.transpose() * qt);
+        A::product(false, false, ni, D, nj, scale, s.data(), nj, kh + j0 * D, D, T(1),
+                   dq + (bh * d.q_len + i0) * D, D);  // dq += scale dS k
+        A::product(true, false, nj, D, ni, scale, s.data(), nj, qh + i0 * D, D, T(1),
+                   dk + (bkv * d.kv_len + j0) * D, D);  // dk += scale dS^T q
       }
     }
   });

@@ -10,6 +10,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "dtensor/compute/blas.hpp"
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/tensor/eigen.hpp"
@@ -293,8 +294,9 @@ void add_along_last(Device d, const T* g, const int64_t* target, int64_t lo, T* 
 
 // C = alpha op(A) op(B) + beta C for the row-major (batched) matrices that `dims`
 // describes (compute/gemm.hpp): transposes are read in place, never copied. With beta
-// == 0, C is only written (it may hold garbage or NaN), as in BLAS. Host: Eigen, any
-// arithmetic type; device: cuBLAS, float and double.
+// == 0, C is only written (it may hold garbage or NaN), as in BLAS. Host: OpenBLAS for
+// float and double where CMake found it (compute/blas.hpp), else Eigen, any arithmetic
+// type; device: cuBLAS, float and double.
 template <class T>
 void gemm_ex(Device d, const GemmDims& dims, T alpha, const T* a, const T* b, T beta, T* c) {
   const GemmDims g = dims.resolved();
@@ -308,6 +310,7 @@ void gemm_ex(Device d, const GemmDims& dims, T alpha, const T* a, const T* b, T 
     }
   }
   if (g.empty()) return;
+  if (g.k > 0 && detail::blas::gemm(g, alpha, a, b, beta, c)) return;  // OpenBLAS where found (compute/blas.hpp)
   using Stride = Eigen::OuterStride<>;
   using In = Eigen::Map<const EigenRowMatrix<T>, 0, Stride>;
   using Out = Eigen::Map<EigenRowMatrix<T>, 0, Stride>;
