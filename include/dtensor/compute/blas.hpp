@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <type_traits>
 
 #include "dtensor/compute/gemm.hpp"
@@ -23,7 +24,7 @@
 
 namespace dtensor::detail::blas {
 
-// Whether local products go through a BLAS library (for `info` and the benchmarks).
+// Whether local products go through a BLAS library (bench_gemm prints it).
 constexpr bool available() {
 #ifdef DTENSOR_HAVE_OPENBLAS
   return true;
@@ -52,6 +53,9 @@ template <class T>
 bool gemm(const GemmDims& g, T alpha, const T* a, const T* b, T beta, T* c) {
 #ifdef DTENSOR_HAVE_OPENBLAS
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    // Debian's OpenBLAS takes 32-bit sizes: larger products go to Eigen rather than wrap.
+    constexpr int64_t most = std::numeric_limits<blasint>::max();
+    if (std::max({g.m, g.n, g.k, g.lda, g.ldb, g.ldc}) > most) return false;
     configure_threads();
     const auto op = [](bool t) { return t ? CblasTrans : CblasNoTrans; };
     const auto i = [](int64_t v) { return static_cast<blasint>(v); };
