@@ -78,11 +78,12 @@ class TokenMeanPool {
       const T scale = T(1) / static_cast<T>(s.total);
       const Device dev = dy.local().device();
       const int64_t tokens = s.local[1], c = s.local[2];
+      auto scaled = Tensor<T, 2>::uninitialized(dy.local().shape(), dev);  // dy / tokens, then repeated
+      local::binary_scalar(BinaryOp::Mul, dy.local(), scale, scaled);
       auto dx = Tensor<T, 3>::uninitialized(s.local, dev);
-      for (int64_t b = 0; b < s.local[0]; ++b)  // row b of dy repeated for each token (a source of stride 0)
-        local::copy_block(dev, dy.local().data(), Block{b * c, tokens, 0, c}, dx.data(),
+      for (int64_t b = 0; b < s.local[0]; ++b)  // row b repeated for each token (a source of stride 0)
+        local::copy_block(dev, scaled.data(), Block{b * c, tokens, 0, c}, dx.data(),
                           Block::contiguous(b * tokens * c, tokens * c), sizeof(T));
-      local::binary_scalar(BinaryOp::Mul, dx, scale, dx);
       using DX = dtensor_t<T, 3, placements_t<grad_input(State{}, G::placement_state)>>;
       return DX(dy.mesh(), s.layout, std::move(dx));
     }
