@@ -27,7 +27,13 @@
 //   -variant  cg: Chronopoulos–Gear CG (one all-reduce per iteration, the default);
 //             classic: Hestenes–Stiefel CG (two)
 //   -overlap  1: overlap the halo exchange with the interior rows (default); 0: not
-//   -rtol     CG stops at ||r|| <= rtol ||b||; default 1e-10
+//   -rtol     the solver stops at ||r|| <= rtol ||b||; default 1e-10
+//   -solver   cg (default); mg: multigrid cycles (solvers/multigrid.hpp); pcg-mg: CG
+//             preconditioned by one multigrid V-cycle
+//   -mg_cycle v|w, -mg_smoother chebyshev|jacobi, -mg_steps k (smoothing steps before
+//             and after the coarse correction), -mg_lower (Chebyshev's interval starts
+//             at that fraction of λmax), -mg_coarse (nodes of the coarsest grid, at most),
+//             -mg_galerkin 1 (coarse operators R A P on every level, not only where needed)
 //
 // The P ranks form a near-cubic A x B x C mesh (4 -> 2x2x1, 8 -> 2x2x2, 6 -> 3x2x1);
 // the grid is sharded Shard<0> x Shard<1> x Shard<2>, unevenly where n is not a
@@ -36,6 +42,7 @@
 //   build/examples/poisson3d                                 default study, 4 threads, a few s on 2 cores
 //   build/examples/poisson3d -ranks 1 -n 127 -levels 1       one big solve on one rank
 //   mpirun -np 3 build/examples/poisson3d_mpi -stencil 27    3 processes on a 3x1x1 mesh
+//   build/examples/poisson3d -solver mg -levels 4            multigrid V-cycles up to 255^3
 #ifdef DTENSOR_WITH_MPI
 #include <dtensor/mpi.hpp>
 #else
@@ -109,14 +116,13 @@ Level solve(const std::string& stencil, int64_t n, const DeviceMesh<3>& mesh, co
     for (int64_t j = 0; j < ls[1]; ++j)
       for (int64_t k = 0; k < ls[2]; ++k) b.local()(i, j, k) = rhs(coord(0, i), coord(1, j), coord(2, k), variable);
 
-  const CgOptions opt{.stop = {.max_iters = 100000, .rtol = args.rtol}, .variant = args.variant, .mode = args.mode};
   SolveResult res;
   if (stencil == "7") {
     const Laplacian7 A{h};
-    res = cg(A, b, x, opt);
+    res = poisson_example::solve_with(A, b, x, args);
   } else if (stencil == "27") {
     const Laplacian27 A{h};
-    res = cg(A, b, x, opt);
+    res = poisson_example::solve_with(A, b, x, args);
   } else {
     // k at every node of the block and at the boundary nodes around it.
     const VarCoeffLaplacian7<double, P0, P1, P2> A(
@@ -124,7 +130,7 @@ Level solve(const std::string& stencil, int64_t n, const DeviceMesh<3>& mesh, co
             mesh, Shape<3>{n, n, n},
             [&](std::array<int64_t, 3> g) { return kcoef((g[0] + 1) * h, (g[1] + 1) * h, (g[2] + 1) * h); }),
         h);
-    res = cg(A, b, x, opt);
+    res = poisson_example::solve_with(A, b, x, args);
   }
   double err = 0;
   for (int64_t i = 0; i < ls[0]; ++i)
@@ -154,13 +160,16 @@ int main(int argc, char** argv) {
     const bool root = comm.rank() == 0;
     for (const auto& s : stencils) {
       if (root)
-        std::printf("\n%s, CG (%s, %s), %s mesh, %s runtime\n",
+        std::printf("\n%s, %s (%s, %s), %s mesh, %s runtime\n",
                     s == "7"    ? "7-point Laplacian"
                     : s == "27" ? "27-point Laplacian"
                                 : "-div(k grad u), 7-point",
-                    to_string(args.variant), to_string(args.mode), mesh.to_string().c_str(), comm.backend().c_str());
+                    poisson_example::solver_name(args),
+                    args.solver == "cg" ? to_string(args.variant) : to_string(args.mg.smoother), to_string(args.mode),
+                    mesh.to_string().c_str(), comm.backend().c_str());
       if (root)
-        std::printf("%8s %11s %11s %7s %6s %7s %10s\n", "n", "h", "max error", "ratio", "order", "iters", "us/iter");
+        std::printf("%8s %11s %11s %7s %6s %7s %10s %9s\n", "n", "h", "max error", "ratio", "order", "iters", "us/iter",
+                    "seconds");
       std::vector<Level> levels;
       int64_t n = args.n;
       for (int l = 0; l < args.levels; ++l, n = 2 * n + 1) {
@@ -175,16 +184,16 @@ int main(int argc, char** argv) {
         if (root && !L.res.converged) failed = 1;
         if (root) {
           if (l == 0)
-            std::printf("%8lld %11.3e %11.3e %7s %6s %7d %10.2f\n", static_cast<long long>(n), 1.0 / (n + 1), L.error,
-                        "-", "-", L.res.iterations, L.res.seconds_per_iteration() * 1e6);
+            std::printf("%8lld %11.3e %11.3e %7s %6s %7d %10.2f %9.3f\n", static_cast<long long>(n), 1.0 / (n + 1),
+                        L.error, "-", "-", L.res.iterations, L.res.seconds_per_iteration() * 1e6, L.res.seconds);
           else
-            std::printf("%8lld %11.3e %11.3e %7.2f %6.2f %7d %10.2f\n", static_cast<long long>(n), 1.0 / (n + 1),
-                        L.error, ratio, order, L.res.iterations, L.res.seconds_per_iteration() * 1e6);
+            std::printf("%8lld %11.3e %11.3e %7.2f %6.2f %7d %10.2f %9.3f\n", static_cast<long long>(n), 1.0 / (n + 1),
+                        L.error, ratio, order, L.res.iterations, L.res.seconds_per_iteration() * 1e6, L.res.seconds);
         }
       }
     }
     if (root)
-      std::printf("\n%s\n", failed ? "FAILED: an observed order is below 1.8 (or CG did not converge)"
+      std::printf("\n%s\n", failed ? "FAILED: an observed order is below 1.8 (or the solver did not converge)"
                                    : "second-order convergence observed");
   };
 #ifdef DTENSOR_WITH_MPI

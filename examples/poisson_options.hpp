@@ -17,7 +17,37 @@ struct Args {
   dtensor::CgVariant variant = dtensor::CgVariant::ChronopoulosGear;
   dtensor::ApplyMode mode = dtensor::ApplyMode::Overlapped;
   double rtol = 1e-10;
+  std::string solver = "cg";  // cg | mg | pcg-mg
+  dtensor::MgOptions mg{};
 };
+
+// Solves A x = b with the solver the options name: CG, multigrid V/W-cycles, or CG
+// preconditioned by one multigrid cycle. The result's `seconds` include the
+// multigrid hierarchy's setup.
+template <class Op, class Vec>
+dtensor::SolveResult solve_with(const Op& A, const Vec& b, Vec& x, const Args& a) {
+  const dtensor::StopCriteria stop{.max_iters = 100000, .rtol = a.rtol};
+  if (a.solver == "cg") return dtensor::cg(A, b, x, dtensor::CgOptions{.stop = stop, .variant = a.variant, .mode = a.mode});
+  dtensor::MgOptions mo = a.mg;
+  mo.stop = {.max_iters = 1000, .rtol = a.rtol};
+  mo.mode = a.mode;
+  dtensor::MgSolver mg(A, b, mo);
+  dtensor::SolveResult res;
+  if (a.solver == "mg") {
+    res = mg.solve(b, x);
+  } else {
+    dtensor::PcgSolver pcg(A, mg, b, dtensor::CgOptions{.stop = stop, .mode = a.mode});
+    res = pcg.solve(b, x);
+  }
+  res.seconds += mg.setup_seconds();
+  return res;
+}
+
+inline const char* solver_name(const Args& a) {
+  if (a.solver == "mg") return a.mg.cycle == dtensor::MgCycle::V ? "multigrid V-cycles" : "multigrid W-cycles";
+  if (a.solver == "pcg-mg") return "CG + multigrid";
+  return "CG";
+}
 
 // Parses argv over `defaults`; an unknown option or a missing value exits with 2.
 inline Args parse(int argc, char** argv, const char* program, Args defaults) {
@@ -47,11 +77,29 @@ inline Args parse(int argc, char** argv, const char* program, Args defaults) {
       a.mode = need() == "0" ? dtensor::ApplyMode::Plain : dtensor::ApplyMode::Overlapped;
     else if (k == "-rtol")
       a.rtol = std::stod(need());
+    else if (k == "-solver")
+      a.solver = need();
+    else if (k == "-mg_cycle")
+      a.mg.cycle = need() == "w" ? dtensor::MgCycle::W : dtensor::MgCycle::V;
+    else if (k == "-mg_smoother")
+      a.mg.smoother = need() == "jacobi" ? dtensor::MgSmoother::Jacobi : dtensor::MgSmoother::Chebyshev;
+    else if (k == "-mg_steps")
+      a.mg.smoothing_steps = std::stoi(need());
+    else if (k == "-mg_lower")
+      a.mg.chebyshev_lower = std::stod(need());
+    else if (k == "-mg_galerkin")
+      a.mg.coarse = need() == "1" ? dtensor::MgCoarse::Galerkin : dtensor::MgCoarse::Rediscretize;
+    else if (k == "-mg_coarse")
+      a.mg.coarse_size = std::stoll(need());
     else {
       std::fprintf(stderr, "%s: unknown option %s (see the comment at the top of examples/%s.cpp)\n", program,
                    k.c_str(), program);
       std::exit(2);
     }
+  }
+  if (a.solver != "cg" && a.solver != "mg" && a.solver != "pcg-mg") {
+    std::fprintf(stderr, "%s: -solver must be cg, mg or pcg-mg, not %s\n", program, a.solver.c_str());
+    std::exit(2);
   }
   return a;
 }
