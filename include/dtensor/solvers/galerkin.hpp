@@ -16,9 +16,11 @@
 // coarse node c is the coefficient of its one neighbour of class k (A_c couples only
 // neighbours: P and R reach one coarse cell, A one fine cell). 3^d fine applications,
 // once, at setup.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -48,44 +50,89 @@ Shape<Rank> neighbour_offset(int k) {
 }  // namespace detail
 
 // (A u)_c = Σ_k a_k(c) u(c + o_k) over the 3^Rank neighbours o_k of c (itself
-// included), with a coefficient tensor a_k per neighbour holding this rank's block;
+// included), with a coefficient per neighbour and cell of this rank's block;
 // homogeneous Dirichlet ghosts. Symmetric where a_k(c) = a_{-k}(c + o_k), as R A P is.
+//
+// Each coefficient's rows (along the last dim) are stored once however often they
+// repeat: R A P of a constant-coefficient operator has a handful of distinct rows (the
+// interior's and the boundaries'), so its coefficients stay in cache and the stencil
+// reads little more memory than a rediscretized one; a variable coefficient keeps them
+// all.
 template <class T, int Rank>
 class StencilField {
  public:
   static constexpr int rank = Rank;
   static constexpr int points = detail::pow3<Rank>();
 
-  explicit StencilField(std::array<Tensor<T, Rank>, points> a) : a_(std::move(a)) {
+  explicit StencilField(const std::array<Tensor<T, Rank>, points>& a) : shape_(a[0].shape()) {
     for (int k = 1; k < points; ++k)
-      DTENSOR_CHECK(a_[k].shape() == a_[0].shape(), InvalidArgument, "StencilField: coefficient ", k, " has shape ",
-                    to_string(a_[k].shape()), ", coefficient 0 ", to_string(a_[0].shape()));
+      DTENSOR_CHECK(a[k].shape() == shape_, InvalidArgument, "StencilField: coefficient ", k, " has shape ",
+                    to_string(a[k].shape()), ", coefficient 0 ", to_string(shape_));
+    const int64_t n = shape_[Rank - 1], rows = n > 0 ? numel(shape_) / n : 0;
+    for (int k = 0; k < points; ++k) {
+      std::unordered_multimap<uint64_t, int64_t> seen;  // row hash -> start in the pool
+      auto& pool = pool_[k];
+      auto& start = start_[k];
+      start.resize(static_cast<std::size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* row = a[k].data() + r * n;
+        const uint64_t h = row_hash(row, n);
+        int64_t at = -1;
+        for (auto [it, end] = seen.equal_range(h); it != end && at < 0; ++it)
+          if (std::equal(row, row + n, pool.data() + it->second)) at = it->second;
+        if (at < 0) {
+          at = static_cast<int64_t>(pool.size());
+          pool.insert(pool.end(), row, row + n);
+          seen.emplace(h, at);
+        }
+        start[static_cast<std::size_t>(r)] = at;
+      }
+    }
+    outer_strides_ = row_major_strides(shape_);
   }
 
   HaloSpec<Rank> halo() const { return detail::dirichlet_halo<Rank>(Stencil::Box); }
-  const Tensor<T, Rank>& coefficient(int k) const { return a_[k]; }
+  // Distinct coefficient rows stored, over all neighbours (a measure of the compression).
+  int64_t stored_rows() const {
+    int64_t s = 0;
+    for (const auto& p : pool_) s += shape_[Rank - 1] > 0 ? static_cast<int64_t>(p.size()) / shape_[Rank - 1] : 0;
+    return s;
+  }
+  // a_k at cell c.
+  T coefficient(int k, const Shape<Rank>& c) const { return row_of(k, c)[c[Rank - 1]]; }
 
   template <class G>
   void check_input(const G& u) const {
-    DTENSOR_CHECK(u.local_shape() == a_[0].shape(), InvalidArgument, "StencilField: the input block ",
-                  to_string(u.local_shape()), " is not the block of its coefficients, ", to_string(a_[0].shape()));
+    DTENSOR_CHECK(u.local_shape() == shape_, InvalidArgument, "StencilField: the input block ",
+                  to_string(u.local_shape()), " is not the block of its coefficients, ", to_string(shape_));
   }
 
   void row(const T* u, const Shape<Rank>& s, T* DTENSOR_RESTRICT o, int64_t n, const Shape<Rank>& cell) const {
-    const int64_t c = detail::offset_of<Rank>(cell, a_[0].strides());
     std::array<const T*, points> a, v;
     for (int k = 0; k < points; ++k) {
-      a[k] = a_[k].data() + c;
+      a[k] = row_of(k, cell) + cell[Rank - 1];
       v[k] = u + detail::offset_of<Rank>(detail::neighbour_offset<Rank>(k), s);
     }
     row_terms(a, v, o, n, std::make_integer_sequence<int, points>{});
   }
   void diagonal_row(T* DTENSOR_RESTRICT o, int64_t n, const Shape<Rank>& cell) const {
-    const T* DTENSOR_RESTRICT d = a_[points / 2].data() + detail::offset_of<Rank>(cell, a_[0].strides());
+    const T* DTENSOR_RESTRICT d = row_of(points / 2, cell) + cell[Rank - 1];
     for (int64_t j = 0; j < n; ++j) o[j] = d[j];
   }
 
  private:
+  // The stored row of coefficient k that holds cell c's row.
+  const T* row_of(int k, const Shape<Rank>& c) const {
+    int64_t r = 0;
+    for (int d = 0; d < Rank - 1; ++d) r += c[d] * outer_strides_[d];
+    return pool_[k].data() + start_[k][static_cast<std::size_t>(r / shape_[Rank - 1])];
+  }
+  static uint64_t row_hash(const T* row, int64_t n) {  // FNV-1a over the bytes
+    uint64_t h = 1469598103934665603ull;
+    const auto* b = reinterpret_cast<const unsigned char*>(row);
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) * sizeof(T); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+  }
   // One pass over the row, all 3^Rank terms of a cell summed in registers (a loop per
   // term would read and write the output row 3^Rank times).
   template <int... K>
@@ -94,7 +141,10 @@ class StencilField {
     for (int64_t j = 0; j < n; ++j) o[j] = ((a[K][j] * v[K][j]) + ...);
   }
 
-  std::array<Tensor<T, Rank>, points> a_;
+  Shape<Rank> shape_{};
+  Shape<Rank> outer_strides_{};               // row-major strides of the block
+  std::array<std::vector<T>, points> pool_;   // the distinct rows of each coefficient
+  std::array<std::vector<int64_t>, points> start_;  // row r of coefficient k: pool_[k] + start_[k][r]
 };
 
 // R A P on the coarse grid `coarse`, for A acting on `fine`'s layout. `v` and `w` are
@@ -144,11 +194,11 @@ StencilField<T, Rank> galerkin_operator(const Op& A, Ghosted<T, Rank, P...>& v, 
       a[nb].data()[i] = y.data()[i];
     });
   }
-  if (!coarse.moved()) return StencilField<T, Rank>(std::move(a));
+  if (!coarse.moved()) return StencilField<T, Rank>(a);
   std::array<Tensor<T, Rank>, points> moved;
   for (int k = 0; k < points; ++k)
     moved[k] = realign(Vector(mesh, coarse.aligned, std::move(a[k])), coarse.layout.blocks).local();
-  return StencilField<T, Rank>(std::move(moved));
+  return StencilField<T, Rank>(moved);
 }
 
 }  // namespace dtensor

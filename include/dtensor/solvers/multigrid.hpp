@@ -169,6 +169,14 @@ class MgSolver {
   const Shape<Rank>& grid(int l) const { return levels_.at(l)->layout.global; }
   const ShardLayout<Rank>& layout(int l) const { return levels_.at(l)->layout; }
   double lambda_max(int l) const { return levels_.at(l)->lambda_max; }
+  // Seconds spent on level l's own work (smoothing, residuals, transfers; the direct
+  // solve on the coarsest) by the solves and preconditioner calls so far, this rank's
+  // clock; reset_timers() zeroes them. Where a cycle's time goes, as PETSc's -log_view
+  // tells per level.
+  double level_seconds(int l) const { return levels_.at(l)->seconds; }
+  void reset_timers() {
+    for (auto& L : levels_) L->seconds = 0;
+  }
   // How many ranks hold part of level l's grid.
   int active_ranks(int l) const {
     const auto& lay = levels_.at(l)->layout;
@@ -195,7 +203,9 @@ class MgSolver {
     f.cur = 0;
     f.x[0].assign(x);
     double bb = local_dot(TensorView<const T, Rank>(f.b), TensorView<const T, Rank>(f.b));
+    auto tr = clock::now();
     double rr = residual(f, true);
+    f.seconds += std::chrono::duration<double>(clock::now() - tr).count();
     auto sums = global_sums<2>(comm, {rr, bb});
     res.all_reduces = 1;
     res.rhs_norm = std::sqrt(sums[1]);
@@ -206,7 +216,10 @@ class MgSolver {
     while (res.iterations < opt_.stop.max_iters && res.residual > threshold) {
       cycle(0, false);
       ++res.iterations;
-      res.residual = std::sqrt(global_sums<1>(comm, {residual(f, true)})[0]);
+      tr = clock::now();
+      const double local_rr = residual(f, true);
+      f.seconds += std::chrono::duration<double>(clock::now() - tr).count();
+      res.residual = std::sqrt(global_sums<1>(comm, {local_rr})[0]);
       ++res.all_reduces;
       res.history.push_back(res.residual);
       if (!std::isfinite(res.residual)) break;
@@ -244,6 +257,7 @@ class MgSolver {
     std::optional<Ghost> r;  // the residual, when a coarser level follows
     Tensor<T, Rank> b, d, dinv;
     double lambda_max = 0;
+    double seconds = 0;  // this level's own work so far (level_seconds)
     std::array<std::vector<T>, 2> coef;  // per smoothing step: c1, c2
     // The next level's grid when it moved onto fewer ranks: its aligned layout here.
     std::optional<ShardLayout<Rank>> coarse_aligned;
@@ -566,10 +580,16 @@ class MgSolver {
     return rr;
   }
 
+  static double since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
   void cycle(std::size_t l, bool zero_guess) {
     Level& L = *levels_[l];
+    auto t = std::chrono::steady_clock::now();
     if (l + 1 == levels_.size()) {
       coarse_solve(L);
+      L.seconds += since(t);
       return;
     }
     Level& C = *levels_[l + 1];
@@ -587,7 +607,9 @@ class MgSolver {
     }
     const int visits = opt_.cycle == MgCycle::W && l + 2 < levels_.size() ? 2 : 1;
     C.cur = 0;
+    L.seconds += since(t);
     for (int v = 0; v < visits; ++v) cycle(l + 1, v == 0);
+    t = std::chrono::steady_clock::now();
     if (L.coarse_aligned) {
       const Vector back = realign(C.x[C.cur].to_dtensor(), L.coarse_aligned->blocks);
       prolong_add(solver_view(back, "MgSolver"), L.x[L.cur]);
@@ -596,6 +618,7 @@ class MgSolver {
     }
     // Post-smoothing: the same steps, never from zero (the symmetric cycle).
     smooth(L, false);
+    L.seconds += since(t);
   }
 
   MgOptions opt_;
