@@ -42,7 +42,7 @@
 //   build/examples/poisson3d                                 default study, 4 threads, a few s on 2 cores
 //   build/examples/poisson3d -ranks 1 -n 127 -levels 1       one big solve on one rank
 //   mpirun -np 3 build/examples/poisson3d_mpi -stencil 27    3 processes on a 3x1x1 mesh
-//   build/examples/poisson3d -solver mg -levels 4            multigrid V-cycles up to 255^3
+//   build/examples/poisson3d -solver mg -levels 4            multigrid V-cycles up to 127^3
 #ifdef DTENSOR_WITH_MPI
 #include <dtensor/mpi.hpp>
 #else

@@ -382,6 +382,53 @@ TEST_CASE("multigrid: W-cycles, Jacobi smoothing, float") {
 }
 
 // ---------------------------------------------------------------------------
+// A two-grid cycle (levels = 2: the coarse problem solved exactly) on known modes of
+// the 5-point Laplacian, from the error e0 = the mode (b = 0, so x is the error):
+// the smoothest mode is the coarse grid's to remove, the roughest the smoother's.
+
+double two_grid_reduction(int64_t n, int kx, int ky) {
+  double factor = 0;
+  run_threads(2, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    const double h = 1.0 / double(n + 1);
+    const Index<2> shape{n, n};
+    Tensor<double, 2> mode(shape);
+    each_index<2>(shape, [&](const Index<2>& i) {
+      mode.data()[lin<2>(shape, i)] =
+          std::sin(kx * std::numbers::pi * (i[0] + 1) * h) * std::sin(ky * std::numbers::pi * (i[1] + 1) * h);
+    });
+    const auto b = zeros<double, Shard<0>>(shape, mesh);
+    auto x = distribute<Shard<0>>(mode, mesh, 0);
+    MgOptions o;
+    o.levels = 2;
+    o.max_direct = 1 << 16;
+    o.stop = {.max_iters = 1, .rtol = 0, .atol = 0};
+    const Laplacian5 A{h};
+    MgSolver mg(A, b, o);
+    mg.solve(b, x);
+    const auto e = x.full_tensor();
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < e.numel(); ++i) num += e.data()[i] * e.data()[i], den += mode.data()[i] * mode.data()[i];
+    if (comm.rank() == 0) factor = std::sqrt(num / den);
+  });
+  return factor;
+}
+
+TEST_CASE("multigrid: a two-grid cycle removes the smoothest and the roughest modes, on any grid size") {
+  if (skip_under_mpi("threads inside")) return;
+  for (int64_t n : {31, 63, 127, 64}) {
+    INFO(n, "^2");
+    const double smooth = two_grid_reduction(n, 1, 1), rough = two_grid_reduction(n, int(n), int(n));
+    const double mixed = two_grid_reduction(n, 3, int(n) - 2);
+    INFO("smooth ", smooth, ", rough ", rough, ", mixed ", mixed);
+    CHECK(smooth < 0.02);
+    CHECK(rough < 0.04);
+    CHECK(mixed < 0.2);
+    CHECK(smooth >= 0);  // a NaN fails here
+  }
+}
+
+// ---------------------------------------------------------------------------
 // On n ranks as on one: the same iterates after a fixed number of cycles (to rounding:
 // the power iteration's sums and the coarse solve's order differ), the same counts.
 
@@ -430,6 +477,12 @@ TEST_CASE("multigrid: on n ranks the iterates of one rank, uneven, one-node and 
   });
   spmd(4, [&](Comm& comm) {
     check_against_one_rank<2, Shard<0>, Shard<1>>(DeviceMesh<2>(comm, {2, 2}), {63, 45}, {}, all, opt);
+    // Coarse grids smaller than the mesh: 15 -> 7 -> 3 -> 1 rows on 4 ranks, blocks of
+    // one node and empty ones, every level spread (min_block 1) until the last.
+    MgOptions tiny = opt;
+    tiny.coarse_size = 1;
+    tiny.min_block = 1;
+    check_against_one_rank<2, Shard<0>>(DeviceMesh<1>(comm), {15, 13}, {}, all, tiny);
   });
   spmd(6, [&](Comm& comm) {
     check_against_one_rank<2, Shard<0>, Shard<1>>(DeviceMesh<2>(comm, {2, 3}), {64, 63}, {}, {Problem::Var5}, opt);
