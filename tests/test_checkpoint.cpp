@@ -14,10 +14,12 @@
 // sub-communicator of the first ranks.
 #include <dtensor/io.hpp>
 #include <dtensor/nn.hpp>
+#include <dtensor/nn/fully_shard.hpp>
 
 #include <doctest/doctest.h>
 
 #include "checkpoint_training.hpp"
+#include "compare.hpp"
 #include "fault_support.hpp"
 #include "spmd.hpp"
 #include "support.hpp"
@@ -772,6 +774,113 @@ TEST_CASE("training state: resumed runs continue with bit-identical losses (same
   spmd(4, [&](Comm& comm) {
     resume_test(comm, nn::SGD({.lr = 0.05, .momentum = 0.9}), "SGD momentum");
     resume_test(comm, nn::AdamW({.lr = 0.01}), "AdamW");
+  });
+}
+
+// --- fully sharded models ---------------------------------------------------------
+
+template <class Cfg>
+using ShardedMLP = nn::Sequential<nn::FullyShard<nn::Linear<Cfg, checkpoint::kIn, checkpoint::kHidden, nn::Colwise>>,
+                                  nn::GELU<Cfg>,
+                                  nn::FullyShard<nn::Linear<Cfg, checkpoint::kHidden, checkpoint::kOut, nn::Rowwise>>>;
+
+template <class Cfg, int M>
+ShardedMLP<Cfg> make_sharded_mlp(const DeviceMesh<M>& mesh, uint64_t seed) {
+  using namespace checkpoint;
+  return ShardedMLP<Cfg>(nn::FullyShard(nn::Linear<Cfg, kIn, kHidden, nn::Colwise>(mesh, {seed})), nn::GELU<Cfg>(),
+                         nn::FullyShard(nn::Linear<Cfg, kHidden, kOut, nn::Rowwise>(mesh, {seed + 1})));
+}
+
+// One training step of any of the MLPs (checkpoint::train_step takes the replicated one).
+template <class Cfg, class Model, int M, class Opt>
+void step_any(Model& model, Opt& opt, const DeviceMesh<M>& mesh, int64_t step) {
+  using namespace checkpoint;
+  auto x = dtensor::detail::generate<typename Model::InputT>(
+      {kBatch, kIn}, mesh, {}, [&](uint64_t i) { return dtensor::detail::normal_value<double>(100 + step, i); });
+  auto t = dtensor::detail::generate<typename Model::OutputT>({kBatch, kOut}, mesh, {}, [&](uint64_t i) {
+    return std::sin(dtensor::detail::normal_value<double>(500 + step, i));
+  });
+  nn::MSELoss<Cfg> loss;
+  model.zero_grad();
+  auto y = model.forward(x);
+  loss.forward(y, t);
+  model.backward(loss.backward(y));
+  opt.step(model);
+}
+
+template <class Model>
+std::vector<std::vector<double>> gathered_parameters(Model& model) {
+  std::vector<std::vector<double>> out;
+  model.for_each_parameter([&](auto& p) {
+    const auto f = p.value().full_tensor();
+    out.emplace_back(f.data(), f.data() + f.numel());
+  });
+  return out;
+}
+
+TEST_CASE("fully sharded models: a checkpoint loads into replicated data parallelism and one rank, and back") {
+  using checkpoint::Cfg2;
+  spmd(4, [](Comm& comm) {
+    const DeviceMesh<2> mesh(comm, {2, 2});
+    ScratchDir scratch(comm);
+    // Two AdamW steps fully sharded, saved with the optimizer's (sharded) state.
+    auto sharded = make_sharded_mlp<Cfg2>(mesh, 3);
+    nn::AdamW opt_s({.lr = 0.01});
+    for (int64_t s = 0; s < 2; ++s) step_any<Cfg2>(sharded, opt_s, mesh, s);
+    {
+      io::StateDict sd;
+      io::add_model(sd, sharded);
+      io::add_optimizer(sd, opt_s, sharded);
+      io::save(sd, scratch / "fsdp", mesh.comm());
+    }
+    const auto at_step2 = gathered_parameters(sharded);
+    // Into a replicated model (other seeds: every value must come from the file).
+    auto replicated = checkpoint::make_mlp<Cfg2>(mesh, 40);
+    nn::AdamW opt_r({.lr = 0.01});
+    {
+      io::StateDict sd;
+      io::add_model(sd, replicated);
+      io::add_optimizer(sd, opt_r, replicated);
+      io::load(sd, scratch / "fsdp", mesh.comm());
+    }
+    CHECK(gathered_parameters(replicated) == gathered_parameters(sharded));  // bit for bit
+    // Both go on training alike: the optimizer state came along.
+    for (int64_t s = 2; s < 4; ++s) {
+      step_any<Cfg2>(sharded, opt_s, mesh, s);
+      checkpoint::train_step(replicated, opt_r, mesh, s);
+    }
+    const auto ps = gathered_parameters(sharded), pr = gathered_parameters(replicated);
+    REQUIRE(ps.size() == pr.size());
+    for (std::size_t k = 0; k < ps.size(); ++k) CHECK(max_abs_diff(ps[k], pr[k]) <= 1e-12);
+    // And back: the replicated run's checkpoint into a fresh fully sharded model.
+    {
+      io::StateDict sd;
+      io::add_model(sd, replicated);
+      io::add_optimizer(sd, opt_r, replicated);
+      io::save(sd, scratch / "ddp", mesh.comm());
+    }
+    auto back = make_sharded_mlp<Cfg2>(mesh, 77);
+    nn::AdamW opt_b({.lr = 0.01});
+    {
+      io::StateDict sd;
+      io::add_model(sd, back);
+      io::add_optimizer(sd, opt_b, back);
+      io::load(sd, scratch / "ddp", mesh.comm());
+    }
+    CHECK(gathered_parameters(back) == gathered_parameters(replicated));
+    // And onto one rank (a 1x1 mesh of its own on rank 0).
+    comm.barrier();
+    if (comm.rank() == 0) {
+      run_threads(1, [&](Comm& one) {
+        const DeviceMesh<2> m1(one, {1, 1});
+        auto single = checkpoint::make_mlp<Cfg2>(m1, 99);
+        io::StateDict sd;
+        io::add_model(sd, single);
+        io::load(sd, scratch / "fsdp", one);
+        CHECK(gathered_parameters(single) == at_step2);
+      });
+    }
+    comm.barrier();
   });
 }
 

@@ -8,6 +8,7 @@
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/dropout.hpp"
 #include "dtensor/nn/embedding.hpp"
+#include "dtensor/nn/fully_shard.hpp"
 #include "dtensor/nn/gated_mlp.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/linear.hpp"

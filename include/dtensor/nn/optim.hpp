@@ -55,6 +55,12 @@ class StateBuffers {
   }
   // Forgets every buffer (a checkpoint without state: the next step starts afresh).
   void clear() { buffers_.clear(); }
+  // The bytes this rank's buffers hold (what the state costs in memory).
+  int64_t bytes() const {
+    int64_t b = 0;
+    for (const auto& t : buffers_) b += t.numel();
+    return b;
+  }
 
  private:
   std::vector<Tensor<unsigned char, 1>> buffers_;

@@ -38,6 +38,17 @@ class Parameter {
   DT gradient() const { return DT(value_.mesh(), value_.layout(), grad_); }
 
   void zero_grad() { local::fill(grad_, value_type{0}); }
+  // Frees the value's block and the gradient (nn::FullyShard holds its layer's
+  // parameters sharded between uses); materialize() puts a value back, with a zero
+  // gradient of its block.
+  void release() {
+    value_.local() = Tensor<value_type, rank>();
+    grad_ = Tensor<value_type, rank>();
+  }
+  void materialize(DT value) {
+    value_ = std::move(value);
+    grad_ = Tensor<value_type, rank>(value_.local().shape(), value_.local().device());
+  }
   // grad += g, for a block computed by a layer's backward.
   void accumulate(const Tensor<value_type, rank>& g) {
     DTENSOR_CHECK(g.shape() == grad_.shape(), InvalidArgument, "Parameter ", name_, ": a gradient block of shape ",

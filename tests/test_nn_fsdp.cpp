@@ -1,0 +1,223 @@
+// Fully sharded data parallelism (nn/fully_shard.hpp): the placement rule worked by
+// hand; the plan's gathers and reduce-scatters; training with every Linear wrapped in
+// FullyShard equal, parameter for parameter after several steps of SGD with momentum
+// and of AdamW, to the same model replicated over DP and to one rank, on 1-D meshes of
+// 1-4 ranks (weights and biases that do not divide, an empty shard, a bias smaller than
+// the mesh) and on 2x2 and 2x3 DP x TP meshes (colwise/rowwise: the TP shards sharded
+// again over DP), with the collectives counted against the plan; the shards' bytes.
+// Runs in-process and, through test_nn_fsdp_mpi, under mpirun on 1-4 processes.
+#include <algorithm>
+#include <cmath>
+#include <dtensor/nn.hpp>
+#include <dtensor/nn/fully_shard.hpp>
+#include <string>
+#include <vector>
+
+#include "accumulation.hpp"
+#include "nn_support.hpp"
+
+namespace dtensor::test {
+namespace {
+
+using nn::FullyShard;
+
+// --- the rule -------------------------------------------------------------------
+
+constexpr PlacementState<2> st(PlacementDesc a, PlacementDesc b) { return {a, b}; }
+constexpr PlacementDesc R{};
+constexpr PlacementDesc S0 = nn::shard(0), S1 = nn::shard(1);
+
+static_assert(nn::fully_sharded(st(R, S1), 0, 2) == st(S0, S1), "colwise weight: DP takes the rows");
+static_assert(nn::fully_sharded(st(R, S0), 0, 2) == st(S1, S0), "rowwise weight: DP takes the columns");
+static_assert(nn::fully_sharded(st(R, S0), 0, 1) == st(R, S0), "colwise bias: no free dim, stays replicated");
+static_assert(nn::fully_sharded(st(R, R), 0, 1) == st(S0, R), "rowwise bias");
+static_assert(nn::fully_sharded(st(R, R), -1, 2) == st(R, R), "no DP dim: nothing to shard over");
+
+// --- the models -------------------------------------------------------------------
+
+constexpr int64_t kIn = 5, kHidden = 7, kOut = 3, kBatch = 6;
+
+using Cfg1 = nn::Config<double, 2, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
+using Cfg2 = nn::Config<double, 2, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
+
+template <class Cfg>
+using First = nn::Linear<Cfg, kIn, kHidden, std::conditional_t<Cfg::tp >= 0, nn::Colwise, nn::NoParallel>>;
+template <class Cfg>
+using Second = nn::Linear<Cfg, kHidden, kOut, std::conditional_t<Cfg::tp >= 0, nn::Rowwise, nn::NoParallel>>;
+template <class Cfg>
+using Replicated = nn::Sequential<First<Cfg>, nn::GELU<Cfg>, Second<Cfg>>;
+template <class Cfg, bool Reshard = true>
+using Sharded = nn::Sequential<FullyShard<First<Cfg>, Reshard>, nn::GELU<Cfg>, FullyShard<Second<Cfg>, Reshard>>;
+
+template <class Cfg>
+Replicated<Cfg> make_replicated(const DeviceMesh<Cfg::M>& mesh) {
+  return Replicated<Cfg>(First<Cfg>(mesh, {1}), nn::GELU<Cfg>(), Second<Cfg>(mesh, {2}));
+}
+template <class Cfg, bool Reshard = true>
+Sharded<Cfg, Reshard> make_sharded(const DeviceMesh<Cfg::M>& mesh) {
+  return Sharded<Cfg, Reshard>(FullyShard<First<Cfg>, Reshard>(First<Cfg>(mesh, {1})), nn::GELU<Cfg>(),
+                               FullyShard<Second<Cfg>, Reshard>(Second<Cfg>(mesh, {2})));
+}
+
+// The plan of one step on a 1-D DP mesh: each of the 4 parameters gathered in the
+// forward and again in the backward, its gradient reduce-scattered; nothing all-reduced.
+constexpr auto kPlan1 = Sharded<Cfg1>::training_plan<nn::MSELoss<Cfg1>>(kIn);
+static_assert(kPlan1.count(nn::Phase::Forward, StepKind::AllGather, 0) == 4);
+static_assert(kPlan1.count(nn::Phase::Backward, StepKind::AllGather, 0) == 4);
+static_assert(kPlan1.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 4);
+static_assert(kPlan1.count(nn::Phase::GradReduce) == 0);
+// Kept from the forward to the backward: no second gather.
+static_assert(Sharded<Cfg1, false>::training_plan<nn::MSELoss<Cfg1>>(kIn).count(nn::Phase::Backward,
+                                                                            StepKind::AllGather, 0) == 0);
+// DP x TP: the colwise bias (already Shard<0> over TP) stays replicated over DP and is
+// all-reduced there; the other three are sharded.
+constexpr auto kPlan2 = Sharded<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn);
+static_assert(kPlan2.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 3);
+static_assert(kPlan2.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 1);
+static_assert(Replicated<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn).count(nn::Phase::GradReduce,
+                                                                          StepKind::AllReduce, 0) == 4);
+
+// --- training -----------------------------------------------------------------------
+
+double input_value(int step, uint64_t i) { return dtensor::detail::normal_value<double>(500 + step, i); }
+double target_value(int step, uint64_t i) { return std::sin(0.3 * double(i % 11) + step); }
+
+struct Trained {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> params;  // gathered, in the declared order
+  int off_plan = 0;                         // steps whose collectives differ from the plan
+  int64_t local_parameter_elements = 0;     // this rank's blocks, all parameters
+  std::vector<double> norms;                // the gradient norms clip_grad_norm saw
+};
+
+// `steps` steps of MSE training (gradients clipped to norm 0.5 where `clip`).
+template <class Cfg, class Model, class Opt, class Mesh>
+Trained train(Model& model, Opt& opt, const Mesh& mesh, int steps, bool clip) {
+  nn::MSELoss<Cfg> loss;
+  static constexpr auto plan = Model::template training_plan<nn::MSELoss<Cfg>>(kIn);
+  Trained t;
+  for (int step = 0; step < steps; ++step) {
+    auto x = dtensor::detail::generate<typename Model::InputT>({kBatch, kIn}, mesh, {},
+                                                                [&](uint64_t i) { return input_value(step, i); });
+    auto y_t = dtensor::detail::generate<typename Model::OutputT>({kBatch, kOut}, mesh, {},
+                                                                   [&](uint64_t i) { return target_value(step, i); });
+    CommCounter counted;
+    model.zero_grad();
+    auto y = model.forward(x);
+    t.losses.push_back(loss.forward(y, y_t));
+    model.backward(loss.backward(y));
+    if (clip) t.norms.push_back(nn::clip_grad_norm(model, 0.5));
+    opt.step(model);
+    // clip_grad_norm's one all-reduce comes on top of the model's plan.
+    if (counted.count() !=
+        plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()) + (clip ? 1 : 0))
+      ++t.off_plan;
+  }
+  model.for_each_parameter([&](auto& p) {
+    const auto full = p.value().full_tensor();
+    t.params.emplace_back(full.data(), full.data() + full.numel());
+    t.local_parameter_elements += p.value().local().numel();
+  });
+  return t;
+}
+
+template <class Cfg, class MakeOpt>
+Trained one_rank(MakeOpt make_opt, int steps, bool clip) {
+  Trained t;
+  on_one_rank<Cfg::M>([&](const DeviceMesh<Cfg::M>& mesh) {
+    auto model = make_replicated<Cfg>(mesh);
+    auto opt = make_opt();
+    t = train<Cfg>(model, opt, mesh, steps, clip);
+  });
+  return t;
+}
+
+void check_same_training(const Trained& a, const Trained& b, double tol) {
+  REQUIRE(a.params.size() == b.params.size());
+  for (std::size_t k = 0; k < a.params.size(); ++k) {
+    INFO("parameter ", k);
+    CHECK(max_abs_diff(a.params[k], b.params[k]) <= tol);
+  }
+  REQUIRE(a.losses.size() == b.losses.size());
+  for (std::size_t s = 0; s < a.losses.size(); ++s) CHECK(std::abs(a.losses[s] - b.losses[s]) <= tol);
+  REQUIRE(a.norms.size() == b.norms.size());
+  for (std::size_t s = 0; s < a.norms.size(); ++s) CHECK(std::abs(a.norms[s] - b.norms[s]) <= tol);
+}
+
+template <class Cfg, class MakeOpt>
+void check_fsdp_training(const std::array<int, Cfg::M>& shape, MakeOpt make_opt, const char* what,
+                         bool clip = false) {
+  constexpr int steps = 4;
+  const Trained ref = one_rank<Cfg>(make_opt, steps, clip);
+  int n = 1;
+  for (int s : shape) n *= s;
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<Cfg::M> mesh(comm, shape);
+    INFO(std::string(what), std::string(clip ? ", clipped" : ""), " on ", mesh.to_string(), ", rank ", comm.rank());
+    auto replicated = make_replicated<Cfg>(mesh);
+    auto opt_r = make_opt();
+    const Trained r = train<Cfg>(replicated, opt_r, mesh, steps, clip);
+    CHECK(r.off_plan == 0);
+    check_same_training(r, ref, 1e-12);
+    auto run_sharded = [&]<bool Reshard>() {
+      auto sharded = make_sharded<Cfg, Reshard>(mesh);
+      auto opt_s = make_opt();
+      const Trained s = train<Cfg>(sharded, opt_s, mesh, steps, clip);
+      INFO("reshard_after_forward ", Reshard);
+      CHECK(s.off_plan == 0);
+      check_same_training(s, r, 1e-12);
+      check_same_training(s, ref, 1e-12);
+      // Each rank holds its shards only: its chunk-rule block of every parameter's
+      // first dim (1-D mesh), against the whole model replicated.
+      if constexpr (Cfg::M == 1) {
+        auto block = [&](int64_t rows) {
+          const int64_t c = (rows + n - 1) / n;
+          return std::min(c, std::max<int64_t>(0, rows - comm.rank() * c));
+        };
+        CHECK(s.local_parameter_elements ==
+              block(kIn) * kHidden + block(kHidden) + block(kHidden) * kOut + block(kOut));
+        CHECK(r.local_parameter_elements == kIn * kHidden + kHidden + kHidden * kOut + kOut);
+      }
+    };
+    run_sharded.template operator()<true>();
+    run_sharded.template operator()<false>();
+  });
+}
+
+TEST_CASE("fsdp: training equals replicated data parallelism and one rank, SGD with momentum (1-D meshes)") {
+  auto sgd = [] { return nn::SGD({.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01}); };
+  for (int n : {1, 2, 3, 4}) check_fsdp_training<Cfg1>({n}, sgd, "SGD");
+}
+
+TEST_CASE("fsdp: training equals replicated data parallelism and one rank, AdamW (1-D meshes)") {
+  auto adamw = [] { return nn::AdamW({.lr = 0.01}); };
+  for (int n : {2, 3, 4}) check_fsdp_training<Cfg1>({n}, adamw, "AdamW");
+}
+
+TEST_CASE("fsdp: clip_grad_norm is exact across the shards") {
+  auto sgd = [] { return nn::SGD({.lr = 0.5}); };
+  for (int n : {1, 3, 4}) check_fsdp_training<Cfg1>({n}, sgd, "SGD", true);
+  check_fsdp_training<Cfg2>({2, 2}, sgd, "SGD", true);
+}
+
+TEST_CASE("fsdp: gradients accumulated over uneven micro-batches equal one pass on one rank") {
+  for (const Accumulate mode : {Accumulate::Reducing, Accumulate::NoSync}) {
+    for (int n : {2, 3, 4})
+      check_accumulation<Sharded<Cfg1>, 1>({n}, [](const auto& mesh) { return make_sharded<Cfg1>(mesh); },
+                                           {kBatch, kIn}, {kBatch, kOut}, mode);
+    check_accumulation<Sharded<Cfg2>, 2>({2, 2}, [](const auto& mesh) { return make_sharded<Cfg2>(mesh); },
+                                         {kBatch, kIn}, {kBatch, kOut}, mode);
+  }
+}
+
+TEST_CASE("fsdp: DP x TP, the tensor-parallel shards sharded again over DP (2x2, 2x3)") {
+  auto sgd = [] { return nn::SGD({.lr = 0.1, .momentum = 0.9}); };
+  auto adamw = [] { return nn::AdamW({.lr = 0.01}); };
+  check_fsdp_training<Cfg2>({2, 2}, sgd, "SGD");
+  check_fsdp_training<Cfg2>({2, 2}, adamw, "AdamW");
+  check_fsdp_training<Cfg2>({2, 3}, sgd, "SGD");
+  check_fsdp_training<Cfg2>({3, 2}, adamw, "AdamW");
+}
+
+}  // namespace
+}  // namespace dtensor::test
