@@ -2,8 +2,10 @@
 // Where a tensor's memory lives. The tensor type does not change with the device:
 // the same code runs on host and device data, and mixing them is a run-time error.
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -98,14 +100,40 @@ class HostBlockCache {
   std::size_t cached_ = 0;
 };
 
+// The host bytes held by live blocks (large ones by their size class), and the most
+// held since the last reset: what this process's host tensors occupy, blocks cached
+// for reuse not counted (host_memory_in_use() and host_memory_peak() below).
+struct HostMemoryCounter {
+  std::atomic<int64_t> live{0}, peak{0};
+  static HostMemoryCounter& instance() {
+    static HostMemoryCounter c;
+    return c;
+  }
+  void add(int64_t b) {
+    const int64_t now = live.fetch_add(b, std::memory_order_relaxed) + b;
+    int64_t p = peak.load(std::memory_order_relaxed);
+    while (now > p && !peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
+    }
+  }
+  void remove(int64_t b) { live.fetch_sub(b, std::memory_order_relaxed); }
+};
+
 inline void* host_allocate(std::size_t bytes, int) {
   if (bytes == 0) return nullptr;
-  if (bytes >= HostBlockCache::kMinCached) return HostBlockCache::instance().allocate(bytes);
+  if (bytes >= HostBlockCache::kMinCached) {
+    HostMemoryCounter::instance().add(static_cast<int64_t>(HostBlockCache::size_class(bytes)));
+    return HostBlockCache::instance().allocate(bytes);
+  }
+  HostMemoryCounter::instance().add(static_cast<int64_t>(bytes));
   return ::operator new(bytes, std::align_val_t{kHostAlignment});
 }
 inline void host_deallocate(void* p, std::size_t bytes, int) noexcept {
   if (!p) return;
-  if (bytes >= HostBlockCache::kMinCached) return HostBlockCache::instance().deallocate(p, bytes);
+  if (bytes >= HostBlockCache::kMinCached) {
+    HostMemoryCounter::instance().remove(static_cast<int64_t>(HostBlockCache::size_class(bytes)));
+    return HostBlockCache::instance().deallocate(p, bytes);
+  }
+  HostMemoryCounter::instance().remove(static_cast<int64_t>(bytes));
   ::operator delete(p, std::align_val_t{kHostAlignment});
 }
 
@@ -139,4 +167,16 @@ inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src
 }
 
 }  // namespace detail
+
+// Bytes of host memory this process's tensors hold now (blocks of 64 KiB and more
+// counted by their power-of-two size class, as the allocator holds them; blocks cached
+// for reuse not counted), and the most they held since reset_host_memory_peak(): what a
+// rank's tensors cost, measured (bench_fsdp). In-process ranks share one count.
+inline int64_t host_memory_in_use() { return detail::HostMemoryCounter::instance().live.load(); }
+inline int64_t host_memory_peak() { return detail::HostMemoryCounter::instance().peak.load(); }
+inline void reset_host_memory_peak() {
+  auto& c = detail::HostMemoryCounter::instance();
+  c.peak.store(c.live.load());
+}
+
 }  // namespace dtensor

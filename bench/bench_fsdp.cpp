@@ -1,0 +1,122 @@
+// Fully sharded data parallelism (nn::FullyShard) against replicated data parallelism
+// on the same model, data and ranks: the host memory a rank's tensors hold between
+// steps (parameters, gradients, optimizer state) and at the peak of a step, as dtensor's
+// allocator counts it (host_memory_in_use(): per process, so one rank per process), and
+// the time of a training step.
+//
+//   mpirun -np 2 build-bench/bench/bench_fsdp_mpi [steps]     (default 20)
+//
+// Model: 4 Linear(1024 -> 1024) + GELU pairs, float32, batch 64 sharded over DP, AdamW
+// (two state tensors per parameter: parameters, gradients and state are 4x the
+// parameter bytes). Each rank builds the replicated model,
+// trains a warm-up step, and reads the heap; then the same for the fully sharded model
+// (reshard after forward: the parameters gathered for each forward and backward);
+// then it times `steps` steps of each (median).
+#include <dtensor/mpi.hpp>
+#include <dtensor/nn.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+using namespace dtensor;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int64_t kWidth = 1024, kBatch = 64;
+using Cfg = nn::Config<float, 2, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
+using L = nn::Linear<Cfg, kWidth, kWidth>;
+using G = nn::GELU<Cfg>;
+using F = nn::FullyShard<L>;
+using Replicated = nn::Sequential<L, G, L, G, L, G, L, G>;
+using Sharded = nn::Sequential<F, G, F, G, F, G, F, G>;
+using Loss = nn::MSELoss<Cfg>;
+
+template <class Model>
+Model make(const DeviceMesh<1>& mesh) {
+  if constexpr (std::is_same_v<Model, Replicated>)
+    return Model(L(mesh, {1}), G(), L(mesh, {2}), G(), L(mesh, {3}), G(), L(mesh, {4}), G());
+  else
+    return Model(F(L(mesh, {1})), G(), F(L(mesh, {2})), G(), F(L(mesh, {3})), G(), F(L(mesh, {4})), G());
+}
+
+struct Result {
+  int64_t held = 0;    // host bytes the model's tensors and the optimizer hold between steps
+  int64_t peak = 0;    // the most held during a step (gathered parameters, activations)
+  double step_s = 0;   // median step time
+};
+
+template <class Model>
+Result run(const DeviceMesh<1>& mesh, int steps) {
+  Result r;
+  Comm& comm = mesh.comm();
+  auto x = dtensor::detail::generate<typename Model::InputT>(
+      {kBatch, kWidth}, mesh, {}, [](uint64_t i) { return dtensor::detail::normal_value<float>(1, i); });
+  auto t = dtensor::detail::generate<typename Model::OutputT>(
+      {kBatch, kWidth}, mesh, {}, [](uint64_t i) { return dtensor::detail::normal_value<float>(2, i); });
+  const int64_t before = host_memory_in_use();
+  {
+    Model model = make<Model>(mesh);
+    nn::AdamW opt({.lr = 1e-4});
+    Loss loss;
+    auto step = [&] {
+      model.zero_grad();
+      auto y = model.forward(x);
+      loss.forward(y, t);
+      model.backward(loss.backward(y));
+      opt.step(model);
+    };
+    step();
+    r.held = host_memory_in_use() - before;
+    reset_host_memory_peak();
+    step();
+    r.peak = host_memory_peak() - before;
+    std::vector<double> times;
+    for (int s = 0; s < steps; ++s) {
+      comm.barrier();
+      const auto t0 = Clock::now();
+      step();
+      comm.barrier();
+      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    r.step_s = times[times.size() / 2];
+  }
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 20;
+  auto program = [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    const Result rep = run<Replicated>(mesh, steps);
+    const Result sh = run<Sharded>(mesh, steps);
+    std::vector<double> most{double(rep.held), double(sh.held), double(rep.peak), double(sh.peak)};
+    all_reduce<double>(comm, std::span<double>(most), ReduceOp::Max);
+    if (comm.rank() == 0) {
+      const double params = 4.0 * (kWidth * kWidth + kWidth) * 4;  // 4 layers, float32
+      const double layer = (kWidth * kWidth + kWidth) * 4.0;
+      const double mib = 1 << 20;
+      std::printf("bench_fsdp: %d rank(s), 4 x Linear(%lld -> %lld) + GELU, float32, batch %lld, AdamW, %d steps\n",
+                  comm.size(), static_cast<long long>(kWidth), static_cast<long long>(kWidth),
+                  static_cast<long long>(kBatch), steps);
+      std::printf("parameters %.2f MiB, the largest layer's %.2f MiB; ideal held: 4 x parameters / ranks\n",
+                  params / mib, layer / mib);
+      std::printf("| model | held between steps MiB (max over ranks) | / replicated | ideal MiB | peak in a step MiB "
+                  "| step ms (median) | / replicated |\n|---|---|---|---|---|---|---|\n");
+      std::printf("| replicated DP | %.2f | 1.000 | %.2f | %.2f | %.2f | 1.000 |\n", most[0] / mib, 4 * params / mib,
+                  most[2] / mib, rep.step_s * 1e3);
+      std::printf("| FullyShard | %.2f | %.3f | %.2f | %.2f | %.2f | %.3f |\n", most[1] / mib, most[1] / most[0],
+                  4 * params / comm.size() / mib, most[3] / mib, sh.step_s * 1e3, sh.step_s / rep.step_s);
+    }
+  };
+  run(argc, argv, 2, program);
+  return 0;
+}
