@@ -58,11 +58,11 @@ static_assert(kPlan.count(nn::Phase::GradReduce, StepKind::AllReduce, /*dp*/ 0) 
 static_assert(kPlan.count(nn::Phase::Forward) == 2, "plus the loss's scalar all-reduce");
 
 constexpr auto kShardedPlan = ShardedMLP::training_plan<Loss>(kIn);
-static_assert(kShardedPlan.count(nn::Phase::Forward, StepKind::AllGather, /*dp*/ 0) == 3 &&
-                  kShardedPlan.count(nn::Phase::Backward, StepKind::AllGather, 0) == 3 &&
-                  kShardedPlan.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 3,
-              "fully sharded: 3 parameters gathered before the forward and the backward, their gradients "
-              "reduce-scattered");
+static_assert(kShardedPlan.count(nn::Phase::Forward, StepKind::AllGather, /*dp*/ 0) == 2 &&
+                  kShardedPlan.count(nn::Phase::Backward, StepKind::AllGather, 0) == 2 &&
+                  kShardedPlan.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2,
+              "fully sharded: each layer's sharded parameters gathered in one all-gather before the forward and "
+              "one before the backward, their gradients reduce-scattered in one");
 static_assert(kShardedPlan.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 1,
               "the colwise bias, already sharded over TP with no dim left for DP, stays replicated and all-reduced");
 

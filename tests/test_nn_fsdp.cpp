@@ -59,20 +59,26 @@ Sharded<Cfg, Reshard> make_sharded(const DeviceMesh<Cfg::M>& mesh) {
                                FullyShard<Second<Cfg>, Reshard>(Second<Cfg>(mesh, {2})));
 }
 
-// The plan of one step on a 1-D DP mesh: each of the 4 parameters gathered in the
-// forward and again in the backward, its gradient reduce-scattered; nothing all-reduced.
+// The plan of one step on a 1-D DP mesh: each layer's 2 parameters gathered together
+// in the forward and again in the backward, their gradients reduce-scattered together:
+// one collective each per layer; nothing all-reduced.
 constexpr auto kPlan1 = Sharded<Cfg1>::training_plan<nn::MSELoss<Cfg1>>(kIn);
-static_assert(kPlan1.count(nn::Phase::Forward, StepKind::AllGather, 0) == 4);
-static_assert(kPlan1.count(nn::Phase::Backward, StepKind::AllGather, 0) == 4);
-static_assert(kPlan1.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 4);
+static_assert(kPlan1.count(nn::Phase::Forward, StepKind::AllGather, 0) == 2);
+static_assert(kPlan1.count(nn::Phase::Backward, StepKind::AllGather, 0) == 2);
+static_assert(kPlan1.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2);
+// Its bytes per rank in the backward, on 4 ranks: the gathers send each rank's shards
+// (elements / 4 per parameter), the reduce-scatters the whole gradients.
+static_assert(kPlan1.bytes<double>(nn::Phase::Backward, 1, {4}) ==
+              int64_t(sizeof(double)) * ((kIn * kHidden / 4 + kHidden / 4 + kHidden * kOut / 4 + kOut / 4) +
+                                         (kIn * kHidden + kHidden + kHidden * kOut + kOut)));
 static_assert(kPlan1.count(nn::Phase::GradReduce) == 0);
 // Kept from the forward to the backward: no second gather.
 static_assert(Sharded<Cfg1, false>::training_plan<nn::MSELoss<Cfg1>>(kIn).count(nn::Phase::Backward,
                                                                             StepKind::AllGather, 0) == 0);
 // DP x TP: the colwise bias (already Shard<0> over TP) stays replicated over DP and is
-// all-reduced there; the other three are sharded.
+// all-reduced there; the other three are sharded, in one collective per layer.
 constexpr auto kPlan2 = Sharded<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn);
-static_assert(kPlan2.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 3);
+static_assert(kPlan2.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2);
 static_assert(kPlan2.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 1);
 static_assert(Replicated<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn).count(nn::Phase::GradReduce,
                                                                           StepKind::AllReduce, 0) == 4);

@@ -14,10 +14,9 @@
 // forward the parameters are all-gathered over DP into L, and released after it
 // (ReshardAfterForward = true, the default: the least memory) or kept until the backward
 // (false: one gather a step; FSDP2's reshard_after_forward, here part of the type so that
-// the plan counts it); for L's backward they are gathered again if released, and after it
-// each gradient (Partial<Sum>
-// over DP: each rank saw its own samples) is reduce-scattered onto the shard, as the
-// adjoint of the gather (redistribute_backward). The model's optimizer, gradient
+// the plan counts it); for L's backward they are gathered again if released, and after
+// it their gradients (Partial<Sum> over DP: each rank saw its own samples) are
+// reduce-scattered onto the shards, the adjoint of the gather. The model's optimizer, gradient
 // clipping and checkpoints see the shards only: optimizer state is sharded alike, and a
 // checkpoint holds the global values under the same keys as the replicated model's, so
 // it loads into either.
@@ -27,15 +26,23 @@
 // FullyShard. The plan (plan()) lists the gathers and reduce-scatters of every
 // parameter with their bytes, so the constexpr training plan and CommCounter see them.
 //
-// Not yet: one collective for all of a layer's parameters (today one per parameter),
-// prefetching the next layer's gather, wrapping a block of layers (wrap its layers),
-// lower-precision gathers.
+// All of a layer's sharded parameters travel in one collective each way: one
+// all-gather of every rank's shards packed together, one reduce-scatter of the
+// gradients packed by destination (FSDP2's flat buffers, without padding).
+//
+// Not yet: prefetching the next layer's gather (Comm has no non-blocking all-gather),
+// wrapping a block of layers (wrap its layers), lower-precision gathers.
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "dtensor/comm/block.hpp"
+#include "dtensor/comm/region.hpp"
+#include "dtensor/compute/movement.hpp"
+#include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/config.hpp"
@@ -126,6 +133,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   using config = typename L::config;
   using State = typename config::State;
   using inner_type = L;
+  using T = typename config::value_type;
   static constexpr int M = config::M;
   static constexpr int dp = config::dp;
   static constexpr const char* name = L::name;
@@ -151,17 +159,18 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     return detail::shard_of<L, I>::state;
   }
 
-  // L's collectives; per sharded parameter a gather in the forward and, when released
-  // after it, one in the backward (the value's redistribution from the shard) and the
-  // reduce-scatter of its
-  // gradient (the adjoint of that gather); then the gradient reductions the model does
-  // (over mesh dims other than DP where the gradient is Partial, and over DP for a
+  // L's collectives; one all-gather over DP of all its sharded parameters before the
+  // forward and (when released after it) one before the backward, one reduce-scatter
+  // of their gradients after the backward; then the gradient reductions the model does
+  // (over mesh dims other than DP where a gradient is Partial, and over DP for a
   // parameter left replicated).
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State& in, const State& grad_out, int64_t features,
                              bool input_grad) {
     L::plan(p, layer, in, grad_out, features, input_grad);
     const auto list = L::parameters(grad_out);
+    PlannedCollective<M> gather{Phase::Forward, layer, StepKind::AllGather, dp, false, 0, {}};
+    PlannedCollective<M> scatter{Phase::Backward, layer, StepKind::ReduceScatter, dp, false, 0, {}};
     int k = 0;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
@@ -171,9 +180,9 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
               constexpr auto s = detail::shard_of<L, I>::state;
               const int64_t elements = d.shape.dims[0] * (d.shape.ndim > 1 ? d.shape.dims[1] : 1);
               if constexpr (detail::shard_of<L, I>::sharded) {
-                p.redistribution(Phase::Forward, layer, s, d.value, elements, false);
-                if (ReshardAfterForward) p.redistribution(Phase::Backward, layer, s, d.value, elements, false);
-                p.adjoint(Phase::Backward, layer, s, d.grad, elements, false);
+                if (!is_reduce_scatter_source(d.grad)) throw "dtensor::nn::FullyShard: a gradient not Partial<Sum> over DP";
+                add_part(gather, elements, s);
+                add_part(scatter, elements, d.grad);
                 add_reductions(p, layer, k, s, reduced_grad(s, d.grad), d.shape.dims, d.shape.ndim);
               } else {
                 add_reductions(p, layer, k, d.value, d.grad, d.shape.dims, d.shape.ndim);
@@ -183,6 +192,13 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
           }(),
           ...);
     }(std::make_index_sequence<declared>{});
+    if (gather.nparts == 0) return;
+    p.add(gather);  // before the forward
+    if (ReshardAfterForward) {
+      gather.phase = Phase::Backward;
+      p.add(gather);  // before the backward
+    }
+    p.add(scatter);  // after it
   }
 
   // --- run time ---
@@ -208,9 +224,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     gather();
     zero_inner_grads();
     auto dx = layer_backward<NeedInputGrad>(inner_, dy);
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (reduce_gradient<I, G>(), ...);
-    }(std::make_index_sequence<declared>{});
+    check_gradient_placements<G>();
+    reduce_gradients();
     release();
     return dx;
   }
@@ -228,6 +243,32 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
 
  private:
+  static constexpr void add_part(PlannedCollective<M>& c, int64_t elements, const State& before) {
+    if (c.nparts == 0) c.before = before;
+    if (c.nparts == PlannedCollective<M>::kMaxParts) throw "dtensor::nn::FullyShard: more parameters than a plan entry holds";
+    c.parts[c.nparts++] = {elements, before};
+    c.elements += elements;
+  }
+  // A sharded parameter's gradient must be a sum over DP (each rank's own samples) for
+  // the reduce-scatter to be its adjoint.
+  static constexpr bool is_reduce_scatter_source(const State& grad) {
+    return grad[static_cast<std::size_t>(dp)].is_partial() && grad[static_cast<std::size_t>(dp)].op == ReduceOp::Sum;
+  }
+  template <class G>
+  static constexpr void check_gradient_placements() {
+    constexpr auto list = L::parameters(G::placement_state);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (detail::declared_at<L, I>::enabled && detail::shard_of<L, I>::sharded)
+              static_assert(is_reduce_scatter_source(std::get<I>(list).grad),
+                            "dtensor::nn::FullyShard: a sharded parameter's gradient is not Partial<Sum> over the DP "
+                            "mesh dim for this output gradient; the reduce-scatter would not be its adjoint");
+          }(),
+          ...);
+    }(std::make_index_sequence<declared>{});
+  }
+
   // The gradient's placements once reduce-scattered: Shard where the value is stored
   // sharded, as the gradient was elsewhere.
   static constexpr State reduced_grad(const State& stored, const State& grad) {
@@ -248,22 +289,178 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     return S(p.name(), redistribute_as<placements_t<detail::shard_of<L, I>::state>>(p.value()));
   }
 
-  // The full values into L (an all-gather over DP each), unless already there.
-  void gather() {
-    if (gathered_) return;
+  // The sharded parameters' pieces along their DP-sharded dim: piece r of parameter I
+  // is DP rank r's shard (the same on every rank of the DP group, which share every
+  // other mesh coordinate); its elements, and where it starts in the gathered block.
+  template <std::size_t I>
+  static constexpr int dp_tensor_dim = detail::shard_of<L, I>::state[static_cast<std::size_t>(dp)].dim;
+  template <std::size_t I>
+  auto& inner_parameter() {
+    return inner_.*(detail::declared_at<L, I>::member);
+  }
+  template <std::size_t I>
+  auto full_local_shape() {
+    const auto& v = inner_parameter<I>().value();  // its layout outlives release()
+    return v.layout().local_shape(std::remove_cvref_t<decltype(v)>::placement_state, v.mesh().shape(),
+                                  v.mesh().coords());
+  }
+  template <std::size_t I>
+  int64_t piece_numel(int r) {
+    auto shape = full_local_shape<I>();
+    shape[dp_tensor_dim<I>] = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>][static_cast<std::size_t>(r)];
+    return numel(shape);
+  }
+  template <std::size_t I>
+  int64_t piece_start(int r) {
+    const auto& b = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>];
+    int64_t o = 0;
+    for (int q = 0; q < r; ++q) o += b[static_cast<std::size_t>(q)];
+    return o;
+  }
+  // f(index constant) for each enabled, sharded (resp. not sharded) parameter.
+  template <bool Sharded, class F>
+  static constexpr void each(F&& f) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
-            if constexpr (detail::declared_at<L, I>::enabled) {
-              auto& p = inner_.*(detail::declared_at<L, I>::member);
-              using DT = typename detail::shard_of<L, I>::DT;
-              p.materialize(redistribute_as<placements_t<DT::placement_state>>(std::get<I>(shards_).value()));
-            }
+            if constexpr (detail::declared_at<L, I>::enabled && detail::shard_of<L, I>::sharded == Sharded)
+              f(std::integral_constant<std::size_t, I>{});
           }(),
           ...);
     }(std::make_index_sequence<declared>{});
+  }
+  // Elements each DP rank holds of the sharded parameters together, in declared order.
+  std::vector<int64_t> per_rank_elements(int n) {
+    std::vector<int64_t> e(static_cast<std::size_t>(n), 0);
+    each<true>([&](auto i) {
+      for (int r = 0; r < n; ++r) e[static_cast<std::size_t>(r)] += piece_numel<i()>(r);
+    });
+    return e;
+  }
+  static std::vector<Block> contiguous_blocks(const std::vector<int64_t>& e, std::vector<int64_t>& offsets) {
+    std::vector<Block> b;
+    offsets.assign(e.size(), 0);
+    int64_t o = 0;
+    for (std::size_t r = 0; r < e.size(); ++r) {
+      offsets[r] = o;
+      b.push_back(Block::contiguous(o, e[r]));
+      o += e[r];
+    }
+    return b;
+  }
+  Comm& dp_comm() {
+    Comm* c = nullptr;
+    each<true>([&](auto i) { c = &std::get<i()>(shards_).value().mesh().comm(dp); });
+    return *c;
+  }
+  Device device() {
+    Device d = Device::host();
+    each<true>([&](auto i) { d = std::get<i()>(shards_).value().local().device(); });
+    return d;
+  }
+
+  // The full values into L, unless already there: every sharded parameter in ONE
+  // all-gather over DP (each rank's shards packed one after another), the others copied.
+  void gather() {
+    if (gathered_) return;
+    constexpr bool any_sharded = [] {
+      bool a = false;
+      each<true>([&](auto) { a = true; });
+      return a;
+    }();
+    if constexpr (any_sharded) {
+      Comm& comm = dp_comm();
+      const int n = comm.size(), me = comm.rank();
+      const Device dev = device();
+      const std::vector<int64_t> e = per_rank_elements(n);
+      std::vector<int64_t> off;
+      const std::vector<Block> blocks = contiguous_blocks(e, off);
+      auto send = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
+      auto recv = Tensor<T, 1>::uninitialized({off.back() + e.back()}, dev);
+      int64_t at = 0;
+      each<true>([&](auto i) {
+        const auto& shard = std::get<i()>(shards_).value().local();
+        local::copy_region(dev, shard.data(), Region::contiguous(0, shard.numel()), send.data(),
+                           Region::contiguous(at, shard.numel()), sizeof(T));
+        at += shard.numel();
+      });
+      comm.all_gather(send.data(), Block::contiguous(0, send.numel()), recv.data(), blocks, dtype_of<T>());
+      CommCounter::record(StepKind::AllGather, dp, static_cast<std::size_t>(send.numel()) * sizeof(T));
+      std::vector<int64_t> cursor = off;
+      each<true>([&](auto i) {
+        constexpr std::size_t I = i();
+        auto& p = inner_parameter<I>();
+        const auto shape = full_local_shape<I>();
+        auto full = Tensor<T, std::tuple_size_v<std::remove_cvref_t<decltype(shape)>>>::uninitialized(shape, dev);
+        for (int r = 0; r < n; ++r) {
+          auto start = decltype(shape){}, size = shape;
+          start[dp_tensor_dim<I>] = piece_start<I>(r);
+          size[dp_tensor_dim<I>] = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>][static_cast<std::size_t>(r)];
+          const int64_t pn = numel(size);
+          local::copy_region(dev, recv.data(), Region::contiguous(cursor[static_cast<std::size_t>(r)], pn), full.data(),
+                             Region::box(shape, start, size), sizeof(T));
+          cursor[static_cast<std::size_t>(r)] += pn;
+        }
+        using DT = typename detail::shard_of<L, I>::DT;
+        p.materialize(DT(p.value().mesh(), p.value().layout(), std::move(full)));
+      });
+    }
+    each<false>([&](auto i) {
+      auto& p = inner_parameter<i()>();
+      p.materialize(std::get<i()>(shards_).value());  // the same placements: a copy
+    });
     gathered_ = true;
   }
+
+  // L's gradients onto the shards: those of the sharded parameters in ONE
+  // reduce-scatter over DP (the adjoint of the gather: each rank's pieces packed for it),
+  // added to the shards' gradients; the others added as they are (the model's gradient
+  // reduction all-reduces them).
+  void reduce_gradients() {
+    constexpr bool any_sharded = [] {
+      bool a = false;
+      each<true>([&](auto) { a = true; });
+      return a;
+    }();
+    if constexpr (any_sharded) {
+      Comm& comm = dp_comm();
+      const int n = comm.size(), me = comm.rank();
+      const Device dev = device();
+      const std::vector<int64_t> e = per_rank_elements(n);
+      std::vector<int64_t> off;
+      const std::vector<Block> blocks = contiguous_blocks(e, off);
+      auto send = Tensor<T, 1>::uninitialized({off.back() + e.back()}, dev);
+      auto recv = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
+      std::vector<int64_t> cursor = off;
+      each<true>([&](auto i) {
+        constexpr std::size_t I = i();
+        const auto& g = inner_parameter<I>().grad();
+        const auto shape = full_local_shape<I>();
+        for (int r = 0; r < n; ++r) {
+          auto start = decltype(shape){}, size = shape;
+          start[dp_tensor_dim<I>] = piece_start<I>(r);
+          size[dp_tensor_dim<I>] = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>][static_cast<std::size_t>(r)];
+          const int64_t pn = numel(size);
+          local::copy_region(dev, g.data(), Region::box(shape, start, size), send.data(),
+                             Region::contiguous(cursor[static_cast<std::size_t>(r)], pn), sizeof(T));
+          cursor[static_cast<std::size_t>(r)] += pn;
+        }
+      });
+      comm.reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, recv.numel()), dtype_of<T>(),
+                          ReduceOp::Sum);
+      CommCounter::record(StepKind::ReduceScatter, dp, static_cast<std::size_t>(send.numel()) * sizeof(T));
+      int64_t at = 0;
+      each<true>([&](auto i) {
+        auto& s = std::get<i()>(shards_);
+        const int64_t k = s.grad().numel();
+        local::reduce_region(dev, dtype_of<T>(), ReduceOp::Sum, recv.data(), Region::contiguous(at, k), s.grad().data(),
+                             Region::contiguous(0, k));
+        at += k;
+      });
+    }
+    each<false>([&](auto i) { std::get<i()>(shards_).accumulate(inner_parameter<i()>().grad()); });
+  }
+
   void release() {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
@@ -276,30 +473,6 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
   void zero_inner_grads() {
     nn::for_each_parameter(inner_, [](auto& p) { p.zero_grad(); });
-  }
-
-  // The gradient L accumulated for parameter I onto the shard: reduce-scattered over
-  // DP (the adjoint of the gather) where it is stored sharded, as it is elsewhere.
-  template <std::size_t I, class G>
-  void reduce_gradient() {
-    using D = detail::declared_at<L, I>;
-    if constexpr (D::enabled) {
-      static constexpr auto grad = std::get<I>(L::parameters(G::placement_state)).grad;
-      auto& p = inner_.*(D::member);
-      auto& s = std::get<I>(shards_);
-      using Inner = typename detail::shard_of<L, I>::DT;
-      using Grad = dtensor_t<typename Inner::value_type, Inner::rank, placements_t<grad>>;
-      if constexpr (detail::shard_of<L, I>::sharded) {
-        const Grad g(p.value().mesh(), p.value().layout(), std::move(p.grad()));
-        const auto gs = redistribute_backward_as<placements_t<detail::shard_of<L, I>::state>>(g);
-        static_assert(std::remove_cvref_t<decltype(gs)>::placement_state ==
-                          reduced_grad(detail::shard_of<L, I>::state, grad),
-                      "dtensor::nn::FullyShard: the reduce-scattered gradient is not placed as the plan says");
-        s.accumulate(gs.local());
-      } else {
-        s.accumulate(p.grad());
-      }
-    }
   }
 
   L inner_;

@@ -29,12 +29,22 @@ constexpr const char* name(Phase p) {
   return names[static_cast<int>(p)];
 }
 
+// One tensor of a collective that moves several at once (nn::FullyShard gathers all
+// of a layer's parameters in one): its elements and its placements before.
+template <std::size_t M>
+struct PlannedPart {
+  int64_t elements = 0;
+  PlacementState<M> before{};
+};
+
 // One collective of a plan. An activation holds tokens x `elements` values, a
 // parameter `elements` values; `before` is its placements when the collective runs.
 // `fixed` values more travel on every rank whatever the tokens (a layer's shape
-// agreement check, comm/agreement.hpp).
+// agreement check, comm/agreement.hpp). A collective of several tensors lists them in
+// `parts` (then `elements` is their sum and `before` the first one's).
 template <std::size_t M>
 struct PlannedCollective {
+  static constexpr int kMaxParts = 8;
   Phase phase = Phase::Forward;
   int layer = -1;  // index in the model; -1 for the loss
   StepKind kind = StepKind::AllReduce;
@@ -46,6 +56,8 @@ struct PlannedCollective {
   std::array<int64_t, 2> shape{};  // GradReduce: the parameter's global shape (rank 1 or 2)
   int ndim = 0;
   int64_t fixed = 0;
+  int nparts = 0;
+  std::array<PlannedPart<M>, kMaxParts> parts{};
 
   // Elements of the parameter block the rank at `coords` holds (GradReduce entries):
   // exact, by the chunk rule (a chunk of a chunk where two mesh dims shard one dim).
@@ -62,10 +74,16 @@ struct PlannedCollective {
 
   // Elements of the buffer each rank holds, for `tokens` tokens on a mesh of `mesh_shape`.
   constexpr int64_t local_elements(int64_t tokens, const std::array<int, M>& mesh_shape) const {
-    int64_t e = (per_token ? tokens : 1) * elements;
-    for (std::size_t m = 0; m < M; ++m)
-      if (before[m].is_shard()) e /= mesh_shape[m];
-    return e + fixed;
+    auto local = [&](int64_t n, const PlacementState<M>& b) {
+      int64_t e = (per_token ? tokens : 1) * n;
+      for (std::size_t m = 0; m < M; ++m)
+        if (b[m].is_shard()) e /= mesh_shape[m];
+      return e;
+    };
+    if (nparts == 0) return local(elements, before) + fixed;
+    int64_t e = fixed;
+    for (int i = 0; i < nparts; ++i) e += local(parts[i].elements, parts[i].before);
+    return e;
   }
 };
 
