@@ -7,6 +7,7 @@
 // again over DP), with the collectives counted against the plan; the shards' bytes.
 // Runs in-process and, through test_nn_fsdp_mpi, under mpirun on 1-4 processes.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <dtensor/nn.hpp>
 #include <dtensor/nn/fully_shard.hpp>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "accumulation.hpp"
+#include "fault_support.hpp"
 #include "nn_support.hpp"
 
 namespace dtensor::test {
@@ -223,6 +225,37 @@ TEST_CASE("fsdp: DP x TP, the tensor-parallel shards sharded again over DP (2x2,
   check_fsdp_training<Cfg2>({2, 2}, adamw, "AdamW");
   check_fsdp_training<Cfg2>({2, 3}, sgd, "SGD");
   check_fsdp_training<Cfg2>({3, 2}, adamw, "AdamW");
+}
+
+TEST_CASE("fsdp: a rank that fails before a layer's gather ends every rank at once, naming it") {
+  if (skip_under_mpi("a failing rank ends an MPI job")) return;
+  for (const bool in_backward : {false, true}) {
+    INFO(std::string(in_backward ? "between the forward and the backward gathers" : "before the forward gather"));
+    const auto t0 = Clock::now();
+    std::atomic<int> aborted{0};
+    CHECK_THROWS_WITH_AS(run_threads(
+                             3,
+                             [&](Comm& comm) {
+                               DeviceMesh<1> mesh(comm);
+                               auto model = make_sharded<Cfg1>(mesh);
+                               auto x = dtensor::detail::generate<Sharded<Cfg1>::InputT>(
+                                   {kBatch, kIn}, mesh, {}, [](uint64_t i) { return input_value(0, i); });
+                               try {
+                                 if (comm.rank() == 1 && !in_backward) throw std::runtime_error("no data on rank 1");
+                                 auto y = model.forward(x);
+                                 if (comm.rank() == 1) throw std::runtime_error("no data on rank 1");
+                                 model.backward(dtensor::detail::generate<Sharded<Cfg1>::OutputT>(
+                                     {kBatch, kOut}, mesh, y.layout().blocks, [](uint64_t) { return 1.0; }));
+                               } catch (const PeerAborted&) {
+                                 ++aborted;
+                                 throw;
+                               }
+                             },
+                             with_timeout(30)),
+                         "dtensor: rank 1 failed: no data on rank 1", RankFailure);
+    CHECK(aborted == 2);
+    CHECK(seconds_since(t0) < 5);  // woken by the failure, not by the 30 s timeout
+  }
 }
 
 }  // namespace
