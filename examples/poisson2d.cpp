@@ -30,7 +30,7 @@
 //   -rtol     the solver stops at ||r|| <= rtol ||b||; default 1e-10
 //   -solver   cg (default); mg: multigrid cycles (solvers/multigrid.hpp); pcg-mg: CG
 //             preconditioned by one multigrid V-cycle
-//   -mg_cycle v|w, -mg_smoother chebyshev|jacobi, -mg_steps k (smoothing steps before
+//   -mg_cycle v|w, -mg_smoother chebyshev|jacobi|gs, -mg_steps k (smoothing steps before
 //             and after the coarse correction), -mg_lower (Chebyshev's interval starts
 //             at that fraction of λmax), -mg_coarse (nodes of the coarsest grid, at most),
 //             -mg_galerkin 1 (coarse operators R A P on every level, not only where needed)

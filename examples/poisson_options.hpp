@@ -82,7 +82,12 @@ inline Args parse(int argc, char** argv, const char* program, Args defaults) {
     else if (k == "-mg_cycle")
       a.mg.cycle = need() == "w" ? dtensor::MgCycle::W : dtensor::MgCycle::V;
     else if (k == "-mg_smoother")
-      a.mg.smoother = need() == "jacobi" ? dtensor::MgSmoother::Jacobi : dtensor::MgSmoother::Chebyshev;
+    {
+      const std::string v = need();
+      a.mg.smoother = v == "jacobi" ? dtensor::MgSmoother::Jacobi
+                      : v == "gs"   ? dtensor::MgSmoother::GaussSeidel
+                                    : dtensor::MgSmoother::Chebyshev;
+    }
     else if (k == "-mg_steps")
       a.mg.smoothing_steps = std::stoi(need());
     else if (k == "-mg_lower")

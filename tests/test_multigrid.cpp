@@ -503,6 +503,27 @@ TEST_CASE("multigrid: on n ranks the iterates of one rank (3-D)") {
   });
 }
 
+TEST_CASE("multigrid: multicolour Gauss-Seidel smoothing (red-black, 2^d colours on box stencils)") {
+  MgOptions gs = small_coarse();
+  gs.smoother = MgSmoother::GaussSeidel;
+  gs.smoothing_steps = 2;  // V(2,2), as the Chebyshev default
+  for (Problem p : {Problem::Lap5, Problem::Var5, Problem::Lap9}) {
+    check_h_independent<2>(p, {63, 127, 255}, gs, 12, 8);  // red-black (4 colours on the 9-point)
+    check_h_independent<2>(p, {64, 128}, gs, 12, 8);       // Galerkin levels: 4 colours
+  }
+  check_h_independent<3>(Problem::Lap7, {15, 31, 63}, gs, 12, 8);
+  check_h_independent<3>(Problem::Lap7, {16, 32}, gs, 12, 8);
+  check_h_independent<3>(Problem::Lap27, {31}, gs, 12, 8);
+  // Colours by global index: the same iterates on any layout.
+  spmd(3, [&](Comm& comm) {
+    check_against_one_rank<2, Shard<0>>(DeviceMesh<1>(comm), {63, 31}, Splits<2>{{std::vector<int64_t>{30, 1, 32}, {}}},
+                                        {Problem::Lap5, Problem::Lap9}, gs);
+  });
+  spmd(4, [&](Comm& comm) {
+    check_against_one_rank<3, Shard<0>, Shard<2>>(DeviceMesh<2>(comm, {2, 2}), {15, 12, 17}, {}, {Problem::Var7}, gs);
+  });
+}
+
 TEST_CASE("multigrid: coarse levels move onto fewer ranks, down to one, and the answer stays") {
   spmd(4, [](Comm& comm) {
     DeviceMesh<2> mesh(comm, {2, 2});
