@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <dtensor/cnn.hpp>
 #include <dtensor/nn.hpp>
 #include <dtensor/nn/fully_shard.hpp>
 #include <string>
@@ -225,6 +226,26 @@ TEST_CASE("fsdp: DP x TP, the tensor-parallel shards sharded again over DP (2x2,
   check_fsdp_training<Cfg2>({2, 2}, adamw, "AdamW");
   check_fsdp_training<Cfg2>({2, 3}, sgd, "SGD");
   check_fsdp_training<Cfg2>({3, 2}, adamw, "AdamW");
+}
+
+// Domain parallelism beside it: images over DP x H (the batch over mesh dim 0, the rows
+// over mesh dim 1), the convolutions' parameters sharded over DP; their gradients,
+// Partial over H too, are reduce-scattered over DP and all-reduced over H on the shards.
+using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, /*dp*/ 0, /*H*/ 1, nn::kNone>>;
+constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
+using ShardedCnn = nn::Sequential<FullyShard<nn::Conv<DpH, 2, 4, k3>>, nn::ReLU<DpH>, FullyShard<nn::Conv<DpH, 4, 3, k3>>>;
+constexpr auto kCnnPlan = ShardedCnn::plan(ShardedCnn::output_placements, 2, true);
+static_assert(kCnnPlan.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2 &&
+              kCnnPlan.count(nn::Phase::GradReduce, StepKind::AllReduce, 1) == 4 &&
+              kCnnPlan.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 0);
+
+TEST_CASE("fsdp: composes with domain parallelism (convolutions on images over DP x H)") {
+  auto make = [](const DeviceMesh<2>& mesh) {
+    return ShardedCnn(FullyShard(nn::Conv<DpH, 2, 4, k3>(mesh, {1})), nn::ReLU<DpH>(),
+                      FullyShard(nn::Conv<DpH, 4, 3, k3>(mesh, {2})));
+  };
+  check_against_one_rank<ShardedCnn, 2>({2, 2}, make, {4, 2, 13, 10}, {4, 3, 13, 10}, 1e-11);
+  check_against_one_rank<ShardedCnn, 2>({3, 1}, make, {5, 2, 9, 7}, {5, 3, 9, 7}, 1e-11);
 }
 
 TEST_CASE("fsdp: a rank that fails before a layer's gather ends every rank at once, naming it") {
