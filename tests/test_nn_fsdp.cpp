@@ -119,7 +119,8 @@ Trained train(Model& model, Opt& opt, const Mesh& mesh, int steps, bool clip) {
     opt.step(model);
     // clip_grad_norm's one all-reduce comes on top of the model's plan.
     if (counted.count() !=
-        plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()) + (clip ? 1 : 0))
+        plan.step_collectives(model.bucket_bytes(), sizeof(typename Cfg::value_type), mesh.shape(), mesh.coords()) +
+            (clip ? 1 : 0))
       ++t.off_plan;
   }
   model.for_each_parameter([&](auto& p) {
@@ -226,6 +227,52 @@ TEST_CASE("fsdp: DP x TP, the tensor-parallel shards sharded again over DP (2x2,
   check_fsdp_training<Cfg2>({2, 2}, adamw, "AdamW");
   check_fsdp_training<Cfg2>({2, 3}, sgd, "SGD");
   check_fsdp_training<Cfg2>({3, 2}, adamw, "AdamW");
+}
+
+// Mixed precision: float layers whose shards (and the optimizer's updates and state) are
+// kept in double.
+using CfgF = nn::Config<float, 2, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
+using FirstF = nn::Linear<CfgF, kIn, kHidden>;
+using SecondF = nn::Linear<CfgF, kHidden, kOut>;
+using Mixed = nn::Sequential<FullyShard<FirstF, true, double>, nn::GELU<CfgF>, FullyShard<SecondF, true, double>>;
+using PlainF = nn::Sequential<FirstF, nn::GELU<CfgF>, SecondF>;
+static_assert(std::is_same_v<FullyShard<FirstF, true, double>::master_type, double>);
+
+TEST_CASE("fsdp: mixed precision, float compute and gathers, double master shards and optimizer") {
+  auto adamw = [] { return nn::AdamW({.lr = 0.01}); };
+  auto make_mixed = [](const DeviceMesh<1>& mesh) {
+    return Mixed(FullyShard<FirstF, true, double>(FirstF(mesh, {1})), nn::GELU<CfgF>(),
+                 FullyShard<SecondF, true, double>(SecondF(mesh, {2})));
+  };
+  constexpr int steps = 4;
+  Trained one, plain;
+  on_one_rank<1>([&](const DeviceMesh<1>& mesh) {
+    auto m = make_mixed(mesh);
+    auto o = adamw();
+    one = train<CfgF>(m, o, mesh, steps, false);
+    auto f = PlainF(FirstF(mesh, {1}), nn::GELU<CfgF>(), SecondF(mesh, {2}));
+    auto of = adamw();
+    plain = train<CfgF>(f, of, mesh, steps, false);
+  });
+  // The master copy holds what float cannot: some value differs from its float rounding.
+  bool finer = false;
+  for (const auto& p : one.params)
+    for (double v : p) finer = finer || double(float(v)) != v;
+  CHECK(finer);
+  // As the float model, to float's rounding of the updates.
+  REQUIRE(one.params.size() == plain.params.size());
+  for (std::size_t k = 0; k < one.params.size(); ++k) CHECK(max_abs_diff(one.params[k], plain.params[k]) <= 1e-5);
+  for (int n : {2, 3, 4})
+    spmd(n, [&](Comm& comm) {
+      DeviceMesh<1> mesh(comm);
+      INFO("mesh ", mesh.to_string());
+      auto m = make_mixed(mesh);
+      auto o = adamw();
+      const Trained t = train<CfgF>(m, o, mesh, steps, false);
+      CHECK(t.off_plan == 0);
+      REQUIRE(t.params.size() == one.params.size());
+      for (std::size_t k = 0; k < t.params.size(); ++k) CHECK(max_abs_diff(t.params[k], one.params[k]) <= 1e-5);
+    });
 }
 
 // Domain parallelism beside it: images over DP x H (the batch over mesh dim 0, the rows

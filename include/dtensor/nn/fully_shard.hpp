@@ -30,8 +30,13 @@
 // all-gather of every rank's shards packed together, one reduce-scatter of the
 // gradients packed by destination (FSDP2's flat buffers, without padding).
 //
+// Mixed precision: FullyShard<L, R, Master> keeps the shards (what the optimizer
+// updates, and its state) in Master while L gathers, computes and reduce-scatters in its
+// own T: FSDP2's MixedPrecisionPolicy with param_dtype = reduce_dtype = T. Converting
+// runs on the host (bfloat16 on a GPU is later work).
+//
 // Not yet: prefetching the next layer's gather (Comm has no non-blocking all-gather),
-// wrapping a block of layers (wrap its layers), lower-precision gathers.
+// wrapping a block of layers (wrap its layers).
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
@@ -84,22 +89,47 @@ using declared_at = std::remove_cvref_t<decltype(std::get<I>(declared_list<L>())
 template <class L, std::size_t I>
 using inner_parameter_t = typename member_of<std::remove_cv_t<decltype(declared_at<L, I>::member)>>::parameter;
 
-template <class L, std::size_t I>
+// Parameter I of L as stored: sharded placements, elements of type Master.
+template <class L, std::size_t I, class Master = typename inner_parameter_t<L, I>::value_type>
 struct shard_of {
   using Inner = inner_parameter_t<L, I>;
   using DT = typename Inner::dtensor_type;
   static constexpr auto value = std::get<I>(declared_list<L>()).value;
   static constexpr auto state = fully_sharded(value, L::config::dp, DT::rank);
   static constexpr bool sharded = !(state == value);
-  using type = Parameter<dtensor_t<typename DT::value_type, DT::rank, placements_t<state>>>;
+  using type = Parameter<dtensor_t<Master, DT::rank, placements_t<state>>>;
 };
 
-template <class L, class Seq = std::make_index_sequence<declared_count<L>>>
+template <class L, class Master, class Seq = std::make_index_sequence<declared_count<L>>>
 struct shard_tuple;
-template <class L, std::size_t... I>
-struct shard_tuple<L, std::index_sequence<I...>> {
-  using type = std::tuple<typename shard_of<L, I>::type...>;
+template <class L, class Master, std::size_t... I>
+struct shard_tuple<L, Master, std::index_sequence<I...>> {
+  using type = std::tuple<typename shard_of<L, I, Master>::type...>;
 };
+
+// dst[0..n) = src[0..n) converted (host), or copied where the types agree (any device).
+template <class To, class From>
+void convert_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t dst_off, int64_t n) {
+  if constexpr (std::is_same_v<To, From>) {
+    local::copy_region(dev, src, Region::contiguous(src_off, n), dst, Region::contiguous(dst_off, n), sizeof(To));
+  } else {
+    DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: a master copy in another precision than the "
+                  "layer's is converted on the host; these blocks live on ", to_string(dev));
+    for (int64_t i = 0; i < n; ++i) dst[dst_off + i] = static_cast<To>(src[src_off + i]);
+  }
+}
+// dst[0..n) += src[0..n), src converted to dst's type.
+template <class To, class From>
+void add_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t n) {
+  if constexpr (std::is_same_v<To, From>) {
+    local::reduce_region(dev, dtype_of<To>(), ReduceOp::Sum, src, Region::contiguous(src_off, n), dst,
+                         Region::contiguous(0, n));
+  } else {
+    DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: a master copy in another precision than the "
+                  "layer's is updated on the host; these blocks live on ", to_string(dev));
+    for (int64_t i = 0; i < n; ++i) dst[i] += static_cast<To>(src[src_off + i]);
+  }
+}
 }  // namespace detail
 
 namespace detail {
@@ -120,7 +150,7 @@ struct forwarded_out_config<L> {
 };
 }  // namespace detail
 
-template <class L, bool ReshardAfterForward = true>
+template <class L, bool ReshardAfterForward = true, class Master = typename L::config::value_type>
 class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_out_config<L> {
   static_assert(DeclaresParameters<L>,
                 "dtensor::nn::FullyShard<L>: L must declare its parameters (static parameters(), "
@@ -133,7 +163,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   using config = typename L::config;
   using State = typename config::State;
   using inner_type = L;
-  using T = typename config::value_type;
+  using T = typename config::value_type;  // the layer computes, gathers and reduces in T
+  using master_type = Master;               // the shards, the optimizer's updates, in Master
   static constexpr int M = config::M;
   static constexpr int dp = config::dp;
   static constexpr const char* name = L::name;
@@ -278,15 +309,24 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
 
   template <std::size_t... I>
-  static typename detail::shard_tuple<L>::type make_shards(L& inner, std::index_sequence<I...>) {
+  static typename detail::shard_tuple<L, Master>::type make_shards(L& inner, std::index_sequence<I...>) {
     return {make_shard<I>(inner)...};
   }
   template <std::size_t I>
-  static typename detail::shard_of<L, I>::type make_shard(L& inner) {
+  static typename detail::shard_of<L, I, Master>::type make_shard(L& inner) {
     auto& p = inner.*(detail::declared_at<L, I>::member);
-    using S = typename detail::shard_of<L, I>::type;
+    using S = typename detail::shard_of<L, I, Master>::type;
     // Replicate -> Shard over DP: each rank keeps its block, no communication.
-    return S(p.name(), redistribute_as<placements_t<detail::shard_of<L, I>::state>>(p.value()));
+    auto shard = redistribute_as<placements_t<detail::shard_of<L, I>::state>>(p.value());
+    if constexpr (std::is_same_v<Master, T>) {
+      return S(p.name(), std::move(shard));
+    } else {
+      const auto& b = shard.local();
+      auto m = Tensor<Master, std::remove_cvref_t<decltype(b)>::rank>::uninitialized(b.shape(), b.device());
+      detail::convert_into(b.device(), b.data(), 0, m.data(), 0, b.numel());
+      using SDT = typename S::dtensor_type;
+      return S(p.name(), SDT(shard.mesh(), shard.layout(), std::move(m)));
+    }
   }
 
   // The sharded parameters' pieces along their DP-sharded dim: piece r of parameter I
@@ -380,8 +420,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
       int64_t at = 0;
       each<true>([&](auto i) {
         const auto& shard = std::get<i()>(shards_).value().local();
-        local::copy_region(dev, shard.data(), Region::contiguous(0, shard.numel()), send.data(),
-                           Region::contiguous(at, shard.numel()), sizeof(T));
+        detail::convert_into(dev, shard.data(), 0, send.data(), at, shard.numel());
         at += shard.numel();
       });
       comm.all_gather(send.data(), Block::contiguous(0, send.numel()), recv.data(), blocks, dtype_of<T>());
@@ -407,7 +446,12 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     }
     each<false>([&](auto i) {
       auto& p = inner_parameter<i()>();
-      p.materialize(std::get<i()>(shards_).value());  // the same placements: a copy
+      const auto& sv = std::get<i()>(shards_).value();  // the same placements: a copy
+      auto full = Tensor<T, std::remove_cvref_t<decltype(sv.local())>::rank>::uninitialized(sv.local().shape(),
+                                                                                           sv.local().device());
+      detail::convert_into(full.device(), sv.local().data(), 0, full.data(), 0, full.numel());
+      using DT = typename detail::shard_of<L, i()>::DT;
+      p.materialize(DT(sv.mesh(), sv.layout(), std::move(full)));
     });
     gathered_ = true;
   }
@@ -453,12 +497,15 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
       each<true>([&](auto i) {
         auto& s = std::get<i()>(shards_);
         const int64_t k = s.grad().numel();
-        local::reduce_region(dev, dtype_of<T>(), ReduceOp::Sum, recv.data(), Region::contiguous(at, k), s.grad().data(),
-                             Region::contiguous(0, k));
+        detail::add_into(dev, recv.data(), at, s.grad().data(), k);
         at += k;
       });
     }
-    each<false>([&](auto i) { std::get<i()>(shards_).accumulate(inner_parameter<i()>().grad()); });
+    each<false>([&](auto i) {
+      auto& s = std::get<i()>(shards_);
+      const auto& g = inner_parameter<i()>().grad();
+      detail::add_into(g.device(), g.data(), 0, s.grad().data(), g.numel());
+    });
   }
 
   void release() {
@@ -476,7 +523,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
 
   L inner_;
-  typename detail::shard_tuple<L>::type shards_;
+  typename detail::shard_tuple<L, Master>::type shards_;
   bool gathered_ = true;  // L holds its full values (true until the constructor releases them)
 };
 
