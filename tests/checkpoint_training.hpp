@@ -23,10 +23,10 @@ MLP<Cfg> make_mlp(const DeviceMesh<M>& mesh, uint64_t seed) {
                   nn::Linear<Cfg, kHidden, kOut, nn::Rowwise>(mesh, {seed + 1}));
 }
 
-// One step of training on batch `step`; returns the loss.
-template <class Cfg, int M, class Opt>
-double train_step(MLP<Cfg>& model, Opt& opt, const DeviceMesh<M>& mesh, int64_t step) {
-  using Model = MLP<Cfg>;
+// One step of training on batch `step` for a model of the MLP's shape (the MLP, or one
+// fully sharded); returns the loss.
+template <class Cfg, class Model, int M, class Opt>
+double train_model_step(Model& model, Opt& opt, const DeviceMesh<M>& mesh, int64_t step) {
   auto x = dtensor::detail::generate<typename Model::InputT>(
       {kBatch, kIn}, mesh, {}, [&](uint64_t i) { return dtensor::detail::normal_value<double>(100 + step, i); });
   auto t = dtensor::detail::generate<typename Model::OutputT>({kBatch, kOut}, mesh, {}, [&](uint64_t i) {
@@ -39,6 +39,11 @@ double train_step(MLP<Cfg>& model, Opt& opt, const DeviceMesh<M>& mesh, int64_t 
   model.backward(loss.backward(y));
   opt.step(model);
   return l;
+}
+
+template <class Cfg, int M, class Opt>
+double train_step(MLP<Cfg>& model, Opt& opt, const DeviceMesh<M>& mesh, int64_t step) {
+  return train_model_step<Cfg>(model, opt, mesh, step);
 }
 
 // The model, the optimizer's state and the step count, as a run saves and resumes them.

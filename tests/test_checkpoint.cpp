@@ -791,23 +791,6 @@ ShardedMLP<Cfg> make_sharded_mlp(const DeviceMesh<M>& mesh, uint64_t seed) {
                          nn::FullyShard(nn::Linear<Cfg, kHidden, kOut, nn::Rowwise>(mesh, {seed + 1})));
 }
 
-// One training step of any of the MLPs (checkpoint::train_step takes the replicated one).
-template <class Cfg, class Model, int M, class Opt>
-void step_any(Model& model, Opt& opt, const DeviceMesh<M>& mesh, int64_t step) {
-  using namespace checkpoint;
-  auto x = dtensor::detail::generate<typename Model::InputT>(
-      {kBatch, kIn}, mesh, {}, [&](uint64_t i) { return dtensor::detail::normal_value<double>(100 + step, i); });
-  auto t = dtensor::detail::generate<typename Model::OutputT>({kBatch, kOut}, mesh, {}, [&](uint64_t i) {
-    return std::sin(dtensor::detail::normal_value<double>(500 + step, i));
-  });
-  nn::MSELoss<Cfg> loss;
-  model.zero_grad();
-  auto y = model.forward(x);
-  loss.forward(y, t);
-  model.backward(loss.backward(y));
-  opt.step(model);
-}
-
 template <class Model>
 std::vector<std::vector<double>> gathered_parameters(Model& model) {
   std::vector<std::vector<double>> out;
@@ -826,7 +809,7 @@ TEST_CASE("fully sharded models: a checkpoint loads into replicated data paralle
     // Two AdamW steps fully sharded, saved with the optimizer's (sharded) state.
     auto sharded = make_sharded_mlp<Cfg2>(mesh, 3);
     nn::AdamW opt_s({.lr = 0.01});
-    for (int64_t s = 0; s < 2; ++s) step_any<Cfg2>(sharded, opt_s, mesh, s);
+    for (int64_t s = 0; s < 2; ++s) checkpoint::train_model_step<Cfg2>(sharded, opt_s, mesh, s);
     {
       io::StateDict sd;
       io::add_model(sd, sharded);
@@ -846,7 +829,7 @@ TEST_CASE("fully sharded models: a checkpoint loads into replicated data paralle
     CHECK(gathered_parameters(replicated) == gathered_parameters(sharded));  // bit for bit
     // Both go on training alike: the optimizer state came along.
     for (int64_t s = 2; s < 4; ++s) {
-      step_any<Cfg2>(sharded, opt_s, mesh, s);
+      checkpoint::train_model_step<Cfg2>(sharded, opt_s, mesh, s);
       checkpoint::train_step(replicated, opt_r, mesh, s);
     }
     const auto ps = gathered_parameters(sharded), pr = gathered_parameters(replicated);

@@ -331,7 +331,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
 
   // The sharded parameters' pieces along their DP-sharded dim: piece r of parameter I
   // is DP rank r's shard (the same on every rank of the DP group, which share every
-  // other mesh coordinate); its elements, and where it starts in the gathered block.
+  // other mesh coordinate), a box of the gathered block.
   template <std::size_t I>
   static constexpr int dp_tensor_dim = detail::shard_of<L, I>::state[static_cast<std::size_t>(dp)].dim;
   template <std::size_t I>
@@ -344,18 +344,19 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     return v.layout().local_shape(std::remove_cvref_t<decltype(v)>::placement_state, v.mesh().shape(),
                                   v.mesh().coords());
   }
-  template <std::size_t I>
-  int64_t piece_numel(int r) {
-    auto shape = full_local_shape<I>();
-    shape[dp_tensor_dim<I>] = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>][static_cast<std::size_t>(r)];
-    return numel(shape);
-  }
-  template <std::size_t I>
-  int64_t piece_start(int r) {
-    const auto& b = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>];
-    int64_t o = 0;
-    for (int q = 0; q < r; ++q) o += b[static_cast<std::size_t>(q)];
-    return o;
+  // f(r, the region of the gathered block that is piece r, its elements) for each of
+  // the n DP ranks.
+  template <std::size_t I, class F>
+  void for_each_piece(int n, F&& f) {
+    const auto shape = full_local_shape<I>();
+    const auto& blocks = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>];
+    auto start = decltype(shape){};
+    for (int r = 0; r < n; ++r) {
+      auto size = shape;
+      size[dp_tensor_dim<I>] = blocks[static_cast<std::size_t>(r)];
+      f(r, Region::box(shape, start, size), numel(size));
+      start[dp_tensor_dim<I>] += size[dp_tensor_dim<I>];
+    }
   }
   // f(index constant) for each enabled, sharded (resp. not sharded) parameter.
   template <bool Sharded, class F>
@@ -373,20 +374,38 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   std::vector<int64_t> per_rank_elements(int n) {
     std::vector<int64_t> e(static_cast<std::size_t>(n), 0);
     each<true>([&](auto i) {
-      for (int r = 0; r < n; ++r) e[static_cast<std::size_t>(r)] += piece_numel<i()>(r);
+      for_each_piece<i()>(n, [&](int r, const Region&, int64_t pn) { e[static_cast<std::size_t>(r)] += pn; });
     });
     return e;
   }
-  static std::vector<Block> contiguous_blocks(const std::vector<int64_t>& e, std::vector<int64_t>& offsets) {
-    std::vector<Block> b;
-    offsets.assign(e.size(), 0);
+  static constexpr bool any_sharded = [] {
+    bool a = false;
+    each<true>([&](auto) { a = true; });
+    return a;
+  }();
+  // How a layer's sharded parameters travel: each DP rank's shards packed one after
+  // another, rank after rank (the gather's receive buffer, the reduce-scatter's send).
+  struct Packing {
+    Comm* comm = nullptr;
+    int n = 0, me = 0;
+    Device device = Device::host();
+    std::vector<int64_t> elements, offsets;  // per DP rank
+    std::vector<Block> blocks;               // per DP rank, in the packed buffer
+  };
+  Packing packing() {
+    Packing pk;
+    pk.comm = &dp_comm();
+    pk.n = pk.comm->size();
+    pk.me = pk.comm->rank();
+    pk.device = device();
+    pk.elements = per_rank_elements(pk.n);
     int64_t o = 0;
-    for (std::size_t r = 0; r < e.size(); ++r) {
-      offsets[r] = o;
-      b.push_back(Block::contiguous(o, e[r]));
-      o += e[r];
+    for (int64_t e : pk.elements) {
+      pk.offsets.push_back(o);
+      pk.blocks.push_back(Block::contiguous(o, e));
+      o += e;
     }
-    return b;
+    return pk;
   }
   Comm& dp_comm() {
     Comm* c = nullptr;
@@ -403,18 +422,14 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   // all-gather over DP (each rank's shards packed one after another), the others copied.
   void gather() {
     if (gathered_) return;
-    constexpr bool any_sharded = [] {
-      bool a = false;
-      each<true>([&](auto) { a = true; });
-      return a;
-    }();
     if constexpr (any_sharded) {
-      Comm& comm = dp_comm();
-      const int n = comm.size(), me = comm.rank();
-      const Device dev = device();
-      const std::vector<int64_t> e = per_rank_elements(n);
-      std::vector<int64_t> off;
-      const std::vector<Block> blocks = contiguous_blocks(e, off);
+      const Packing pk = packing();
+      Comm& comm = *pk.comm;
+      const int n = pk.n, me = pk.me;
+      const Device dev = pk.device;
+      const std::vector<int64_t>& e = pk.elements;
+      const std::vector<int64_t>& off = pk.offsets;
+      const std::vector<Block>& blocks = pk.blocks;
       auto send = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
       auto recv = Tensor<T, 1>::uninitialized({off.back() + e.back()}, dev);
       int64_t at = 0;
@@ -431,15 +446,11 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
         auto& p = inner_parameter<I>();
         const auto shape = full_local_shape<I>();
         auto full = Tensor<T, std::tuple_size_v<std::remove_cvref_t<decltype(shape)>>>::uninitialized(shape, dev);
-        for (int r = 0; r < n; ++r) {
-          auto start = decltype(shape){}, size = shape;
-          start[dp_tensor_dim<I>] = piece_start<I>(r);
-          size[dp_tensor_dim<I>] = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>][static_cast<std::size_t>(r)];
-          const int64_t pn = numel(size);
+        for_each_piece<I>(n, [&](int r, const Region& piece, int64_t pn) {
           local::copy_region(dev, recv.data(), Region::contiguous(cursor[static_cast<std::size_t>(r)], pn), full.data(),
-                             Region::box(shape, start, size), sizeof(T));
+                             piece, sizeof(T));
           cursor[static_cast<std::size_t>(r)] += pn;
-        }
+        });
         using DT = typename detail::shard_of<L, I>::DT;
         p.materialize(DT(p.value().mesh(), p.value().layout(), std::move(full)));
       });
@@ -461,34 +472,25 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   // added to the shards' gradients; the others added as they are (the model's gradient
   // reduction all-reduces them).
   void reduce_gradients() {
-    constexpr bool any_sharded = [] {
-      bool a = false;
-      each<true>([&](auto) { a = true; });
-      return a;
-    }();
     if constexpr (any_sharded) {
-      Comm& comm = dp_comm();
-      const int n = comm.size(), me = comm.rank();
-      const Device dev = device();
-      const std::vector<int64_t> e = per_rank_elements(n);
-      std::vector<int64_t> off;
-      const std::vector<Block> blocks = contiguous_blocks(e, off);
+      const Packing pk = packing();
+      Comm& comm = *pk.comm;
+      const int n = pk.n, me = pk.me;
+      const Device dev = pk.device;
+      const std::vector<int64_t>& e = pk.elements;
+      const std::vector<int64_t>& off = pk.offsets;
+      const std::vector<Block>& blocks = pk.blocks;
       auto send = Tensor<T, 1>::uninitialized({off.back() + e.back()}, dev);
       auto recv = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
       std::vector<int64_t> cursor = off;
       each<true>([&](auto i) {
         constexpr std::size_t I = i();
         const auto& g = inner_parameter<I>().grad();
-        const auto shape = full_local_shape<I>();
-        for (int r = 0; r < n; ++r) {
-          auto start = decltype(shape){}, size = shape;
-          start[dp_tensor_dim<I>] = piece_start<I>(r);
-          size[dp_tensor_dim<I>] = std::get<I>(shards_).value().layout().blocks[dp_tensor_dim<I>][static_cast<std::size_t>(r)];
-          const int64_t pn = numel(size);
-          local::copy_region(dev, g.data(), Region::box(shape, start, size), send.data(),
-                             Region::contiguous(cursor[static_cast<std::size_t>(r)], pn), sizeof(T));
+        for_each_piece<I>(n, [&](int r, const Region& piece, int64_t pn) {
+          local::copy_region(dev, g.data(), piece, send.data(), Region::contiguous(cursor[static_cast<std::size_t>(r)], pn),
+                             sizeof(T));
           cursor[static_cast<std::size_t>(r)] += pn;
-        }
+        });
       });
       comm.reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, recv.numel()), dtype_of<T>(),
                           ReduceOp::Sum);

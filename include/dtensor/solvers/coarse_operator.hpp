@@ -26,6 +26,7 @@
 #include "dtensor/comm/collectives.hpp"
 #include "dtensor/halo/ghosted.hpp"
 #include "dtensor/solvers/grid_transfer.hpp"
+#include "dtensor/solvers/rows.hpp"
 #include "dtensor/solvers/stencils.hpp"
 #include "dtensor/solvers/variable_coefficient.hpp"
 
@@ -70,12 +71,10 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
   // Copies k at the coarse padded cells whose every dim is in the block or beyond the
   // global boundary, with at least one beyond it (boundary) or none (interior).
   auto inject = [&](bool boundary) {
-    if (numel(cpad) == 0) return;
     T* dst = kc.storage().data();
     const T* src = kf.storage().data();
     const Shape<Rank> ds = kc.storage().strides(), ss = kf.storage().strides();
-    Shape<Rank> p{};
-    while (true) {
+    for_each_index(cpad, [&](const Shape<Rank>& p) {
       bool take = true, beyond = false;
       Shape<Rank> fp{};
       for (int d = 0; d < Rank && take; ++d) {
@@ -90,13 +89,7 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
         fp[d] = std::clamp<int64_t>(f - foff[d] + flo[d], 0, fpad[d] - 1);
       }
       if (take && beyond == boundary) dst[detail::offset_of<Rank>(p, ds)] = src[detail::offset_of<Rank>(fp, ss)];
-      int d = Rank;
-      while (d-- > 0) {
-        if (++p[d] < cpad[d]) break;
-        p[d] = 0;
-      }
-      if (d < 0) return;
-    }
+    });
   };
   inject(false);
   kc.exchange();  // the neighbours' interior values
@@ -109,25 +102,12 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
   Shape<Rank> whole{};
   for (int d = 0; d < Rank; ++d) whole[d] = cg[d] + 2;
   std::vector<T> all(static_cast<std::size_t>(numel(whole)), T(0));
-  auto each_padded = [](const Shape<Rank>& pad, auto&& f) {
-    if (numel(pad) == 0) return;
-    Shape<Rank> p{};
-    while (true) {
-      f(static_cast<const Shape<Rank>&>(p));
-      int d = Rank;
-      while (d-- > 0) {
-        if (++p[d] < pad[d]) break;
-        p[d] = 0;
-      }
-      if (d < 0) return;
-    }
-  };
   auto whole_index = [&](const Shape<Rank>& c) {  // c: global coarse index, -1 .. m per dim
     int64_t k = 0;
     for (int d = 0; d < Rank; ++d) k = k * whole[d] + c[d] + 1;
     return k;
   };
-  each_padded(cpad, [&](const Shape<Rank>& p) {
+  for_each_index(cpad, [&](const Shape<Rank>& p) {
     Shape<Rank> c{};
     int outside = 0;
     bool mine = true;
@@ -142,7 +122,7 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
   all_reduce<T>(coarse.mesh.comm(), std::span<T>(all), ReduceOp::Sum);
   Field km(coarse.mesh, coarse.layout, detail::dirichlet_halo<Rank>(Stencil::Star));
   const Shape<Rank> moff = km.local_offset(), mlo = km.lo(), mpad = km.padded_shape();
-  each_padded(mpad, [&](const Shape<Rank>& p) {
+  for_each_index(mpad, [&](const Shape<Rank>& p) {
     Shape<Rank> c{};
     bool inside = true;
     for (int d = 0; d < Rank; ++d) {

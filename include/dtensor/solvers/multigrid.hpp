@@ -524,20 +524,6 @@ class MgSolver {
                   " grid, is not symmetric positive definite (its Cholesky factorization failed)");
   }
 
-  template <class F>
-  static void for_each_index(const Shape<Rank>& n, F&& f) {
-    if (numel(n) == 0) return;
-    Shape<Rank> i{};
-    while (true) {
-      f(static_cast<const Shape<Rank>&>(i));
-      int d = Rank;
-      while (d-- > 0) {
-        if (++i[d] < n[d]) break;
-        i[d] = 0;
-      }
-      if (d < 0) return;
-    }
-  }
   static int64_t linear(const Shape<Rank>& i, const Shape<Rank>& n) {
     int64_t k = 0;
     for (int d = 0; d < Rank; ++d) k = k * n[d] + i[d];

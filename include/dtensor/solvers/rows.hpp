@@ -9,6 +9,7 @@
 //                               interior, a Tensor or a view, checked for unit stride
 //   for_each_row(shape, f, v...)  f(row pointer of each view..., n) over every row
 //   for_each_row_start(shape, f)  f(index of the first cell of each row)
+//   for_each_index(shape, f)    f(index) of every cell
 //   dot_row(a, b, n)            Σ a[j] b[j] over a row, four partial sums wide
 //
 // The row kernels themselves are functions whose pointer parameters are
@@ -98,6 +99,24 @@ void for_each_row_start(const S& shape, F&& f) {
   while (true) {
     f(static_cast<const Shape<Rank>&>(idx));
     int d = Rank - 1;
+    while (d-- > 0) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+// Calls f(idx) for every index of `shape`, in row-major order (a cell at a time: for
+// setup and small grids; the kernels go a row at a time).
+template <class S, class F>
+void for_each_index(const S& shape, F&& f) {
+  constexpr int Rank = static_cast<int>(std::tuple_size_v<S>);
+  if (numel(shape) == 0) return;
+  Shape<Rank> idx{};
+  while (true) {
+    f(static_cast<const Shape<Rank>&>(idx));
+    int d = Rank;
     while (d-- > 0) {
       if (++idx[d] < shape[d]) break;
       idx[d] = 0;
