@@ -15,29 +15,11 @@
 #include <vector>
 
 #include "compare.hpp"
+#include "grid_index.hpp"
 #include "support.hpp"
 
 namespace dtensor::test {
 namespace {
-
-template <int R>
-using Index = std::array<int64_t, R>;
-
-template <int R, class F>
-void each_index(const Index<R>& shape, F&& f) {
-  for (int d = 0; d < R; ++d)
-    if (shape[d] == 0) return;
-  Index<R> i{};
-  while (true) {
-    f(static_cast<const Index<R>&>(i));
-    int d = R;
-    while (d-- > 0) {
-      if (++i[d] < shape[d]) break;
-      i[d] = 0;
-    }
-    if (d < 0) return;
-  }
-}
 
 template <int R>
 int64_t lin(const Index<R>& n, const Index<R>& i) {
