@@ -165,7 +165,8 @@ Timing run_petsc(MPI_Comm comm, const Problem& pb, const char* pc_type, int reps
     KSPConvergedReason reason;
     BENCH_PETSC(KSPGetIterationNumber(ksp, &its));
     BENCH_PETSC(KSPGetConvergedReason(ksp, &reason));
-    if (reason <= 0) throw std::runtime_error(t.method + " did not converge (reason " + std::to_string(int(reason)) + ")");
+    if (reason <= 0)
+      throw std::runtime_error(t.method + " did not converge (reason " + std::to_string(int(reason)) + ")");
     PetscReal rnorm = 0, bnorm = 0;
     BENCH_PETSC(KSPGetResidualNorm(ksp, &rnorm));
     BENCH_PETSC(VecNorm(b, NORM_2, &bnorm));

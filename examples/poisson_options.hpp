@@ -27,7 +27,8 @@ struct Args {
 template <class Op, class Vec>
 dtensor::SolveResult solve_with(const Op& A, const Vec& b, Vec& x, const Args& a) {
   const dtensor::StopCriteria stop{.max_iters = 100000, .rtol = a.rtol};
-  if (a.solver == "cg") return dtensor::cg(A, b, x, dtensor::CgOptions{.stop = stop, .variant = a.variant, .mode = a.mode});
+  if (a.solver == "cg")
+    return dtensor::cg(A, b, x, dtensor::CgOptions{.stop = stop, .variant = a.variant, .mode = a.mode});
   dtensor::MgOptions mo = a.mg;
   mo.stop = {.max_iters = 1000, .rtol = a.rtol};
   mo.mode = a.mode;

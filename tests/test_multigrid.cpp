@@ -290,7 +290,8 @@ void check_h_independent(Problem p, const std::vector<int64_t>& sizes, const MgO
       Index<R> shape;
       shape.fill(n);
       const Outcome o = solve_problem<R, Shard<0>>(p, DeviceMesh<1>(comm), shape, opt);
-      INFO(std::string(name(p)), ", ", n, "^", R, ", ", o.levels, " levels: ", o.mg.to_string(), "; pcg: ", o.pcg.to_string());
+      INFO(std::string(name(p)), ", ", n, "^", R, ", ", o.levels, " levels: ", o.mg.to_string(),
+           "; pcg: ", o.pcg.to_string());
       CHECK(o.mg.converged);
       CHECK(o.pcg.converged);
       CHECK(o.levels >= 2);

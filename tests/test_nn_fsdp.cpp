@@ -280,7 +280,8 @@ TEST_CASE("fsdp: mixed precision, float compute and gathers, double master shard
 // Partial over H too, are reduce-scattered over DP and all-reduced over H on the shards.
 using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, /*dp*/ 0, /*H*/ 1, nn::kNone>>;
 constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
-using ShardedCnn = nn::Sequential<FullyShard<nn::Conv<DpH, 2, 4, k3>>, nn::ReLU<DpH>, FullyShard<nn::Conv<DpH, 4, 3, k3>>>;
+using ShardedCnn =
+    nn::Sequential<FullyShard<nn::Conv<DpH, 2, 4, k3>>, nn::ReLU<DpH>, FullyShard<nn::Conv<DpH, 4, 3, k3>>>;
 constexpr auto kCnnPlan = ShardedCnn::plan(ShardedCnn::output_placements, 2, true);
 static_assert(kCnnPlan.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2 &&
               kCnnPlan.count(nn::Phase::GradReduce, StepKind::AllReduce, 1) == 4 &&

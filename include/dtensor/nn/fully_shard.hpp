@@ -211,7 +211,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
               constexpr auto s = detail::shard_of<L, I>::state;
               const int64_t elements = d.shape.dims[0] * (d.shape.ndim > 1 ? d.shape.dims[1] : 1);
               if constexpr (detail::shard_of<L, I>::sharded) {
-                if (!is_reduce_scatter_source(d.grad)) throw "dtensor::nn::FullyShard: a gradient not Partial<Sum> over DP";
+                if (!is_reduce_scatter_source(d.grad))
+                  throw "dtensor::nn::FullyShard: a sharded parameter's gradient is not Partial<Sum> over DP";
                 add_part(gather, elements, s);
                 add_part(scatter, elements, d.grad);
                 add_reductions(p, layer, k, s, reduced_grad(s, d.grad), d.shape.dims, d.shape.ndim);
@@ -276,7 +277,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
  private:
   static constexpr void add_part(PlannedCollective<M>& c, int64_t elements, const State& before) {
     if (c.nparts == 0) c.before = before;
-    if (c.nparts == PlannedCollective<M>::kMaxParts) throw "dtensor::nn::FullyShard: more parameters than a plan entry holds";
+    if (c.nparts == PlannedCollective<M>::kMaxParts)
+      throw "dtensor::nn::FullyShard: more sharded parameters in one layer than a plan entry holds";
     c.parts[c.nparts++] = {elements, before};
     c.elements += elements;
   }
@@ -487,8 +489,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
         constexpr std::size_t I = i();
         const auto& g = inner_parameter<I>().grad();
         for_each_piece<I>(n, [&](int r, const Region& piece, int64_t pn) {
-          local::copy_region(dev, g.data(), piece, send.data(), Region::contiguous(cursor[static_cast<std::size_t>(r)], pn),
-                             sizeof(T));
+          local::copy_region(dev, g.data(), piece, send.data(),
+                             Region::contiguous(cursor[static_cast<std::size_t>(r)], pn), sizeof(T));
           cursor[static_cast<std::size_t>(r)] += pn;
         });
       });

@@ -117,7 +117,8 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
       outside += out;
       mine = mine && (out || (p[d] >= clo[d] && p[d] < clo[d] + cn[d]));
     }
-    if (mine && outside <= 1) all[whole_index(c)] = kc.storage().data()[detail::offset_of<Rank>(p, kc.storage().strides())];
+    if (mine && outside <= 1)
+      all[whole_index(c)] = kc.storage().data()[detail::offset_of<Rank>(p, kc.storage().strides())];
   });
   all_reduce<T>(coarse.mesh.comm(), std::span<T>(all), ReduceOp::Sum);
   Field km(coarse.mesh, coarse.layout, detail::dirichlet_halo<Rank>(Stencil::Star));

@@ -356,7 +356,8 @@ class MgSolver {
     for (int l = 1; l < nlev; ++l)
       for (int d = 0; d < Rank; ++d) coarsest[d] = coarse_extent(coarsest[d]);
     DTENSOR_CHECK(numel(coarsest) <= opt_.max_direct, InvalidArgument, "MgSolver: the coarsest grid, ",
-                  to_string(coarsest), ", has ", numel(coarsest), " nodes, more than the direct solve takes (max_direct = ",
+                  to_string(coarsest), ", has ", numel(coarsest),
+                  " nodes, more than the direct solve takes (max_direct = ",
                   opt_.max_direct, "); allow more levels");
 
     levels_.push_back(std::make_unique<Level>(like.mesh(), like.layout()));
@@ -374,7 +375,9 @@ class MgSolver {
       // An operator type with no coarse_operator overload gets R A P on every level.
       constexpr bool rediscretizable = requires { coarse_operator(A, cg); };
       if (!rediscretizable || fine.galerkin || !nested || opt_.coarse == MgCoarse::Galerkin) {
-        with_operator(fine, [&](const auto& Af) { next->galerkin.emplace(galerkin_operator(Af, fine.x[0], *fine.r, cg)); });
+        with_operator(fine, [&](const auto& Af) {
+          next->galerkin.emplace(galerkin_operator(Af, fine.x[0], *fine.r, cg));
+        });
       } else if constexpr (rediscretizable) {
         next->owned.emplace(coarse_operator(*fine.A, cg));
         next->A = &*next->owned;
