@@ -457,6 +457,11 @@ TEST_CASE("multigrid: on n ranks the iterates of one rank, uneven, one-node and 
     check_against_one_rank<2, Shard<0>>(mesh, {63, 31}, Splits<2>{{std::vector<int64_t>{30, 1, 32}, {}}}, all, opt);
     check_against_one_rank<2, Shard<0>>(mesh, {64, 31}, Splits<2>{{std::vector<int64_t>{40, 0, 24}, {}}},
                                         {Problem::Lap5}, opt);
+    // Empty blocks at both ends: the moved levels' coefficient keeps its boundary values.
+    check_against_one_rank<2, Shard<0>>(mesh, {63, 31}, Splits<2>{{std::vector<int64_t>{0, 63, 0}, {}}},
+                                        {Problem::Var5}, opt);
+    check_against_one_rank<2, Shard<1>>(mesh, {31, 63}, Splits<2>{{{}, std::vector<int64_t>{0, 30, 33}}},
+                                        {Problem::Var5}, opt);
   });
   spmd(4, [&](Comm& comm) {
     check_against_one_rank<2, Shard<0>, Shard<1>>(DeviceMesh<2>(comm, {2, 2}), {63, 45}, {}, all, opt);

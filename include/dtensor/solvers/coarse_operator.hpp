@@ -115,7 +115,10 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
       c[d] = coff[d] + p[d] - clo[d];
       const bool out = c[d] < 0 || c[d] >= cg[d];
       outside += out;
-      mine = mine && (out || (p[d] >= clo[d] && p[d] < clo[d] + cn[d]));
+      // A boundary node is this rank's where it holds the interior node next to it
+      // (an empty block at either end sees the boundary in its ghosts too).
+      const int64_t owner_of = c[d] < 0 ? 0 : (c[d] >= cg[d] ? cg[d] - 1 : c[d]);
+      mine = mine && owner_of >= coff[d] && owner_of < coff[d] + cn[d];
     }
     if (mine && outside <= 1)
       all[whole_index(c)] = kc.storage().data()[detail::offset_of<Rank>(p, kc.storage().strides())];
