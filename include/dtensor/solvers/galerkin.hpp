@@ -164,13 +164,7 @@ StencilField<T, Rank> galerkin_operator(const Op& A, Ghosted<T, Rank, P...>& v, 
   Tensor<T, Rank> e(cn), y(cn);
   auto each_cell = [&](auto&& f) {  // f(local index, linear position)
     int64_t i = 0;
-    for_each_row_start(cn, [&](const Shape<Rank>& start) {
-      Shape<Rank> c = start;
-      for (int64_t j = 0; j < cn[Rank - 1]; ++j, ++i) {
-        c[Rank - 1] = j;
-        f(static_cast<const Shape<Rank>&>(c), i);
-      }
-    });
+    for_each_index(cn, [&](const Shape<Rank>& c) { f(c, i++); });
   };
   for (int k = 0; k < points; ++k) {
     const Shape<Rank> cls = detail::neighbour_offset<Rank>(k);  // the class: cls[d] + 1 = index mod 3

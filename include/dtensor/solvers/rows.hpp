@@ -112,17 +112,10 @@ void for_each_row_start(const S& shape, F&& f) {
 template <class S, class F>
 void for_each_index(const S& shape, F&& f) {
   constexpr int Rank = static_cast<int>(std::tuple_size_v<S>);
-  if (numel(shape) == 0) return;
-  Shape<Rank> idx{};
-  while (true) {
-    f(static_cast<const Shape<Rank>&>(idx));
-    int d = Rank;
-    while (d-- > 0) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
-    if (d < 0) return;
-  }
+  for_each_row_start(shape, [&](const Shape<Rank>& start) {
+    Shape<Rank> idx = start;
+    for (idx[Rank - 1] = 0; idx[Rank - 1] < shape[Rank - 1]; ++idx[Rank - 1]) f(static_cast<const Shape<Rank>&>(idx));
+  });
 }
 
 // Calls f(row of v0, row of v1, ..., n) for every row of `shape` (n = shape[Rank-1]).
