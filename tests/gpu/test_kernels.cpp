@@ -20,6 +20,8 @@
 #include "dtensor/compute/attention.hpp"
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/cuda/kernels.hpp"
+#include "dtensor/cuda/memory.hpp"
+#include "dtensor/cuda/stream.hpp"
 
 namespace {
 
@@ -614,6 +616,21 @@ TEST_CASE("attention_forward and attention_backward equal the host's tiled core"
   const AttentionDims huge{.batch = 1, .heads = 1, .kv_heads = 1, .q_len = 1, .kv_len = 1, .head_dim = 1 << 16};
   CHECK_THROWS_AS(k::attention_forward(DType::Float64, huge, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, s),
                   dtensor::InvalidArgument);
+}
+
+// A device block that a static object frees at exit: the main thread's thread_locals
+// (its stream among them) end before static objects, so the block must be freed on
+// the side, not on the destroyed stream (cudaFreeAsync on it crashed in the driver at
+// bench_cuda's exit on an H100). A regression shows as this binary's exit status.
+TEST_CASE("a device block held by a static object is freed at exit, after the thread's stream has ended") {
+  struct Held {
+    void* p = nullptr;
+    ~Held() { dtensor::cuda::detail::deallocate(p, 256, 0); }
+  };
+  dtensor::cuda::set_device(0);
+  REQUIRE(dtensor::cuda::current_stream() != nullptr);  // made before `held`: ends first
+  static Held held{dtensor::cuda::detail::allocate(256, 0)};
+  CHECK(held.p != nullptr);
 }
 
 }  // namespace

@@ -42,12 +42,23 @@ struct ThreadStream {
   cudaStream_t stream = nullptr;
   int device = -1;
   bool owned = false;
-  ~ThreadStream() {
-    if (owned && stream) (void)cudaStreamDestroy(stream);
+};
+// Destroys the stream at thread end and forgets it. The record itself is trivially
+// destructible, so it stays readable after that: at exit the main thread's
+// thread_locals end before static objects, and a device block a static object frees
+// then must see "no stream" (and be freed on the side), not a destroyed stream's
+// handle (cudaFreeAsync on it crashed the driver: bench_cuda's exit on an H100).
+struct ThreadStreamCloser {
+  ThreadStream* s;
+  ~ThreadStreamCloser() {
+    if (s->owned && s->stream) (void)cudaStreamDestroy(s->stream);
+    *s = {};
   }
 };
 inline ThreadStream& thread_stream() {
   thread_local ThreadStream s;
+  thread_local ThreadStreamCloser closer{&s};
+  (void)closer;
   return s;
 }
 }  // namespace detail
