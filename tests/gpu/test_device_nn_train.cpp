@@ -2,7 +2,8 @@
 // dropout, mean squared error), the cross-entropy loss (classes sharded over ranks and
 // replicated, label smoothing, class weights, ignored targets, targets on the host or
 // on the device), SGD with momentum and AdamW with clip_grad_norm, and a small CNN
-// with BatchNorm and GroupNorm trained for a few steps, on the in-process runtime with
+// with BatchNorm and GroupNorm trained for a few steps, and a FullyShard model (its
+// gathers, reduce-scatters and sharded AdamW), on the in-process runtime with
 // RunOptions::device. Each result must equal the same run on host buffers, to
 // rounding: test_nn_loss, test_nn_image_norm, test_nn_mlp and train_cnn check the host
 // against independent references; this file checks the device paths (the loss's
@@ -364,9 +365,12 @@ auto normal_input(const Shape<3>& shape) {
 }
 
 // A layer without parameters alone (made by Layer{}): rank 0's gathered output and
-// input gradient, for the input `s` and the gradient dy_of(y, mesh).
+// input gradient, for the input `s` (drawn by `draw`) and the gradient dy_of(y, mesh).
+// Uniform draws are the host's bit for bit on a GPU; normal ones within a few ulp
+// (the GPU's log and cos are not correctly rounded).
 template <class Layer, int M, std::size_t R, class DyOf>
-std::vector<double> parameterless_run(Device dev, const std::array<int, M>& shape, const Shape<R>& s, DyOf dy_of) {
+std::vector<double> parameterless_run(Device dev, const std::array<int, M>& shape, const Shape<R>& s, DyOf dy_of,
+                                      CounterDraw::Kind draw = CounterDraw::Kind::Normal) {
   std::vector<double> out;
   RunOptions opt;
   opt.device = dev;
@@ -375,8 +379,7 @@ std::vector<double> parameterless_run(Device dev, const std::array<int, M>& shap
       [&](Comm& comm) {
         const DeviceMesh<M> mesh(comm, shape);
         Layer layer;
-        const auto x = dtensor::detail::counter_fill<typename Layer::InputT>(
-            s, mesh, {}, {.kind = CounterDraw::Kind::Normal, .seed = 8});
+        const auto x = dtensor::detail::counter_fill<typename Layer::InputT>(s, mesh, {}, {.kind = draw, .seed = 8});
         const auto y = layer.forward(x);
         CHECK(y.local().device() == dev);
         const auto dx = layer.template backward<true>(dy_of(y, mesh));
@@ -432,10 +435,14 @@ TEST_CASE("attention, SwiGLU, position embeddings, transformer blocks, image tok
     using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;  // batch over 0, rows over 1
     INFO("image rows to tokens and back, 2x2 (batch x rows), uneven");
     const auto dy_is_y = [](const auto& y, const auto&) { return y; };  // in the tokens' blocks
-    const auto host = parameterless_run<nn::ImageTokens<DpH>, 2>(Device::host(), {2, 2}, Shape<4>{3, 4, 5, 6}, dy_is_y);
-    const auto dev = parameterless_run<nn::ImageTokens<DpH>, 2>(Device::cuda(0), {2, 2}, Shape<4>{3, 4, 5, 6}, dy_is_y);
+    // Moves only: the same bits, from an input drawn the same on both (uniform).
+    constexpr auto uniform = CounterDraw::Kind::Uniform;
+    const auto host =
+        parameterless_run<nn::ImageTokens<DpH>, 2>(Device::host(), {2, 2}, Shape<4>{3, 4, 5, 6}, dy_is_y, uniform);
+    const auto dev =
+        parameterless_run<nn::ImageTokens<DpH>, 2>(Device::cuda(0), {2, 2}, Shape<4>{3, 4, 5, 6}, dy_is_y, uniform);
     REQUIRE(!host.empty());
-    CHECK(worst(host, dev) == 0);  // moves only
+    CHECK(worst(host, dev) == 0);
   }
   for (int ranks : {1, 3}) {
     INFO("token mean pool, batch over ", ranks, " ranks");
@@ -471,4 +478,85 @@ TEST_CASE("context-parallel attention on device buffers equals the host's: ring,
   using TpRing = MakeAttention<TpCp, kBalanced, nn::HeadParallel<>>;
   layer_same_on_device<2>("load-balanced ring under heads over TP (2x2)", {2, 2}, TpRing{},
                           normal_input<TpRing::Model>({2, 11, 16}));
+}
+
+// --- fully sharded data parallelism: gathers, reduce-scatters and shard updates on device
+// buffers ---
+
+namespace {
+
+constexpr int64_t kFsdpIn = 5, kFsdpHidden = 7, kFsdpOut = 3, kFsdpBatch = 6;
+
+template <class Cfg>
+using FsdpFirst =
+    nn::Linear<Cfg, kFsdpIn, kFsdpHidden, std::conditional_t<(Cfg::tp >= 0), nn::Colwise, nn::NoParallel>>;
+template <class Cfg>
+using FsdpSecond =
+    nn::Linear<Cfg, kFsdpHidden, kFsdpOut, std::conditional_t<(Cfg::tp >= 0), nn::Rowwise, nn::NoParallel>>;
+template <class Cfg, bool Reshard>
+using FsdpMlp = nn::Sequential<nn::FullyShard<FsdpFirst<Cfg>, Reshard>, nn::GELU<Cfg>,
+                               nn::FullyShard<FsdpSecond<Cfg>, Reshard>>;
+
+// Rank 0's losses and clip norms of 4 steps of AdamW with clip_grad_norm, then every
+// parameter gathered whole.
+template <class Cfg, bool Reshard>
+std::vector<double> fsdp_run(Device dev, const std::array<int, Cfg::M>& shape) {
+  std::vector<double> out;
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      ranks_of<Cfg::M>(shape),
+      [&](Comm& comm) {
+        DeviceMesh<Cfg::M> mesh(comm, shape);
+        using Model = FsdpMlp<Cfg, Reshard>;
+        Model model(nn::FullyShard<FsdpFirst<Cfg>, Reshard>(FsdpFirst<Cfg>(mesh, {1})), nn::GELU<Cfg>(),
+                    nn::FullyShard<FsdpSecond<Cfg>, Reshard>(FsdpSecond<Cfg>(mesh, {2})));
+        nn::MSELoss<Cfg> loss;
+        nn::AdamW adam({.lr = 0.01, .eps = 1e-4});  // eps: see train_run
+        std::vector<double> mine;
+        for (int step = 0; step < 4; ++step) {
+          const auto x = dtensor::detail::generate<typename Model::InputT>(
+              {kFsdpBatch, kFsdpIn}, mesh, {},
+              [&](uint64_t i) { return dtensor::detail::normal_value<double>(500 + step, i); });
+          const auto t = dtensor::detail::generate<typename Model::OutputT>(
+              {kFsdpBatch, kFsdpOut}, mesh, {}, [&](uint64_t i) { return std::sin(0.3 * double(i % 11) + step); });
+          model.zero_grad();
+          const auto y = model.forward(x);
+          CHECK(y.local().device() == dev);
+          mine.push_back(loss.forward(y, t));
+          model.backward(loss.backward(y));
+          mine.push_back(nn::clip_grad_norm(model, 0.5));
+          adam.step(model);
+        }
+        model.for_each_parameter([&](auto& p) {
+          CHECK(p.value().local().device() == dev);
+          const auto v = nn::detail::host_values(p.value().full_tensor());
+          mine.insert(mine.end(), v.begin(), v.end());
+        });
+        if (comm.rank() == 0) out = std::move(mine);
+      },
+      opt);
+  return out;
+}
+
+template <class Cfg, bool Reshard>
+void fsdp_same_on_device(const std::array<int, Cfg::M>& shape) {
+  INFO("reshard_after_forward ", Reshard, ", mesh of ", ranks_of<Cfg::M>(shape), " ranks, ", Cfg::M, "-D");
+  const auto host = fsdp_run<Cfg, Reshard>(Device::host(), shape);
+  const auto dev = fsdp_run<Cfg, Reshard>(Device::cuda(0), shape);
+  REQUIRE(host.size() == static_cast<std::size_t>(8 + kFsdpIn * kFsdpHidden + kFsdpHidden +
+                                                  kFsdpHidden * kFsdpOut + kFsdpOut));
+  CHECK(std::all_of(host.begin(), host.end(), [](double v) { return std::isfinite(v); }));
+  CHECK(worst(host, dev) < 1e-12);
+}
+
+}  // namespace
+
+TEST_CASE("fully sharded data parallelism on device buffers equals the host's: 1-D DP, DP x TP") {
+  using Dp1 = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
+  using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
+  fsdp_same_on_device<Dp1, true>({3});  // rows 3|3|1, an output bias of one row each
+  fsdp_same_on_device<Dp1, false>({4});  // an empty shard of the output layer
+  fsdp_same_on_device<DpTp, true>({2, 2});
+  fsdp_same_on_device<DpTp, false>({3, 2});
 }
