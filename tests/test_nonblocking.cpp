@@ -1,4 +1,4 @@
-// Non-blocking collectives (Comm::start_all_reduce) against the blocking all_reduce
+// Non-blocking collectives (Comm::start_all_reduce, start_all_gather) against the blocking ones
 // and exact expected values, on the in-process runtime and, through the _mpi binary,
 // on MPI: every reduction and common element type, in place and not, empty and
 // multi-chunk sizes, several in flight completed in reverse order, test() polling,
@@ -287,6 +287,108 @@ TEST_CASE("under MPI in guarded mode, ranks that disagree on the size get a Comm
   });
 }
 
+// ---- start_all_gather ----
+
+namespace {
+// Rank k's block: k + 1 elements (rank 0 one, ...) or, with `empty_rank`, none on
+// that rank; packed rank after rank in the gathered buffer.
+std::vector<Block> gather_blocks(int n, int empty_rank) {
+  std::vector<Block> b;
+  int64_t at = 0;
+  for (int k = 0; k < n; ++k) {
+    const int64_t len = k == empty_rank ? 0 : 3 * k + 1;
+    b.push_back(Block::contiguous(at, len));
+    at += len;
+  }
+  return b;
+}
+int64_t gathered_count(const std::vector<Block>& b) { return b.back().offset + b.back().len; }
+}  // namespace
+
+TEST_CASE("start_all_gather equals all_gather and the closed form: uneven, empty and strided blocks") {
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [](Comm& comm) {
+      const int n = comm.size(), me = comm.rank();
+      for (int empty_rank : {-1, n - 1}) {
+        INFO("ranks ", n, ", empty block on rank ", empty_rank);
+        const auto blocks = gather_blocks(n, empty_rank);
+        const auto mine = input<double>(me, blocks[static_cast<std::size_t>(me)].len);
+        std::vector<double> expect(static_cast<std::size_t>(gathered_count(blocks)), -1.0), got = expect;
+        comm.all_gather(mine.data(), Block::contiguous(0, static_cast<int64_t>(mine.size())), expect.data(), blocks,
+                        DType::Float64);
+        Request r = comm.start_all_gather(mine.data(), Block::contiguous(0, static_cast<int64_t>(mine.size())),
+                                          got.data(), blocks, DType::Float64);
+        r.wait();
+        CHECK(got == expect);
+        for (int k = 0; k < n; ++k)  // the closed form: rank k's values at its block
+          for (int64_t i = 0; i < blocks[static_cast<std::size_t>(k)].len; ++i)
+            CHECK(got[static_cast<std::size_t>(blocks[static_cast<std::size_t>(k)].offset + i)] == val<double>(k, i));
+      }
+      // Strided: each rank sends column `me` of a 5 x n row-major matrix into column
+      // `me` of everyone's.
+      std::vector<float> a(static_cast<std::size_t>(5 * n), 0.0f), b(a.size(), -1.0f);
+      for (int r = 0; r < 5; ++r) a[static_cast<std::size_t>(r * n + me)] = static_cast<float>(10 * r + me);
+      std::vector<Block> cols;
+      for (int k = 0; k < n; ++k) cols.push_back(Block{k, 5, n, 1});
+      comm.start_all_gather(a.data(), cols[static_cast<std::size_t>(me)], b.data(), cols, DType::Float32).wait();
+      for (int r = 0; r < 5; ++r)
+        for (int k = 0; k < n; ++k) CHECK(b[static_cast<std::size_t>(r * n + k)] == static_cast<float>(10 * r + k));
+    });
+}
+
+TEST_CASE("start_all_gather: several in flight complete in reverse order, beside collectives and exchanges") {
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [](Comm& comm) {
+      const int n = comm.size(), me = comm.rank();
+      const auto blocks = gather_blocks(n, -1);
+      const int64_t len = blocks[static_cast<std::size_t>(me)].len;
+      std::vector<std::vector<int64_t>> mine, got;
+      for (int g = 0; g < 3; ++g) {
+        mine.push_back(input<int64_t>(me, len, g));
+        got.emplace_back(static_cast<std::size_t>(gathered_count(blocks)), -1);
+      }
+      std::vector<Request> rs;
+      for (int g = 0; g < 3; ++g) {
+        rs.push_back(comm.start_all_gather(mine[g].data(), Block::contiguous(0, len), got[g].data(), blocks,
+                                           DType::Int64));
+        // A blocking collective and a ring shift while the gathers are in flight.
+        std::vector<int64_t> c(2, me + 1);
+        all_reduce<int64_t>(comm, c);
+        CHECK(c[0] == n * (n + 1) / 2);
+        int64_t to = me, from = -1;
+        comm.sendrecv(&to, Region::contiguous(0, 1), (me + 1) % n, &from, Region::contiguous(0, 1), (me + n - 1) % n,
+                      DType::Int64, g);
+        CHECK(from == (me + n - 1) % n);
+      }
+      for (int g = 2; g >= 0; --g) rs[static_cast<std::size_t>(g)].wait();
+      for (int g = 0; g < 3; ++g)
+        for (int k = 0; k < n; ++k)
+          for (int64_t i = 0; i < blocks[static_cast<std::size_t>(k)].len; ++i)
+            CHECK(got[g][static_cast<std::size_t>(blocks[static_cast<std::size_t>(k)].offset + i)] ==
+                  val<int64_t>(k, i, g));
+    });
+}
+
+TEST_CASE("start_all_gather over each dim of a 2x3 mesh") {
+  spmd(6, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 3});
+    for (int d = 0; d < 2; ++d) {
+      Comm& sub = mesh.comm(d);
+      const auto blocks = gather_blocks(sub.size(), -1);
+      const int64_t len = blocks[static_cast<std::size_t>(sub.rank())].len;
+      const auto mine = input<double>(comm.rank(), len, d);  // keyed by world rank
+      std::vector<double> got(static_cast<std::size_t>(gathered_count(blocks)), -1.0);
+      sub.start_all_gather(mine.data(), Block::contiguous(0, len), got.data(), blocks, DType::Float64).wait();
+      auto c = mesh.coords();
+      for (int k = 0; k < sub.size(); ++k) {
+        c[d] = k;
+        CHECK(got[static_cast<std::size_t>(blocks[static_cast<std::size_t>(k)].offset)] ==
+              val<double>(mesh.rank_of(c), 0, d));
+      }
+    }
+  });
+}
+
 // ---- Failures, in-process (under MPI a failing rank aborts the job: run_mpi) ----
 
 TEST_CASE("non-blocking all-reduce: a rank that throws fails every waiting rank at once") {
@@ -474,4 +576,64 @@ TEST_CASE("non-blocking all-reduce: a Request dropped before completion fails it
     }
     CHECK(errors == 2);
   }
+}
+
+TEST_CASE("start_all_gather: a rank that throws with its gather in flight fails every waiting rank at once") {
+  if (skip_under_mpi("fault test: a failing rank aborts an MPI job")) return;
+  const auto t0 = Clock::now();
+  std::atomic<int> aborted{0};
+  CHECK_THROWS_WITH_AS(run_threads(
+                           3,
+                           [&](Comm& comm) {
+                             const auto blocks = gather_blocks(3, -1);
+                             auto mine = std::make_unique<std::vector<double>>(
+                                 input<double>(comm.rank(), blocks[static_cast<std::size_t>(comm.rank())].len));
+                             std::vector<double> got(static_cast<std::size_t>(gathered_count(blocks)));
+                             const auto own = Block::contiguous(0, static_cast<int64_t>(mine->size()));
+                             if (comm.rank() == 1) {
+                               Request r = comm.start_all_gather(mine->data(), own, got.data(), blocks, DType::Float64);
+                               throw std::runtime_error("rank 1 quits mid-gather");  // r, then mine, go
+                             }
+                             try {  // the start is refused if rank 1 has failed already
+                               Request r = comm.start_all_gather(mine->data(), own, got.data(), blocks, DType::Float64);
+                               r.wait();
+                               comm.barrier();
+                             } catch (const std::exception&) {
+                               ++aborted;
+                               throw;
+                             }
+                           },
+                           with_timeout(30)),
+                       "dtensor: rank 1 failed: rank 1 quits mid-gather", RankFailure);
+  CHECK(aborted == 2);
+  CHECK(seconds_since(t0) < 5);
+}
+
+TEST_CASE("start_all_gather: ranks that disagree on a block's size get an error on both sides") {
+  if (skip_under_mpi("fault test: a failing rank aborts an MPI job")) return;
+  std::atomic<int> errors{0};
+  try {
+    run_threads(
+        2,
+        [&](Comm& comm) {
+          // Rank 1 sends 3 elements where rank 0 expects 2 from it.
+          std::vector<Block> blocks = {Block::contiguous(0, 2), Block::contiguous(2, comm.rank() == 0 ? 2 : 3)};
+          std::vector<double> mine(static_cast<std::size_t>(blocks[static_cast<std::size_t>(comm.rank())].len), 1.0);
+          std::vector<double> got(5);
+          try {
+            comm.start_all_gather(mine.data(), Block::contiguous(0, int64_t(mine.size())), got.data(), blocks,
+                                  DType::Float64)
+                .wait();
+          } catch (const std::exception& e) {
+            INFO(std::string(e.what()));
+            CHECK(std::string(e.what()).find("element") != std::string::npos);
+            ++errors;
+            throw;
+          }
+        },
+        with_timeout(30));
+    FAIL("no error");
+  } catch (const RankFailure&) {
+  }
+  CHECK(errors == 2);  // both sides of the mismatched message
 }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "dtensor/comm/block.hpp"
 #include "dtensor/comm/dtype.hpp"
@@ -77,6 +78,33 @@ class Comm {
   // recv_blocks must be the same on every rank (they describe the gathered result).
   virtual void all_gather(const void* send, Block send_block, void* recv,
                           std::span<const Block> recv_blocks, DType) = 0;
+
+  // Non-blocking all_gather: posts it and returns at once; the Request completes it
+  // (recv_blocks[k] of `recv` holds rank k's block once wait() returns or test()
+  // returns true). Between the two the caller must not write `send` nor touch `recv`.
+  // Made of point-to-point messages (one start_exchange: this rank's block to every
+  // rank, itself included, tag kAllGatherTag), so every runtime has it with the
+  // exchange's rules: sizes that disagree fail both sides, and a peer that fails or
+  // never posts ends every wait with an exception, never a hang. Messages of one tag
+  // match in posting order, so several may be in flight at once provided every rank
+  // starts them in the same order; a program's own exchanges must not use the tag.
+  // (nn::FullyShard prefetches the next layer's parameters with it.)
+  static constexpr int kAllGatherTag = (1 << 13) - 8;  // below realign's and the halo exchanges' tags
+  virtual Request start_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+                                   DType t) {
+    check_peers(recv_blocks, "all_gather (non-blocking)");
+    std::vector<SendSpec> sends;
+    std::vector<RecvSpec> recvs;
+    sends.reserve(static_cast<std::size_t>(size()));
+    recvs.reserve(static_cast<std::size_t>(size()));
+    const Region mine = Region::of(send_block).simplified();
+    for (int k = 0; k < size(); ++k) {
+      sends.push_back({k, kAllGatherTag, send, mine});
+      const Region theirs = Region::of(recv_blocks[static_cast<std::size_t>(k)]).simplified();
+      recvs.push_back({k, kAllGatherTag, recv, theirs, false});
+    }
+    return start_exchange(sends, recvs, t);
+  }
 
   // This rank's `recv_block` of `recv` = reduction over ranks k of `send_blocks[rank()]` of k's `send`.
   virtual void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv,
