@@ -4,7 +4,10 @@
 // and of AdamW, to the same model replicated over DP and to one rank, on 1-D meshes of
 // 1-4 ranks (weights and biases that do not divide, an empty shard, a bias smaller than
 // the mesh) and on 2x2 and 2x3 DP x TP meshes (colwise/rowwise: the TP shards sharded
-// again over DP), with the collectives counted against the plan; the shards' bytes.
+// again over DP), with the collectives counted against the plan; the shards' bytes;
+// the next layer's gather prefetched (forward and backward, into and past a block),
+// counted per layer, with the same bits as without; a rank failing with a prefetched
+// gather in flight.
 // Runs in-process and, through test_nn_fsdp_mpi, under mpirun on 1-4 processes.
 #include <algorithm>
 #include <atomic>
@@ -229,6 +232,98 @@ TEST_CASE("fsdp: DP x TP, the tensor-parallel shards sharded again over DP (2x2,
   check_fsdp_training<Cfg2>({3, 2}, adamw, "AdamW");
 }
 
+// --- prefetch -----------------------------------------------------------------------
+
+// Gathers per step of the two fully sharded layers of Sharded<Cfg, Reshard>, by how
+// they completed.
+struct GatherCounts {
+  int first_blocking, first_prefetched, second_blocking, second_prefetched;
+};
+
+template <class Cfg, bool Reshard>
+void check_prefetch(const std::array<int, Cfg::M>& shape) {
+  constexpr int steps = 3;
+  int n = 1;
+  for (int s : shape) n *= s;
+  // Forward: the first layer's gather is blocking, the second's started before the
+  // first layer (and the activation) run. Backward, when released after the forward:
+  // the second's is blocking, the first's started before the second's backward.
+  const GatherCounts on = Reshard ? GatherCounts{1, 1, 1, 1} : GatherCounts{1, 0, 0, 1};
+  const GatherCounts off = Reshard ? GatherCounts{2, 0, 2, 0} : GatherCounts{1, 0, 1, 0};
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<Cfg::M> mesh(comm, shape);
+    INFO("reshard_after_forward ", Reshard, " on ", mesh.to_string());
+    std::vector<Trained> runs;
+    for (bool prefetch : {true, false}) {
+      auto model = make_sharded<Cfg, Reshard>(mesh);
+      nn::set_prefetch(model, prefetch);
+      CHECK(model.template layer<0>().prefetching() == prefetch);
+      auto opt = nn::AdamW({.lr = 0.01});
+      runs.push_back(train<Cfg>(model, opt, mesh, steps, false));
+      CHECK(runs.back().off_plan == 0);  // a prefetched gather counts as the plan's gather
+      const auto& a = model.template layer<0>().gather_stats();
+      const auto& b = model.template layer<2>().gather_stats();
+      const GatherCounts& want = prefetch ? on : off;
+      INFO("prefetch ", prefetch);
+      CHECK(a.blocking == steps * want.first_blocking);
+      CHECK(a.prefetched == steps * want.first_prefetched);
+      CHECK(b.blocking == steps * want.second_blocking);
+      CHECK(b.prefetched == steps * want.second_prefetched);
+      CHECK(a.wait_seconds >= 0);
+    }
+    check_same_training(runs[0], runs[1], 0);  // moves only: the same bits
+  });
+}
+
+TEST_CASE("fsdp: the next fully sharded layer's gather is prefetched, forward and backward; off, the same bits") {
+  check_prefetch<Cfg1, true>({3});
+  check_prefetch<Cfg1, false>({4});
+  check_prefetch<Cfg2, true>({2, 2});
+  check_prefetch<Cfg2, false>({3, 2});
+}
+
+// A block in the middle: the outer model prefetches into the block's first fully
+// sharded layer (forward) and last (backward), and past it.
+using Mid = nn::Linear<Cfg1, kHidden, kHidden>;
+using Block = nn::Sequential<nn::GELU<Cfg1>, FullyShard<Mid>>;
+using Nested = nn::Sequential<FullyShard<First<Cfg1>>, Block, FullyShard<Second<Cfg1>>>;
+using NestedPlain = nn::Sequential<First<Cfg1>, nn::Sequential<nn::GELU<Cfg1>, Mid>, Second<Cfg1>>;
+static_assert(Block::prefetches && !nn::Sequential<nn::GELU<Cfg1>, Mid>::prefetches);
+
+TEST_CASE("fsdp: prefetch into and past a block; training equals one rank") {
+  constexpr int steps = 3;
+  Trained one;
+  on_one_rank<1>([&](const DeviceMesh<1>& mesh) {
+    NestedPlain m(First<Cfg1>(mesh, {1}), nn::Sequential<nn::GELU<Cfg1>, Mid>(nn::GELU<Cfg1>(), Mid(mesh, {3})),
+                  Second<Cfg1>(mesh, {2}));
+    auto o = nn::SGD({.lr = 0.1, .momentum = 0.9});
+    one = train<Cfg1>(m, o, mesh, steps, false);
+  });
+  for (int n : {2, 3})
+    spmd(n, [&](Comm& comm) {
+      DeviceMesh<1> mesh(comm);
+      INFO("mesh ", mesh.to_string());
+      Nested m(FullyShard(First<Cfg1>(mesh, {1})), Block(nn::GELU<Cfg1>(), FullyShard(Mid(mesh, {3}))),
+               FullyShard(Second<Cfg1>(mesh, {2})));
+      auto o = nn::SGD({.lr = 0.1, .momentum = 0.9});
+      const Trained t = train<Cfg1>(m, o, mesh, steps, false);
+      CHECK(t.off_plan == 0);
+      check_same_training(t, one, 1e-12);
+      const auto& first = m.template layer<0>().gather_stats();
+      const auto& mid = m.template layer<1>().template layer<1>().gather_stats();
+      const auto& last = m.template layer<2>().gather_stats();
+      // Forward: first blocking, mid prefetched by the outer model, last prefetched
+      // while the block runs. Backward: last blocking, the block's mid prefetched, and
+      // first prefetched before the block's backward.
+      CHECK(first.blocking == steps);
+      CHECK(first.prefetched == steps);
+      CHECK(mid.prefetched == 2 * steps);
+      CHECK(mid.blocking == 0);
+      CHECK(last.prefetched == steps);
+      CHECK(last.blocking == steps);
+    });
+}
+
 // Mixed precision: float layers whose shards (and the optimizer's updates and state) are
 // kept in double.
 using CfgF = nn::Config<float, 2, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
@@ -296,10 +391,12 @@ TEST_CASE("fsdp: composes with domain parallelism (convolutions on images over D
   check_against_one_rank<ShardedCnn, 2>({3, 1}, make, {5, 2, 9, 7}, {5, 3, 9, 7}, 1e-11);
 }
 
-TEST_CASE("fsdp: a rank that fails before a layer's gather ends every rank at once, naming it") {
+TEST_CASE("fsdp: a rank that fails before a layer's gather or with a prefetched one in flight ends every rank") {
   if (skip_under_mpi("a failing rank ends an MPI job")) return;
-  for (const bool in_backward : {false, true}) {
-    INFO(std::string(in_backward ? "between the forward and the backward gathers" : "before the forward gather"));
+  for (const int where : {0, 1, 2}) {
+    const char* what[] = {"before the forward gather", "between the forward and the backward gathers",
+                          "with the second layer's prefetched gather in flight"};
+    INFO(std::string(what[where]));
     const auto t0 = Clock::now();
     std::atomic<int> aborted{0};
     CHECK_THROWS_WITH_AS(run_threads(
@@ -310,7 +407,14 @@ TEST_CASE("fsdp: a rank that fails before a layer's gather ends every rank at on
                                auto x = dtensor::detail::generate<Sharded<Cfg1>::InputT>(
                                    {kBatch, kIn}, mesh, {}, [](uint64_t i) { return input_value(0, i); });
                                try {
-                                 if (comm.rank() == 1 && !in_backward) throw std::runtime_error("no data on rank 1");
+                                 if (comm.rank() == 1 && where == 0) throw std::runtime_error("no data on rank 1");
+                                 if (where == 2) {
+                                   // As the model's forward starts: the first layer
+                                   // gathered, the second's gather started.
+                                   model.template layer<0>().unshard();
+                                   model.template layer<2>().prefetch();
+                                   if (comm.rank() == 1) throw std::runtime_error("no data on rank 1");
+                                 }
                                  auto y = model.forward(x);
                                  if (comm.rank() == 1) throw std::runtime_error("no data on rank 1");
                                  model.backward(dtensor::detail::generate<Sharded<Cfg1>::OutputT>(

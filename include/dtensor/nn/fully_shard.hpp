@@ -35,10 +35,18 @@
 // own T: FSDP2's MixedPrecisionPolicy with param_dtype = reduce_dtype = T. Converting
 // runs on the host (bfloat16 on a GPU is later work).
 //
-// Not yet: prefetching the next layer's gather (Comm has no non-blocking all-gather),
-// wrapping a block of layers (wrap its layers).
+// Prefetch (on by default; nn::set_prefetch(model, false) turns it off): a Sequential
+// completes a layer's gather just before the layer runs and then starts the gather of
+// the layer that runs next (nn/unshard.hpp), as a non-blocking all-gather
+// (Comm::start_all_gather), so it overlaps this layer's compute, forward and backward.
+// At most two layers' full parameters are held at a time. Every gather a model starts
+// is completed in the same pass.
+//
+// Not yet: wrapping a block of layers (wrap its layers).
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -55,6 +63,7 @@
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/unshard.hpp"
 
 namespace dtensor::nn {
 
@@ -243,6 +252,35 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
 
   const L& inner() const { return inner_; }
 
+  // FSDP2's unshard: the full parameters into L now (completing a prefetched gather).
+  void unshard() { gather(); }
+  // Starts the gather of L's parameters without waiting for it (a no-op when they are
+  // in L or on their way, or prefetching is off); unshard(), forward or backward
+  // completes it.
+  void prefetch() {
+    if constexpr (any_sharded) {
+      if (!prefetch_ || gathered_ || pending_) return;
+      auto g = std::make_unique<Gather>(pack_shards());
+      g->request = g->pk.comm->start_all_gather(g->send.data(), Block::contiguous(0, g->send.numel()),
+                                                g->recv.data(), g->pk.blocks, dtype_of<T>());
+      CommCounter::record(StepKind::AllGather, dp, static_cast<std::size_t>(g->send.numel()) * sizeof(T));
+      pending_ = std::move(g);
+    }
+  }
+  void set_prefetch(bool on) { prefetch_ = on; }
+  bool prefetching() const { return prefetch_; }
+
+  // This layer's gathers since construction or reset_gather_stats(): those done
+  // blocking, those completed from a prefetch, and the seconds the host waited for
+  // them in unshard (the gather time not hidden behind compute).
+  struct GatherStats {
+    int blocking = 0;
+    int prefetched = 0;
+    double wait_seconds = 0;
+  };
+  const GatherStats& gather_stats() const { return stats_; }
+  void reset_gather_stats() { stats_ = {}; }
+
   template <class X>
   auto forward(const X& x) {
     gather();
@@ -420,29 +458,51 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     return d;
   }
 
+  // A gather of the sharded parameters: this rank's shards packed (send), every DP
+  // rank's landing in recv; `request` completes it when it was started non-blocking.
+  struct Gather {
+    Packing pk;
+    Tensor<T, 1> send, recv;
+    Request request;  // after the buffers: an abandoned gather is withdrawn before they go
+  };
+  Gather pack_shards() {
+    Gather g{packing(), {}, {}, {}};
+    const Device dev = g.pk.device;
+    const std::vector<int64_t>& e = g.pk.elements;
+    g.send = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(g.pk.me)]}, dev);
+    g.recv = Tensor<T, 1>::uninitialized({g.pk.offsets.back() + e.back()}, dev);
+    int64_t at = 0;
+    each<true>([&](auto i) {
+      const auto& shard = std::get<i()>(shards_).value().local();
+      detail::convert_into(dev, shard.data(), 0, g.send.data(), at, shard.numel());
+      at += shard.numel();
+    });
+    return g;
+  }
+
   // The full values into L, unless already there: every sharded parameter in ONE
-  // all-gather over DP (each rank's shards packed one after another), the others copied.
+  // all-gather over DP (each rank's shards packed one after another; started earlier
+  // by prefetch(), or here), the others copied.
   void gather() {
     if (gathered_) return;
     if constexpr (any_sharded) {
-      const Packing pk = packing();
-      Comm& comm = *pk.comm;
-      const int n = pk.n, me = pk.me;
-      const Device dev = pk.device;
-      const std::vector<int64_t>& e = pk.elements;
-      const std::vector<int64_t>& off = pk.offsets;
-      const std::vector<Block>& blocks = pk.blocks;
-      auto send = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
-      auto recv = Tensor<T, 1>::uninitialized({off.back() + e.back()}, dev);
-      int64_t at = 0;
-      each<true>([&](auto i) {
-        const auto& shard = std::get<i()>(shards_).value().local();
-        detail::convert_into(dev, shard.data(), 0, send.data(), at, shard.numel());
-        at += shard.numel();
-      });
-      comm.all_gather(send.data(), Block::contiguous(0, send.numel()), recv.data(), blocks, dtype_of<T>());
-      CommCounter::record(StepKind::AllGather, dp, static_cast<std::size_t>(send.numel()) * sizeof(T));
-      std::vector<int64_t> cursor = off;
+      std::unique_ptr<Gather> g = std::move(pending_);
+      const auto t0 = std::chrono::steady_clock::now();
+      if (g) {
+        g->request.wait();
+        ++stats_.prefetched;
+      } else {
+        g = std::make_unique<Gather>(pack_shards());
+        g->pk.comm->all_gather(g->send.data(), Block::contiguous(0, g->send.numel()), g->recv.data(), g->pk.blocks,
+                               dtype_of<T>());
+        CommCounter::record(StepKind::AllGather, dp, static_cast<std::size_t>(g->send.numel()) * sizeof(T));
+        ++stats_.blocking;
+      }
+      stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const int n = g->pk.n;
+      const Device dev = g->pk.device;
+      const auto& recv = g->recv;
+      std::vector<int64_t> cursor = g->pk.offsets;
       each<true>([&](auto i) {
         constexpr std::size_t I = i();
         auto& p = inner_parameter<I>();
@@ -529,6 +589,9 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   L inner_;
   typename detail::shard_tuple<L, Master>::type shards_;
   bool gathered_ = true;  // L holds its full values (true until the constructor releases them)
+  bool prefetch_ = true;
+  std::unique_ptr<Gather> pending_;  // a prefetched gather in flight
+  GatherStats stats_;
 };
 
 template <class L>

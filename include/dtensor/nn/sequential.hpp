@@ -30,6 +30,7 @@
 #include "dtensor/nn/grad_reducer.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/unshard.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
 #include "dtensor/ops/policy.hpp"
 
@@ -289,6 +290,17 @@ class Model {
   layer_t<I>& layer() {
     return std::get<I>(layers_);
   }
+  // f(layer) for each layer, first first.
+  template <class Fn>
+  void for_each_layer(Fn&& f) {
+    std::apply([&](auto&... l) { (f(l), ...); }, layers_);
+  }
+  // As a block of a bigger model: the prefetch of its first layer that gathers,
+  // forward, or its last, backward (nn/unshard.hpp).
+  static constexpr bool prefetches = (nn::gathers_parameters<L>() || ...);
+  void prefetch_forward() { prefetch_forward_from<0>(); }
+  void prefetch_backward() { prefetch_backward_from<N - 1>(); }
+
   // f(parameter) for every parameter, first layer first.
   template <class Fn>
   void for_each_parameter(Fn&& f) {
@@ -402,14 +414,37 @@ class Model {
   template <int I, class X>
   auto forward_from(const X& x) {
     const auto& xi = redistribute_as<placements_t<flow.in[I]>>(x);
+    // A fully sharded layer's parameters gathered, then the next layer's gather
+    // started: it overlaps this layer's compute (nn/unshard.hpp).
+    nn::unshard(std::get<I>(layers_));
+    prefetch_forward_from<I + 1>();
     auto y = std::get<I>(layers_).forward(xi);
     if constexpr (I + 1 < N) return forward_from<I + 1>(y);
     else return y;
   }
 
+  // Starts the gather of the first layer from J on (forward) or from J down (backward)
+  // that gathers parameters, if any.
+  template <int J>
+  void prefetch_forward_from() {
+    if constexpr (J < N) {
+      if constexpr (nn::gathers_parameters<layer_t<J>>()) nn::prefetch_forward(std::get<J>(layers_));
+      else prefetch_forward_from<J + 1>();
+    }
+  }
+  template <int J>
+  void prefetch_backward_from() {
+    if constexpr (J >= 0) {
+      if constexpr (nn::gathers_parameters<layer_t<J>>()) nn::prefetch_backward(std::get<J>(layers_));
+      else prefetch_backward_from<J - 1>();
+    }
+  }
+
   template <int I, bool InputGrad, class G0, bool Reduce, class G>
   auto backward_from(const G& dy) {
     constexpr bool need = I > 0 || InputGrad;
+    nn::unshard(std::get<I>(layers_));
+    prefetch_backward_from<I - 1>();
     auto dx = layer_backward<need>(std::get<I>(layers_), dy);
     if constexpr (Reduce) reducer_.ready(reduction_plan<G0>, I);  // this layer's gradients are complete: their buckets may start
     if constexpr (!need) {
