@@ -7,7 +7,8 @@
 // again over DP), with the collectives counted against the plan; the shards' bytes;
 // the next layer's gather prefetched (forward and backward, into and past a block),
 // counted per layer, with the same bits as without; a rank failing with a prefetched
-// gather in flight.
+// gather in flight; accumulation over micro-batches with and without no_sync() (no
+// reduce-scatter inside it), zero_grad dropping what no_sync() kept.
 // Runs in-process and, through test_nn_fsdp_mpi, under mpirun on 1-4 processes.
 #include <algorithm>
 #include <atomic>
@@ -78,6 +79,10 @@ static_assert(kPlan1.bytes<double>(nn::Phase::Backward, 1, {4}) ==
               int64_t(sizeof(double)) * ((kIn * kHidden / 4 + kHidden / 4 + kHidden * kOut / 4 + kOut / 4) +
                                          (kIn * kHidden + kHidden + kHidden * kOut + kOut)));
 static_assert(kPlan1.count(nn::Phase::GradReduce) == 0);
+// The reduce-scatters are the gradient reductions: a backward inside no_sync() skips
+// them (the gathers stay).
+static_assert(kPlan1.count_gradient_sync(nn::Phase::Backward) == 2 &&
+              kPlan1.count_gradient_sync(nn::Phase::Forward) == 0);
 // Kept from the forward to the backward: no second gather.
 static_assert(Sharded<Cfg1, false>::training_plan<nn::MSELoss<Cfg1>>(kIn).count(nn::Phase::Backward,
                                                                             StepKind::AllGather, 0) == 0);
@@ -221,6 +226,42 @@ TEST_CASE("fsdp: gradients accumulated over uneven micro-batches equal one pass 
     check_accumulation<Sharded<Cfg2>, 2>({2, 2}, [](const auto& mesh) { return make_sharded<Cfg2>(mesh); },
                                          {kBatch, kIn}, {kBatch, kOut}, mode);
   }
+}
+
+TEST_CASE("fsdp: zero_grad drops the gradients kept inside no_sync()") {
+  for (int n : {2, 3})
+    spmd(n, [](Comm& comm) {
+      DeviceMesh<1> mesh(comm);
+      using M = Sharded<Cfg1>;
+      auto input = [&](int step) {
+        return dtensor::detail::generate<M::InputT>({kBatch, kIn}, mesh, {},
+                                                    [&](uint64_t i) { return input_value(step, i); });
+      };
+      auto pass = [&](M& model, int step) {
+        const auto y = model.forward(input(step));
+        model.backward(dtensor::detail::generate<M::OutputT>({kBatch, kOut}, mesh, y.layout().blocks,
+                                                             [&](uint64_t i) { return target_value(step, i); }));
+      };
+      auto grads = [](M& model) {
+        std::vector<std::vector<double>> g;
+        model.for_each_parameter([&](auto& p) {
+          const auto f = p.gradient().full_tensor();
+          g.emplace_back(f.data(), f.data() + f.numel());
+        });
+        return g;
+      };
+      auto a = make_sharded<Cfg1>(mesh), b = make_sharded<Cfg1>(mesh);
+      {
+        auto guard = a.no_sync();
+        pass(a, 1);  // kept whole, then dropped
+      }
+      a.zero_grad();
+      pass(a, 2);
+      b.zero_grad();
+      pass(b, 2);
+      CHECK(grads(a) == grads(b));
+      CHECK(grads(a)[0] != std::vector<double>(grads(a)[0].size(), 0.0));
+    });
 }
 
 TEST_CASE("fsdp: DP x TP, the tensor-parallel shards sharded again over DP (2x2, 2x3)") {

@@ -497,8 +497,8 @@ template <class Cfg, bool Reshard>
 using FsdpMlp = nn::Sequential<nn::FullyShard<FsdpFirst<Cfg>, Reshard>, nn::GELU<Cfg>,
                                nn::FullyShard<FsdpSecond<Cfg>, Reshard>>;
 
-// Rank 0's losses and clip norms of 4 steps of AdamW with clip_grad_norm, then every
-// parameter gathered whole.
+// Rank 0's losses and clip norms of 4 steps of AdamW with clip_grad_norm (each step
+// two micro-batches, the first inside no_sync()), then every parameter gathered whole.
 template <class Cfg, bool Reshard>
 std::vector<double> fsdp_run(Device dev, const std::array<int, Cfg::M>& shape) {
   std::vector<double> out;
@@ -521,6 +521,12 @@ std::vector<double> fsdp_run(Device dev, const std::array<int, Cfg::M>& shape) {
           const auto t = dtensor::detail::generate<typename Model::OutputT>(
               {kFsdpBatch, kFsdpOut}, mesh, {}, [&](uint64_t i) { return std::sin(0.3 * double(i % 11) + step); });
           model.zero_grad();
+          {  // a first micro-batch inside no_sync(): its whole gradients kept on the device
+            auto guard = model.no_sync();
+            const auto y0 = model.forward(x);
+            (void)loss.forward(y0, t);
+            model.backward(loss.backward(y0));
+          }
           const auto y = model.forward(x);
           CHECK(y.local().device() == dev);
           mine.push_back(loss.forward(y, t));

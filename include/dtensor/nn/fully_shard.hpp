@@ -42,6 +42,11 @@
 // At most two layers' full parameters are held at a time. Every gather a model starts
 // is completed in the same pass.
 //
+// Gradient accumulation: inside the model's no_sync() a layer keeps its whole
+// gradients (its unsharded size) and reduce-scatters nothing; the first backward after
+// it reduce-scatters the sum of the micro-batches once (FSDP2's
+// set_requires_gradient_sync(False)). Outside no_sync(), each backward reduce-scatters.
+//
 // Not yet: wrapping a block of layers (wrap its layers).
 #include <chrono>
 #include <cstddef>
@@ -239,7 +244,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
       gather.phase = Phase::Backward;
       p.add(gather);  // before the backward
     }
-    p.add(scatter);  // after it
+    scatter.gradient_sync = true;  // skipped inside no_sync()
+    p.add(scatter);                // after it
   }
 
   // --- run time ---
@@ -269,6 +275,14 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
   void set_prefetch(bool on) { prefetch_ = on; }
   bool prefetching() const { return prefetch_; }
+
+  // Gradient sync (FSDP2's set_requires_gradient_sync; a Sequential sets it from its
+  // no_sync()): while off, backward keeps the layer's whole gradients (unsharded, as
+  // the reduce-scatter sends them: the layer's unsharded size in memory) and adds each
+  // micro-batch's to them; the first backward with it on reduce-scatters their sum
+  // once. zero_grad() (discard_unsynced_gradients) drops what was kept.
+  void set_requires_gradient_sync(bool on) { sync_ = on; }
+  void discard_unsynced_gradients() { unsynced_ = Tensor<T, 1>(); }
 
   // This layer's gathers since construction or reset_gather_stats(): those done
   // blocking, those completed from a prefetch, and the seconds the host waited for
@@ -554,6 +568,21 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
           cursor[static_cast<std::size_t>(r)] += pn;
         });
       });
+      // Inside no_sync(): kept whole, added up over the micro-batches, and
+      // reduce-scattered once by the first backward that syncs.
+      if (unsynced_.numel() > 0 || (!sync_ && send.numel() > 0)) {
+        const Region all = Region::contiguous(0, send.numel());
+        if (unsynced_.numel() > 0)
+          local::reduce_region(dev, dtype_of<T>(), ReduceOp::Sum, send.data(), all, unsynced_.data(), all);
+        else
+          unsynced_ = std::move(send);
+        if (!sync_) {
+          add_unsharded_gradients();
+          return;
+        }
+        send = std::move(unsynced_);
+        unsynced_ = Tensor<T, 1>();
+      }
       comm.reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, recv.numel()), dtype_of<T>(),
                           ReduceOp::Sum);
       CommCounter::record(StepKind::ReduceScatter, dp, static_cast<std::size_t>(send.numel()) * sizeof(T));
@@ -565,6 +594,11 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
         at += k;
       });
     }
+    add_unsharded_gradients();
+  }
+  // The gradients of the parameters left replicated over DP, added as they are (the
+  // model's gradient reduction all-reduces them).
+  void add_unsharded_gradients() {
     each<false>([&](auto i) {
       auto& s = std::get<i()>(shards_);
       const auto& g = inner_parameter<i()>().grad();
@@ -592,6 +626,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   bool prefetch_ = true;
   std::unique_ptr<Gather> pending_;  // a prefetched gather in flight
   GatherStats stats_;
+  bool sync_ = true;       // false inside the model's no_sync(): no reduce-scatter
+  Tensor<T, 1> unsynced_;  // the gradients of the backwards inside no_sync(), whole, packed
 };
 
 template <class L>

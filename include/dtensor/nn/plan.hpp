@@ -58,6 +58,9 @@ struct PlannedCollective {
   int64_t fixed = 0;
   int nparts = 0;
   std::array<PlannedPart<M>, kMaxParts> parts{};
+  // A gradient's reduction outside the GradReduce phase (a FullyShard's reduce-scatter,
+  // in the backward): a backward inside no_sync() skips it, as it skips GradReduce.
+  bool gradient_sync = false;
 
   // Elements of the parameter block the rank at `coords` holds (GradReduce entries):
   // exact, by the chunk rule (a chunk of a chunk where two mesh dims shard one dim).
@@ -174,6 +177,12 @@ struct ModelPlan {
   constexpr int count(Phase p) const {
     int n = 0;
     for (int i = 0; i < size; ++i) n += entries[i].phase == p;
+    return n;
+  }
+  // The collectives of phase p that a backward inside no_sync() skips.
+  constexpr int count_gradient_sync(Phase p) const {
+    int n = 0;
+    for (int i = 0; i < size; ++i) n += entries[i].phase == p && entries[i].gradient_sync;
     return n;
   }
   constexpr int count(Phase p, StepKind k) const {

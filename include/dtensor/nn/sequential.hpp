@@ -300,6 +300,14 @@ class Model {
   static constexpr bool prefetches = (nn::gathers_parameters<L>() || ...);
   void prefetch_forward() { prefetch_forward_from<0>(); }
   void prefetch_backward() { prefetch_backward_from<N - 1>(); }
+  // Passed on to the layers (nn/unshard.hpp): the outermost model sets it from its
+  // no_sync() at each backward.
+  void set_requires_gradient_sync(bool on) {
+    for_each_layer([on](auto& l) { nn::set_gradient_sync(l, on); });
+  }
+  void discard_unsynced_gradients() {
+    for_each_layer([](auto& l) { nn::discard_unsynced_gradients(l); });
+  }
 
   // f(parameter) for every parameter, first layer first.
   template <class Fn>
@@ -333,6 +341,7 @@ class Model {
     if (!reducer_.prepared()) check_parameter_counts();
     reducer_.prepare(p, N, config::dp, visit_layer());
     if (reducer_.reduced()) reducer_.keep_reduced_once(p, N, visit_layer());
+    set_requires_gradient_sync(sync_);  // fully sharded layers reduce-scatter only when syncing
     if (!sync_) {  // inside no_sync(): the terms accumulate, reduced by a later backward
       reducer_.skip();
       return backward_from<N - 1, InputGrad, G, false>(dy);
@@ -383,6 +392,7 @@ class Model {
   // the next backward adds to the gradients (gradient accumulation over micro-batches).
   void zero_grad() {
     for_each_parameter([](auto& p) { p.zero_grad(); });
+    discard_unsynced_gradients();
     reducer_.zero_grad();
   }
 

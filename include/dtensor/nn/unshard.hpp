@@ -38,6 +38,18 @@ void prefetch_backward(L& layer) {
   else if constexpr (requires { layer.prefetch_backward(); }) layer.prefetch_backward();
 }
 
+// Gradient sync on or off (off inside a model's no_sync()): a fully sharded layer
+// keeps its whole gradients instead of reduce-scattering them; a block passes it on.
+template <class L>
+void set_gradient_sync(L& layer, bool on) {
+  if constexpr (requires { layer.set_requires_gradient_sync(on); }) layer.set_requires_gradient_sync(on);
+}
+// Drops the gradients a layer kept while gradient sync was off (zero_grad).
+template <class L>
+void discard_unsynced_gradients(L& layer) {
+  if constexpr (requires { layer.discard_unsynced_gradients(); }) layer.discard_unsynced_gradients();
+}
+
 // Prefetching on or off for `layer` and, in a block, each of its layers.
 template <class L>
 void set_prefetch(L& layer, bool on) {
