@@ -130,6 +130,12 @@ int main(int argc, char** argv) {
                   static_cast<long long>(kBatch), steps);
       std::printf("parameters %.2f MiB, the largest layer's %.2f MiB; ideal held: 4 x parameters / ranks\n",
                   params / mib, layer / mib);
+      // The plan's figure for the parameters alone (shards + gathered layers), beside
+      // the measured peaks below (which add gradients, optimizer state, activations).
+      constexpr auto plan = Sharded::training_plan<Loss>(kWidth);
+      std::printf("plan: fully sharded parameters at the peak %.2f MiB with prefetch, %.2f MiB without\n",
+                  plan.sharded_parameter_peak_bytes<float>({comm.size()}, true) / mib,
+                  plan.sharded_parameter_peak_bytes<float>({comm.size()}, false) / mib);
       std::printf("| model | held between steps MiB (max over ranks) | / replicated | ideal MiB | peak in a step MiB "
                   "| step ms (median) | / replicated | gather wait ms per step (max over ranks) |\n"
                   "|---|---|---|---|---|---|---|---|\n");

@@ -83,6 +83,12 @@ static_assert(kPlan1.count(nn::Phase::GradReduce) == 0);
 // them (the gathers stay).
 static_assert(kPlan1.count_gradient_sync(nn::Phase::Backward) == 2 &&
               kPlan1.count_gradient_sync(nn::Phase::Forward) == 0);
+// Peak parameter memory per rank, by hand, on 4 ranks: the shards are rank 0's chunks,
+// weight [5, 7] rows 2 of 5 (14), bias 2 of 7, weight [7, 3] rows 2 of 7 (6), bias 1 of
+// 3: 23 elements; the first layer gathered whole is 42, the second 24.
+static_assert(kPlan1.sharded_parameter_peak_bytes<double>({4}, false) == 8 * (23 + 42));
+static_assert(kPlan1.sharded_parameter_peak_bytes<double>({4}, true) == 8 * (23 + 42 + 24));
+static_assert(kPlan1.sharded_parameter_peak_bytes<float>({1}, false) == 4 * (66 + 42));  // one rank: all, twice
 // Kept from the forward to the backward: no second gather.
 static_assert(Sharded<Cfg1, false>::training_plan<nn::MSELoss<Cfg1>>(kIn).count(nn::Phase::Backward,
                                                                             StepKind::AllGather, 0) == 0);
@@ -93,6 +99,11 @@ static_assert(kPlan2.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2
 static_assert(kPlan2.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 1);
 static_assert(Replicated<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn).count(nn::Phase::GradReduce,
                                                                           StepKind::AllReduce, 0) == 4);
+// On 2x2, rank (0, 0): colwise weight [5, 7] over DP rows and TP columns 3 x 4 = 12, its
+// bias not sharded over DP (not counted); rowwise weight [7, 3] TP rows 4, DP columns
+// 2: 8; its bias 2 of 3. Gathered over DP: 5 x 4 = 20, and 4 x 3 + 3 = 15.
+static_assert(kPlan2.sharded_parameter_peak_bytes<double>({2, 2}, false) == 8 * (22 + 20));
+static_assert(kPlan2.sharded_parameter_peak_bytes<double>({2, 2}, true) == 8 * (22 + 20 + 15));
 
 // --- training -----------------------------------------------------------------------
 

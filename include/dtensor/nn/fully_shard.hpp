@@ -227,8 +227,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
               if constexpr (detail::shard_of<L, I>::sharded) {
                 if (!is_reduce_scatter_source(d.grad))
                   throw "dtensor::nn::FullyShard: a sharded parameter's gradient is not Partial<Sum> over DP";
-                add_part(gather, elements, s);
-                add_part(scatter, elements, d.grad);
+                add_part(gather, elements, s, d.shape.dims, d.shape.ndim);
+                add_part(scatter, elements, d.grad, d.shape.dims, d.shape.ndim);
                 add_reductions(p, layer, k, s, reduced_grad(s, d.grad), d.shape.dims, d.shape.ndim);
               } else {
                 add_reductions(p, layer, k, d.value, d.grad, d.shape.dims, d.shape.ndim);
@@ -327,11 +327,15 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
 
  private:
-  static constexpr void add_part(PlannedCollective<M>& c, int64_t elements, const State& before) {
+  template <class Dims>
+  static constexpr void add_part(PlannedCollective<M>& c, int64_t elements, const State& before, const Dims& dims,
+                                 int ndim) {
     if (c.nparts == 0) c.before = before;
     if (c.nparts == PlannedCollective<M>::kMaxParts)
       throw "dtensor::nn::FullyShard: more sharded parameters in one layer than a plan entry holds";
-    c.parts[c.nparts++] = {elements, before};
+    PlannedPart<M> part{elements, before, {}, ndim};
+    for (int d = 0; d < ndim && d < 2; ++d) part.shape[static_cast<std::size_t>(d)] = dims[static_cast<std::size_t>(d)];
+    c.parts[c.nparts++] = part;
     c.elements += elements;
   }
   // A sharded parameter's gradient must be a sum over DP (each rank's own samples) for

@@ -35,6 +35,22 @@ template <std::size_t M>
 struct PlannedPart {
   int64_t elements = 0;
   PlacementState<M> before{};
+  std::array<int64_t, 2> shape{};  // the tensor's global shape (rank 1 or 2)
+  int ndim = 0;
+
+  // Elements of the largest block any rank holds of it placed `p`: rank 0's, whose
+  // blocks the chunk rule makes the largest (a chunk of a chunk where two mesh dims
+  // shard one dim).
+  constexpr int64_t largest_block(const PlacementState<M>& p, const std::array<int, M>& mesh_shape) const {
+    int64_t e = 1;
+    for (int d = 0; d < ndim; ++d) {
+      int64_t n = shape[static_cast<std::size_t>(d)];
+      for (std::size_t m = 0; m < M; ++m)
+        if (p[m].is_shard(d)) n = chunk_size(n, mesh_shape[m], 0);
+      e *= n;
+    }
+    return e;
+  }
 };
 
 // One collective of a plan. An activation holds tokens x `elements` values, a
@@ -179,6 +195,34 @@ struct ModelPlan {
     for (int i = 0; i < size; ++i) n += entries[i].phase == p;
     return n;
   }
+  // The most bytes a rank holds of the fully sharded layers' parameters during a step
+  // (FSDP's parameter memory, elements of T): every shard, plus the largest layer's
+  // parameters gathered whole or, with prefetch, the largest sum of a layer's and the
+  // next fully sharded layer's (whose gather is in flight while the layer runs). Read
+  // off the forward all-gathers of nn::FullyShard::plan (the entries with parts), exact
+  // by the chunk rule; parameters that are not fully sharded are not counted, nor the
+  // packing buffers of the grouped collectives.
+  template <class T>
+  constexpr int64_t sharded_parameter_peak_bytes(const std::array<int, M>& mesh_shape, bool prefetch) const {
+    int64_t shards = 0, worst = 0, previous = -1;
+    for (int i = 0; i < size; ++i) {
+      const auto& c = entries[i];
+      if (c.phase != Phase::Forward || c.kind != StepKind::AllGather || c.nparts == 0) continue;
+      int64_t gathered = 0;
+      for (int k = 0; k < c.nparts; ++k) {
+        const auto& part = c.parts[static_cast<std::size_t>(k)];
+        shards += part.largest_block(part.before, mesh_shape);
+        PlacementState<M> whole = part.before;
+        whole[static_cast<std::size_t>(c.mesh_dim)] = PlacementDesc{};  // Replicate over DP
+        gathered += part.largest_block(whole, mesh_shape);
+      }
+      const int64_t held = prefetch && previous >= 0 ? previous + gathered : gathered;
+      worst = held > worst ? held : worst;
+      previous = gathered;
+    }
+    return (shards + worst) * static_cast<int64_t>(sizeof(T));
+  }
+
   // The collectives of phase p that a backward inside no_sync() skips.
   constexpr int count_gradient_sync(Phase p) const {
     int n = 0;
