@@ -23,7 +23,7 @@
 
 #include "attention.cuh"
 #include "block_copy.cuh"
-#include "dtensor/comm/block.hpp"
+#include "dtensor/core/block.hpp"
 #include "elementwise.cuh"
 #include "dtensor/compute/optimizer_update.hpp"
 #include "host_launch/launcher.hpp"

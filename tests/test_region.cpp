@@ -1,6 +1,6 @@
 // Regions (N-D strided boxes, the unit of point-to-point messages) and TensorViews
 // (non-owning strided views), against element-by-element references.
-#include <dtensor/comm/region.hpp>
+#include <dtensor/core/region.hpp>
 #include <dtensor/compute/movement.hpp>
 #include <dtensor/tensor/view.hpp>
 

@@ -1,5 +1,5 @@
 // The CUDA kernels of kernels/, each against a host reference: the host paths of
-// comm/block.hpp where they exist, plain loops (in double where rounding matters)
+// core/block.hpp where they exist, plain loops (in double where rounding matters)
 // elsewhere. Everything runs on one stream of the test's own, with uploads and
 // downloads ordered on it, so a case needs no device-wide synchronization.
 #include <doctest/doctest.h>
@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "dtensor/comm/block.hpp"
+#include "dtensor/core/block.hpp"
 #include "dtensor/compute/attention.hpp"
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/cuda/kernels.hpp"
@@ -127,7 +127,7 @@ void check_equal(const std::vector<T>& got, const std::vector<T>& want, const ch
 
 // --- copy_block ---
 
-// Copies src[sb] to dst[db] on the device and on the host (comm/block.hpp's
+// Copies src[sb] to dst[db] on the device and on the host (core/block.hpp's
 // copy_block), with every other element of dst left as it was, and compares.
 template <class T>
 void check_copy(Block sb, std::size_t src_n, Block db, std::size_t dst_n, cudaStream_t s) {

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/comm/block.hpp"
-#include "dtensor/comm/dtype.hpp"
-#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/core/block.hpp"
+#include "dtensor/core/dtype.hpp"
+#include "dtensor/core/reduce_op.hpp"
 #include "dtensor/comm/request.hpp"
 #include "dtensor/comm/segments.hpp"
 #include "dtensor/tensor/device.hpp"

@@ -20,7 +20,7 @@
 #include <memory>
 #include <utility>
 
-#include "dtensor/comm/region.hpp"
+#include "dtensor/core/region.hpp"
 
 namespace dtensor {
 

@@ -13,8 +13,8 @@
 #include <span>
 
 #include "dtensor/comm/collective_kind.hpp"
-#include "dtensor/comm/dtype.hpp"
-#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/core/dtype.hpp"
+#include "dtensor/core/reduce_op.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::detail {

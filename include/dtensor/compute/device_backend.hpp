@@ -11,9 +11,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "dtensor/comm/block.hpp"
-#include "dtensor/comm/dtype.hpp"
-#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/core/block.hpp"
+#include "dtensor/core/dtype.hpp"
+#include "dtensor/core/reduce_op.hpp"
 #include "dtensor/compute/attention_dims.hpp"
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"

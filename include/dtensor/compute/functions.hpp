@@ -1,7 +1,7 @@
 #pragma once
 // The elementwise functions that the local compute layer knows by name: the same
 // names select an Eigen expression on the host and a kernel on a GPU. Local
-// reductions take the communicators' ReduceOp (comm/reduce_op.hpp): one vocabulary
+// reductions take the communicators' ReduceOp (core/reduce_op.hpp): one vocabulary
 // for a reduction wherever it runs; locally an Avg accumulates like a Sum and the
 // caller divides by the global count.
 //
@@ -17,7 +17,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/core/reduce_op.hpp"
 #include "dtensor/util/host_device.hpp"
 
 namespace dtensor {

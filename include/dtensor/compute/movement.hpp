@@ -4,7 +4,7 @@
 // local.hpp so that code which only moves data does not parse Eigen.
 #include <algorithm>
 
-#include "dtensor/comm/region.hpp"
+#include "dtensor/core/region.hpp"
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/tensor/tensor.hpp"
 
@@ -28,9 +28,9 @@ inline void divide_block(Device d, DType t, void* dst, Block db, int terms) {
   if (d.is_host()) return detail::divide_block(t, dst, db, terms);
   detail::device_backend(d).divide_block(t, dst, db, terms);
 }
-// Regions (comm/region.hpp): the same box in two buffers of one device. On a GPU
+// Regions (core/region.hpp): the same box in two buffers of one device. On a GPU
 // they go to the Block kernels a pair of Blocks at a time.
-// Regions (comm/region.hpp): equal element counts in two buffers of one device. On
+// Regions (core/region.hpp): equal element counts in two buffers of one device. On
 // a GPU, regions of the same box go to the Block kernels a pair of Blocks at a time;
 // regions of different shapes (a strided box into a contiguous run) one stretch at a
 // time.

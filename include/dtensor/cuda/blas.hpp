@@ -13,7 +13,7 @@
 #include <string>
 #include <type_traits>
 
-#include "dtensor/comm/dtype.hpp"
+#include "dtensor/core/dtype.hpp"
 #include "dtensor/compute/functions.hpp"
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/cuda/stream.hpp"

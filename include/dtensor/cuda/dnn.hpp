@@ -45,7 +45,7 @@
 #include <utility>
 #include <vector>
 
-#include "dtensor/comm/dtype.hpp"
+#include "dtensor/core/dtype.hpp"
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/cuda/blas.hpp"
 #include "dtensor/cuda/kernels.hpp"

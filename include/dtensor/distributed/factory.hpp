@@ -25,7 +25,7 @@
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
-#include "dtensor/tensor/box.hpp"
+#include "dtensor/core/box.hpp"
 
 namespace dtensor {
 

@@ -12,7 +12,7 @@
 
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
-#include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/distributed/dtensor_type.hpp"
 #include "dtensor/util/small_vector.hpp"
 
 namespace dtensor {

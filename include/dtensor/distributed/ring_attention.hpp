@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
-#include "dtensor/comm/region.hpp"
+#include "dtensor/core/region.hpp"
 #include "dtensor/compute/attention.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/tensor/tensor.hpp"

@@ -15,7 +15,7 @@
 // whole k/v block. The query and key/value head counts must be multiples of n (checked,
 // with the counts named). Blocks of the sequence may be uneven: every rank knows them
 // all, and each all-to-all's blocks are strided ranges of the row-major tensors, moved
-// in place (comm/block.hpp). Causal masking and dropout see global positions and heads.
+// in place (core/block.hpp). Causal masking and dropout see global positions and heads.
 // The tensors live where the group's communicator keeps its buffers: the host or a GPU.
 #include <cstdint>
 #include <vector>

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "dtensor/tensor/shape.hpp"
+#include "dtensor/core/shape.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "dtensor/halo/halo_spec.hpp"
-#include "dtensor/tensor/shape.hpp"
+#include "dtensor/core/shape.hpp"
 
 namespace dtensor {
 

@@ -44,7 +44,7 @@
 #include <variant>
 #include <vector>
 
-#include "dtensor/comm/dtype.hpp"
+#include "dtensor/core/dtype.hpp"
 #include "dtensor/io/checksum.hpp"
 #include "dtensor/io/file.hpp"
 

@@ -57,8 +57,8 @@
 #include <utility>
 #include <vector>
 
-#include "dtensor/comm/block.hpp"
-#include "dtensor/comm/region.hpp"
+#include "dtensor/core/block.hpp"
+#include "dtensor/core/region.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/redistribute.hpp"

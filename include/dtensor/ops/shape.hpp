@@ -15,7 +15,7 @@
 
 #include "dtensor/ops/operands.hpp"
 #include "dtensor/ops/placement_algebra.hpp"
-#include "dtensor/tensor/box.hpp"
+#include "dtensor/core/box.hpp"
 
 namespace dtensor {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <type_traits>
 
-#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/core/reduce_op.hpp"
 
 namespace dtensor {
 

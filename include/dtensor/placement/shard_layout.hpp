@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dtensor/placement/placement.hpp"
-#include "dtensor/tensor/shape.hpp"
+#include "dtensor/core/shape.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {

@@ -4,7 +4,7 @@
 // constant when it runs, so executing a plan is straight-line code.
 #include <cstdint>
 
-#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/core/reduce_op.hpp"
 
 namespace dtensor {
 

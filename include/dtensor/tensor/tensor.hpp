@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "dtensor/tensor/device.hpp"
-#include "dtensor/tensor/shape.hpp"
+#include "dtensor/core/shape.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {

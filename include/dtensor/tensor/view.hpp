@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "dtensor/comm/region.hpp"
+#include "dtensor/core/region.hpp"
 #include "dtensor/tensor/device.hpp"
-#include "dtensor/tensor/shape.hpp"
+#include "dtensor/core/shape.hpp"
 #include "dtensor/tensor/tensor.hpp"
 #include "dtensor/util/error.hpp"
 

@@ -1,0 +1,95 @@
+#pragma once
+// Block: a strided region of a buffer, `count` runs of `len` contiguous elements,
+// `stride` elements apart, starting at `offset`. Any range along one dimension of a
+// row-major tensor is a Block, which lets every collective read its input and write
+// its output in place, with no packing into staging buffers (MPI maps a Block to
+// a vector datatype).
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "dtensor/core/dtype.hpp"
+#include "dtensor/core/reduce_op.hpp"
+#include "dtensor/core/shape.hpp"
+#include "dtensor/util/error.hpp"
+
+namespace dtensor {
+
+struct Block {
+  int64_t offset = 0;  // elements
+  int64_t count = 1;   // runs
+  int64_t stride = 0;  // elements between run starts
+  int64_t len = 0;     // elements per run
+
+  static constexpr Block contiguous(int64_t offset, int64_t n) { return {offset, 1, n, n}; }
+  constexpr int64_t numel() const { return count * len; }
+  constexpr bool is_contiguous() const { return count <= 1 || stride == len; }
+  friend constexpr bool operator==(const Block&, const Block&) = default;
+};
+
+// The block of a row-major tensor of `shape` that holds indices [begin, begin+n) of dim d.
+template <std::size_t Rank>
+constexpr Block range_block(const std::array<int64_t, Rank>& shape, int d, int64_t begin, int64_t n) {
+  const int64_t inner = inner_size(shape, d);
+  return Block{begin * inner, outer_size(shape, d), shape[d] * inner, n * inner};
+}
+
+namespace detail {
+
+// Walks two blocks of equal element count in lock-step, calling f(src_off, dst_off,
+// n) for each stretch that is contiguous in both.
+template <class F>
+inline void zip_runs(const Block& s, const Block& d, F&& f) {
+  if (s.numel() == 0) return;
+  if (s.is_contiguous() && d.is_contiguous()) return f(s.offset, d.offset, s.numel());
+  if (s.len == d.len) {
+    for (int64_t r = 0; r < s.count; ++r) f(s.offset + r * s.stride, d.offset + r * d.stride, s.len);
+    return;
+  }
+  int64_t sr = 0, si = 0, dr = 0, di = 0;  // run index and position within the run
+  int64_t left = s.numel();
+  while (left > 0) {
+    const int64_t n = std::min(s.len - si, d.len - di);
+    f(s.offset + sr * s.stride + si, d.offset + dr * d.stride + di, n);
+    left -= n;
+    if ((si += n) == s.len) si = 0, ++sr;
+    if ((di += n) == d.len) di = 0, ++dr;
+  }
+}
+
+inline void check_same_numel(const Block& s, const Block& d, const char* op) {
+  DTENSOR_CHECK(s.numel() == d.numel(), CommError, op, ": a rank sends ", s.numel(),
+                " elements where ", d.numel(), " are expected; the ranks disagree on the sizes");
+}
+
+// Copies the elements of block `sb` of `src` to block `db` of `dst`, in order.
+inline void copy_block(const void* src, const Block& sb, void* dst, const Block& db, std::size_t elem) {
+  auto* s = static_cast<const std::byte*>(src);
+  auto* d = static_cast<std::byte*>(dst);
+  zip_runs(sb, db, [&](int64_t so, int64_t dof, int64_t n) {
+    std::memcpy(d + dof * elem, s + so * elem, static_cast<std::size_t>(n) * elem);
+  });
+}
+
+// dst[db] (op)= src[sb], element by element in order.
+inline void reduce_block(DType t, ReduceOp op, const void* src, const Block& sb, void* dst, const Block& db) {
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto* s = static_cast<const T*>(src);
+    auto* d = static_cast<T*>(dst);
+    zip_runs(sb, db, [&](int64_t so, int64_t dof, int64_t n) {
+      reduce_into(op, d + dof, s + so, static_cast<std::size_t>(n));
+    });
+  });
+}
+
+inline void divide_block(DType t, void* dst, const Block& db, int terms) {
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto* d = static_cast<T*>(dst);
+    for (int64_t r = 0; r < db.count; ++r) divide_by(d + db.offset + r * db.stride, db.len, terms);
+  });
+}
+
+}  // namespace detail
+}  // namespace dtensor

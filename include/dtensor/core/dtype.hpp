@@ -1,0 +1,58 @@
+#pragma once
+// Element types as run-time values: what crosses the type-erased Comm interface.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace dtensor {
+
+enum class DType : std::uint8_t { Int8, UInt8, Int32, UInt32, Int64, UInt64, Float32, Float64 };
+
+template <class T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::Float32;
+  else if constexpr (std::is_same_v<T, double>) return DType::Float64;
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 1)
+    return std::is_signed_v<T> ? DType::Int8 : DType::UInt8;
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 4)
+    return std::is_signed_v<T> ? DType::Int32 : DType::UInt32;
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 8)
+    return std::is_signed_v<T> ? DType::Int64 : DType::UInt64;
+  else
+    static_assert(sizeof(T) == 0,
+                  "dtensor: this element type cannot cross a communicator; use float, double "
+                  "or a 1, 4 or 8 byte integer");
+}
+
+template <class T>
+concept Element = requires { dtype_of<T>(); };
+
+constexpr std::size_t size_of(DType t) {
+  switch (t) {
+    case DType::Int8: case DType::UInt8: return 1;
+    case DType::Int32: case DType::UInt32: case DType::Float32: return 4;
+    default: return 8;
+  }
+}
+
+constexpr const char* name(DType t) {
+  constexpr const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float32", "float64"};
+  return names[static_cast<int>(t)];
+}
+
+// Calls f(T{}) with the C++ type of `t`: one switch per collective, never per element.
+template <class F>
+decltype(auto) visit_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::Int8: return f(std::int8_t{});
+    case DType::UInt8: return f(std::uint8_t{});
+    case DType::Int32: return f(std::int32_t{});
+    case DType::UInt32: return f(std::uint32_t{});
+    case DType::Int64: return f(std::int64_t{});
+    case DType::UInt64: return f(std::uint64_t{});
+    case DType::Float32: return f(float{});
+    default: return f(double{});
+  }
+}
+
+}  // namespace dtensor
