@@ -322,6 +322,9 @@ void check_prefetch(const std::array<int, Cfg::M>& shape) {
       CHECK(b.blocking == steps * want.second_blocking);
       CHECK(b.prefetched == steps * want.second_prefetched);
       CHECK(a.wait_seconds >= 0);
+      // Each layer's reduce-scatter overlapped the next backward (or the model's end).
+      CHECK(model.template layer<0>().deferred_reductions() == steps);
+      CHECK(model.template layer<2>().deferred_reductions() == steps);
     }
     check_same_training(runs[0], runs[1], 0);  // moves only: the same bits
   });
@@ -435,6 +438,20 @@ static_assert(kCnnPlan.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) ==
               kCnnPlan.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 0);
 
 TEST_CASE("fsdp: composes with domain parallelism (convolutions on images over DP x H)") {
+  // The shards' gradients are all-reduced over H after the reduce-scatter: it is not
+  // deferred (the reducer reads them right after the layer's backward).
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    ShardedCnn m(FullyShard(nn::Conv<DpH, 2, 4, k3>(mesh, {1})), nn::ReLU<DpH>(),
+                 FullyShard(nn::Conv<DpH, 4, 3, k3>(mesh, {2})));
+    const auto x = dtensor::detail::generate<ShardedCnn::InputT>({4, 2, 9, 7}, mesh, {},
+                                                                 [](uint64_t i) { return input_value(0, i); });
+    const auto y = m.forward(x);
+    m.backward(dtensor::detail::generate<ShardedCnn::OutputT>({4, 3, 9, 7}, mesh, y.layout().blocks,
+                                                              [](uint64_t i) { return target_value(0, i); }));
+    CHECK(m.template layer<0>().deferred_reductions() == 0);
+    CHECK(m.template layer<2>().deferred_reductions() == 0);
+  });
   auto make = [](const DeviceMesh<2>& mesh) {
     return ShardedCnn(FullyShard(nn::Conv<DpH, 2, 4, k3>(mesh, {1})), nn::ReLU<DpH>(),
                       FullyShard(nn::Conv<DpH, 4, 3, k3>(mesh, {2})));

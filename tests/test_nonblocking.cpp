@@ -1,11 +1,12 @@
-// Non-blocking collectives (Comm::start_all_reduce, start_all_gather) against the blocking ones
-// and exact expected values, on the in-process runtime and, through the _mpi binary,
+// Non-blocking collectives (Comm::start_all_reduce, start_all_gather, start_reduce_scatter)
+// against the blocking ones and exact expected values, on the in-process runtime and, through the _mpi binary,
 // on MPI: every reduction and common element type, in place and not, empty and
 // multi-chunk sizes, several in flight completed in reverse order, test() polling,
 // interleaved with blocking collectives and point to point, over the sub-communicators
 // of a 2-D mesh. Then the failure rules (in-process): a rank that throws, returns,
 // never posts, disagrees on the size, or drops its Request; each ends every rank with
 // an exception, never a hang, and frees no buffer a peer still touches.
+#include <dtensor/distributed/start_reduce_scatter.hpp>
 #include <dtensor/dtensor.hpp>
 
 #include <doctest/doctest.h>
@@ -389,6 +390,44 @@ TEST_CASE("start_all_gather over each dim of a 2x3 mesh") {
   });
 }
 
+// ---- start_reduce_scatter ----
+
+TEST_CASE("start_reduce_scatter equals reduce_scatter and the closed form, uneven and empty pieces, in flight twice") {
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [](Comm& comm) {
+      const int n = comm.size(), me = comm.rank();
+      for (int empty_rank : {-1, n - 1}) {
+        INFO("ranks ", n, ", empty piece for rank ", empty_rank);
+        const auto blocks = gather_blocks(n, empty_rank);  // rank k's piece of everyone's buffer
+        const int64_t total = gathered_count(blocks), mine = blocks[static_cast<std::size_t>(me)].len;
+        std::vector<Request> rs;
+        std::vector<std::vector<double>> send, got;
+        for (int g = 0; g < 2; ++g) {
+          send.push_back(input<double>(me, total, g));
+          got.emplace_back(static_cast<std::size_t>(mine) + 2, -7.0);  // guard elements around the block
+        }
+        for (int g = 0; g < 2; ++g)
+          rs.push_back(start_reduce_scatter(comm, send[g].data(), blocks, got[g].data(), Block::contiguous(1, mine),
+                                            DType::Float64));
+        for (int g = 1; g >= 0; --g) rs[static_cast<std::size_t>(g)].wait();
+        for (int g = 0; g < 2; ++g) {
+          std::vector<double> expect(static_cast<std::size_t>(mine));
+          comm.reduce_scatter(send[g].data(), blocks, expect.data(), Block::contiguous(0, mine), DType::Float64,
+                              ReduceOp::Sum);
+          const int64_t at = blocks[static_cast<std::size_t>(me)].offset;
+          for (int64_t i = 0; i < mine; ++i) {
+            double closed = 0;  // exact: small integers
+            for (int k = 0; k < n; ++k) closed += val<double>(k, at + i, g);
+            CHECK(got[g][static_cast<std::size_t>(1 + i)] == closed);
+            CHECK(got[g][static_cast<std::size_t>(1 + i)] == expect[static_cast<std::size_t>(i)]);
+          }
+          CHECK(got[g].front() == -7.0);  // nothing written outside the block
+          CHECK(got[g].back() == -7.0);
+        }
+      }
+    });
+}
+
 // ---- Failures, in-process (under MPI a failing rank aborts the job: run_mpi) ----
 
 TEST_CASE("non-blocking all-reduce: a rank that throws fails every waiting rank at once") {
@@ -636,4 +675,36 @@ TEST_CASE("start_all_gather: ranks that disagree on a block's size get an error 
   } catch (const RankFailure&) {
   }
   CHECK(errors == 2);  // both sides of the mismatched message
+}
+
+TEST_CASE("start_reduce_scatter: a rank that throws with its reduce-scatter in flight fails every waiting rank") {
+  if (skip_under_mpi("fault test: a failing rank aborts an MPI job")) return;
+  const auto t0 = Clock::now();
+  std::atomic<int> aborted{0};
+  CHECK_THROWS_WITH_AS(run_threads(
+                           3,
+                           [&](Comm& comm) {
+                             const auto blocks = gather_blocks(3, -1);
+                             auto send = std::make_unique<std::vector<double>>(
+                                 input<double>(comm.rank(), gathered_count(blocks)));
+                             std::vector<double> got(static_cast<std::size_t>(blocks[2].len));
+                             const auto mine = Block::contiguous(0, blocks[static_cast<std::size_t>(comm.rank())].len);
+                             if (comm.rank() == 1) {
+                               Request r = start_reduce_scatter(comm, send->data(), blocks, got.data(), mine,
+                                                                DType::Float64);
+                               throw std::runtime_error("rank 1 quits mid-reduce-scatter");
+                             }
+                             try {
+                               start_reduce_scatter(comm, send->data(), blocks, got.data(), mine, DType::Float64)
+                                   .wait();
+                               comm.barrier();
+                             } catch (const std::exception&) {
+                               ++aborted;
+                               throw;
+                             }
+                           },
+                           with_timeout(30)),
+                       "dtensor: rank 1 failed: rank 1 quits mid-reduce-scatter", RankFailure);
+  CHECK(aborted == 2);
+  CHECK(seconds_since(t0) < 5);
 }

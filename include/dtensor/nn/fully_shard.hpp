@@ -42,6 +42,12 @@
 // At most two layers' full parameters are held at a time. Every gather a model starts
 // is completed in the same pass.
 //
+// Overlapped reduce-scatter: in a Sequential's backward a layer starts its gradients'
+// reduce-scatter (start_reduce_scatter) and the model completes it once the next
+// layer's backward has run (one in flight at a time), all before its backward returns;
+// not where a shard's gradient is then all-reduced over another mesh dim (images
+// sharded in space: the reducer reads it at once), nor for a FullyShard driven alone.
+//
 // Gradient accumulation: inside the model's no_sync() a layer keeps its whole
 // gradients (its unsharded size) and reduce-scatters nothing; the first backward after
 // it reduce-scatters the sum of the micro-batches once (FSDP2's
@@ -63,6 +69,7 @@
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/distributed/start_reduce_scatter.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
@@ -284,6 +291,22 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   void set_requires_gradient_sync(bool on) { sync_ = on; }
   void discard_unsynced_gradients() { unsynced_ = Tensor<T, 1>(); }
 
+  // Overlapped reduce-scatter (nn/unshard.hpp): while deferred (a Sequential sets it
+  // for its backward), backward starts the gradients' reduce-scatter and returns;
+  // finish_gradient_reduction() completes it and adds the result to the shards'
+  // gradients. The model finishes a layer's once the next layer's backward has run,
+  // and every one before its backward returns, so the optimizer sees them complete.
+  // Not deferred (a FullyShard driven alone), backward reduce-scatters blocking.
+  void defer_gradient_reduction(bool on) { defer_ = on; }
+  // Reduce-scatters started deferred (overlapped) since construction.
+  int deferred_reductions() const { return deferred_count_; }
+  void finish_gradient_reduction() {
+    if (!reducing_) return;
+    std::unique_ptr<ReduceScatter> r = std::move(reducing_);
+    r->request.wait();
+    add_to_shard_gradients(r->recv);
+  }
+
   // This layer's gathers since construction or reset_gather_stats(): those done
   // blocking, those completed from a prefetch, and the seconds the host waited for
   // them in unshard (the gather time not hidden behind compute).
@@ -309,7 +332,10 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     zero_inner_grads();
     auto dx = layer_backward<NeedInputGrad>(inner_, dy);
     check_gradient_placements<G>();
-    reduce_gradients();
+    // A shard's gradient that the model then all-reduces over another mesh dim (Partial
+    // there too: a convolution's over the image's dims) must be complete when this
+    // backward returns, for the model's reducer reads it next.
+    reduce_gradients(!shard_gradients_reduced_elsewhere<G>());
     release();
     return dx;
   }
@@ -342,6 +368,24 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   // the reduce-scatter to be its adjoint.
   static constexpr bool is_reduce_scatter_source(const State& grad) {
     return grad[static_cast<std::size_t>(dp)].is_partial() && grad[static_cast<std::size_t>(dp)].op == ReduceOp::Sum;
+  }
+  // Whether, for an output gradient placed like G, some sharded parameter's gradient is
+  // Partial on a mesh dim other than DP (the model all-reduces it there).
+  template <class G>
+  static constexpr bool shard_gradients_reduced_elsewhere() {
+    constexpr auto list = L::parameters(G::placement_state);
+    bool any = false;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (detail::declared_at<L, I>::enabled && detail::shard_of<L, I>::sharded) {
+              const auto& g = std::get<I>(list).grad;
+              for (int m = 0; m < M; ++m) any = any || (m != dp && g[static_cast<std::size_t>(m)].is_partial());
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<declared>{});
+    return any;
   }
   template <class G>
   static constexpr void check_gradient_placements() {
@@ -551,8 +595,9 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   // reduce-scatter over DP (the adjoint of the gather: each rank's pieces packed for it),
   // added to the shards' gradients; the others added as they are (the model's gradient
   // reduction all-reduces them).
-  void reduce_gradients() {
+  void reduce_gradients(bool may_defer) {
     if constexpr (any_sharded) {
+      finish_gradient_reduction();  // one reduce-scatter of this layer at a time
       const Packing pk = packing();
       Comm& comm = *pk.comm;
       const int n = pk.n, me = pk.me;
@@ -587,18 +632,31 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
         send = std::move(unsynced_);
         unsynced_ = Tensor<T, 1>();
       }
-      comm.reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, recv.numel()), dtype_of<T>(),
-                          ReduceOp::Sum);
       CommCounter::record(StepKind::ReduceScatter, dp, static_cast<std::size_t>(send.numel()) * sizeof(T));
-      int64_t at = 0;
-      each<true>([&](auto i) {
-        auto& s = std::get<i()>(shards_);
-        const int64_t k = s.grad().numel();
-        detail::add_into(dev, recv.data(), at, s.grad().data(), k);
-        at += k;
-      });
+      if (defer_ && may_defer) {  // the model completes it while the next layer's backward runs
+        auto r = std::make_unique<ReduceScatter>();
+        r->request = start_reduce_scatter(comm, send.data(), blocks, recv.data(), Block::contiguous(0, recv.numel()),
+                                          dtype_of<T>());
+        r->send = std::move(send), r->recv = std::move(recv);
+        reducing_ = std::move(r);
+        ++deferred_count_;
+      } else {
+        comm.reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, recv.numel()), dtype_of<T>(),
+                            ReduceOp::Sum);
+        add_to_shard_gradients(recv);
+      }
     }
     add_unsharded_gradients();
+  }
+  // The reduce-scattered gradients (this rank's pieces, packed) added to the shards'.
+  void add_to_shard_gradients(const Tensor<T, 1>& recv) {
+    int64_t at = 0;
+    each<true>([&](auto i) {
+      auto& s = std::get<i()>(shards_);
+      const int64_t k = s.grad().numel();
+      detail::add_into(recv.device(), recv.data(), at, s.grad().data(), k);
+      at += k;
+    });
   }
   // The gradients of the parameters left replicated over DP, added as they are (the
   // model's gradient reduction all-reduces them).
@@ -632,6 +690,14 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   GatherStats stats_;
   bool sync_ = true;       // false inside the model's no_sync(): no reduce-scatter
   Tensor<T, 1> unsynced_;  // the gradients of the backwards inside no_sync(), whole, packed
+  // A reduce-scatter in flight (deferred): the packed gradients and this rank's result.
+  struct ReduceScatter {
+    Tensor<T, 1> send, recv;
+    Request request;  // after the buffers: an abandoned one is withdrawn before they go
+  };
+  bool defer_ = false;
+  int deferred_count_ = 0;
+  std::unique_ptr<ReduceScatter> reducing_;
 };
 
 template <class L>

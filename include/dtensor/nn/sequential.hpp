@@ -308,6 +308,12 @@ class Model {
   void discard_unsynced_gradients() {
     for_each_layer([](auto& l) { nn::discard_unsynced_gradients(l); });
   }
+  void defer_gradient_reduction(bool on) {
+    for_each_layer([on](auto& l) { nn::defer_gradient_reduction(l, on); });
+  }
+  void finish_gradient_reduction() {
+    for_each_layer([](auto& l) { nn::finish_gradient_reduction(l); });
+  }
 
   // f(parameter) for every parameter, first layer first.
   template <class Fn>
@@ -347,12 +353,17 @@ class Model {
       return backward_from<N - 1, InputGrad, G, false>(dy);
     }
     try {
+      // Fully sharded layers reduce-scatter while the next layer's backward runs; all
+      // are complete before this returns.
+      defer_gradient_reduction(true);
       if constexpr (InputGrad) {
         auto dx = backward_from<N - 1, true, G, true>(dy);
+        finish_gradient_reduction();
         reducer_.finish(p, N);
         return dx;
       } else {
         backward_from<N - 1, false, G, true>(dy);
+        finish_gradient_reduction();
         reducer_.finish(p, N);
       }
     } catch (...) {
@@ -442,6 +453,15 @@ class Model {
       else prefetch_forward_from<J + 1>();
     }
   }
+  // Completes the gradient reduction of the first layer from J on that gathers (the
+  // one whose backward ran just before), if any.
+  template <int J>
+  void finish_reduction_from() {
+    if constexpr (J < N) {
+      if constexpr (nn::gathers_parameters<layer_t<J>>()) nn::finish_gradient_reduction(std::get<J>(layers_));
+      else finish_reduction_from<J + 1>();
+    }
+  }
   template <int J>
   void prefetch_backward_from() {
     if constexpr (J >= 0) {
@@ -456,6 +476,7 @@ class Model {
     nn::unshard(std::get<I>(layers_));
     prefetch_backward_from<I - 1>();
     auto dx = layer_backward<need>(std::get<I>(layers_), dy);
+    finish_reduction_from<I + 1>();  // the previous fully sharded layer's reduce-scatter, overlapped with this one
     if constexpr (Reduce) reducer_.ready(reduction_plan<G0>, I);  // this layer's gradients are complete: their buckets may start
     if constexpr (!need) {
       return;

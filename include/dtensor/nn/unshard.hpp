@@ -50,6 +50,17 @@ void discard_unsynced_gradients(L& layer) {
   if constexpr (requires { layer.discard_unsynced_gradients(); }) layer.discard_unsynced_gradients();
 }
 
+// The overlapped reduce-scatter of a fully sharded layer's gradients: deferred while
+// a model's backward runs, finished by the model (a block passes both on).
+template <class L>
+void defer_gradient_reduction(L& layer, bool on) {
+  if constexpr (requires { layer.defer_gradient_reduction(on); }) layer.defer_gradient_reduction(on);
+}
+template <class L>
+void finish_gradient_reduction(L& layer) {
+  if constexpr (requires { layer.finish_gradient_reduction(); }) layer.finish_gradient_reduction();
+}
+
 // Prefetching on or off for `layer` and, in a block, each of its layers.
 template <class L>
 void set_prefetch(L& layer, bool on) {
