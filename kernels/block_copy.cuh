@@ -1,13 +1,13 @@
 #pragma once
-// Elementwise work on strided Blocks (comm/block.hpp): the device side of the
+// Elementwise work on strided Blocks (core/block.hpp): the device side of the
 // collectives' pack, unpack and reduce steps, and of redistribution's local copies.
 // The two blocks of one call hold the same number of elements but may cut them into
 // runs differently, so each element index is mapped to an offset on each side.
 #include <cstdint>
 #include <initializer_list>
 
-#include "dtensor/comm/block.hpp"
-#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/core/block.hpp"
+#include "dtensor/core/reduce_op.hpp"
 #include "grid.cuh"
 #include "reduce.cuh"
 

@@ -7,7 +7,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "dtensor/comm/reduce_op.hpp"
+#include "dtensor/core/reduce_op.hpp"
 #include "dtensor/compute/functions.hpp"
 #include "grid.cuh"
 

@@ -379,6 +379,55 @@ TEST_CASE("fsdp: prefetch into and past a block; training equals one rank") {
     });
 }
 
+// The same through a residual block: prefetch into and past it, the reduce-scatters
+// inside it overlapped, and skipped inside no_sync() (the accumulation check counts
+// every collective of a quiet pass against the plan).
+using ResBlock = nn::Residual<nn::Sequential<nn::GELU<Cfg1>, FullyShard<Mid>>>;
+using WithResidual = nn::Sequential<FullyShard<First<Cfg1>>, ResBlock, FullyShard<Second<Cfg1>>>;
+using WithResidualPlain =
+    nn::Sequential<First<Cfg1>, nn::Residual<nn::Sequential<nn::GELU<Cfg1>, Mid>>, Second<Cfg1>>;
+static_assert(ResBlock::prefetches);
+
+WithResidual make_with_residual(const DeviceMesh<1>& mesh) {
+  return WithResidual(FullyShard(First<Cfg1>(mesh, {1})),
+                      ResBlock(nn::Sequential<nn::GELU<Cfg1>, FullyShard<Mid>>(nn::GELU<Cfg1>(),
+                                                                              FullyShard(Mid(mesh, {3})))),
+                      FullyShard(Second<Cfg1>(mesh, {2})));
+}
+
+TEST_CASE("fsdp: prefetch, overlapped reduce-scatters and no_sync reach into a residual block") {
+  constexpr int steps = 3;
+  Trained one;
+  on_one_rank<1>([&](const DeviceMesh<1>& mesh) {
+    WithResidualPlain m(First<Cfg1>(mesh, {1}),
+                        nn::Residual<nn::Sequential<nn::GELU<Cfg1>, Mid>>(
+                            nn::Sequential<nn::GELU<Cfg1>, Mid>(nn::GELU<Cfg1>(), Mid(mesh, {3}))),
+                        Second<Cfg1>(mesh, {2}));
+    auto o = nn::AdamW({.lr = 0.01});
+    one = train<Cfg1>(m, o, mesh, steps, false);
+  });
+  for (int n : {2, 3})
+    spmd(n, [&](Comm& comm) {
+      DeviceMesh<1> mesh(comm);
+      INFO("mesh ", mesh.to_string());
+      auto m = make_with_residual(mesh);
+      auto o = nn::AdamW({.lr = 0.01});
+      const Trained t = train<Cfg1>(m, o, mesh, steps, false);
+      CHECK(t.off_plan == 0);
+      check_same_training(t, one, 1e-12);
+      const auto& mid = m.template layer<1>().block().template layer<1>();
+      CHECK(mid.gather_stats().prefetched == 2 * steps);  // into the block, both ways
+      CHECK(mid.gather_stats().blocking == 0);
+      CHECK(m.template layer<2>().gather_stats().prefetched == steps);  // past it, forward
+      CHECK(m.template layer<0>().gather_stats().prefetched == steps);  // past it, backward
+      CHECK(mid.deferred_reductions() == steps);
+    });
+  for (const Accumulate mode : {Accumulate::Reducing, Accumulate::NoSync})
+    for (int n : {2, 3})
+      check_accumulation<WithResidual, 1>({n}, [](const auto& mesh) { return make_with_residual(mesh); },
+                                          {kBatch, kIn}, {kBatch, kOut}, mode);
+}
+
 // Mixed precision: float layers whose shards (and the optimizer's updates and state) are
 // kept in double.
 using CfgF = nn::Config<float, 2, nn::Axes<1, /*dp*/ 0, nn::kNone>>;

@@ -27,6 +27,7 @@
 #include "dtensor/compute/local.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/sequential.hpp"
+#include "dtensor/nn/unshard.hpp"
 
 namespace dtensor::nn {
 
@@ -149,6 +150,23 @@ class Residual {
   void for_each_parameter(Fn&& f) {
     nn::for_each_parameter(block_, f);
     if constexpr (kProjected) nn::for_each_parameter(projection_, f);
+  }
+  // Its layers (the block, then the projection) and, for a model of fully sharded
+  // layers, the prefetch into them (nn/unshard.hpp): the block runs first both ways.
+  template <class Fn>
+  void for_each_layer(Fn&& f) {
+    f(block_);
+    if constexpr (kProjected) f(projection_);
+  }
+  static constexpr bool prefetches =
+      nn::gathers_parameters<Block>() || (kProjected && nn::gathers_parameters<ProjectionT>());
+  void prefetch_forward() {
+    if constexpr (nn::gathers_parameters<Block>()) nn::prefetch_forward(block_);
+    else if constexpr (kProjected) nn::prefetch_forward(projection_);
+  }
+  void prefetch_backward() {
+    if constexpr (nn::gathers_parameters<Block>()) nn::prefetch_backward(block_);
+    else if constexpr (kProjected) nn::prefetch_backward(projection_);
   }
 
   template <class X>

@@ -359,17 +359,20 @@ class Model {
       if constexpr (InputGrad) {
         auto dx = backward_from<N - 1, true, G, true>(dy);
         finish_gradient_reduction();
+        defer_gradient_reduction(false);
         reducer_.finish(p, N);
         return dx;
       } else {
         backward_from<N - 1, false, G, true>(dy);
         finish_gradient_reduction();
+        defer_gradient_reduction(false);
         reducer_.finish(p, N);
       }
     } catch (...) {
       // In-flight reductions are abandoned before anything else goes; the next
       // backward starts afresh.
       reducer_.drop();
+      defer_gradient_reduction(false);
       throw;
     }
   }

@@ -38,6 +38,7 @@
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/sequential.hpp"
+#include "dtensor/nn/unshard.hpp"
 
 namespace dtensor::nn {
 
@@ -140,6 +141,14 @@ class SkipConcat {
   void for_each_parameter(Fn&& f) {
     nn::for_each_parameter(block_, f);
   }
+  // Its one layer, the block, and the prefetch into it (nn/unshard.hpp).
+  template <class Fn>
+  void for_each_layer(Fn&& f) {
+    f(block_);
+  }
+  static constexpr bool prefetches = nn::gathers_parameters<Block>();
+  void prefetch_forward() { nn::prefetch_forward(block_); }
+  void prefetch_backward() { nn::prefetch_backward(block_); }
 
   template <class X>
   auto forward(const X& x) {

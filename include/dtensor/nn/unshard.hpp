@@ -39,15 +39,21 @@ void prefetch_backward(L& layer) {
 }
 
 // Gradient sync on or off (off inside a model's no_sync()): a fully sharded layer
-// keeps its whole gradients instead of reduce-scattering them; a block passes it on.
+// keeps its whole gradients instead of reduce-scattering them. These calls reach the
+// fully sharded layers inside any block that lists its layers (for_each_layer:
+// Sequential, Residual, SkipConcat).
 template <class L>
 void set_gradient_sync(L& layer, bool on) {
   if constexpr (requires { layer.set_requires_gradient_sync(on); }) layer.set_requires_gradient_sync(on);
+  else if constexpr (requires { layer.for_each_layer([](auto&) {}); })
+    layer.for_each_layer([on](auto& l) { set_gradient_sync(l, on); });
 }
 // Drops the gradients a layer kept while gradient sync was off (zero_grad).
 template <class L>
 void discard_unsynced_gradients(L& layer) {
   if constexpr (requires { layer.discard_unsynced_gradients(); }) layer.discard_unsynced_gradients();
+  else if constexpr (requires { layer.for_each_layer([](auto&) {}); })
+    layer.for_each_layer([](auto& l) { discard_unsynced_gradients(l); });
 }
 
 // The overlapped reduce-scatter of a fully sharded layer's gradients: deferred while
@@ -55,10 +61,14 @@ void discard_unsynced_gradients(L& layer) {
 template <class L>
 void defer_gradient_reduction(L& layer, bool on) {
   if constexpr (requires { layer.defer_gradient_reduction(on); }) layer.defer_gradient_reduction(on);
+  else if constexpr (requires { layer.for_each_layer([](auto&) {}); })
+    layer.for_each_layer([on](auto& l) { defer_gradient_reduction(l, on); });
 }
 template <class L>
 void finish_gradient_reduction(L& layer) {
   if constexpr (requires { layer.finish_gradient_reduction(); }) layer.finish_gradient_reduction();
+  else if constexpr (requires { layer.for_each_layer([](auto&) {}); })
+    layer.for_each_layer([](auto& l) { finish_gradient_reduction(l); });
 }
 
 // Prefetching on or off for `layer` and, in a block, each of its layers.
