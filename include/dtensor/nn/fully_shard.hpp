@@ -605,33 +605,29 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
       const std::vector<int64_t>& e = pk.elements;
       const std::vector<int64_t>& off = pk.offsets;
       const std::vector<Block>& blocks = pk.blocks;
-      auto send = Tensor<T, 1>::uninitialized({off.back() + e.back()}, dev);
-      auto recv = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
+      // Packed by destination rank into a fresh buffer or, inside no_sync() and at the
+      // first backward after it, added into the gradients kept so far (packed alike),
+      // which the first backward that syncs reduce-scatters once.
+      const bool adding = unsynced_.numel() > 0;
+      Tensor<T, 1> send = adding ? std::exchange(unsynced_, Tensor<T, 1>())
+                                 : Tensor<T, 1>::uninitialized({off.back() + e.back()}, dev);
       std::vector<int64_t> cursor = off;
       each<true>([&](auto i) {
         constexpr std::size_t I = i();
         const auto& g = inner_parameter<I>().grad();
         for_each_piece<I>(n, [&](int r, const Region& piece, int64_t pn) {
-          local::copy_region(dev, g.data(), piece, send.data(),
-                             Region::contiguous(cursor[static_cast<std::size_t>(r)], pn), sizeof(T));
+          const Region to = Region::contiguous(cursor[static_cast<std::size_t>(r)], pn);
+          if (adding) local::reduce_region(dev, dtype_of<T>(), ReduceOp::Sum, g.data(), piece, send.data(), to);
+          else local::copy_region(dev, g.data(), piece, send.data(), to, sizeof(T));
           cursor[static_cast<std::size_t>(r)] += pn;
         });
       });
-      // Inside no_sync(): kept whole, added up over the micro-batches, and
-      // reduce-scattered once by the first backward that syncs.
-      if (unsynced_.numel() > 0 || (!sync_ && send.numel() > 0)) {
-        const Region all = Region::contiguous(0, send.numel());
-        if (unsynced_.numel() > 0)
-          local::reduce_region(dev, dtype_of<T>(), ReduceOp::Sum, send.data(), all, unsynced_.data(), all);
-        else
-          unsynced_ = std::move(send);
-        if (!sync_) {
-          add_unsharded_gradients();
-          return;
-        }
-        send = std::move(unsynced_);
-        unsynced_ = Tensor<T, 1>();
+      if (!sync_) {
+        unsynced_ = std::move(send);
+        add_unsharded_gradients();
+        return;
       }
+      auto recv = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
       CommCounter::record(StepKind::ReduceScatter, dp, static_cast<std::size_t>(send.numel()) * sizeof(T));
       if (defer_ && may_defer) {  // the model completes it while the next layer's backward runs
         auto r = std::make_unique<ReduceScatter>();
