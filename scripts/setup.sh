@@ -10,6 +10,7 @@ packages=(
   cmake g++ make            # build
   libeigen3-dev             # CPU compute
   libopenblas-dev           # host products (optional at configure time: Eigen without it)
+  libdnnl-dev               # host float convolutions, oneDNN (optional at configure time)
   doctest-dev               # tests
   libopenmpi-dev openmpi-bin  # the MPI runtime (optional at configure time)
   libbenchmark-dev          # bench/ (optional)

@@ -95,6 +95,40 @@ TEST_CASE("convolution on the host: larger images cut into several im2col chunks
   cc::check_conv<double>(Device::host(), c, cc::Path::Gemm, 3);
 }
 
+// Every float convolution of a plain build goes through oneDNN (compute/onednn_conv.hpp):
+// the sweep (strides, padding, dilation, groups, 1-3-D, positive in_start as a
+// distributed block's ghosts give, partial boxes, reads past the input) against the
+// nested-loop references, and the count of calls oneDNN took: all but the windows whose
+// taps read no stored cell, which it cannot describe and the host's own code computes.
+TEST_CASE("convolution on the host through oneDNN" * doctest::skip(!detail::onednn::available())) {
+  auto cases = sample(0, kConvCases);
+  const auto more = sample(1000, kConvCases);
+  cases.insert(cases.end(), more.begin(), more.end());
+  cc::ConvCase large{};  // several oneDNN blocks of channels, a box not contiguous in y
+  large.d.spatial = 2, large.d.batch = 2, large.d.in_channels = 19, large.d.out_channels = 33;
+  large.d.in = {40, 37, 1}, large.d.out = {40, 37, 1}, large.d.kernel = {3, 3, 1}, large.d.in_start = {-1, -1, 0};
+  large.bias = true, large.box.begin = {3, 5, 0}, large.box.end = {38, 36, 1};
+  cases.push_back(large);
+  int64_t calls = 0, declines = 0;
+  for (const auto& c : cases) {
+    if (c.d.batch > 0 && !c.box.empty(c.d)) {
+      ++calls;
+      declines += !detail::onednn::window_of(c.d, c.box.resolved(c.d)).ok;
+    }
+    if (c.d.batch > 0 && c.d.out_cells() > 0) {  // data, weight, weight accumulated
+      calls += 3;
+      declines += 3 * !detail::onednn::window_of(c.d, OutBox::all().resolved(c.d)).ok;
+    }
+  }
+  const auto before = detail::onednn::counts();
+  for (std::size_t i = 0; i < cases.size(); ++i) cc::check_conv<float>(Device::host(), cases[i], cc::Path::Library, i);
+  const auto after = detail::onednn::counts();
+  CHECK(after.taken - before.taken == calls - declines);
+  CHECK(after.declined - before.declined == declines);
+  CHECK(declines * 4 < calls);  // the sweep tests oneDNN, not the fallback (small images read much padding)
+  MESSAGE("oneDNN took ", calls - declines, " of ", calls, " convolution calls");
+}
+
 TEST_CASE("convolution worked by hand") {
   // x = [1, 2, 3], w = [1, 0, -1], padding 1: y[o] = x[o - 1] - x[o + 1].
   ConvDims d;

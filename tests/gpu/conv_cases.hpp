@@ -282,24 +282,34 @@ inline std::map<std::string, std::set<int64_t>> sweep_coverage(const std::vector
   return m;
 }
 
-// The host's two algorithms, or the entry points (which pick one, or go to the device).
-enum class Path { Entry, Gemm, Direct };
+// The host's two algorithms, oneDNN's (float; the host's own where it declines a window:
+// compute/onednn_conv.hpp counts both), or the entry points (which pick one, or go to the
+// device).
+enum class Path { Entry, Gemm, Direct, Library };
 
 template <class T>
 void run_forward(Path path, Device dev, const ConvDims& d, const T* x, const T* w, const T* b, T* y, OutBox box) {
   if (path == Path::Entry) return local::conv_forward(dev, d, x, w, b, y, box);
   d.validate("test");
+  if (path == Path::Library && d.batch > 0 && !box.empty(d) &&
+      detail::onednn::conv_forward(d, x, w, b, y, box.resolved(d)))
+    return;
   detail::conv::forward(d, x, w, b, y, box.resolved(d),
                         path == Path::Gemm ? detail::conv::Algo::Gemm : detail::conv::Algo::Direct);
 }
 template <class T>
 void run_backward_data(Path path, Device dev, const ConvDims& d, const T* dy, const T* w, T* dx) {
   if (path == Path::Entry) return local::conv_backward_data(dev, d, dy, w, dx);
+  if (path == Path::Library && d.batch > 0 && d.out_cells() > 0 && detail::onednn::conv_backward_data(d, dy, w, dx))
+    return;
   detail::conv::backward_data(d, dy, w, dx, path == Path::Gemm ? detail::conv::Algo::Gemm : detail::conv::Algo::Direct);
 }
 template <class T>
 void run_backward_weight(Path path, Device dev, const ConvDims& d, const T* x, const T* dy, T* dw, bool acc) {
   if (path == Path::Entry) return local::conv_backward_weight(dev, d, x, dy, dw, acc);
+  if (path == Path::Library && d.batch > 0 && d.out_cells() > 0 &&
+      detail::onednn::conv_backward_weight(d, x, dy, dw, acc))
+    return;
   detail::conv::backward_weight(d, x, dy, dw, acc,
                                 path == Path::Gemm ? detail::conv::Algo::Gemm : detail::conv::Algo::Direct);
 }
@@ -311,9 +321,10 @@ template <class T>
 void check_conv(Device dev, const ConvCase& c, Path path, uint64_t seed) {
   const ConvDims& d = c.d;
   INFO(describe(d), "; ", describe(c.box), std::string(c.bias ? ", bias" : ""), "; on ", to_string(dev),
-       std::string(path == Path::Gemm     ? " (im2col + GEMM)"
-                   : path == Path::Direct ? " (direct)"
-                                          : ""));
+       std::string(path == Path::Gemm      ? " (im2col + GEMM)"
+                   : path == Path::Direct  ? " (direct)"
+                   : path == Path::Library ? " (oneDNN)"
+                                           : ""));
   const T nan = std::numeric_limits<T>::quiet_NaN(), sentinel = T(7.25);
   const auto x = values<T>(d.x_size(), seed), w = values<T>(d.w_size(), seed + 1);
   const auto bias = values<T>(d.out_channels, seed + 2), dy = values<T>(d.y_size(), seed + 3);

@@ -1,7 +1,9 @@
 #pragma once
 // Local convolution: one rank's block, no communication (compute/conv_dims.hpp says
-// what the dims mean). On the host, Eigen; on a device, the backend table (cuDNN in
-// the CUDA backend). T is float or double.
+// what the dims mean). On the host, float through oneDNN where CMake found it
+// (compute/onednn_conv.hpp; onednn::preferred() names the passes left to our own code)
+// and everything else through the host algorithms below; on a device, the backend
+// table (cuDNN in the CUDA backend). T is float or double.
 //
 //   conv_forward          y[box] = conv(x, w) + bias      (the rest of y is left alone)
 //   conv_backward_data    dx = conv^T(dy, w)               (every cell of dx written)
@@ -33,6 +35,7 @@
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/local.hpp"
+#include "dtensor/compute/onednn_conv.hpp"
 
 namespace dtensor {
 
@@ -530,6 +533,7 @@ void conv_forward(Device d, const ConvDims& dims, const T* x, const T* w, const 
   dims.validate("conv_forward");
   const OutBox b = box.resolved(dims);
   if (!d.is_host()) return detail::device_backend(d).conv_forward(dtype_of<T>(), dims, x, w, bias, y, b);
+  if (dims.batch > 0 && !b.empty(dims) && detail::onednn::conv_forward(dims, x, w, bias, y, b)) return;
   const auto g = detail::conv::geo_of(dims);
   detail::conv::forward(dims, x, w, bias, y, b, detail::conv::choose(g, detail::conv::Pass::Forward));
 }
@@ -541,6 +545,10 @@ void conv_backward_data(Device d, const ConvDims& dims, const T* dy, const T* w,
   detail::conv::check_type<T>();
   dims.validate("conv_backward_data");
   if (!d.is_host()) return detail::device_backend(d).conv_backward_data(dtype_of<T>(), dims, dy, w, dx);
+  namespace dn = detail::onednn;
+  if (dims.batch > 0 && dims.out_cells() > 0 && dn::preferred(dims, dn::Pass::BackwardData) &&
+      dn::conv_backward_data(dims, dy, w, dx))
+    return;
   const auto g = detail::conv::geo_of(dims);
   detail::conv::backward_data(dims, dy, w, dx, detail::conv::choose(g, detail::conv::Pass::BackwardData));
 }
@@ -551,6 +559,10 @@ void conv_backward_weight(Device d, const ConvDims& dims, const T* x, const T* d
   detail::conv::check_type<T>();
   dims.validate("conv_backward_weight");
   if (!d.is_host()) return detail::device_backend(d).conv_backward_weight(dtype_of<T>(), dims, x, dy, dw, accumulate);
+  namespace dn = detail::onednn;
+  if (dims.batch > 0 && dims.out_cells() > 0 && dn::preferred(dims, dn::Pass::BackwardWeight) &&
+      dn::conv_backward_weight(dims, x, dy, dw, accumulate))
+    return;
   const auto g = detail::conv::geo_of(dims);
   detail::conv::backward_weight(dims, x, dy, dw, accumulate,
                                 detail::conv::choose(g, detail::conv::Pass::BackwardWeight));
