@@ -40,10 +40,11 @@ echo "== sanitizers: address,undefined on ${asan_tests[*]}"
 # itself; x86 tolerates misaligned loads; the classes behind virtual calls (Comm, the
 # device table) are few and tested directly. -g1: line tables are all a sanitizer's
 # stack trace needs.
-# The sanitizer builds compute host products with Eigen (DTENSOR_WITH_BLAS=OFF): the main
-# build takes OpenBLAS, so CI runs both paths.
+# The sanitizer builds compute host products with Eigen (DTENSOR_WITH_BLAS=OFF) and float
+# convolutions with dtensor's own code (DTENSOR_WITH_ONEDNN=OFF): the main build takes
+# OpenBLAS and oneDNN, so CI runs both paths of each.
 san_flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DDTENSOR_BUILD_EXAMPLES=OFF -DDTENSOR_WITH_CUDA=OFF
-  -DDTENSOR_WITH_BLAS=OFF)
+  -DDTENSOR_WITH_BLAS=OFF -DDTENSOR_WITH_ONEDNN=OFF)
 cmake -S . -B build-asan "${san_flags[@]}" -DDTENSOR_SANITIZE=address,undefined -DDTENSOR_TEST_OPT=-O0 \
   -DDTENSOR_NO_SANITIZE=alignment,vptr,null,pointer-overflow -DDTENSOR_TEST_ONLY="$(list "${asan_tests[@]}")" > /dev/null
 cmake --build build-asan -j"$jobs"

@@ -15,9 +15,9 @@
 // as PyTorch's NCHW convolutions do. A backward weight that accumulates adds through
 // the output reorder's sum post-op.
 //
-// Per thread (each in-process rank and stream worker its own): the primitives, their
-// reorders and the blocked buffers, cached by geometry (at most kCacheEntries shapes;
-// the cache is emptied when full). oneDNN's OpenMP runtime runs each call on the
+// Per thread (each in-process rank and stream worker its own): the primitives and their
+// reorders, cached by geometry (at most kCacheEntries shapes; the cache is emptied when
+// full), and one buffer per operand in oneDNN's layouts, shared by every shape. oneDNN's OpenMP runtime runs each call on the
 // calling thread alone, since ranks are dtensor's parallelism, unless
 // DTENSOR_ONEDNN_THREADS says otherwise (read once per thread).
 #include <algorithm>
@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <new>
 #include <type_traits>
 #include <unordered_map>
 
@@ -153,19 +154,49 @@ inline memory::dims spatial_dims(int spatial, const std::array<int64_t, 3>& v, i
   return r;
 }
 
+// Buffers in the primitives' layouts, per thread and slot (the two inputs, the output,
+// the scratchpad), grown to the largest shape seen and shared by every cached shape: a
+// thread holds at most one copy of each operand in oneDNN's layout, not one per shape.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(data_); }
+  void* get(std::size_t bytes) {
+    if (bytes <= size_) return data_;
+    const std::size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) throw std::bad_alloc();
+    std::free(data_);
+    data_ = p, size_ = rounded;
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+enum Slot { kSlotA, kSlotB, kSlotOut, kSlotScratchpad, kSlots };
+inline void* scratch(Slot slot, std::size_t bytes) {
+  thread_local std::array<Scratch, kSlots> buffers;
+  return buffers[slot].get(bytes);
+}
+
 // One operand as the user stores it and as the primitive wants it; where they differ,
-// a reorder between them and a buffer in the primitive's layout.
+// a reorder between them through the slot's buffer in the primitive's layout.
 struct Operand {
   memory user;  // data handle set per call
   memory lib;   // == user where no reorder is needed
   dnnl::reorder move;
   bool reorders = false;
+  Slot slot = kSlotA;
 
   Operand() = default;
-  Operand(const memory::desc& user_md, const memory::desc& lib_md, bool into_user, bool accumulate = false)
-      : user(user_md, engine(), DNNL_MEMORY_NONE) {
+  Operand(Slot s, const memory::desc& user_md, const memory::desc& lib_md, bool into_user, bool accumulate = false)
+      : user(user_md, engine(), DNNL_MEMORY_NONE), slot(s) {
     reorders = accumulate || user_md != lib_md;
-    lib = reorders ? memory(lib_md, engine()) : user;
+    lib = reorders ? memory(lib_md, engine(), DNNL_MEMORY_NONE) : user;
     if (!reorders) return;
     dnnl::primitive_attr attr;
     if (accumulate) {
@@ -176,7 +207,10 @@ struct Operand {
     move = into_user ? dnnl::reorder(dnnl::reorder::primitive_desc(lib, user, attr))
                      : dnnl::reorder(dnnl::reorder::primitive_desc(user, lib, attr));
   }
-  void bind(const void* p) const { user.set_data_handle(const_cast<void*>(p)); }
+  void bind(const void* p) const {
+    user.set_data_handle(const_cast<void*>(p));
+    if (reorders) lib.set_data_handle(scratch(slot, lib.get_desc().get_size()));
+  }
   // Inputs: into the primitive's layout; outputs: out of it.
   void arrive(dnnl::stream& s) {
     if (reorders) move.execute(s, user, lib);
@@ -189,7 +223,7 @@ struct Operand {
 struct Entry {
   dnnl::primitive run;
   Operand a, b, out;  // forward: x, w -> y; data: dy, w -> dx; weight: x, dy -> dw
-  memory bias, scratch;
+  memory bias, scratchpad;
   bool has_bias = false;
 };
 
@@ -230,30 +264,30 @@ inline Entry make_entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
   Entry e;
   if (p == Pass::Forward) {
     e.run = Fwd(fwd);
-    e.a = Operand(x_view, fwd.src_desc(), false);
-    e.b = Operand(w_md, fwd.weights_desc(), false);
-    e.out = Operand(y_view, fwd.dst_desc(), true);
+    e.a = Operand(kSlotA, x_view, fwd.src_desc(), false);
+    e.b = Operand(kSlotB, w_md, fwd.weights_desc(), false);
+    e.out = Operand(kSlotOut, y_view, fwd.dst_desc(), true);
     e.has_bias = with_bias;
     if (with_bias) e.bias = memory(bias_md, engine(), DNNL_MEMORY_NONE);
-    e.scratch = memory(fwd.scratchpad_desc(), engine());
+    e.scratchpad = memory(fwd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE);
   } else if (p == Pass::BackwardData) {
     using Bwd = dnnl::convolution_backward_data;
     const Bwd::primitive_desc pd(Bwd::desc(algo, any(x_view), any(w_md), any(y_view), strides, dilates, pad_l, pad_r),
                                  attr, engine(), fwd);
     e.run = Bwd(pd);
-    e.a = Operand(y_view, pd.diff_dst_desc(), false);
-    e.b = Operand(w_md, pd.weights_desc(), false);
-    e.out = Operand(x_view, pd.diff_src_desc(), true);
-    e.scratch = memory(pd.scratchpad_desc(), engine());
+    e.a = Operand(kSlotA, y_view, pd.diff_dst_desc(), false);
+    e.b = Operand(kSlotB, w_md, pd.weights_desc(), false);
+    e.out = Operand(kSlotOut, x_view, pd.diff_src_desc(), true);
+    e.scratchpad = memory(pd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE);
   } else {
     using Bwd = dnnl::convolution_backward_weights;
     const Bwd::primitive_desc pd(Bwd::desc(algo, any(x_view), any(w_md), any(y_view), strides, dilates, pad_l, pad_r),
                                  attr, engine(), fwd);
     e.run = Bwd(pd);
-    e.a = Operand(x_view, pd.src_desc(), false);
-    e.b = Operand(y_view, pd.diff_dst_desc(), false);
-    e.out = Operand(w_md, pd.diff_weights_desc(), true, flag);
-    e.scratch = memory(pd.scratchpad_desc(), engine());
+    e.a = Operand(kSlotA, x_view, pd.src_desc(), false);
+    e.b = Operand(kSlotB, y_view, pd.diff_dst_desc(), false);
+    e.out = Operand(kSlotOut, w_md, pd.diff_weights_desc(), true, flag);
+    e.scratchpad = memory(pd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE);
   }
   return e;
 }
@@ -280,9 +314,10 @@ inline int64_t offset(const ConvDims& d, const std::array<int64_t, 3>& begin, co
 
 inline void execute(Pass p, Entry& e) {
   dnnl::stream& s = stream();
+  e.scratchpad.set_data_handle(scratch(kSlotScratchpad, e.scratchpad.get_desc().get_size()));
   e.a.arrive(s);
   e.b.arrive(s);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SCRATCHPAD, e.scratch}};
+  std::unordered_map<int, memory> args{{DNNL_ARG_SCRATCHPAD, e.scratchpad}};
   if (p == Pass::Forward) {
     args.insert({{DNNL_ARG_SRC, e.a.lib}, {DNNL_ARG_WEIGHTS, e.b.lib}, {DNNL_ARG_DST, e.out.lib}});
     if (e.has_bias) args.insert({DNNL_ARG_BIAS, e.bias});

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""PyTorch's CPU training steps on bench_cpu_steps' models: train_cnn's CNN (batch 8,
+3 x 128 x 128) and the 256-1024-256 MLP (batch 64), float32, one thread and two,
+wall time per step, best of the rounds' means (10 steps a round after 3 warm ones).
+
+    python3 bench/steps_torch.py [rounds]
+
+Exits 77 (skipped) without PyTorch.
+"""
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+
+try:
+    import torch
+    from torch import nn
+except ImportError:
+    print("no PyTorch: skipped")
+    sys.exit(77)
+
+WARM, STEPS = 3, 10
+
+
+def best_ms(step, rounds):
+    for _ in range(WARM):
+        step()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(STEPS):
+            step()
+        best = min(best, time.perf_counter() - t0)
+    return best / STEPS * 1e3
+
+
+def cnn_step(rounds):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+    loss = nn.CrossEntropyLoss()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.rand(8, 3, 128, 128) - 0.5
+    t = torch.arange(8) % 4
+
+    def step():
+        sgd.zero_grad()
+        loss(model(x), t).backward()
+        sgd.step()
+
+    return best_ms(step, rounds)
+
+
+def mlp_step(rounds):
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+    loss = nn.MSELoss()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, t = torch.rand(64, 256), torch.rand(64, 256)
+
+    def step():
+        sgd.zero_grad()
+        loss(model(x), t).backward()
+        sgd.step()
+
+    return best_ms(step, rounds)
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    print(f"torch {torch.__version__}, oneDNN {'on' if torch.backends.mkldnn.is_available() else 'off'}; "
+          f"wall ms per step, best of {rounds} rounds of {STEPS}")
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        cnn, mlp = cnn_step(rounds), mlp_step(rounds)
+        print(f"{threads} thread{'s' if threads > 1 else ' '}: cnn step (batch 8, 128x128) {cnn:8.3f} ms   "
+              f"mlp step (64, 256-1024-256) {mlp:8.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
