@@ -35,7 +35,7 @@ using CNN = nn::Sequential<nn::Conv<Img, kChannels, 8, k3>, nn::BatchNorm<Img, 8
 using Targets = dtensor_t<int64_t, 1, placements_t<Head::activation()>>;
 
 // The MLP, features over mesh dim 0 (tensor parallel).
-using Cfg = nn::Config<float, 1, nn::Axes<0, nn::kNone, nn::kNone>>;
+using Cfg = nn::Config<float, 2, nn::Axes<1, nn::kNone, 0>>;
 using MLP = nn::Sequential<nn::Linear<Cfg, 256, 1024, nn::Colwise>, nn::GELU<Cfg>,
                            nn::Linear<Cfg, 1024, 256, nn::Rowwise>>;
 

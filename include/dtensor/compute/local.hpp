@@ -89,12 +89,16 @@ void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Te
   if (!x.device().is_host())
     return detail::device_backend(x.device())
         .unary_backward(dtype_of<T>(), f, x.data(), dy.data(), dx.data(), x.numel());
-  auto xe = as_eigen_array(x);
-  auto ge = as_eigen_array(dy);
-  auto o = as_eigen_array(dx);
+  // A plain loop, which the compiler vectorises where the derivative is simple (ReLU's
+  // select): Eigen's unaryExpr of a scalar lambda stays scalar. Element i is read
+  // before it is written, so dx may alias x or dy.
+  const T* xp = x.data();
+  const T* gp = dy.data();
+  T* op = dx.data();
+  const int64_t n = x.numel();
   visit_unary(f, [&](auto k) {
     using M = UnaryMath<decltype(k)::value>;
-    o = xe.unaryExpr([](T v) { return M::derivative(v); }) * ge;
+    for (int64_t i = 0; i < n; ++i) op[i] = M::derivative(xp[i]) * gp[i];
   });
 }
 

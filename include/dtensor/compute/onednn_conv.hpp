@@ -340,10 +340,10 @@ template <class T>
 bool conv_forward(const ConvDims& d, const T* x, const T* w, const T* bias, T* y, const OutBox& box) {
 #ifdef DTENSOR_HAVE_ONEDNN
   if constexpr (std::is_same_v<T, float>) {
+    impl::configure_threads();  // before a primitive is made: oneDNN plans its threads then
     const Window win = window_of(d, box);
     impl::Entry* e = win.ok ? impl::entry(Pass::Forward, d, win, bias != nullptr) : nullptr;
     if (!e) return ++counts().declined, false;
-    impl::configure_threads();
     e->a.bind(x + impl::offset(d, win.view_begin, d.in));
     e->b.bind(w);
     e->out.bind(y + impl::offset(d, win.out_begin, d.out));
@@ -361,10 +361,10 @@ template <class T>
 bool conv_backward_data(const ConvDims& d, const T* dy, const T* w, T* dx) {
 #ifdef DTENSOR_HAVE_ONEDNN
   if constexpr (std::is_same_v<T, float>) {
+    impl::configure_threads();  // before a primitive is made: oneDNN plans its threads then
     const Window win = window_of(d, OutBox::all().resolved(d));
     impl::Entry* e = win.ok ? impl::entry(Pass::BackwardData, d, win, false) : nullptr;
     if (!e) return ++counts().declined, false;
-    impl::configure_threads();
     // oneDNN writes the cells the taps read; the rest of dx (a positive in_start, or
     // cells past the last tap) gets no gradient.
     bool whole = true;
@@ -386,10 +386,10 @@ template <class T>
 bool conv_backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw, bool accumulate) {
 #ifdef DTENSOR_HAVE_ONEDNN
   if constexpr (std::is_same_v<T, float>) {
+    impl::configure_threads();  // before a primitive is made: oneDNN plans its threads then
     const Window win = window_of(d, OutBox::all().resolved(d));
     impl::Entry* e = win.ok ? impl::entry(Pass::BackwardWeight, d, win, accumulate) : nullptr;
     if (!e) return ++counts().declined, false;
-    impl::configure_threads();
     e->a.bind(x + impl::offset(d, win.view_begin, d.in));
     e->b.bind(dy);
     e->out.bind(dw);

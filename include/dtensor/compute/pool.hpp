@@ -101,6 +101,48 @@ int64_t arg_max(const Geo& g, const Taps& t, const Box& b, int64_t o0, int64_t o
   return arg;
 }
 
+// Windows whose every tap is valid (all but the border's, usually) take a shorter
+// path: the taps' offsets from the window's first cell, computed once per call, and
+// the same first-largest rule in the same tap order as arg_max (so the same result).
+inline bool full(const Range& r, int64_t k) { return r.lo == 0 && r.hi == k; }
+inline const std::vector<int64_t>& tap_offsets(const Geo& g) {
+  thread_local std::vector<int64_t> offs;
+  offs.clear();
+  for (int64_t k0 = 0; k0 < g.k[0]; ++k0)
+    for (int64_t k1 = 0; k1 < g.k[1]; ++k1)
+      for (int64_t k2 = 0; k2 < g.k[2]; ++k2)
+        offs.push_back((k0 * g.dl[0] * g.in[1] + k1 * g.dl[1]) * g.in[2] + k2 * g.dl[2]);
+  return offs;
+}
+inline int64_t window_origin(const Geo& g, int64_t o0, int64_t o1, int64_t o2) {
+  return ((g.st[0] + o0 * g.s[0]) * g.in[1] + g.st[1] + o1 * g.s[1]) * g.in[2] + g.st[2] + o2 * g.s[2];
+}
+// N > 0: a window of N taps, unrolled by the compiler (2x2 windows are most pooling);
+// N == 0: any number.
+template <int N, class T>
+int64_t arg_max_full(const T* xp, int64_t origin, const std::vector<int64_t>& offs) {
+  const std::size_t n = N > 0 ? std::size_t{N} : offs.size();
+  int64_t arg = origin + offs[0];
+  T best = xp[arg];
+  for (std::size_t i = 1; i < n; ++i) {
+    const int64_t c = origin + offs[i];
+    const T v = xp[c];
+    if (v > best || (v != v && best == best)) arg = c, best = v;
+  }
+  return arg;
+}
+// The first largest tap of output (o0, o1, o2): through arg_max_full where the whole
+// window is valid (rows_full: dims 0 and 1 are), else arg_max.
+template <class T>
+int64_t max_tap(const Geo& g, const Taps& t, const Box& b, const std::vector<int64_t>& offs, bool rows_full,
+                int64_t o0, int64_t o1, int64_t o2, const T* xp) {
+  if (rows_full && full(t.at(2, o2, b), g.k[2])) {
+    const int64_t origin = window_origin(g, o0, o1, o2);
+    return offs.size() == 4 ? arg_max_full<4>(xp, origin, offs) : arg_max_full<0>(xp, origin, offs);
+  }
+  return arg_max(g, t, b, o0, o1, o2, xp);
+}
+
 template <class T>
 T divisor(const PoolDims& p, const Taps& t, const Counted& c, const Box& b, int64_t o0, int64_t o1, int64_t o2) {
   if (p.count_pad) return T(c.at(0, o0, b) * c.at(1, o1, b) * c.at(2, o2, b));
@@ -115,15 +157,17 @@ void forward(const PoolDims& p, const T* x, T* y, const OutBox& box) {
   const auto v = valid_cells(p);
   const Taps& t = valid_taps(g, b, v[0], v[1]);
   const Counted& counted = counted_taps(p, g, b);
+  const std::vector<int64_t>& offs = tap_offsets(g);
   for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
     const T* xp = x + plane * g.in_cells;
     T* yp = y + plane * g.out_cells;
     for (int64_t o0 = b.b[0]; o0 < b.e[0]; ++o0)
       for (int64_t o1 = b.b[1]; o1 < b.e[1]; ++o1) {
         T* yr = yp + conv::out_index(g, o0, o1, 0);
+        const bool rows_full = full(t.at(0, o0, b), g.k[0]) && full(t.at(1, o1, b), g.k[1]);
         for (int64_t o2 = b.b[2]; o2 < b.e[2]; ++o2) {
           if (p.mode == PoolMode::Max) {
-            const int64_t a = arg_max(g, t, b, o0, o1, o2, xp);
+            const int64_t a = max_tap(g, t, b, offs, rows_full, o0, o1, o2, xp);
             yr[o2] = a < 0 ? T(0) : xp[a];
             continue;
           }
@@ -145,6 +189,7 @@ void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
   const auto v = valid_cells(p);
   const Taps& t = valid_taps(g, b, v[0], v[1]);
   const Counted& counted = counted_taps(p, g, b);
+  const std::vector<int64_t>& offs = tap_offsets(g);
   for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
     const T* xp = x + plane * g.in_cells;
     const T* dyp = dy + plane * g.out_cells;
@@ -152,9 +197,10 @@ void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
     for (int64_t o0 = 0; o0 < g.out[0]; ++o0)
       for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
         const T* dyr = dyp + conv::out_index(g, o0, o1, 0);
+        const bool rows_full = full(t.at(0, o0, b), g.k[0]) && full(t.at(1, o1, b), g.k[1]);
         for (int64_t o2 = 0; o2 < g.out[2]; ++o2) {
           if (p.mode == PoolMode::Max) {
-            const int64_t a = arg_max(g, t, b, o0, o1, o2, xp);
+            const int64_t a = max_tap(g, t, b, offs, rows_full, o0, o1, o2, xp);
             if (a >= 0) dxp[a] += dyr[o2];
             continue;
           }

@@ -15,9 +15,56 @@
 
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/row_terms.hpp"
-#include "dtensor/tensor/eigen.hpp"
 
-namespace dtensor::local {
+namespace dtensor {
+
+namespace detail::rows {
+
+// The host loops below sum in double with kLanes independent accumulators each, added
+// in lane order at the end: the compiler vectorises such loops without -ffast-math
+// (a single accumulator is a chain of dependent additions, about 1 ns an element), and
+// the order of the additions is fixed by the code, so every run gives the same bits.
+inline constexpr int kLanes = 8;
+
+// sum_j (a[j] - k) and sum_j (a[j] - k)^2.
+template <class T>
+void shifted_moments(const T* a, int64_t n, double k, double& s1, double& s2) {
+  double p[kLanes] = {}, q[kLanes] = {};
+  const int64_t body = n - n % kLanes;
+  for (int64_t j = 0; j < body; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const double d = static_cast<double>(a[j + l]) - k;
+      p[l] += d, q[l] += d * d;
+    }
+  s1 = 0, s2 = 0;
+  for (int l = 0; l < kLanes; ++l) s1 += p[l], s2 += q[l];
+  for (int64_t j = body; j < n; ++j) {
+    const double d = static_cast<double>(a[j]) - k;
+    s1 += d, s2 += d * d;
+  }
+}
+
+// sum_j a[j] and sum_j a[j] b[j].
+template <class T>
+void product_moments(const T* a, const T* b, int64_t n, double& s1, double& s2) {
+  double p[kLanes] = {}, q[kLanes] = {};
+  const int64_t body = n - n % kLanes;
+  for (int64_t j = 0; j < body; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const double x = static_cast<double>(a[j + l]);
+      p[l] += x, q[l] += x * static_cast<double>(b[j + l]);
+    }
+  s1 = 0, s2 = 0;
+  for (int l = 0; l < kLanes; ++l) s1 += p[l], s2 += q[l];
+  for (int64_t j = body; j < n; ++j) {
+    const double x = static_cast<double>(a[j]);
+    s1 += x, s2 += x * static_cast<double>(b[j]);
+  }
+}
+
+}  // namespace detail::rows
+
+namespace local {
 
 // out[r] and out[rows + r], for each row r of a (device d):
 //   b == nullptr: sum_j (a[r, j] - k_r) and sum_j (a[r, j] - k_r)^2, k_r = shift[r]
@@ -28,50 +75,51 @@ namespace dtensor::local {
 template <class T>
 void row_moments(Device d, const T* a, const T* b, const double* shift, int64_t rows, int64_t cols, double* out) {
   if (!d.is_host()) return detail::device_backend(d).row_moments(dtype_of<T>(), a, b, shift, rows, cols, out);
-  using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
   for (int64_t r = 0; r < rows; ++r) {
-    const auto x = Eigen::Map<const Row>(a + r * cols, cols).template cast<double>();
-    if (b) {
-      out[r] = x.sum();
-      out[rows + r] = (x * Eigen::Map<const Row>(b + r * cols, cols).template cast<double>()).sum();
-    } else {
-      const auto dx = x - (shift ? shift[r] : 0.0);
-      out[r] = dx.sum();
-      out[rows + r] = dx.square().sum();
-    }
+    if (b)
+      detail::rows::product_moments(a + r * cols, b + r * cols, cols, out[r], out[rows + r]);
+    else
+      detail::rows::shifted_moments(a + r * cols, cols, shift ? shift[r] : 0.0, out[r], out[rows + r]);
   }
 }
 
 // out = the row-affine map of a (and b) with the coefficients `terms` (compute/
 // row_terms.hpp; host arrays), rounded to T once. b may be null (no second term). out
-// may alias a or b. All of a, b and out on device d.
+// may alias a or b (each element is read before it is written). All of a, b and out
+// on device d.
 template <class T>
 void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t rows, int64_t cols, T* out) {
   if (!d.is_host()) return detail::device_backend(d).row_affine(dtype_of<T>(), a, b, terms, rows, cols, out);
-  using Row = Eigen::Array<T, Eigen::Dynamic, 1>;
-  using Col = Eigen::Array<double, Eigen::Dynamic, 1>;
   const bool two = b && terms.b_scale;
-  if (!two && !terms.col_scale && !terms.col_offset) {  // the common case: one pass, no temporary
-    for (int64_t r = 0; r < rows; ++r) {
-      const double center = terms.center ? terms.center[r] : 0.0, offset = terms.offset ? terms.offset[r] : 0.0;
-      const double scale = terms.scale ? terms.scale[r] : 1.0;
-      Eigen::Map<Row>(out + r * cols, cols) =
-          ((Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) * scale + offset)
-              .template cast<T>();
-    }
-    return;
-  }
-  Col v(cols);  // one row in double, reused (no allocation per row)
+  const double* cs = terms.col_scale;
+  const double* co = terms.col_offset;
   for (int64_t r = 0; r < rows; ++r) {
     const double center = terms.center ? terms.center[r] : 0.0, offset = terms.offset ? terms.offset[r] : 0.0;
-    v = (Eigen::Map<const Row>(a + r * cols, cols).template cast<double>() - center) *
-        (terms.scale ? terms.scale[r] : 1.0);
-    if (two) v += Eigen::Map<const Row>(b + r * cols, cols).template cast<double>() * terms.b_scale[r];
-    v += offset;
-    if (terms.col_scale) v *= Eigen::Map<const Col>(terms.col_scale, cols);
-    if (terms.col_offset) v += Eigen::Map<const Col>(terms.col_offset, cols);
-    Eigen::Map<Row>(out + r * cols, cols) = v.template cast<T>();
+    const double scale = terms.scale ? terms.scale[r] : 1.0, b_scale = two ? terms.b_scale[r] : 0.0;
+    const T* ar = a + r * cols;
+    const T* br = two ? b + r * cols : nullptr;
+    T* o = out + r * cols;
+    // One loop per case, each simple enough to vectorise; the same arithmetic, in the
+    // same order, as the general form ((a - center) scale + b b_scale + offset) col_scale
+    // + col_offset.
+    if (!two && !cs && !co) {
+      for (int64_t j = 0; j < cols; ++j) o[j] = static_cast<T>((static_cast<double>(ar[j]) - center) * scale + offset);
+    } else if (two && !cs && !co) {
+      for (int64_t j = 0; j < cols; ++j)
+        o[j] = static_cast<T>((static_cast<double>(ar[j]) - center) * scale + static_cast<double>(br[j]) * b_scale +
+                              offset);
+    } else {
+      for (int64_t j = 0; j < cols; ++j) {
+        double v = (static_cast<double>(ar[j]) - center) * scale;
+        if (two) v += static_cast<double>(br[j]) * b_scale;
+        v += offset;
+        if (cs) v *= cs[j];
+        if (co) v += co[j];
+        o[j] = static_cast<T>(v);
+      }
+    }
   }
 }
 
-}  // namespace dtensor::local
+}  // namespace local
+}  // namespace dtensor

@@ -104,7 +104,8 @@ constexpr bool is_gradient_placement(const PlacementState<M>& ps) {  // S, R or 
 // included). Collective over dy's mesh.
 namespace detail {
 template <auto QS, class... P, class T, int Rank, class... G>
-auto redistribute_backward_impl(const DTensor<T, Rank, G...>& dy, const std::type_identity_t<Splits<Rank>>& target);
+auto redistribute_backward_impl(const DTensor<T, Rank, G...>& dy, const std::type_identity_t<Splits<Rank>>& target,
+                                DTensor<T, Rank, G...>* owned = nullptr);
 }
 
 // Q... are the forward's target placements (only their Partial<Avg> entries matter).
@@ -118,8 +119,11 @@ auto redistribute_backward_from(const DTensor<T, Rank, G...>& dy, const std::typ
 }
 
 namespace detail {
+// owned: dy itself, where the caller hands it over (an rvalue): moved into the result
+// instead of copied where the placements stay (most layer boundaries of a backward).
 template <auto QS, class... P, class T, int Rank, class... G>
-auto redistribute_backward_impl(const DTensor<T, Rank, G...>& dy, const std::type_identity_t<Splits<Rank>>& target) {
+auto redistribute_backward_impl(const DTensor<T, Rank, G...>& dy, const std::type_identity_t<Splits<Rank>>& target,
+                                DTensor<T, Rank, G...>* owned) {
   static_assert(sizeof...(P) == sizeof...(G),
                 "dtensor::redistribute_backward<P...>(dy): give the forward input's placements, one per mesh dim");
   static_assert((Placement<P> && ...), "dtensor::redistribute_backward<P...>: P must be placements");
@@ -137,7 +141,7 @@ auto redistribute_backward_impl(const DTensor<T, Rank, G...>& dy, const std::typ
   static constexpr auto plan = detail::redistribute_backward_plan<M>(xs, gs);
   using Gathered = placements_t<plan.gathered>;
   using Out = dtensor_t<T, Rank, placements_t<plan.out>>;
-  const auto& mesh = dy.mesh();
+  const auto mesh = dy.mesh();  // a handle (shared state): dy may be moved from below
   const auto& ms = mesh.shape();
 
   bool has_target = false;
@@ -157,6 +161,7 @@ auto redistribute_backward_impl(const DTensor<T, Rank, G...>& dy, const std::typ
   auto g = [&] {
     if constexpr (std::is_same_v<Gathered, Placements<G...>>) {
       if (has_target) return redistribute<G...>(dy, gathered_target);
+      if (owned) return std::move(*owned);
       return dy;
     } else {
       return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(dy, gathered_target); }(Gathered{});
@@ -207,6 +212,13 @@ template <class... P, class T, int Rank, class... G>
 auto redistribute_backward(const DTensor<T, Rank, G...>& dy, const std::type_identity_t<Splits<Rank>>& target = {}) {
   static_assert((Placement<P> && ...), "dtensor::redistribute_backward<P...>: P must be placements");
   return detail::redistribute_backward_impl<PlacementState<sizeof...(P)>{}, P...>(dy, target);
+}
+// The same for a gradient the caller no longer needs: its block is moved, not copied,
+// where the placements stay.
+template <class... P, class T, int Rank, class... G>
+auto redistribute_backward(DTensor<T, Rank, G...>&& dy, const std::type_identity_t<Splits<Rank>>& target = {}) {
+  static_assert((Placement<P> && ...), "dtensor::redistribute_backward<P...>: P must be placements");
+  return detail::redistribute_backward_impl<PlacementState<sizeof...(P)>{}, P...>(dy, target, &dy);
 }
 
 

@@ -154,10 +154,11 @@ auto layer_backward(L& layer, const G& dy) {
     return layer.template backward<NeedInputGrad>(dy);
 }
 
-// redistribute_backward<P...>(dy) for a Placements<P...> list.
+// redistribute_backward<P...>(dy) for a Placements<P...> list (an rvalue dy is moved
+// through, not copied, where the placements stay).
 template <class PList, class G>
-auto redistribute_backward_as(const G& dy) {
-  return [&]<class... P>(Placements<P...>) { return redistribute_backward<P...>(dy); }(PList{});
+auto redistribute_backward_as(G&& dy) {
+  return [&]<class... P>(Placements<P...>) { return redistribute_backward<P...>(std::forward<G>(dy)); }(PList{});
 }
 
 // Placements without Partials: what a layer that needs values (a nonlinearity, a

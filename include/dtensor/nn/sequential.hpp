@@ -484,7 +484,7 @@ class Model {
     if constexpr (!need) {
       return;
     } else {
-      auto da = redistribute_backward_as<placements_t<flow.arriving[I]>>(dx);
+      auto da = redistribute_backward_as<placements_t<flow.arriving[I]>>(std::move(dx));
       if constexpr (I == 0) return da;
       else return backward_from<I - 1, InputGrad, G0, Reduce>(da);
     }
