@@ -131,16 +131,30 @@ int64_t arg_max_full(const T* xp, int64_t origin, const std::vector<int64_t>& of
   }
   return arg;
 }
-// The first largest tap of output (o0, o1, o2): through arg_max_full where the whole
-// window is valid (rows_full: dims 0 and 1 are), else arg_max.
-template <class T>
-int64_t max_tap(const Geo& g, const Taps& t, const Box& b, const std::vector<int64_t>& offs, bool rows_full,
-                int64_t o0, int64_t o1, int64_t o2, const T* xp) {
-  if (rows_full && full(t.at(2, o2, b), g.k[2])) {
-    const int64_t origin = window_origin(g, o0, o1, o2);
-    return offs.size() == 4 ? arg_max_full<4>(xp, origin, offs) : arg_max_full<0>(xp, origin, offs);
-  }
-  return arg_max(g, t, b, o0, o1, o2, xp);
+// The outputs [lo, hi) of dim 2 in the box whose windows are fully valid along dim 2:
+// one run (validity is monotone in o2 from either end), empty where there is none.
+inline std::array<int64_t, 2> full_run(const Geo& g, const Taps& t, const Box& b) {
+  int64_t lo = b.b[2];
+  while (lo < b.e[2] && !full(t.at(2, lo, b), g.k[2])) ++lo;
+  int64_t hi = lo;
+  while (hi < b.e[2] && full(t.at(2, hi, b), g.k[2])) ++hi;
+  return {lo, hi};
+}
+
+// Calls f(o2, the first largest tap) for each output o2 of row (o0, o1) of the box:
+// the run of fully valid windows through arg_max_full, the others through arg_max.
+template <class T, class F>
+void max_row(const Geo& g, const Taps& t, const Box& b, const std::vector<int64_t>& offs,
+             const std::array<int64_t, 2>& run, int64_t o0, int64_t o1, const T* xp, F&& f) {
+  const bool rows_full = full(t.at(0, o0, b), g.k[0]) && full(t.at(1, o1, b), g.k[1]);
+  const int64_t lo = rows_full ? run[0] : b.e[2], hi = rows_full ? run[1] : b.e[2];
+  for (int64_t o2 = b.b[2]; o2 < lo; ++o2) f(o2, arg_max(g, t, b, o0, o1, o2, xp));
+  int64_t origin = window_origin(g, o0, o1, lo);
+  if (offs.size() == 4)
+    for (int64_t o2 = lo; o2 < hi; ++o2, origin += g.s[2]) f(o2, arg_max_full<4>(xp, origin, offs));
+  else
+    for (int64_t o2 = lo; o2 < hi; ++o2, origin += g.s[2]) f(o2, arg_max_full<0>(xp, origin, offs));
+  for (int64_t o2 = hi; o2 < b.e[2]; ++o2) f(o2, arg_max(g, t, b, o0, o1, o2, xp));
 }
 
 template <class T>
@@ -158,19 +172,18 @@ void forward(const PoolDims& p, const T* x, T* y, const OutBox& box) {
   const Taps& t = valid_taps(g, b, v[0], v[1]);
   const Counted& counted = counted_taps(p, g, b);
   const std::vector<int64_t>& offs = tap_offsets(g);
+  const std::array<int64_t, 2> run = full_run(g, t, b);
   for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
     const T* xp = x + plane * g.in_cells;
     T* yp = y + plane * g.out_cells;
     for (int64_t o0 = b.b[0]; o0 < b.e[0]; ++o0)
       for (int64_t o1 = b.b[1]; o1 < b.e[1]; ++o1) {
         T* yr = yp + conv::out_index(g, o0, o1, 0);
-        const bool rows_full = full(t.at(0, o0, b), g.k[0]) && full(t.at(1, o1, b), g.k[1]);
+        if (p.mode == PoolMode::Max) {
+          max_row(g, t, b, offs, run, o0, o1, xp, [&](int64_t o2, int64_t a) { yr[o2] = a < 0 ? T(0) : xp[a]; });
+          continue;
+        }
         for (int64_t o2 = b.b[2]; o2 < b.e[2]; ++o2) {
-          if (p.mode == PoolMode::Max) {
-            const int64_t a = max_tap(g, t, b, offs, rows_full, o0, o1, o2, xp);
-            yr[o2] = a < 0 ? T(0) : xp[a];
-            continue;
-          }
           T sum = 0;
           for_taps(g, t, b, o0, o1, o2, [&](int64_t c) { sum += xp[c]; });
           const T div = divisor<T>(p, t, counted, b, o0, o1, o2);
@@ -190,6 +203,7 @@ void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
   const Taps& t = valid_taps(g, b, v[0], v[1]);
   const Counted& counted = counted_taps(p, g, b);
   const std::vector<int64_t>& offs = tap_offsets(g);
+  const std::array<int64_t, 2> run = full_run(g, t, b);
   for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
     const T* xp = x + plane * g.in_cells;
     const T* dyp = dy + plane * g.out_cells;
@@ -197,13 +211,13 @@ void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
     for (int64_t o0 = 0; o0 < g.out[0]; ++o0)
       for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
         const T* dyr = dyp + conv::out_index(g, o0, o1, 0);
-        const bool rows_full = full(t.at(0, o0, b), g.k[0]) && full(t.at(1, o1, b), g.k[1]);
-        for (int64_t o2 = 0; o2 < g.out[2]; ++o2) {
-          if (p.mode == PoolMode::Max) {
-            const int64_t a = max_tap(g, t, b, offs, rows_full, o0, o1, o2, xp);
+        if (p.mode == PoolMode::Max) {
+          max_row(g, t, b, offs, run, o0, o1, xp, [&](int64_t o2, int64_t a) {
             if (a >= 0) dxp[a] += dyr[o2];
-            continue;
-          }
+          });
+          continue;
+        }
+        for (int64_t o2 = 0; o2 < g.out[2]; ++o2) {
           const T div = divisor<T>(p, t, counted, b, o0, o1, o2);
           if (div == T(0)) continue;
           const T share = dyr[o2] / div;
