@@ -17,17 +17,18 @@
 //
 // Per thread (each in-process rank and stream worker its own): the primitives and their
 // reorders, cached by geometry (at most kCacheEntries shapes; the cache is emptied when
-// full), and one buffer per operand in oneDNN's layouts, shared by every shape. oneDNN's OpenMP runtime runs each call on the
-// calling thread alone, since ranks are dtensor's parallelism, unless
-// DTENSOR_ONEDNN_THREADS says otherwise (read once per thread).
+// full), and one buffer per operand in oneDNN's layouts, shared by every shape.
+// oneDNN's OpenMP runtime runs each call on the calling thread alone, since ranks are
+// dtensor's parallelism, unless DTENSOR_ONEDNN_THREADS says otherwise (read once per
+// thread, before its first primitive is made: oneDNN plans a primitive's threads then).
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <new>
 #include <type_traits>
-#include <unordered_map>
 
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/util/error.hpp"
@@ -35,7 +36,7 @@
 #ifdef DTENSOR_HAVE_ONEDNN
 #include <omp.h>
 
-#include <oneapi/dnnl/dnnl.hpp>
+#include <oneapi/dnnl/dnnl.h>
 #endif
 
 namespace dtensor::detail::onednn {
@@ -88,11 +89,13 @@ inline Window window_of(const ConvDims& d, const OutBox& box) {
 enum class Pass : int64_t { Forward, BackwardData, BackwardWeight };
 
 // Whether the entry points give a pass to oneDNN or to dtensor's own code, from
-// bench_conv_cpu on a 2-core AVX-512 VM, one thread (bench/README.md): oneDNN computes
-// every forward 1.3-6x faster (from 3 input channels, grouped, depthwise, 1-3-D,
-// strided, dilated), but its channel-blocked layouts pad fewer than 16 input channels
-// up to 16, so without groups the backward data of 3-12 input channels takes 1.04-3x
-// our time, as does the backward weight of 4-12 (with 3 it has a first-layer kernel:
+// bench_conv_cpu's shapes and a sweep of channel counts on a 2-core AVX-512 VM, one
+// thread (bench/README.md): oneDNN computes the forward of every kernel from 3x3 up
+// 1.2-5x faster (from 3 input channels, grouped, depthwise, 1-3-D, strided, dilated;
+// 1x1 over 3-16 channels is 1.2-1.7x slower, tenths of a millisecond, and left to it
+// for one rule), but its channel-blocked layouts pad fewer than 16 input channels up to
+// 16, so without groups the backward data of 3-12 input channels takes 1.04-3x our
+// time, as does the backward weight of 4-12 (with 3 it has a first-layer kernel:
 // 0.17-0.6x). Grouped and depthwise passes are faster through oneDNN at every size
 // measured.
 inline bool preferred(const ConvDims& d, Pass p) {
@@ -105,16 +108,52 @@ inline bool preferred(const ConvDims& d, Pass p) {
 #ifdef DTENSOR_HAVE_ONEDNN
 namespace impl {
 
-using dnnl::memory;
-inline constexpr std::size_t kCacheEntries = 256;
+// oneDNN's C API (dnnl.h: a few hundred declarations, where dnnl.hpp would add about
+// 0.2 s to every translation unit that includes the CNN layers), each object owned by a
+// unique_ptr that calls its destroy function.
+template <class H, dnnl_status_t (*Destroy)(H)>
+struct Destroyer {
+  void operator()(H h) const {
+    if (h) Destroy(h);
+  }
+};
+template <class H, dnnl_status_t (*Destroy)(H)>
+using Owned = std::unique_ptr<std::remove_pointer_t<H>, Destroyer<H, Destroy>>;
+using Engine = Owned<dnnl_engine_t, dnnl_engine_destroy>;
+using Stream = Owned<dnnl_stream_t, dnnl_stream_destroy>;
+using Memory = Owned<dnnl_memory_t, dnnl_memory_destroy>;
+using Primitive = Owned<dnnl_primitive_t, dnnl_primitive_destroy>;
+using PrimitiveDesc = Owned<dnnl_primitive_desc_t, dnnl_primitive_desc_destroy>;
+using Attr = Owned<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>;
+using PostOps = Owned<dnnl_post_ops_t, dnnl_post_ops_destroy>;
 
-inline const dnnl::engine& engine() {
-  static const dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
+// A call that failed while a shape's primitives were made: that shape goes to the host
+// implementation (caught in entry()).
+struct Declined {};
+inline constexpr std::size_t kCacheEntries = 256;
+inline void made(dnnl_status_t s) {
+  if (s != dnnl_success) throw Declined{};
 }
-inline dnnl::stream& stream() {
-  thread_local dnnl::stream s(engine());
-  return s;
+// A call that failed while running: an error naming it.
+inline void ran(dnnl_status_t s, const char* what) {
+  DTENSOR_CHECK(s == dnnl_success, Error, "oneDNN convolution: ", what, " failed with status ", static_cast<int>(s));
+}
+
+inline dnnl_engine_t engine() {
+  static const Engine e = [] {
+    dnnl_engine_t h = nullptr;
+    ran(dnnl_engine_create(&h, dnnl_cpu, 0), "dnnl_engine_create");
+    return Engine(h);
+  }();
+  return e.get();
+}
+inline dnnl_stream_t stream() {
+  thread_local const Stream s = [] {
+    dnnl_stream_t h = nullptr;
+    ran(dnnl_stream_create(&h, engine(), dnnl_stream_default_flags), "dnnl_stream_create");
+    return Stream(h);
+  }();
+  return s.get();
 }
 inline void configure_threads() {
   thread_local const bool done = [] {
@@ -126,32 +165,37 @@ inline void configure_threads() {
   (void)done;
 }
 
-// Dims and strides of a channels-first tensor's view: [batch, channels, extent...] with
-// the strides of the whole stored tensor [batch, channels, stored...].
-inline memory::desc view_desc(int spatial, int64_t batch, int64_t channels, const std::array<int64_t, 3>& extent,
-                              const std::array<int64_t, 3>& stored) {
-  memory::dims dims{batch, channels}, strides(static_cast<std::size_t>(spatial) + 2);
-  for (int i = 0; i < spatial; ++i) dims.push_back(extent[i]);
+// A channels-first tensor's view: [batch, channels, extent...] with the strides of the
+// whole stored tensor [batch, channels, stored...].
+inline dnnl_memory_desc_t view_desc(int spatial, int64_t batch, int64_t channels, const std::array<int64_t, 3>& extent,
+                                    const std::array<int64_t, 3>& stored) {
+  dnnl_dims_t dims{batch, channels}, strides{};
   int64_t s = 1;
-  for (int i = spatial - 1; i >= 0; --i) strides[static_cast<std::size_t>(i) + 2] = s, s *= stored[i];
+  for (int i = spatial - 1; i >= 0; --i) dims[i + 2] = extent[i], strides[i + 2] = s, s *= stored[i];
   strides[1] = s, strides[0] = s * channels;
-  return memory::desc(dims, memory::data_type::f32, strides);
+  dnnl_memory_desc_t md;
+  made(dnnl_memory_desc_init_by_strides(&md, spatial + 2, dims, dnnl_f32, strides));
+  return md;
 }
-inline memory::desc weights_desc(const ConvDims& d) {
-  memory::dims dims;
-  if (d.groups > 1) dims.push_back(d.groups);
-  dims.push_back(d.out_channels / d.groups);
-  dims.push_back(d.in_channels / d.groups);
-  for (int i = 0; i < d.spatial; ++i) dims.push_back(d.kernel[i]);
-  memory::dims strides(dims.size());
+// The weights [out, in / groups, kernel...] (with groups: [groups, out / groups, ...]), dense.
+inline dnnl_memory_desc_t weights_desc(const ConvDims& d) {
+  dnnl_dims_t dims{};
+  int n = 0;
+  if (d.groups > 1) dims[n++] = d.groups;
+  dims[n++] = d.out_channels / d.groups;
+  dims[n++] = d.in_channels / d.groups;
+  for (int i = 0; i < d.spatial; ++i) dims[n++] = d.kernel[i];
+  dnnl_dims_t strides{};
   int64_t s = 1;
-  for (std::size_t i = dims.size(); i-- > 0;) strides[i] = s, s *= dims[i];
-  return memory::desc(dims, memory::data_type::f32, strides);
+  for (int i = n - 1; i >= 0; --i) strides[i] = s, s *= dims[i];
+  dnnl_memory_desc_t md;
+  made(dnnl_memory_desc_init_by_strides(&md, n, dims, dnnl_f32, strides));
+  return md;
 }
-inline memory::dims spatial_dims(int spatial, const std::array<int64_t, 3>& v, int64_t minus = 0) {
-  memory::dims r;
-  for (int i = 0; i < spatial; ++i) r.push_back(v[i] - minus);
-  return r;
+inline dnnl_memory_desc_t any_layout(const dnnl_memory_desc_t& m) {
+  dnnl_memory_desc_t md;
+  made(dnnl_memory_desc_init_by_tag(&md, m.ndims, m.dims, dnnl_f32, dnnl_format_tag_any));
+  return md;
 }
 
 // Buffers in the primitives' layouts, per thread and slot (the two inputs, the output,
@@ -183,48 +227,71 @@ inline void* scratch(Slot slot, std::size_t bytes) {
   return buffers[slot].get(bytes);
 }
 
-// One operand as the user stores it and as the primitive wants it; where they differ,
-// a reorder between them through the slot's buffer in the primitive's layout.
+inline Memory memory_of(const dnnl_memory_desc_t& md) {
+  dnnl_memory_t h = nullptr;
+  made(dnnl_memory_create(&h, &md, engine(), DNNL_MEMORY_NONE));
+  return Memory(h);
+}
+inline Primitive primitive_of(const_dnnl_primitive_desc_t pd) {
+  dnnl_primitive_t h = nullptr;
+  made(dnnl_primitive_create(&h, pd));
+  return Primitive(h);
+}
+
+// One operand as the user stores it and as the primitive wants it; where they differ
+// (or the output accumulates), a reorder between them through the slot's buffer.
 struct Operand {
-  memory user;  // data handle set per call
-  memory lib;   // == user where no reorder is needed
-  dnnl::reorder move;
-  bool reorders = false;
+  Memory user;  // data handle set per call
+  Memory lib;   // null where no reorder is needed: the primitive reads or writes user
+  Primitive move;
+  std::size_t lib_bytes = 0;
   Slot slot = kSlotA;
+  bool into_user = false;
 
   Operand() = default;
-  Operand(Slot s, const memory::desc& user_md, const memory::desc& lib_md, bool into_user, bool accumulate = false)
-      : user(user_md, engine(), DNNL_MEMORY_NONE), slot(s) {
-    reorders = accumulate || user_md != lib_md;
-    lib = reorders ? memory(lib_md, engine(), DNNL_MEMORY_NONE) : user;
-    if (!reorders) return;
-    dnnl::primitive_attr attr;
+  Operand(Slot s, const dnnl_memory_desc_t& user_md, const dnnl_memory_desc_t* lib_md, bool to_user,
+          bool accumulate = false)
+      : user(memory_of(user_md)), slot(s), into_user(to_user) {
+    if (!accumulate && dnnl_memory_desc_equal(&user_md, lib_md)) return;
+    lib = memory_of(*lib_md);
+    lib_bytes = dnnl_memory_desc_get_size(lib_md);
+    dnnl_primitive_attr_t a = nullptr;
+    made(dnnl_primitive_attr_create(&a));
+    const Attr attr(a);
     if (accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.f);
-      attr.set_post_ops(ops);
+      dnnl_post_ops_t o = nullptr;
+      made(dnnl_post_ops_create(&o));
+      const PostOps ops(o);
+      made(dnnl_post_ops_append_sum(ops.get(), 1.f));
+      made(dnnl_primitive_attr_set_post_ops(attr.get(), ops.get()));
     }
-    move = into_user ? dnnl::reorder(dnnl::reorder::primitive_desc(lib, user, attr))
-                     : dnnl::reorder(dnnl::reorder::primitive_desc(user, lib, attr));
+    dnnl_primitive_desc_t pd = nullptr;
+    made(to_user ? dnnl_reorder_primitive_desc_create(&pd, lib_md, engine(), &user_md, engine(), attr.get())
+                 : dnnl_reorder_primitive_desc_create(&pd, &user_md, engine(), lib_md, engine(), attr.get()));
+    const PrimitiveDesc owned(pd);
+    move = primitive_of(pd);
   }
   void bind(const void* p) const {
-    user.set_data_handle(const_cast<void*>(p));
-    if (reorders) lib.set_data_handle(scratch(slot, lib.get_desc().get_size()));
+    ran(dnnl_memory_set_data_handle(user.get(), const_cast<void*>(p)), "dnnl_memory_set_data_handle");
+    if (lib) ran(dnnl_memory_set_data_handle(lib.get(), scratch(slot, lib_bytes)), "dnnl_memory_set_data_handle");
   }
+  // What the primitive reads or writes.
+  dnnl_memory_t seen() const { return lib ? lib.get() : user.get(); }
   // Inputs: into the primitive's layout; outputs: out of it.
-  void arrive(dnnl::stream& s) {
-    if (reorders) move.execute(s, user, lib);
-  }
-  void leave(dnnl::stream& s) {
-    if (reorders) move.execute(s, lib, user);
+  void reorder(dnnl_stream_t s) const {
+    if (!lib) return;
+    const dnnl_memory_t from = into_user ? lib.get() : user.get(), to = into_user ? user.get() : lib.get();
+    const dnnl_exec_arg_t args[] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    ran(dnnl_primitive_execute(move.get(), s, 2, args), "a reorder");
   }
 };
 
 struct Entry {
-  dnnl::primitive run;
+  Primitive run;
   Operand a, b, out;  // forward: x, w -> y; data: dy, w -> dx; weight: x, dy -> dw
-  memory bias, scratchpad;
-  bool has_bias = false;
+  Memory bias, scratchpad;
+  std::size_t scratchpad_bytes = 0;
+  int arg_a = 0, arg_b = 0, arg_out = 0;  // the primitive's names for a, b and out
 };
 
 using Key = std::array<int64_t, 40>;
@@ -241,54 +308,74 @@ inline Key key_of(Pass p, const ConvDims& d, const Window& w, bool flag) {
   return k;
 }
 
+// The primitive of pass p on this geometry and its operands; flag: forward with a
+// bias, or a backward weight that accumulates.
 inline Entry make_entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
   const int sp = d.spatial;
-  const memory::desc x_view = view_desc(sp, d.batch, d.in_channels, w.view_extent, d.in);
-  const memory::desc y_view = view_desc(sp, d.batch, d.out_channels, w.out_extent, d.out);
-  const memory::desc w_md = weights_desc(d);
-  const auto any = [](const memory::desc& m) { return memory::desc(m.dims(), memory::data_type::f32, memory::format_tag::any); };
-  const memory::dims strides = spatial_dims(sp, d.stride), dilates = spatial_dims(sp, d.dilation, 1);
-  const memory::dims pad_l = spatial_dims(sp, w.pad_l), pad_r = spatial_dims(sp, w.pad_r);
-  const auto algo = dnnl::algorithm::convolution_direct;
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // per entry: no library-wide scratchpad shared by threads
+  const dnnl_memory_desc_t x_view = view_desc(sp, d.batch, d.in_channels, w.view_extent, d.in);
+  const dnnl_memory_desc_t y_view = view_desc(sp, d.batch, d.out_channels, w.out_extent, d.out);
+  const dnnl_memory_desc_t w_md = weights_desc(d);
+  const dnnl_memory_desc_t x_any = any_layout(x_view), y_any = any_layout(y_view), w_any = any_layout(w_md);
+  dnnl_dims_t strides{}, dilates{}, pad_l{}, pad_r{};
+  for (int i = 0; i < sp; ++i)
+    strides[i] = d.stride[i], dilates[i] = d.dilation[i] - 1, pad_l[i] = w.pad_l[i], pad_r[i] = w.pad_r[i];
+  const dnnl_alg_kind_t algo = dnnl_convolution_direct;
+  dnnl_primitive_attr_t a = nullptr;
+  made(dnnl_primitive_attr_create(&a));
+  const Attr attr(a);
+  // Per entry and thread: no library-wide scratchpad shared between threads.
+  made(dnnl_primitive_attr_set_scratchpad_mode(attr.get(), dnnl_scratchpad_mode_user));
 
   const bool with_bias = p == Pass::Forward && flag;
-  const memory::desc bias_md({d.out_channels}, memory::data_type::f32, memory::format_tag::a);
-  using Fwd = dnnl::convolution_forward;
-  const auto fwd_desc = with_bias ? Fwd::desc(dnnl::prop_kind::forward_training, algo, any(x_view), any(w_md), bias_md,
-                                              any(y_view), strides, dilates, pad_l, pad_r)
-                                  : Fwd::desc(dnnl::prop_kind::forward_training, algo, any(x_view), any(w_md),
-                                              any(y_view), strides, dilates, pad_l, pad_r);
-  const Fwd::primitive_desc fwd(fwd_desc, attr, engine());
+  dnnl_memory_desc_t bias_md;
+  const dnnl_dims_t bias_dims{d.out_channels};
+  made(dnnl_memory_desc_init_by_tag(&bias_md, 1, bias_dims, dnnl_f32, dnnl_a));
+  dnnl_convolution_desc_t fwd_desc;
+  made(dnnl_dilated_convolution_forward_desc_init(&fwd_desc, dnnl_forward_training, algo, &x_any, &w_any,
+                                                  with_bias ? &bias_md : nullptr, &y_any, strides, dilates, pad_l,
+                                                  pad_r));
+  dnnl_primitive_desc_t f = nullptr;
+  made(dnnl_primitive_desc_create(&f, &fwd_desc, attr.get(), engine(), nullptr));
+  const PrimitiveDesc fwd(f);
+  const auto md = [](const_dnnl_primitive_desc_t pd, dnnl_query_t q) { return dnnl_primitive_desc_query_md(pd, q, 0); };
+
   Entry e;
+  PrimitiveDesc pd;
   if (p == Pass::Forward) {
-    e.run = Fwd(fwd);
-    e.a = Operand(kSlotA, x_view, fwd.src_desc(), false);
-    e.b = Operand(kSlotB, w_md, fwd.weights_desc(), false);
-    e.out = Operand(kSlotOut, y_view, fwd.dst_desc(), true);
-    e.has_bias = with_bias;
-    if (with_bias) e.bias = memory(bias_md, engine(), DNNL_MEMORY_NONE);
-    e.scratchpad = memory(fwd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE);
-  } else if (p == Pass::BackwardData) {
-    using Bwd = dnnl::convolution_backward_data;
-    const Bwd::primitive_desc pd(Bwd::desc(algo, any(x_view), any(w_md), any(y_view), strides, dilates, pad_l, pad_r),
-                                 attr, engine(), fwd);
-    e.run = Bwd(pd);
-    e.a = Operand(kSlotA, y_view, pd.diff_dst_desc(), false);
-    e.b = Operand(kSlotB, w_md, pd.weights_desc(), false);
-    e.out = Operand(kSlotOut, x_view, pd.diff_src_desc(), true);
-    e.scratchpad = memory(pd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE);
-  } else {
-    using Bwd = dnnl::convolution_backward_weights;
-    const Bwd::primitive_desc pd(Bwd::desc(algo, any(x_view), any(w_md), any(y_view), strides, dilates, pad_l, pad_r),
-                                 attr, engine(), fwd);
-    e.run = Bwd(pd);
-    e.a = Operand(kSlotA, x_view, pd.src_desc(), false);
-    e.b = Operand(kSlotB, y_view, pd.diff_dst_desc(), false);
-    e.out = Operand(kSlotOut, w_md, pd.diff_weights_desc(), true, flag);
-    e.scratchpad = memory(pd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE);
+    e.a = Operand(kSlotA, x_view, md(fwd.get(), dnnl_query_src_md), false);
+    e.b = Operand(kSlotB, w_md, md(fwd.get(), dnnl_query_weights_md), false);
+    e.out = Operand(kSlotOut, y_view, md(fwd.get(), dnnl_query_dst_md), true);
+    e.arg_a = DNNL_ARG_SRC, e.arg_b = DNNL_ARG_WEIGHTS, e.arg_out = DNNL_ARG_DST;
+    if (with_bias) e.bias = memory_of(bias_md);
+    e.run = primitive_of(fwd.get());
+    e.scratchpad_bytes = dnnl_memory_desc_get_size(md(fwd.get(), dnnl_query_scratchpad_md));
+    e.scratchpad = memory_of(*md(fwd.get(), dnnl_query_scratchpad_md));
+    return e;
   }
+  dnnl_convolution_desc_t bwd_desc;
+  dnnl_primitive_desc_t b = nullptr;
+  if (p == Pass::BackwardData) {
+    made(dnnl_dilated_convolution_backward_data_desc_init(&bwd_desc, algo, &x_any, &w_any, &y_any, strides, dilates,
+                                                          pad_l, pad_r));
+    made(dnnl_primitive_desc_create(&b, &bwd_desc, attr.get(), engine(), fwd.get()));
+    pd.reset(b);
+    e.a = Operand(kSlotA, y_view, md(pd.get(), dnnl_query_diff_dst_md), false);
+    e.b = Operand(kSlotB, w_md, md(pd.get(), dnnl_query_weights_md), false);
+    e.out = Operand(kSlotOut, x_view, md(pd.get(), dnnl_query_diff_src_md), true);
+    e.arg_a = DNNL_ARG_DIFF_DST, e.arg_b = DNNL_ARG_WEIGHTS, e.arg_out = DNNL_ARG_DIFF_SRC;
+  } else {
+    made(dnnl_dilated_convolution_backward_weights_desc_init(&bwd_desc, algo, &x_any, &w_any, nullptr, &y_any, strides,
+                                                             dilates, pad_l, pad_r));
+    made(dnnl_primitive_desc_create(&b, &bwd_desc, attr.get(), engine(), fwd.get()));
+    pd.reset(b);
+    e.a = Operand(kSlotA, x_view, md(pd.get(), dnnl_query_src_md), false);
+    e.b = Operand(kSlotB, y_view, md(pd.get(), dnnl_query_diff_dst_md), false);
+    e.out = Operand(kSlotOut, w_md, md(pd.get(), dnnl_query_diff_weights_md), true, flag);
+    e.arg_a = DNNL_ARG_SRC, e.arg_b = DNNL_ARG_DIFF_DST, e.arg_out = DNNL_ARG_DIFF_WEIGHTS;
+  }
+  e.run = primitive_of(pd.get());
+  e.scratchpad_bytes = dnnl_memory_desc_get_size(md(pd.get(), dnnl_query_scratchpad_md));
+  e.scratchpad = memory_of(*md(pd.get(), dnnl_query_scratchpad_md));
   return e;
 }
 
@@ -300,7 +387,7 @@ inline Entry* entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
   if (cache.size() >= kCacheEntries) cache.clear();
   try {
     return &cache.emplace(k, make_entry(p, d, w, flag)).first->second;
-  } catch (const dnnl::error&) {
+  } catch (const Declined&) {
     return nullptr;  // no implementation for this geometry: the host implementation computes it
   }
 }
@@ -312,23 +399,20 @@ inline int64_t offset(const ConvDims& d, const std::array<int64_t, 3>& begin, co
   return o;
 }
 
-inline void execute(Pass p, Entry& e) {
-  dnnl::stream& s = stream();
-  e.scratchpad.set_data_handle(scratch(kSlotScratchpad, e.scratchpad.get_desc().get_size()));
-  e.a.arrive(s);
-  e.b.arrive(s);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SCRATCHPAD, e.scratchpad}};
-  if (p == Pass::Forward) {
-    args.insert({{DNNL_ARG_SRC, e.a.lib}, {DNNL_ARG_WEIGHTS, e.b.lib}, {DNNL_ARG_DST, e.out.lib}});
-    if (e.has_bias) args.insert({DNNL_ARG_BIAS, e.bias});
-  } else if (p == Pass::BackwardData) {
-    args.insert({{DNNL_ARG_DIFF_DST, e.a.lib}, {DNNL_ARG_WEIGHTS, e.b.lib}, {DNNL_ARG_DIFF_SRC, e.out.lib}});
-  } else {
-    args.insert({{DNNL_ARG_SRC, e.a.lib}, {DNNL_ARG_DIFF_DST, e.b.lib}, {DNNL_ARG_DIFF_WEIGHTS, e.out.lib}});
-  }
-  e.run.execute(s, args);
-  e.out.leave(s);
-  s.wait();
+inline void execute(const Entry& e) {
+  const dnnl_stream_t s = stream();
+  ran(dnnl_memory_set_data_handle(e.scratchpad.get(), scratch(kSlotScratchpad, e.scratchpad_bytes)),
+      "dnnl_memory_set_data_handle");
+  e.a.reorder(s);
+  e.b.reorder(s);
+  dnnl_exec_arg_t args[5] = {{e.arg_a, e.a.seen()},
+                             {e.arg_b, e.b.seen()},
+                             {e.arg_out, e.out.seen()},
+                             {DNNL_ARG_SCRATCHPAD, e.scratchpad.get()},
+                             {DNNL_ARG_BIAS, e.bias.get()}};
+  ran(dnnl_primitive_execute(e.run.get(), s, e.bias ? 5 : 4, args), "the convolution");
+  e.out.reorder(s);
+  ran(dnnl_stream_wait(s), "dnnl_stream_wait");
 }
 
 }  // namespace impl
@@ -347,8 +431,8 @@ bool conv_forward(const ConvDims& d, const T* x, const T* w, const T* bias, T* y
     e->a.bind(x + impl::offset(d, win.view_begin, d.in));
     e->b.bind(w);
     e->out.bind(y + impl::offset(d, win.out_begin, d.out));
-    if (e->has_bias) e->bias.set_data_handle(const_cast<T*>(bias));
-    impl::execute(Pass::Forward, *e);
+    if (e->bias) impl::ran(dnnl_memory_set_data_handle(e->bias.get(), const_cast<T*>(bias)), "dnnl_memory_set_data_handle");
+    impl::execute(*e);
     return ++counts().taken, true;
   }
 #endif
@@ -373,7 +457,7 @@ bool conv_backward_data(const ConvDims& d, const T* dy, const T* w, T* dx) {
     e->a.bind(dy);
     e->b.bind(w);
     e->out.bind(dx + impl::offset(d, win.view_begin, d.in));
-    impl::execute(Pass::BackwardData, *e);
+    impl::execute(*e);
     return ++counts().taken, true;
   }
 #endif
@@ -393,7 +477,7 @@ bool conv_backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw, boo
     e->a.bind(x + impl::offset(d, win.view_begin, d.in));
     e->b.bind(dy);
     e->out.bind(dw);
-    impl::execute(Pass::BackwardWeight, *e);
+    impl::execute(*e);
     return ++counts().taken, true;
   }
 #endif
