@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "dtensor/compute/blas.hpp"
+#include "dtensor/compute/gelu_host.hpp"
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/tensor/eigen.hpp"
@@ -67,6 +68,9 @@ void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
       case UnaryFn::Relu: o = x.max(T(0)); return;
       case UnaryFn::Tanh: o = x.tanh(); return;
       case UnaryFn::Sigmoid: o = (T(1) + (-x).exp()).inverse(); return;
+      case UnaryFn::Gelu:
+        if constexpr (std::is_same_v<T, float>) return detail::gelu::forward(a.data(), out.data(), a.numel());
+        break;
       default: break;
     }
   }
@@ -96,6 +100,8 @@ void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Te
   const T* gp = dy.data();
   T* op = dx.data();
   const int64_t n = x.numel();
+  if constexpr (std::is_same_v<T, float>)
+    if (f == UnaryFn::Gelu) return detail::gelu::backward(xp, gp, op, n);
   visit_unary(f, [&](auto k) {
     using M = UnaryMath<decltype(k)::value>;
     for (int64_t i = 0; i < n; ++i) op[i] = M::derivative(xp[i]) * gp[i];
