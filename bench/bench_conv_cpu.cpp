@@ -12,10 +12,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <dtensor/compute/conv.hpp>
 #include <string>
 #include <vector>
+
+#include "cpu_time.hpp"
 
 using namespace dtensor;
 namespace dc = dtensor::detail::conv;
@@ -41,12 +42,6 @@ std::vector<float> filled(int64_t n) {
   std::vector<float> v(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((i * 7919 % 1000) / 1000.0 - 0.5);
   return v;
-}
-
-double thread_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
 struct Buffers {
@@ -88,9 +83,9 @@ template <class F>
 double best_ms(F&& f, int reps) {
   double best = 1e30;
   for (int r = 0; r < reps; ++r) {
-    const double t0 = thread_seconds();
+    const double t0 = bench::cpu_seconds();  // this thread's clock
     f();
-    best = std::min(best, thread_seconds() - t0);
+    best = std::min(best, bench::cpu_seconds() - t0);
   }
   return best * 1e3;
 }

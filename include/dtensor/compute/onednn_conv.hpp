@@ -399,6 +399,16 @@ inline int64_t offset(const ConvDims& d, const std::array<int64_t, 3>& begin, co
   return o;
 }
 
+// The entry of pass p on window win, with this thread's OpenMP setting made first
+// (oneDNN plans a primitive's threads when it is made); nullptr, counted as declined,
+// where oneDNN does not take the window.
+inline Entry* ready(Pass p, const ConvDims& d, const Window& win, bool flag) {
+  configure_threads();
+  Entry* e = win.ok ? entry(p, d, win, flag) : nullptr;
+  if (!e) ++counts().declined;
+  return e;
+}
+
 inline void execute(const Entry& e) {
   const dnnl_stream_t s = stream();
   ran(dnnl_memory_set_data_handle(e.scratchpad.get(), scratch(kSlotScratchpad, e.scratchpad_bytes)),
@@ -424,10 +434,9 @@ template <class T>
 bool conv_forward(const ConvDims& d, const T* x, const T* w, const T* bias, T* y, const OutBox& box) {
 #ifdef DTENSOR_HAVE_ONEDNN
   if constexpr (std::is_same_v<T, float>) {
-    impl::configure_threads();  // before a primitive is made: oneDNN plans its threads then
     const Window win = window_of(d, box);
-    impl::Entry* e = win.ok ? impl::entry(Pass::Forward, d, win, bias != nullptr) : nullptr;
-    if (!e) return ++counts().declined, false;
+    impl::Entry* e = impl::ready(Pass::Forward, d, win, bias != nullptr);
+    if (!e) return false;
     e->a.bind(x + impl::offset(d, win.view_begin, d.in));
     e->b.bind(w);
     e->out.bind(y + impl::offset(d, win.out_begin, d.out));
@@ -445,10 +454,9 @@ template <class T>
 bool conv_backward_data(const ConvDims& d, const T* dy, const T* w, T* dx) {
 #ifdef DTENSOR_HAVE_ONEDNN
   if constexpr (std::is_same_v<T, float>) {
-    impl::configure_threads();  // before a primitive is made: oneDNN plans its threads then
     const Window win = window_of(d, OutBox::all().resolved(d));
-    impl::Entry* e = win.ok ? impl::entry(Pass::BackwardData, d, win, false) : nullptr;
-    if (!e) return ++counts().declined, false;
+    impl::Entry* e = impl::ready(Pass::BackwardData, d, win, false);
+    if (!e) return false;
     // oneDNN writes the cells the taps read; the rest of dx (a positive in_start, or
     // cells past the last tap) gets no gradient.
     bool whole = true;
@@ -470,10 +478,9 @@ template <class T>
 bool conv_backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw, bool accumulate) {
 #ifdef DTENSOR_HAVE_ONEDNN
   if constexpr (std::is_same_v<T, float>) {
-    impl::configure_threads();  // before a primitive is made: oneDNN plans its threads then
     const Window win = window_of(d, OutBox::all().resolved(d));
-    impl::Entry* e = win.ok ? impl::entry(Pass::BackwardWeight, d, win, accumulate) : nullptr;
-    if (!e) return ++counts().declined, false;
+    impl::Entry* e = impl::ready(Pass::BackwardWeight, d, win, accumulate);
+    if (!e) return false;
     e->a.bind(x + impl::offset(d, win.view_begin, d.in));
     e->b.bind(dy);
     e->out.bind(dw);
