@@ -36,6 +36,7 @@
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/local.hpp"
 #include "dtensor/compute/onednn_conv.hpp"
+#include "dtensor/compute/row_stats.hpp"
 
 namespace dtensor {
 
@@ -504,21 +505,12 @@ void backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw, bool acc
 template <class T>
 void backward_bias(const ConvDims& d, const T* dy, T* db, bool accumulate) {
   if (!accumulate) std::fill_n(db, d.out_channels, T(0));
-  // Each plane summed in double over eight lanes (vectorised without -ffast-math, the
-  // same order every run), then added to db once.
-  constexpr int kLanes = 8;
-  const int64_t cells = d.out_cells(), body = cells - cells % kLanes;
+  // Each plane summed in double (compute/row_stats.hpp: vectorised, the same order
+  // every run), then added to db once.
+  const int64_t cells = d.out_cells();
   for (int64_t n = 0; n < d.batch; ++n)
-    for (int64_t co = 0; co < d.out_channels; ++co) {
-      const T* p = dy + (n * d.out_channels + co) * cells;
-      double lanes[kLanes] = {};
-      for (int64_t j = 0; j < body; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) lanes[l] += static_cast<double>(p[j + l]);
-      double sum = 0;
-      for (int l = 0; l < kLanes; ++l) sum += lanes[l];
-      for (int64_t j = body; j < cells; ++j) sum += static_cast<double>(p[j]);
-      db[co] += static_cast<T>(sum);
-    }
+    for (int64_t co = 0; co < d.out_channels; ++co)
+      db[co] += static_cast<T>(rows::sum(dy + (n * d.out_channels + co) * cells, cells));
 }
 
 template <class T>

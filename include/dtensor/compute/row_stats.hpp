@@ -26,6 +26,19 @@ namespace detail::rows {
 // the order of the additions is fixed by the code, so every run gives the same bits.
 inline constexpr int kLanes = 8;
 
+// sum_j a[j].
+template <class T>
+double sum(const T* a, int64_t n) {
+  double p[kLanes] = {};
+  const int64_t body = n - n % kLanes;
+  for (int64_t j = 0; j < body; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) p[l] += static_cast<double>(a[j + l]);
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l) s += p[l];
+  for (int64_t j = body; j < n; ++j) s += static_cast<double>(a[j]);
+  return s;
+}
+
 // sum_j (a[j] - k) and sum_j (a[j] - k)^2.
 template <class T>
 void shifted_moments(const T* a, int64_t n, double k, double& s1, double& s2) {
