@@ -509,6 +509,132 @@ TEST_CASE("fsdp: composes with domain parallelism (convolutions on images over D
   check_against_one_rank<ShardedCnn, 2>({3, 1}, make, {5, 2, 9, 7}, {5, 3, 9, 7}, 1e-11);
 }
 
+// A whole block sharded as one unit (FSDP2's fully_shard on a transformer block): a
+// small model of a position embedding and two pre-norm transformer blocks, each block
+// FullyShard (its 16 parameters, or those TP leaves replicated over DP, in one gather
+// and one reduce-scatter), trained with AdamW against the same model replicated over
+// DP and on one rank. Hidden 12 with 3 KV heads of width 2: the K and V biases [6] have
+// an empty shard on 4 ranks; the batch 5 is uneven (2, 2, 1, 0 on 4 ranks). On TP 2 the
+// heads are 4 and 2 of width 2.
+constexpr nn::AttentionShape kSix{.hidden = 12, .heads = 6, .kv_heads = 3, .head_dim = 2};
+constexpr nn::AttentionShape kFour{.hidden = 12, .heads = 4, .kv_heads = 2, .head_dim = 2};
+constexpr nn::AttentionOptions kCausal{.causal = true, .rope_base = 10000, .tile = 4};
+constexpr int64_t kSeq = 5, kFfn = 10, kTokensBatch = 5;
+using Tok1 = nn::Config<double, 3, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
+using Tok2 = nn::Config<double, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
+template <class Cfg, class Style, nn::AttentionShape A = kSix>
+using TBlock = nn::TransformerBlock<Cfg, A, kFfn, Style>;
+template <class Cfg, class Style, bool Sharded, nn::AttentionShape A = kSix>
+using BlockModel =
+    nn::Sequential<nn::PositionEmbedding<Cfg, 8, kSix.hidden>,
+                   std::conditional_t<Sharded, FullyShard<TBlock<Cfg, Style, A>>, TBlock<Cfg, Style, A>>,
+                   std::conditional_t<Sharded, FullyShard<TBlock<Cfg, Style, A>>, TBlock<Cfg, Style, A>>>;
+template <class Cfg, class Style, bool Sharded, nn::AttentionShape A>
+BlockModel<Cfg, Style, Sharded, A> make_block_model(const DeviceMesh<Cfg::M>& mesh) {
+  using B = TBlock<Cfg, Style, A>;
+  using Wrapped = std::conditional_t<Sharded, FullyShard<B>, B>;
+  return BlockModel<Cfg, Style, Sharded, A>(nn::PositionEmbedding<Cfg, 8, kSix.hidden>(mesh, 4),
+                                            Wrapped(B(mesh, kCausal, 7)), Wrapped(B(mesh, kCausal, 8)));
+}
+
+// The plan: per block one gather forward, one backward, one reduce-scatter; nothing of
+// a block all-reduced over DP (the position table, not sharded, is).
+constexpr auto kBlockPlan1 = BlockModel<Tok1, nn::NoParallel, true>::training_plan<nn::MSELoss<Tok1>>(kSix.hidden);
+static_assert(nn::listed_parameter_count<TBlock<Tok1, nn::NoParallel>>() == 16);
+static_assert(kBlockPlan1.count(nn::Phase::Forward, StepKind::AllGather, 0) == 2 &&
+              kBlockPlan1.count(nn::Phase::Backward, StepKind::AllGather, 0) == 2 &&
+              kBlockPlan1.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2 &&
+              kBlockPlan1.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 1);
+static_assert(BlockModel<Tok1, nn::NoParallel, false>::training_plan<nn::MSELoss<Tok1>>(kSix.hidden)
+                  .count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 2 * 16 + 1);
+// Its gather moves every parameter of the block: 4 weights [12, 12] ([12, 6] for K and
+// V), their biases, 2 x (weight, bias) of the norms, the MLP's [12, 10] and [10, 12]
+// and biases; the shards on 4 ranks, by the chunk rule (rank 0's).
+constexpr int64_t kBlockElements = 2 * 12 * 12 + 2 * 12 * 6 + 2 * 12 + 2 * 6 + 4 * 12 + 12 * 10 + 10 + 10 * 12 + 12;
+static_assert(kBlockPlan1.sharded_parameter_peak_bytes<double>({1}, false) == 8 * (2 * kBlockElements + kBlockElements));
+// DP x TP: heads over TP, the blocks' TP shards sharded again over DP in one gather
+// each; the colwise biases (Shard<0> over TP, no free dim) stay replicated over DP.
+constexpr auto kBlockPlan2 = BlockModel<Tok2, nn::HeadParallel<>, true>::training_plan<nn::MSELoss<Tok2>>(kSix.hidden);
+static_assert(kBlockPlan2.count(nn::Phase::Forward, StepKind::AllGather, 0) == 2 &&
+              kBlockPlan2.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2 &&
+              kBlockPlan2.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 1 + 2 * 4);
+
+template <class Cfg, class Model, class Mesh>
+Trained train_tokens(Model& model, const Mesh& mesh, int steps) {
+  nn::MSELoss<Cfg> loss;
+  auto opt = nn::AdamW({.lr = 0.01, .weight_decay = 0.01});
+  static constexpr auto plan = Model::template training_plan<nn::MSELoss<Cfg>>(kSix.hidden);
+  Trained t;
+  for (int step = 0; step < steps; ++step) {
+    const Shape<3> s{kTokensBatch, kSeq, kSix.hidden};
+    auto x = dtensor::detail::generate<typename Model::InputT>(s, mesh, {},
+                                                                [&](uint64_t i) { return input_value(step, i); });
+    auto y_t = dtensor::detail::generate<typename Model::OutputT>(s, mesh, {},
+                                                                   [&](uint64_t i) { return target_value(step, i); });
+    CommCounter counted;
+    model.zero_grad();
+    auto y = model.forward(x);
+    t.losses.push_back(loss.forward(y, y_t));
+    model.backward(loss.backward(y));
+    t.norms.push_back(nn::clip_grad_norm(model, 0.5));
+    opt.step(model);
+    if (counted.count() != plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()) + 1)
+      ++t.off_plan;
+  }
+  model.for_each_parameter([&](auto& p) {
+    const auto full = p.value().full_tensor();
+    t.params.emplace_back(full.data(), full.data() + full.numel());
+    t.local_parameter_elements += p.value().local().numel();
+  });
+  return t;
+}
+
+template <class Cfg, class Style, nn::AttentionShape A = kSix>
+void check_block_training(const std::array<int, Cfg::M>& shape) {
+  constexpr int steps = 3;
+  Trained one;
+  on_one_rank<Cfg::M>([&](const DeviceMesh<Cfg::M>& mesh) {
+    auto m = make_block_model<Cfg, Style, false, A>(mesh);
+    one = train_tokens<Cfg>(m, mesh, steps);
+  });
+  int n = 1;
+  for (int k : shape) n *= k;
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<Cfg::M> mesh(comm, shape);
+    INFO("mesh ", mesh.to_string(), ", rank ", comm.rank());
+    auto replicated = make_block_model<Cfg, Style, false, A>(mesh);
+    const Trained r = train_tokens<Cfg>(replicated, mesh, steps);
+    auto sharded = make_block_model<Cfg, Style, true, A>(mesh);
+    const Trained s = train_tokens<Cfg>(sharded, mesh, steps);
+    CHECK(r.off_plan == 0);
+    CHECK(s.off_plan == 0);
+    check_same_training(r, one, 1e-11);
+    check_same_training(s, r, 1e-11);
+    check_same_training(s, one, 1e-11);
+    if (mesh.shape()[0] > 1) CHECK(s.local_parameter_elements < r.local_parameter_elements);
+    // Forward, the first block's gather prefetched while the embedding runs, the
+    // second's while the first block runs; backward, the second's gathered blocking
+    // (the first thing to run), the first's prefetched while the second runs, the
+    // second's reduce-scatter overlapped with the first's backward (not under TP: the
+    // norms' weight gradients are Partial over TP too, and the model's reducer
+    // all-reduces their shards there as soon as the block's backward returns).
+    const auto& first = sharded.template layer<1>();
+    const auto& second = sharded.template layer<2>();
+    CHECK(first.gather_stats().prefetched == 2 * steps);
+    CHECK(first.gather_stats().blocking == 0);
+    CHECK(second.gather_stats().prefetched == steps);
+    CHECK(second.gather_stats().blocking == steps);
+    CHECK(second.deferred_reductions() == (Cfg::tp < 0 ? steps : 0));
+  });
+}
+
+TEST_CASE("fsdp: a whole transformer block sharded as one unit equals replicated DP and one rank (AdamW, clipped)") {
+  for (int n : {1, 2, 3, 4}) check_block_training<Tok1, nn::NoParallel>({n});
+  check_block_training<Tok2, nn::HeadParallel<>, kFour>({2, 2});
+  check_block_training<Tok2, nn::HeadParallel<>>({2, 3});
+  check_block_training<Tok2, nn::HeadParallel<Shard<1>>, kFour>({2, 2});
+}
+
 TEST_CASE("fsdp: a rank that fails before a layer's gather or with a prefetched one in flight ends every rank") {
   if (skip_under_mpi("a failing rank ends an MPI job")) return;
   for (const int where : {0, 1, 2}) {

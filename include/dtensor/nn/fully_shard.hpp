@@ -53,7 +53,12 @@
 // it reduce-scatters the sum of the micro-batches once (FSDP2's
 // set_requires_gradient_sync(False)). Outside no_sync(), each backward reduce-scatters.
 //
-// Not yet: wrapping a block of layers (wrap its layers).
+// L may be a block (a Sequential, Residual or SkipConcat of layers, a
+// TransformerBlock): FSDP2's fully_shard on a module. Its layers' parameters are
+// sharded alike and travel together: one all-gather before the block runs, one
+// reduce-scatter after its backward, whatever the number of layers (nn::parameter_list
+// reaches each parameter through the layer that holds it). A block whose layers are
+// already FullyShard is refused at compile time: shard the block or its layers.
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -98,17 +103,21 @@ constexpr PlacementState<M> fully_sharded(const PlacementState<M>& value, int dp
 }
 
 namespace detail {
+// L's parameters with their rules (nn::parameter_list): a layer's declared ones, or
+// those of a block's layers. Their values' placements do not depend on the output
+// gradient's; a block's list is read for the gradient of its own output.
 template <class L>
 constexpr auto declared_list() {
-  return L::parameters(typename L::config::State{});
+  if constexpr (DeclaresParameters<L>) return L::parameters(typename L::config::State{});
+  else return nn::parameter_list<L>(L::output(L::input(L::config::activation())));
 }
 template <class L>
 inline constexpr std::size_t declared_count = std::tuple_size_v<decltype(declared_list<L>())>;
 template <class L, std::size_t I>
 using declared_at = std::remove_cvref_t<decltype(std::get<I>(declared_list<L>()))>;
-// The Parameter<DT> member L declares as its I-th parameter.
+// The Parameter<DT> that L's I-th entry names.
 template <class L, std::size_t I>
-using inner_parameter_t = typename member_of<std::remove_cv_t<decltype(declared_at<L, I>::member)>>::parameter;
+using inner_parameter_t = typename declared_at<L, I>::parameter;
 
 // Parameter I of L as stored: sharded placements, elements of type Master.
 template <class L, std::size_t I, class Master = typename inner_parameter_t<L, I>::value_type>
@@ -173,9 +182,11 @@ struct forwarded_out_config<L> {
 
 template <class L, bool ReshardAfterForward = true, class Master = typename L::config::value_type>
 class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_out_config<L> {
-  static_assert(DeclaresParameters<L>,
-                "dtensor::nn::FullyShard<L>: L must declare its parameters (static parameters(), "
-                "nn/parameters.hpp); to shard a block, wrap each of its layers");
+  static_assert(nn::listed_parameter_count<L>() == nn::parameter_count<L>() && nn::parameter_count<L>() > 0,
+                "dtensor::nn::FullyShard<L>: L must list its parameters: a layer declares them (static parameters(), "
+                "nn/parameters.hpp), a block (Sequential, Residual, SkipConcat) lists its layers'; a block with a "
+                "FullyShard layer inside cannot be sharded again (wrap the block or its layers, not both), and a "
+                "layer without parameters has nothing to shard");
   static_assert(L::config::dp >= 0,
                 "dtensor::nn::FullyShard: the layer's Config names no data-parallel mesh dim (nn::Axes<M, DP, ...>), "
                 "so there is nothing to shard the parameters over");
@@ -219,8 +230,17 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State& in, const State& grad_out, int64_t features,
                              bool input_grad) {
-    L::plan(p, layer, in, grad_out, features, input_grad);
-    const auto list = L::parameters(grad_out);
+    if constexpr (DeclaresParameters<L>) {
+      L::plan(p, layer, in, grad_out, features, input_grad);
+    } else {
+      // A block's plan numbers its layers' gradient reductions; FullyShard plans them
+      // below (reduce-scattered over DP, the rest as the block would).
+      ModelPlan<M, L::kPlanCapacity> q;
+      L::plan(q, layer, in, grad_out, features, input_grad);
+      q.remove(Phase::GradReduce);
+      p.merge(q, layer, [](int) { return 0; });
+    }
+    const auto list = nn::parameter_list<L>(grad_out);
     PlannedCollective<M> gather{Phase::Forward, layer, StepKind::AllGather, dp, false, 0, {}};
     PlannedCollective<M> scatter{Phase::Backward, layer, StepKind::ReduceScatter, dp, false, 0, {}};
     int k = 0;
@@ -260,6 +280,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   // full values are released here (the peak is the unsharded layer, once).
   explicit FullyShard(L inner)
       : inner_(std::move(inner)), shards_(make_shards(inner_, std::make_index_sequence<declared>{})) {
+    check_list_order();
     release();
   }
 
@@ -373,7 +394,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   // Partial on a mesh dim other than DP (the model all-reduces it there).
   template <class G>
   static constexpr bool shard_gradients_reduced_elsewhere() {
-    constexpr auto list = L::parameters(G::placement_state);
+    constexpr auto list = nn::parameter_list<L>(G::placement_state);
     bool any = false;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
@@ -389,7 +410,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
   template <class G>
   static constexpr void check_gradient_placements() {
-    constexpr auto list = L::parameters(G::placement_state);
+    constexpr auto list = nn::parameter_list<L>(G::placement_state);
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
@@ -416,7 +437,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
   template <std::size_t I>
   static typename detail::shard_of<L, I, Master>::type make_shard(L& inner) {
-    auto& p = inner.*(detail::declared_at<L, I>::member);
+    auto& p = detail::declared_at<L, I>::in(inner);
     using S = typename detail::shard_of<L, I, Master>::type;
     // Replicate -> Shard over DP: each rank keeps its block, no communication.
     auto shard = redistribute_as<placements_t<detail::shard_of<L, I>::state>>(p.value());
@@ -438,7 +459,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   static constexpr int dp_tensor_dim = detail::shard_of<L, I>::state[static_cast<std::size_t>(dp)].dim;
   template <std::size_t I>
   auto& inner_parameter() {
-    return inner_.*(detail::declared_at<L, I>::member);
+    return detail::declared_at<L, I>::in(inner_);
   }
   template <std::size_t I>
   auto full_local_shape() {
@@ -668,11 +689,26 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (
           [&] {
-            if constexpr (detail::declared_at<L, I>::enabled) (inner_.*(detail::declared_at<L, I>::member)).release();
+            if constexpr (detail::declared_at<L, I>::enabled) detail::declared_at<L, I>::in(inner_).release();
           }(),
           ...);
     }(std::make_index_sequence<declared>{});
     gathered_ = false;
+  }
+  // The shards are visited in the list's order, the model numbers them in
+  // for_each_parameter's: a block must list its parameters in the order it visits them.
+  void check_list_order() {
+    std::vector<const void*> visited, listed;
+    nn::for_each_parameter(inner_, [&](auto& p) { visited.push_back(&p); });
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (detail::declared_at<L, I>::enabled) listed.push_back(&inner_parameter<I>());
+          }(),
+          ...);
+    }(std::make_index_sequence<declared>{});
+    DTENSOR_CHECK(visited == listed, InvalidArgument, "nn::FullyShard<", L::name, ">: the block lists its parameters "
+                  "(block_parameters) in another order than for_each_parameter visits them; make them agree");
   }
   void zero_inner_grads() {
     nn::for_each_parameter(inner_, [](auto& p) { p.zero_grad(); });

@@ -16,9 +16,11 @@
 // holds the layer numbers them; a layer never writes an index. A parameter declared
 // with Enabled = false (a layer built without bias) is left out everywhere.
 //
-// Blocks made of layers (Sequential, Residual, SkipConcat) have no list of their own:
-// they visit their layers' parameters in for_each_parameter and number them in their
-// plan, one layer after another.
+// Blocks made of layers (Sequential, Residual, SkipConcat) declare nothing: they visit
+// their layers' parameters in for_each_parameter and number them in their plan, one
+// layer after another, and give their layers' lists, each entry reached through the
+// layer that holds it, as block_parameters(grad_out) (nn::parameter_list: what
+// nn::FullyShard reads to shard a whole block).
 #include <array>
 #include <cstdint>
 #include <tuple>
@@ -53,10 +55,38 @@ template <auto Member, bool Enabled, std::size_t M>
 struct DeclaredParameter {
   static constexpr bool enabled = Enabled;
   static constexpr auto member = Member;
+  using parameter = typename detail::member_of<decltype(Member)>::parameter;
   PlacementState<M> value{};
   PlacementState<M> grad{};
   ParameterShape shape;
+  // The parameter in the layer that declares it.
+  template <class L>
+  static parameter& in(L& layer) {
+    return layer.*Member;
+  }
 };
+
+// An entry D of a block's part, reached from the block: Part::get(block) is the part
+// (a layer, or a block inside the block) that D belongs to.
+template <class Part, class D>
+struct ReachedParameter {
+  static constexpr bool enabled = D::enabled;
+  using parameter = typename D::parameter;
+  decltype(D::value) value{};
+  decltype(D::grad) grad{};
+  ParameterShape shape;
+  template <class B>
+  static parameter& in(B& block) {
+    return D::in(Part::get(block));
+  }
+};
+
+// A part's list as entries of the block that holds it.
+template <class Part, class... D>
+constexpr auto reached_through(const std::tuple<D...>& list) {
+  return std::apply([](const auto&... d) { return std::tuple{ReachedParameter<Part, D>{d.value, d.grad, d.shape}...}; },
+                    list);
+}
 
 template <auto Member, bool Enabled = true, std::size_t M>
 constexpr DeclaredParameter<Member, Enabled, M> declare(const PlacementState<M>& value, const PlacementState<M>& grad,
@@ -79,6 +109,17 @@ constexpr void for_each_declared(F&& f) {
   }(std::make_index_sequence<std::tuple_size_v<decltype(list)>>{});
 }
 }  // namespace detail
+
+// Every parameter of a layer or block with its rule, for an output gradient placed
+// `grad_out`, in for_each_parameter's order: a layer's declared list, a block's
+// block_parameters(), nothing for a layer without parameters. An entry's in(layer) is
+// the parameter.
+template <class L>
+constexpr auto parameter_list(const typename L::config::State& grad_out) {
+  if constexpr (DeclaresParameters<L>) return L::parameters(grad_out);
+  else if constexpr (requires { L::block_parameters(grad_out); }) return L::block_parameters(grad_out);
+  else return std::tuple<>{};
+}
 
 // How many parameters a layer has: its declared ones, a block's parameter_count, or none.
 template <class L>
@@ -127,6 +168,17 @@ constexpr void layer_plan(ModelPlan<M, C>& p, int layer, const PlacementState<M>
           ...);
     }(std::make_index_sequence<std::tuple_size_v<decltype(list)>>{});
   }
+}
+
+// How many parameters parameter_list<L> lists (enabled ones): parameter_count<L>()
+// where every part of a block lists its own (a layer that declares nothing but has
+// parameters, or a FullyShard inside, lists none).
+template <class L>
+constexpr int listed_parameter_count() {
+  using List = decltype(parameter_list<L>(typename L::config::State{}));
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    return (0 + ... + int(std::tuple_element_t<I, List>::enabled));
+  }(std::make_index_sequence<std::tuple_size_v<List>>{});
 }
 
 }  // namespace dtensor::nn

@@ -60,7 +60,7 @@ struct PlannedPart {
 // `parts` (then `elements` is their sum and `before` the first one's).
 template <std::size_t M>
 struct PlannedCollective {
-  static constexpr int kMaxParts = 8;
+  static constexpr int kMaxParts = 32;
   Phase phase = Phase::Forward;
   int layer = -1;  // index in the model; -1 for the loss
   StepKind kind = StepKind::AllReduce;
@@ -152,6 +152,15 @@ struct ModelPlan {
   constexpr void add(const PlannedRing& r) {
     if (rings == kRingCapacity) throw "dtensor::nn::ModelPlan: more rings than it holds";
     ringed[rings++] = r;
+  }
+  // Drops the collectives of a phase (nn::FullyShard replans a block's gradient
+  // reductions).
+  constexpr void remove(Phase p) {
+    int kept = 0;
+    for (int e = 0; e < size; ++e)
+      if (entries[e].phase != p) entries[kept++] = entries[e];
+    for (int e = kept; e < size; ++e) entries[e] = {};
+    size = kept;
   }
   // A block's plan as layer `layer`'s: every entry renumbered, a parameter's index
   // moved by parameter_offset(the entry's layer in `inner`).

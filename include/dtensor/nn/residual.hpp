@@ -136,6 +136,22 @@ class Residual {
     p.redistribution(Phase::Backward, layer, shortcut_grad(grad_out), branch_grad(grad_out), features, true);
   }
 
+  // The block's parameters (for dy as it reaches the block), then the projection's
+  // (for dy brought to the shortcut's output), each reached through its part.
+  struct BlockPart {
+    static Block& get(Residual& r) { return r.block_; }
+  };
+  struct ProjectionPart {
+    static ProjectionT& get(Residual& r) { return r.projection_; }
+  };
+  static constexpr auto block_parameters(const State& grad_out) {
+    auto block = nn::reached_through<BlockPart>(nn::parameter_list<Block>(grad_out));
+    if constexpr (kProjected)
+      return std::tuple_cat(block, nn::reached_through<ProjectionPart>(nn::parameter_list<Projection>(
+                                       redistribute_backward_placements(shortcut_out, grad_out))));
+    else return block;
+  }
+
   // --- run time ---
   Residual() = default;
   explicit Residual(Block block)

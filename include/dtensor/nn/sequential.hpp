@@ -237,6 +237,22 @@ class Model {
                 [](int inner_layer) { return parameter_offsets[inner_layer]; });
   }
 
+  // Its layers' parameters with their rules (nn::parameter_list), each reached
+  // through its layer; layer I's for the output gradient that reaches it.
+  template <int I>
+  struct LayerPart {
+    template <class B>
+    static auto& get(B& block) {
+      return block.template layer<I>();
+    }
+  };
+  static constexpr auto block_parameters(const State& grad_output) {
+    const GradFlow g = backward_flow(grad_output);
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple_cat(nn::reached_through<LayerPart<I>>(nn::parameter_list<layer_t<I>>(g.grad_out[I]))...);
+    }(std::make_index_sequence<N>{});
+  }
+
   // Every collective of one step: forward, backward (from an output gradient placed
   // `grad_output`, e.g. a loss's), and the gradient reductions; `in_features` is the
   // input's last extent, which sizes the activations of layers that keep it.

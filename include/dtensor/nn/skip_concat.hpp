@@ -132,6 +132,14 @@ class SkipConcat {
     p.redistribution(Phase::Backward, layer, skip_grad(grad_out), branch_grad(grad_out), features, true);
   }
 
+  // The block's parameters, for dy's f(x) part as it reaches the block.
+  struct BlockPart {
+    static Block& get(SkipConcat& s) { return s.block_; }
+  };
+  static constexpr auto block_parameters(const State& grad_out) {
+    return nn::reached_through<BlockPart>(nn::parameter_list<Block>(block_grad_out(grad_out)));
+  }
+
   // --- run time ---
   SkipConcat() = default;
   explicit SkipConcat(Block block) : block_(std::move(block)) {}
