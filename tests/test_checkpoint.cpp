@@ -20,6 +20,7 @@
 
 #include "checkpoint_training.hpp"
 #include "compare.hpp"
+#include "scratch_dir.hpp"
 #include "fault_support.hpp"
 #include "spmd.hpp"
 #include "support.hpp"
@@ -54,34 +55,6 @@ void on_world(F&& fn) {
     w.abort("test failure (doctest REQUIRE)");
   }
 }
-
-// A fresh directory under the system's temporary directory, the same on every rank
-// (rank 0 names it: MPI ranks have different process ids); removed by the destructor
-// on rank 0 after a barrier.
-class ScratchDir {
- public:
-  explicit ScratchDir(Comm& comm) : comm_(comm) {
-    static std::atomic<int> counter{0};
-    std::string name = "dtensor-ckpt-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    name = io::detail::broadcast_string(comm, name, 0);
-    path_ = fs::temp_directory_path() / name;
-    if (comm.rank() == 0) fs::create_directories(path_);
-    comm.barrier();
-  }
-  ~ScratchDir() {
-    try {
-      comm_.barrier();
-    } catch (...) {
-    }
-    if (comm_.rank() == 0) io::remove_tree_quietly(path_);
-  }
-  fs::path operator/(const std::string& s) const { return path_ / s; }
-  const fs::path& path() const { return path_; }
-
- private:
-  Comm& comm_;
-  fs::path path_;
-};
 
 // The names in `dir` that start with `prefix`.
 int entries_starting_with(const fs::path& dir, const std::string& prefix) {

@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <dtensor/cnn.hpp>
+#include <dtensor/io.hpp>
 #include <dtensor/nn.hpp>
 #include <dtensor/nn/fully_shard.hpp>
 #include <string>
@@ -22,6 +24,7 @@
 #include "accumulation.hpp"
 #include "fault_support.hpp"
 #include "nn_support.hpp"
+#include "scratch_dir.hpp"
 
 namespace dtensor::test {
 namespace {
@@ -559,13 +562,15 @@ static_assert(kBlockPlan2.count(nn::Phase::Forward, StepKind::AllGather, 0) == 2
               kBlockPlan2.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2 &&
               kBlockPlan2.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 1 + 2 * 4);
 
+nn::AdamW token_optimizer() { return nn::AdamW({.lr = 0.01, .weight_decay = 0.01}); }
+
+// Steps first, ..., first + steps - 1 of MSE training, clipped to norm 0.5.
 template <class Cfg, class Model, class Mesh>
-Trained train_tokens(Model& model, const Mesh& mesh, int steps) {
+Trained train_tokens(Model& model, nn::AdamW& opt, const Mesh& mesh, int steps, int first = 0) {
   nn::MSELoss<Cfg> loss;
-  auto opt = nn::AdamW({.lr = 0.01, .weight_decay = 0.01});
   static constexpr auto plan = Model::template training_plan<nn::MSELoss<Cfg>>(kSix.hidden);
   Trained t;
-  for (int step = 0; step < steps; ++step) {
+  for (int step = first; step < first + steps; ++step) {
     const Shape<3> s{kTokensBatch, kSeq, kSix.hidden};
     auto x = dtensor::detail::generate<typename Model::InputT>(s, mesh, {},
                                                                 [&](uint64_t i) { return input_value(step, i); });
@@ -595,7 +600,8 @@ void check_block_training(const std::array<int, Cfg::M>& shape) {
   Trained one;
   on_one_rank<Cfg::M>([&](const DeviceMesh<Cfg::M>& mesh) {
     auto m = make_block_model<Cfg, Style, false, A>(mesh);
-    one = train_tokens<Cfg>(m, mesh, steps);
+    auto opt = token_optimizer();
+    one = train_tokens<Cfg>(m, opt, mesh, steps);
   });
   int n = 1;
   for (int k : shape) n *= k;
@@ -603,9 +609,10 @@ void check_block_training(const std::array<int, Cfg::M>& shape) {
     DeviceMesh<Cfg::M> mesh(comm, shape);
     INFO("mesh ", mesh.to_string(), ", rank ", comm.rank());
     auto replicated = make_block_model<Cfg, Style, false, A>(mesh);
-    const Trained r = train_tokens<Cfg>(replicated, mesh, steps);
+    auto opt_r = token_optimizer(), opt_s = token_optimizer();
+    const Trained r = train_tokens<Cfg>(replicated, opt_r, mesh, steps);
     auto sharded = make_block_model<Cfg, Style, true, A>(mesh);
-    const Trained s = train_tokens<Cfg>(sharded, mesh, steps);
+    const Trained s = train_tokens<Cfg>(sharded, opt_s, mesh, steps);
     CHECK(r.off_plan == 0);
     CHECK(s.off_plan == 0);
     check_same_training(r, one, 1e-11);
@@ -633,6 +640,80 @@ TEST_CASE("fsdp: a whole transformer block sharded as one unit equals replicated
   check_block_training<Tok2, nn::HeadParallel<>, kFour>({2, 2});
   check_block_training<Tok2, nn::HeadParallel<>>({2, 3});
   check_block_training<Tok2, nn::HeadParallel<Shard<1>>, kFour>({2, 2});
+}
+
+template <class Model>
+std::vector<std::vector<double>> gathered_parameters(Model& model) {
+  std::vector<std::vector<double>> out;
+  model.for_each_parameter([&](auto& p) {
+    const auto f = p.value().full_tensor();
+    out.emplace_back(f.data(), f.data() + f.numel());
+  });
+  return out;
+}
+template <class Model>
+void save_training(Model& model, nn::AdamW& opt, const std::filesystem::path& dir, Comm& comm) {
+  io::StateDict sd;
+  io::add_model(sd, model);
+  io::add_optimizer(sd, opt, model);
+  io::save(sd, dir, comm);
+}
+template <class Model>
+void load_training(Model& model, nn::AdamW& opt, const std::filesystem::path& dir, Comm& comm) {
+  io::StateDict sd;
+  io::add_model(sd, model);
+  io::add_optimizer(sd, opt, model);
+  io::load(sd, dir, comm);
+}
+
+TEST_CASE("fsdp: fully sharded transformer blocks save and load onto replicated DP and one rank, bit for bit") {
+  using Sharded = BlockModel<Tok1, nn::NoParallel, true>;
+  using Plain = BlockModel<Tok1, nn::NoParallel, false>;
+  for (int n : {2, 3})
+    spmd(n, [](Comm& comm) {
+      DeviceMesh<1> mesh(comm);
+      INFO("mesh ", mesh.to_string());
+      ScratchDir scratch(comm);
+      // Two steps fully sharded, saved with the optimizer's sharded state.
+      auto sharded = make_block_model<Tok1, nn::NoParallel, true, kSix>(mesh);
+      auto opt_s = token_optimizer();
+      train_tokens<Tok1>(sharded, opt_s, mesh, 2);
+      save_training(sharded, opt_s, scratch / "fsdp", comm);
+      const auto at_step2 = gathered_parameters(sharded);
+      // Keys by place: a block's two norms name their scales alike.
+      const io::Checkpoint ck(scratch / "fsdp", comm);
+      const auto names = ck.tensor_names();
+      for (const std::string key : {"model.1.0.0.0.scale", "model.1.1.0.0.scale", "model.2.0.0.1.wq", "model.0.position"}) {
+        INFO(key);
+        CHECK(std::find(names.begin(), names.end(), key) != names.end());
+      }
+      // Into the replicated model, which then trains on alike (the optimizer state came along).
+      Plain replicated = make_block_model<Tok1, nn::NoParallel, false, kSix>(mesh);
+      auto opt_r = token_optimizer();
+      load_training(replicated, opt_r, scratch / "fsdp", comm);
+      CHECK(gathered_parameters(replicated) == at_step2);  // bit for bit
+      const Trained s = train_tokens<Tok1>(sharded, opt_s, mesh, 2, 2);
+      const Trained r = train_tokens<Tok1>(replicated, opt_r, mesh, 2, 2);
+      check_same_training(s, r, 1e-12);
+      // And back: the replicated run's checkpoint into a fresh fully sharded model.
+      save_training(replicated, opt_r, scratch / "ddp", comm);
+      Sharded back = make_block_model<Tok1, nn::NoParallel, true, kSix>(mesh);
+      auto opt_b = token_optimizer();
+      load_training(back, opt_b, scratch / "ddp", comm);
+      CHECK(gathered_parameters(back) == gathered_parameters(replicated));
+      // And onto one rank.
+      comm.barrier();
+      if (comm.rank() == 0) {
+        run_threads(1, [&](Comm& one) {
+          DeviceMesh<1> m1(one);
+          Plain single = make_block_model<Tok1, nn::NoParallel, false, kSix>(m1);
+          auto opt_1 = token_optimizer();
+          load_training(single, opt_1, scratch / "fsdp", one);
+          CHECK(gathered_parameters(single) == at_step2);
+        });
+      }
+      comm.barrier();
+    });
 }
 
 TEST_CASE("fsdp: a rank that fails before a layer's gather or with a prefetched one in flight ends every rank") {

@@ -8,7 +8,10 @@
 //   sd.add("step", step);
 //   io::save(sd, dir, comm);  ...  io::load(sd, dir, comm);
 //
-// Names follow PyTorch's state_dict: a Sequential's parameters are "<layer>.<name>"
+// Names follow PyTorch's state_dict: a Sequential's parameters are "<layer>.<name>",
+// a block's "<layer>.<its layer>. ... .<name>" (a transformer block's first norm
+// scale "1.0.0.0.scale": block 1, its attention branch, the branch's block, its
+// norm; nn::for_each_named_parameter), a fully sharded layer's as its inner layer's
 // (a model without layer<I>() numbers its parameters instead). The optimizer's
 // buffers are laid out like their parameters, so a checkpoint saved on one mesh
 // resumes on another: each buffer is resharded with its parameter. An optimizer
@@ -37,7 +40,7 @@ void for_each_named_parameter(Model& model, F&& f) {
                   model.template layer<0>();
                 }) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (nn::for_each_parameter(model.template layer<I>(), [&](auto& p) { f(std::to_string(I) + "." + p.name(), p); }), ...);
+      (nn::for_each_named_parameter(model.template layer<I>(), std::to_string(I) + ".", f), ...);
     }
     (std::make_index_sequence<Model::N>{});
   } else {

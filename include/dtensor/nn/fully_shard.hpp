@@ -63,6 +63,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -359,6 +360,16 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     reduce_gradients(!shard_gradients_reduced_elsewhere<G>());
     release();
     return dx;
+  }
+
+  // f(key, Parameter&) for each shard under its parameter's key in L
+  // (nn::for_each_named_parameter): a checkpoint names them as L's.
+  template <class F>
+  void for_each_named_parameter(const std::string& prefix, F&& f) {
+    std::vector<std::string> keys;
+    nn::for_each_named_parameter(inner_, prefix, [&](const std::string& key, auto&) { keys.push_back(key); });
+    std::size_t k = 0;
+    for_each_parameter([&](auto& shard) { f(keys.at(k++), shard); });
   }
 
   // f(Parameter&) for each stored parameter (the shards), in L's declared order.

@@ -23,6 +23,7 @@
 // nn::FullyShard reads to shard a whole block).
 #include <array>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -144,6 +145,24 @@ void for_each_parameter(L& layer, F&& f) {
     });
   } else if constexpr (requires { layer.for_each_parameter(f); }) {
     layer.for_each_parameter(f);
+  }
+}
+
+// f(key, Parameter&) for each parameter of a layer or block, in for_each_parameter's
+// order, the key `prefix` + a path: a layer's parameters by name ("weight"), a block's
+// by its layers' places (for_each_layer: a Sequential's layers, a Residual's block then
+// its projection) down to the layer ("0.1.weight"), so two layers of a block that
+// name their parameters alike get keys of their own; a layer may give its own keys
+// (nn::FullyShard: its shards under its inner layer's keys).
+template <class L, class F>
+void for_each_named_parameter(L& layer, const std::string& prefix, F&& f) {
+  if constexpr (requires { layer.for_each_named_parameter(prefix, f); }) {
+    layer.for_each_named_parameter(prefix, f);
+  } else if constexpr (!DeclaresParameters<L> && requires { layer.for_each_layer([](auto&) {}); }) {
+    int i = 0;
+    layer.for_each_layer([&](auto& part) { for_each_named_parameter(part, prefix + std::to_string(i++) + ".", f); });
+  } else {
+    for_each_parameter(layer, [&](auto& p) { f(prefix + p.name(), p); });
   }
 }
 
