@@ -10,9 +10,13 @@
 //   loss    cross-entropy on the vocabulary-sharded logits (loss parallel), AdamW
 //           lr 3e-3, 30 steps, batch 8
 //
-// Three placements of the same model on a 2x2 mesh:
+// Four placements of the same model on a 2x2 mesh:
 //   DP x TP   batch over mesh dim 0, heads and MLP features over mesh dim 1
 //             (PyTorch's transformer plan)
+//   FSDP x TP DP x TP with each transformer block fully sharded over mesh dim 0 as
+//             one unit (nn::FullyShard<TransformerBlock>): its TP shards sharded again
+//             over DP, one all-gather before it runs and one reduce-scatter of its
+//             gradients (FSDP2's fully_shard per block)
 //   DP x SP   the same with sequence parallelism: norms, residuals and positions on
 //             sequence shards, all-gather / reduce-scatter instead of all-reduce
 //   TP x CP   heads over mesh dim 0, the sequence over mesh dim 1 (context parallel):
@@ -28,6 +32,7 @@
 // Exits 1 if a loss differs from the single-rank run's by more than 1e-5 relative, or
 // if the collectives or shifts counted differ from the plan.
 #include <dtensor/nn.hpp>
+#include <dtensor/nn/fully_shard.hpp>
 
 #include <atomic>
 #include <cmath>
@@ -50,24 +55,26 @@ constexpr int kSteps = 30;
 using DpTp = nn::Config<float, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
 using TpCp = nn::Config<float, 3, nn::Axes<2, nn::kNone, /*tp*/ 0, /*cp*/ 1>>;
 
-// Style: nn::HeadParallel<> (TP) or nn::HeadParallel<Shard<1>> (TP with sequence parallel).
-template <class Cfg, class Style>
+// Style: nn::HeadParallel<> (TP) or nn::HeadParallel<Shard<1>> (TP with sequence
+// parallel); Sharded: each block fully sharded over the DP mesh dim.
+template <class Cfg, class Style, bool Sharded = false>
 struct Gpt {
   using SeqOnTP = std::conditional_t<std::is_same_v<Style, nn::HeadParallel<>>, Replicate, Shard<1>>;
   using Embed = nn::Embedding<Cfg, kVocab, kHidden, nn::RowwiseParallel<SeqOnTP>>;
   using Positions = nn::PositionEmbedding<Cfg, kLen, kHidden>;
   using Block = nn::TransformerBlock<Cfg, kAttention, kFfn, Style>;
+  using Layer = std::conditional_t<Sharded, nn::FullyShard<Block>, Block>;
   using Norm = nn::LayerNorm<Cfg, kHidden, typename nn::detail::block_styles<Style>::norm>;
   using Head = nn::Linear<Cfg, kHidden, kVocab, nn::ColwiseParallel<SeqOnTP>, false>;
-  using Model = nn::Sequential<Embed, Positions, Block, Block, Norm, Head>;
+  using Model = nn::Sequential<Embed, Positions, Layer, Layer, Norm, Head>;
   using Loss = nn::CrossEntropy<Cfg>;  // logits sharded over the vocabulary: loss parallel
   using Targets = dtensor_t<int64_t, 2, placements_t<Cfg::activation()>>;  // rows placed like the logits'
   static constexpr auto plan = Model::template training_plan<Loss>(kHidden);
 
   static Model make(const DeviceMesh<2>& mesh) {
     const nn::AttentionOptions attention{.causal = true, .rope_base = 10000};
-    return Model(Embed(mesh, 1), Positions(mesh, 2), Block(mesh, attention, 3), Block(mesh, attention, 4),
-                 Norm(mesh), Head(mesh, {5}));
+    return Model(Embed(mesh, 1), Positions(mesh, 2), Layer(Block(mesh, attention, 3)),
+                 Layer(Block(mesh, attention, 4)), Norm(mesh), Head(mesh, {5}));
   }
 };
 
@@ -78,11 +85,18 @@ struct Gpt {
 // ring of point-to-point shifts each way. The loss adds its all-reduces (max and sums
 // over TP, the mean over DP or over the sequence's shards).
 using Tp = Gpt<DpTp, nn::HeadParallel<>>;
+using Fs = Gpt<DpTp, nn::HeadParallel<>, true>;
 using Sp = Gpt<DpTp, nn::HeadParallel<Shard<1>>>;
 using Cp = Gpt<TpCp, nn::HeadParallel<>>;
 static_assert(Tp::plan.count(nn::Phase::Forward, StepKind::AllReduce, 1) == 5 + 2 &&
                   Tp::plan.count(nn::Phase::Backward, StepKind::AllReduce, 1) == 5,
               "DP x TP: 2 all-reduces per block each way, the embedding's and the head's, the loss's 2");
+static_assert(Fs::plan.count(nn::Phase::Forward, StepKind::AllGather, 0) == 2 &&
+                  Fs::plan.count(nn::Phase::Backward, StepKind::AllGather, 0) == 2 &&
+                  Fs::plan.count(nn::Phase::Backward, StepKind::ReduceScatter, 0) == 2 &&
+                  Fs::plan.count(nn::Phase::Forward, StepKind::AllReduce, 1) == 5 + 2,
+              "FSDP x TP: DP x TP's collectives over TP, and per block one all-gather of its parameters over DP "
+              "each way and one reduce-scatter of their gradients");
 static_assert(Sp::plan.count(nn::Phase::Forward, StepKind::AllGather, 1) == 5 &&
                   Sp::plan.count(nn::Phase::Forward, StepKind::ReduceScatter, 1) == 5 &&
                   Sp::plan.count(nn::Phase::Backward, StepKind::AllGather, 1) == 5 &&
@@ -158,10 +172,11 @@ int main(int argc, char** argv) {
   std::atomic<int> failed = 0;  // written by every rank's thread in-process
   auto program = [&](Comm& comm) {
     const bool tp = compare<Tp>(comm, "DP x TP: batch over mesh dim 0, heads and MLP features over mesh dim 1");
+    const bool fs = compare<Fs>(comm, "FSDP x TP: DP x TP, each transformer block fully sharded over mesh dim 0");
     const bool sp = compare<Sp>(comm, "DP x TP with sequence parallelism over mesh dim 1");
     const bool cp = compare<Cp>(comm, "TP x CP: heads over mesh dim 0, the sequence over mesh dim 1 (ring attention)");
-    if (comm.rank() == 0 && tp && sp && cp) std::printf("OK: the three placements train like the single-rank run\n");
-    if (!(tp && sp && cp)) failed = 1;
+    if (comm.rank() == 0 && tp && fs && sp && cp) std::printf("OK: the four placements train like the single-rank run\n");
+    if (!(tp && fs && sp && cp)) failed = 1;
   };
   examples::run_example(argc, argv, 4, program);
   return failed;
