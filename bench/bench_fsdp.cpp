@@ -4,24 +4,29 @@
 // allocator counts it (host_memory_in_use(): per process, so one rank per process), and
 // the time of a training step.
 //
-//   mpirun -np 2 build-bench/bench/bench_fsdp_mpi [steps]     (default 20)
+//   mpirun -np 2 build-bench/bench/bench_fsdp_mpi [steps] [mlp|transformer]   (20, mlp)
 //
-// Model: 4 Linear(1024 -> 1024) + GELU pairs, float32, batch 64 sharded over DP, AdamW
-// (two state tensors per parameter: parameters, gradients and state are 4x the
-// parameter bytes). Each rank builds the replicated model,
-// trains a warm-up step, and reads the heap; then the same for the fully sharded model
-// (reshard after forward: the parameters gathered for each forward and backward);
-// then it times `steps` steps of each (median), the fully sharded model with the next
-// layer's gather prefetched and without, and reads the time the host waited for the
-// gathers in a step (FullyShard::gather_stats: the gather time compute did not hide).
+// mlp: 4 Linear(1024 -> 1024) + GELU pairs, batch 64, each Linear fully sharded.
+// transformer: 4 pre-norm transformer blocks (hidden 256, 4 heads, GELU MLP of 1024),
+// batch 8 x 128 tokens, each block fully sharded as one unit (its 16 parameters in one
+// all-gather and one reduce-scatter). Both float32, the batch sharded over DP, MSE loss,
+// AdamW (two state tensors per parameter: parameters, gradients and state are 4x the
+// parameter bytes). Each rank builds the replicated model, trains a warm-up step, and
+// reads the heap; then the same for the fully sharded model (reshard after forward:
+// the parameters gathered for each forward and backward); then it times `steps` steps
+// of each (median), the fully sharded model with the next layer's gather prefetched
+// and without, and reads the time the host waited for the gathers in a step
+// (FullyShard::gather_stats: the gather time compute did not hide).
 #include <dtensor/mpi.hpp>
 #include <dtensor/nn.hpp>
+#include <dtensor/nn/fully_shard.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -30,22 +35,51 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr int64_t kWidth = 1024, kBatch = 64;
-using Cfg = nn::Config<float, 2, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
-using L = nn::Linear<Cfg, kWidth, kWidth>;
-using G = nn::GELU<Cfg>;
-using F = nn::FullyShard<L>;
-using Replicated = nn::Sequential<L, G, L, G, L, G, L, G>;
-using Sharded = nn::Sequential<F, G, F, G, F, G, F, G>;
-using Loss = nn::MSELoss<Cfg>;
+struct Mlp {
+  static constexpr int64_t kWidth = 1024, kBatch = 64;
+  using Cfg = nn::Config<float, 2, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
+  using L = nn::Linear<Cfg, kWidth, kWidth>;
+  using G = nn::GELU<Cfg>;
+  using F = nn::FullyShard<L>;
+  using Replicated = nn::Sequential<L, G, L, G, L, G, L, G>;
+  using Sharded = nn::Sequential<F, G, F, G, F, G, F, G>;
+  static constexpr const char* what = "4 x Linear(1024 -> 1024) + GELU, batch 64";
+  static constexpr double parameter_bytes = 4.0 * (kWidth * kWidth + kWidth) * 4;
+  static constexpr double unit_bytes = (kWidth * kWidth + kWidth) * 4.0;  // what one FullyShard gathers
+  static constexpr int64_t features = kWidth;
+  static auto shape() { return Shape<2>{kBatch, kWidth}; }
+  template <class Model>
+  static Model make(const DeviceMesh<1>& mesh) {
+    if constexpr (std::is_same_v<Model, Replicated>)
+      return Model(L(mesh, {1}), G(), L(mesh, {2}), G(), L(mesh, {3}), G(), L(mesh, {4}), G());
+    else
+      return Model(F(L(mesh, {1})), G(), F(L(mesh, {2})), G(), F(L(mesh, {3})), G(), F(L(mesh, {4})), G());
+  }
+};
 
-template <class Model>
-Model make(const DeviceMesh<1>& mesh) {
-  if constexpr (std::is_same_v<Model, Replicated>)
-    return Model(L(mesh, {1}), G(), L(mesh, {2}), G(), L(mesh, {3}), G(), L(mesh, {4}), G());
-  else
-    return Model(F(L(mesh, {1})), G(), F(L(mesh, {2})), G(), F(L(mesh, {3})), G(), F(L(mesh, {4})), G());
-}
+struct Transformer {
+  static constexpr int64_t kHidden = 256, kFfn = 1024, kBatch = 8, kLen = 128;
+  static constexpr nn::AttentionShape kAttention{.hidden = kHidden, .heads = 4};
+  using Cfg = nn::Config<float, 3, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
+  using B = nn::TransformerBlock<Cfg, kAttention, kFfn>;
+  using F = nn::FullyShard<B>;
+  using Replicated = nn::Sequential<B, B, B, B>;
+  using Sharded = nn::Sequential<F, F, F, F>;
+  static constexpr const char* what = "4 transformer blocks (hidden 256, 4 heads, MLP 1024), batch 8 x 128 tokens";
+  static constexpr double unit_bytes = (4.0 * (kHidden * kHidden + kHidden) + 2.0 * kHidden * kFfn + kFfn + kHidden +
+                                        4.0 * kHidden) * 4;
+  static constexpr double parameter_bytes = 4 * unit_bytes;
+  static constexpr int64_t features = kHidden;
+  static auto shape() { return Shape<3>{kBatch, kLen, kHidden}; }
+  template <class Model>
+  static Model make(const DeviceMesh<1>& mesh) {
+    const nn::AttentionOptions o{.causal = true};
+    if constexpr (std::is_same_v<Model, Replicated>)
+      return Model(B(mesh, o, 1), B(mesh, o, 2), B(mesh, o, 3), B(mesh, o, 4));
+    else
+      return Model(F(B(mesh, o, 1)), F(B(mesh, o, 2)), F(B(mesh, o, 3)), F(B(mesh, o, 4)));
+  }
+};
 
 struct Result {
   int64_t held = 0;    // host bytes the model's tensors and the optimizer hold between steps
@@ -67,20 +101,20 @@ double gather_wait(Model& model) {
   return s;
 }
 
-template <class Model>
+template <class Family, class Model>
 Result run(const DeviceMesh<1>& mesh, int steps, bool prefetch = true) {
   Result r;
   Comm& comm = mesh.comm();
   auto x = dtensor::detail::generate<typename Model::InputT>(
-      {kBatch, kWidth}, mesh, {}, [](uint64_t i) { return dtensor::detail::normal_value<float>(1, i); });
+      Family::shape(), mesh, {}, [](uint64_t i) { return dtensor::detail::normal_value<float>(1, i); });
   auto t = dtensor::detail::generate<typename Model::OutputT>(
-      {kBatch, kWidth}, mesh, {}, [](uint64_t i) { return dtensor::detail::normal_value<float>(2, i); });
+      Family::shape(), mesh, {}, [](uint64_t i) { return dtensor::detail::normal_value<float>(2, i); });
   const int64_t before = host_memory_in_use();
   {
-    Model model = make<Model>(mesh);
+    Model model = Family::template make<Model>(mesh);
     nn::set_prefetch(model, prefetch);
     nn::AdamW opt({.lr = 1e-4});
-    Loss loss;
+    nn::MSELoss<typename Family::Cfg> loss;
     auto step = [&] {
       model.zero_grad();
       auto y = model.forward(x);
@@ -109,45 +143,55 @@ Result run(const DeviceMesh<1>& mesh, int steps, bool prefetch = true) {
   return r;
 }
 
+// Runs the three and prints the table (rank 0).
+template <class Family>
+void compare(const DeviceMesh<1>& mesh, int steps) {
+  Comm& comm = mesh.comm();
+  using Replicated = typename Family::Replicated;
+  using Sharded = typename Family::Sharded;
+  const Result rep = run<Family, Replicated>(mesh, steps);
+  const Result sh = run<Family, Sharded>(mesh, steps);
+  const Result off = run<Family, Sharded>(mesh, steps, false);
+  std::vector<double> most{double(rep.held), double(sh.held), double(rep.peak), double(sh.peak), double(off.peak),
+                           sh.wait_s, off.wait_s};
+  all_reduce<double>(comm, std::span<double>(most), ReduceOp::Max);
+  if (comm.rank() != 0) return;
+  const double params = Family::parameter_bytes, mib = 1 << 20;
+  std::printf("bench_fsdp: %d rank(s), %s, float32, AdamW, %d steps\n", comm.size(), Family::what, steps);
+  std::printf("parameters %.2f MiB, the largest fully sharded unit's %.2f MiB; ideal held: 4 x parameters / ranks\n",
+              params / mib, Family::unit_bytes / mib);
+  // The plan's figure for the parameters alone (shards + gathered units), beside the
+  // measured peaks below (which add gradients, optimizer state, activations).
+  constexpr auto plan = Sharded::template training_plan<nn::MSELoss<typename Family::Cfg>>(Family::features);
+  std::printf("plan: fully sharded parameters at the peak %.2f MiB with prefetch, %.2f MiB without\n",
+              plan.template sharded_parameter_peak_bytes<float>({comm.size()}, true) / mib,
+              plan.template sharded_parameter_peak_bytes<float>({comm.size()}, false) / mib);
+  std::printf("| model | held between steps MiB (max over ranks) | / replicated | ideal MiB | peak in a step MiB "
+              "| step ms (median) | / replicated | gather wait ms per step (max over ranks) |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  std::printf("| replicated DP | %.2f | 1.000 | %.2f | %.2f | %.2f | 1.000 | - |\n", most[0] / mib, 4 * params / mib,
+              most[2] / mib, rep.step_s * 1e3);
+  std::printf("| FullyShard, prefetch | %.2f | %.3f | %.2f | %.2f | %.2f | %.3f | %.2f |\n", most[1] / mib,
+              most[1] / most[0], 4 * params / comm.size() / mib, most[3] / mib, sh.step_s * 1e3, sh.step_s / rep.step_s,
+              most[5] * 1e3);
+  std::printf("| FullyShard, no prefetch | %.2f | %.3f | %.2f | %.2f | %.2f | %.3f | %.2f |\n", most[1] / mib,
+              most[1] / most[0], 4 * params / comm.size() / mib, most[4] / mib, off.step_s * 1e3,
+              off.step_s / rep.step_s, most[6] * 1e3);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 20;
+  const std::string model = argc > 2 ? argv[2] : "mlp";
+  if (model != "mlp" && model != "transformer") {
+    std::fprintf(stderr, "bench_fsdp: the model is mlp or transformer, not %s\n", model.c_str());
+    return 2;
+  }
   auto program = [&](Comm& comm) {
     DeviceMesh<1> mesh(comm);
-    const Result rep = run<Replicated>(mesh, steps);
-    const Result sh = run<Sharded>(mesh, steps);
-    const Result off = run<Sharded>(mesh, steps, false);
-    std::vector<double> most{double(rep.held), double(sh.held), double(rep.peak), double(sh.peak), double(off.peak),
-                             sh.wait_s, off.wait_s};
-    all_reduce<double>(comm, std::span<double>(most), ReduceOp::Max);
-    if (comm.rank() == 0) {
-      const double params = 4.0 * (kWidth * kWidth + kWidth) * 4;  // 4 layers, float32
-      const double layer = (kWidth * kWidth + kWidth) * 4.0;
-      const double mib = 1 << 20;
-      std::printf("bench_fsdp: %d rank(s), 4 x Linear(%lld -> %lld) + GELU, float32, batch %lld, AdamW, %d steps\n",
-                  comm.size(), static_cast<long long>(kWidth), static_cast<long long>(kWidth),
-                  static_cast<long long>(kBatch), steps);
-      std::printf("parameters %.2f MiB, the largest layer's %.2f MiB; ideal held: 4 x parameters / ranks\n",
-                  params / mib, layer / mib);
-      // The plan's figure for the parameters alone (shards + gathered layers), beside
-      // the measured peaks below (which add gradients, optimizer state, activations).
-      constexpr auto plan = Sharded::training_plan<Loss>(kWidth);
-      std::printf("plan: fully sharded parameters at the peak %.2f MiB with prefetch, %.2f MiB without\n",
-                  plan.sharded_parameter_peak_bytes<float>({comm.size()}, true) / mib,
-                  plan.sharded_parameter_peak_bytes<float>({comm.size()}, false) / mib);
-      std::printf("| model | held between steps MiB (max over ranks) | / replicated | ideal MiB | peak in a step MiB "
-                  "| step ms (median) | / replicated | gather wait ms per step (max over ranks) |\n"
-                  "|---|---|---|---|---|---|---|---|\n");
-      std::printf("| replicated DP | %.2f | 1.000 | %.2f | %.2f | %.2f | 1.000 | - |\n", most[0] / mib,
-                  4 * params / mib, most[2] / mib, rep.step_s * 1e3);
-      std::printf("| FullyShard, prefetch | %.2f | %.3f | %.2f | %.2f | %.2f | %.3f | %.2f |\n", most[1] / mib,
-                  most[1] / most[0], 4 * params / comm.size() / mib, most[3] / mib, sh.step_s * 1e3,
-                  sh.step_s / rep.step_s, most[5] * 1e3);
-      std::printf("| FullyShard, no prefetch | %.2f | %.3f | %.2f | %.2f | %.2f | %.3f | %.2f |\n", most[1] / mib,
-                  most[1] / most[0], 4 * params / comm.size() / mib, most[4] / mib, off.step_s * 1e3,
-                  off.step_s / rep.step_s, most[6] * 1e3);
-    }
+    if (model == "mlp") compare<Mlp>(mesh, steps);
+    else compare<Transformer>(mesh, steps);
   };
   run(argc, argv, 2, program);
   return 0;
