@@ -37,8 +37,6 @@ KNOWN = {
         "data movement is to leave the math table for a floor below comm (issue 27)",
     ("comm/segments.hpp", "compute/movement.hpp"):
         "likewise",
-    ("distributed/redistribute_backward.hpp", "ops/placement_algebra.hpp"):
-        "the placement vocabulary (type <-> value) is to move below distributed (issue 27)",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"dtensor/([^"]+)"')

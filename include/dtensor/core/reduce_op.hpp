@@ -3,6 +3,7 @@
 // the communicators take.
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 namespace dtensor {
 
@@ -16,6 +17,12 @@ struct Min { static constexpr ReduceOp value = ReduceOp::Min; static constexpr c
 template <class Op>
 concept ReduceOpTag = std::is_same_v<Op, Sum> || std::is_same_v<Op, Avg> ||
                       std::is_same_v<Op, Max> || std::is_same_v<Op, Min>;
+
+// The tag of an operator: ReduceOp -> Sum, Avg, Max or Min.
+template <ReduceOp Op>
+using reduce_tag = std::conditional_t<Op == ReduceOp::Sum, Sum,
+                                      std::conditional_t<Op == ReduceOp::Avg, Avg,
+                                                         std::conditional_t<Op == ReduceOp::Max, Max, Min>>>;
 
 constexpr const char* name(ReduceOp op) {
   constexpr const char* names[] = {"sum", "avg", "max", "min"};

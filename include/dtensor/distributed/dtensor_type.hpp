@@ -16,7 +16,6 @@
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/placement/placement.hpp"
 #include "dtensor/placement/shard_layout.hpp"
-#include "dtensor/plan/planner.hpp"
 #include "dtensor/tensor/tensor.hpp"
 
 namespace dtensor {
@@ -127,5 +126,19 @@ struct replicated_dtensor<T, Rank, std::index_sequence<I...>> {
 // DTensor<T, Rank, Replicate, ..., Replicate> with M mesh dims.
 template <class T, int Rank, int M>
 using ReplicatedDTensor = typename detail::replicated_dtensor<T, Rank, std::make_index_sequence<M>>::type;
+
+namespace detail {
+template <class T, int Rank, class PList>
+struct dtensor_type;
+template <class T, int Rank, class... P>
+struct dtensor_type<T, Rank, Placements<P...>> {
+  using type = DTensor<T, Rank, P...>;
+};
+}  // namespace detail
+
+// DTensor<T, Rank, P...> for a Placements<P...> list (with placements_t: the DTensor
+// type a rule's constexpr placements give).
+template <class T, int Rank, class PList>
+using dtensor_t = typename detail::dtensor_type<T, Rank, PList>::type;
 
 }  // namespace dtensor

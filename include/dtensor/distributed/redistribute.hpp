@@ -13,6 +13,7 @@
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor_type.hpp"
+#include "dtensor/plan/planner.hpp"
 #include "dtensor/util/small_vector.hpp"
 
 namespace dtensor {
@@ -224,6 +225,17 @@ Tensor<T, Rank> redistribute_to_replicate(const DTensor<T, Rank, P...>& x) {
 template <class T, int Rank, class... P>
 Tensor<T, Rank> DTensor<T, Rank, P...>::full_tensor() const {
   return redistribute_to_replicate(*this);
+}
+
+// redistribute to a Placements<Q...> list. Where x already has those placements
+// this returns x itself (a reference), not a copy: operators bind the result with
+// `const auto&`, so an operand that needs no communication is not copied either.
+template <class PList, class T, int Rank, class... P>
+decltype(auto) redistribute_as(const DTensor<T, Rank, P...>& x) {
+  if constexpr (std::is_same_v<PList, Placements<P...>>)
+    return (x);
+  else
+    return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x); }(PList{});
 }
 
 }  // namespace dtensor

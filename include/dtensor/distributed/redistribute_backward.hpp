@@ -38,7 +38,6 @@
 #include "dtensor/compute/local.hpp"
 #include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/redistribute.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 #include "dtensor/placement/gradient.hpp"
 
 namespace dtensor {

@@ -28,8 +28,8 @@
 
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/io/checkpoint_format.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor::io {
 

@@ -7,9 +7,9 @@
 #include <optional>
 
 #include "dtensor/compute/local.hpp"
+#include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor::nn {
 

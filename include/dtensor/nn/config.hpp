@@ -18,7 +18,6 @@
 #include <array>
 
 #include "dtensor/placement/placement.hpp"
-#include "dtensor/plan/planner.hpp"
 
 namespace dtensor::nn {
 
@@ -128,8 +127,9 @@ struct ImageConfig {
   static constexpr int mesh_dim_of_spatial(int i) { return domain[i]; }
 };
 
-constexpr PlacementDesc shard(int d) { return {PlacementKind::Shard, d, ReduceOp::Sum}; }
-constexpr PlacementDesc replicate() { return {}; }
-constexpr PlacementDesc partial_sum() { return {PlacementKind::Partial, -1, ReduceOp::Sum}; }
+// The placement values (placement/placement.hpp), as the layers' rules spell them.
+using dtensor::partial_sum;
+using dtensor::replicate;
+using dtensor::shard;
 
 }  // namespace dtensor::nn

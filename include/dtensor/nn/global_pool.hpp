@@ -20,9 +20,9 @@
 #include <optional>
 
 #include "dtensor/compute/local.hpp"
+#include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor::nn {
 

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/nn/config.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor {
 

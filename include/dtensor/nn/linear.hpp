@@ -13,13 +13,13 @@
 #include <string>
 
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor::nn {
 

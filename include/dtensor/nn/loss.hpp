@@ -48,11 +48,11 @@
 #include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/plan.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::nn {

@@ -31,13 +31,13 @@
 #include "dtensor/compute/row_stats.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 
 namespace dtensor::nn {
 

@@ -26,12 +26,12 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/grad_reducer.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/plan.hpp"
 #include "dtensor/nn/unshard.hpp"
-#include "dtensor/ops/placement_algebra.hpp"
 #include "dtensor/ops/policy.hpp"
 
 namespace dtensor::nn {

@@ -4,11 +4,17 @@
 //   Replicate       every rank holds the whole value
 //   Partial<Op>     every rank holds a term; the value is their reduction by Op
 // They are types so that plans are computed by the compiler. PlacementDesc is the
-// same information as a constexpr value, which is what the planner computes with.
+// same information as a constexpr value, which is what the planner and every
+// placement rule compute with; PlacementState<M> is one per mesh dim. This header
+// holds the whole vocabulary: the types, the values, the helpers that make values
+// (shard(d), replicate(), partial_sum()) and both directions between them
+// (describe_all<P...>() type -> value, placements_t<state> value -> type).
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "dtensor/core/reduce_op.hpp"
 
@@ -65,6 +71,17 @@ struct placement_traits<Partial<Op>> : std::true_type {
 template <class P>
 concept Placement = detail::placement_traits<P>::value;
 
+// The placements of a tensor on a mesh of M dims, as values: what placement rules
+// take and return.
+template <std::size_t M>
+using PlacementState = std::array<PlacementDesc, M>;
+
+// Placement values, for rules written as constexpr functions.
+constexpr PlacementDesc shard(int d) { return {PlacementKind::Shard, d, ReduceOp::Sum}; }
+constexpr PlacementDesc replicate() { return {}; }
+constexpr PlacementDesc partial(ReduceOp op) { return {PlacementKind::Partial, -1, op}; }
+constexpr PlacementDesc partial_sum() { return partial(ReduceOp::Sum); }
+
 template <class P>
 inline constexpr bool is_shard_v = Placement<P> && detail::placement_traits<P>::desc.is_shard();
 template <class P>
@@ -87,6 +104,24 @@ template <class... P>
 struct Placements {
   static constexpr int size = sizeof...(P);
 };
+
+namespace detail {
+template <PlacementDesc D>
+struct placement_type {
+  using type = std::conditional_t<D.is_shard(), Shard<(D.dim < 0 ? 0 : D.dim)>,
+                                  std::conditional_t<D.is_partial(), Partial<reduce_tag<D.op>>, Replicate>>;
+};
+template <auto State, class Seq = std::make_index_sequence<State.size()>>
+struct placements_type;
+template <auto State, std::size_t... I>
+struct placements_type<State, std::index_sequence<I...>> {
+  using type = Placements<typename placement_type<State[I]>::type...>;
+};
+}  // namespace detail
+
+// The placement list of a constexpr PlacementState, as a type: value -> type.
+template <auto State>
+using placements_t = typename detail::placements_type<State>::type;
 
 // "S(0)", "R", "P(sum)": the notation of explain() and error messages.
 inline std::string to_string(const PlacementDesc& p) {

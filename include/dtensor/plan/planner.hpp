@@ -31,9 +31,6 @@
 namespace dtensor {
 
 template <std::size_t M>
-using PlacementState = std::array<PlacementDesc, M>;
-
-template <std::size_t M>
 struct PlanData {
   static constexpr int kMaxSteps = 4 * static_cast<int>(M) + 1;
   int nsteps = 0;
