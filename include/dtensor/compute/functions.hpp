@@ -24,10 +24,6 @@ namespace dtensor {
 
 enum class BinaryOp : std::uint8_t { Add, Sub, Mul, Div };
 
-// The former name of the local reductions, kept only until code written beside this
-// change (nn/local_math.hpp) says ReduceOp: the same enum, not a second vocabulary.
-using LocalReduce = ReduceOp;
-
 // Gelu is the exact form, x * Phi(x) with the normal CDF (PyTorch's approximate="none");
 // GeluTanh the tanh approximation (approximate="tanh").
 //

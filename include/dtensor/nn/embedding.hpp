@@ -30,7 +30,7 @@ namespace dtensor::nn {
 template <class Cfg, int64_t Vocab, int64_t Dim, LinearStyle Style = NoParallel>
 class Embedding {
   static_assert(Vocab > 0 && Dim > 0, "dtensor::nn::Embedding<Cfg, Vocab, Dim>: sizes must be positive");
-  static_assert(detail::style_kind<Style> != 1 || std::is_same_v<Style, ColwiseParallel<Replicate>>,
+  static_assert(detail::style_kind<Style> != StyleKind::Colwise || std::is_same_v<Style, ColwiseParallel<Replicate>>,
                 "dtensor::nn::Embedding: a colwise embedding takes replicated ids (ColwiseParallel<>)");
 
  public:
@@ -40,8 +40,8 @@ class Embedding {
   static constexpr int M = Cfg::M;
   static constexpr int Rank = Cfg::rank;
   static constexpr int F = Cfg::feature_dim;
-  static constexpr int kind = detail::style_kind<Style>;
-  static constexpr bool rowwise = kind == 2, colwise = kind == 1;
+  static constexpr StyleKind kind = detail::style_kind<Style>;
+  static constexpr bool rowwise = kind == StyleKind::Rowwise, colwise = kind == StyleKind::Colwise;
   static constexpr const char* name = rowwise ? "embedding(rowwise)" : colwise ? "embedding(colwise)" : "embedding";
 
   static constexpr State table_state() {

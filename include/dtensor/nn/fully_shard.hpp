@@ -82,6 +82,7 @@
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/plan.hpp"
 #include "dtensor/nn/unshard.hpp"
+#include "dtensor/util/error.hpp"
 
 namespace dtensor::nn {
 
@@ -254,7 +255,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
               const int64_t elements = d.shape.dims[0] * (d.shape.ndim > 1 ? d.shape.dims[1] : 1);
               if constexpr (detail::shard_of<L, I>::sharded) {
                 if (!is_reduce_scatter_source(d.grad))
-                  throw "dtensor::nn::FullyShard: a sharded parameter's gradient is not Partial<Sum> over DP";
+                  throw InvalidArgument(
+                      "dtensor::nn::FullyShard: a sharded parameter's gradient is not Partial<Sum> over DP");
                 add_part(gather, elements, s, d.shape.dims, d.shape.ndim);
                 add_part(scatter, elements, d.grad, d.shape.dims, d.shape.ndim);
                 add_reductions(p, layer, k, s, reduced_grad(s, d.grad), d.shape.dims, d.shape.ndim);
@@ -390,7 +392,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
                                  int ndim) {
     if (c.nparts == 0) c.before = before;
     if (c.nparts == PlannedCollective<M>::kMaxParts)
-      throw "dtensor::nn::FullyShard: more sharded parameters in one layer than a plan entry holds";
+      throw InvalidArgument("dtensor::nn::FullyShard: more sharded parameters in a layer than a plan entry holds");
     PlannedPart<M> part{elements, before, {}, ndim};
     for (int d = 0; d < ndim && d < 2; ++d) part.shape[static_cast<std::size_t>(d)] = dims[static_cast<std::size_t>(d)];
     c.parts[c.nparts++] = part;

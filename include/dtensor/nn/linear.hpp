@@ -30,8 +30,8 @@ struct LinearInit {
 template <class Cfg, int64_t In, int64_t Out, LinearStyle Style = NoParallel, bool Bias = true>
 class Linear {
   static_assert(In > 0 && Out > 0, "dtensor::nn::Linear<Cfg, In, Out>: feature counts must be positive");
-  static_assert(detail::style_kind<Style> != 2 || !LinearRule<Cfg, Style>::output().at(Cfg::tp < 0 ? 0 : Cfg::tp)
-                                                      .is_shard(Cfg::feature_dim),
+  static_assert(detail::style_kind<Style> != StyleKind::Rowwise ||
+                    !LinearRule<Cfg, Style>::output().at(Cfg::tp < 0 ? 0 : Cfg::tp).is_shard(Cfg::feature_dim),
                 "dtensor::nn::Linear: RowwiseParallel<Shard<s>> shards the output on a leading dim s (sequence "
                 "parallel); to shard the features, follow with a colwise layer instead");
 

@@ -89,8 +89,8 @@ class CrossEntropy {
   // gradient (every rank computes the same values, no Partial to reduce later).
   static constexpr State grad_input(State logits) {
     if (!(logits == logits_placements))
-      throw "dtensor::nn::CrossEntropy: the model's output is not placed as this loss's logits (OnTP); choose the "
-            "CrossEntropy<Cfg, OnTP> that matches the last layer";
+      throw InvalidArgument("dtensor::nn::CrossEntropy: the model's output is not placed as this loss's logits "
+                            "(OnTP); choose the CrossEntropy<Cfg, OnTP> that matches the last layer");
     return logits;
   }
 
@@ -104,8 +104,8 @@ class CrossEntropy {
   static constexpr void plan(ModelPlan<static_cast<std::size_t>(M), C>& p, State logits = logits_placements,
                              const CrossEntropyOptions& o = {}) {
     if (!(logits == logits_placements))
-      throw "dtensor::nn::CrossEntropy::plan: the logits are not placed as this loss runs them "
-            "(Cfg::activation(OnTP)); choose the CrossEntropy<Cfg, OnTP> that matches the last layer";
+      throw InvalidArgument("dtensor::nn::CrossEntropy::plan: the logits are not placed as this loss runs them "
+                            "(Cfg::activation(OnTP)); choose the CrossEntropy<Cfg, OnTP> that matches the last layer");
     if (Cfg::tp >= 0 && logits[Cfg::tp].is_shard()) {
       // Per-row buffers, batch-sharded like the rows, Partial on TP until reduced.
       State row = logits;

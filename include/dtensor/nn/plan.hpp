@@ -18,6 +18,7 @@
 #include "dtensor/placement/gradient.hpp"
 #include "dtensor/placement/shard_layout.hpp"
 #include "dtensor/plan/planner.hpp"
+#include "dtensor/util/error.hpp"
 #include "dtensor/util/fixed_string.hpp"
 
 namespace dtensor::nn {
@@ -142,15 +143,16 @@ struct ModelPlan {
   std::array<PlannedRing, kRingCapacity> ringed{};
 
   constexpr void add(const PlannedCollective<M>& c) {
-    if (size == Capacity) throw "dtensor::nn::ModelPlan: more collectives than the plan's capacity";
+    if (size == Capacity) throw InvalidArgument("dtensor::nn::ModelPlan: more collectives than its capacity");
     entries[size++] = c;
   }
   constexpr void add(const PlannedRealignment& r) {
-    if (realignments == kRealignCapacity) throw "dtensor::nn::ModelPlan: more block realignments than it holds";
+    if (realignments == kRealignCapacity)
+      throw InvalidArgument("dtensor::nn::ModelPlan: more block realignments than it holds");
     realigned[realignments++] = r;
   }
   constexpr void add(const PlannedRing& r) {
-    if (rings == kRingCapacity) throw "dtensor::nn::ModelPlan: more rings than it holds";
+    if (rings == kRingCapacity) throw InvalidArgument("dtensor::nn::ModelPlan: more rings than it holds");
     ringed[rings++] = r;
   }
   // Drops the collectives of a phase (nn::FullyShard replans a block's gradient

@@ -45,25 +45,27 @@ struct RowwiseParallel {
 using Colwise = ColwiseParallel<>;
 using Rowwise = RowwiseParallel<>;
 
+// Which of the three a style is, whatever its placements.
+enum class StyleKind { NoParallel, Colwise, Rowwise };
 namespace detail {
 template <class S>
-inline constexpr int style_kind = 0;  // NoParallel
+inline constexpr StyleKind style_kind = StyleKind::NoParallel;
 template <class I>
-inline constexpr int style_kind<ColwiseParallel<I>> = 1;
+inline constexpr StyleKind style_kind<ColwiseParallel<I>> = StyleKind::Colwise;
 template <class O>
-inline constexpr int style_kind<RowwiseParallel<O>> = 2;
+inline constexpr StyleKind style_kind<RowwiseParallel<O>> = StyleKind::Rowwise;
 }  // namespace detail
 
 template <class S>
-concept LinearStyle = std::is_same_v<S, NoParallel> || detail::style_kind<S> != 0;
+concept LinearStyle = std::is_same_v<S, NoParallel> || detail::style_kind<S> != StyleKind::NoParallel;
 
 // The placement rules of a linear layer of style S in a model configured by Cfg.
 template <class Cfg, LinearStyle S>
 struct LinearRule {
   using State = typename Cfg::State;
-  static constexpr int kind = detail::style_kind<S>;
+  static constexpr StyleKind kind = detail::style_kind<S>;
   static constexpr int F = Cfg::feature_dim;
-  static constexpr bool colwise = kind == 1, rowwise = kind == 2;
+  static constexpr bool colwise = kind == StyleKind::Colwise, rowwise = kind == StyleKind::Rowwise;
 
   // Where the input arrives (the model redistributes to this) ...
   static constexpr State input() {

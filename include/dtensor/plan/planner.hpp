@@ -26,6 +26,7 @@
 #include "dtensor/placement/shard_layout.hpp"
 #include "dtensor/plan/cost.hpp"
 #include "dtensor/plan/step.hpp"
+#include "dtensor/util/error.hpp"
 #include "dtensor/util/fixed_string.hpp"
 
 namespace dtensor {
@@ -182,13 +183,15 @@ constexpr PlanData<M> cheapest_plan(const PlacementState<M>& src, const Placemen
       }
     }
   }
-  if (dist[goal] < 0) throw "dtensor planner: no plan between these placements";  // not reachable: see the rules above
+  // not reachable: see the rules above
+  if (dist[goal] < 0) throw InvalidArgument("dtensor planner: no plan between these placements");
 
   PlanData<M> plan{};
   int path[V]{};
   int len = 0;
   for (int v = goal; v != start; v = prev[v]) path[len++] = v;
-  if (len > PlanData<M>::kMaxSteps) throw "dtensor planner: plan longer than PlanData::kMaxSteps";
+  if (len > PlanData<M>::kMaxSteps)
+    throw InvalidArgument("dtensor planner: a plan longer than PlanData::kMaxSteps");
   plan.nsteps = len;
   plan.states[0] = src;
   for (int i = 0; i < len; ++i) {
