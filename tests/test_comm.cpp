@@ -152,4 +152,29 @@ TEST_CASE("bad arguments are clear errors") {
     std::vector<int> v(1);
     CHECK_THROWS_WITH_AS(send<int>(comm, v, comm.rank()), doctest::Contains("named peer"), InvalidArgument);
   });
+  // The same rules on the Comm itself, whatever the runtime (Comm checks them once,
+  // before the runtime's own code): a root outside the communicator, blocks for
+  // another number of ranks, a negative tag. Then the communicator still works.
+  spmd(2, [](Comm& comm) {
+    std::vector<double> b(2, 1.0);
+    const Block one = Block::contiguous(0, 1);
+    const Block two[] = {Block::contiguous(0, 1), Block::contiguous(1, 1)};
+    const Block three[] = {one, one, one};
+    CHECK_THROWS_WITH_AS(comm.broadcast(b.data(), 1, DType::Float64, 2), doctest::Contains("broadcast: root 2 is not"),
+                         InvalidArgument);
+    CHECK_THROWS_WITH_AS(comm.scatter(b.data(), two, b.data(), one, DType::Float64, -1),
+                         doctest::Contains("scatter: root -1 is not"), InvalidArgument);
+    CHECK_THROWS_WITH_AS(comm.gather(b.data(), one, b.data(), two, DType::Float64, 5),
+                         doctest::Contains("gather: root 5 is not"), InvalidArgument);
+    CHECK_THROWS_WITH_AS(comm.all_gather(b.data(), one, b.data(), three, DType::Float64),
+                         doctest::Contains("all_gather: 3 blocks given for a communicator of 2 ranks"),
+                         InvalidArgument);
+    CHECK_THROWS_WITH_AS(comm.reduce_scatter(b.data(), three, b.data(), one, DType::Float64, ReduceOp::Sum),
+                         doctest::Contains("reduce_scatter: 3 blocks"), InvalidArgument);
+    const SendSpec s{.peer = 1 - comm.rank(), .tag = -3, .buf = b.data(), .region = Region::contiguous(0, 1)};
+    CHECK_THROWS_WITH_AS(comm.start_exchange({&s, 1}, {}, DType::Float64), doctest::Contains("tags are non-negative"),
+                         InvalidArgument);
+    comm.all_reduce(b.data(), b.data(), 2, DType::Float64, ReduceOp::Sum);
+    CHECK(b == std::vector<double>{2.0, 2.0});
+  });
 }

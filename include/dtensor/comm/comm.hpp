@@ -4,6 +4,10 @@
 // Blocks, so a collective reads and writes tensors in place. One virtual call per
 // collective, never per element.
 //
+// The collectives that take peers, roots or messages are public non-virtual
+// functions that check their arguments here, once for every runtime, and then call
+// the runtime's protected do_* (no runtime can drift from the rules).
+//
 // Contract, for every runtime:
 //  * all ranks of a communicator call the same collectives in the same order, with
 //    the same root, reduction and element type;
@@ -72,12 +76,17 @@ class Comm {
     return Request(std::move(packed));
   }
 
-  virtual void broadcast(void* buf, std::size_t count, DType, int root) = 0;
+  void broadcast(void* buf, std::size_t count, DType t, int root) {
+    check_root(root, "broadcast");
+    do_broadcast(buf, count, t, root);
+  }
 
   // Rank k's `send_block` of `send` lands in `recv_blocks[k]` of `recv` on every rank.
   // recv_blocks must be the same on every rank (they describe the gathered result).
-  virtual void all_gather(const void* send, Block send_block, void* recv,
-                          std::span<const Block> recv_blocks, DType) = 0;
+  void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t) {
+    check_peers(recv_blocks, "all_gather");
+    do_all_gather(send, send_block, recv, recv_blocks, t);
+  }
 
   // Non-blocking all_gather: posts it and returns at once; the Request completes it
   // (recv_blocks[k] of `recv` holds rank k's block once wait() returns or test()
@@ -107,20 +116,35 @@ class Comm {
   }
 
   // This rank's `recv_block` of `recv` = reduction over ranks k of `send_blocks[rank()]` of k's `send`.
-  virtual void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv,
-                              Block recv_block, DType, ReduceOp) = 0;
+  void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+                      ReduceOp op) {
+    check_peers(send_blocks, "reduce_scatter");
+    do_reduce_scatter(send, send_blocks, recv, recv_block, t, op);
+  }
 
   // `send_blocks[k]` of this rank's `send` lands in `recv_blocks[rank()]` of rank k's `recv`.
-  virtual void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
-                          std::span<const Block> recv_blocks, DType) = 0;
+  void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
+                  std::span<const Block> recv_blocks, DType t) {
+    check_peers(send_blocks, "all_to_all");
+    check_peers(recv_blocks, "all_to_all");
+    do_all_to_all(send, send_blocks, recv, recv_blocks, t);
+  }
 
   // From root: `send_blocks[k]` (read on root only) lands in rank k's `recv_block`.
-  virtual void scatter(const void* send, std::span<const Block> send_blocks, void* recv,
-                       Block recv_block, DType, int root) = 0;
+  void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+               int root) {
+    check_root(root, "scatter");
+    if (rank() == root) check_peers(send_blocks, "scatter");
+    do_scatter(send, send_blocks, recv, recv_block, t, root);
+  }
 
   // To root: rank k's `send_block` lands in `recv_blocks[k]` (written on root only).
-  virtual void gather(const void* send, Block send_block, void* recv,
-                      std::span<const Block> recv_blocks, DType, int root) = 0;
+  void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
+              int root) {
+    check_root(root, "gather");
+    if (rank() == root) check_peers(recv_blocks, "gather");
+    do_gather(send, send_block, recv, recv_blocks, t, root);
+  }
 
   // Point to point (comm/request.hpp has the matching and failure rules).
   //
@@ -128,7 +152,11 @@ class Comm {
   // Request completes them. All messages of one exchange have the element type `t`.
   // A runtime moves regions in place where it can (MPI derived datatypes, direct
   // copies between in-process ranks) and packs them where it must (NCCL).
-  virtual Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) = 0;
+  Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) {
+    for (const SendSpec& m : sends) check_message(m.peer, m.tag, m.region, "start_exchange (send)");
+    for (const RecvSpec& m : recvs) check_message(m.peer, m.tag, m.region, "start_exchange (recv)");
+    return do_start_exchange(sends, recvs, t);
+  }
 
   Request isend(const void* buf, const Region& region, DType t, int dst, int tag = 0) {
     const SendSpec s{dst, tag, buf, region};
@@ -149,13 +177,13 @@ class Comm {
 
   // Blocking: `send` returns once `buf` may be reused (for the in-process runtime,
   // when the receiver has taken the message), `recv` once the message has arrived.
-  virtual void send(const void* buf, std::size_t count, DType t, int dst, int tag = 0) {
+  void send(const void* buf, std::size_t count, DType t, int dst, int tag = 0) {
     check_peer(dst, "send");
-    isend(buf, Region::contiguous(0, static_cast<int64_t>(count)), t, dst, tag).wait();
+    do_send(buf, count, t, dst, tag);
   }
-  virtual void recv(void* buf, std::size_t count, DType t, int src, int tag = 0) {
+  void recv(void* buf, std::size_t count, DType t, int src, int tag = 0) {
     check_peer(src, "recv");
-    irecv(buf, Region::contiguous(0, static_cast<int64_t>(count)), t, src, tag).wait();
+    do_recv(buf, count, t, src, tag);
   }
 
   // Ranks with the same color form a new communicator, ordered by (key, rank).
@@ -163,7 +191,29 @@ class Comm {
   virtual std::unique_ptr<Comm> split(int color, int key) = 0;
 
  protected:
-  // Argument checks every runtime makes before it touches a peer.
+  // What a runtime implements, called with arguments already checked (the public
+  // functions above say what each does).
+  virtual void do_broadcast(void* buf, std::size_t count, DType t, int root) = 0;
+  virtual void do_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+                             DType t) = 0;
+  virtual void do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
+                                 DType t, ReduceOp op) = 0;
+  virtual void do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
+                             std::span<const Block> recv_blocks, DType t) = 0;
+  virtual void do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+                          int root) = 0;
+  virtual void do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
+                         int root) = 0;
+  virtual Request do_start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) = 0;
+  // The blocking point to point on top of the exchange (a runtime may do better).
+  virtual void do_send(const void* buf, std::size_t count, DType t, int dst, int tag) {
+    isend(buf, Region::contiguous(0, static_cast<int64_t>(count)), t, dst, tag).wait();
+  }
+  virtual void do_recv(void* buf, std::size_t count, DType t, int src, int tag) {
+    irecv(buf, Region::contiguous(0, static_cast<int64_t>(count)), t, src, tag).wait();
+  }
+
+  // The argument checks, made here once for every runtime.
   void check_peers(std::span<const Block> blocks, const char* op) const {
     DTENSOR_CHECK(static_cast<int>(blocks.size()) == size(), InvalidArgument, op, ": ", blocks.size(),
                   " blocks given for a communicator of ", size(), " ranks");
@@ -185,6 +235,10 @@ class Comm {
     for (int d = 0; d < region.ndim; ++d)
       DTENSOR_CHECK(region.extent[d] >= 0 && region.stride[d] >= 0, InvalidArgument, op, ": ", to_string(region),
                     " has a negative extent or stride");
+  }
+  void check_root(int root, const char* op) const {
+    DTENSOR_CHECK(root >= 0 && root < size(), InvalidArgument, op, ": root ", root,
+                  " is not a rank of a communicator of ", size(), " ranks");
   }
   void check_peer(int peer, const char* op) const {
     DTENSOR_CHECK(peer >= 0 && peer < size() && peer != rank(), InvalidArgument, op, ": rank ", rank(),

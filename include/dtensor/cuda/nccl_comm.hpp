@@ -647,17 +647,17 @@ class NcclComm final : public Comm {
     return Request(std::make_unique<Exchange>(link_, std::move(st)));
   }
 
-  void broadcast(void* buf, std::size_t count, DType t, int root) override {
-    check_root(root, "broadcast");
+ protected:
+  // The collectives, called by Comm's public functions once it has checked their arguments.
+  void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
     collective(Kind::Broadcast, {t, ReduceOp::Sum, root, static_cast<int64_t>(count)}, {}, {}, [&] {
       if (count == 0) return;
       nccl(ncclBroadcast(buf, buf, count, cuda::detail::nccl_type(t), root, comm(), stream_), "ncclBroadcast");
     });
   }
 
-  void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+  void do_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
                   DType t) override {
-    check_peers(recv_blocks, "all_gather");
     collective(Kind::AllGather, {t, ReduceOp::Sum, 0, send_block.numel()}, recv_blocks, {}, [&] {
       const std::size_t elem = size_of(t);
       const int64_t n = send_block.numel();
@@ -722,9 +722,8 @@ class NcclComm final : public Comm {
     });
   }
 
-  void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+  void do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                       ReduceOp op) override {
-    check_peers(send_blocks, "reduce_scatter");
     collective(Kind::ReduceScatter, {t, op, 0, recv_block.numel()}, send_blocks, {}, [&] {
       const std::size_t elem = size_of(t);
       const int64_t n = recv_block.numel();
@@ -798,10 +797,8 @@ class NcclComm final : public Comm {
     });
   }
 
-  void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
+  void do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
                   std::span<const Block> recv_blocks, DType t) override {
-    check_peers(send_blocks, "all_to_all");
-    check_peers(recv_blocks, "all_to_all");
     collective(Kind::AllToAll, {t, ReduceOp::Sum, 0, 0}, send_blocks, recv_blocks, [&] {
       check_own_size(send_blocks[rank_].numel(), recv_blocks[rank_].numel(), "send_blocks[rank] (to itself)",
                      "recv_blocks[rank]");
@@ -814,11 +811,9 @@ class NcclComm final : public Comm {
     });
   }
 
-  void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+  void do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                int root) override {
-    check_root(root, "scatter");
     const bool is_root = rank_ == root;
-    if (is_root) check_peers(send_blocks, "scatter");
     const std::span<const Block> sizes = is_root ? send_blocks : std::span<const Block>{};
     collective(Kind::Scatter, {t, ReduceOp::Sum, root, recv_block.numel()}, sizes, {}, [&] {
       std::vector<Outgoing> outs;
@@ -835,11 +830,9 @@ class NcclComm final : public Comm {
     });
   }
 
-  void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
+  void do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
               int root) override {
-    check_root(root, "gather");
     const bool is_root = rank_ == root;
-    if (is_root) check_peers(recv_blocks, "gather");
     const std::span<const Block> sizes = is_root ? recv_blocks : std::span<const Block>{};
     collective(Kind::Gather, {t, ReduceOp::Sum, root, send_block.numel()}, sizes, {}, [&] {
       std::vector<Outgoing> outs;
@@ -858,10 +851,10 @@ class NcclComm final : public Comm {
 
   // Point to point; the top of this file says how exchanges reach NCCL and how they
   // complete. The blocking send and recv are Comm's, on top of this.
-  Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
+  Request do_start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
     usable("start_exchange");
-    for (const auto& m : sends) check_nccl_message(m.peer, m.tag, m.buf, m.region, "a send");
-    for (const auto& m : recvs) check_nccl_message(m.peer, m.tag, m.buf, m.region, "a receive");
+    for (const auto& m : sends) check_nccl_message(m.buf, m.region, "a send");
+    for (const auto& m : recvs) check_nccl_message(m.buf, m.region, "a receive");
     if (sends.empty() && recvs.empty()) return Request();
     const std::size_t elem = size_of(t);
     // Messages to itself are matched now, before anything is queued: a receive without
@@ -985,6 +978,7 @@ class NcclComm final : public Comm {
     return Request(std::make_unique<Exchange>(link_, std::move(st)));
   }
 
+ public:
   std::unique_ptr<Comm> split(int color, int key) override {
     std::unique_ptr<Comm> out;
     const char* by_id = std::getenv("DTENSOR_NCCL_SPLIT_BY_ID");
@@ -1430,18 +1424,14 @@ class NcclComm final : public Comm {
     std::vector<std::size_t> claimed;    // self_queue_ entries taken, ascending
   };
 
-  // Comm::check_message's rules (peer, tag >= 0, region dims and extents), which every
-  // runtime keeps, then NCCL's own: the buffer, the offset, a reach within int64.
-  void check_nccl_message(int peer, int tag, const void* buf, const Region& r, const char* what) const {
-    check_message(peer, tag, r, "start_exchange");
-    DTENSOR_CHECK(r.ndim >= 0 && r.ndim <= kMaxRegionDims, InvalidArgument, "start_exchange: ", what,
-                  " to or from rank ", peer, " has a region of ", r.ndim, " dims (at most ", kMaxRegionDims, ")");
+  // NCCL's own rules for a message that passed Comm::check_message's (peer, tag >= 0,
+  // region dims, extents and strides): the buffer, the offset, a reach within int64
+  // (the packing kernels address elements by int64 offsets).
+  void check_nccl_message(const void* buf, const Region& r, const char* what) const {
     DTENSOR_CHECK(r.offset >= 0, InvalidArgument, "start_exchange: ", what, " has a negative offset: ", to_string(r));
     int64_t n = 1, last = r.offset;
     bool fits = true;
     for (int d = 0; d < r.ndim; ++d) {
-      DTENSOR_CHECK(r.extent[d] >= 0 && r.stride[d] >= 0, InvalidArgument, "start_exchange: ", what,
-                    " has a negative extent or stride: ", to_string(r));
       if (r.extent[d] == 0) return;  // empty: nothing is read or written
       fits = fits && !__builtin_mul_overflow(n, r.extent[d], &n);
       int64_t span = 0;
@@ -1851,10 +1841,6 @@ class NcclComm final : public Comm {
     fail_local(detail::cat("dtensor: rank ", rank_, ": ", what_, ": ", from_name, " holds ", from, " elements but ",
                            to_name, " holds ", to, "; the ranks disagree on the sizes (DTENSOR_CHECK_COLLECTIVES=1 "
                            "makes every rank report such errors without aborting)"));
-  }
-  void check_root(int root, const char* op) const {
-    DTENSOR_CHECK(root >= 0 && root < size_, InvalidArgument, op, ": root ", root,
-                  " is not a rank of a communicator of ", size_, " ranks");
   }
 
   // Declared in destruction order, last first: the stream outlives the communicator.

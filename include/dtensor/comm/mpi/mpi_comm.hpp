@@ -740,16 +740,17 @@ class MpiComm final : public Comm {
     return Request(std::make_unique<detail::RequestGroup>(std::move(parts)));
   }
 
-  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+ protected:
+  // The collectives, called by Comm's public functions once it has checked their arguments.
+  void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
     const auto watched = enter(Collective::Broadcast, t, ReduceOp::Sum, root, static_cast<int64_t>(count));
     detail::check_mpi(MPI_Bcast(buf, detail::mpi_count(static_cast<int64_t>(count), "broadcast"), detail::mpi_type(t),
                                 root, comm_),
                       "MPI_Bcast");
   }
 
-  void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+  void do_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
                   DType t) override {
-    check_peers(recv_blocks, "all_gather");
     const auto watched = enter(Collective::AllGather, t, ReduceOp::Sum, 0, send_block.numel());
     const auto& sig = signatures_;
     if (guarded_)  // each rank's contribution must fill the block reserved for it
@@ -774,9 +775,8 @@ class MpiComm final : public Comm {
     alltoallw(send, sends, recv, recv_blocks, t, "all_gather (MPI_Alltoallw)");
   }
 
-  void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+  void do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                       ReduceOp op) override {
-    check_peers(send_blocks, "reduce_scatter");
     const auto watched = enter(Collective::ReduceScatter, t, op, 0, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts(size_);
@@ -810,10 +810,8 @@ class MpiComm final : public Comm {
     if (op == ReduceOp::Avg) detail::divide_block(t, recv, recv_block, size_);
   }
 
-  void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
+  void do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
                   std::span<const Block> recv_blocks, DType t) override {
-    check_peers(send_blocks, "all_to_all");
-    check_peers(recv_blocks, "all_to_all");
     const auto watched = enter(Collective::AllToAll, t, ReduceOp::Sum, 0, 0);
     // Always MPI_Alltoallw: whether this rank's blocks happen to be contiguous (a
     // shard of one row, an empty shard) differs from rank to rank, and every rank
@@ -821,7 +819,7 @@ class MpiComm final : public Comm {
     alltoallw(send, send_blocks, recv, recv_blocks, t, "all_to_all (MPI_Alltoallw)");
   }
 
-  void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+  void do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                int root) override {
     const auto watched = enter(Collective::Scatter, t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
@@ -829,7 +827,6 @@ class MpiComm final : public Comm {
     std::vector<std::byte> packed;
     const void* in = send;
     if (rank_ == root) {
-      check_peers(send_blocks, "scatter");
       if (detail::all_contiguous(send_blocks)) {
         std::tie(counts, displs) = counts_displs(send_blocks, "scatter");
       } else {
@@ -853,7 +850,7 @@ class MpiComm final : public Comm {
                       "MPI_Scatterv");
   }
 
-  void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
+  void do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
               int root) override {
     const auto watched = enter(Collective::Gather, t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
@@ -861,7 +858,6 @@ class MpiComm final : public Comm {
     std::vector<std::byte> packed;
     const bool direct = rank_ != root || detail::all_contiguous(recv_blocks);
     if (rank_ == root) {
-      check_peers(recv_blocks, "gather");
       counts.resize(size_), displs.resize(size_);
       int64_t at = 0;
       for (int k = 0; k < size_; ++k) {
@@ -884,10 +880,8 @@ class MpiComm final : public Comm {
   // Point to point: see detail::MpiExchange. The blocking send is the base class's,
   // on top of it. A wait lasts at most the deadline: a peer that never posts its side
   // ends in an error, not a hang, in every mode.
-  Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
+  Request do_start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
     check_not_poisoned("start_exchange");
-    for (const SendSpec& s : sends) check_message(s.peer, s.tag, s.region, "start_exchange (send)");
-    for (const RecvSpec& r : recvs) check_message(r.peer, r.tag, r.region, "start_exchange (recv)");
     return Request(
         std::make_unique<detail::MpiExchange>(comm_, rank_, exchange_timeout_s(), sends, recvs, t, poison_));
   }
@@ -895,9 +889,8 @@ class MpiComm final : public Comm {
   // The blocking recv probes first, so that a message of the wrong size is an error
   // that leaves it queued (the caller may receive it with the right size), where
   // the exchange's receive would have consumed it, truncated.
-  void recv(void* buf, std::size_t count, DType t, int src, int tag) override {
+  void do_recv(void* buf, std::size_t count, DType t, int src, int tag) override {
     check_not_poisoned("recv");
-    check_peer(src, "recv");
     const auto start = std::chrono::steady_clock::now();
     MPI_Status status;
     for (int spins = 0;; ++spins) {
@@ -919,6 +912,7 @@ class MpiComm final : public Comm {
     irecv(buf, Region::contiguous(0, static_cast<int64_t>(count)), t, src, tag).wait();
   }
 
+ public:
   std::unique_ptr<Comm> split(int color, int key) override {
     const auto watched = enter(Collective::Split, DType::Int8, ReduceOp::Sum, 0, 0);
     MPI_Comm out;

@@ -883,7 +883,9 @@ class ThreadComm final : public Comm {
     return start_all_reduce_(std::move(pieces), t, op);
   }
 
-  void broadcast(void* buf, std::size_t count, DType t, int root) override {
+ protected:
+  // The collectives, called by Comm's public functions once it has checked their arguments.
+  void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
     collective([&] {
       begin(Collective::Broadcast,
             [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root, s.dtype = t; });
@@ -894,9 +896,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+  void do_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
                   DType t) override {
-    check_peers(recv_blocks, "all_gather");
     collective([&] {
       begin(Collective::AllGather,
             [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
@@ -907,9 +908,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
+  void do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
                       DType t, ReduceOp op) override {
-    check_peers(send_blocks, "reduce_scatter");
     collective([&] {
       begin(Collective::ReduceScatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
@@ -923,10 +923,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
+  void do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
                   std::span<const Block> recv_blocks, DType t) override {
-    check_peers(send_blocks, "all_to_all");
-    check_peers(recv_blocks, "all_to_all");
     collective([&] {
       begin(Collective::AllToAll, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
@@ -938,9 +936,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
+  void do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
                int root) override {
-    if (rank_ == root) check_peers(send_blocks, "scatter");
     collective([&] {
       begin(Collective::Scatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
@@ -951,9 +948,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
+  void do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
               int root) override {
-    if (rank_ == root) check_peers(recv_blocks, "gather");
     collective([&] {
       begin(Collective::Gather, [&](detail::Slot& s) {
         s.send = send, s.send_block = send_block, s.root = root, s.dtype = t;
@@ -969,17 +965,16 @@ class ThreadComm final : public Comm {
 
   // Point to point: see detail::ThreadExchange. The blocking send and recv are the
   // base class's, on top of this: a send returns once its receiver has taken it.
-  Request start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
+  Request do_start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
     if (world().aborted())
       throw PeerAborted(detail::cat("dtensor: rank ", world_rank(), ": point-to-point exchange refused: rank ",
                                     world().failed_rank(), " failed: ", world().failure()));
-    for (const SendSpec& s : sends) check_message(s.peer, s.tag, s.region, "start_exchange (send)");
-    for (const RecvSpec& r : recvs) check_message(r.peer, r.tag, r.region, "start_exchange (recv)");
     auto ex = std::make_unique<detail::ThreadExchange>(g_, rank_, device_, t, sends, recvs);
     ex->progress();  // receives whose messages are already there complete now (a failure: see wait)
     return Request(std::move(ex));
   }
 
+ public:
   std::unique_ptr<Comm> split(int color, int key) override {
     return collective([&] { return split_(color, key); });
   }
