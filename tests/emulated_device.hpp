@@ -564,8 +564,9 @@ inline void require_floating(DType t, const char* fn) {
   if (!is_floating(t)) throw InvalidArgument(detail::cat("emulated device: ", fn, " takes float32 or float64"));
 }
 
-inline const detail::DeviceBackend& backend() {
-  static constexpr detail::DeviceBackend table{
+// Data movement (tensor/device_movement.hpp).
+inline const detail::DeviceMovement& movement() {
+  static constexpr detail::DeviceMovement table{
       .bind_thread =
           [](int device) {
             count(calls());
@@ -595,6 +596,13 @@ inline const detail::DeviceBackend& backend() {
           [](DType t, void* dst, int64_t n, Scalar v) {
             launch([=] { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, v.as<decltype(tag)>()); }); });
           },
+  };
+  return table;
+}
+
+// The math (compute/device_backend.hpp).
+inline const detail::DeviceBackend& backend() {
+  static constexpr detail::DeviceBackend table{
       // Walks the box with an odometer (the kernel decomposes each index instead).
       .random_fill =
           [](DType t, void* dst, const CounterBox& box, const CounterDraw& draw) {
@@ -1008,6 +1016,7 @@ inline void install() {
   static constexpr detail::MemorySpace space{&allocate, &deallocate, &zero, &copy};
   Registry::instance();  // outlives every stream
   detail::cuda_memory_space() = &space;
+  detail::cuda_movement_slot() = &movement();
   detail::cuda_backend_slot() = &backend();
 }
 

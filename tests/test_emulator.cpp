@@ -60,7 +60,8 @@ struct Buffer {
 double peek(const Buffer& b, int64_t i = 0) { return emu::real<const double>(b.p)[i]; }
 
 const detail::DeviceBackend& dev() { return emu::backend(); }
-void fill(Buffer& b, double v) { dev().fill(DType::Float64, b.p, b.n, Scalar::of(v)); }
+const detail::DeviceMovement& move() { return emu::movement(); }
+void fill(Buffer& b, double v) { move().fill(DType::Float64, b.p, b.n, Scalar::of(v)); }
 
 double to_host(const Buffer& b, int64_t i = 0) {
   double v = 0;
@@ -86,9 +87,9 @@ bool asynchronous() {
 
 TEST_CASE("kernels, zeroing and device copies return before they run; synchronize waits for them") {
   if (!asynchronous()) return;
-  dev().bind_thread(0);
+  move().bind_thread(0);
   Buffer a(100), b(100), c(100);
-  dev().synchronize();
+  move().synchronize();
   CHECK(std::isnan(peek(a)));  // fresh device memory is not zero
   Gate gate;
   gate.queue();
@@ -101,7 +102,7 @@ TEST_CASE("kernels, zeroing and device copies return before they run; synchroniz
   CHECK(std::isnan(peek(b)));
   CHECK(std::isnan(peek(c)));
   gate.open();
-  dev().synchronize();
+  move().synchronize();
   CHECK(peek(a, 99) == 2.5);
   CHECK(peek(b, 99) == 0.0);
   CHECK(peek(c, 99) == 5.0);
@@ -109,7 +110,7 @@ TEST_CASE("kernels, zeroing and device copies return before they run; synchroniz
 
 TEST_CASE("a copy that touches host memory, and a value for the host, wait for the stream's earlier work") {
   if (!asynchronous()) return;
-  dev().bind_thread(0);
+  move().bind_thread(0);
   Buffer a(10);
   {
     Gate gate;
@@ -153,22 +154,22 @@ TEST_CASE("a copy that touches host memory, and a value for the host, wait for t
 
 TEST_CASE("a free is stream ordered: the block stays until the stream's earlier work is done") {
   if (!asynchronous()) return;
-  dev().bind_thread(0);
+  move().bind_thread(0);
   Buffer src(1000), dst(1000);
   fill(src, 7.0);
   Gate gate;
   gate.queue();
-  dev().copy_block(src.p, Block::contiguous(0, 1000), dst.p, Block::contiguous(0, 1000), sizeof(double));
+  move().copy_block(src.p, Block::contiguous(0, 1000), dst.p, Block::contiguous(0, 1000), sizeof(double));
   src.free();  // returns at once; the copy queued before it still reads the block
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   gate.open();
-  dev().synchronize();
+  move().synchronize();
   CHECK(peek(dst, 999) == 7.0);
 }
 
 TEST_CASE("a block freed on a stream is reused by its next allocation, before the free has run") {
   if (!asynchronous()) return;
-  dev().bind_thread(0);
+  move().bind_thread(0);
   Buffer a(300);
   fill(a, 1.0);
   Gate gate;
@@ -181,19 +182,19 @@ TEST_CASE("a block freed on a stream is reused by its next allocation, before th
   CHECK(c.p != old);
   fill(b, 4.0);  // after the free, in stream order
   gate.open();
-  dev().synchronize();
+  move().synchronize();
   CHECK(peek(b, 0) == 4.0);
   CHECK(peek(b, 299) == 4.0);
 }
 
 TEST_CASE("a thread without a stream frees after the work of every stream") {
   if (!asynchronous()) return;
-  dev().bind_thread(0);
+  move().bind_thread(0);
   Buffer src(1000), dst(1000);
   fill(src, 8.0);
   Gate gate;
   gate.queue();
-  dev().copy_block(src.p, Block::contiguous(0, 1000), dst.p, Block::contiguous(0, 1000), sizeof(double));
+  move().copy_block(src.p, Block::contiguous(0, 1000), dst.p, Block::contiguous(0, 1000), sizeof(double));
   std::atomic<bool> freed{false};
   std::thread other([&] {  // no stream: cudaDeviceSynchronize, then the free
     src.free();
@@ -204,7 +205,7 @@ TEST_CASE("a thread without a stream frees after the work of every stream") {
   gate.open();
   other.join();
   CHECK(freed.load());
-  dev().synchronize();
+  move().synchronize();
   CHECK(peek(dst, 999) == 8.0);
 }
 
@@ -213,7 +214,7 @@ TEST_CASE("a thread's stream finishes its queued work after the thread has ended
   Buffer a(50);
   Gate gate;
   std::thread t([&] {
-    dev().bind_thread(0);
+    move().bind_thread(0);
     gate.queue();
     fill(a, 9.0);
   });
@@ -226,11 +227,11 @@ TEST_CASE("a thread's stream finishes its queued work after the thread has ended
 
 TEST_CASE("errors: an error of queued work surfaces at synchronize; a thread works on one device") {
   if (!asynchronous()) return;
-  dev().bind_thread(0);
+  move().bind_thread(0);
   emu::current_stream().enqueue([] { throw std::runtime_error("kernel failed"); });
-  CHECK_THROWS_WITH(dev().synchronize(), "kernel failed");
-  CHECK_NOTHROW(dev().synchronize());  // reported once
-  CHECK_THROWS_WITH_AS(dev().use_device(1), doctest::Contains("works on cuda:0"), InvalidArgument);
+  CHECK_THROWS_WITH(move().synchronize(), "kernel failed");
+  CHECK_NOTHROW(move().synchronize());  // reported once
+  CHECK_THROWS_WITH_AS(move().use_device(1), doctest::Contains("works on cuda:0"), InvalidArgument);
   Buffer a(4);
   CHECK_THROWS_AS(dev().unary(DType::Int32, UnaryFn::Exp, a.p, a.p, 4), InvalidArgument);  // at launch
 }
@@ -242,16 +243,16 @@ TEST_CASE("a missing stream wait: a peer reads a buffer its owner's stream has n
   Gate gate;
   std::promise<void> published;
   std::thread owner([&] {
-    dev().bind_thread(0);
+    move().bind_thread(0);
     gate.queue();  // the owner's stream is busy
     fill(a, 1.0);
-    // Missing: dev().synchronize() before publishing.
+    // Missing: move().synchronize() before publishing.
     published.set_value();
   });
   published.get_future().wait();
   double seen = 0;
   std::thread reader([&] {
-    dev().bind_thread(0);
+    move().bind_thread(0);
     seen = to_host(a, 63);  // its own stream: nothing orders it after the owner's fill
   });
   reader.join();
@@ -265,26 +266,26 @@ TEST_CASE("a missing stream wait: a peer reads a buffer its owner's stream has n
 TEST_CASE("a missing stream wait: a buffer reused while a peer's copy from it is queued") {
   if (!asynchronous()) return;
   Buffer src(64), dst(64);
-  dev().bind_thread(0);
+  move().bind_thread(0);
   fill(src, 5.0);
-  dev().synchronize();
+  move().synchronize();
   Gate gate;
   std::promise<void> queued;
   std::promise<void> freed;
   std::thread reader([&] {
-    dev().bind_thread(0);
+    move().bind_thread(0);
     gate.queue();  // the reader's stream is busy: its copy is still queued...
-    dev().copy_block(src.p, Block::contiguous(0, 64), dst.p, Block::contiguous(0, 64), sizeof(double));
-    // Missing: dev().synchronize() before telling the owner that it is done.
+    move().copy_block(src.p, Block::contiguous(0, 64), dst.p, Block::contiguous(0, 64), sizeof(double));
+    // Missing: move().synchronize() before telling the owner that it is done.
     queued.set_value();
     freed.get_future().wait();
     gate.open();
-    dev().synchronize();
+    move().synchronize();
   });
   queued.get_future().wait();
   // ...when the owner, told that its peer is done, reuses the block.
   fill(src, -2.0);
-  dev().synchronize();
+  move().synchronize();
   freed.set_value();
   reader.join();
   CHECK(peek(dst, 0) == -2.0);  // the copy read the overwritten block, not 5.0

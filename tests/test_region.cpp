@@ -1,7 +1,7 @@
 // Regions (N-D strided boxes, the unit of point-to-point messages) and TensorViews
 // (non-owning strided views), against element-by-element references.
 #include <dtensor/core/region.hpp>
-#include <dtensor/compute/movement.hpp>
+#include <dtensor/tensor/movement.hpp>
 #include <dtensor/tensor/view.hpp>
 
 #include <doctest/doctest.h>

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dtensor/comm/request.hpp"
-#include "dtensor/compute/movement.hpp"
+#include "dtensor/tensor/movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
 
 namespace dtensor {

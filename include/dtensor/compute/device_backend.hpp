@@ -1,6 +1,8 @@
 #pragma once
-// The device compute backend: the local operations dtensor runs on a GPU, as a
-// table of type-erased functions (element types as DType values). The CUDA backend
+// The device compute backend: the local math dtensor runs on a GPU, as a table of
+// type-erased functions (element types as DType values). Data movement (binding a
+// thread to its device and stream, copies, reductions, fills) is its own table
+// below, in tensor/device_movement.hpp. The CUDA backend
 // (dtensor/cuda.hpp) installs its table when it is included; without it, an
 // operation on a device tensor is an error that says what to include and link.
 //
@@ -11,9 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "dtensor/core/block.hpp"
-#include "dtensor/core/dtype.hpp"
-#include "dtensor/core/reduce_op.hpp"
 #include "dtensor/compute/attention_dims.hpp"
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
@@ -22,24 +21,15 @@
 #include "dtensor/compute/optimizer_step.hpp"
 #include "dtensor/compute/row_terms.hpp"
 #include "dtensor/compute/upsample_dims.hpp"
+#include "dtensor/core/block.hpp"
+#include "dtensor/core/dtype.hpp"
+#include "dtensor/core/reduce_op.hpp"
 #include "dtensor/tensor/device.hpp"
+#include "dtensor/tensor/device_movement.hpp"
 
 namespace dtensor::detail {
 
 struct DeviceBackend {
-  // The calling thread (a rank) works on `device`, with a stream of its own.
-  void (*bind_thread)(int device);
-  // Before work on a tensor of `device`: binds a thread that has no device yet, and
-  // refuses one that works on another device (its stream could not order the work).
-  void (*use_device)(int device);
-  // Waits for the calling thread's queued work.
-  void (*synchronize)();
-
-  // Data movement: what collectives and redistributions do locally.
-  void (*copy_block)(const void* src, Block sb, void* dst, Block db, std::size_t elem);
-  void (*reduce_block)(DType, ReduceOp, const void* src, Block sb, void* dst, Block db);
-  void (*divide_block)(DType, void* dst, Block db, int terms);
-  void (*fill)(DType, void* dst, int64_t n, Scalar value);
   // Counter-based draws (compute/counter_rng.hpp: uniform, normal, dropout's mask) for
   // the block `box` of the global tensor (float and double).
   void (*random_fill)(DType, void* dst, const CounterBox& box, const CounterDraw& draw);
@@ -125,10 +115,11 @@ inline const DeviceBackend*& cuda_backend_slot() {
   return backend;
 }
 
-// The backend for tensors on `d` (d must be a device, not the host).
+// The backend for tensors on `d` (d must be a device, not the host), the calling
+// thread made ready to work on it.
 inline const DeviceBackend& device_backend(Device d) {
   if (!cuda_backend_slot()) no_cuda_backend(d);
-  cuda_backend_slot()->use_device(d.index);
+  device_movement(d);  // binds the thread to d, or refuses a thread bound elsewhere
   return *cuda_backend_slot();
 }
 

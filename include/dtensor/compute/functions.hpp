@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/core/scalar.hpp"
 #include "dtensor/util/host_device.hpp"
 
 namespace dtensor {
@@ -228,24 +229,5 @@ constexpr const char* name(UnaryFn f) {
 constexpr bool takes_integers(UnaryFn f) {
   return visit_unary(f, [](auto k) { return UnaryMath<decltype(k)::value>::integers; });
 }
-
-// One element of any element type, carried bit for bit across the type-erased
-// device interface (a double would round 64-bit integers above 2^53).
-struct Scalar {
-  std::uint64_t bits = 0;
-  template <class T>
-  static Scalar of(T v) {
-    static_assert(sizeof(T) <= sizeof(bits));
-    Scalar s;
-    std::memcpy(&s.bits, &v, sizeof v);
-    return s;
-  }
-  template <class T>
-  T as() const {
-    T v;
-    std::memcpy(&v, &bits, sizeof v);
-    return v;
-  }
-};
 
 }  // namespace dtensor

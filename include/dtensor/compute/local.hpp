@@ -11,10 +11,11 @@
 #include <type_traits>
 
 #include "dtensor/compute/blas.hpp"
+#include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/gelu_host.hpp"
 #include "dtensor/compute/gemm.hpp"
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/tensor/eigen.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor::local {
 

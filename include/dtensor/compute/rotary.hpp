@@ -79,16 +79,17 @@ void rotary_embedding(Device dev, const RotaryDims& d, T* x, bool inverse = fals
   const int64_t half = d.head_dim / 2, rows = d.groups * d.len, n = rows * half;
   if (n == 0) return;
   const auto& be = dtensor::detail::device_backend(dev);
+  const auto& move = dtensor::detail::device_movement(dev);
   const DType t = dtype_of<T>();
   const auto tensor = [&](int64_t m) { return Tensor<T, 1>::uninitialized({m}, dev); };
   const Tensor<T, 1> ct = Tensor<T, 1>({d.len * half}, std::move(c)).to(dev);
   const Tensor<T, 1> st = Tensor<T, 1>({d.len * half}, std::move(s)).to(dev);
   Tensor<T, 1> cg = tensor(n), sg = tensor(n), x1 = tensor(n), x2 = tensor(n), y1 = tensor(n), y2 = tensor(n);
   // the table repeated for every group (a source of stride 0), the halves gathered
-  be.copy_block(ct.data(), Block{0, d.groups, 0, d.len * half}, cg.data(), Block::contiguous(0, n), sizeof(T));
-  be.copy_block(st.data(), Block{0, d.groups, 0, d.len * half}, sg.data(), Block::contiguous(0, n), sizeof(T));
-  be.copy_block(x, Block{0, rows, d.head_dim, half}, x1.data(), Block::contiguous(0, n), sizeof(T));
-  be.copy_block(x, Block{half, rows, d.head_dim, half}, x2.data(), Block::contiguous(0, n), sizeof(T));
+  move.copy_block(ct.data(), Block{0, d.groups, 0, d.len * half}, cg.data(), Block::contiguous(0, n), sizeof(T));
+  move.copy_block(st.data(), Block{0, d.groups, 0, d.len * half}, sg.data(), Block::contiguous(0, n), sizeof(T));
+  move.copy_block(x, Block{0, rows, d.head_dim, half}, x1.data(), Block::contiguous(0, n), sizeof(T));
+  move.copy_block(x, Block{half, rows, d.head_dim, half}, x2.data(), Block::contiguous(0, n), sizeof(T));
   // y1 = x1 c - x2 s, y2 = x2 c + x1 s
   be.binary(t, BinaryOp::Mul, x1.data(), cg.data(), y1.data(), n);
   be.binary(t, BinaryOp::Mul, x2.data(), cg.data(), y2.data(), n);
@@ -96,8 +97,8 @@ void rotary_embedding(Device dev, const RotaryDims& d, T* x, bool inverse = fals
   be.binary(t, BinaryOp::Mul, x1.data(), sg.data(), x1.data(), n);
   be.binary(t, BinaryOp::Sub, y1.data(), x2.data(), y1.data(), n);
   be.binary(t, BinaryOp::Add, y2.data(), x1.data(), y2.data(), n);
-  be.copy_block(y1.data(), Block::contiguous(0, n), x, Block{0, rows, d.head_dim, half}, sizeof(T));
-  be.copy_block(y2.data(), Block::contiguous(0, n), x, Block{half, rows, d.head_dim, half}, sizeof(T));
+  move.copy_block(y1.data(), Block::contiguous(0, n), x, Block{0, rows, d.head_dim, half}, sizeof(T));
+  move.copy_block(y2.data(), Block::contiguous(0, n), x, Block{half, rows, d.head_dim, half}, sizeof(T));
 }
 
 }  // namespace dtensor::local

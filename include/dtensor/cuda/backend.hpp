@@ -101,9 +101,10 @@ inline void row_affine(DType t, const void* a, const void* b, const RowTerms& te
   kernels::row_affine(t, a, b, d, rows, cols, out, current_stream());
 }
 
-inline const ::dtensor::detail::DeviceBackend& backend_table() {
+// Data movement on the device (tensor/device_movement.hpp).
+inline const ::dtensor::detail::DeviceMovement& movement_table() {
   namespace k = kernels;
-  static constexpr ::dtensor::detail::DeviceBackend table{
+  static constexpr ::dtensor::detail::DeviceMovement table{
       .bind_thread = [](int device) { set_device(device); },
       .use_device =
           [](int device) {
@@ -122,6 +123,14 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
       .divide_block = [](DType t, void* dst, Block db,
                          int terms) { k::divide_block(t, dst, db, terms, current_stream()); },
       .fill = [](DType t, void* dst, int64_t n, Scalar v) { k::fill(t, dst, n, v, current_stream()); },
+  };
+  return table;
+}
+
+// The math (compute/device_backend.hpp).
+inline const ::dtensor::detail::DeviceBackend& backend_table() {
+  namespace k = kernels;
+  static constexpr ::dtensor::detail::DeviceBackend table{
       .random_fill = [](DType t, void* dst, const CounterBox& box,
                         const CounterDraw& draw) { k::random_fill(t, dst, box, draw, current_stream()); },
       .binary = [](DType t, BinaryOp op, const void* a, const void* b, void* out,
@@ -204,6 +213,7 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
 // Makes device tensors usable: called when dtensor/cuda.hpp is included.
 inline bool install() {
   ::dtensor::detail::cuda_memory_space() = &memory_space();
+  ::dtensor::detail::cuda_movement_slot() = &detail::movement_table();
   ::dtensor::detail::cuda_backend_slot() = &detail::backend_table();
   return true;
 }

@@ -22,10 +22,11 @@
 #include "dtensor/comm/agreement.hpp"
 #include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/counter_rng.hpp"
-#include "dtensor/compute/movement.hpp"
+#include "dtensor/compute/device_backend.hpp"
+#include "dtensor/core/box.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
-#include "dtensor/core/box.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor {
 

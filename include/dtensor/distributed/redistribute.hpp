@@ -10,10 +10,10 @@
 #include <tuple>
 #include <utility>
 
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor_type.hpp"
 #include "dtensor/plan/planner.hpp"
+#include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/small_vector.hpp"
 
 namespace dtensor {

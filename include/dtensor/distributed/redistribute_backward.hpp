@@ -36,9 +36,9 @@
 #include <utility>
 
 #include "dtensor/compute/local.hpp"
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/placement/gradient.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor {
 

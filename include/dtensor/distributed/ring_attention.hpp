@@ -40,12 +40,12 @@
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
-#include "dtensor/core/region.hpp"
 #include "dtensor/compute/attention.hpp"
-#include "dtensor/compute/movement.hpp"
-#include "dtensor/tensor/tensor.hpp"
+#include "dtensor/core/region.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/placement/shard_layout.hpp"
+#include "dtensor/tensor/movement.hpp"
+#include "dtensor/tensor/tensor.hpp"
 
 namespace dtensor {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
-#include "dtensor/compute/movement.hpp"
+#include "dtensor/tensor/movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
 
 namespace dtensor {

@@ -40,10 +40,10 @@
 #include <vector>
 
 #include "dtensor/comm/comm.hpp"
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/halo/halo_spec.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/placement/shard_layout.hpp"
+#include "dtensor/tensor/movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
 #include "dtensor/tensor/view.hpp"
 

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "dtensor/compute/conv_dims.hpp"
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/halo/halo_exchange.hpp"
 #include "dtensor/halo/window_geometry.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor {
 

@@ -71,7 +71,6 @@
 
 #include "dtensor/core/block.hpp"
 #include "dtensor/core/region.hpp"
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
@@ -82,6 +81,7 @@
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/plan.hpp"
 #include "dtensor/nn/unshard.hpp"
+#include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::nn {

@@ -13,12 +13,12 @@
 #include <cstdint>
 #include <optional>
 
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor::nn {
 

@@ -33,12 +33,12 @@
 #include <type_traits>
 #include <utility>
 
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/distributed/realign.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/nn/unshard.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor::nn {
 

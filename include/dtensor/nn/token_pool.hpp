@@ -13,10 +13,10 @@
 #include <optional>
 
 #include "dtensor/compute/local.hpp"
-#include "dtensor/compute/movement.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor::nn {
 

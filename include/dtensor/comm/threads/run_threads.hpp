@@ -41,15 +41,15 @@ void run_threads(int nranks, F&& fn, RunOptions options = {}) {
   // another thread, and its last kernels' errors must fail the rank, not vanish.
   auto finish_device_work = [&](bool quiet) {
     if (!on_device) return;
-    if (!quiet) return detail::device_backend(options.device).synchronize();
+    if (!quiet) return detail::device_movement(options.device).synchronize();
     try {
-      detail::device_backend(options.device).synchronize();
+      detail::device_movement(options.device).synchronize();
     } catch (...) {  // the rank has already failed; its first error is the one reported
     }
   };
   auto body = [&](int r) {
     try {
-      if (on_device) detail::device_backend(options.device).bind_thread(options.device.index);
+      if (on_device) detail::device_movement(options.device).bind_thread(options.device.index);
       fn(static_cast<Comm&>(*comms[r]));
       finish_device_work(false);
     } catch (const PeerAborted&) {

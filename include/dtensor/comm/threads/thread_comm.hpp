@@ -51,11 +51,11 @@
 #include <utility>
 #include <vector>
 
-#include "dtensor/comm/comm.hpp"
 #include "dtensor/comm/collective_kind.hpp"
+#include "dtensor/comm/comm.hpp"
 #include "dtensor/comm/signature.hpp"
 #include "dtensor/comm/threads/world.hpp"
-#include "dtensor/compute/movement.hpp"
+#include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/small_vector.hpp"
 
 namespace dtensor {
@@ -137,7 +137,7 @@ struct Group {
 };
 
 inline void wait_device(Device d) {
-  if (!d.is_host()) device_backend(d).synchronize();
+  if (!d.is_host()) device_movement(d).synchronize();
 }
 
 // Waits until ready() while moving this rank's point-to-point receives forward
