@@ -1,0 +1,164 @@
+#pragma once
+// MpiAllReduce: a non-blocking all-reduce of the MPI runtime.
+//
+// Non-blocking all-reduce (start_all_reduce): MPI_Iallreduce polled like an exchange;
+// see MpiAllReduce for what a dropped one does. A segmented one is packed (Comm's),
+// unless every rank cuts it the same way (SegmentCuts::Same, as GradBuckets does):
+// then each segment of at least kInPlaceSegmentBytes is reduced in place by an
+// MPI_Iallreduce of its own, and only the smaller ones are packed, into one. Open
+// MPI's non-blocking all-reduce (coll/libnbc) picks a binomial tree by default, 2.5
+// times slower than its blocking MPI_Allreduce at 4-64 MiB on 2 ranks, where its
+// ring runs as fast as the blocking one (bench/README.md): prefer_ring_iallreduce()
+// selects the ring before MPI_Init (run_mpi calls it), unless the user chose.
+#include <mpi.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dtensor/comm/deadline.hpp"
+#include "dtensor/comm/mpi/mpi_types.hpp"
+#include "dtensor/comm/request.hpp"
+#include "dtensor/util/error.hpp"
+
+namespace dtensor::detail {
+
+// A non-blocking all-reduce (MpiComm::start_all_reduce): MPI_Iallreduce, polled
+// with MPI_Test against the timeout. A failure (an MPI error, the timeout) fails it
+// for good: later waits and tests rethrow it.
+//
+// Abandoned (dropped, unwound, failed) before it completed: MPI can neither cancel
+// nor free a collective request, and it reads `send` and writes `recv` until the
+// collective completes. So the destructor keeps polling it, for at most the timeout
+// (on a healthy run the peers post the same collectives, so it completes), and if
+// it still has not completed, the job is aborted rather than letting MPI write into
+// memory the caller is about to free.
+class MpiAllReduce final : public PendingExchange {
+ public:
+  MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, const void* send, void* recv,
+               int count, DType t, ReduceOp op)
+      : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), recv_(recv), count_(count), t_(t), op_(op) {
+    check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count, mpi_type(t), mpi_op(op), comm, &req_),
+              "MPI_Iallreduce");
+  }
+  MpiAllReduce(const MpiAllReduce&) = delete;
+  MpiAllReduce& operator=(const MpiAllReduce&) = delete;
+  ~MpiAllReduce() override { abandon(); }
+
+  bool test() override {
+    if (poll()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (!polled_since_) polled_since_ = now;
+    check_timeout(*polled_since_, now);
+    return false;
+  }
+
+  // MPI moves a non-blocking collective only inside its calls (no progress thread),
+  // so the first second polls without sleeping: a sleep would stall the transfer.
+  // Past that a peer is late, and the poll backs off to spare the core.
+  void wait() override {
+    const auto start = std::chrono::steady_clock::now();
+    for (int spins = 0;; ++spins) {
+      if (poll()) return;
+      const auto now = std::chrono::steady_clock::now();
+      check_timeout(start, now);
+      if (now - start < std::chrono::seconds(1)) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+ private:
+  // True once complete (the result is then in recv_); throws the failure, if any.
+  bool poll() {
+    if (failed_) std::rethrow_exception(failed_);
+    if (req_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    try {
+      check_mpi(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test (all_reduce)");
+      if (!done) return false;
+      req_ = MPI_REQUEST_NULL;
+      if (op_ == ReduceOp::Avg) divide_block(t_, recv_, Block::contiguous(0, count_), size_);
+    } catch (...) {
+      // MPI's error ended the collective (Open MPI keeps the request: drop it).
+      if (req_ != MPI_REQUEST_NULL && !done) req_ = MPI_REQUEST_NULL;
+      failed_ = std::current_exception();
+      throw;
+    }
+    return true;
+  }
+
+  void check_timeout(std::chrono::steady_clock::time_point since, std::chrono::steady_clock::time_point now) {
+    if (std::chrono::duration<double>(now - since).count() <= timeout_s_) return;
+    try {
+      throw CollectiveTimeout(cat("dtensor: rank ", rank_, ": all_reduce (non-blocking) #", seq_, " (", count_,
+                                  " elements) timed out after ", timeout_s_,
+                                  " s waiting for the other ranks: one has not posted it, or does not call MPI "
+                                  "to progress it (DTENSOR_TIMEOUT_S)"));
+    } catch (...) {
+      failed_ = std::current_exception();
+      throw;
+    }
+  }
+
+  void abandon() noexcept {
+    if (req_ == MPI_REQUEST_NULL) return;
+    // Timed out already: no second wait.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(failed_ ? 0.0 : timeout_s_);
+    for (int spins = 0;; ++spins) {
+      int done = 0;
+      if (MPI_Test(&req_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
+      if (std::chrono::steady_clock::now() > deadline) break;
+      if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
+    }
+    // The job ends here, before the exception that unwound this (if any) reaches
+    // run_mpi: say what it was.
+    std::string why = "it was dropped before it completed";
+    if (failed_) {
+      try {
+        std::rethrow_exception(failed_);
+      } catch (const std::exception& e) {
+        why = e.what();
+      } catch (...) {
+      }
+    }
+    std::fprintf(stderr,
+                 "dtensor: rank %d: all_reduce (non-blocking) #%lld was abandoned and has not completed (%s); MPI "
+                 "cannot cancel a collective and would write into freed memory: aborting the job\n",
+                 rank_, static_cast<long long>(seq_), why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::abort();
+  }
+
+  int rank_, size_;
+  double timeout_s_;
+  int64_t seq_;
+  void* recv_;
+  int count_;
+  DType t_;
+  ReduceOp op_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::optional<std::chrono::steady_clock::time_point> polled_since_;
+  std::exception_ptr failed_;
+};
+
+// Called before MPI_Init (run_mpi does): with Open MPI, the ring algorithm for
+// MPI_Iallreduce unless OMPI_MCA_coll_libnbc_iallreduce_algorithm is set already
+// (see the top of this file); with other MPIs, nothing.
+inline void prefer_ring_iallreduce() {
+#ifdef OPEN_MPI
+  ::setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
+#endif
+}
+
+}  // namespace dtensor::detail
