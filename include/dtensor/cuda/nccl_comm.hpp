@@ -3,105 +3,14 @@
 // given to it is device memory of the communicator's GPU, and all of its work is
 // queued on one stream (by default the constructing thread's dtensor stream,
 // cuda::current_stream()), in order with the kernels that produce and consume it.
-//
-// Mapping. all_reduce, broadcast: ncclAllReduce, ncclBroadcast. Avg is ncclAvg for
-// floating types (NCCL 2.10 and newer; NCCL scales each term by 1/size before it
-// sums, so the last bits may differ from a sum followed by a division), and for
-// integers a sum followed by a division on each rank (truncating, like the other
-// runtimes). all_gather and reduce_scatter use ncclAllGather and ncclReduceScatter
-// when every rank's piece has the same size, straight on the caller's buffers when
-// the pieces lie back to back in rank order, else through a staging buffer packed
-// and unpacked by the Block kernels. Pieces of unequal sizes (uneven shards) are
-// padded to the largest in staging for the same two calls, unless padding would more
-// than double the volume; then grouped ncclSend/ncclRecv (all_gather) or one
-// ncclReduce per root in a group (reduce_scatter). all_to_all, scatter and gather are grouped
-// ncclSend/ncclRecv; strided blocks are packed into (or received in) staging memory.
-// Staging memory is stream-ordered (cudaMallocAsync/cudaFreeAsync on the comm's
-// stream). Every choice of NCCL call depends only on sizes all ranks agree on, never
-// on one rank's layout, so all ranks make the same NCCL calls.
-//
-// Faults. After queueing a collective the calling thread waits for it, polling an
-// event (spinning briefly, then sleeping) and NCCL's asynchronous error state. An
-// asynchronous error, a GPU fault or the timeout (NcclOptions::timeout, default the
-// runtimes' deadline, comm/deadline.hpp) aborts the NCCL communicator (ncclCommAbort) and throws
-// CommError, CudaError or CollectiveTimeout naming the collective, the rank and the
-// time it waited. Any other failure after a rank has entered a collective aborts it
-// as well: its peers are inside the collective and it can no longer match them.
-// An aborted communicator refuses every later call with a CommError; make a new one.
-//
-// Guarded mode (DTENSOR_CHECK_COLLECTIVES=1, or DTENSOR_TIMEOUT_S set, like MpiComm;
-// or NcclOptions::check_collectives): before each collective the ranks all-gather a
-// signature (sequence number, kind, element type, reduction, root, element count and
-// the per-peer sizes of the blocks) and compare all of them; since every rank judges
-// the same table, a mismatch (different collectives, element types, roots or sizes)
-// throws the same CommError on every rank, and the communicator stays usable.
-// Without guarded mode, NCCL checks nothing: ranks that disagree on sizes hang
-// (until the timeout), or read and write the wrong amount of memory. A rank that
-// sees its own blocks disagree with each other reports it and aborts.
-//
-// Point to point (start_exchange, and through it isend, irecv, sendrecv and the
-// blocking send and recv). An exchange's messages to other ranks are grouped
-// sends and receives (ncclSend/ncclRecv in one ncclGroupStart/End); a region that is
-// not one contiguous run is packed into stream-ordered staging memory by the Block
-// kernels before the group, and a receive into such a region, or one that
-// accumulates, lands in staging and is unpacked (or added) after it, all on the
-// communicator's stream. When the exchange reaches NCCL:
-//  * an exchange that both sends to and receives from other ranks (a halo exchange,
-//    sendrecv) is issued at once: it runs while the caller computes on another stream;
-//  * one that only sends or only receives (isend, irecv) waits until then, or until
-//    the next wait() or test() of any of this communicator's Requests, and is issued
-//    in one group with everything posted since: `isend; irecv; wait; wait` on two
-//    ranks that both send first is one group on each rank, never a deadlock;
-//  * exchanges issued apart run one after the other on the stream (NCCL runs its
-//    groups in stream order): ranks must post messages that depend on each other in
-//    the same order of exchanges, as symmetric halo exchanges do;
-//  * collectives do not issue deferred exchanges: an isend or irecv posted before a
-//    collective and waited for after it reaches NCCL after the collective.
-// NCCL matches the messages between two ranks in order and knows no tags: within one
-// exchange (one group) the messages to and from each peer are ordered by tag (then by
-// posting order), so that messages of one exchange match by tag whatever order they
-// were listed in; across exchanges they match in posting order, tags unseen. Messages
-// to this rank itself are device copies, matched when their receive is posted, with a
-// send posted in the same exchange or before (buffered in staging until then); a
-// receive from itself posted before its send is a CommError.
-// Element counts are NOT checked for messages between ranks, in guarded mode or not:
-// NCCL cannot detect a mismatch, and a handshake would need the two ranks' exchanges to
-// pair up one to one, which isend/irecv need not. A mismatched count hangs (until the
-// timeout) or corrupts the messages that follow. Each region is checked locally (peer in
-// range, extents and strides non-negative, offsets in range of int64, a buffer when
-// there are elements).
-// Completion: a Request's wait() waits for an event recorded after the exchange (and its
-// unpacking) with the same polling, asynchronous-error checks, timeout (counted from the
-// start of wait()) and abort as the collectives; test() polls it once. Staging memory
-// is freed stream-ordered (cudaFreeAsync) as soon as the last use is queued, so it never
-// waits on the host and is never freed under the stream. A Request destroyed without
-// wait() abandons its exchange: one not yet issued is withdrawn (nothing reaches NCCL,
-// its peers time out); one already issued cannot be recalled from NCCL and stays queued
-// on the stream, completing when its peers match it (the caller's buffers must stay
-// valid until then, e.g. freed stream-ordered on the communicator's stream); if they
-// never do, the next wait or collective times out and aborts. A communicator destroyed
-// while an exchange is still running is aborted rather than destroyed, so that its
-// destructor cannot hang. An NcclComm must outlive its Requests' wait(): waiting on one
-// whose communicator is gone throws CommError.
-//
-// Blocking mode. Communicators are made in NCCL's blocking mode, so the calls that
-// NCCL runs on the host wait there for the peers, out of reach of the timeout: init,
-// split, and the first use of each way of communicating (NCCL connects the ranks
-// lazily, at the first collective of each algorithm and the first send/recv between
-// two ranks). A rank missing there hangs its peers; NCCL_RUNTIME_CONNECT=0 moves the
-// connecting into init. Once connected, a missing rank hangs on the GPU, where the
-// timeout sees it. (With NCCL_COMM_BLOCKING=0, which overrides the configuration,
-// NCCL answers ncclInProgress instead; every call then waits for it here, under the
-// timeout.)
-//
-// NCCL versions. NCCL 2.7 or newer (ncclSend/ncclRecv). Newer calls are used when the
-// nccl.h at hand has them, with fallbacks: ncclAvg (2.10; before, floating Avg is a sum
-// and a division), ncclGetLastError (2.13; before, messages lack NCCL's last error),
-// ncclCommInitRankConfig and non-blocking communicators (2.14; before, ncclCommInitRank,
-// always blocking), ncclCommSplit (2.18; before, split() all-gathers colors and keys,
-// the first member of each new communicator makes a unique id, a second all-gather hands
-// it out, and the members call ncclCommInitRank; DTENSOR_NCCL_SPLIT_BY_ID=1, set on every
-// rank, chooses that path with newer NCCL too).
+// Collectives map to NCCL's (uneven pieces padded or sent point to point); point to
+// point is grouped ncclSend/ncclRecv with strided regions packed on the stream; every
+// wait polls an event under the runtimes' deadline and aborts the communicator on an
+// error or a timeout; guarded mode (DTENSOR_CHECK_COLLECTIVES=1) compares the ranks'
+// signatures first. docs/ARCHITECTURE.md ("The NCCL runtime") says how each call maps,
+// how faults end, how point-to-point messages match, and which NCCL versions give what.
+// Versions and errors: nccl_error.hpp; type maps: nccl_types.hpp; resources:
+// nccl_resources.hpp.
 //
 // Limits: a communicator is used by one thread at a time, its Requests included.
 #include <cuda_runtime_api.h>
@@ -130,80 +39,12 @@
 #include "dtensor/cuda/error.hpp"
 #include "dtensor/cuda/kernels.hpp"
 #include "dtensor/cuda/memory.hpp"
+#include "dtensor/cuda/nccl_error.hpp"
+#include "dtensor/cuda/nccl_resources.hpp"
+#include "dtensor/cuda/nccl_types.hpp"
 #include "dtensor/cuda/stream.hpp"
 #include "dtensor/util/error.hpp"
 #include "dtensor/util/small_vector.hpp"
-
-// The oldest NCCL this header supports, and the newer calls it uses when present.
-#if !defined(NCCL_VERSION_CODE) || !defined(NCCL_VERSION)
-#error "dtensor: this nccl.h defines no NCCL_VERSION_CODE; NcclComm needs NCCL 2.7 or newer"
-#elif NCCL_VERSION_CODE < NCCL_VERSION(2, 7, 0)
-#error "dtensor: NcclComm needs NCCL 2.7 or newer (ncclSend/ncclRecv)"
-#endif
-
-namespace dtensor {
-
-namespace cuda::detail {
-
-// ncclAvg (2.10); before it, floating Avg is a Sum followed by a division, like integers.
-inline constexpr bool kNcclHasAvg = NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0);
-// ncclCommSplit (2.18); before it, split() goes through fresh unique ids.
-inline constexpr bool kNcclHasSplit = NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0);
-
-// ncclInProgress (2.14, non-blocking communicators); older NCCL never answers it.
-constexpr bool in_progress(ncclResult_t r) {
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
-  return r == ncclInProgress;
-#else
-  return (void)r, false;
-#endif
-}
-
-inline const char* nccl_result_name(ncclResult_t r) {
-  switch (r) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
-    case ncclRemoteError: return "ncclRemoteError";
-#endif
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
-    case ncclInProgress: return "ncclInProgress";
-#endif
-    default: return "ncclResult_t(unknown)";
-  }
-}
-
-// NCCL's name and text for a result, and its last error message when it has one
-// (which may say more, e.g. which peer or which CUDA call; NCCL 2.13 and newer).
-inline std::string nccl_error_text(ncclResult_t r, ncclComm_t comm) {
-  std::string s = ::dtensor::detail::cat(nccl_result_name(r), ": ", ncclGetErrorString(r));
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
-  const char* last = ncclGetLastError(comm);
-  if (last && *last) s += ::dtensor::detail::cat(" (NCCL's last error: ", last, ")");
-#else
-  (void)comm;
-#endif
-  return s;
-}
-
-inline void check_nccl(ncclResult_t r, const char* call, const char* file, int line) {
-  if (r == ncclSuccess) return;
-  throw CommError(::dtensor::detail::cat("dtensor: NCCL call ", call, " failed: ", nccl_error_text(r, nullptr), " (",
-                                         file, ":", line, ")"));
-}
-
-}  // namespace cuda::detail
-}  // namespace dtensor
-
-// DTENSOR_NCCL(ncclGetUniqueId(&id)): throws dtensor::CommError if the call fails.
-// (Calls on an NcclComm's communicator go through the comm, which also aborts it.)
-#ifndef DTENSOR_NCCL
-#define DTENSOR_NCCL(call) ::dtensor::cuda::detail::check_nccl((call), #call, __FILE__, __LINE__)
-#endif
 
 namespace dtensor {
 
@@ -220,253 +61,10 @@ struct NcclOptions {
   // CollectiveTimeout thrown. Unset: the runtimes' deadline (comm/deadline.hpp:
   // DTENSOR_TIMEOUT_S, else 120 s). Zero or negative: no limit.
   std::optional<std::chrono::milliseconds> timeout;
-  // Guarded mode (see the top of this file). Unset: on when DTENSOR_CHECK_COLLECTIVES
+  // Guarded mode (docs/ARCHITECTURE.md, "The NCCL runtime"). Unset: on when DTENSOR_CHECK_COLLECTIVES
   // is set and not "0", as for MpiComm.
   std::optional<bool> check_collectives;
 };
-
-namespace cuda::detail {
-
-inline ncclDataType_t nccl_type(DType t) {
-  switch (t) {
-    case DType::Int8: return ncclInt8;
-    case DType::UInt8: return ncclUint8;
-    case DType::Int32: return ncclInt32;
-    case DType::UInt32: return ncclUint32;
-    case DType::Int64: return ncclInt64;
-    case DType::UInt64: return ncclUint64;
-    case DType::Float32: return ncclFloat32;
-    default: return ncclFloat64;
-  }
-}
-
-inline bool is_floating(DType t) { return t == DType::Float32 || t == DType::Float64; }
-
-// Whether Avg is NCCL's own (floating types, NCCL 2.10 and newer) rather than a Sum
-// that the caller divides by the number of ranks.
-inline bool nccl_averages(ReduceOp op, DType t) { return op == ReduceOp::Avg && kNcclHasAvg && is_floating(t); }
-inline bool divide_after(ReduceOp op, DType t) { return op == ReduceOp::Avg && !nccl_averages(op, t); }
-
-inline ncclRedOp_t nccl_op(ReduceOp op, DType t) {
-  switch (op) {
-    case ReduceOp::Max: return ncclMax;
-    case ReduceOp::Min: return ncclMin;
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-    case ReduceOp::Avg: return nccl_averages(op, t) ? ncclAvg : ncclSum;
-#else
-    case ReduceOp::Avg: return (void)t, ncclSum;
-#endif
-    default: return ncclSum;
-  }
-}
-
-// A block NCCL can read or write in place: empty, or one contiguous range.
-inline bool dense(const Block& b) { return b.numel() == 0 || b.is_contiguous(); }
-
-inline bool same_size(std::span<const Block> blocks) {
-  for (const auto& b : blocks)
-    if (b.numel() != blocks[0].numel()) return false;
-  return true;
-}
-
-// Blocks of one size n, contiguous and back to back in rank order: the layout of
-// NCCL's all-gather output and reduce-scatter input.
-inline bool back_to_back(std::span<const Block> blocks) {
-  const int64_t n = blocks[0].numel();
-  for (std::size_t k = 0; k < blocks.size(); ++k)
-    if (!dense(blocks[k]) || blocks[k].numel() != n || blocks[k].offset != blocks[0].offset + static_cast<int64_t>(k) * n)
-      return false;
-  return true;
-}
-
-// Uneven pieces padded to the largest one, so that one ncclAllGather or
-// ncclReduceScatter moves them all (PyTorch's DTensor pads likewise): worth it while
-// the padded volume is at most twice the real one. A piece far larger than the others
-// (explicit splits such as 100 | 1 | 1 | 1) would move mostly padding; that case keeps
-// the point-to-point exchange (all-gather) or the per-root reduces (reduce-scatter).
-// Depends only on sizes every rank agrees on.
-inline int64_t padded_piece(std::span<const Block> blocks) {
-  int64_t largest = 0, total = 0;
-  for (const Block& b : blocks) largest = std::max(largest, b.numel()), total += b.numel();
-  const int64_t padded = largest * static_cast<int64_t>(blocks.size());
-  return padded <= 2 * total ? largest : 0;
-}
-
-inline const std::byte* at(const void* base, int64_t offset, std::size_t elem) {
-  return static_cast<const std::byte*>(base) + offset * static_cast<int64_t>(elem);
-}
-inline std::byte* at(void* base, int64_t offset, std::size_t elem) {
-  return static_cast<std::byte*>(base) + offset * static_cast<int64_t>(elem);
-}
-
-// Stream-ordered scratch memory for one collective: pieces are reserved first, then
-// one allocation holds them all. Freed (stream-ordered, after everything queued
-// before) when it goes out of scope, so an exception cannot leak it.
-class Staging {
- public:
-  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
-
-  explicit Staging(cudaStream_t stream) : stream_(stream) {}
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-  ~Staging() {
-    if (base_) (void)cudaFreeAsync(base_, stream_);
-  }
-
-  // Room for n elements; returns the piece's byte offset (256-byte aligned).
-  std::size_t reserve(int64_t n, std::size_t elem) {
-    const std::size_t off = (bytes_ + 255) & ~std::size_t{255};
-    bytes_ = off + static_cast<std::size_t>(n) * elem;
-    return off;
-  }
-  void allocate() {
-    if (bytes_ == 0) return;
-    // The default pool keeps freed blocks for reuse instead of returning them to the
-    // driver at each synchronisation, as for tensors (memory.hpp).
-    int device = -1;
-    if (cudaGetDevice(&device) == cudaSuccess) keep_pool_memory(device);
-    DTENSOR_CUDA(cudaMallocAsync(&base_, bytes_, stream_));
-  }
-  std::byte* at(std::size_t off) const { return static_cast<std::byte*>(base_) + off; }
-
- private:
-  cudaStream_t stream_;
-  void* base_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-// ncclGroupStart ... ncclGroupEnd; a group left open by an exception is closed, or
-// this thread's later NCCL calls (on any communicator) would join it.
-class GroupCall {
- public:
-  GroupCall() : started_(ncclGroupStart()), open_(started_ == ncclSuccess) {}
-  GroupCall(const GroupCall&) = delete;
-  GroupCall& operator=(const GroupCall&) = delete;
-  ~GroupCall() {
-    if (open_) (void)ncclGroupEnd();
-  }
-  ncclResult_t started() const { return started_; }
-  ncclResult_t end() {
-    open_ = false;
-    return ncclGroupEnd();
-  }
-
- private:
-  ncclResult_t started_;
-  bool open_;
-};
-
-// Owns an ncclComm_t: destroyed normally, or aborted (after which NCCL has freed it).
-class NcclHandle {
- public:
-  NcclHandle() = default;
-  explicit NcclHandle(ncclComm_t c) : c_(c) {}
-  NcclHandle(NcclHandle&& o) noexcept : c_(std::exchange(o.c_, nullptr)) {}
-  NcclHandle& operator=(NcclHandle&& o) noexcept {
-    if (this != &o) {
-      reset();
-      c_ = std::exchange(o.c_, nullptr);
-    }
-    return *this;
-  }
-  ~NcclHandle() { reset(); }
-  ncclComm_t get() const { return c_; }
-  void reset() noexcept {
-    if (c_) (void)ncclCommDestroy(std::exchange(c_, nullptr));
-  }
-  void abort() noexcept {
-    if (c_) (void)ncclCommAbort(std::exchange(c_, nullptr));
-  }
-
- private:
-  ncclComm_t c_ = nullptr;
-};
-
-// A stream made for a communicator (init_all), shared with the communicators split
-// from it, destroyed with the last of them.
-struct OwnedStream {
-  explicit OwnedStream(int device) {
-    DeviceGuard g(device);
-    DTENSOR_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  }
-  OwnedStream(const OwnedStream&) = delete;
-  OwnedStream& operator=(const OwnedStream&) = delete;
-  ~OwnedStream() {
-    if (stream) (void)cudaStreamDestroy(stream);
-  }
-  cudaStream_t stream = nullptr;
-};
-
-// Small buffers a communicator keeps (guarded mode's signatures, the barrier's
-// byte, split's table): device memory, or pinned host memory for asynchronous copies.
-// Made when the communicator is made, never inside a collective: cudaMalloc and
-// cudaMallocHost synchronise the device, which inside a collective could wait for an
-// NCCL kernel that waits for this very thread (several GPUs driven from one process).
-template <bool Pinned>
-class Buffer {
- public:
-  Buffer() = default;
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  ~Buffer() { reset(); }
-  // bytes of zeros, set on `stream` (the communicator's) and waited for there.
-  void make(std::size_t bytes, cudaStream_t stream) {
-    reset();
-    bytes_ = bytes;
-    if constexpr (Pinned) {
-      DTENSOR_CUDA(cudaMallocHost(&p_, bytes));
-      std::memset(p_, 0, bytes);
-    } else {
-      DTENSOR_CUDA(cudaMalloc(&p_, bytes));
-      DTENSOR_CUDA(cudaMemsetAsync(p_, 0, bytes, stream));
-      DTENSOR_CUDA(cudaStreamSynchronize(stream));
-    }
-  }
-  // The buffer, of at least `bytes` (a communicator sizes its buffers when it is made).
-  template <class T = std::byte>
-  T* get(std::size_t bytes = 1) const {
-    DTENSOR_CHECK(p_ && bytes <= bytes_, CommError, "NcclComm: an internal buffer of ", bytes_, " bytes was not made "
-                  "large enough for ", bytes, " when the communicator was made");
-    return static_cast<T*>(p_);
-  }
-  void reset() noexcept {
-    if (!p_) return;
-    if constexpr (Pinned) (void)cudaFreeHost(p_);
-    else (void)cudaFree(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-  }
-
- private:
-  void* p_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
-// Sets a device for a scope without throwing (destructors, abort).
-class QuietDeviceGuard {
- public:
-  explicit QuietDeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) (void)cudaSetDevice(device);
-    (void)cudaGetLastError();
-  }
-  ~QuietDeviceGuard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
-  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
-inline void check_device(int device, const char* where) {
-  const int n = device_count();
-  DTENSOR_CHECK(device >= 0 && device < n, InvalidArgument, where, ": CUDA device ", device,
-                " does not exist (this process sees ", n, " CUDA device", n == 1 ? "" : "s", ")");
-}
-
-}  // namespace cuda::detail
 
 class NcclComm final : public Comm {
  public:
@@ -849,8 +447,8 @@ class NcclComm final : public Comm {
     });
   }
 
-  // Point to point; the top of this file says how exchanges reach NCCL and how they
-  // complete. The blocking send and recv are Comm's, on top of this.
+  // Point to point; docs/ARCHITECTURE.md ("The NCCL runtime") says how exchanges reach
+  // NCCL and how they complete. The blocking send and recv are Comm's, on top of this.
   Request do_start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) override {
     usable("start_exchange");
     for (const auto& m : sends) check_nccl_message(m.buf, m.region, "a send");

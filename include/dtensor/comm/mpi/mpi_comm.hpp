@@ -375,7 +375,7 @@ class MpiComm final : public Comm {
   // No deadline (DTENSOR_TIMEOUT_S=0): 1e9 s, which a time_point can still add.
   double exchange_timeout_s() const { return timeout_s_ > 0 ? timeout_s_ : 1e9; }
 
-  // See "Abandoned exchanges" at the top of this file.
+  // See "Abandoned exchanges" at the top of comm/mpi/mpi_exchange.hpp.
   void check_not_poisoned(const char* op) const {
     if (!poison_->why.empty())
       throw CommError(detail::cat("dtensor: ", me(), ": ", op, " refused: ", poison_->why));
