@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -159,6 +160,26 @@ inline std::string index_to_json(const Index& ix) {
 }
 
 namespace detail {
+// A rank's data file, and boxes and shapes as the index and the messages write them.
+inline std::string data_file_name(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", rank);
+  return buf;
+}
+
+inline std::string box_string(const std::vector<int64_t>& off, const std::vector<int64_t>& sizes) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < off.size(); ++d)
+    s += (d ? ", " : "") + std::to_string(off[d]) + ":" + std::to_string(off[d] + sizes[d]);
+  return s + "]";
+}
+
+inline std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
 // Reads field `key` of `j` as T, or throws naming the index file and the field.
 template <class T>
 T field(const nlohmann::json& j, const char* key, const std::string& where) {
