@@ -17,6 +17,7 @@
 #include "dtensor/compute/functions.hpp"
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/cuda/stream.hpp"
+#include "dtensor/cuda/thread_handle.hpp"
 
 namespace dtensor::cuda {
 
@@ -40,37 +41,31 @@ inline void set_tf32(bool on) { detail::tf32_flag() = on; }
 inline bool tf32() { return detail::tf32_flag(); }
 
 namespace detail {
-// One cuBLAS handle per thread (a rank), bound to the thread's stream.
+// cuBLAS for ThreadHandle (cuda/thread_handle.hpp).
+struct Cublas {
+  using type = cublasHandle_t;
+  static void create(type* h) { DTENSOR_CUBLAS(cublasCreate(h)); }
+  static void destroy(type h) noexcept { (void)cublasDestroy(h); }
+  static void set_stream(type h, cudaStream_t s) { DTENSOR_CUBLAS(cublasSetStream(h, s)); }
+};
+
+// One cuBLAS handle per thread (a rank), bound to the thread's stream, in the math
+// mode tf32() asks for.
 class BlasHandle {
  public:
-  ~BlasHandle() {
-    if (h_) (void)cublasDestroy(h_);
-  }
   cublasHandle_t get() {
-    cudaStream_t s = current_stream();
-    int dev = 0;
-    DTENSOR_CUDA(cudaGetDevice(&dev));
-    if (h_ && dev != device_) {  // a handle belongs to the device it was created on
-      (void)cublasDestroy(h_);
-      h_ = nullptr;
-    }
-    if (!h_) {
-      DTENSOR_CUBLAS(cublasCreate(&h_));
-      device_ = dev, stream_ = nullptr;
-    }
-    if (s != stream_) DTENSOR_CUBLAS(cublasSetStream(h_, s)), stream_ = s;
+    cublasHandle_t h = handle_.get();
     const bool want = tf32();
-    if (want != tf32_) {
-      DTENSOR_CUBLAS(cublasSetMathMode(h_, want ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-      tf32_ = want;
+    if (handle_.made() != moded_ || want != tf32_) {  // a new handle starts in the default mode
+      DTENSOR_CUBLAS(cublasSetMathMode(h, want ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+      moded_ = handle_.made(), tf32_ = want;
     }
-    return h_;
+    return h;
   }
 
  private:
-  cublasHandle_t h_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  int device_ = -1;
+  ThreadHandle<Cublas> handle_;
+  int moded_ = 0;  // the handle (ThreadHandle::made) whose math mode tf32_ is
   bool tf32_ = false;
 };
 inline cublasHandle_t blas_handle() {

@@ -51,6 +51,7 @@
 #include "dtensor/cuda/kernels.hpp"
 #include "dtensor/cuda/memory.hpp"
 #include "dtensor/cuda/stream.hpp"
+#include "dtensor/cuda/thread_handle.hpp"
 
 #if defined(DTENSOR_WITH_CUDNN)
 #include <cudnn.h>
@@ -85,34 +86,15 @@ inline void check(cudnnStatus_t s, const char* call, const char* file, int line)
 // The largest workspace an algorithm may ask for.
 inline constexpr std::size_t kMaxWorkspace = std::size_t{1} << 30;
 
-// One cuDNN handle per thread (a rank), bound to the thread's stream and device.
-class Handle {
- public:
-  ~Handle() {
-    if (h_) (void)cudnnDestroy(h_);
-  }
-  cudnnHandle_t get() {
-    cudaStream_t s = current_stream();
-    int dev = 0;
-    DTENSOR_CUDA(cudaGetDevice(&dev));
-    if (h_ && dev != device_) {  // a handle belongs to the device it was created on
-      (void)cudnnDestroy(h_);
-      h_ = nullptr;
-    }
-    if (!h_) {
-      DTENSOR_CUDNN(cudnnCreate(&h_));
-      device_ = dev, stream_ = nullptr;
-    }
-    if (s != stream_) DTENSOR_CUDNN(cudnnSetStream(h_, s)), stream_ = s;
-    return h_;
-  }
-  int device() const { return device_; }
-
- private:
-  cudnnHandle_t h_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  int device_ = -1;
+// cuDNN for ThreadHandle (cuda/thread_handle.hpp): one handle per thread (a rank),
+// bound to the thread's stream and device.
+struct Cudnn {
+  using type = cudnnHandle_t;
+  static void create(type* h) { DTENSOR_CUDNN(cudnnCreate(h)); }
+  static void destroy(type h) noexcept { (void)cudnnDestroy(h); }
+  static void set_stream(type h, cudaStream_t s) { DTENSOR_CUDNN(cudnnSetStream(h, s)); }
 };
+using Handle = ::dtensor::cuda::detail::ThreadHandle<Cudnn>;
 
 // The thread's workspace: grown (freed and allocated again in stream order), never shrunk.
 class Workspace {
