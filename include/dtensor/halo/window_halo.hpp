@@ -215,7 +215,11 @@ class WindowHalo {
   void reverse_end() { halo_.reverse_end(); }
   void reverse(T* padded) { halo_.reverse(padded); }
   void abandon() noexcept { halo_.abandon(); }
-  const HaloExchange<T, Rank>& exchange() const { return halo_; }
+  // The exchange object itself ("exchange" alone names the act, as Ghosted::exchange()).
+  const HaloExchange<T, Rank>& halo_exchange() const { return halo_; }
+  [[deprecated("WindowHalo::exchange() is halo_exchange()")]] const HaloExchange<T, Rank>& exchange() const {
+    return halo_;
+  }
 
  private:
   Region interior_region() const {

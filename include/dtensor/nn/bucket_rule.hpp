@@ -1,7 +1,7 @@
 #pragma once
 // The gradient bucket rule (PyTorch DDP's, per element type), as one constexpr
 // object read by the run-time buckets (nn/grad_buckets.hpp) and by a model's plan
-// (nn/plan.hpp, which counts the all-reduces a step issues):
+// (nn/model_plan.hpp, which counts the all-reduces a step issues):
 //  * gradients join the open bucket of their element type in registration order
 //    until the next one would overflow `bucket_bytes` (element types never share);
 //  * a gradient of `bucket_bytes` or more gets a bucket of its own.

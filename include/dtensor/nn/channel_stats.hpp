@@ -22,7 +22,7 @@
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/local_math.hpp"
-#include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/model_plan.hpp"
 #include "dtensor/tensor/tensor.hpp"
 
 namespace dtensor::nn::detail {

@@ -1,5 +1,5 @@
 #pragma once
-// GradReducer<M>: a model's gradient reductions, as its plan (nn/plan.hpp) names them:
+// GradReducer<M>: a model's gradient reductions, as its plan (nn/model_plan.hpp) names them:
 // an all-reduce (Sum) of each Partial parameter gradient over each mesh dim it is
 // Partial on, bucketed per mesh dim (nn/grad_buckets.hpp). The model tells it when a
 // layer's gradients are complete; the lowest such mesh dim (the data-parallel one,
@@ -22,7 +22,7 @@
 
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/grad_buckets.hpp"
-#include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/model_plan.hpp"
 
 namespace dtensor::nn {
 

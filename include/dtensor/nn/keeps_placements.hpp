@@ -13,7 +13,7 @@
 
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/layer.hpp"
-#include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/model_plan.hpp"
 
 namespace dtensor::nn {
 

@@ -1,7 +1,7 @@
 #pragma once
 // What a layer is. A layer is a class template over a Config (nn/config.hpp) whose
 // placement rules are constexpr functions of placement values, read by its forward,
-// its backward, and the model's plan (nn/plan.hpp) alike:
+// its backward, and the model's plan (nn/model_plan.hpp) alike:
 //
 //   static constexpr const char* name;                      // "linear(colwise)"
 //   using config = Cfg;
@@ -42,8 +42,8 @@
 
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/config.hpp"
+#include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/parameters.hpp"
-#include "dtensor/nn/plan.hpp"
 
 namespace dtensor::nn {
 

@@ -52,7 +52,7 @@
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/local_math.hpp"
-#include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/model_plan.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::nn {

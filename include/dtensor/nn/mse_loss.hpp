@@ -14,7 +14,7 @@
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/local_math.hpp"
-#include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/model_plan.hpp"
 
 namespace dtensor::nn {
 

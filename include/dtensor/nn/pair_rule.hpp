@@ -13,7 +13,7 @@
 //   input gradient  Partial<Sum> over TP where several colwise products read the input
 //                   (their terms summed locally first), then the adjoint of the gather
 #include "dtensor/distributed/redistribute_backward.hpp"
-#include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/styles.hpp"
 
 namespace dtensor::nn {

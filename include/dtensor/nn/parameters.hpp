@@ -28,7 +28,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/model_plan.hpp"
 
 namespace dtensor::nn {
 

@@ -30,7 +30,7 @@
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/grad_reducer.hpp"
 #include "dtensor/nn/layer.hpp"
-#include "dtensor/nn/plan.hpp"
+#include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/unshard.hpp"
 #include "dtensor/ops/policy.hpp"
 

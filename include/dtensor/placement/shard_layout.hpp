@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "dtensor/placement/placement.hpp"
 #include "dtensor/core/shape.hpp"
+#include "dtensor/placement/placement.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {
@@ -27,7 +27,7 @@ using Splits = std::array<std::vector<int64_t>, Rank>;
 
 // The chunk rule: N elements over k pieces of ceil(N/k), the remainder at the end
 // (PyTorch's torch.chunk, so trailing pieces may be short or empty). Piece r's size;
-// constexpr, so that a model's plan (nn/plan.hpp) sizes its gradient blocks by the
+// constexpr, so that a model's plan (nn/model_plan.hpp) sizes its gradient blocks by the
 // same rule as the layouts.
 constexpr int64_t chunk_size(int64_t n, int k, int r) {
   const int64_t c = k > 0 ? (n + k - 1) / k : 0;
