@@ -16,7 +16,7 @@
 // CPU time is each rank's thread (in-process) or process (MPI) CPU clock; waiting
 // ranks block rather than spin, so it counts work. Medians of the repetitions.
 #include <dtensor/dtensor.hpp>
-#include <dtensor/nn/conv.hpp>
+#include <dtensor/nn/image/conv.hpp>
 #ifdef DTENSOR_BENCH_MPI
 #include <dtensor/mpi.hpp>
 #endif

@@ -1,4 +1,4 @@
-// Convolution of images sharded in space (nn/conv.hpp), against a single-rank
+// Convolution of images sharded in space (nn/image/conv.hpp), against a single-rank
 // convolution of the whole image written here with plain loops: forward, dx, dW
 // and db. A sweep like distconv's (image sizes 16, 15, 63; kernels 1, 2, 3, 5, 7;
 // strides 1, 2; padding 0, 1, same; dilation 1, 2; groups 1 and depthwise) on 1-D
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
-#include <dtensor/nn/conv.hpp>
+#include <dtensor/nn/image/conv.hpp>
 
 #include "compare.hpp"
 #include "spmd.hpp"

@@ -1,4 +1,4 @@
-// The multi-head attention layer (nn/attention.hpp) and rotary embedding
+// The multi-head attention layer (nn/tokens/attention.hpp) and rotary embedding
 // (compute/rotary.hpp): one rank against attention written out from its definition
 // (projections, RoPE, softmax, output projection) with grouped-query heads, causal or
 // not; gradients against central differences; then tensor parallelism (heads over TP)

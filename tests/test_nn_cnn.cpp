@@ -8,7 +8,7 @@
 
 #include <doctest/doctest.h>
 #include <dtensor/nn.hpp>
-#include <dtensor/nn/conv.hpp>
+#include <dtensor/nn/image/conv.hpp>
 
 #include "compare.hpp"
 #include "nn_support.hpp"

@@ -1,4 +1,4 @@
-// Images in and out of a domain-parallel model (nn/image_io.hpp): scatter from one
+// Images in and out of a domain-parallel model (nn/image/image_io.hpp): scatter from one
 // rank, gather back to one rank, and resharding between batch-sharded and
 // space-sharded layouts (an all-to-all), with chunk-rule and explicit uneven blocks
 // (an empty one among them), on 1-D meshes of 1 to 4 ranks and on a 2x2 mesh; float
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include <doctest/doctest.h>
-#include <dtensor/nn/image_io.hpp>
+#include <dtensor/nn/image/image_io.hpp>
 
 #include "spmd.hpp"
 

@@ -11,9 +11,9 @@
 
 #include <doctest/doctest.h>
 #include <dtensor/nn.hpp>
-#include <dtensor/nn/batch_norm.hpp>
-#include <dtensor/nn/conv.hpp>
-#include <dtensor/nn/group_norm.hpp>
+#include <dtensor/nn/image/batch_norm.hpp>
+#include <dtensor/nn/image/conv.hpp>
+#include <dtensor/nn/image/group_norm.hpp>
 
 #include "compare.hpp"
 #include "nn_support.hpp"

@@ -1,6 +1,6 @@
 // Pooling, global average pooling, upsampling and transposed convolution of images
-// sharded in space (nn/pool.hpp, nn/global_pool.hpp, nn/upsample.hpp,
-// nn/conv_transpose.hpp), each against a single-rank computation of the whole image
+// sharded in space (nn/image/pool.hpp, nn/image/global_pool.hpp, nn/image/upsample.hpp,
+// nn/image/conv_transpose.hpp), each against a single-rank computation of the whole image
 // written here with plain loops: the output, the input's gradient (which keeps the
 // input's placements and blocks) and the parameters' gradients after their
 // reduction. Meshes: 1-D of 1 to 4 ranks over H, 2x2 over H and W, DP x H; image
@@ -10,13 +10,13 @@
 #include <vector>
 
 #include <doctest/doctest.h>
-#include <dtensor/nn/conv_transpose.hpp>
-#include <dtensor/nn/global_pool.hpp>
-#include <dtensor/nn/image_io.hpp>
+#include <dtensor/nn/image/conv_transpose.hpp>
+#include <dtensor/nn/image/global_pool.hpp>
+#include <dtensor/nn/image/image_io.hpp>
+#include <dtensor/nn/image/pool.hpp>
+#include <dtensor/nn/image/upsample.hpp>
 #include <dtensor/nn/linear.hpp>
-#include <dtensor/nn/pool.hpp>
 #include <dtensor/nn/sequential.hpp>
-#include <dtensor/nn/upsample.hpp>
 
 #include "compare.hpp"
 #include "spmd.hpp"

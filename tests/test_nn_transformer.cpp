@@ -1,6 +1,6 @@
-// Transformer pieces: the SwiGLU feed-forward (nn/gated_mlp.hpp) and the learned
-// position embedding (nn/position_embedding.hpp) against their definitions and
-// central differences; pre-norm transformer blocks (nn/transformer.hpp: LayerNorm or
+// Transformer pieces: the SwiGLU feed-forward (nn/tokens/gated_mlp.hpp) and the learned
+// position embedding (nn/tokens/position_embedding.hpp) against their definitions and
+// central differences; pre-norm transformer blocks (nn/tokens/transformer.hpp: LayerNorm or
 // RMSNorm, GELU or SwiGLU) replicated, heads over TP and sequence parallel, against one
 // rank on 1-D and 2-D meshes with uneven batches, sequences and inner widths; the
 // collectives of a small language model's step beside the counts of PyTorch's transformer plan.

@@ -1,7 +1,7 @@
 // Vision-transformer layers: neighborhood attention on images sharded in space
-// (nn/neighborhood_attention.hpp) against its definition and central differences, and
+// (nn/image/neighborhood_attention.hpp) against its definition and central differences, and
 // in a residual block against one rank on H x W, DP x H and H-only meshes; image ->
-// token sequence (nn/image_tokens.hpp) and the token mean pool (nn/token_pool.hpp)
+// token sequence (nn/image/image_tokens.hpp) and the token mean pool (nn/tokens/token_pool.hpp)
 // around context-parallel transformer blocks (ring attention over the image's rows),
 // against one rank; uneven shards throughout.
 #include <array>

@@ -14,14 +14,14 @@
 #include <vector>
 
 #include <dtensor/dtensor.hpp>
-#include <dtensor/nn/batch_norm.hpp>
-#include <dtensor/nn/conv.hpp>
-#include <dtensor/nn/conv_transpose.hpp>
-#include <dtensor/nn/global_pool.hpp>
-#include <dtensor/nn/group_norm.hpp>
-#include <dtensor/nn/image_io.hpp>
-#include <dtensor/nn/pool.hpp>
-#include <dtensor/nn/upsample.hpp>
+#include <dtensor/nn/image/batch_norm.hpp>
+#include <dtensor/nn/image/conv.hpp>
+#include <dtensor/nn/image/conv_transpose.hpp>
+#include <dtensor/nn/image/global_pool.hpp>
+#include <dtensor/nn/image/group_norm.hpp>
+#include <dtensor/nn/image/image_io.hpp>
+#include <dtensor/nn/image/pool.hpp>
+#include <dtensor/nn/image/upsample.hpp>
 
 #include "compare.hpp"
 

@@ -1,7 +1,7 @@
 #pragma once
 // Per-row statistics and per-row affine maps of a [rows, cols] block, in double, on
 // the host (Eigen) or on a GPU (the device backend): the local math of the
-// normalization layers (nn/batch_norm.hpp, nn/group_norm.hpp) and of a loss's
+// normalization layers (nn/image/batch_norm.hpp, nn/image/group_norm.hpp) and of a loss's
 // gradient (nn/loss.hpp). A row is one (sample, channel) or (sample, group) of an
 // image block, or one row of logits; the layers combine the rows' sums on the host
 // (a few values per row), where the all-reduce of the statistics takes them anyway.
@@ -82,7 +82,7 @@ namespace local {
 // out[r] and out[rows + r], for each row r of a (device d):
 //   b == nullptr: sum_j (a[r, j] - k_r) and sum_j (a[r, j] - k_r)^2, k_r = shift[r]
 //                 (0 when shift is null): a shifted sum and sum of squares (a variance
-//                 about a shift near the mean cancels less, see nn/batch_norm.hpp);
+//                 about a shift near the mean cancels less, see nn/image/batch_norm.hpp);
 //   b != nullptr: sum_j a[r, j] and sum_j a[r, j] b[r, j] (shift ignored).
 // Waits for the device: the sums are host values.
 template <class T>

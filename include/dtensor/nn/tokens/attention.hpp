@@ -57,10 +57,10 @@
 #include "dtensor/distributed/ulysses_attention.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
-#include "dtensor/nn/pair_rule.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
+#include "dtensor/nn/tokens/pair_rule.hpp"
 
 namespace dtensor::nn {
 
@@ -164,7 +164,7 @@ class MultiHeadAttention {
   using InputT = dtensor_t<T, Rank, placements_t<Q::input()>>;
   using OutputT = dtensor_t<T, Rank, placements_t<O::output()>>;
 
-  // --- the rule (nn/pair_rule.hpp: q, k, v colwise, the output rowwise) ---
+  // --- the rule (nn/tokens/pair_rule.hpp: q, k, v colwise, the output rowwise) ---
   using Rule = PairRule<Cfg, typename detail::attention_styles<Style>::qkv, typename detail::attention_styles<Style>::out>;
   static constexpr State input(const State&) { return Rule::input(); }
   static constexpr State output(const State&) { return Rule::output(); }

@@ -24,8 +24,8 @@
 
 #include "dtensor/compute/conv.hpp"
 #include "dtensor/distributed/factory.hpp"
-#include "dtensor/nn/conv.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/image/conv.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"

@@ -24,8 +24,8 @@
 
 #include "dtensor/compute/pool.hpp"
 #include "dtensor/halo/windowed_op.hpp"
-#include "dtensor/nn/conv.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/image/conv.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 

@@ -18,10 +18,10 @@
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
-#include "dtensor/nn/pair_rule.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
+#include "dtensor/nn/tokens/pair_rule.hpp"
 
 namespace dtensor::nn {
 
@@ -48,7 +48,7 @@ class GatedMlp {
   using InputT = dtensor_t<T, Rank, placements_t<Up::input()>>;
   using OutputT = dtensor_t<T, Rank, placements_t<Down::output()>>;
 
-  // --- the rule (nn/pair_rule.hpp: gate and up colwise, down rowwise) ---
+  // --- the rule (nn/tokens/pair_rule.hpp: gate and up colwise, down rowwise) ---
   static constexpr State input(const State&) { return Rule::input(); }
   static constexpr State output(const State&) { return Rule::output(); }
   static constexpr int64_t out_features(int64_t) { return Hidden; }

@@ -2,7 +2,7 @@
 // TransformerBlock<Cfg, Attention, Ffn, Style, Norm, Mlp>: a pre-norm transformer
 // block on activations [batch, seq, hidden], made of the library's layers:
 //
-//   x = x + attention(norm(x))              nn/attention.hpp
+//   x = x + attention(norm(x))              nn/tokens/attention.hpp
 //   x = x + down(act(up(norm(x))))          Mlp::Gelu:   up colwise, GELU, down rowwise
 //                                           Mlp::SwiGLU: SiLU(gate) * up, down (LLaMA's)
 //
@@ -21,12 +21,12 @@
 #include <type_traits>
 
 #include "dtensor/nn/activation.hpp"
-#include "dtensor/nn/attention.hpp"
-#include "dtensor/nn/gated_mlp.hpp"
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/nn/norm.hpp"
 #include "dtensor/nn/residual.hpp"
 #include "dtensor/nn/sequential.hpp"
+#include "dtensor/nn/tokens/attention.hpp"
+#include "dtensor/nn/tokens/gated_mlp.hpp"
 
 namespace dtensor::nn {
 
