@@ -169,4 +169,15 @@ void check_against_one_rank(const std::array<int, M>& shape, Make make, const Sh
   });
 }
 
+// Every parameter of a model, gathered whole, in for_each_parameter's order.
+template <class Model>
+std::vector<std::vector<double>> gathered_parameters(Model& model) {
+  std::vector<std::vector<double>> out;
+  model.for_each_parameter([&](auto& p) {
+    const auto f = p.value().full_tensor();
+    out.emplace_back(f.data(), f.data() + f.numel());
+  });
+  return out;
+}
+
 }  // namespace dtensor::test

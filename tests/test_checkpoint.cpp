@@ -20,6 +20,7 @@
 
 #include "checkpoint_training.hpp"
 #include "compare.hpp"
+#include "nn_support.hpp"
 #include "scratch_dir.hpp"
 #include "fault_support.hpp"
 #include "spmd.hpp"
@@ -762,16 +763,6 @@ ShardedMLP<Cfg> make_sharded_mlp(const DeviceMesh<M>& mesh, uint64_t seed) {
   using namespace checkpoint;
   return ShardedMLP<Cfg>(nn::FullyShard(nn::Linear<Cfg, kIn, kHidden, nn::Colwise>(mesh, {seed})), nn::GELU<Cfg>(),
                          nn::FullyShard(nn::Linear<Cfg, kHidden, kOut, nn::Rowwise>(mesh, {seed + 1})));
-}
-
-template <class Model>
-std::vector<std::vector<double>> gathered_parameters(Model& model) {
-  std::vector<std::vector<double>> out;
-  model.for_each_parameter([&](auto& p) {
-    const auto f = p.value().full_tensor();
-    out.emplace_back(f.data(), f.data() + f.numel());
-  });
-  return out;
 }
 
 TEST_CASE("fully sharded models: a checkpoint loads into replicated data parallelism and one rank, and back") {

@@ -643,15 +643,6 @@ TEST_CASE("fsdp: a whole transformer block sharded as one unit equals replicated
 }
 
 template <class Model>
-std::vector<std::vector<double>> gathered_parameters(Model& model) {
-  std::vector<std::vector<double>> out;
-  model.for_each_parameter([&](auto& p) {
-    const auto f = p.value().full_tensor();
-    out.emplace_back(f.data(), f.data() + f.numel());
-  });
-  return out;
-}
-template <class Model>
 void save_training(Model& model, nn::AdamW& opt, const std::filesystem::path& dir, Comm& comm) {
   io::StateDict sd;
   io::add_model(sd, model);

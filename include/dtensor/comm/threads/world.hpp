@@ -35,7 +35,7 @@ namespace dtensor {
 struct RunOptions {
   // A collective or point-to-point wait that lasts longer than this raises
   // CollectiveTimeout on the rank that waits and aborts the run. Default:
-  // $DTENSOR_TIMEOUT_S, else 300 s.
+  // the runtimes' deadline (comm/deadline.hpp: $DTENSOR_TIMEOUT_S, else 120 s).
   std::chrono::milliseconds timeout = default_timeout();
   // Busy-wait iterations before yielding, then blocking. Larger values cut latency
   // when every rank has a core of its own.
