@@ -110,24 +110,6 @@ struct DeviceBackend {
   void (*attention_merge)(DType, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim);
 };
 
-// Every entry of the table, once: a backend's table is checked against it
-// (table_complete(table): no entry left a null pointer, which designated initializers
-// would allow without a word), and the list against the struct (its size).
-#define DTENSOR_DEVICE_BACKEND_ENTRIES(X) X(random_fill) X(binary) X(binary_scalar) X(unary) X(unary_backward) \
-  X(add_bias) X(transpose) X(reduce_dim) X(where_equal) X(sum_squares) X(max_abs) X(softmax_shift) X(softmax_finish) \
-  X(row_moments) X(row_affine) X(sgd_update) X(adamw_update) X(gather_rows) X(scatter_add_rows) X(take_along_last) \
-  X(add_along_last) X(gemm) X(conv_forward) X(conv_backward_data) X(conv_backward_weight) X(conv_backward_bias) \
-  X(pool_forward) X(pool_backward) X(upsample_forward) X(upsample_backward) X(attention_forward) \
-  X(attention_backward) X(attention_merge)
-#define DTENSOR_DEVICE_ENTRY_SET(name) &&t.name != nullptr
-#define DTENSOR_DEVICE_ENTRY_COUNT(name) +1
-constexpr bool table_complete(const DeviceBackend& t) {
-  return true DTENSOR_DEVICE_BACKEND_ENTRIES(DTENSOR_DEVICE_ENTRY_SET);
-}
-static_assert(sizeof(DeviceBackend) ==
-                  (0 DTENSOR_DEVICE_BACKEND_ENTRIES(DTENSOR_DEVICE_ENTRY_COUNT)) * sizeof(void (*)()),
-              "dtensor: DTENSOR_DEVICE_BACKEND_ENTRIES must list every entry of DeviceBackend");
-
 inline const DeviceBackend*& cuda_backend_slot() {
   static const DeviceBackend* backend = nullptr;  // set by dtensor/cuda.hpp
   return backend;

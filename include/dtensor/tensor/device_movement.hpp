@@ -32,18 +32,6 @@ struct DeviceMovement {
   void (*fill)(DType, void* dst, int64_t n, Scalar value);
 };
 
-// Every entry, once (see DTENSOR_DEVICE_BACKEND_ENTRIES in compute/device_backend.hpp).
-#define DTENSOR_DEVICE_MOVEMENT_ENTRIES(X) \
-  X(bind_thread) X(use_device) X(synchronize) X(copy_block) X(reduce_block) X(divide_block) X(fill)
-#define DTENSOR_MOVEMENT_ENTRY_SET(name) &&t.name != nullptr
-#define DTENSOR_MOVEMENT_ENTRY_COUNT(name) +1
-constexpr bool table_complete(const DeviceMovement& t) {
-  return true DTENSOR_DEVICE_MOVEMENT_ENTRIES(DTENSOR_MOVEMENT_ENTRY_SET);
-}
-static_assert(sizeof(DeviceMovement) ==
-                  (0 DTENSOR_DEVICE_MOVEMENT_ENTRIES(DTENSOR_MOVEMENT_ENTRY_COUNT)) * sizeof(void (*)()),
-              "dtensor: DTENSOR_DEVICE_MOVEMENT_ENTRIES must list every entry of DeviceMovement");
-
 inline const DeviceMovement*& cuda_movement_slot() {
   static const DeviceMovement* movement = nullptr;  // set by dtensor/cuda.hpp
   return movement;
