@@ -26,88 +26,95 @@
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/tensor/device.hpp"
 #include "dtensor/tensor/device_movement.hpp"
+#include "dtensor/util/required_fn.hpp"
 
 namespace dtensor::detail {
 
 struct DeviceBackend {
   // Counter-based draws (compute/counter_rng.hpp: uniform, normal, dropout's mask) for
   // the block `box` of the global tensor (float and double).
-  void (*random_fill)(DType, void* dst, const CounterBox& box, const CounterDraw& draw);
+  RequiredFn<void (*)(DType, void* dst, const CounterBox& box, const CounterDraw& draw)> random_fill;
 
   // Elementwise.
-  void (*binary)(DType, BinaryOp, const void* a, const void* b, void* out, int64_t n);
-  void (*binary_scalar)(DType, BinaryOp, const void* a, Scalar s, void* out, int64_t n);
-  void (*unary)(DType, UnaryFn, const void* a, void* out, int64_t n);
+  RequiredFn<void (*)(DType, BinaryOp, const void* a, const void* b, void* out, int64_t n)> binary;
+  RequiredFn<void (*)(DType, BinaryOp, const void* a, Scalar s, void* out, int64_t n)> binary_scalar;
+  RequiredFn<void (*)(DType, UnaryFn, const void* a, void* out, int64_t n)> unary;
   // dx = f'(x) dy (float and double); dx may alias x or dy.
-  void (*unary_backward)(DType, UnaryFn, const void* x, const void* dy, void* dx, int64_t n);
-  void (*add_bias)(DType, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows);
-  void (*transpose)(DType, const void* in, void* out, int64_t rows, int64_t cols);
+  RequiredFn<void (*)(DType, UnaryFn, const void* x, const void* dy, void* dx, int64_t n)> unary_backward;
+  RequiredFn<void (*)(DType, const void* m, const void* v, void* out, int64_t rows, int64_t cols,
+                      bool along_rows)> add_bias;
+  RequiredFn<void (*)(DType, const void* in, void* out, int64_t rows, int64_t cols)> transpose;
 
   // Reductions: [outer, len, inner] -> [outer, inner] (Avg sums: the caller divides);
   // whole-tensor norms to the host.
-  void (*reduce_dim)(DType, ReduceOp, const void* in, void* out, int64_t outer, int64_t len, int64_t inner);
+  RequiredFn<void (*)(DType, ReduceOp, const void* in, void* out, int64_t outer, int64_t len,
+                      int64_t inner)> reduce_dim;
   // out[o, j, i] = x[o, j, i] == y[o, i] ? v[o, i] : 0 (the backward of max/min over a dim).
-  void (*where_equal)(DType, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
-                      int64_t inner);
-  double (*sum_squares)(DType, const void* a, int64_t n);
-  double (*max_abs)(DType, const void* a, int64_t n);
-  void (*softmax_shift)(DType, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
-                        bool log);
-  void (*softmax_finish)(DType, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log);
+  RequiredFn<void (*)(DType, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
+                      int64_t inner)> where_equal;
+  RequiredFn<double (*)(DType, const void* a, int64_t n)> sum_squares;
+  RequiredFn<double (*)(DType, const void* a, int64_t n)> max_abs;
+  RequiredFn<void (*)(DType, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
+                      bool log)> softmax_shift;
+  RequiredFn<void (*)(DType, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner,
+                      bool log)> softmax_finish;
 
   // Per-row statistics and affine maps in double (compute/row_stats.hpp; float and
   // double). The per-row arrays are host arrays: row_moments writes `out` (2 rows
   // values) and returns when it is written; row_affine reads its RowTerms' arrays
   // before it returns.
-  void (*row_moments)(DType, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
-                      double* out);
-  void (*row_affine)(DType, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
-                     void* out);
+  RequiredFn<void (*)(DType, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
+                      double* out)> row_moments;
+  RequiredFn<void (*)(DType, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
+                      void* out)> row_affine;
 
   // Optimizer updates of one parameter block (compute/optimizer_update.hpp; float and double).
-  void (*sgd_update)(DType, void* w, const void* g, void* buf, int64_t n, const SgdStep& step);
-  void (*adamw_update)(DType, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step);
+  RequiredFn<void (*)(DType, void* w, const void* g, void* buf, int64_t n, const SgdStep& step)> sgd_update;
+  RequiredFn<void (*)(DType, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step)> adamw_update;
 
   // Rows of a [rows, cols] block picked by int64 indices, of which only those in
   // [lo, lo + table_rows) belong to this block (a vocabulary or class dim sharded over
   // ranks); the others give zeros or are skipped (see local::gather_rows and friends).
-  void (*gather_rows)(DType, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
-                      int64_t lo, void* out);
-  void (*scatter_add_rows)(DType, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo,
-                           void* table, int64_t table_rows);
-  void (*take_along_last)(DType, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo,
-                          void* out);
-  void (*add_along_last)(DType, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows,
-                         int64_t cols);
+  RequiredFn<void (*)(DType, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
+                      int64_t lo, void* out)> gather_rows;
+  RequiredFn<void (*)(DType, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo, void* table,
+                      int64_t table_rows)> scatter_add_rows;
+  RequiredFn<void (*)(DType, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo,
+                      void* out)> take_along_last;
+  RequiredFn<void (*)(DType, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows,
+                      int64_t cols)> add_along_last;
 
   // Row-major (batched) product C = alpha op(A) op(B) + beta C, `dims` resolved (see
   // compute/gemm.hpp); float and double, alpha and beta of the element type. With
   // beta == 0, C is not read (it may hold NaN).
-  void (*gemm)(DType, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c);
+  RequiredFn<void (*)(DType, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta,
+                      void* c)> gemm;
 
   // Sliding windows and upsampling on one rank's block (compute/conv.hpp, pool.hpp,
   // upsample.hpp; float and double): the dims are validated, the box and the pooling's
   // valid range resolved by the caller. bias may be null; dx is written whole.
-  void (*conv_forward)(DType, const ConvDims&, const void* x, const void* w, const void* bias, void* y,
-                       const OutBox& box);
-  void (*conv_backward_data)(DType, const ConvDims&, const void* dy, const void* w, void* dx);
-  void (*conv_backward_weight)(DType, const ConvDims&, const void* x, const void* dy, void* dw, bool accumulate);
-  void (*conv_backward_bias)(DType, const ConvDims&, const void* dy, void* db, bool accumulate);
-  void (*pool_forward)(DType, const PoolDims&, const void* x, void* y, const OutBox& box);
-  void (*pool_backward)(DType, const PoolDims&, const void* x, const void* dy, void* dx);
-  void (*upsample_forward)(DType, const UpsampleDims&, const void* x, void* y);
-  void (*upsample_backward)(DType, const UpsampleDims&, const void* dy, void* dx);
+  RequiredFn<void (*)(DType, const ConvDims&, const void* x, const void* w, const void* bias, void* y,
+                      const OutBox& box)> conv_forward;
+  RequiredFn<void (*)(DType, const ConvDims&, const void* dy, const void* w, void* dx)> conv_backward_data;
+  RequiredFn<void (*)(DType, const ConvDims&, const void* x, const void* dy, void* dw,
+                      bool accumulate)> conv_backward_weight;
+  RequiredFn<void (*)(DType, const ConvDims&, const void* dy, void* db, bool accumulate)> conv_backward_bias;
+  RequiredFn<void (*)(DType, const PoolDims&, const void* x, void* y, const OutBox& box)> pool_forward;
+  RequiredFn<void (*)(DType, const PoolDims&, const void* x, const void* dy, void* dx)> pool_backward;
+  RequiredFn<void (*)(DType, const UpsampleDims&, const void* x, void* y)> upsample_forward;
+  RequiredFn<void (*)(DType, const UpsampleDims&, const void* dy, void* dx)> upsample_backward;
 
   // Scaled dot-product attention on one rank's blocks (compute/attention.hpp: layouts,
   // masking, dropout; float and double); mask null or [q_len, kv_len]. The backward
   // writes dq, dk and dv whole.
-  void (*attention_forward)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v,
-                            const void* mask, void* o, void* lse);
-  void (*attention_backward)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v,
-                             const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
-                             void* dv);
+  RequiredFn<void (*)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v, const void* mask,
+                      void* o, void* lse)> attention_forward;
+  RequiredFn<void (*)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v, const void* mask,
+                      const void* o, const void* lse, const void* dout, void* dq, void* dk,
+                      void* dv)> attention_backward;
   // o, lse ([rows, dim], [rows]) merged in place with ob, lb by log-sum-exp.
-  void (*attention_merge)(DType, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim);
+  RequiredFn<void (*)(DType, void* o, void* lse, const void* ob, const void* lb, int64_t rows,
+                      int64_t dim)> attention_merge;
 };
 
 inline const DeviceBackend*& cuda_backend_slot() {

@@ -15,21 +15,22 @@
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/scalar.hpp"
 #include "dtensor/tensor/device.hpp"
+#include "dtensor/util/required_fn.hpp"
 
 namespace dtensor::detail {
 
 struct DeviceMovement {
   // The calling thread (a rank) works on `device`, with a stream of its own.
-  void (*bind_thread)(int device);
+  RequiredFn<void (*)(int device)> bind_thread;
   // Before work on a tensor of `device`: binds a thread that has no device yet, and
   // refuses one that works on another device (its stream could not order the work).
-  void (*use_device)(int device);
+  RequiredFn<void (*)(int device)> use_device;
   // Waits for the calling thread's queued work.
-  void (*synchronize)();
-  void (*copy_block)(const void* src, Block sb, void* dst, Block db, std::size_t elem);
-  void (*reduce_block)(DType, ReduceOp, const void* src, Block sb, void* dst, Block db);
-  void (*divide_block)(DType, void* dst, Block db, int terms);
-  void (*fill)(DType, void* dst, int64_t n, Scalar value);
+  RequiredFn<void (*)()> synchronize;
+  RequiredFn<void (*)(const void* src, Block sb, void* dst, Block db, std::size_t elem)> copy_block;
+  RequiredFn<void (*)(DType, ReduceOp, const void* src, Block sb, void* dst, Block db)> reduce_block;
+  RequiredFn<void (*)(DType, void* dst, Block db, int terms)> divide_block;
+  RequiredFn<void (*)(DType, void* dst, int64_t n, Scalar value)> fill;
 };
 
 inline const DeviceMovement*& cuda_movement_slot() {
