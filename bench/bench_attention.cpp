@@ -80,13 +80,13 @@ int main(int argc, char** argv) {
                    dq.data() + off, dk.data() + off, dv.data() + off, L, p, dp);
       }
     });
-    local::AttentionDims d;
+    compute::AttentionDims d;
     d.heads = d.kv_heads = kHeads, d.q_len = d.kv_len = L, d.head_dim = kDim, d.tile = tile;
     const double tiled = best_of(3, [&] {
-      local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(),
-                               lse.data());
-      local::attention_backward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(),
-                                lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+      compute::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(),
+                                 lse.data());
+      compute::attention_backward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(),
+                                  lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
     });
     // naive: P and dP, [L, L] each; tiled: a [tile, tile] score block, its gradient,
     // a [tile, D] accumulator and the row statistics

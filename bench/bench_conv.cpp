@@ -54,7 +54,7 @@ double step_cpu(const typename X::Mesh& mesh, int64_t h, int64_t w) {
   nn::ConvOp<float, 2> op(nn::ConvSpec<2>::square_same(3), kC, kC, "conv2d");
   auto wt = Tensor<float, 4>(op.weight_shape()), dw = Tensor<float, 4>(op.weight_shape());
   std::vector<float> bias(kC, 0.1f), db(kC, 0.0f);
-  local::fill(wt, 0.01f);
+  movement::fill(wt, 0.01f);
   std::vector<double> t;
   for (int r = 0; r < kReps + 1; ++r) {
     mesh.comm().barrier();
@@ -80,7 +80,7 @@ Halo halo_times(const typename X::Mesh& mesh, int64_t h, int64_t w) {
   const X x = image<X>(mesh, h, w);
   nn::ConvOp<float, 2> op(nn::ConvSpec<2>::square_same(3), kC, kC, "conv2d");
   auto wt = Tensor<float, 4>(op.weight_shape());
-  local::fill(wt, 0.01f);
+  movement::fill(wt, 0.01f);
   auto slowest = [&](auto&& f) {
     std::vector<double> t;
     for (int r = 0; r < kReps + 1; ++r) {
@@ -105,7 +105,7 @@ Halo halo_times(const typename X::Mesh& mesh, int64_t h, int64_t w) {
   const ConvDims dims = wh.conv_dims(kC, kC, 1);
   out.local = slowest([&] {
     wh.load(x.local().data(), xp.data());
-    local::conv_forward(Device::host(), dims, xp.data(), wt.data(), static_cast<const float*>(nullptr), y.data());
+    compute::conv_forward(Device::host(), dims, xp.data(), wt.data(), static_cast<const float*>(nullptr), y.data());
   });
   return out;
 }

@@ -1,7 +1,7 @@
 // Host convolutions as a user's plain Release build gets them (issue 28; built without
-// -march on purpose): the entry points local::conv_* (oneDNN where CMake found it,
+// -march on purpose): the entry points compute::conv_* (oneDNN where CMake found it,
 // compute/onednn_conv.hpp) against dtensor's own implementation (im2col + GEMM through
-// local::gemm_ex, or the direct loops, as detail::conv::choose() picks), in the same
+// compute::gemm_ex, or the direct loops, as detail::conv::choose() picks), in the same
 // process, float, one thread. Each round times both sides one after the other (best of
 // the round's repetitions, CPU time of the thread); the ratio is entry / own: each
 // pass alone, then a step's four (forward, backward data, weight and bias).
@@ -59,12 +59,12 @@ const char* name_of(Work k) {
 
 void entry_pass(const ConvDims& d, Buffers& m, Work k) {
   if (k == Work::Forward || k == Work::Step)
-    local::conv_forward(Device::host(), d, m.x.data(), m.w.data(), m.b.data(), m.y.data());
+    compute::conv_forward(Device::host(), d, m.x.data(), m.w.data(), m.b.data(), m.y.data());
   if (k == Work::BackwardData || k == Work::Step)
-    local::conv_backward_data(Device::host(), d, m.dy.data(), m.w.data(), m.dx.data());
+    compute::conv_backward_data(Device::host(), d, m.dy.data(), m.w.data(), m.dx.data());
   if (k == Work::BackwardWeight || k == Work::Step)
-    local::conv_backward_weight(Device::host(), d, m.x.data(), m.dy.data(), m.dw.data(), false);
-  if (k == Work::Step) local::conv_backward_bias(Device::host(), d, m.dy.data(), m.db.data(), false);
+    compute::conv_backward_weight(Device::host(), d, m.x.data(), m.dy.data(), m.dw.data(), false);
+  if (k == Work::Step) compute::conv_backward_bias(Device::host(), d, m.dy.data(), m.db.data(), false);
 }
 
 void own_pass(const ConvDims& d, Buffers& m, Work k) {

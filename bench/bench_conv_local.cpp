@@ -113,7 +113,7 @@ void boxes(benchmark::State& state, int64_t channels, bool split) {
   for (auto _ : state) {
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const double t0 = thread_seconds();
-      local::conv_forward(Device::host(), d, x.data(), w.data(), b.data(), y.data(), parts[i]);
+      compute::conv_forward(Device::host(), d, x.data(), w.data(), b.data(), y.data(), parts[i]);
       if (i > 0) strips += thread_seconds() - t0;
     }
     benchmark::DoNotOptimize(y.data());

@@ -162,7 +162,7 @@ struct AttentionBuffers {
     dq = Tensor<float, 1>::uninitialized({n}, dev), dk = Tensor<float, 1>::uninitialized({n}, dev);
     dv = Tensor<float, 1>::uninitialized({n}, dev);
   }
-  local::AttentionDims dims(bool causal) const {
+  compute::AttentionDims dims(bool causal) const {
     return {.batch = kAttnBatch, .heads = kAttnHeads, .kv_heads = kAttnHeads, .q_len = len, .kv_len = len,
             .head_dim = kAttnDim, .causal = causal};
   }
@@ -181,13 +181,13 @@ void BM_attention_kernels_gpu(benchmark::State& state) {
   const Device dev = Device::cuda(0);
   AttentionBuffers b(state.range(0));
   const bool backward = state.range(1) != 0, causal = state.range(2) != 0;
-  const local::AttentionDims d = b.dims(causal);
+  const compute::AttentionDims d = b.dims(causal);
   const float* none = nullptr;
   for (auto _ : state) {
-    local::attention_forward(dev, d, b.q.data(), b.k.data(), b.v.data(), none, b.o.data(), b.lse.data());
+    compute::attention_forward(dev, d, b.q.data(), b.k.data(), b.v.data(), none, b.o.data(), b.lse.data());
     if (backward)
-      local::attention_backward(dev, d, b.q.data(), b.k.data(), b.v.data(), none, b.o.data(), b.lse.data(),
-                                b.dout.data(), b.dq.data(), b.dk.data(), b.dv.data());
+      compute::attention_backward(dev, d, b.q.data(), b.k.data(), b.v.data(), none, b.o.data(), b.lse.data(),
+                                  b.dout.data(), b.dq.data(), b.dk.data(), b.dv.data());
     cuda::synchronize();
   }
   set_attention_flops(state, b.len, backward, causal);
@@ -212,21 +212,21 @@ void BM_attention_three_products_gpu(benchmark::State& state) {
   const GemmDims pv{.m = L, .n = D, .k = L, .batch = bh};
   const GemmDims pt_do{.trans_a = true, .m = L, .n = D, .k = L, .batch = bh};
   for (auto _ : state) {
-    local::gemm_ex(dev, qk, scale, b.q.data(), b.k.data(), 0.0f, p.data());
+    compute::gemm_ex(dev, qk, scale, b.q.data(), b.k.data(), 0.0f, p.data());
     be.reduce_dim(t, ReduceOp::Max, p.data(), mx.data(), rows, L, 1);
     be.softmax_shift(t, p.data(), mx.data(), sums.data(), rows, L, 1, false);
     be.softmax_finish(t, p.data(), sums.data(), rows, L, 1, false);
-    local::gemm_ex(dev, pv, 1.0f, p.data(), b.v.data(), 0.0f, b.o.data());
+    compute::gemm_ex(dev, pv, 1.0f, p.data(), b.v.data(), 0.0f, b.o.data());
     if (backward) {
-      local::gemm_ex(dev, pt_do, 1.0f, p.data(), b.dout.data(), 0.0f, b.dv.data());       // dV = P^T dO
-      local::gemm_ex(dev, qk, 1.0f, b.dout.data(), b.v.data(), 0.0f, dp.data());          // dP = dO V^T
+      compute::gemm_ex(dev, pt_do, 1.0f, p.data(), b.dout.data(), 0.0f, b.dv.data());       // dV = P^T dO
+      compute::gemm_ex(dev, qk, 1.0f, b.dout.data(), b.v.data(), 0.0f, dp.data());          // dP = dO V^T
       be.binary(t, BinaryOp::Mul, b.dout.data(), b.o.data(), tmp.data(), rows * D);        // delta = rowsum(dO o)
       be.reduce_dim(t, ReduceOp::Sum, tmp.data(), sums.data(), rows, D, 1);
       be.unary(t, UnaryFn::Neg, sums.data(), sums.data(), rows);
       be.add_bias(t, dp.data(), sums.data(), dp.data(), rows, L, false);                  // dP - delta
       be.binary(t, BinaryOp::Mul, dp.data(), p.data(), dp.data(), rows * L);               // dS
-      local::gemm_ex(dev, pv, scale, dp.data(), b.k.data(), 0.0f, b.dq.data());           // dQ = dS K / sqrt(D)
-      local::gemm_ex(dev, pt_do, scale, dp.data(), b.q.data(), 0.0f, b.dk.data());        // dK = dS^T Q / sqrt(D)
+      compute::gemm_ex(dev, pv, scale, dp.data(), b.k.data(), 0.0f, b.dq.data());           // dQ = dS K / sqrt(D)
+      compute::gemm_ex(dev, pt_do, scale, dp.data(), b.q.data(), 0.0f, b.dk.data());        // dK = dS^T Q / sqrt(D)
     }
     cuda::synchronize();
   }

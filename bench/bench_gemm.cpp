@@ -1,5 +1,5 @@
 // Host SGEMM as a user's plain Release build gets it (no -march: Eigen's SSE2 code)
-// against dtensor's local product (local::gemm_ex: OpenBLAS where CMake found it,
+// against dtensor's local product (compute::gemm_ex: OpenBLAS where CMake found it,
 // compute/blas.hpp, which picks AVX2/AVX-512 kernels at run time), one thread, in the
 // same process; bench/gemm_torch.py times PyTorch's torch.mm on the same shapes.
 // Best of 5, GFLOP/s.
@@ -48,7 +48,8 @@ int main() {
     const double eigen = best_seconds([&] {
       Eigen::Map<Mat>(e.data(), m, n).noalias() = Eigen::Map<const Mat>(a.data(), m, k) * Eigen::Map<const Mat>(b.data(), k, n);
     });
-    const double ours = best_seconds([&] { local::gemm(Device::host(), a.data(), b.data(), c.data(), {1, m, k, n}); });
+    const double ours =
+        best_seconds([&] { compute::gemm(Device::host(), a.data(), b.data(), c.data(), {1, m, k, n}); });
     double diff = 0;
     for (std::size_t i = 0; i < c.size(); ++i) diff = std::max(diff, static_cast<double>(std::abs(c[i] - e[i])));
     const double flops = 2.0 * m * n * k;

@@ -212,7 +212,7 @@ DtensorRun run_dtensor_dim(dtensor::Comm& comm, const Problem& pb, const Op& A, 
   for (int r = 0; r < reps; ++r) {
     std::unique_ptr<MgSolver<Op, double, R, Shard<0>>> mg;
     setup.push_back(time_once(world, [&] { mg = std::make_unique<MgSolver<Op, double, R, Shard<0>>>(A, b, opt); }));
-    local::fill(x.local(), 0.0);
+    movement::fill(x.local(), 0.0);
     SolveResult res;
     mg->reset_timers();
     solve.push_back(time_once(world, [&] { res = mg->solve(b, x); }));
@@ -228,7 +228,7 @@ DtensorRun run_dtensor_dim(dtensor::Comm& comm, const Problem& pb, const Op& A, 
       for (int d = 0; d < R; ++d) g[d] = mg->grid(l)[d];
       out.grids.push_back(g);
     }
-    local::fill(x.local(), 0.0);
+    movement::fill(x.local(), 0.0);
     PcgSolver pcg(A, *mg, b, CgOptions{.stop = opt.stop});
     pcg_solve.push_back(time_once(world, [&] { res = pcg.solve(b, x); }));
     if (!res.converged) throw std::runtime_error("dtensor CG + multigrid did not converge: " + res.to_string());

@@ -2,7 +2,7 @@
 // the whole sequence with the same attention core, in the same process: forward and
 // backward of one layer's attention, float, batch 1, 4 heads of 64, sequence L.
 //
-//   one rank   local::attention_forward + attention_backward on [L, L]
+//   one rank   compute::attention_forward + attention_backward on [L, L]
 //   ring       ring_attention_forward + ring_attention_backward on n ranks, L/n each
 //              (wall time of the slowest rank, ranks started together)
 //   compute    the ring's block computations alone on every rank at once, without
@@ -47,14 +47,14 @@ std::vector<float> values(int64_t n, uint64_t seed) {
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // One rank's forward + backward over the whole sequence.
-double whole_sequence(const local::AttentionDims& d) {
+double whole_sequence(const compute::AttentionDims& d) {
   const int64_t qn = kHeads * d.q_len * kDim;
   const auto q = values(qn, 1), k = values(qn, 2), v = values(qn, 3), dout = values(qn, 4);
   std::vector<float> o(qn), lse(kHeads * d.q_len), dq(qn), dk(qn), dv(qn);
   const auto t0 = Clock::now();
-  local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(), lse.data());
-  local::attention_backward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(), lse.data(),
-                            dout.data(), dq.data(), dk.data(), dv.data());
+  compute::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(), lse.data());
+  compute::attention_backward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr), o.data(), lse.data(),
+                              dout.data(), dq.data(), dk.data(), dv.data());
   return seconds_since(t0);
 }
 
@@ -64,19 +64,19 @@ struct RingTimes {
 
 // The ring's block computations on this rank without its shifts: each block's pieces
 // against this rank's, as ring_attention_forward/backward run them.
-double ring_compute(const AttentionRing& ring, const local::AttentionDims& d) {
+double ring_compute(const AttentionRing& ring, const compute::AttentionDims& d) {
   const int64_t qn = kHeads * d.q_len * kDim, kn = kHeads * ring.longest() * kDim;
   const auto q = values(qn, 1), k = values(kn, 2), v = values(kn, 3), dout = values(qn, 4);
   // one call's results: one head's rows, or every head's where the ring's blocks are whole
   std::vector<float> ob(qn), lb(kHeads * d.q_len), dq(qn), dk(kn), dv(kn);
   const auto t0 = Clock::now();
   for (int j = 0; j < ring.size(); ++j)
-    dtensor::detail::ring::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qr, int64_t kr) {
-      local::attention_forward(one, q.data() + qr * kDim, k.data() + kr * kDim, v.data() + kr * kDim,
-                               static_cast<const float*>(nullptr), ob.data(), lb.data());
-      local::attention_backward(one, q.data() + qr * kDim, k.data() + kr * kDim, v.data() + kr * kDim,
-                                static_cast<const float*>(nullptr), ob.data(), lb.data(), dout.data() + qr * kDim,
-                                dq.data(), dk.data(), dv.data());
+    dtensor::detail::ring::for_each_piece_pair(d, ring, j, [&](const compute::AttentionDims& one, int64_t qr, int64_t kr) {
+      compute::attention_forward(one, q.data() + qr * kDim, k.data() + kr * kDim, v.data() + kr * kDim,
+                                 static_cast<const float*>(nullptr), ob.data(), lb.data());
+      compute::attention_backward(one, q.data() + qr * kDim, k.data() + kr * kDim, v.data() + kr * kDim,
+                                  static_cast<const float*>(nullptr), ob.data(), lb.data(), dout.data() + qr * kDim,
+                                  dq.data(), dk.data(), dv.data());
     });
   return seconds_since(t0);
 }
@@ -88,8 +88,8 @@ RingTimes ring_times(Comm& comm, bool causal, bool balanced) {
   std::vector<int64_t> offsets{0};
   for (int i = 0; i < n; ++i) offsets.push_back(offsets.back() + chunk_size(kLen, n, i));
   const AttentionRing ring = balanced ? AttentionRing::balanced(comm, kLen) : AttentionRing{&comm, offsets};
-  local::AttentionDims d{.batch = 1, .heads = kHeads, .kv_heads = kHeads, .q_len = ring.length(r), .head_dim = kDim,
-                         .causal = causal};
+  compute::AttentionDims d{.batch = 1, .heads = kHeads, .kv_heads = kHeads, .q_len = ring.length(r), .head_dim = kDim,
+                           .causal = causal};
   const int64_t qn = kHeads * d.q_len * kDim;
   const auto q = values(qn, 1), k = values(qn, 2), v = values(qn, 3), dout = values(qn, 4);
   std::vector<float> o(qn), lse(kHeads * d.q_len), dq(qn), dk(qn), dv(qn);
@@ -112,8 +112,8 @@ RingTimes ring_times(Comm& comm, bool causal, bool balanced) {
 }
 
 double one_rank(bool causal) {
-  const local::AttentionDims d{.batch = 1, .heads = kHeads, .kv_heads = kHeads, .q_len = kLen, .kv_len = kLen, .head_dim = kDim,
-                               .causal = causal};
+  const compute::AttentionDims d{.batch = 1, .heads = kHeads, .kv_heads = kHeads, .q_len = kLen, .kv_len = kLen, .head_dim = kDim,
+                                 .causal = causal};
   double best = 1e30;
   for (int rep = 0; rep < kReps; ++rep) best = std::min(best, whole_sequence(d));
   return best;

@@ -65,7 +65,7 @@ inline DtensorResult run_dtensor(dtensor::Comm& comm, int n, const DtensorConfig
     }
     std::vector<double> t;
     for (int r = 0; r < cfg.reps; ++r) {
-      local::fill(x.local(), 0.0);
+      movement::fill(x.local(), 0.0);
       SolveResult sr;
       t.push_back(time_once(world, [&] { sr = solver.solve(b, x); }));
       if (sr.iterations != cfg.iterations) throw std::runtime_error("dtensor CG stopped early");

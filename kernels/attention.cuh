@@ -27,7 +27,7 @@
 
 namespace dtensor::cuda::kernels::detail {
 
-using ::dtensor::local::AttentionDims;
+using ::dtensor::compute::AttentionDims;
 
 template <class T>
 DTENSOR_DEVICE inline T dinf() {
@@ -64,7 +64,7 @@ inline int64_t attention_tile(int64_t dim, int64_t elem_bytes, int per_row, int 
 template <class T>
 DTENSOR_DEVICE inline T attention_score(const AttentionDims& d, const T* sq, const T* sk, const T* mask, int64_t i0,
                                         int64_t j0, int64_t r, int64_t c) {
-  if (!::dtensor::local::attention_sees(d, i0 + r, j0 + c)) return -dinf<T>();
+  if (!::dtensor::compute::attention_sees(d, i0 + r, j0 + c)) return -dinf<T>();
   const int64_t D = d.head_dim, P = attention_pitch(D);
   T s = 0;
   for (int64_t e = 0; e < D; ++e) s += sq[r * P + e] * sk[c * P + e];
@@ -106,7 +106,7 @@ DTENSOR_KERNEL void attention_forward_kernel(AttentionDims d, const T* __restric
     for (int64_t e = threadIdx.x; e < ni * D; e += blockDim.x) acc[e] = 0;
     for (int64_t r = threadIdx.x; r < ni; r += blockDim.x) m[r] = -inf, l[r] = 0;
     for (int64_t j0 = 0; j0 < d.kv_len; j0 += B) {
-      if (::dtensor::local::attention_tile_masked(d, i0, ni, j0)) break;  // and every later tile
+      if (::dtensor::compute::attention_tile_masked(d, i0, ni, j0)) break;  // and every later tile
       const int64_t nj = d.kv_len - j0 < B ? d.kv_len - j0 : B;
       attention_load(sk, kh + j0 * D, nj, D);
       attention_load(sv, vh + j0 * D, nj, D);
@@ -125,7 +125,7 @@ DTENSOR_KERNEL void attention_forward_kernel(AttentionDims d, const T* __restric
           T p = mx == -inf ? T(0) : dexp(ss[r * B + c] - mx);  // every key so far masked: no weight yet
           sum += p;
           // the normalisation counts every weight; the output the kept ones
-          if (d.dropout.p > 0) p *= ::dtensor::local::attention_dropout_factor<T>(d, bh, i0 + r, j0 + c);
+          if (d.dropout.p > 0) p *= ::dtensor::compute::attention_dropout_factor<T>(d, bh, i0 + r, j0 + c);
           ss[r * B + c] = p;
         }
         // the earlier terms' factor exp(m - m_new): 0 where there were none, 1 where
@@ -184,7 +184,7 @@ DTENSOR_DEVICE inline void attention_pair_grads(const AttentionDims& d, const T*
   T dp = 0;
   for (int64_t e = 0; e < D; ++e) dp += sdo[r * P + e] * sv[c * P + e];
   T keep = 1;
-  if (d.dropout.p > 0) keep = ::dtensor::local::attention_dropout_factor<T>(d, bh, i0 + r, j0 + c);
+  if (d.dropout.p > 0) keep = ::dtensor::compute::attention_dropout_factor<T>(d, bh, i0 + r, j0 + c);
   *ds = p * (dp * keep - delta[r]);
   if (pk) *pk = p * keep;
 }
@@ -214,7 +214,7 @@ DTENSOR_KERNEL void attention_dq_kernel(AttentionDims d, const T* __restrict__ q
     for (int64_t e = threadIdx.x; e < ni * D; e += blockDim.x) sdq[e] = 0;
     attention_row_terms(d, o, lse, dout, bh, i0, ni, slse, delta);
     for (int64_t j0 = 0; j0 < d.kv_len; j0 += B) {
-      if (::dtensor::local::attention_tile_masked(d, i0, ni, j0)) break;
+      if (::dtensor::compute::attention_tile_masked(d, i0, ni, j0)) break;
       const int64_t nj = d.kv_len - j0 < B ? d.kv_len - j0 : B;
       attention_load(sk, k + (bkv * d.kv_len + j0) * D, nj, D);
       attention_load(sv, v + (bkv * d.kv_len + j0) * D, nj, D);
@@ -268,7 +268,7 @@ DTENSOR_KERNEL void attention_dkv_kernel(AttentionDims d, const T* __restrict__ 
       const int64_t bh = b * d.heads + h;
       for (int64_t i0 = 0; i0 < d.q_len; i0 += B) {
         const int64_t ni = d.q_len - i0 < B ? d.q_len - i0 : B;
-        if (::dtensor::local::attention_tile_masked(d, i0, ni, j0)) continue;  // a later query tile may see it
+        if (::dtensor::compute::attention_tile_masked(d, i0, ni, j0)) continue;  // a later query tile may see it
         attention_load(sq, q + (bh * d.q_len + i0) * D, ni, D);
         attention_load(sdo, dout + (bh * d.q_len + i0) * D, ni, D);
         attention_row_terms(d, o, lse, dout, bh, i0, ni, slse, delta);

@@ -718,7 +718,7 @@ namespace {
 
 // The tile of one attention kernel for d's head dim, or an error naming the head dim
 // that does not fit a block's shared memory.
-int64_t attention_tile_for(const local::AttentionDims& d, int64_t elem, int rows, int pairs, int scalars,
+int64_t attention_tile_for(const compute::AttentionDims& d, int64_t elem, int rows, int pairs, int scalars,
                            const char* fn) {
   const int64_t tile = detail::attention_tile(d.head_dim, elem, rows, pairs, scalars);
   DTENSOR_CHECK(tile > 0, InvalidArgument, "cuda::kernels::", fn, ": head dim ", d.head_dim, " of ", elem,
@@ -731,11 +731,11 @@ unsigned attention_blocks(int64_t jobs) { return static_cast<unsigned>(std::min<
 
 }  // namespace
 
-void attention_forward(DType t, const local::AttentionDims& dims, const void* q, const void* k, const void* v,
+void attention_forward(DType t, const compute::AttentionDims& dims, const void* q, const void* k, const void* v,
                        const void* mask, void* o, void* lse, cudaStream_t stream) {
   check_floating(t, "attention_forward");
   dims.check("cuda::kernels::attention_forward");
-  local::AttentionDims d = dims;
+  compute::AttentionDims d = dims;
   d.scale = d.softmax_scale();
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
@@ -755,12 +755,12 @@ void attention_forward(DType t, const local::AttentionDims& dims, const void* q,
   });
 }
 
-void attention_backward(DType t, const local::AttentionDims& dims, const void* q, const void* k, const void* v,
+void attention_backward(DType t, const compute::AttentionDims& dims, const void* q, const void* k, const void* v,
                         const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
                         void* dv, cudaStream_t stream) {
   check_floating(t, "attention_backward");
   dims.check("cuda::kernels::attention_backward");
-  local::AttentionDims d = dims;
+  compute::AttentionDims d = dims;
   d.scale = d.softmax_scale();
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);

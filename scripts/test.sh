@@ -25,7 +25,7 @@ fi
 
 [[ "${DTENSOR_SKIP_SANITIZERS:-0}" == 1 ]] && exit 0
 
-asan_tests=(test_tensor test_region test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_solvers test_mesh test_layout test_factory test_redistribute_1d test_device_emulated test_emulator test_kernels_host test_local_compute test_local_conv test_conv test_nn_mlp test_nn_layers test_checkpoint test_multigrid test_nn_fsdp)
+asan_tests=(test_tensor test_region test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_solvers test_mesh test_layout test_factory test_redistribute_1d test_device_emulated test_emulator test_kernels_host test_compute test_compute_conv test_conv test_nn_mlp test_nn_layers test_checkpoint test_multigrid test_nn_fsdp)
 tsan_tests=(test_hash_worker test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_mesh test_redistribute_1d test_device_emulated test_emulator test_nn_mlp test_nn_cnn)
 list() { local IFS=';'; echo "$*"; }
 

@@ -696,8 +696,8 @@ inline const detail::DeviceBackend& backend() {
                 for (int64_t a = 0; a < outer; ++a)
                   for (int64_t i = 0; i < inner; ++i) {
                     T acc = sum ? T(0)
-                            : r == ReduceOp::Max ? local::identity<ReduceOp::Max, T>()
-                                                 : local::identity<ReduceOp::Min, T>();
+                            : r == ReduceOp::Max ? compute::identity<ReduceOp::Max, T>()
+                                                 : compute::identity<ReduceOp::Min, T>();
                     for (int64_t j = 0; j < len; ++j) {
                       const T v = x[(a * len + j) * inner + i];
                       acc = sum ? acc + v : r == ReduceOp::Max ? std::max(acc, v) : std::min(acc, v);
@@ -713,8 +713,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::where_equal(Device::host(), real<const T>(x), real<const T>(y), real<const T>(v), real<T>(out),
-                                   outer, len, inner);
+                compute::where_equal(Device::host(), real<const T>(x), real<const T>(y), real<const T>(v), real<T>(out),
+                                     outer, len, inner);
               });
             });
           },
@@ -747,8 +747,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
-                if (log) local::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
-                else local::softmax_shift<false>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
+                if (log) compute::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
+                else compute::softmax_shift<false>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
               });
             });
           },
@@ -757,8 +757,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
-                if (log) local::softmax_finish<true>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
-                else local::softmax_finish<false>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
+                if (log) compute::softmax_finish<true>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
+                else compute::softmax_finish<false>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
               });
             });
           },
@@ -773,7 +773,7 @@ inline const detail::DeviceBackend& backend() {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
                 if constexpr (std::is_floating_point_v<T>)
-                  local::row_moments(Device::host(), real<const T>(a), real<const T>(b), shift, rows, cols, out);
+                  compute::row_moments(Device::host(), real<const T>(a), real<const T>(b), shift, rows, cols, out);
               });
             });
           },
@@ -791,7 +791,7 @@ inline const detail::DeviceBackend& backend() {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
                 if constexpr (std::is_floating_point_v<T>)
-                  local::row_affine(Device::host(), real<const T>(a), real<const T>(b), host, rows, cols, real<T>(out));
+                  compute::row_affine(Device::host(), real<const T>(a), real<const T>(b), host, rows, cols, real<T>(out));
               });
             });
           },
@@ -802,7 +802,7 @@ inline const detail::DeviceBackend& backend() {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
                 if constexpr (std::is_floating_point_v<T>)
-                  local::sgd_update(Device::host(), real<T>(w), real<const T>(g), real<T>(buf), n, step);
+                  compute::sgd_update(Device::host(), real<T>(w), real<const T>(g), real<T>(buf), n, step);
               });
             });
           },
@@ -813,7 +813,7 @@ inline const detail::DeviceBackend& backend() {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
                 if constexpr (std::is_floating_point_v<T>)
-                  local::adamw_update(Device::host(), real<T>(w), real<const T>(g), real<T>(m), real<T>(v), n, step);
+                  compute::adamw_update(Device::host(), real<T>(w), real<const T>(g), real<T>(m), real<T>(v), n, step);
               });
             });
           },
@@ -823,8 +823,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::gather_rows(Device::host(), real<const T>(table), table_rows, cols, real<const int64_t>(index),
-                                   rows, lo, real<T>(out));
+                compute::gather_rows(Device::host(), real<const T>(table), table_rows, cols, real<const int64_t>(index),
+                                     rows, lo, real<T>(out));
               });
             });
           },
@@ -834,8 +834,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::scatter_add_rows(Device::host(), real<const T>(dy), real<const int64_t>(index), rows, cols, lo,
-                                        real<T>(table), table_rows);
+                compute::scatter_add_rows(Device::host(), real<const T>(dy), real<const int64_t>(index), rows, cols, lo,
+                                          real<T>(table), table_rows);
               });
             });
           },
@@ -844,8 +844,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::take_along_last(Device::host(), real<const T>(x), rows, cols, real<const int64_t>(target), lo,
-                                       real<T>(out));
+                compute::take_along_last(Device::host(), real<const T>(x), rows, cols, real<const int64_t>(target), lo,
+                                         real<T>(out));
               });
             });
           },
@@ -854,8 +854,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               typed(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::add_along_last(Device::host(), real<const T>(g), real<const int64_t>(target), lo, real<T>(x),
-                                      rows, cols);
+                compute::add_along_last(Device::host(), real<const T>(g), real<const int64_t>(target), lo, real<T>(x),
+                                        rows, cols);
               });
             });
           },
@@ -893,8 +893,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::conv_forward(Device::host(), dims, real<const T>(x), real<const T>(w), real<const T>(bias),
-                                    real<T>(y), box);
+                compute::conv_forward(Device::host(), dims, real<const T>(x), real<const T>(w), real<const T>(bias),
+                                      real<T>(y), box);
               });
             });
           },
@@ -904,7 +904,7 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::conv_backward_data(Device::host(), dims, real<const T>(dy), real<const T>(w), real<T>(dx));
+                compute::conv_backward_data(Device::host(), dims, real<const T>(dy), real<const T>(w), real<T>(dx));
               });
             });
           },
@@ -914,8 +914,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::conv_backward_weight(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dw),
-                                            accumulate);
+                compute::conv_backward_weight(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dw),
+                                              accumulate);
               });
             });
           },
@@ -925,7 +925,7 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::conv_backward_bias(Device::host(), dims, real<const T>(dy), real<T>(db), accumulate);
+                compute::conv_backward_bias(Device::host(), dims, real<const T>(dy), real<T>(db), accumulate);
               });
             });
           },
@@ -935,7 +935,7 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::pool_forward(Device::host(), dims, real<const T>(x), real<T>(y), box);
+                compute::pool_forward(Device::host(), dims, real<const T>(x), real<T>(y), box);
               });
             });
           },
@@ -945,7 +945,7 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::pool_backward(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dx));
+                compute::pool_backward(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dx));
               });
             });
           },
@@ -955,7 +955,7 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::upsample_forward(Device::host(), dims, real<const T>(x), real<T>(y));
+                compute::upsample_forward(Device::host(), dims, real<const T>(x), real<T>(y));
               });
             });
           },
@@ -965,35 +965,35 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::upsample_backward(Device::host(), dims, real<const T>(dy), real<T>(dx));
+                compute::upsample_backward(Device::host(), dims, real<const T>(dy), real<T>(dx));
               });
             });
           },
       // Attention: the host's tiled core, on the stream's worker.
       .attention_forward =
-          [](DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v, const void* mask,
+          [](DType t, const compute::AttentionDims& d, const void* q, const void* k, const void* v, const void* mask,
              void* o, void* lse) {
             require_floating(t, "attention_forward");
             d.check("attention_forward");
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::attention_forward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
-                                         real<T>(o), real<T>(lse));
+                compute::attention_forward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
+                                           real<T>(o), real<T>(lse));
               });
             });
           },
       .attention_backward =
-          [](DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v, const void* mask,
+          [](DType t, const compute::AttentionDims& d, const void* q, const void* k, const void* v, const void* mask,
              const void* o, const void* lse, const void* dout, void* dq, void* dk, void* dv) {
             require_floating(t, "attention_backward");
             d.check("attention_backward");
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::attention_backward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
-                                          real<const T>(o), real<const T>(lse), real<const T>(dout), real<T>(dq),
-                                          real<T>(dk), real<T>(dv));
+                compute::attention_backward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
+                                            real<const T>(o), real<const T>(lse), real<const T>(dout), real<T>(dq),
+                                            real<T>(dk), real<T>(dv));
               });
             });
           },
@@ -1003,8 +1003,8 @@ inline const detail::DeviceBackend& backend() {
             launch([=] {
               floating(t, [&](auto tag) {
                 using T = decltype(tag);
-                local::attention_merge(Device::host(), real<T>(o), real<T>(lse), real<const T>(ob),
-                                       real<const T>(lb), rows, dim);
+                compute::attention_merge(Device::host(), real<T>(o), real<T>(lse), real<const T>(ob),
+                                         real<const T>(lb), rows, dim);
               });
             });
           },

@@ -17,7 +17,7 @@
 #include "compare.hpp"
 
 using namespace dtensor;
-using local::AttentionDims;
+using compute::AttentionDims;
 
 namespace {
 
@@ -104,9 +104,9 @@ template <class T>
 Grads tiled(const AttentionDims& d, const std::vector<T>& q, const std::vector<T>& k, const std::vector<T>& v,
             const T* mask, const std::vector<T>& dout) {
   std::vector<T> o(q.size()), lse(d.batch * d.heads * d.q_len), dq(q.size()), dk(k.size()), dv(v.size());
-  local::attention_forward(d, q.data(), k.data(), v.data(), mask, o.data(), lse.data());
-  local::attention_backward(d, q.data(), k.data(), v.data(), mask, o.data(), lse.data(), dout.data(), dq.data(),
-                            dk.data(), dv.data());
+  compute::attention_forward(d, q.data(), k.data(), v.data(), mask, o.data(), lse.data());
+  compute::attention_backward(d, q.data(), k.data(), v.data(), mask, o.data(), lse.data(), dout.data(), dq.data(),
+                              dk.data(), dv.data());
   auto as_double = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
   return {as_double(o), as_double(lse), as_double(dq), as_double(dk), as_double(dv)};
 }
@@ -166,8 +166,8 @@ TEST_CASE("attention: the gradients against central differences of sum(o * r)") 
     const Grads g = tiled(d, q, k, v, static_cast<const double*>(nullptr), r);
     auto loss = [&] {
       std::vector<double> o(q.size()), lse(d.batch * d.heads * d.q_len);
-      local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
-                               lse.data());
+      compute::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                                 lse.data());
       double l = 0;
       for (std::size_t i = 0; i < o.size(); ++i) l += o[i] * r[i];
       return l;
@@ -239,8 +239,8 @@ TEST_CASE("attention: float tiles equal float without tiles; bad head counts are
   CHECK(diff(tiles.dk, whole.dk) < 1e-5);
   d.kv_heads = 3;
   std::vector<float> o(q.size()), lse(q.size());
-  CHECK_THROWS_WITH_AS(local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr),
-                                                o.data(), lse.data()),
+  CHECK_THROWS_WITH_AS(compute::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const float*>(nullptr),
+                                                  o.data(), lse.data()),
                        doctest::Contains("4 query heads cannot share 3 key/value heads"), InvalidArgument);
 }
 
@@ -275,7 +275,7 @@ TEST_CASE("attention with dropout on the weights: the definition, central differ
   for (std::size_t i : {3ul, 60ul, 150ul}) {
     auto loss = [&] {
       std::vector<double> o(q.size()), lse(d.batch * d.heads * d.q_len);
-      local::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(), lse.data());
+      compute::attention_forward(d, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(), lse.data());
       double l = 0;
       for (std::size_t e = 0; e < o.size(); ++e) l += o[e] * r[e];
       return l;

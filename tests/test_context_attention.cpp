@@ -41,7 +41,7 @@ struct Whole {
   static constexpr int64_t kBatch = 2, kDim = 4;
   std::vector<int64_t> offsets{0};
   int64_t len = 0, gq = 0, gk = 0;
-  local::AttentionDims dims;
+  compute::AttentionDims dims;
   std::vector<double> q, k, v, dout, o, lse, dq, dk, dv;
 
   explicit Whole(const Case& c) {
@@ -54,10 +54,10 @@ struct Whole {
     dout = values(gq * len * kDim, 4);
     o.resize(q.size()), lse.resize(static_cast<std::size_t>(gq * len)), dq.resize(q.size());
     dk.resize(k.size()), dv.resize(v.size());
-    local::attention_forward(dims, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
-                             lse.data());
-    local::attention_backward(dims, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
-                              lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
+    compute::attention_forward(dims, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                               lse.data());
+    compute::attention_backward(dims, q.data(), k.data(), v.data(), static_cast<const double*>(nullptr), o.data(),
+                                lse.data(), dout.data(), dq.data(), dk.data(), dv.data());
   }
   // The positions of rank r (of n): its block, or its two chunks of the balanced layout.
   std::vector<RingPiece> pieces(int r, bool balanced) const {
@@ -94,8 +94,8 @@ struct Whole {
     CHECK(max_abs_diff(b.dv, share(dv, gk, ps)) < 1e-13);
   }
   // Rank r's dims: its queries (and keys) at their place in the sequence.
-  local::AttentionDims local_dims(int r) const {
-    local::AttentionDims d = dims;
+  compute::AttentionDims local_dims(int r) const {
+    compute::AttentionDims d = dims;
     d.q_len = d.kv_len = offsets[r + 1] - offsets[r];
     d.q_offset = d.kv_offset = offsets[r];
     return d;
@@ -111,7 +111,7 @@ void check_ring(const Case& c) {
     const AttentionRing ring = c.balanced ? AttentionRing::balanced(comm, whole.len) : AttentionRing{&comm, whole.offsets};
     const auto ps = whole.pieces(r, c.balanced);
     auto b = whole.block(ps);
-    local::AttentionDims d = whole.dims;
+    compute::AttentionDims d = whole.dims;
     d.q_len = d.kv_len = ring.length(r);
     CommCounter counted;
     ring_attention_forward(ring, d, b.q.data(), b.k.data(), b.v.data(), b.o.data(), b.lse.data());
@@ -202,7 +202,7 @@ TEST_CASE("ring attention: a rank failing inside the ring ends every rank with a
       run_threads(3, [&](Comm& comm) {
         const AttentionRing ring{&comm, {0, 3, 5, 8}};
         const int64_t len = ring.length(comm.rank());
-        local::AttentionDims d{.batch = 1, .heads = 2, .kv_heads = 2, .q_len = len, .head_dim = 4, .causal = true};
+        compute::AttentionDims d{.batch = 1, .heads = 2, .kv_heads = 2, .q_len = len, .head_dim = 4, .causal = true};
         const std::vector<double> q(2 * len * 4, 0.5);
         std::vector<double> o(q.size()), lse(2 * len);
         try {
@@ -229,8 +229,8 @@ TEST_CASE("ring attention: ranks that disagree about the blocks get an error, no
                                 const AttentionRing ring{&comm, comm.rank() == 0 ? std::vector<int64_t>{0, 3, 7}
                                                                                  : std::vector<int64_t>{0, 4, 7}};
                                 const int64_t len = ring.length(comm.rank());
-                                local::AttentionDims d{.batch = 1, .heads = 1, .kv_heads = 1, .q_len = len,
-                                                       .head_dim = 2};
+                                compute::AttentionDims d{.batch = 1, .heads = 1, .kv_heads = 1, .q_len = len,
+                                                         .head_dim = 2};
                                 const std::vector<double> q(2 * len, 0.5);
                                 std::vector<double> o(q.size()), lse(len);
                                 ring_attention_forward(ring, d, q.data(), q.data(), q.data(), o.data(), lse.data());
@@ -250,7 +250,7 @@ TEST_CASE("all-to-all attention equals attention on the whole sequence: 1, 2 and
 
 TEST_CASE("all-to-all attention: head counts that the ranks do not divide are refused, naming the counts") {
   spmd(2, [&](Comm& comm) {
-    local::AttentionDims d{.batch = 1, .heads = 4, .kv_heads = 1, .q_len = 2, .kv_len = 2, .head_dim = 2};
+    compute::AttentionDims d{.batch = 1, .heads = 4, .kv_heads = 1, .q_len = 2, .kv_len = 2, .head_dim = 2};
     std::vector<double> x(8), o(8), lse(8);
     UlyssesAttention<double> attention({&comm, {0, 2, 4}}, 0);
     CHECK_THROWS_WITH_AS(attention.forward(d, x.data(), x.data(), x.data(), o.data(), lse.data()),

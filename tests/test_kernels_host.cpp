@@ -1279,7 +1279,7 @@ void check_optimizers(int64_t n) {
                                  .first = first};
         INFO("sgd momentum ", momentum, ", nesterov ", nesterov, ", first ", first);
         std::vector<T> w = w0, b = b0;
-        dtensor::local::sgd_update(host, w.data(), g.data(), b.data(), n, s);
+        dtensor::compute::sgd_update(host, w.data(), g.data(), b.data(), n, s);
         each_launch(stride_configs(n, false), [&](const Config& c) {
           Buffer<T> wb(w0), gb(g), bb(b0);
           hl::launch(c.grid, c.block, 0, kd::sgd_update_kernel<T>, wb.data(), static_cast<const T*>(gb.data()),
@@ -1293,7 +1293,7 @@ void check_optimizers(int64_t n) {
   const dtensor::AdamWStep s{.lr = 0.01, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01,
                              .bias_correction1 = 1 - 0.9 * 0.9, .bias_correction2 = 1 - 0.999 * 0.999};
   std::vector<T> w = w0, m = b0, v = v0;
-  dtensor::local::adamw_update(host, w.data(), g.data(), m.data(), v.data(), n, s);
+  dtensor::compute::adamw_update(host, w.data(), g.data(), m.data(), v.data(), n, s);
   each_launch(stride_configs(n, false), [&](const Config& c) {
     Buffer<T> wb(w0), gb(g), mb(b0), vb(v0);
     hl::launch(c.grid, c.block, 0, kd::adamw_update_kernel<T>, wb.data(), static_cast<const T*>(gb.data()), mb.data(),
@@ -1378,13 +1378,13 @@ TEST_CASE("kernels on the host: random_fill gives the host's counter-based draws
 
 struct AttentionCase {
   const char* what;
-  dtensor::local::AttentionDims dims;
+  dtensor::compute::AttentionDims dims;
   bool mask = false;
 };
 
 template <class T>
 void check_attention_kernels(const AttentionCase& c, int64_t tile) {
-  using dtensor::local::AttentionDims;
+  using dtensor::compute::AttentionDims;
   AttentionDims d = c.dims;
   d.tile = 5;  // the host reference's tiles, unlike the kernels'
   const int64_t D = d.head_dim, nq = d.batch * d.heads * d.q_len * D, nkv = d.batch * d.kv_heads * d.kv_len * D;
@@ -1395,9 +1395,9 @@ void check_attention_kernels(const AttentionCase& c, int64_t tile) {
   const std::vector<T> mask = c.mask ? random_values<T>(sz(d.q_len * d.kv_len), -2, 2, 25) : std::vector<T>{};
   const T* mask_ptr = c.mask ? mask.data() : nullptr;
   std::vector<T> o(sz(nq)), lse(sz(rows)), dq(sz(nq)), dk(sz(nkv)), dv(sz(nkv));
-  dtensor::local::attention_forward(d, q.data(), k.data(), v.data(), mask_ptr, o.data(), lse.data());
-  dtensor::local::attention_backward(d, q.data(), k.data(), v.data(), mask_ptr, o.data(), lse.data(), dout.data(),
-                                     dq.data(), dk.data(), dv.data());
+  dtensor::compute::attention_forward(d, q.data(), k.data(), v.data(), mask_ptr, o.data(), lse.data());
+  dtensor::compute::attention_backward(d, q.data(), k.data(), v.data(), mask_ptr, o.data(), lse.data(), dout.data(),
+                                       dq.data(), dk.data(), dv.data());
   AttentionDims kdims = d;
   kdims.scale = d.softmax_scale();  // as the launcher resolves it
   const auto eq = [](T a, T b) { return close(a, b, 5 * tolerance<T>()); };
@@ -1443,7 +1443,7 @@ void check_attention_kernels(const AttentionCase& c, int64_t tile) {
 }
 
 TEST_CASE("kernels on the host: attention forward, dq and dk/dv equal the host's tiled core") {
-  using dtensor::local::AttentionDims;
+  using dtensor::compute::AttentionDims;
   const AttentionCase cases[] = {
       {"grouped heads, uneven lengths",
        AttentionDims{.batch = 2, .heads = 4, .kv_heads = 2, .q_len = 11, .kv_len = 9, .head_dim = 6}},
@@ -1488,8 +1488,8 @@ TEST_CASE("kernels on the host: attention_merge equals the host's log-sum-exp me
     lse[7] = lb[7] = -inf;     // neither
     lb[9] = lse[9] + T(40);    // one side dominates
     std::vector<T> want_o = o, want_l = lse;
-    dtensor::local::attention_merge(dtensor::Device::host(), want_o.data(), want_l.data(), ob.data(), lb.data(), rows,
-                                    dim);
+    dtensor::compute::attention_merge(dtensor::Device::host(), want_o.data(), want_l.data(), ob.data(), lb.data(), rows,
+                                      dim);
     CHECK(want_l[3] == lb[3]);
     CHECK(want_l[7] == -inf);
     each_launch(stride_configs(rows, false), [&](const Config& c) {

@@ -63,7 +63,7 @@ std::vector<double> values(int64_t n, uint64_t seed) {
   return x;
 }
 
-local::NeighborhoodDims whole_image(int64_t X, int64_t Y, const NeighborhoodSpec& s) {
+compute::NeighborhoodDims whole_image(int64_t X, int64_t Y, const NeighborhoodSpec& s) {
   return {.batch = kBatch, .heads = kHeads, .head_dim = kDim, .extent = {X, Y}, .kernel = s.kernel,
           .dilation = s.dilation, .q_first = {0, 0}, .q_len = {X, Y}, .kv_first = {0, 0}, .kv_len = {X, Y}};
 }
@@ -71,24 +71,24 @@ local::NeighborhoodDims whole_image(int64_t X, int64_t Y, const NeighborhoodSpec
 }  // namespace
 
 TEST_CASE("neighborhood attention core: windows clamped at the borders, dilation groups; its definition") {
-  CHECK(local::neighborhood_start(0, 9, 3, 1) == 0);
-  CHECK(local::neighborhood_start(4, 9, 3, 1) == 3);
-  CHECK(local::neighborhood_start(8, 9, 3, 1) == 6);   // shifted inward, not centred
-  CHECK(local::neighborhood_start(9, 11, 5, 2) == 1);  // odd group 1, 3, .. 9: the last window 1 .. 9
-  CHECK(local::neighborhood_start(4, 10, 5, 2) == 0);  // even group 0 .. 8, position 4 at its centre
+  CHECK(compute::neighborhood_start(0, 9, 3, 1) == 0);
+  CHECK(compute::neighborhood_start(4, 9, 3, 1) == 3);
+  CHECK(compute::neighborhood_start(8, 9, 3, 1) == 6);   // shifted inward, not centred
+  CHECK(compute::neighborhood_start(9, 11, 5, 2) == 1);  // odd group 1, 3, .. 9: the last window 1 .. 9
+  CHECK(compute::neighborhood_start(4, 10, 5, 2) == 0);  // even group 0 .. 8, position 4 at its centre
   for (const NeighborhoodSpec& s : {NeighborhoodSpec{{3, 3}, {1, 1}}, NeighborhoodSpec{{5, 3}, {1, 2}},
                                     NeighborhoodSpec{{7, 7}, {1, 1}}, NeighborhoodSpec{{1, 3}, {1, 1}}}) {
     const int64_t X = 7, Y = 8, n = kBatch * X * Y * kHeads * kDim;
     INFO("kernel ", s.kernel[0], "x", s.kernel[1], ", dilation ", s.dilation[0], "x", s.dilation[1]);
     const auto q = values(n, 1), k = values(n, 2), v = values(n, 3);
     std::vector<double> o(q.size());
-    local::neighborhood_attention_forward(whole_image(X, Y, s), q.data(), k.data(), v.data(), o.data());
+    compute::neighborhood_attention_forward(whole_image(X, Y, s), q.data(), k.data(), v.data(), o.data());
     CHECK(max_abs_diff(o, direct(q, k, v, X, Y, s)) < 1e-14);
   }
   // a window larger than the image is refused, naming the dim
   const NeighborhoodSpec all{{5, 5}, {1, 1}};
-  CHECK_THROWS_WITH_AS(local::neighborhood_attention_forward(whole_image(4, 5, all), (double*)nullptr,
-                                                             (double*)nullptr, (double*)nullptr, (double*)nullptr),
+  CHECK_THROWS_WITH_AS(compute::neighborhood_attention_forward(whole_image(4, 5, all), (double*)nullptr,
+                                                               (double*)nullptr, (double*)nullptr, (double*)nullptr),
                        doctest::Contains("does not fit the image's 4 along dim 0"), InvalidArgument);
 }
 
@@ -98,10 +98,11 @@ TEST_CASE("neighborhood attention core: gradients equal central differences") {
   const auto d = whole_image(X, Y, s);
   const auto q = values(n, 1), k = values(n, 2), v = values(n, 3), dout = values(n, 4);
   std::vector<double> dq(n), dk(n, 0.0), dv(n, 0.0);
-  local::neighborhood_attention_backward(d, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  compute::neighborhood_attention_backward(d, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
+                                           dv.data());
   auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk, const std::vector<double>& vv) {
     std::vector<double> o(n);
-    local::neighborhood_attention_forward(d, qq.data(), kk.data(), vv.data(), o.data());
+    compute::neighborhood_attention_forward(d, qq.data(), kk.data(), vv.data(), o.data());
     double l = 0;
     for (int64_t i = 0; i < n; ++i) l += o[i] * dout[i];
     return l;
@@ -130,8 +131,9 @@ void check_sharded(const std::array<int, 2>& shape, int64_t X, int64_t Y, const 
   const auto q = values(n, 1), k = values(n, 2), v = values(n, 3), dout = values(n, 4);
   const auto d = whole_image(X, Y, s);
   std::vector<double> o(n), dq(n), dk(n, 0.0), dv(n, 0.0);
-  local::neighborhood_attention_forward(d, q.data(), k.data(), v.data(), o.data());
-  local::neighborhood_attention_backward(d, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(), dv.data());
+  compute::neighborhood_attention_forward(d, q.data(), k.data(), v.data(), o.data());
+  compute::neighborhood_attention_backward(d, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
+                                           dv.data());
   spmd(shape[0] * shape[1], [&](Comm& comm) {
     DeviceMesh<2> mesh(comm, shape);
     INFO("mesh ", mesh.to_string(), ", image ", X, "x", Y, ", kernel ", s.kernel[0], "x", s.kernel[1], ", dilation ",

@@ -157,8 +157,8 @@ TEST_CASE("rotary embedding: a query-key product depends on their distance only;
   for (int i = 0; i < 8; ++i) q[i] = std::sin(1.0 + i), k[i] = std::cos(2.0 * i);
   auto rotated_dot = [&](int64_t p, int64_t pk) {
     auto a = q, b = k;
-    local::rotary_embedding<double>({.groups = 1, .len = 1, .head_dim = 8, .first_position = p}, a.data());
-    local::rotary_embedding<double>({.groups = 1, .len = 1, .head_dim = 8, .first_position = pk}, b.data());
+    compute::rotary_embedding<double>({.groups = 1, .len = 1, .head_dim = 8, .first_position = p}, a.data());
+    compute::rotary_embedding<double>({.groups = 1, .len = 1, .head_dim = 8, .first_position = pk}, b.data());
     double s = 0;
     for (int i = 0; i < 8; ++i) s += a[i] * b[i];
     return s;
@@ -169,13 +169,13 @@ TEST_CASE("rotary embedding: a query-key product depends on their distance only;
   std::vector<double> whole(5 * 8), block(2 * 8);
   for (int i = 0; i < 40; ++i) whole[i] = std::sin(0.3 * i);
   std::copy(whole.begin() + 24, whole.begin() + 40, block.begin());
-  local::rotary_embedding<double>({.groups = 1, .len = 5, .head_dim = 8}, whole.data());
-  local::rotary_embedding<double>({.groups = 1, .len = 2, .head_dim = 8, .first_position = 3}, block.data());
+  compute::rotary_embedding<double>({.groups = 1, .len = 5, .head_dim = 8}, whole.data());
+  compute::rotary_embedding<double>({.groups = 1, .len = 2, .head_dim = 8, .first_position = 3}, block.data());
   CHECK(max_abs_diff(block.data(), whole.data() + 24, 16) < 1e-15);
   auto back = block;
-  local::rotary_embedding<double>({.groups = 1, .len = 2, .head_dim = 8, .first_position = 3}, back.data(), true);
+  compute::rotary_embedding<double>({.groups = 1, .len = 2, .head_dim = 8, .first_position = 3}, back.data(), true);
   for (int i = 0; i < 16; ++i) CHECK(back[i] == doctest::Approx(std::sin(0.3 * (24 + i))).epsilon(1e-14));
-  CHECK_THROWS_AS(local::rotary_embedding<double>({.groups = 1, .len = 1, .head_dim = 5}, back.data()),
+  CHECK_THROWS_AS(compute::rotary_embedding<double>({.groups = 1, .len = 1, .head_dim = 5}, back.data()),
                   InvalidArgument);
 }
 

@@ -50,14 +50,14 @@ TEST_CASE("neighborhood attention layer on one rank: projections around na2d, an
     std::vector<Mat> w;
     nn::for_each_parameter(layer, [&](auto& p) { w.push_back(as_mat(p.value().full_tensor())); });
     // the definition: per sample, pixels as rows [P, C]; the core on the whole image
-    const local::NeighborhoodDims d{.batch = 1, .heads = kHeads, .head_dim = kC / kHeads, .extent = {H, W},
-                                    .kernel = kSpec.kernel, .dilation = kSpec.dilation, .q_first = {0, 0},
-                                    .q_len = {H, W}, .kv_first = {0, 0}, .kv_len = {H, W}};
+    const compute::NeighborhoodDims d{.batch = 1, .heads = kHeads, .head_dim = kC / kHeads, .extent = {H, W},
+                                      .kernel = kSpec.kernel, .dilation = kSpec.dilation, .q_first = {0, 0},
+                                      .q_len = {H, W}, .kv_first = {0, 0}, .kv_len = {H, W}};
     for (int64_t b = 0; b < N; ++b) {
       const Mat xb = Eigen::Map<const Mat>(x.local().data() + b * kC * P, kC, P).transpose();
       const Mat q = xb * w[0], k = xb * w[1], v = xb * w[2];
       Mat o(P, kC);
-      local::neighborhood_attention_forward(d, q.data(), k.data(), v.data(), o.data());
+      compute::neighborhood_attention_forward(d, q.data(), k.data(), v.data(), o.data());
       const Mat want = (o * w[3]).transpose();
       CHECK(max_abs_diff(Eigen::Map<const Mat>(y.local().data() + b * kC * P, kC, P), want) < 1e-13);
     }

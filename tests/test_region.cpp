@@ -91,13 +91,13 @@ TEST_CASE("Region: copies and sums between the same box in arrays of different s
   // Different simplifications (contiguous in one buffer, strided in the other).
   const Region whole = Region::box(std::array<int64_t, 2>{3, 4}, {0, 0}, {3, 4});
   std::vector<double> packed(12, 0.0);
-  local::copy_region(Device::host(), src.data(), ra, packed.data(), whole, sizeof(double));
+  movement::copy_region(Device::host(), src.data(), ra, packed.data(), whole, sizeof(double));
   for (std::size_t i = 0; i < sa.size(); ++i) CHECK(packed[i] == src[sa[i]]);
-  CHECK_THROWS_AS(local::copy_region(Device::host(), src.data(), ra, packed.data(), Region::contiguous(0, 5),
-                                     sizeof(double)),
+  CHECK_THROWS_AS(movement::copy_region(Device::host(), src.data(), ra, packed.data(), Region::contiguous(0, 5),
+                                        sizeof(double)),
                   CommError);
   std::vector<float> f(42, 1.0f);
-  local::fill_region(Device::host(), f.data(), Region::box(a, {0, 6}, {6, 1}), 0.0f);
+  movement::fill_region(Device::host(), f.data(), Region::box(a, {0, 6}, {6, 1}), 0.0f);
   CHECK(std::count(f.begin(), f.end(), 0.0f) == 6);
   CHECK(f[6] == 0.0f);
   CHECK(f[5] == 1.0f);

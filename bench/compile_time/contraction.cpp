@@ -27,11 +27,11 @@ using P = Partial<Sum>;
 
 // The local product (Eigen) is instantiated once whatever the mesh: in the baseline too.
 #if __has_include(<dtensor/compute/gemm.hpp>)
-template void dtensor::local::gemm_ex<double>(Device, const GemmDims&, double, const double*, const double*, double,
-                                              double*);
+template void dtensor::compute::gemm_ex<double>(Device, const GemmDims&, double, const double*, const double*, double,
+                                                double*);
 #else  // before compute/gemm.hpp
-template void dtensor::local::gemm<double>(Device, const double*, const double*, double*,
-                                           const std::array<int64_t, 4>&);
+template void dtensor::compute::gemm<double>(Device, const double*, const double*, double*,
+                                             const std::array<int64_t, 4>&);
 #endif
 
 #if DTENSOR_CT_MESH_DIMS == 1

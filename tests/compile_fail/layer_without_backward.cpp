@@ -18,7 +18,7 @@ struct Double {
   static constexpr void plan(nn::ModelPlan<Cfg::M, C>&, int, const State&, const State&, int64_t, bool) {}
   X forward(const X& x) {
     X y = x;
-    local::binary_scalar(BinaryOp::Mul, y.local(), 2.0f, y.local());
+    compute::binary_scalar(BinaryOp::Mul, y.local(), 2.0f, y.local());
     return y;
   }
 #ifdef DTENSOR_COMPILE_OK
@@ -28,7 +28,7 @@ struct Double {
       return 0;
     } else {
       G dx = dy;
-      local::binary_scalar(BinaryOp::Mul, dx.local(), 2.0f, dx.local());
+      compute::binary_scalar(BinaryOp::Mul, dx.local(), 2.0f, dx.local());
       return dx;
     }
   }

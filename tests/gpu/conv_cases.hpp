@@ -1,8 +1,8 @@
 #pragma once
 // The cases of local convolution, pooling and upsampling (compute/conv.hpp, pool.hpp,
-// upsample.hpp), written once for any device: test_local_conv runs them on the host
+// upsample.hpp), written once for any device: test_compute_conv runs them on the host
 // (a larger sample, and both host algorithms), test_device_emulated on the emulated
-// device, gpu_test_device_local on a GPU (cuDNN and the kernels of kernels/). Every
+// device, gpu_test_device_compute on a GPU (cuDNN and the kernels of kernels/). Every
 // result is checked against plain nested loops written here from the definitions, in
 // double, never against the library.
 //
@@ -289,7 +289,7 @@ enum class Path { Entry, Gemm, Direct, Library };
 
 template <class T>
 void run_forward(Path path, Device dev, const ConvDims& d, const T* x, const T* w, const T* b, T* y, OutBox box) {
-  if (path == Path::Entry) return local::conv_forward(dev, d, x, w, b, y, box);
+  if (path == Path::Entry) return compute::conv_forward(dev, d, x, w, b, y, box);
   d.validate("test");
   if (path == Path::Library && d.batch > 0 && !box.empty(d) &&
       detail::onednn::conv_forward(d, x, w, b, y, box.resolved(d)))
@@ -299,14 +299,14 @@ void run_forward(Path path, Device dev, const ConvDims& d, const T* x, const T* 
 }
 template <class T>
 void run_backward_data(Path path, Device dev, const ConvDims& d, const T* dy, const T* w, T* dx) {
-  if (path == Path::Entry) return local::conv_backward_data(dev, d, dy, w, dx);
+  if (path == Path::Entry) return compute::conv_backward_data(dev, d, dy, w, dx);
   if (path == Path::Library && d.batch > 0 && d.out_cells() > 0 && detail::onednn::conv_backward_data(d, dy, w, dx))
     return;
   detail::conv::backward_data(d, dy, w, dx, path == Path::Gemm ? detail::conv::Algo::Gemm : detail::conv::Algo::Direct);
 }
 template <class T>
 void run_backward_weight(Path path, Device dev, const ConvDims& d, const T* x, const T* dy, T* dw, bool acc) {
-  if (path == Path::Entry) return local::conv_backward_weight(dev, d, x, dy, dw, acc);
+  if (path == Path::Entry) return compute::conv_backward_weight(dev, d, x, dy, dw, acc);
   if (path == Path::Library && d.batch > 0 && d.out_cells() > 0 &&
       detail::onednn::conv_backward_weight(d, x, dy, dw, acc))
     return;
@@ -371,10 +371,10 @@ void check_conv(Device dev, const ConvCase& c, Path path, uint64_t seed) {
       for (int64_t co = 0; co < d.out_channels; ++co)
         for (int64_t j = 0; j < d.out_cells(); ++j) db.add(co, dy[(n * d.out_channels + co) * d.out_cells() + j]);
     auto DB = on(dev, std::vector<T>(static_cast<std::size_t>(d.out_channels), nan));
-    local::conv_backward_bias(dev, d, DY.data(), DB.data(), false);
+    compute::conv_backward_bias(dev, d, DY.data(), DB.data(), false);
     expect_close(back(DB), db.v, db.mag, "conv_backward_bias");
     auto DB2 = on(dev, std::vector<T>(static_cast<std::size_t>(d.out_channels), T(1)));
-    local::conv_backward_bias(dev, d, DY.data(), DB2.data(), true);
+    compute::conv_backward_bias(dev, d, DY.data(), DB2.data(), true);
     for (auto& v : db.v) v += 1;
     for (auto& m : db.mag) m += 1;
     expect_close(back(DB2), db.v, db.mag, "conv_backward_bias (accumulate)");
@@ -537,10 +537,10 @@ void check_pool(Device dev, const PoolCase& c, uint64_t seed) {
             y0[i] = nan, wy[i] = want.y[i], mag[i] = 2 * d.kernel_cells() * (1 + std::abs(want.y[i]));
           }
   auto Y = on(dev, y0);
-  local::pool_forward(dev, p, X.data(), Y.data(), c.box);
+  compute::pool_forward(dev, p, X.data(), Y.data(), c.box);
   expect_close(back(Y), wy, mag, "pool_forward");
   auto DX = on(dev, std::vector<T>(static_cast<std::size_t>(d.x_size()), nan));
-  local::pool_backward(dev, p, X.data(), DY.data(), DX.data());
+  compute::pool_backward(dev, p, X.data(), DY.data(), DX.data());
   std::vector<double> dmag(want.dx.size());
   for (std::size_t i = 0; i < dmag.size(); ++i) dmag[i] = 2 * d.kernel_cells() * (1 + std::abs(want.dx[i]));
   expect_close(back(DX), want.dx, dmag, "pool_backward");
@@ -567,22 +567,22 @@ void pool_hand_cases(Device dev) {
   p.window.spatial = 1, p.window.in = {4, 1, 1}, p.window.out = {3, 1, 1}, p.window.kernel = {2, 1, 1};
   auto X = on(dev, std::vector<T>{1, 3, 3, 2});
   auto Y = on(dev, std::vector<T>(3));
-  local::pool_forward(dev, p, X.data(), Y.data());
+  compute::pool_forward(dev, p, X.data(), Y.data());
   CHECK(back(Y) == std::vector<T>{3, 3, 3});
   auto DY = on(dev, std::vector<T>{1, 10, 100});
   auto DX = on(dev, std::vector<T>(4, T(-1)));
-  local::pool_backward(dev, p, X.data(), DY.data(), DX.data());
+  compute::pool_backward(dev, p, X.data(), DY.data(), DX.data());
   CHECK(back(DX) == std::vector<T>{0, 11, 100, 0});
   // Cells 0 and 3 are padding (a ghost past the image holding 50): windows (0, 1)
   // -> 3, (1, 2) -> 3, (2, 3) -> 3; with valid [1, 2) only, window 2 has no valid tap.
   auto X2 = on(dev, std::vector<T>{50, 3, 3, 50});
   p.valid_lo[0] = 1, p.valid_hi[0] = 3;
-  local::pool_forward(dev, p, X2.data(), Y.data());
+  compute::pool_forward(dev, p, X2.data(), Y.data());
   CHECK(back(Y) == std::vector<T>{3, 3, 3});
   p.valid_hi[0] = 2;
-  local::pool_forward(dev, p, X2.data(), Y.data());
+  compute::pool_forward(dev, p, X2.data(), Y.data());
   CHECK(back(Y) == std::vector<T>{3, 3, 0});
-  local::pool_backward(dev, p, X2.data(), DY.data(), DX.data());
+  compute::pool_backward(dev, p, X2.data(), DY.data(), DX.data());
   CHECK(back(DX) == std::vector<T>{0, 11, 0, 0});
   // Average with in_start -1 (zero padding) over [1, 2, 3, 4], kernel 3, stride 2:
   // windows (-1, 0, 1) and (1, 2, 3); count_pad divides by 3, else by the valid taps.
@@ -592,21 +592,21 @@ void pool_hand_cases(Device dev) {
   a.window.stride = {2, 1, 1}, a.window.in_start = {-1, 0, 0};
   auto X3 = on(dev, std::vector<T>{1, 2, 3, 4});
   auto Y3 = on(dev, std::vector<T>(2));
-  local::pool_forward(dev, a, X3.data(), Y3.data());
+  compute::pool_forward(dev, a, X3.data(), Y3.data());
   CHECK(back(Y3) == std::vector<T>{1, 3});
   a.count_pad = false;
-  local::pool_forward(dev, a, X3.data(), Y3.data());
+  compute::pool_forward(dev, a, X3.data(), Y3.data());
   CHECK(back(Y3) == std::vector<T>{T(1.5), 3});
   // PyTorch's ceil_mode over [1 .. 6] with padding 1: a fourth window (5, 6, 7) reads
   // cell 5 and padding, and counts only up to the padding's end (count_hi 7): 6 / 2.
   const PoolDims c = ceil_mode_case();
   auto X4 = on(dev, std::vector<T>{1, 2, 3, 4, 5, 6});
   auto Y4 = on(dev, std::vector<T>(4));
-  local::pool_forward(dev, c, X4.data(), Y4.data());
+  compute::pool_forward(dev, c, X4.data(), Y4.data());
   CHECK(back(Y4) == std::vector<T>{1, 3, 5, 3});
   auto DY4 = on(dev, std::vector<T>(4, T(1)));
   auto DX4 = on(dev, std::vector<T>(6, T(-1)));
-  local::pool_backward(dev, c, X4.data(), DY4.data(), DX4.data());
+  compute::pool_backward(dev, c, X4.data(), DY4.data(), DX4.data());
   const std::vector<double> want{1. / 3, 2. / 3, 1. / 3, 2. / 3, 1. / 3, 5. / 6};
   const auto dx = back(DX4);
   for (std::size_t i = 0; i < want.size(); ++i) CHECK(double(dx[i]) == doctest::Approx(want[i]).epsilon(1e-6));
@@ -717,10 +717,10 @@ void check_upsample(Device dev, const UpCase& c, uint64_t seed) {
   const T nan = std::numeric_limits<T>::quiet_NaN();
   auto X = on(dev, x), DY = on(dev, dy);
   auto Y = on(dev, std::vector<T>(y.size(), nan));
-  local::upsample_forward(dev, u, X.data(), Y.data());
+  compute::upsample_forward(dev, u, X.data(), Y.data());
   expect_close(back(Y), y, ymag, "upsample_forward");
   auto DX = on(dev, std::vector<T>(dx.size(), nan));
-  local::upsample_backward(dev, u, DY.data(), DX.data());
+  compute::upsample_backward(dev, u, DY.data(), DX.data());
   expect_close(back(DX), dx, dxmag, "upsample_backward");
 }
 
@@ -730,15 +730,15 @@ void upsample_hand_cases(Device dev) {
   auto X = on(dev, std::vector<T>{0, 4});
   auto Y = on(dev, std::vector<T>(4));
   auto u = UpsampleDims::whole(1, UpsampleMode::Linear, 1, 1, {2, 1, 1}, {2, 1, 1});
-  local::upsample_forward(dev, u, X.data(), Y.data());
+  compute::upsample_forward(dev, u, X.data(), Y.data());
   CHECK(back(Y) == std::vector<T>{0, 1, 3, 4});
   auto DX = on(dev, std::vector<T>(2));
-  local::upsample_backward(dev, u, on(dev, std::vector<T>{1, 1, 1, 1}).data(), DX.data());
+  compute::upsample_backward(dev, u, on(dev, std::vector<T>{1, 1, 1, 1}).data(), DX.data());
   CHECK(back(DX) == std::vector<T>{2, 2});  // y = [x0, .75 x0 + .25 x1, .25 x0 + .75 x1, x1]
   auto n = UpsampleDims::whole(1, UpsampleMode::Nearest, 1, 1, {2, 1, 1}, {3, 1, 1});
   auto X2 = on(dev, std::vector<T>{5, 6});
   auto Y2 = on(dev, std::vector<T>(6));
-  local::upsample_forward(dev, n, X2.data(), Y2.data());
+  compute::upsample_forward(dev, n, X2.data(), Y2.data());
   CHECK(back(Y2) == std::vector<T>{5, 5, 5, 6, 6, 6});
 }
 
@@ -747,41 +747,41 @@ inline void bad_input_cases(Device dev) {
   auto a = on(dev, std::vector<double>(64));
   ConvDims d;
   d.in_channels = 3, d.out_channels = 4, d.groups = 2;
-  CHECK_THROWS_WITH_AS(local::conv_forward(dev, d, a.data(), a.data(), nullptr, a.data()),
+  CHECK_THROWS_WITH_AS(compute::conv_forward(dev, d, a.data(), a.data(), nullptr, a.data()),
                        doctest::Contains("conv_forward: 2 groups do not divide the channels"), InvalidArgument);
   d = ConvDims{};
   d.spatial = 4;
-  CHECK_THROWS_WITH_AS(local::conv_backward_data(dev, d, a.data(), a.data(), a.data()),
+  CHECK_THROWS_WITH_AS(compute::conv_backward_data(dev, d, a.data(), a.data(), a.data()),
                        doctest::Contains("conv_backward_data: 4 spatial dims"), InvalidArgument);
   d = ConvDims{};
   d.spatial = 1, d.in = {5, 1, 1}, d.out = {5, 2, 1};
-  CHECK_THROWS_WITH_AS(local::conv_backward_weight(dev, d, a.data(), a.data(), a.data(), false),
+  CHECK_THROWS_WITH_AS(compute::conv_backward_weight(dev, d, a.data(), a.data(), a.data(), false),
                        doctest::Contains("spatial dim 1 is beyond the 1 used ones"), InvalidArgument);
   d = ConvDims{};
   d.in = {4, 4, 1}, d.out = {4, 4, 1}, d.kernel = {0, 1, 1};
-  CHECK_THROWS_WITH_AS(local::conv_backward_bias(dev, d, a.data(), a.data(), false), doctest::Contains("kernel 0"),
+  CHECK_THROWS_WITH_AS(compute::conv_backward_bias(dev, d, a.data(), a.data(), false), doctest::Contains("kernel 0"),
                        InvalidArgument);
   d = ConvDims{};
   d.in = {4, 4, 1}, d.out = {4, 4, 1};
   OutBox b;
   b.begin = {0, 2, 0}, b.end = {4, 5, 1};
-  CHECK_THROWS_WITH_AS(local::conv_forward(dev, d, a.data(), a.data(), nullptr, a.data(), b),
+  CHECK_THROWS_WITH_AS(compute::conv_forward(dev, d, a.data(), a.data(), nullptr, a.data(), b),
                        doctest::Contains("the output box [2, 5) of spatial dim 1 is outside [0, 4)"), InvalidArgument);
   PoolDims p;
   p.window = d, p.window.out_channels = 2;
-  CHECK_THROWS_WITH_AS(local::pool_forward(dev, p, a.data(), a.data()),
+  CHECK_THROWS_WITH_AS(compute::pool_forward(dev, p, a.data(), a.data()),
                        doctest::Contains("pool_forward: pooling keeps the channels"), InvalidArgument);
   p.window.out_channels = 1, p.valid_lo = {1, 0, 0}, p.valid_hi = {5, -1, -1};
-  CHECK_THROWS_WITH_AS(local::pool_backward(dev, p, a.data(), a.data(), a.data()),
+  CHECK_THROWS_WITH_AS(compute::pool_backward(dev, p, a.data(), a.data(), a.data()),
                        doctest::Contains("pool_backward: the valid cells [1, 5) of spatial dim 0"), InvalidArgument);
   UpsampleDims u = UpsampleDims::whole(2, UpsampleMode::Linear, 1, 1, {4, 4, 1}, {2, 2, 1});
   u.global_in = {8, 4, -1}, u.in_offset = {2, 0, 0}, u.out_offset = {4, 0, 0};
   // y's outputs [4, 12) of dim 0 read inputs [1, 7): x holds [2, 6)
-  CHECK_THROWS_WITH_AS(local::upsample_forward(dev, u, a.data(), a.data()),
+  CHECK_THROWS_WITH_AS(compute::upsample_forward(dev, u, a.data(), a.data()),
                        doctest::Contains("upsample_forward: spatial dim 0: outputs [4, 12) read inputs [1, 7)"),
                        InvalidArgument);
   u = UpsampleDims::whole(2, UpsampleMode::Nearest, 1, 1, {4, 4, 1}, {0, 2, 1});
-  CHECK_THROWS_WITH_AS(local::upsample_backward(dev, u, a.data(), a.data()), doctest::Contains("scale 0"),
+  CHECK_THROWS_WITH_AS(compute::upsample_backward(dev, u, a.data(), a.data()), doctest::Contains("scale 0"),
                        InvalidArgument);
 }
 

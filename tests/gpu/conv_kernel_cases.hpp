@@ -98,8 +98,8 @@ void upsample_kernels(const cc::UpCase& c, uint64_t seed) {
   // The reference: the host's entry points are checked against the plain loops by
   // check_upsample; here the kernels are checked against both (host: same formulas).
   std::vector<T> y_host(static_cast<std::size_t>(u.y_size())), dx_host(static_cast<std::size_t>(u.x_size()));
-  local::upsample_forward(Device::host(), u, x.data(), y_host.data());
-  local::upsample_backward(Device::host(), u, dy.data(), dx_host.data());
+  compute::upsample_forward(Device::host(), u, x.data(), y_host.data());
+  compute::upsample_backward(Device::host(), u, dy.data(), dx_host.data());
   const kd::UpGeo g = kd::up_geo(u);
   const T nan = std::numeric_limits<T>::quiet_NaN();
   for (const Launch& l : launches(g.planes * g.out_cells)) {

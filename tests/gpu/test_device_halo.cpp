@@ -103,10 +103,10 @@ TEST_CASE("region copies, sums and fills on a device, between boxes of different
     detail::copy_region(host_src.data(), box, want.data(), to, sizeof(double));
     const auto src = host_src.to(Device::cuda(0));
     Tensor<double, 2> got({4, 8}, Device::cuda(0));
-    local::copy_region(Device::cuda(0), src.data(), box, got.data(), to, sizeof(double));
+    movement::copy_region(Device::cuda(0), src.data(), box, got.data(), to, sizeof(double));
     CHECK(got.to(Device::host()) == want);
     detail::reduce_region(DType::Float64, ReduceOp::Sum, host_src.data(), box, want.data(), to);
-    local::reduce_region(Device::cuda(0), DType::Float64, ReduceOp::Sum, src.data(), box, got.data(), to);
+    movement::reduce_region(Device::cuda(0), DType::Float64, ReduceOp::Sum, src.data(), box, got.data(), to);
     CHECK(got.to(Device::host()) == want);
   }
   // A fill of a column (runs of one element) and of a 3-D box: one launch per Block.
@@ -114,8 +114,8 @@ TEST_CASE("region copies, sums and fills on a device, between boxes of different
   Tensor<float, 3> got({3, 4, 5}, Device::cuda(0));
   for (const Region& r : {Region::box(std::array<int64_t, 3>{3, 4, 5}, {0, 0, 4}, {3, 4, 1}),
                           Region::box(std::array<int64_t, 3>{3, 4, 5}, {1, 1, 1}, {2, 2, 3})}) {
-    local::fill_region(Device::host(), want.data(), r, 2.5f);
-    local::fill_region(Device::cuda(0), got.data(), r, 2.5f);
+    movement::fill_region(Device::host(), want.data(), r, 2.5f);
+    movement::fill_region(Device::cuda(0), got.data(), r, 2.5f);
   }
   CHECK(got.to(Device::host()) == want);
 }

@@ -543,7 +543,7 @@ TEST_CASE("softmax_shift and softmax_finish") {
 // --- attention (kernels/attention.cuh) against the host's tiled core ---
 
 template <class T>
-void check_attention(const dtensor::local::AttentionDims& d, bool with_mask, cudaStream_t s) {
+void check_attention(const dtensor::compute::AttentionDims& d, bool with_mask, cudaStream_t s) {
   INFO(dtensor::name(dtype_of<T>()), ": batch ", d.batch, ", heads ", d.heads, "/", d.kv_heads, ", lengths ", d.q_len,
        "/", d.kv_len, ", head dim ", d.head_dim, d.causal ? ", causal" : "", ", dropout ", d.dropout.p,
        with_mask ? ", mask" : "");
@@ -554,9 +554,9 @@ void check_attention(const dtensor::local::AttentionDims& d, bool with_mask, cud
   const auto mask = with_mask ? random_values<T>(d.q_len * d.kv_len, -2, 2, 35) : std::vector<T>{};
   std::vector<T> o(nq), lse(rows), dq(nq), dk(nkv), dv(nkv);
   const T* hm = with_mask ? mask.data() : nullptr;
-  dtensor::local::attention_forward(d, q.data(), kk.data(), v.data(), hm, o.data(), lse.data());
-  dtensor::local::attention_backward(d, q.data(), kk.data(), v.data(), hm, o.data(), lse.data(), dout.data(),
-                                     dq.data(), dk.data(), dv.data());
+  dtensor::compute::attention_forward(d, q.data(), kk.data(), v.data(), hm, o.data(), lse.data());
+  dtensor::compute::attention_backward(d, q.data(), kk.data(), v.data(), hm, o.data(), lse.data(), dout.data(),
+                                       dq.data(), dk.data(), dv.data());
   Device<T> gq(q, s), gk(kk, s), gv(v, s), gm(mask, s), gdo(dout, s);
   Device<T> go(std::vector<T>(nq, T(7)), s), gl(std::vector<T>(rows, T(7)), s);  // every element must be written
   Device<T> gdq(std::vector<T>(nq, T(7)), s), gdk(std::vector<T>(nkv, T(7)), s), gdv(std::vector<T>(nkv, T(7)), s);
@@ -574,7 +574,7 @@ void check_attention(const dtensor::local::AttentionDims& d, bool with_mask, cud
 }
 
 TEST_CASE("attention_forward and attention_backward equal the host's tiled core") {
-  using dtensor::local::AttentionDims;
+  using dtensor::compute::AttentionDims;
   Stream s;
   const AttentionDims plain{.batch = 2, .heads = 8, .kv_heads = 2, .q_len = 197, .kv_len = 230, .head_dim = 64};
   AttentionDims causal = plain;
@@ -608,7 +608,7 @@ TEST_CASE("attention_forward and attention_backward equal the host's tiled core"
     lb[5] = -std::numeric_limits<double>::infinity();
     lse[7] = lb[7] = -std::numeric_limits<double>::infinity();
     Device<double> go(o, s), gl(lse, s), gob(ob, s), glb(lb, s);
-    dtensor::local::attention_merge(dtensor::Device::host(), o.data(), lse.data(), ob.data(), lb.data(), rows, dim);
+    dtensor::compute::attention_merge(dtensor::Device::host(), o.data(), lse.data(), ob.data(), lb.data(), rows, dim);
     k::attention_merge(DType::Float64, go.get(), gl.get(), gob.get(), glb.get(), rows, dim, s);
     check_close(go.host(), o, 1e-14, "merged o", 1e-14);
     check_close(gl.host(), lse, 1e-14, "merged lse", 1e-14);

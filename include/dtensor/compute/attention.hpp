@@ -27,7 +27,7 @@
 // sequence this rank holds, and the same draw in forward and backward. The backward
 // uses dP = (do v^T) * keep / (1 - p) (and D = sum(do * o) as without dropout).
 //
-// On the host: one tile product at a time through local::gemm_ex (OpenBLAS where found,
+// On the host: one tile product at a time through compute::gemm_ex (OpenBLAS where found,
 // else Eigen), the softmax steps with Eigen arrays. On a device (the overloads taking a
 // Device): the device table's kernels (kernels/attention.cuh in the CUDA backend), with
 // the same rules. The sums are in T.
@@ -44,12 +44,12 @@
 #include "dtensor/util/error.hpp"
 
 
-// (in dtensor::detail, not dtensor::local::detail: a local::detail would hide
+// (in dtensor::detail, not dtensor::compute::detail: a compute::detail would hide
 // dtensor::detail from the compute headers that name detail:: inside dtensor::local)
 namespace dtensor::detail::attention {
 
-using local::AttentionDims;
-using local::AttentionDropout;
+using compute::AttentionDims;
+using compute::AttentionDropout;
 
 template <class T>
 using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -59,14 +59,14 @@ template <class T>
 using Map = Eigen::Map<Mat<T>>;
 
 // c [m, n] (rows ldc apart) = alpha op(a) op(b) + beta c: the tiles' products, through
-// local::gemm_ex (OpenBLAS where CMake found it, so a plain Release build gets the
+// compute::gemm_ex (OpenBLAS where CMake found it, so a plain Release build gets the
 // CPU's vector units; Eigen otherwise).
 template <class T>
 void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
              int64_t ldb, T beta, T* c, int64_t ldc) {
-  local::gemm_ex(Device::host(),
-                 GemmDims{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc},
-                 alpha, a, b, beta, c);
+  compute::gemm_ex(Device::host(),
+                   GemmDims{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc},
+                   alpha, a, b, beta, c);
 }
 
 // The scores of q rows [i0, i0 + ni) against keys [j0, j0 + nj): scale q k^T + mask,
@@ -92,7 +92,7 @@ template <class T>
 void dropout_factors(const AttentionDims& d, int64_t bh, int64_t i0, int64_t ni, int64_t j0, int64_t nj, Mat<T>& keep) {
   keep.resize(ni, nj);
   for (int64_t x = 0; x < ni; ++x)
-    for (int64_t y = 0; y < nj; ++y) keep(x, y) = local::attention_dropout_factor<T>(d, bh, i0 + x, j0 + y);
+    for (int64_t y = 0; y < nj; ++y) keep(x, y) = compute::attention_dropout_factor<T>(d, bh, i0 + x, j0 + y);
 }
 
 // f(bh, bkv, qh, kh, vh) for each (batch, query head) bh, with its key/value head
@@ -108,12 +108,12 @@ void for_each_head(const AttentionDims& d, const T* q, const T* k, const T* v, F
 }
 
 inline bool tile_masked(const AttentionDims& d, int64_t i0, int64_t ni, int64_t j0) {
-  return local::attention_tile_masked(d, i0, ni, j0);
+  return compute::attention_tile_masked(d, i0, ni, j0);
 }
 
 }  // namespace dtensor::detail::attention
 
-namespace dtensor::local {
+namespace dtensor::compute {
 
 // o [batch, heads, q_len, head_dim] and lse [batch, heads, q_len] from q, k, v (see
 // above); mask: nullptr or [q_len, kv_len].
@@ -281,9 +281,9 @@ void heads_to_back(const T* y, T* x, int64_t batch, int64_t len, int64_t heads, 
         std::copy_n(y + ((b * heads + h) * len + s) * head_dim, head_dim, x + ((b * len + s) * heads + h) * head_dim);
 }
 
-}  // namespace dtensor::local
+}  // namespace dtensor::compute
 
-namespace dtensor::local {
+namespace dtensor::compute {
 
 // The same on the tensors' device (on a GPU, one strided block copy per batch and head).
 template <class T>
@@ -305,4 +305,4 @@ void heads_to_back(Device dev, const T* y, T* x, int64_t batch, int64_t len, int
                     Block{(b * len * heads + h) * head_dim, len, heads * head_dim, head_dim}, sizeof(T));
 }
 
-}  // namespace dtensor::local
+}  // namespace dtensor::compute

@@ -10,7 +10,7 @@
 #include "dtensor/util/error.hpp"
 #include "dtensor/util/host_device.hpp"
 
-namespace dtensor::local {
+namespace dtensor::compute {
 
 // Dropout on the attention weights: the probability, the draw (seed and stream: a
 // layer advances the stream each step) and where this rank's block lies in the whole
@@ -69,4 +69,4 @@ DTENSOR_HOST_DEVICE T attention_dropout_factor(const AttentionDims& d, int64_t b
   return dtensor::detail::uniform01(r.seed, index, r.stream) >= r.p ? static_cast<T>(1 / (1 - r.p)) : T(0);
 }
 
-}  // namespace dtensor::local
+}  // namespace dtensor::compute

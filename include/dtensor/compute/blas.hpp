@@ -3,7 +3,7 @@
 // option DTENSOR_WITH_BLAS): OpenBLAS picks its kernels for the CPU it runs on (AVX2,
 // AVX-512), so a plain Release build of a user's program gets the machine's full
 // speed, which Eigen gives only to code compiled with -march for that machine.
-// local::gemm_ex (compute/local.hpp) asks here first and falls back to Eigen for
+// compute::gemm_ex (compute/local.hpp) asks here first and falls back to Eigen for
 // element types BLAS has no routine for (integers) and where no BLAS was found.
 //
 // Threads: ranks are dtensor's parallelism, so OpenBLAS runs each product on the

@@ -12,7 +12,7 @@
 //
 // Host algorithms. Each product has two: im2col + GEMM (per sample, group and chunk
 // of output cells: the columns [C/g * kernel_cells, chunk] gathered, then one GEMM
-// through local::gemm_ex) and a direct loop (rows of the last spatial dim, their
+// through compute::gemm_ex) and a direct loop (rows of the last spatial dim, their
 // bounds computed once per tap so the inner loop has no test and vectorises for stride
 // 1). detail::conv::choose() picks one per pass from the channels per group;
 // bench/bench_conv_local.cpp measures both in the same run, and the numbers behind
@@ -248,8 +248,8 @@ void forward_gemm(const Geo& g, const Box& x, const T* in, const T* w, const T* 
         const T* wg = w + grp * g.cog * g.rows();
         T* c = in_place ? yg + first + c0 : buf;
         const int64_t ldc = in_place ? g.out_cells : nc;
-        local::gemm_ex(Device::host(), GemmDims{.m = g.cog, .n = nc, .k = g.rows(), .ldb = nc, .ldc = ldc}, T(1), wg,
-                       col, T(0), c);
+        compute::gemm_ex(Device::host(), GemmDims{.m = g.cog, .n = nc, .k = g.rows(), .ldb = nc, .ldc = ldc}, T(1), wg,
+                         col, T(0), c);
         for (int64_t co = 0; co < g.cog; ++co) {
           const T b = bias ? bias[grp * g.cog + co] : T(0);
           if (in_place) {
@@ -330,9 +330,9 @@ void backward_data_gemm(const Geo& g, const T* dy, const T* w, T* dx) {
       for (int64_t grp = 0; grp < g.groups; ++grp) {
         // col [rows, nc] = W_g^T [rows, cog] dy_g [cog, nc]
         const T* dyg = dy + (n * g.cout + grp * g.cog) * g.out_cells + c0;
-        local::gemm_ex(Device::host(),
-                       GemmDims{.trans_a = true, .m = g.rows(), .n = nc, .k = g.cog, .ldb = g.out_cells, .ldc = nc},
-                       T(1), w + grp * g.cog * g.rows(), dyg, T(0), col);
+        compute::gemm_ex(Device::host(),
+                         GemmDims{.trans_a = true, .m = g.rows(), .n = nc, .k = g.cog, .ldb = g.out_cells, .ldc = nc},
+                         T(1), w + grp * g.cog * g.rows(), dyg, T(0), col);
         col2im(g, segs, nc, col, dx + (n * g.cin + grp * g.cg) * g.in_cells);
       }
   }
@@ -392,9 +392,9 @@ void backward_weight_gemm(const Geo& g, const T* in, const T* dy, T* dw) {
         im2col(g, segs, nc, in + (n * g.cin + grp * g.cg) * g.in_cells, col);
         // dW_g [cog, rows] += dy_g [cog, nc] col^T [nc, rows]
         const T* dyg = dy + (n * g.cout + grp * g.cog) * g.out_cells + c0;
-        local::gemm_ex(Device::host(),
-                       GemmDims{.trans_b = true, .m = g.cog, .n = g.rows(), .k = nc, .lda = g.out_cells, .ldb = nc},
-                       T(1), dyg, col, T(1), dw + grp * g.cog * g.rows());
+        compute::gemm_ex(Device::host(),
+                         GemmDims{.trans_b = true, .m = g.cog, .n = g.rows(), .k = nc, .lda = g.out_cells, .ldb = nc},
+                         T(1), dyg, col, T(1), dw + grp * g.cog * g.rows());
       }
   }
 }
@@ -521,7 +521,7 @@ constexpr void check_type() {
 
 }  // namespace detail::conv
 
-namespace local {
+namespace compute {
 
 // y[box] = conv(x, w) + bias (bias: out_channels values, or nullptr for none); the
 // outputs outside the box are left as they are.
@@ -576,5 +576,5 @@ void conv_backward_bias(Device d, const ConvDims& dims, const T* dy, T* db, bool
   detail::conv::backward_bias(dims, dy, db, accumulate);
 }
 
-}  // namespace local
+}  // namespace compute
 }  // namespace dtensor

@@ -74,7 +74,7 @@ struct DeviceBackend {
 
   // Rows of a [rows, cols] block picked by int64 indices, of which only those in
   // [lo, lo + table_rows) belong to this block (a vocabulary or class dim sharded over
-  // ranks); the others give zeros or are skipped (see local::gather_rows and friends).
+  // ranks); the others give zeros or are skipped (see compute::gather_rows and friends).
   RequiredFn<void (*)(DType, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
                       int64_t lo, void* out)> gather_rows;
   RequiredFn<void (*)(DType, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo, void* table,
@@ -107,10 +107,10 @@ struct DeviceBackend {
   // Scaled dot-product attention on one rank's blocks (compute/attention.hpp: layouts,
   // masking, dropout; float and double); mask null or [q_len, kv_len]. The backward
   // writes dq, dk and dv whole.
-  RequiredFn<void (*)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v, const void* mask,
-                      void* o, void* lse)> attention_forward;
-  RequiredFn<void (*)(DType, const local::AttentionDims&, const void* q, const void* k, const void* v, const void* mask,
-                      const void* o, const void* lse, const void* dout, void* dq, void* dk,
+  RequiredFn<void (*)(DType, const compute::AttentionDims&, const void* q, const void* k, const void* v,
+                      const void* mask, void* o, void* lse)> attention_forward;
+  RequiredFn<void (*)(DType, const compute::AttentionDims&, const void* q, const void* k, const void* v,
+                      const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
                       void* dv)> attention_backward;
   // o, lse ([rows, dim], [rows]) merged in place with ob, lb by log-sum-exp.
   RequiredFn<void (*)(DType, void* o, void* lse, const void* ob, const void* lb, int64_t rows,

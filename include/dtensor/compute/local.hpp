@@ -17,7 +17,7 @@
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/tensor/movement.hpp"
 
-namespace dtensor::local {
+namespace dtensor::compute {
 
 // --- elementwise ---
 
@@ -34,7 +34,7 @@ void assign_binary(BinaryOp k, O&& o, const X& x, const Y& y) {
 
 template <class T, int R>
 void binary(BinaryOp k, const Tensor<T, R>& a, const Tensor<T, R>& b, Tensor<T, R>& out) {
-  require_same_device(a, b, "elementwise operator");
+  movement::require_same_device(a, b, "elementwise operator");
   if (!a.device().is_host())
     return detail::device_backend(a.device()).binary(dtype_of<T>(), k, a.data(), b.data(), out.data(), a.numel());
   assign_binary(k, as_eigen_array(out), as_eigen_array(a), as_eigen_array(b));
@@ -86,9 +86,9 @@ void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
 template <class T, int R>
 void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Tensor<T, R>& dx) {
   static_assert(std::is_floating_point_v<T>,
-                "local::unary_backward: derivatives are defined for float and double tensors only");
-  require_same_device(x, dy, "unary_backward");
-  require_same_device(x, dx, "unary_backward");
+                "compute::unary_backward: derivatives are defined for float and double tensors only");
+  movement::require_same_device(x, dy, "unary_backward");
+  movement::require_same_device(x, dx, "unary_backward");
   DTENSOR_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), InvalidArgument, "unary_backward of ", name(f),
                 ": x, dy and dx hold ", x.numel(), ", ", dy.numel(), " and ", dx.numel(), " elements");
   if (!x.device().is_host())
@@ -112,7 +112,7 @@ void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Te
 // out = m + v, v broadcast along the rows (v(j) added to row i) or the columns.
 template <class T>
 void add_bias(const Tensor<T, 2>& m, const Tensor<T, 1>& v, bool along_rows, Tensor<T, 2>& out) {
-  require_same_device(m, v, "add_bias");
+  movement::require_same_device(m, v, "add_bias");
   if (!m.device().is_host())
     return detail::device_backend(m.device())
         .add_bias(dtype_of<T>(), m.data(), v.data(), out.data(), m.extent(0), m.extent(1), along_rows);
@@ -370,4 +370,12 @@ void gemm(Device d, const T* a, const T* b, T* c, const std::array<int64_t, 4>& 
   gemm_ex(d, GemmDims{.m = e[1], .n = e[3], .k = e[2], .batch = e[0]}, T(1), a, b, T(0), c);
 }
 
+}  // namespace dtensor::compute
+
+// The namespace's old name: one `local` held the math and the data movement until both
+// were named for their floors (compute::, movement::). Kept for one release; use the
+// new names.
+namespace dtensor::local {
+using namespace ::dtensor::compute;   // NOLINT(google-build-using-namespace)
+using namespace ::dtensor::movement;  // NOLINT(google-build-using-namespace)
 }  // namespace dtensor::local

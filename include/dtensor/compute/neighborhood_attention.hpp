@@ -28,7 +28,7 @@
 
 #include "dtensor/util/error.hpp"
 
-namespace dtensor::local {
+namespace dtensor::compute {
 
 // The first key of position i's window along a dim (global positions; keys at
 // first + dilation * m, m < kernel).
@@ -70,14 +70,14 @@ inline std::array<int64_t, 2> neighborhood_reach(const NeighborhoodDims& d, int 
   return {lo, hi};
 }
 
-}  // namespace dtensor::local
+}  // namespace dtensor::compute
 
-// (dtensor::detail, not dtensor::local::detail, which would hide dtensor::detail from
+// (dtensor::detail, not dtensor::compute::detail, which would hide dtensor::detail from
 // the compute headers that name detail:: inside dtensor::local)
 namespace dtensor::detail::neighborhood {
-using local::NeighborhoodDims;
-using local::neighborhood_start;
-using local::neighborhood_reach;
+using compute::NeighborhoodDims;
+using compute::neighborhood_start;
+using compute::neighborhood_reach;
 template <class T, class F>
 void for_each_query(const NeighborhoodDims& d, F&& f) {
   d.check("neighborhood attention");
@@ -106,7 +106,7 @@ void for_each_query(const NeighborhoodDims& d, F&& f) {
 }
 }  // namespace dtensor::detail::neighborhood
 
-namespace dtensor::local {
+namespace dtensor::compute {
 
 // o from q, k, v.
 template <class T>
@@ -180,4 +180,4 @@ void neighborhood_attention_backward(const NeighborhoodDims& d, const T* q, cons
   });
 }
 
-}  // namespace dtensor::local
+}  // namespace dtensor::compute

@@ -2,7 +2,7 @@
 // Host convolutions through oneDNN, where CMake found it (DTENSOR_HAVE_ONEDNN, option
 // DTENSOR_WITH_ONEDNN): the library PyTorch uses on CPUs, which picks its kernels for
 // the CPU it runs on (AVX2, AVX-512), so a plain Release build gets the machine's
-// speed. local::conv_* (compute/conv.hpp) ask here first for float tensors; double
+// speed. compute::conv_* (compute/conv.hpp) ask here first for float tensors; double
 // (oneDNN has no double convolutions) and the rare window oneDNN cannot describe go
 // to the host implementation of conv.hpp, which is also the reference the tests hold
 // this path to.

@@ -10,7 +10,7 @@
 #include "dtensor/compute/optimizer_step.hpp"
 #include "dtensor/tensor/eigen.hpp"
 
-namespace dtensor::local {
+namespace dtensor::compute {
 
 // w, g and buf (the momentum buffer, unused and may be null when momentum == 0) hold
 // n elements on device d; buf is written whole at the first step.
@@ -49,4 +49,4 @@ void adamw_update(Device d, T* w, const T* g, T* m, T* v, int64_t n, const AdamW
   wm -= (lr / bc1) * mm / ((vm / bc2).sqrt() + eps);
 }
 
-}  // namespace dtensor::local
+}  // namespace dtensor::compute

@@ -229,7 +229,7 @@ void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
 
 }  // namespace detail::pool
 
-namespace local {
+namespace compute {
 
 // y[box] = the pooling of x (max or average of each window's valid taps; a window
 // without one gives 0); the outputs outside the box are left as they are.
@@ -253,5 +253,5 @@ void pool_backward(Device d, const PoolDims& dims, const T* x, const T* dy, T* d
   detail::pool::backward(p, x, dy, dx);
 }
 
-}  // namespace local
+}  // namespace compute
 }  // namespace dtensor

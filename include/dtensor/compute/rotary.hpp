@@ -21,7 +21,7 @@
 #include "dtensor/tensor/tensor.hpp"
 #include "dtensor/util/error.hpp"
 
-namespace dtensor::local {
+namespace dtensor::compute {
 
 struct RotaryDims {
   int64_t groups = 1, len = 0, head_dim = 0;
@@ -101,4 +101,4 @@ void rotary_embedding(Device dev, const RotaryDims& d, T* x, bool inverse = fals
   move.copy_block(y2.data(), Block::contiguous(0, n), x, Block{half, rows, d.head_dim, half}, sizeof(T));
 }
 
-}  // namespace dtensor::local
+}  // namespace dtensor::compute

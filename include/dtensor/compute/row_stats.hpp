@@ -77,7 +77,7 @@ void product_moments(const T* a, const T* b, int64_t n, double& s1, double& s2) 
 
 }  // namespace detail::rows
 
-namespace local {
+namespace compute {
 
 // out[r] and out[rows + r], for each row r of a (device d):
 //   b == nullptr: sum_j (a[r, j] - k_r) and sum_j (a[r, j] - k_r)^2, k_r = shift[r]
@@ -134,5 +134,5 @@ void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t
   }
 }
 
-}  // namespace local
+}  // namespace compute
 }  // namespace dtensor

@@ -137,7 +137,7 @@ void backward(const UpsampleDims& u, const T* dy, T* dx) {
 
 }  // namespace detail::upsample
 
-namespace local {
+namespace compute {
 
 // y = the upsampling of x (nearest or linear per dim, align_corners = false).
 template <class T>
@@ -157,5 +157,5 @@ void upsample_backward(Device d, const UpsampleDims& dims, const T* dy, T* dx) {
   detail::upsample::backward(dims, dy, dx);
 }
 
-}  // namespace local
+}  // namespace compute
 }  // namespace dtensor

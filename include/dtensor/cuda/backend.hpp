@@ -195,10 +195,10 @@ inline const ::dtensor::detail::DeviceBackend& backend_table() {
       .upsample_backward = [](DType t, const UpsampleDims& u, const void* dy,
                               void* dx) { k::upsample_backward(t, u, dy, dx, current_stream()); },
       .attention_forward =
-          [](DType t, const local::AttentionDims& d, const void* q, const void* kk, const void* v, const void* mask,
+          [](DType t, const compute::AttentionDims& d, const void* q, const void* kk, const void* v, const void* mask,
              void* o, void* lse) { k::attention_forward(t, d, q, kk, v, mask, o, lse, current_stream()); },
       .attention_backward =
-          [](DType t, const local::AttentionDims& d, const void* q, const void* kk, const void* v, const void* mask,
+          [](DType t, const compute::AttentionDims& d, const void* q, const void* kk, const void* v, const void* mask,
              const void* o, const void* lse, const void* dout, void* dq, void* dk, void* dv) {
             k::attention_backward(t, d, q, kk, v, mask, o, lse, dout, dq, dk, dv, current_stream());
           },

@@ -160,10 +160,10 @@ void window_copy(DType t, int64_t planes, const std::array<int64_t, 3>& box, con
 
 // o [batch, heads, q_len, head_dim] and lse [batch, heads, q_len]; mask null or
 // [q_len, kv_len]. d.tile is the host's and is not used: the kernels pick their own.
-void attention_forward(DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v,
+void attention_forward(DType t, const compute::AttentionDims& d, const void* q, const void* k, const void* v,
                        const void* mask, void* o, void* lse, cudaStream_t stream);
 // dq, dk, dv written (not accumulated) from do and the forward's o and lse.
-void attention_backward(DType t, const local::AttentionDims& d, const void* q, const void* k, const void* v,
+void attention_backward(DType t, const compute::AttentionDims& d, const void* q, const void* k, const void* v,
                         const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
                         void* dv, cudaStream_t stream);
 // o, lse ([rows, dim], [rows]) merged in place with another partial result ob, lb

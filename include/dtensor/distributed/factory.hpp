@@ -113,7 +113,7 @@ DT generate(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const S
   using T = typename DT::value_type;
   DT x = make_dtensor<DT>(mesh, ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
   if (holds_zero_term(DT::placement_state, mesh.coords())) {
-    local::fill(x.local(), T{});
+    movement::fill(x.local(), T{});
     return x;
   }
   fill_block_on_host(x.local(), shape, x.local_offset(), gen);
@@ -145,7 +145,7 @@ template <class DT>
 DT counter_fill(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, const Splits<DT::rank>& splits,
                 const CounterDraw& d) {
   DT x = make_dtensor<DT>(mesh, ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
-  if (holds_zero_term(DT::placement_state, mesh.coords())) local::fill(x.local(), typename DT::value_type{});
+  if (holds_zero_term(DT::placement_state, mesh.coords())) movement::fill(x.local(), typename DT::value_type{});
   else fill_counter_block(x.local(), shape, x.local_offset(), d);
   return x;
 }
@@ -203,7 +203,7 @@ DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMes
                            staging.size() * sizeof(T));
       comm.scatter(dev_staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
     }
-    if (zero) local::fill(x.local(), T{});
+    if (zero) movement::fill(x.local(), T{});
     return x;
   }
 }
@@ -328,7 +328,7 @@ DTensor<T, static_cast<int>(R), P...> full(const std::array<int64_t, R>& shape, 
     using DT = DTensor<T, static_cast<int>(R), P...>;
     DT x = detail::make_dtensor<DT>(mesh,
                                     ShardLayout<DT::rank>::make(shape, DT::placement_state, mesh.shape(), splits));
-    local::fill(x.local(), detail::holds_zero_term(DT::placement_state, mesh.coords()) ? T{0} : value);
+    movement::fill(x.local(), detail::holds_zero_term(DT::placement_state, mesh.coords()) ? T{0} : value);
     return x;
   }
 }

@@ -97,14 +97,14 @@ Tensor<T, Rank> apply_step(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, 
     comm.all_to_all(x.data(), send, y.data(), recv, dt);
   } else if constexpr (S.kind == StepKind::Slice) {
     const auto [size, off] = pieces(next, S.to_dim, Before);
-    local::copy_block(x.device(), x.data(), range_block(x.shape(), S.to_dim, off[c], size[c]), y.data(),
-                      Block::contiguous(0, y.numel()), sizeof(T));
+    movement::copy_block(x.device(), x.data(), range_block(x.shape(), S.to_dim, off[c], size[c]), y.data(),
+                         Block::contiguous(0, y.numel()), sizeof(T));
   } else {  // MakePartial: the value stays whole under Avg, Max, Min; for Sum one rank keeps it
     if (S.op == ReduceOp::Sum && c != 0)
-      local::fill(y, T{0});
+      movement::fill(y, T{0});
     else
-      local::copy_block(x.device(), x.data(), Block::contiguous(0, x.numel()), y.data(),
-                        Block::contiguous(0, y.numel()), sizeof(T));
+      movement::copy_block(x.device(), x.data(), Block::contiguous(0, x.numel()), y.data(),
+                           Block::contiguous(0, y.numel()), sizeof(T));
   }
   layout = std::move(next);
   return y;

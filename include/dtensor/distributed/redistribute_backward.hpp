@@ -183,9 +183,9 @@ auto redistribute_backward_impl(const DTensor<T, Rank, G...>& dy, const std::typ
     for (int d = 0; d < Rank; ++d) at[d] -= outer[d];
     const Device dev = g.local().device();
     local = Tensor<T, Rank>::uninitialized(shape, dev);
-    local::fill(local, T{0});
-    local::copy_region(dev, g.local().data(), Region::contiguous(0, g.local().numel()), local.data(),
-                       Region::box(shape, at, g.local().shape()), sizeof(T));
+    movement::fill(local, T{0});
+    movement::copy_region(dev, g.local().data(), Region::contiguous(0, g.local().numel()), local.data(),
+                          Region::box(shape, at, g.local().shape()), sizeof(T));
   } else {
     layout = g.layout();
     local = std::move(g).to_local();
@@ -200,7 +200,7 @@ auto redistribute_backward_impl(const DTensor<T, Rank, G...>& dy, const std::typ
     if (x_avg && !q_avg) scale /= ms[m];
     if (q_avg && !x_avg) scale *= ms[m];
   }
-  if (scale != 1 && local.numel() > 0) local::binary_scalar(BinaryOp::Mul, local, static_cast<T>(scale), local);
+  if (scale != 1 && local.numel() > 0) compute::binary_scalar(BinaryOp::Mul, local, static_cast<T>(scale), local);
   return Out(mesh, std::move(layout), std::move(local));
 }
 }  // namespace detail

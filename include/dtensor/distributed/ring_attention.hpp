@@ -180,13 +180,13 @@ void relayout(const AttentionRing& from, const AttentionRing& to, std::initializ
 // Where both ranks hold one piece, one call covers every head (dims of the whole
 // blocks, first rows 0): one launch per block on a GPU rather than one per head.
 template <class F>
-void for_each_piece_pair(const local::AttentionDims& d, const AttentionRing& ring, int j, F&& f) {
+void for_each_piece_pair(const compute::AttentionDims& d, const AttentionRing& ring, int j, F&& f) {
   const auto mine = ring.pieces_of(ring.rank()), theirs = ring.pieces_of(j);
   const int64_t kv_len = ring.length(j), total = ring.total(), group = d.heads / d.kv_heads;
   if (mine.size() == 1 && theirs.size() == 1) {  // whole blocks: every head in one call
     const RingPiece p = mine[0], s = theirs[0];
     if (p.len == 0 || s.len == 0 || (d.causal && s.start > p.start + p.len - 1)) return;
-    local::AttentionDims all = d;
+    compute::AttentionDims all = d;
     all.q_len = p.len, all.kv_len = s.len, all.q_offset = p.start, all.kv_offset = s.start;
     all.dropout.heads_total = d.dropout.heads_total ? d.dropout.heads_total : d.heads;
     all.dropout.q_total = d.dropout.q_total ? d.dropout.q_total : total;
@@ -201,7 +201,7 @@ void for_each_piece_pair(const local::AttentionDims& d, const AttentionRing& rin
       if (!masked)
         for (int64_t b = 0; b < d.batch; ++b)
           for (int64_t h = 0; h < d.heads; ++h) {
-            local::AttentionDims one = d;
+            compute::AttentionDims one = d;
             one.batch = 1, one.heads = 1, one.kv_heads = 1;
             one.q_len = p.len, one.kv_len = s.len, one.q_offset = p.start, one.kv_offset = s.start;
             one.dropout.batch_offset = d.dropout.batch_offset + b;
@@ -230,13 +230,14 @@ Tensor<T, 1> buffer(Device dev, int64_t n) {
 // dst[0, n) = src[0, n) on that device.
 template <class T>
 void copy(Device dev, const T* src, T* dst, int64_t n) {
-  if (n > 0) local::copy_block(dev, src, Block::contiguous(0, n), dst, Block::contiguous(0, n), sizeof(T));
+  if (n > 0) movement::copy_block(dev, src, Block::contiguous(0, n), dst, Block::contiguous(0, n), sizeof(T));
 }
 // dst[0, n) += src[0, n) on that device.
 template <class T>
 void add(Device dev, const T* src, T* dst, int64_t n) {
   if (n > 0)
-    local::reduce_block(dev, dtype_of<T>(), ReduceOp::Sum, src, Block::contiguous(0, n), dst, Block::contiguous(0, n));
+    movement::reduce_block(dev, dtype_of<T>(), ReduceOp::Sum, src, Block::contiguous(0, n), dst,
+                           Block::contiguous(0, n));
 }
 
 }  // namespace detail::ring
@@ -246,7 +247,7 @@ void add(Device dev, const T* src, T* dst, int64_t n) {
 // live where the ring's communicator keeps its buffers (Comm::device()): host memory,
 // or a GPU, where the attention core, the merges and the copies run as kernels.
 template <class T>
-void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, const T* q, const T* k, const T* v,
+void ring_attention_forward(const AttentionRing& ring, compute::AttentionDims d, const T* q, const T* k, const T* v,
                             T* o, T* lse) {
   namespace R = detail::ring;
   const int n = ring.size(), r = ring.rank();
@@ -258,8 +259,8 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
   const Device dev = ring.comm->device();
   const int64_t kv_row = d.batch * d.kv_heads * d.head_dim;  // elements per position of k (or v)
   const int64_t rows = d.batch * d.heads * d.q_len, D = d.head_dim;
-  local::fill(dev, o, rows * D, T(0));
-  local::fill(dev, lse, rows, -std::numeric_limits<T>::infinity());
+  movement::fill(dev, o, rows * D, T(0));
+  movement::fill(dev, lse, rows, -std::numeric_limits<T>::infinity());
   // Buffers of the longest block, never resized: messages land in them while they are in flight.
   const int64_t longest = kv_row * ring.longest();
   Tensor<T, 1> cur_k = R::buffer<T>(dev, longest), cur_v = R::buffer<T>(dev, longest);
@@ -275,12 +276,12 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
       req = R::shift<T>(ring, {cur_k.data(), cur_v.data()}, kv_row * ring.length(j), {next_k.data(), next_v.data()},
                         kv_row * ring.length(incoming));
     // This rank's query pieces against block j's key pieces, each result merged into
-    // the running output by log-sum-exp (local::attention_merge).
-    R::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qrow, int64_t krow) {
+    // the running output by log-sum-exp (compute::attention_merge).
+    R::for_each_piece_pair(d, ring, j, [&](const compute::AttentionDims& one, int64_t qrow, int64_t krow) {
       const int64_t nq = one.batch * one.heads * one.q_len;
-      local::attention_forward(dev, one, q + qrow * D, cur_k.data() + krow * D, cur_v.data() + krow * D,
-                               static_cast<const T*>(nullptr), ob.data(), lb.data());
-      local::attention_merge(dev, o + qrow * D, lse + qrow, ob.data(), lb.data(), nq, D);
+      compute::attention_forward(dev, one, q + qrow * D, cur_k.data() + krow * D, cur_v.data() + krow * D,
+                                 static_cast<const T*>(nullptr), ob.data(), lb.data());
+      compute::attention_merge(dev, o + qrow * D, lse + qrow, ob.data(), lb.data(), nq, D);
     });
     if (t + 1 < n) {
       req.wait();
@@ -293,7 +294,7 @@ void ring_attention_forward(const AttentionRing& ring, local::AttentionDims d, c
 // dq, dk, dv (written) of this rank's blocks from the forward's o and lse and dout
 // (on the ring's device, as the forward).
 template <class T>
-void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, const T* q, const T* k, const T* v,
+void ring_attention_backward(const AttentionRing& ring, compute::AttentionDims d, const T* q, const T* k, const T* v,
                              const T* o, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   namespace R = detail::ring;
   const int n = ring.size(), r = ring.rank();
@@ -302,7 +303,7 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
   const int64_t qn = d.batch * d.heads * d.q_len * d.head_dim, own = kv_row * ring.length(r);
   // Buffers of the longest block, never resized: messages land in them while they are in flight.
   const int64_t longest = kv_row * ring.longest();
-  local::fill(dev, dq, qn, T(0));
+  movement::fill(dev, dq, qn, T(0));
   Tensor<T, 1> k_hand = R::buffer<T>(dev, longest), v_hand = R::buffer<T>(dev, longest);
   Tensor<T, 1> k_next = R::buffer<T>(dev, longest), v_next = R::buffer<T>(dev, longest);
   R::copy(dev, k, k_hand.data(), own);
@@ -319,13 +320,13 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
     Request kv;
     if (t + 1 < n) kv = R::shift<T>(ring, {k_hand.data(), v_hand.data()}, here, {k_next.data(), v_next.data()}, there);
     // dq added here; block j's dk and dv into dkb, dvb (then into its accumulators).
-    local::fill(dev, dkb.data(), here, T(0));
-    local::fill(dev, dvb.data(), here, T(0));
-    R::for_each_piece_pair(d, ring, j, [&](const local::AttentionDims& one, int64_t qrow, int64_t krow) {
+    movement::fill(dev, dkb.data(), here, T(0));
+    movement::fill(dev, dvb.data(), here, T(0));
+    R::for_each_piece_pair(d, ring, j, [&](const compute::AttentionDims& one, int64_t qrow, int64_t krow) {
       const int64_t nq = one.batch * one.heads * one.q_len * D, nk = one.batch * one.kv_heads * one.kv_len * D;
-      local::attention_backward(dev, one, q + qrow * D, k_hand.data() + krow * D, v_hand.data() + krow * D,
-                                static_cast<const T*>(nullptr), o + qrow * D, lse + qrow, dout + qrow * D,
-                                dqh.data(), dkh.data(), dvh.data());
+      compute::attention_backward(dev, one, q + qrow * D, k_hand.data() + krow * D, v_hand.data() + krow * D,
+                                  static_cast<const T*>(nullptr), o + qrow * D, lse + qrow, dout + qrow * D,
+                                  dqh.data(), dkh.data(), dvh.data());
       R::add(dev, dqh.data(), dq + qrow * D, nq);
       R::add(dev, dkh.data(), dkb.data() + krow * D, nk);
       R::add(dev, dvh.data(), dvb.data() + krow * D, nk);
@@ -333,8 +334,8 @@ void ring_attention_backward(const AttentionRing& ring, local::AttentionDims d, 
     // Block j's accumulated gradients: zero at home, else what the previous rank sent
     // (its shift overlapped this step's compute).
     if (t == 0) {
-      local::fill(dev, acc_dk.data(), here, T(0));
-      local::fill(dev, acc_dv.data(), here, T(0));
+      movement::fill(dev, acc_dk.data(), here, T(0));
+      movement::fill(dev, acc_dv.data(), here, T(0));
     } else {
       grads.wait();
       std::swap(acc_dk, in_dk);

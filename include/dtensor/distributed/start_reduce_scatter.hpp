@@ -45,10 +45,10 @@ class OrderedReduceScatter final : public PendingExchange {
   void sum() {
     const Region out = Region::of(recv_block_).simplified();
     const std::size_t elem = size_of(t_);
-    local::copy_region(device_, staging_.data(), Region::contiguous(0, count_), recv_, out, elem);
+    movement::copy_region(device_, staging_.data(), Region::contiguous(0, count_), recv_, out, elem);
     for (int k = 1; k < ranks_; ++k)
-      local::reduce_region(device_, t_, ReduceOp::Sum, staging_.data(), Region::contiguous(k * count_, count_), recv_,
-                           out);
+      movement::reduce_region(device_, t_, ReduceOp::Sum, staging_.data(), Region::contiguous(k * count_, count_),
+                              recv_, out);
   }
 
   Device device_;

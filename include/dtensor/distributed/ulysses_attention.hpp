@@ -37,7 +37,7 @@ class UlyssesAttention {
 
   // d: this rank's dims (q_len its block's length; every head). Writes o and lse of its
   // positions; keeps what the backward needs.
-  void forward(local::AttentionDims d, const T* q, const T* k, const T* v, T* o, T* lse) {
+  void forward(compute::AttentionDims d, const T* q, const T* k, const T* v, T* o, T* lse) {
     const int n = g_.size(), r = g_.rank();
     DTENSOR_CHECK(d.heads % n == 0 && d.kv_heads % n == 0, InvalidArgument, "all-to-all attention: ", d.heads,
                   " query heads and ", d.kv_heads, " key/value heads over ", n,
@@ -67,8 +67,8 @@ class UlyssesAttention {
     to_heads(q, q_.data(), d.heads, D);
     to_heads(k, k_.data(), d.kv_heads, D);
     to_heads(v, v_.data(), d.kv_heads, D);
-    local::attention_forward(dev, heads_, q_.data(), k_.data(), v_.data(), static_cast<const T*>(nullptr), o_.data(),
-                             lse_.data());
+    compute::attention_forward(dev, heads_, q_.data(), k_.data(), v_.data(), static_cast<const T*>(nullptr), o_.data(),
+                               lse_.data());
     to_positions(o_.data(), o, d.heads, D);
     to_positions(lse_.data(), lse, d.heads, 1);
   }
@@ -79,8 +79,8 @@ class UlyssesAttention {
                  dv_h = buffer(v_.numel());
     to_heads(dout, dout_h.data(), local_.heads, D);
     const T* no_mask = nullptr;
-    local::attention_backward(g_.comm->device(), heads_, q_.data(), k_.data(), v_.data(), no_mask, o_.data(),
-                              lse_.data(), dout_h.data(), dq_h.data(), dk_h.data(), dv_h.data());
+    compute::attention_backward(g_.comm->device(), heads_, q_.data(), k_.data(), v_.data(), no_mask, o_.data(),
+                                lse_.data(), dout_h.data(), dq_h.data(), dk_h.data(), dv_h.data());
     to_positions(dq_h.data(), dq, local_.heads, D);
     to_positions(dk_h.data(), dk, local_.kv_heads, D);
     to_positions(dv_h.data(), dv, local_.kv_heads, D);
@@ -122,7 +122,7 @@ class UlyssesAttention {
 
   AttentionRing g_;
   int mesh_dim_;
-  local::AttentionDims local_{}, heads_{};
+  compute::AttentionDims local_{}, heads_{};
   Tensor<T, 1> q_{}, k_{}, v_{}, o_{}, lse_{};  // head-split, whole sequence
 };
 

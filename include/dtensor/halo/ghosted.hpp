@@ -71,14 +71,14 @@ class Ghosted {
                   "Ghosted::assign: the tensor's layout (global ", dtensor::to_string(x.layout().global),
                   ") differs from this one's (global ", dtensor::to_string(layout_.global), ")");
     const auto& src = x.local();
-    local::copy_region(device(), src.data(), Region::box(src.shape(), Shape<Rank>{}, src.shape()), storage_.data(),
-                       interior_region(), sizeof(T));
+    movement::copy_region(device(), src.data(), Region::box(src.shape(), Shape<Rank>{}, src.shape()), storage_.data(),
+                          interior_region(), sizeof(T));
   }
   // The interior as a DTensor (a copy).
   Tensor_t to_dtensor() const {
     auto t = Tensor<T, Rank>::uninitialized(local_shape(), device());
-    local::copy_region(device(), storage_.data(), interior_region(), t.data(),
-                       Region::box(t.shape(), Shape<Rank>{}, t.shape()), sizeof(T));
+    movement::copy_region(device(), storage_.data(), interior_region(), t.data(),
+                          Region::box(t.shape(), Shape<Rank>{}, t.shape()), sizeof(T));
     return Tensor_t(mesh_, layout_, std::move(t));
   }
 

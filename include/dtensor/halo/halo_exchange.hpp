@@ -205,8 +205,8 @@ class HaloExchange {
   void reverse_end() {
     finish("reverse_end");
     for (std::size_t i = 0; i < reverse_recvs_.size(); ++i)  // in the plan's order: the same sums every run
-      local::reduce_region(device_, dtype_of<T>(), ReduceOp::Sum, staging_.data(), reverse_recvs_[i].region, buf_,
-                           reverse_targets_[i]);
+      movement::reduce_region(device_, dtype_of<T>(), ReduceOp::Sum, staging_.data(), reverse_recvs_[i].region, buf_,
+                              reverse_targets_[i]);
     zero_ghosts();
     buf_ = nullptr, in_flight_ = false;
   }
@@ -414,9 +414,9 @@ class HaloExchange {
     for (const auto& s : outside_segments(d)) {
       if (hd.boundary.kind == Boundary::Kind::Reflect) {
         for (int64_t p = s.pad_start; p < s.pad_start + s.len; ++p)
-          local::copy_region(device_, buf_, slab(d, mirror(d, p), 1), buf_, slab(d, p, 1), sizeof(T));
+          movement::copy_region(device_, buf_, slab(d, mirror(d, p), 1), buf_, slab(d, p, 1), sizeof(T));
       } else {
-        local::fill_region(device_, buf_, slab(d, s.pad_start, s.len), static_cast<T>(hd.boundary.value));
+        movement::fill_region(device_, buf_, slab(d, s.pad_start, s.len), static_cast<T>(hd.boundary.value));
       }
     }
   }
@@ -425,9 +425,9 @@ class HaloExchange {
     for (const auto& s : outside_segments(d)) {
       if (hd.boundary.kind == Boundary::Kind::Reflect)
         for (int64_t p = s.pad_start; p < s.pad_start + s.len; ++p)
-          local::reduce_region(device_, dtype_of<T>(), ReduceOp::Sum, buf_, slab(d, p, 1), buf_,
-                               slab(d, mirror(d, p), 1));
-      local::fill_region(device_, buf_, slab(d, s.pad_start, s.len), T(0));
+          movement::reduce_region(device_, dtype_of<T>(), ReduceOp::Sum, buf_, slab(d, p, 1), buf_,
+                                  slab(d, mirror(d, p), 1));
+      movement::fill_region(device_, buf_, slab(d, s.pad_start, s.len), T(0));
     }
   }
   // The ghost shell, as disjoint boxes: along dim d, its ghost slabs over the
@@ -440,7 +440,7 @@ class HaloExchange {
       for (auto [b, n] : {std::pair{int64_t{0}, dims_[d].lo}, std::pair{dims_[d].lo + interior_[d], dims_[d].hi}}) {
         if (n == 0) continue;
         start[d] = b, size[d] = n;
-        local::fill_region(device_, buf_, Region::box(padded_, start, size), T(0));
+        movement::fill_region(device_, buf_, Region::box(padded_, start, size), T(0));
       }
     }
   }

@@ -70,7 +70,7 @@ class NeighborhoodAttention2d {
     halo_->forward(vp_->data());
     q_.emplace(q);
     auto o = Tensor<T, 5>::uninitialized(ls, Device::host());
-    local::neighborhood_attention_forward(dims_, q.local().data(), kp_->data(), vp_->data(), o.data());
+    compute::neighborhood_attention_forward(dims_, q.local().data(), kp_->data(), vp_->data(), o.data());
     return DT(q.mesh(), q.layout(), std::move(o));
   }
 
@@ -82,8 +82,8 @@ class NeighborhoodAttention2d {
                   dtensor::to_string(q.local().shape()));
     auto dq = Tensor<T, 5>::uninitialized(q.local().shape(), Device::host());
     Tensor<T, 5> dkp(halo_->padded_shape(), Device::host()), dvp(halo_->padded_shape(), Device::host());
-    local::neighborhood_attention_backward(dims_, q.local().data(), kp_->data(), vp_->data(), dout.local().data(),
-                                           dq.data(), dkp.data(), dvp.data());
+    compute::neighborhood_attention_backward(dims_, q.local().data(), kp_->data(), vp_->data(), dout.local().data(),
+                                             dq.data(), dkp.data(), dvp.data());
     halo_->reverse(dkp.data());
     halo_->reverse(dvp.data());
     DT gq(q.mesh(), q.layout(), std::move(dq)), gk(q.mesh(), q.layout(), interior(dkp)),
@@ -114,13 +114,13 @@ class NeighborhoodAttention2d {
       const int d = 1 + a;
       const std::vector<int64_t> blocks = q.layout().blocks[d].empty() ? std::vector<int64_t>{g[d]}
                                                                         : q.layout().blocks[d];
-      local::NeighborhoodDims probe = dims_;
+      compute::NeighborhoodDims probe = dims_;
       probe.check("NeighborhoodAttention2d");
       int64_t first = 0, lo = 0, hi = 0;
       for (int64_t len : blocks) {  // every rank's block, so that all agree on the widths
         if (len > 0) {
           probe.q_first[a] = first, probe.q_len[a] = len;
-          const auto r = local::neighborhood_reach(probe, a);
+          const auto r = compute::neighborhood_reach(probe, a);
           lo = std::max(lo, first - r[0]);
           hi = std::max(hi, r[1] - (first + len));
         }
@@ -158,7 +158,7 @@ class NeighborhoodAttention2d {
   }
 
   NeighborhoodSpec spec_;
-  local::NeighborhoodDims dims_{};
+  compute::NeighborhoodDims dims_{};
   std::array<std::array<int64_t, 2>, 2> ghosts_{};
   std::optional<HaloExchange<T, 5>> halo_;
   Splits<5> planned_for_{};

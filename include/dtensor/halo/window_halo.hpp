@@ -198,12 +198,12 @@ class WindowHalo {
 
   // Copies a local block (local_shape()) into the interior of a padded block, and back.
   void load(const T* local, T* padded) const {
-    local::copy_region(device_, local, Region::box(local_shape(), Shape<Rank>{}, local_shape()), padded,
-                       interior_region(), sizeof(T));
+    movement::copy_region(device_, local, Region::box(local_shape(), Shape<Rank>{}, local_shape()), padded,
+                          interior_region(), sizeof(T));
   }
   void store(const T* padded, T* local) const {
-    local::copy_region(device_, padded, interior_region(), local,
-                       Region::box(local_shape(), Shape<Rank>{}, local_shape()), sizeof(T));
+    movement::copy_region(device_, padded, interior_region(), local,
+                          Region::box(local_shape(), Shape<Rank>{}, local_shape()), sizeof(T));
   }
 
   // Forward: ghosts <- the neighbours' cells (and zeros beyond the image).

@@ -145,7 +145,7 @@ LoadBlock load_dtensor(DTensor<T, R, P...>& x) {
   b.read = !zero && x.local().numel() > 0;
   Tensor<T, R>& local = x.local();
   if (zero) {
-    b.finish = [&local] { local::fill(local, T{0}); };
+    b.finish = [&local] { movement::fill(local, T{0}); };
   } else if (local.device().is_host()) {
     b.data = reinterpret_cast<unsigned char*>(local.data());
   } else {

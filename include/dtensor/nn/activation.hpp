@@ -30,7 +30,7 @@ class Activation : public KeepsPlacements<Cfg, Takes::Values> {
                   "dtensor::nn activation: a Partial input must be reduced first (the model does so)");
     saved_.emplace(x.local());
     auto y = Tensor<T, Rank>::uninitialized(x.local().shape(), x.local().device());
-    local::unary(Fn, x.local(), y);
+    compute::unary(Fn, x.local(), y);
     return X(x.mesh(), x.layout(), std::move(y));
   }
 
@@ -45,7 +45,7 @@ class Activation : public KeepsPlacements<Cfg, Takes::Values> {
       DTENSOR_CHECK(dy.local().shape() == saved_->shape(), InvalidArgument, name,
                     ": the gradient's block ", dtensor::to_string(dy.local().shape()), " differs from the input's ",
                     dtensor::to_string(saved_->shape()), "; it must be placed like the output");
-      local::unary_backward(Fn, *saved_, dy.local(), dx);
+      compute::unary_backward(Fn, *saved_, dy.local(), dx);
       saved_.reset();
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }

@@ -190,11 +190,11 @@ Tensor<T, Rank> normalize_rows(const Tensor<T, Rank>& x, const ImageBlock& blk, 
   }
   xhat = Tensor<T, Rank>::uninitialized(x.shape(), dev);
   auto y = Tensor<T, Rank>::uninitialized(x.shape(), dev);
-  local::row_affine(dev, x.data(), static_cast<const T*>(nullptr), {.center = center.data(), .scale = xhat_scale.data()},
-                    rows, blk.cells, xhat.data());
-  local::row_affine(dev, x.data(), static_cast<const T*>(nullptr),
-                    {.center = center.data(), .scale = scale.data(), .offset = offset.data()}, rows, blk.cells,
-                    y.data());
+  compute::row_affine(dev, x.data(), static_cast<const T*>(nullptr), {.center = center.data(), .scale = xhat_scale.data()},
+                      rows, blk.cells, xhat.data());
+  compute::row_affine(dev, x.data(), static_cast<const T*>(nullptr),
+                      {.center = center.data(), .scale = scale.data(), .offset = offset.data()}, rows, blk.cells,
+                      y.data());
   return y;
 }
 

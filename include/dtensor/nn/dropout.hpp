@@ -53,7 +53,7 @@ class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
         mask, x.shape(), x.local_offset(),
         {.kind = CounterDraw::Kind::Keep, .seed = seed_, .stream = 1 + step, .p = p_, .scale = 1 / (1 - p_)});
     auto y = Tensor<T, Rank>::uninitialized(x.local().shape(), dev);
-    local::binary(BinaryOp::Mul, x.local(), mask, y);
+    compute::binary(BinaryOp::Mul, x.local(), mask, y);
     mask_.emplace(std::move(mask));
     return X(x.mesh(), x.layout(), std::move(y));
   }
@@ -67,7 +67,7 @@ class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
       auto dx = Tensor<T, Rank>::uninitialized(dy.local().shape(), dy.local().device());
       DTENSOR_CHECK(dy.local().shape() == mask_->shape(), InvalidArgument,
                     "Dropout: the gradient's block differs from the input's; it must be placed like the output");
-      local::binary(BinaryOp::Mul, dy.local(), *mask_, dx);
+      compute::binary(BinaryOp::Mul, dy.local(), *mask_, dx);
       mask_.reset();
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }

@@ -143,7 +143,7 @@ struct shard_tuple<L, Master, std::index_sequence<I...>> {
 template <class To, class From>
 void convert_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t dst_off, int64_t n) {
   if constexpr (std::is_same_v<To, From>) {
-    local::copy_region(dev, src, Region::contiguous(src_off, n), dst, Region::contiguous(dst_off, n), sizeof(To));
+    movement::copy_region(dev, src, Region::contiguous(src_off, n), dst, Region::contiguous(dst_off, n), sizeof(To));
   } else {
     DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: a master copy in another precision than the "
                   "layer's is converted on the host; these blocks live on ", to_string(dev));
@@ -154,8 +154,8 @@ void convert_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t
 template <class To, class From>
 void add_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t n) {
   if constexpr (std::is_same_v<To, From>) {
-    local::reduce_region(dev, dtype_of<To>(), ReduceOp::Sum, src, Region::contiguous(src_off, n), dst,
-                         Region::contiguous(0, n));
+    movement::reduce_region(dev, dtype_of<To>(), ReduceOp::Sum, src, Region::contiguous(src_off, n), dst,
+                            Region::contiguous(0, n));
   } else {
     DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: a master copy in another precision than the "
                   "layer's is updated on the host; these blocks live on ", to_string(dev));
@@ -605,8 +605,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
         const auto shape = full_local_shape<I>();
         auto full = Tensor<T, std::tuple_size_v<std::remove_cvref_t<decltype(shape)>>>::uninitialized(shape, dev);
         for_each_piece<I>(n, [&](int r, const Region& piece, int64_t pn) {
-          local::copy_region(dev, recv.data(), Region::contiguous(cursor[static_cast<std::size_t>(r)], pn), full.data(),
-                             piece, sizeof(T));
+          movement::copy_region(dev, recv.data(), Region::contiguous(cursor[static_cast<std::size_t>(r)], pn),
+                                full.data(), piece, sizeof(T));
           cursor[static_cast<std::size_t>(r)] += pn;
         });
         using DT = typename detail::shard_of<L, I>::DT;
@@ -651,8 +651,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
         const auto& g = inner_parameter<I>().grad();
         for_each_piece<I>(n, [&](int r, const Region& piece, int64_t pn) {
           const Region to = Region::contiguous(cursor[static_cast<std::size_t>(r)], pn);
-          if (adding) local::reduce_region(dev, dtype_of<T>(), ReduceOp::Sum, g.data(), piece, send.data(), to);
-          else local::copy_region(dev, g.data(), piece, send.data(), to, sizeof(T));
+          if (adding) movement::reduce_region(dev, dtype_of<T>(), ReduceOp::Sum, g.data(), piece, send.data(), to);
+          else movement::copy_region(dev, g.data(), piece, send.data(), to, sizeof(T));
           cursor[static_cast<std::size_t>(r)] += pn;
         });
       });

@@ -26,8 +26,8 @@ double sum_of_squares(const Tensor<T, R>& g) {
 template <class T>
 void matmul(Device d, const T* a, bool trans_a, const T* b, bool trans_b, T* c, int64_t m, int64_t n, int64_t k,
             bool accumulate = false) {
-  local::gemm_ex(d, GemmDims{.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k}, T(1), a, b,
-                 accumulate ? T(1) : T(0), c);
+  compute::gemm_ex(d, GemmDims{.trans_a = trans_a, .trans_b = trans_b, .m = m, .n = n, .k = k}, T(1), a, b,
+                   accumulate ? T(1) : T(0), c);
 }
 
 // y[i, :] += v for every row i of y [rows, cols].
@@ -58,9 +58,9 @@ void column_sums(Device d, const T* y, T* s, int64_t rows, int64_t cols, bool ac
     return;
   }
   Tensor<T, 1> tmp = Tensor<T, 1>::uninitialized({cols}, d);
-  local::reduce_dim<ReduceOp::Sum>(d, y, tmp.data(), 1, rows, cols);
+  compute::reduce_dim<ReduceOp::Sum>(d, y, tmp.data(), 1, rows, cols);
   if (accumulate) dtensor::detail::device_backend(d).binary(dtype_of<T>(), BinaryOp::Add, s, tmp.data(), s, cols);
-  else local::copy_block(d, tmp.data(), Block::contiguous(0, cols), s, Block::contiguous(0, cols), sizeof(T));
+  else movement::copy_block(d, tmp.data(), Block::contiguous(0, cols), s, Block::contiguous(0, cols), sizeof(T));
 }
 
 // Rows of an activation block: the product of its leading extents.

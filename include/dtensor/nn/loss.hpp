@@ -174,7 +174,7 @@ class CrossEntropy {
 
     // 1. Row maxima (over the whole class dim: all-reduce MAX over TP).
     auto mx_local = Tensor<T, 1>::uninitialized({rows}, dev);
-    local::reduce_dim<ReduceOp::Max>(dev, zl.data(), mx_local.data(), rows, cl, 1);
+    compute::reduce_dim<ReduceOp::Max>(dev, zl.data(), mx_local.data(), rows, cl, 1);
     std::vector<T> mx = detail::host_values(mx_local);
     if constexpr (class_sharded) reduce(mesh.comm(Cfg::tp), Cfg::tp, mx.data(), mx.size(), ReduceOp::Max);
 
@@ -183,9 +183,9 @@ class CrossEntropy {
     auto p = Tensor<T, Rank>(zl);
     const Tensor<T, 1> mx_dev = detail::values_on(dev, mx);
     auto sum_exp = Tensor<T, 1>::uninitialized({rows}, dev);
-    local::softmax_shift<false>(dev, p.data(), mx_dev.data(), sum_exp.data(), rows, cl, 1);
+    compute::softmax_shift<false>(dev, p.data(), mx_dev.data(), sum_exp.data(), rows, cl, 1);
     auto target_logit = Tensor<T, 1>::uninitialized({rows}, dev);
-    local::take_along_last(dev, zl.data(), rows, cl, yd.data(), c0, target_logit.data());
+    compute::take_along_last(dev, zl.data(), rows, cl, yd.data(), c0, target_logit.data());
     const int64_t k = sum_columns(opt_);
     const std::vector<T> sum_exp_h = detail::host_values(sum_exp), target_h = detail::host_values(target_logit);
     std::vector<double> smoothing;
@@ -269,16 +269,16 @@ class CrossEntropy {
       v[r] = static_cast<T>(-s.scale * (1 - eps) * weight(t));
     }
     auto g = Tensor<T, Rank>::uninitialized(s.exp_shifted.shape(), dev);
-    local::row_affine(dev, s.exp_shifted.data(), static_cast<const T*>(nullptr), {.scale = a.data()}, rows, cl,
-                      g.data());
+    compute::row_affine(dev, s.exp_shifted.data(), static_cast<const T*>(nullptr), {.scale = a.data()}, rows, cl,
+                        g.data());
     if (eps != 0 && cl > 0) {
       std::vector<T> w(static_cast<std::size_t>(cl));
       for (int64_t j = 0; j < cl; ++j) w[j] = static_cast<T>(weight(s.c0 + j));
       const Tensor<T, 1> ud = detail::values_on(dev, u), wd = detail::values_on(dev, w);
-      local::gemm_ex(dev, GemmDims{.m = rows, .n = cl, .k = 1}, T(1), ud.data(), wd.data(), T(1), g.data());
+      compute::gemm_ex(dev, GemmDims{.m = rows, .n = cl, .k = 1}, T(1), ud.data(), wd.data(), T(1), g.data());
     }
     const Tensor<T, 1> vd = detail::values_on(dev, v);
-    local::add_along_last(dev, vd.data(), s.y.data(), s.c0, g.data(), rows, cl);
+    compute::add_along_last(dev, vd.data(), s.y.data(), s.c0, g.data(), rows, cl);
     return Logits(s.mesh, s.layout, std::move(g));
   }
 
@@ -298,14 +298,14 @@ class CrossEntropy {
     const std::vector<double> shift(mx.begin(), mx.end());
     std::vector<double> sums(static_cast<std::size_t>(2 * rows));
     if (weights_.empty()) {
-      local::row_moments(dev, zl.data(), static_cast<const T*>(nullptr), shift.data(), rows, cl, sums.data());
+      compute::row_moments(dev, zl.data(), static_cast<const T*>(nullptr), shift.data(), rows, cl, sums.data());
     } else {
       std::vector<double> w(static_cast<std::size_t>(cl));
       for (int64_t j = 0; j < cl; ++j) w[j] = weight(c0 + j);
       auto terms = Tensor<T, Rank>::uninitialized(zl.shape(), dev);
-      local::row_affine(dev, zl.data(), static_cast<const T*>(nullptr), {.center = shift.data(), .col_scale = w.data()},
-                        rows, cl, terms.data());
-      local::row_moments(dev, terms.data(), static_cast<const T*>(nullptr), nullptr, rows, cl, sums.data());
+      compute::row_affine(dev, zl.data(), static_cast<const T*>(nullptr),
+                          {.center = shift.data(), .col_scale = w.data()}, rows, cl, terms.data());
+      compute::row_moments(dev, terms.data(), static_cast<const T*>(nullptr), nullptr, rows, cl, sums.data());
     }
     sums.resize(static_cast<std::size_t>(rows));  // [sums | second sums]: the first half
     return sums;

@@ -41,7 +41,7 @@ class MSELoss {
                   "MSELoss: output ", dtensor::to_string(y.shape()), " and target ", dtensor::to_string(target.shape()),
                   " differ in shape or blocks");
     diff_ = Tensor<T, Cfg::rank>::uninitialized(y.local().shape(), y.local().device());
-    local::binary(BinaryOp::Sub, y.local(), target.local(), *diff_);
+    compute::binary(BinaryOp::Sub, y.local(), target.local(), *diff_);
     numel_ = y.numel();
     const auto& mesh = y.mesh();
     bool owner = true;
@@ -59,7 +59,7 @@ class MSELoss {
     DTENSOR_CHECK(diff_.has_value(), InvalidArgument, "MSELoss: backward without a forward");
     Tensor<T, Y::rank> g = std::move(*diff_);
     diff_.reset();
-    local::binary_scalar(BinaryOp::Mul, g, T(2) / static_cast<T>(numel_), g);
+    compute::binary_scalar(BinaryOp::Mul, g, T(2) / static_cast<T>(numel_), g);
     return Y(y.mesh(), y.layout(), std::move(g));
   }
 

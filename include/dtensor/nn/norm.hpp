@@ -155,11 +155,11 @@ class Norm {
     const std::vector<double> b =
         Kind == NormKind::Layer ? detail::host_doubles(shift_.value().local()) : std::vector<double>{};
     xhat_ = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
-    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr), {.center = mean.data(), .scale = inv_.data()},
-                      rows, cols, xhat_->data());
+    compute::row_affine(dev, lx.data(), static_cast<const T*>(nullptr), {.center = mean.data(), .scale = inv_.data()},
+                        rows, cols, xhat_->data());
     auto y = Tensor<T, Rank>::uninitialized(lx.shape(), dev);
-    local::row_affine(dev, lx.data(), static_cast<const T*>(nullptr),
-                      {.center = mean.data(),
+    compute::row_affine(dev, lx.data(), static_cast<const T*>(nullptr),
+                        {.center = mean.data(),
                        .scale = inv_.data(),
                        .col_scale = g.data(),
                        .col_offset = Kind == NormKind::Layer ? b.data() : nullptr},
@@ -183,7 +183,7 @@ class Norm {
     // dscale = sum over rows of dy * xhat, dshift = sum over rows of dy (this rank's rows).
     {
       auto prod = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
-      local::binary(BinaryOp::Mul, ld, *xhat, prod);
+      compute::binary(BinaryOp::Mul, ld, *xhat, prod);
       detail::column_sums(dev, prod.data(), scale_.grad().data(), rows, cols, /*accumulate*/ true);
       if constexpr (Kind == NormKind::Layer)
         detail::column_sums(dev, ld.data(), shift_.grad().data(), rows, cols, /*accumulate*/ true);
@@ -195,8 +195,8 @@ class Norm {
       // global features (LayerNorm; RMSNorm has no mean(dxh) term).
       const std::vector<double> g = detail::host_doubles(scale_.value().local());
       auto dxh = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
-      local::row_affine(dev, ld.data(), static_cast<const T*>(nullptr), {.col_scale = g.data()}, rows, cols,
-                        dxh.data());
+      compute::row_affine(dev, ld.data(), static_cast<const T*>(nullptr), {.col_scale = g.data()}, rows, cols,
+                          dxh.data());
       std::vector<double> stats = row_stats(dev, dxh.data(), xhat->data(), rows, cols);
       if (kFeatureSharded && Cfg::tp >= 0) reduce_rows(dy.mesh(), stats, dy.shape());
       const double n = static_cast<double>(Features);
@@ -206,9 +206,9 @@ class Norm {
         xhat_scale[r] = -inv_[r] * stats[r * kStats + kStats - 1] / n;
       }
       auto dx = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
-      local::row_affine(dev, dxh.data(), xhat->data(),
-                        {.center = m1.data(), .scale = inv_.data(), .b_scale = xhat_scale.data()}, rows, cols,
-                        dx.data());
+      compute::row_affine(dev, dxh.data(), xhat->data(),
+                          {.center = m1.data(), .scale = inv_.data(), .b_scale = xhat_scale.data()}, rows, cols,
+                          dx.data());
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }
   }
@@ -219,7 +219,7 @@ class Norm {
   static constexpr int kStats = Kind == NormKind::Layer ? 2 : 1;
   static std::vector<double> row_stats(Device dev, const T* a, const T* b, int64_t rows, int64_t cols) {
     std::vector<double> sums(static_cast<std::size_t>(2 * rows));
-    local::row_moments(dev, a, b, nullptr, rows, cols, sums.data());
+    compute::row_moments(dev, a, b, nullptr, rows, cols, sums.data());
     std::vector<double> stats = detail::sums_buffer(static_cast<std::size_t>(rows * kStats));
     for (int64_t r = 0; r < rows; ++r) {
       if constexpr (Kind == NormKind::Layer) stats[r * kStats] = sums[r];

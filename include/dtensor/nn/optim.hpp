@@ -91,7 +91,7 @@ class SGD {
       SgdStep s{.lr = o_.lr, .momentum = o_.momentum, .weight_decay = o_.weight_decay, .nesterov = o_.nesterov};
       T* buf = nullptr;
       if (o_.momentum != 0) buf = buf_.template get<T>(k, dev, w.numel(), p.name(), "SGD", s.first);
-      local::sgd_update(dev, w.data(), p.grad().data(), buf, w.numel(), s);
+      compute::sgd_update(dev, w.data(), p.grad().data(), buf, w.numel(), s);
       ++k;
     });
   }
@@ -150,9 +150,9 @@ class AdamW {
       bool fresh_m = false, fresh_v = false;
       T* m = m_.template get<T>(k, dev, n, p.name(), "AdamW", fresh_m);
       T* v = v_.template get<T>(k, dev, n, p.name(), "AdamW", fresh_v);
-      if (fresh_m) local::fill(dev, m, n, T(0));
-      if (fresh_v) local::fill(dev, v, n, T(0));
-      local::adamw_update(dev, w.data(), p.grad().data(), m, v, n, s);
+      if (fresh_m) movement::fill(dev, m, n, T(0));
+      if (fresh_v) movement::fill(dev, v, n, T(0));
+      compute::adamw_update(dev, w.data(), p.grad().data(), m, v, n, s);
       ++k;
     });
   }
@@ -189,7 +189,7 @@ double clip_grad_norm(Model& model, double max_norm) {
     const double scale = max_norm / (norm + 1e-6);
     model.for_each_parameter([&](auto& p) {
       using T = typename std::decay_t<decltype(p)>::value_type;
-      local::binary_scalar(BinaryOp::Mul, p.grad(), static_cast<T>(scale), p.grad());
+      compute::binary_scalar(BinaryOp::Mul, p.grad(), static_cast<T>(scale), p.grad());
     });
   }
   return norm;

@@ -37,7 +37,7 @@ class Parameter {
   // to gather (full_tensor), save or inspect.
   DT gradient() const { return DT(value_.mesh(), value_.layout(), grad_); }
 
-  void zero_grad() { local::fill(grad_, value_type{0}); }
+  void zero_grad() { movement::fill(grad_, value_type{0}); }
   // Frees the value's block and the gradient (nn::FullyShard holds its layer's
   // parameters sharded between uses); materialize() puts a value back, with a zero
   // gradient of its block.
@@ -53,7 +53,7 @@ class Parameter {
   void accumulate(const Tensor<value_type, rank>& g) {
     DTENSOR_CHECK(g.shape() == grad_.shape(), InvalidArgument, "Parameter ", name_, ": a gradient block of shape ",
                   dtensor::to_string(g.shape()), " for a parameter block of shape ", dtensor::to_string(grad_.shape()));
-    local::binary(BinaryOp::Add, grad_, g, grad_);
+    compute::binary(BinaryOp::Add, grad_, g, grad_);
   }
 
  private:

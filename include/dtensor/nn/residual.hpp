@@ -201,7 +201,7 @@ class Residual {
                          ? " in other blocks (a stride or a pooling moved them in one path only); the sum needs both "
                            "in the same blocks"
                          : "; the sum needs the same shape (a projection on the shortcut can change it)"));
-      local::binary(BinaryOp::Add, fx.local(), s.local(), fx.local());
+      compute::binary(BinaryOp::Add, fx.local(), s.local(), fx.local());
     };
     if constexpr (kProjected) add_to(projection_.forward(sx));
     else add_to(sx);
@@ -236,7 +236,7 @@ class Residual {
     const auto& ds = redistribute_as<typename DX::placements>(shortcut);
     DTENSOR_CHECK(ds.layout().blocks == dx.layout().blocks, InvalidArgument, name,
                   ": the block's input gradient comes in other blocks than the shortcut's");
-    local::binary(BinaryOp::Add, dx.local(), ds.local(), dx.local());
+    compute::binary(BinaryOp::Add, dx.local(), ds.local(), dx.local());
     return dx;
   }
 

@@ -209,7 +209,7 @@ class SkipConcat {
       const auto& ds = redistribute_as<typename decltype(dx)::placements>(skip);
       DTENSOR_CHECK(ds.layout().blocks == dx.layout().blocks, InvalidArgument, name,
                     ": the block's input gradient comes in other blocks than the skip connection's");
-      local::binary(BinaryOp::Add, dx.local(), ds.local(), dx.local());
+      compute::binary(BinaryOp::Add, dx.local(), ds.local(), dx.local());
       return dx;
     }
   }
@@ -221,10 +221,10 @@ class SkipConcat {
     s[kFeatureDim] = a.shape()[kFeatureDim] + b.shape()[kFeatureDim];
     auto y = Tensor<T, Rank>::uninitialized(s, a.device());
     const int64_t ca = a.shape()[kFeatureDim], cb = b.shape()[kFeatureDim];
-    local::copy_block(a.device(), a.data(), range_block(a.shape(), kFeatureDim, 0, ca), y.data(),
-                      range_block(s, kFeatureDim, 0, ca), sizeof(T));
-    local::copy_block(a.device(), b.data(), range_block(b.shape(), kFeatureDim, 0, cb), y.data(),
-                      range_block(s, kFeatureDim, ca, cb), sizeof(T));
+    movement::copy_block(a.device(), a.data(), range_block(a.shape(), kFeatureDim, 0, ca), y.data(),
+                         range_block(s, kFeatureDim, 0, ca), sizeof(T));
+    movement::copy_block(a.device(), b.data(), range_block(b.shape(), kFeatureDim, 0, cb), y.data(),
+                         range_block(s, kFeatureDim, ca, cb), sizeof(T));
     return y;
   }
   // Features [first, first + n) of a local block.
@@ -232,8 +232,8 @@ class SkipConcat {
     Shape<Rank> s = y.shape();
     s[kFeatureDim] = n;
     auto out = Tensor<T, Rank>::uninitialized(s, y.device());
-    local::copy_block(y.device(), y.data(), range_block(y.shape(), kFeatureDim, first, n), out.data(),
-                      dtensor::Block::contiguous(0, out.numel()), sizeof(T));
+    movement::copy_block(y.device(), y.data(), range_block(y.shape(), kFeatureDim, first, n), out.data(),
+                         dtensor::Block::contiguous(0, out.numel()), sizeof(T));
     return out;
   }
 

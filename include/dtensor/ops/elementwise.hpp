@@ -100,7 +100,7 @@ auto binary(const DTensor<T, Rank, PA...>& a, const DTensor<T, Rank, PB...>& b) 
   detail::check_same_blocks(a2.layout(), b2.layout(), "elementwise operator");
   using Out = dtensor_t<T, Rank, placements_t<plan.out>>;
   auto out = Tensor<T, Rank>::uninitialized(a2.local().shape(), a2.local().device());
-  local::binary(K, a2.local(), b2.local(), out);
+  compute::binary(K, a2.local(), b2.local(), out);
   return Out(a.mesh(), a2.layout(), std::move(out));
 }
 
@@ -128,7 +128,7 @@ auto binary_scalar(const DTensor<T, Rank, P...>& x, T s) {
   const bool additive = K == BinaryOp::Add || K == BinaryOp::Sub;
   if (additive && detail::holds_zero_term(plan.a, x.mesh().coords())) s = T{0};
   auto out = Tensor<T, Rank>::uninitialized(x2.local().shape(), x2.local().device());
-  local::binary_scalar(K, x2.local(), s, out);
+  compute::binary_scalar(K, x2.local(), s, out);
   return std::decay_t<decltype(x2)>(x.mesh(), x2.layout(), std::move(out));
 }
 
@@ -155,7 +155,7 @@ auto unary(const DTensor<T, Rank, P...>& x) {
   static constexpr auto targets = unary_targets<sizeof...(P)>(describe_all<P...>(), F == UnaryFn::Neg);
   const auto& [x2] = operands_at<Policy, unary_op_name<F>, kNoOwnCollective, placements_t<targets>>(x);
   auto out = Tensor<T, Rank>::uninitialized(x2.local().shape(), x2.local().device());
-  local::unary(F, x2.local(), out);
+  compute::unary(F, x2.local(), out);
   return std::decay_t<decltype(x2)>(x.mesh(), x2.layout(), std::move(out));
 }
 }  // namespace detail
@@ -213,7 +213,7 @@ auto add_bias(const DTensor<T, 2, PM...>& m, const DTensor<T, 1, PV...>& v) {
                 InvalidArgument, "add_bias: a vector of ", v2.shape()[0], " elements (blocks must match) against ",
                 m2.shape()[dim], " matrix ", A == Along::Rows ? "columns" : "rows");
   auto out = Tensor<T, 2>::uninitialized(m2.local().shape(), m2.local().device());
-  local::add_bias(m2.local(), v2.local(), A == Along::Rows, out);
+  compute::add_bias(m2.local(), v2.local(), A == Along::Rows, out);
   return std::decay_t<decltype(m2)>(m.mesh(), m2.layout(), std::move(out));
 }
 

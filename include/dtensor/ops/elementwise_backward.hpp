@@ -82,16 +82,16 @@ auto binary_backward(const DTensor<T, Rank, PA...>& a, const DTensor<T, Rank, PB
   auto ga = Tensor<T, Rank>::uninitialized(g.shape(), dev);
   auto gb = Tensor<T, Rank>::uninitialized(g.shape(), dev);
   if constexpr (K == BinaryOp::Add || K == BinaryOp::Sub) {
-    local::binary_scalar(BinaryOp::Mul, g, T(1), ga);
-    local::binary_scalar(BinaryOp::Mul, g, K == BinaryOp::Add ? T(1) : T(-1), gb);
+    compute::binary_scalar(BinaryOp::Mul, g, T(1), ga);
+    compute::binary_scalar(BinaryOp::Mul, g, K == BinaryOp::Add ? T(1) : T(-1), gb);
   } else if constexpr (K == BinaryOp::Mul) {  // d(ab) = b da + a db
-    local::binary(BinaryOp::Mul, g, b2.local(), ga);
-    local::binary(BinaryOp::Mul, g, a2.local(), gb);
+    compute::binary(BinaryOp::Mul, g, b2.local(), ga);
+    compute::binary(BinaryOp::Mul, g, a2.local(), gb);
   } else {  // d(a/b) = da / b - a db / b^2
-    local::binary(BinaryOp::Div, g, b2.local(), ga);
-    local::binary(BinaryOp::Mul, ga, a2.local(), gb);
-    local::binary(BinaryOp::Div, gb, b2.local(), gb);
-    local::binary_scalar(BinaryOp::Mul, gb, T(-1), gb);
+    compute::binary(BinaryOp::Div, g, b2.local(), ga);
+    compute::binary(BinaryOp::Mul, ga, a2.local(), gb);
+    compute::binary(BinaryOp::Div, gb, b2.local(), gb);
+    compute::binary_scalar(BinaryOp::Mul, gb, T(-1), gb);
   }
   auto da = detail::operand_gradient<plan.a, gp.a, PA...>(a.mesh(), a2.layout(), std::move(ga), a.layout().blocks);
   auto db = detail::operand_gradient<plan.b, gp.b, PB...>(a.mesh(), b2.layout(), std::move(gb), b.layout().blocks);
@@ -120,7 +120,7 @@ auto binary_scalar_backward(const DTensor<T, Rank, P...>& x, T s, const DTensor<
   detail::check_same_blocks(x2.layout(), dc.layout(), "elementwise backward");
   auto g = Tensor<T, Rank>::uninitialized(dc.local().shape(), dc.local().device());
   const T scale = K == BinaryOp::Mul ? s : K == BinaryOp::Div ? T(1) / s : T(1);
-  local::binary_scalar(BinaryOp::Mul, dc.local(), scale, g);
+  compute::binary_scalar(BinaryOp::Mul, dc.local(), scale, g);
   return detail::operand_gradient<plan.a, describe_all<G...>(), P...>(x.mesh(), x2.layout(), std::move(g),
                                                               x.layout().blocks);
 }
@@ -138,7 +138,7 @@ auto unary_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank, G...
   auto g = Tensor<T, Rank>::uninitialized(dy.local().shape(), dy.local().device());
   // f'(x) is a value (x is not Partial here, except for Neg, whose f' is -1), so the
   // product keeps dy's placements.
-  local::unary_backward(F, x2.local(), dy.local(), g);
+  compute::unary_backward(F, x2.local(), dy.local(), g);
   return detail::operand_gradient<targets, describe_all<G...>(), P...>(x.mesh(), x2.layout(), std::move(g),
                                                               x.layout().blocks);
 }
@@ -194,8 +194,8 @@ auto add_bias_backward(const DTensor<T, 2, PM...>& m, const DTensor<T, 1, PV...>
   const Device dev = dy.local().device();
   const auto ls = dy.local().shape();
   auto s = Tensor<T, 1>::uninitialized({ls[dim]}, dev);
-  if constexpr (A == Along::Rows) local::reduce_dim<ReduceOp::Sum>(dev, dy.local().data(), s.data(), 1, ls[0], ls[1]);
-  else local::reduce_dim<ReduceOp::Sum>(dev, dy.local().data(), s.data(), ls[0], ls[1], 1);
+  if constexpr (A == Along::Rows) compute::reduce_dim<ReduceOp::Sum>(dev, dy.local().data(), s.data(), 1, ls[0], ls[1]);
+  else compute::reduce_dim<ReduceOp::Sum>(dev, dy.local().data(), s.data(), ls[0], ls[1], 1);
   ShardLayout<1> layout{{dy.shape()[dim]}, {dy.layout().blocks[dim]}};
   const dtensor_t<T, 1, placements_t<gv>> dv2(dy.mesh(), std::move(layout), std::move(s));
   auto dv = redistribute_backward_from<Placements<PV...>, placements_t<vt>>(dv2, v.layout().blocks);

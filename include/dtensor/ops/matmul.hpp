@@ -144,10 +144,10 @@ auto contract(const DTensor<T, RA, PA...>& a, const DTensor<T, RB, PB...>& b) {
     }
   }
   using Out = dtensor_t<T, RC, typename C::output>;
-  local::require_same_device(a2.local(), b2.local(), "contraction");
+  movement::require_same_device(a2.local(), b2.local(), "contraction");
   auto out = Tensor<T, RC>::uninitialized(out_shape, a2.local().device());
   // An empty slice of k contributes zeros (gemm_ex writes them).
-  local::gemm_ex(out.device(), dims, T(1), a2.local().data(), b2.local().data(), T(0), out.data());
+  compute::gemm_ex(out.device(), dims, T(1), a2.local().data(), b2.local().data(), T(0), out.data());
   return Out(a.mesh(), std::move(layout), std::move(out));
 }
 
@@ -306,7 +306,7 @@ auto transpose(const DTensor<T, 2, P...>& x) {
   ShardLayout<2> layout{{x.shape()[1], x.shape()[0]}, {x.layout().blocks[1], x.layout().blocks[0]}};
   const auto ls = x.local().shape();
   auto out = Tensor<T, 2>::uninitialized({ls[1], ls[0]}, x.local().device());
-  local::transpose(x.local(), out);
+  compute::transpose(x.local(), out);
   return Out(x.mesh(), std::move(layout), std::move(out));
 }
 

@@ -7,7 +7,7 @@
 //   3. each operand is brought to its placements: the operand itself, not a copy,
 //      where it already has them.
 // operands_at does 2 and 3 for any number of operands; the operator then allocates
-// its output block and runs its local op (local::...), the only part that differs.
+// its output block and runs its local op (compute::...), the only part that differs.
 //
 //   const auto& [a2, b2] = detail::operands_at<Policy, add_name, kNoOwnCollective, QA, QB>(a, b);
 #include <tuple>

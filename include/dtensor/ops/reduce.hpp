@@ -74,9 +74,9 @@ auto reduce(const DTensor<T, Rank, P...>& x) {
     if (d != D) out_shape[o++] = ls[d];
   const Device dev = x2.local().device();
   auto out = Tensor<T, Rank - 1>::uninitialized(out_shape, dev);
-  local::reduce_dim<local_reduce(R)>(dev, x2.local().data(), out.data(), outer_size(ls, D), ls[D], inner_size(ls, D));
+  compute::reduce_dim<local_reduce(R)>(dev, x2.local().data(), out.data(), outer_size(ls, D), ls[D], inner_size(ls, D));
   if constexpr (R == Reduction::Mean)  // the global extent, not the local one: exact on uneven shards
-    local::binary_scalar(BinaryOp::Div, out, static_cast<T>(x.shape()[D]), out);
+    compute::binary_scalar(BinaryOp::Div, out, static_cast<T>(x.shape()[D]), out);
   dtensor_t<T, Rank - 1, QOut> y(x.mesh(), std::move(layout), std::move(out));
   if constexpr (finalize) return redistribute_as<placements_t<plan.value>>(y);
   else return y;
@@ -130,7 +130,7 @@ template <class Policy = Implicit, class T, int Rank, class... P>
 T norm2(const DTensor<T, Rank, P...>& x) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
   const auto& [x2] = detail::operands_at<Policy, detail::norm_name, true, placements_t<ps>>(x);
-  T s = local::sum_squares(x2.local());
+  T s = compute::sum_squares(x2.local());
   detail::all_reduce_value_over_shards(ps, x.mesh(), s, ReduceOp::Sum);
   return std::sqrt(s);
 }
@@ -138,7 +138,7 @@ template <class Policy = Implicit, class T, int Rank, class... P>
 T norm_max(const DTensor<T, Rank, P...>& x) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
   const auto& [x2] = detail::operands_at<Policy, detail::norm_name, true, placements_t<ps>>(x);
-  T s = local::max_abs(x2.local());
+  T s = compute::max_abs(x2.local());
   detail::all_reduce_value_over_shards(ps, x.mesh(), s, ReduceOp::Max);
   return s;
 }
@@ -163,12 +163,12 @@ auto softmax_impl(const DTensor<T, Rank, P...>& x) {
   const int64_t outer = outer_size(ls, D), len = ls[D], inner = inner_size(ls, D);
   const Device dev = t.device();
   auto stats = Tensor<T, 1>::uninitialized({outer * inner}, dev);
-  local::reduce_dim<ReduceOp::Max>(dev, t.data(), stats.data(), outer, len, inner);
+  compute::reduce_dim<ReduceOp::Max>(dev, t.data(), stats.data(), outer, len, inner);
   all_reduce_over_shards(ps, D, x.mesh(), stats.data(), stats.numel(), dtype_of<T>(), ReduceOp::Max);
   auto sums = Tensor<T, 1>::uninitialized({outer * inner}, dev);
-  local::softmax_shift<Log>(dev, t.data(), stats.data(), sums.data(), outer, len, inner);
+  compute::softmax_shift<Log>(dev, t.data(), stats.data(), sums.data(), outer, len, inner);
   all_reduce_over_shards(ps, D, x.mesh(), sums.data(), sums.numel(), dtype_of<T>(), ReduceOp::Sum);
-  local::softmax_finish<Log>(dev, t.data(), sums.data(), outer, len, inner);
+  compute::softmax_finish<Log>(dev, t.data(), sums.data(), outer, len, inner);
   return y;
 }
 }  // namespace detail

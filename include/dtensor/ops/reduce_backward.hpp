@@ -36,8 +36,8 @@ template <class T>
 void broadcast_dim(Device dev, const T* in, T* out, int64_t outer, int64_t len, int64_t inner) {
   if (outer * inner == 0) return;
   for (int64_t j = 0; j < len; ++j)
-    local::copy_block(dev, in, Block::contiguous(0, outer * inner), out, Block{j * inner, outer, len * inner, inner},
-                      sizeof(T));
+    movement::copy_block(dev, in, Block::contiguous(0, outer * inner), out, Block{j * inner, outer, len * inner, inner},
+                         sizeof(T));
 }
 
 template <Reduction R, int D, Reduced Mode, class T, int Rank, class... P, class... G>
@@ -66,7 +66,7 @@ auto reduce_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank - 1,
                 "reduction backward: dy holds ", dout.local().numel(), " elements on this rank where the operand's ",
                 to_string(ls), " block reduced over dim ", D, " has ", outer_size(ls, D) * inner_size(ls, D));
   broadcast_dim(dev, dout.local().data(), g.data(), outer_size(ls, D), ls[D], inner_size(ls, D));
-  if constexpr (R == Reduction::Mean) local::binary_scalar(BinaryOp::Div, g, static_cast<T>(x.shape()[D]), g);
+  if constexpr (R == Reduction::Mean) compute::binary_scalar(BinaryOp::Div, g, static_cast<T>(x.shape()[D]), g);
   return operand_gradient<plan.in, gp, P...>(x.mesh(), x2.layout(), std::move(g), x.layout().blocks);
 }
 
@@ -77,7 +77,7 @@ Tensor<T, 1> sums_over(const Tensor<T, Rank>& v, const PlacementState<M>& ps, co
   const auto ls = v.shape();
   const int64_t outer = outer_size(ls, D), len = ls[D], inner = inner_size(ls, D);
   auto s = Tensor<T, 1>::uninitialized({outer * inner}, v.device());
-  local::reduce_dim<ReduceOp::Sum>(v.device(), v.data(), s.data(), outer, len, inner);
+  compute::reduce_dim<ReduceOp::Sum>(v.device(), v.data(), s.data(), outer, len, inner);
   all_reduce_over_shards(ps, D, mesh, s.data(), static_cast<std::size_t>(s.numel()), dtype_of<T>(), ReduceOp::Sum);
   return s;
 }
@@ -104,15 +104,15 @@ auto softmax_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank, PY
   if constexpr (Log) {  // dx = dy - exp(y) * sum_D(dy)
     const auto s = sums_over<D>(gl, ps, x.mesh());
     broadcast_dim(dev, s.data(), b.data(), outer, len, inner);
-    local::unary(UnaryFn::Exp, yl, g);
-    local::binary(BinaryOp::Mul, g, b, g);
-    local::binary(BinaryOp::Sub, gl, g, g);
+    compute::unary(UnaryFn::Exp, yl, g);
+    compute::binary(BinaryOp::Mul, g, b, g);
+    compute::binary(BinaryOp::Sub, gl, g, g);
   } else {  // dx = y * (dy - sum_D(dy * y))
-    local::binary(BinaryOp::Mul, gl, yl, g);
+    compute::binary(BinaryOp::Mul, gl, yl, g);
     const auto s = sums_over<D>(g, ps, x.mesh());
     broadcast_dim(dev, s.data(), b.data(), outer, len, inner);
-    local::binary(BinaryOp::Sub, gl, b, g);
-    local::binary(BinaryOp::Mul, g, yl, g);
+    compute::binary(BinaryOp::Sub, gl, b, g);
+    compute::binary(BinaryOp::Mul, g, yl, g);
   }
   // Linear in dy, so a Partial<Sum> dy gives Partial<Sum> terms: dy's placements.
   return operand_gradient<ps, describe_all<G...>(), P...>(x.mesh(), y.layout(), std::move(g), x.layout().blocks);
@@ -152,15 +152,15 @@ auto extremum_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank - 
                 " elements on this rank where the operand's ", to_string(ls), " block reduced over dim ", D, " has ",
                 lines);
   auto ones = Tensor<T, 1>::uninitialized({lines}, dev);
-  local::fill(ones, T(1));
+  movement::fill(ones, T(1));
   auto g = Tensor<T, Rank>::uninitialized(ls, dev);
-  local::where_equal(dev, x2.local().data(), y.local().data(), ones.data(), g.data(), outer, len, inner);
+  compute::where_equal(dev, x2.local().data(), y.local().data(), ones.data(), g.data(), outer, len, inner);
   const auto ties = sums_over<D>(g, plan.in, x.mesh());
   auto share = Tensor<T, 1>::uninitialized({lines}, dev);
-  local::copy_block(dev, dy2.local().data(), Block::contiguous(0, lines), share.data(), Block::contiguous(0, lines),
-                    sizeof(T));
-  local::binary(BinaryOp::Div, share, ties, share);
-  local::where_equal(dev, x2.local().data(), y.local().data(), share.data(), g.data(), outer, len, inner);
+  movement::copy_block(dev, dy2.local().data(), Block::contiguous(0, lines), share.data(), Block::contiguous(0, lines),
+                       sizeof(T));
+  compute::binary(BinaryOp::Div, share, ties, share);
+  compute::where_equal(dev, x2.local().data(), y.local().data(), share.data(), g.data(), outer, len, inner);
   static constexpr auto gp = reduction_grad_placements<M>(plan.in, dys);
   return operand_gradient<plan.in, gp, P...>(x.mesh(), x2.layout(), std::move(g), x.layout().blocks);
 }
@@ -207,7 +207,7 @@ auto norm2_backward(const DTensor<T, Rank, P...>& x, T n, T dn) {
   static constexpr auto ps = detail::values_of<sizeof...(P)>(describe_all<P...>());
   const auto& x2 = redistribute_as<placements_t<ps>>(x);
   auto g = Tensor<T, Rank>::uninitialized(x2.local().shape(), x2.local().device());
-  local::binary_scalar(BinaryOp::Mul, x2.local(), n == T(0) ? T(0) : dn / n, g);
+  compute::binary_scalar(BinaryOp::Mul, x2.local(), n == T(0) ? T(0) : dn / n, g);
   // Every rank computed the same value from the same blocks: the gradient keeps them.
   return detail::operand_gradient<ps, ps, P...>(x.mesh(), x2.layout(), std::move(g), x.layout().blocks);
 }

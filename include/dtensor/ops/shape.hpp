@@ -53,8 +53,8 @@ DTensor<T, Rank, P...> slice(const DTensor<T, Rank, P...>& x, int64_t begin, int
   from[D] = lo;
   // Only dim D is cut, so the box is one strided block of the local tensor.
   auto out = Tensor<T, Rank>::uninitialized(box, x.local().device());
-  local::copy_block(out.device(), x.local().data(), range_block(x.local().shape(), D, lo, hi - lo), out.data(),
-                    Block::contiguous(0, out.numel()), sizeof(T));
+  movement::copy_block(out.device(), x.local().data(), range_block(x.local().shape(), D, lo, hi - lo), out.data(),
+                       Block::contiguous(0, out.numel()), sizeof(T));
   return DTensor<T, Rank, P...>(x.mesh(), std::move(layout), std::move(out));
 }
 
@@ -70,13 +70,13 @@ DTensor<T, Rank, P...> concat(const DTensor<T, Rank, P...>& a, const DTensor<T, 
   const auto la = a2.local().shape(), lb = b2.local().shape();
   Shape<Rank> ls = la;
   ls[D] = la[D] + lb[D];
-  local::require_same_device(a2.local(), b2.local(), "concat");
+  movement::require_same_device(a2.local(), b2.local(), "concat");
   auto out = Tensor<T, Rank>::uninitialized(ls, a2.local().device());
   // Row-major: along D, a's rows come first, then b's; each is one strided block of out.
-  local::copy_block(out.device(), a2.local().data(), Block::contiguous(0, a2.local().numel()), out.data(),
-                    range_block(ls, D, 0, la[D]), sizeof(T));
-  local::copy_block(out.device(), b2.local().data(), Block::contiguous(0, b2.local().numel()), out.data(),
-                    range_block(ls, D, la[D], lb[D]), sizeof(T));
+  movement::copy_block(out.device(), a2.local().data(), Block::contiguous(0, a2.local().numel()), out.data(),
+                       range_block(ls, D, 0, la[D]), sizeof(T));
+  movement::copy_block(out.device(), b2.local().data(), Block::contiguous(0, b2.local().numel()), out.data(),
+                       range_block(ls, D, la[D], lb[D]), sizeof(T));
   ShardLayout<Rank> layout = a2.layout();
   layout.global[D] = a.shape()[D] + b.shape()[D];
   dtensor_t<T, Rank, Q> joined_x(a.mesh(), std::move(layout), std::move(out));

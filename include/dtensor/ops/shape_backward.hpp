@@ -41,9 +41,9 @@ auto slice_backward(const DTensor<T, Rank, P...>& x, int64_t begin, int64_t end,
                 "; pass the gradient with the slice's block sizes");
   const Device dev = dy.local().device();
   auto g = Tensor<T, Rank>::uninitialized(x.local().shape(), dev);
-  local::fill(g, T{0});
-  local::copy_block(dev, dy.local().data(), Block::contiguous(0, dy.local().numel()), g.data(),
-                    range_block(g.shape(), D, lo, hi - lo), sizeof(T));
+  movement::fill(g, T{0});
+  movement::copy_block(dev, dy.local().data(), Block::contiguous(0, dy.local().numel()), g.data(),
+                       range_block(g.shape(), D, lo, hi - lo), sizeof(T));
   return DTensor<T, Rank, G...>(x.mesh(), x.layout(), std::move(g));
 }
 
@@ -67,8 +67,8 @@ auto concat_backward(const DTensor<T, Rank, P...>& a, const DTensor<T, Rank, P..
     Shape<Rank> s = l.shape();
     s[D] = n;
     auto t = Tensor<T, Rank>::uninitialized(s, l.device());
-    local::copy_block(l.device(), l.data(), range_block(l.shape(), D, from, n), t.data(),
-                      Block::contiguous(0, t.numel()), sizeof(T));
+    movement::copy_block(l.device(), l.data(), range_block(l.shape(), D, from, n), t.data(),
+                         Block::contiguous(0, t.numel()), sizeof(T));
     ShardLayout<Rank> layout = dj.layout();
     layout.global[D] = n;
     return std::pair{std::move(layout), std::move(t)};

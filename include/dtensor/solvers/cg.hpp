@@ -163,8 +163,8 @@ class CgSolver {
     res.rhs_norm = std::sqrt(bb);
     const double threshold = detail::stop_threshold(opt_.stop, res.rhs_norm);
     res.history.push_back(std::sqrt(rr));
-    local::fill(t1_, T(0));
-    local::fill(t2_, T(0));
+    movement::fill(t1_, T(0));
+    movement::fill(t2_, T(0));
     double alpha = rr / wr, beta = 0;
 
     const auto t1 = clock::now();

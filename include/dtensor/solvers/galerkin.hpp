@@ -173,7 +173,7 @@ StencilField<T, Rank> galerkin_operator(const Op& A, Ghosted<T, Rank, P...>& v, 
       for (int d = 0; d < Rank; ++d) on = on && (coff[d] + c[d]) % 3 == cls[d] + 1;
       e.data()[i] = on ? T(1) : T(0);
     });
-    local::fill(v.storage(), T(0));
+    movement::fill(v.storage(), T(0));
     prolong_add(TensorView<const T, Rank>(e), v);
     apply(A, v, w.interior(), ApplyMode::Plain);
     restrict_full_weighting(w, TensorView<T, Rank>(y));

@@ -510,7 +510,7 @@ class MgSolver {
           if (inside && v != 0) entries.emplace_back(linear(c, n), linear(col, n), v);
         });
       });
-      local::fill(u.storage(), T(0));
+      movement::fill(u.storage(), T(0));
       Eigen::SparseMatrix<double> M(N, N);
       M.setFromTriplets(entries.begin(), entries.end());
       L.direct = std::make_unique<Eigen::SimplicialLDLT<Eigen::SparseMatrix<double>>>();
@@ -577,7 +577,7 @@ class MgSolver {
   // Multicolour Gauss-Seidel (see the top): each pass updates the cells of one colour,
   // x <- x + D⁻¹ (b - A x) there, from the neighbours' values of the pass before.
   void gauss_seidel(Level& L, bool zero_guess, bool post) {
-    if (zero_guess) local::fill(L.x[L.cur].storage(), T(0));
+    if (zero_guess) movement::fill(L.x[L.cur].storage(), T(0));
     const TensorView<const T, Rank> b(L.b), dinv(L.dinv);
     const bool box = with_operator(L, [](const auto& A) { return A.halo().stencil == Stencil::Box; });
     const int colours = box ? 1 << Rank : 2;

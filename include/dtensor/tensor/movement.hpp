@@ -9,7 +9,7 @@
 #include "dtensor/tensor/device_movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
 
-namespace dtensor::local {
+namespace dtensor::movement {
 
 template <class T, int RA, int RB>
 void require_same_device(const Tensor<T, RA>& a, const Tensor<T, RB>& b, const char* op) {
@@ -88,4 +88,4 @@ void fill(Tensor<T, R>& t, T value) {
   fill(t.device(), t.data(), t.numel(), value);
 }
 
-}  // namespace dtensor::local
+}  // namespace dtensor::movement

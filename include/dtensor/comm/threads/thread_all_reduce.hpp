@@ -239,10 +239,10 @@ class ThreadAllReduce final : public PendingExchange, public World::InFlight {
       const auto L = static_cast<int64_t>(len);
       auto blk = [&](int k) { return Block::contiguous(at[k].second, L); };
       void* acc = at[0].first->recv;
-      if (at[0].first->send != acc) local::copy_block(device_, at[0].first->send, blk(0), acc, blk(0), elem);
-      for (int k = 1; k < n; ++k) local::reduce_block(device_, t, rop, at[k].first->send, blk(k), acc, blk(0));
-      if (rop == ReduceOp::Avg) local::divide_block(device_, t, acc, blk(0), n);
-      for (int k = 1; k < n; ++k) local::copy_block(device_, acc, blk(0), at[k].first->recv, blk(k), elem);
+      if (at[0].first->send != acc) movement::copy_block(device_, at[0].first->send, blk(0), acc, blk(0), elem);
+      for (int k = 1; k < n; ++k) movement::reduce_block(device_, t, rop, at[k].first->send, blk(k), acc, blk(0));
+      if (rop == ReduceOp::Avg) movement::divide_block(device_, t, acc, blk(0), n);
+      for (int k = 1; k < n; ++k) movement::copy_block(device_, acc, blk(0), at[k].first->recv, blk(k), elem);
       pos += len;
     }
     wait_device(device_);  // the chunk is written before it counts as done

@@ -89,17 +89,17 @@ class ThreadComm final : public Comm {
       if (me.scratch.numel() < need) me.scratch = Tensor<std::byte, 1>::uninitialized({need}, device_);
       const Block whole = Block::contiguous(0, mine.len);
       if (mine.len > 0) {
-        local::copy_block(device_, slot(0).send, mine, me.scratch.data(), whole, elem);
+        movement::copy_block(device_, slot(0).send, mine, me.scratch.data(), whole, elem);
         for (int k = 1; k < size(); ++k)
-          local::reduce_block(device_, t, op, slot(k).send, mine, me.scratch.data(), whole);
-        if (op == ReduceOp::Avg) local::divide_block(device_, t, me.scratch.data(), whole, size());
+          movement::reduce_block(device_, t, op, slot(k).send, mine, me.scratch.data(), whole);
+        if (op == ReduceOp::Avg) movement::divide_block(device_, t, me.scratch.data(), whole, size());
       }
       wait_device();
       sync();
       // Phase 2: every rank copies every chunk into its own output.
       for (int k = 0; k < size(); ++k)
-        local::copy_block(device_, slot(k).scratch.data(), Block::contiguous(0, chunk(count, k).len), recv,
-                          chunk(count, k), elem);
+        movement::copy_block(device_, slot(k).scratch.data(), Block::contiguous(0, chunk(count, k).len), recv,
+                             chunk(count, k), elem);
       end();
     });
   }
@@ -126,8 +126,8 @@ class ThreadComm final : public Comm {
       begin(Collective::Broadcast,
             [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root, s.dtype = t; });
       if (rank_ != root)
-        local::copy_block(device_, slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
-                          size_of(t));
+        movement::copy_block(device_, slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
+                             size_of(t));
       end();
     });
   }
@@ -139,7 +139,7 @@ class ThreadComm final : public Comm {
             [&](detail::Slot& s) { s.send = send, s.send_block = send_block, s.dtype = t; });
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
       for (int k = 0; k < size(); ++k)
-        local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
+        movement::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
       end();
     });
   }
@@ -151,10 +151,10 @@ class ThreadComm final : public Comm {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
       });
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_block, k);
-      local::copy_block(device_, slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
+      movement::copy_block(device_, slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
       for (int k = 1; k < size(); ++k)
-        local::reduce_block(device_, t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
-      if (op == ReduceOp::Avg) local::divide_block(device_, t, recv, recv_block, size());
+        movement::reduce_block(device_, t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
+      if (op == ReduceOp::Avg) movement::divide_block(device_, t, recv, recv_block, size());
       end();
     });
   }
@@ -167,7 +167,7 @@ class ThreadComm final : public Comm {
       });
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_blocks[k], k);
       for (int k = 0; k < size(); ++k)
-        local::copy_block(device_, slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
+        movement::copy_block(device_, slot(k).send, slot(k).send_blocks[rank_], recv, recv_blocks[k], size_of(t));
       end();
     });
   }
@@ -179,7 +179,7 @@ class ThreadComm final : public Comm {
         s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
       });
       check_size(slot(root).send_blocks[rank_], recv_block, root);
-      local::copy_block(device_, slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
+      movement::copy_block(device_, slot(root).send, slot(root).send_blocks[rank_], recv, recv_block, size_of(t));
       end();
     });
   }
@@ -193,7 +193,7 @@ class ThreadComm final : public Comm {
       if (rank_ == root) {
         for (int k = 0; k < size(); ++k) check_size(slot(k).send_block, recv_blocks[k], k);
         for (int k = 0; k < size(); ++k)
-          local::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
+          movement::copy_block(device_, slot(k).send, slot(k).send_block, recv, recv_blocks[k], size_of(t));
       }
       end();
     });

@@ -154,9 +154,9 @@ class ThreadExchange final : public PendingExchange, public World::InFlight {
     try {
       for (auto& [r, m] : taken) {
         if (r->spec.accumulate)
-          local::reduce_region(device_, t_, ReduceOp::Sum, m->buf, m->region, r->spec.buf, r->spec.region);
+          movement::reduce_region(device_, t_, ReduceOp::Sum, m->buf, m->region, r->spec.buf, r->spec.region);
         else
-          local::copy_region(device_, m->buf, m->region, r->spec.buf, r->spec.region, elem);
+          movement::copy_region(device_, m->buf, m->region, r->spec.buf, r->spec.region, elem);
       }
       wait_device(device_);  // the reads are done before the senders reuse their buffers
     } catch (const std::exception& e) {  // a device error: the senders must see a failed run

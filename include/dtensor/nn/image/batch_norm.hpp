@@ -143,8 +143,8 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
       // Each row's sums about its channel's shift, then each channel's over the samples.
       std::vector<double> shift(static_cast<std::size_t>(rows)), row_sums(static_cast<std::size_t>(2 * rows));
       for (int64_t r = 0; r < rows; ++r) shift[r] = shift_[r % C];
-      local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), shift.data(), rows, blk.cells,
-                         row_sums.data());
+      compute::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), shift.data(), rows, blk.cells,
+                           row_sums.data());
       std::vector<double> sums = detail::sums_buffer(static_cast<std::size_t>(2 * C));
       for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
       detail::all_reduce_stats(x.mesh(), stat_mask, sums, name, x.shape());
@@ -200,7 +200,7 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
     const int64_t rows = blk.samples * C;
     // [sum dy, sum dy * xhat] per channel: the bias's and the weight's gradients.
     std::vector<double> row_sums(static_cast<std::size_t>(2 * rows));
-    local::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
+    compute::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
     std::vector<double> sums = detail::sums_buffer(static_cast<std::size_t>(2 * C));
     for (int64_t r = 0; r < rows; ++r) sums[r % C] += row_sums[r], sums[C + r % C] += row_sums[rows + r];
     detail::all_reduce_stats(dy.mesh(), stat_mask, sums, name, dy.shape());
@@ -222,9 +222,9 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
         xhat_scale[r] = saved_training_ ? -a * sums[C + c] / k : 0.0;
       }
       auto dx = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
-      local::row_affine(dev, ld.data(), xhat->data(),
-                        {.center = center.data(), .scale = scale.data(), .b_scale = xhat_scale.data()}, rows,
-                        blk.cells, dx.data());
+      compute::row_affine(dev, ld.data(), xhat->data(),
+                          {.center = center.data(), .scale = scale.data(), .b_scale = xhat_scale.data()}, rows,
+                          blk.cells, dx.data());
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }
   }

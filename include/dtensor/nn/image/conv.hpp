@@ -132,8 +132,8 @@ class ConvOp {
     const T* xp = win_.padded_input();
     win_.forward(
         wh.interior_box().empty(dims),
-        [&](const OutBox& b) { local::conv_forward(dev, dims, xp, w.data(), bias, y.data(), b); },
-        [&] { local::conv_forward(dev, dims, xp, w.data(), bias, y.data()); });
+        [&](const OutBox& b) { compute::conv_forward(dev, dims, xp, w.data(), bias, y.data(), b); },
+        [&] { compute::conv_forward(dev, dims, xp, w.data(), bias, y.data()); });
     saved_ = true;
     return X(x.mesh(), wh.out_layout(cout_), std::move(y));
   }
@@ -156,7 +156,7 @@ class ConvOp {
       // The ghosts' gradients travel to their owners while dW and db are computed:
       // those read only the padded input and dy.
       auto dx = win_.input_gradient(
-          dev, [&](T* dxp) { local::conv_backward_data(dev, dims, dy.local().data(), w.data(), dxp); },
+          dev, [&](T* dxp) { compute::conv_backward_data(dev, dims, dy.local().data(), w.data(), dxp); },
           [&] { weight_terms(dims, dy, dw, db); });
       using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
       return DX(dy.mesh(), wh.in_layout(), std::move(dx));
@@ -170,8 +170,8 @@ class ConvOp {
   template <class G>
   void weight_terms(const ConvDims& dims, const G& dy, Tensor<T, Rank>& dw, T* db) {
     const Device dev = dy.local().device();
-    local::conv_backward_weight(dev, dims, win_.padded_input(), dy.local().data(), dw.data(), true);
-    if (db) local::conv_backward_bias(dev, dims, dy.local().data(), db, true);
+    compute::conv_backward_weight(dev, dims, win_.padded_input(), dy.local().data(), dw.data(), true);
+    if (db) compute::conv_backward_bias(dev, dims, dy.local().data(), db, true);
   }
 
   ConvSpec<S> spec_;

@@ -79,7 +79,7 @@ class ConvTransposeOp {
     const Device dev = x.local().device();
     const ConvDims d = dims(x.local().shape());
     auto y = Tensor<T, Rank>::uninitialized(out_shape(x.local().shape()), dev);
-    local::conv_backward_data(dev, d, x.local().data(), w.data(), y.data());
+    compute::conv_backward_data(dev, d, x.local().data(), w.data(), y.data());
     if (bias) add_bias(dev, d, bias, y.data());
     ShardLayout<Rank> l = x.layout();
     l.global[1] = cout_;
@@ -106,11 +106,11 @@ class ConvTransposeOp {
     DTENSOR_CHECK(dw.shape() == weight_shape(), InvalidArgument, name_, ": a weight gradient block of shape ",
                   dtensor::to_string(dw.shape()), ", expected ", dtensor::to_string(weight_shape()));
     const ConvDims d = dims(x.shape());
-    local::conv_backward_weight(dev, d, dy.local().data(), x.data(), dw.data(), true);
-    if (db) local::conv_backward_bias(dev, bias_dims(d), dy.local().data(), db, true);
+    compute::conv_backward_weight(dev, d, dy.local().data(), x.data(), dw.data(), true);
+    if (db) compute::conv_backward_bias(dev, bias_dims(d), dy.local().data(), db, true);
     if constexpr (NeedDx) {
       auto dx = Tensor<T, Rank>::uninitialized(x.shape(), dev);
-      local::conv_forward(dev, d, dy.local().data(), w.data(), static_cast<const T*>(nullptr), dx.data());
+      compute::conv_forward(dev, d, dy.local().data(), w.data(), static_cast<const T*>(nullptr), dx.data());
       using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
       return DX(dy.mesh(), in_layout_, std::move(dx));
     } else {

@@ -98,7 +98,7 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
     count_ = channels_per_group * detail::global_cells(x.shape());
     // [sums | sums of squares], one per (sample, group): a row of `run` cells each.
     std::vector<double> sums = detail::sums_buffer(static_cast<std::size_t>(2 * groups));
-    local::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), nullptr, groups, run, sums.data());
+    compute::row_moments(dev, lx.data(), static_cast<const T*>(nullptr), nullptr, groups, run, sums.data());
     detail::all_reduce_stats(x.mesh(), stat_mask, sums, name, x.shape());
     inv_.resize(static_cast<std::size_t>(groups));
     std::vector<double> mean(static_cast<std::size_t>(groups));
@@ -136,7 +136,7 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
     // Per (sample, channel): [sum dy, sum dy xhat]; over the samples, this rank's
     // terms of the bias's and the weight's gradients.
     std::vector<double> row_sums(static_cast<std::size_t>(2 * rows));
-    local::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
+    compute::row_moments(dev, ld.data(), xhat->data(), nullptr, rows, blk.cells, row_sums.data());
     std::vector<double> gb(static_cast<std::size_t>(C), 0.0), gw(gb.size(), 0.0);
     for (int64_t r = 0; r < rows; ++r) gb[r % C] += row_sums[r], gw[r % C] += row_sums[rows + r];
     bias_.accumulate(detail::channel_tensor<T>(dev, gb));
@@ -164,9 +164,9 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
         offset[r] = -inv_[i] * sums[i] / k;
       }
       auto dx = Tensor<T, Rank>::uninitialized(ld.shape(), dev);
-      local::row_affine(dev, ld.data(), xhat->data(),
-                        {.scale = scale.data(), .b_scale = xhat_scale.data(), .offset = offset.data()}, rows,
-                        blk.cells, dx.data());
+      compute::row_affine(dev, ld.data(), xhat->data(),
+                          {.scale = scale.data(), .b_scale = xhat_scale.data(), .offset = offset.data()}, rows,
+                          blk.cells, dx.data());
       return Gr(dy.mesh(), dy.layout(), std::move(dx));
     }
   }

@@ -129,8 +129,8 @@ class PoolOp {
     const T* xp = win_.padded_input();
     win_.forward(
         wh.interior_box().empty(dims.window),
-        [&](const OutBox& b) { local::pool_forward(dev, dims, xp, y.data(), b); },
-        [&] { local::pool_forward(dev, dims, xp, y.data()); });
+        [&](const OutBox& b) { compute::pool_forward(dev, dims, xp, y.data(), b); },
+        [&] { compute::pool_forward(dev, dims, xp, y.data()); });
     saved_ = true;
     return X(x.mesh(), wh.out_layout(channels), std::move(y));
   }
@@ -150,7 +150,7 @@ class PoolOp {
       const Device dev = dy.local().device();
       const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad, options_.padding);
       auto dx = win_.input_gradient(
-          dev, [&](T* dxp) { local::pool_backward(dev, dims, win_.padded_input(), dy.local().data(), dxp); }, [] {});
+          dev, [&](T* dxp) { compute::pool_backward(dev, dims, win_.padded_input(), dy.local().data(), dxp); }, [] {});
       using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
       return DX(dy.mesh(), wh.in_layout(), std::move(dx));
     }

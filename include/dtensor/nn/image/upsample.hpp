@@ -56,20 +56,20 @@ class UpsampleOp {
     const Device dev = x.local().device();
     auto y = Tensor<T, Rank>::uninitialized(p.out_local, dev);
     if (!p.ghosts) {
-      local::upsample_forward(dev, p.dims, x.local().data(), y.data());
+      compute::upsample_forward(dev, p.dims, x.local().data(), y.data());
     } else {
       if (padded_.shape() != p.halo.padded_shape() || padded_.device() != dev)
         padded_ = Tensor<T, Rank>::uninitialized(p.halo.padded_shape(), dev);
-      local::copy_region(dev, x.local().data(), whole(p.halo.interior_shape()), padded_.data(),
-                         interior_region(p), sizeof(T));
+      movement::copy_region(dev, x.local().data(), whole(p.halo.interior_shape()), padded_.data(),
+                            interior_region(p), sizeof(T));
       p.halo.forward(padded_.data());
       if (p.compact) {  // the cells the outputs read, without the ghosts they do not
         if (compact_.shape() != p.read_shape || compact_.device() != dev)
           compact_ = Tensor<T, Rank>::uninitialized(p.read_shape, dev);
-        local::copy_region(dev, padded_.data(), read_region(p), compact_.data(), whole(p.read_shape), sizeof(T));
-        local::upsample_forward(dev, p.dims, compact_.data(), y.data());
+        movement::copy_region(dev, padded_.data(), read_region(p), compact_.data(), whole(p.read_shape), sizeof(T));
+        compute::upsample_forward(dev, p.dims, compact_.data(), y.data());
       } else {
-        local::upsample_forward(dev, p.dims, padded_.data(), y.data());
+        compute::upsample_forward(dev, p.dims, padded_.data(), y.data());
       }
     }
     saved_ = true;
@@ -90,17 +90,17 @@ class UpsampleOp {
       const Device dev = dy.local().device();
       auto dx = Tensor<T, Rank>::uninitialized(p.in_local, dev);
       if (!p.ghosts) {
-        local::upsample_backward(dev, p.dims, dy.local().data(), dx.data());
+        compute::upsample_backward(dev, p.dims, dy.local().data(), dx.data());
       } else {
         if (p.compact) {
-          local::upsample_backward(dev, p.dims, dy.local().data(), compact_.data());
-          local::fill(padded_, T{0});
-          local::copy_region(dev, compact_.data(), whole(p.read_shape), padded_.data(), read_region(p), sizeof(T));
+          compute::upsample_backward(dev, p.dims, dy.local().data(), compact_.data());
+          movement::fill(padded_, T{0});
+          movement::copy_region(dev, compact_.data(), whole(p.read_shape), padded_.data(), read_region(p), sizeof(T));
         } else {
-          local::upsample_backward(dev, p.dims, dy.local().data(), padded_.data());
+          compute::upsample_backward(dev, p.dims, dy.local().data(), padded_.data());
         }
         p.halo.reverse(padded_.data());
-        local::copy_region(dev, padded_.data(), interior_region(p), dx.data(), whole(p.in_local), sizeof(T));
+        movement::copy_region(dev, padded_.data(), interior_region(p), dx.data(), whole(p.in_local), sizeof(T));
       }
       using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
       return DX(dy.mesh(), p.in_layout, std::move(dx));

@@ -254,9 +254,9 @@ class MultiHeadAttention {
     const int64_t hq = wq_.value().local().shape()[1] / kDim, hkv = wk_.value().local().shape()[1] / kDim;
     // The global positions of this rank's rows: all of them, or its CP block.
     const int64_t first = s.x.local_offset()[1], total = s.x.shape()[1];
-    s.dims = local::AttentionDims{.batch = b, .heads = hq, .kv_heads = hkv, .q_len = len, .kv_len = len,
-                                  .head_dim = kDim, .causal = options_.causal, .q_offset = first,
-                                  .kv_offset = first, .tile = options_.tile};
+    s.dims = compute::AttentionDims{.batch = b, .heads = hq, .kv_heads = hkv, .q_len = len, .kv_len = len,
+                                    .head_dim = kDim, .causal = options_.causal, .q_offset = first,
+                                    .kv_offset = first, .tile = options_.tile};
     if constexpr (kRing || kAllToAll) {
       s.ring.comm = &x.mesh().comm(Cfg::cp);
       s.ring.offsets.assign(1, 0);
@@ -272,15 +272,15 @@ class MultiHeadAttention {
     s.k = project_heads(xl, wk_, bk_, b, len, hkv);
     s.v = project_heads(xl, wv_, bv_, b, len, hkv);
     if (options_.rope_base > 0) {
-      local::rotary_embedding(dev, rotary(b * hq, len, first), s.q.data());
-      local::rotary_embedding(dev, rotary(b * hkv, len, first), s.k.data());
+      compute::rotary_embedding(dev, rotary(b * hq, len, first), s.q.data());
+      compute::rotary_embedding(dev, rotary(b * hkv, len, first), s.k.data());
     }
     s.o = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, dev);
     s.lse = Tensor<T, 3>::uninitialized({b, hq, len}, dev);
     if constexpr (kBalanced) {
       // q, k, v to the balanced layout (kept there for the backward), the ring, o and lse back
       s.balanced = AttentionRing::balanced(*s.ring.comm, total);
-      const local::AttentionDims bd = balanced_dims(s);
+      const compute::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
       auto qb = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
       auto kb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev), vb = Tensor<T, 4>::uninitialized(kb.shape(), dev);
@@ -300,8 +300,8 @@ class MultiHeadAttention {
       s.all_to_all.emplace(s.ring, Cfg::cp);
       s.all_to_all->forward(s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data());
     } else {
-      local::attention_forward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
-                               s.o.data(), s.lse.data());
+      compute::attention_forward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
+                                 s.o.data(), s.lse.data());
     }
     const Tensor<T, Rank> o = merged(s.o);
     auto y = Tensor<T, Rank>::uninitialized({b, len, kHidden}, dev);
@@ -351,7 +351,7 @@ class MultiHeadAttention {
     auto dk = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, dev);
     auto dv = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, dev);
     if constexpr (kBalanced) {
-      const local::AttentionDims bd = balanced_dims(s);
+      const compute::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
       auto dob = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
       auto dqb = Tensor<T, 4>::uninitialized(dob.shape(), dev);
@@ -369,11 +369,11 @@ class MultiHeadAttention {
     else if constexpr (kAllToAll)
       s.all_to_all->backward(do_heads.data(), dq.data(), dk.data(), dv.data());
     else
-      local::attention_backward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
-                                s.o.data(), s.lse.data(), do_heads.data(), dq.data(), dk.data(), dv.data());
+      compute::attention_backward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
+                                  s.o.data(), s.lse.data(), do_heads.data(), dq.data(), dk.data(), dv.data());
     if (options_.rope_base > 0) {
-      local::rotary_embedding(dev, rotary(b * hq, len, s.dims.q_offset), dq.data(), true);
-      local::rotary_embedding(dev, rotary(b * hkv, len, s.dims.q_offset), dk.data(), true);
+      compute::rotary_embedding(dev, rotary(b * hq, len, s.dims.q_offset), dq.data(), true);
+      compute::rotary_embedding(dev, rotary(b * hkv, len, s.dims.q_offset), dk.data(), true);
     }
     // The three projections: their weights' gradients, and the sum of their input gradients.
     auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), dev);
@@ -407,7 +407,7 @@ class MultiHeadAttention {
   // each row's log-sum-exp (the attention weights are recomputed, never kept).
   struct Saved {
     XC x;
-    local::AttentionDims dims{};
+    compute::AttentionDims dims{};
     AttentionRing ring{};      // the CP dim's ranks and sequence blocks (kRing, kAllToAll)
     AttentionRing balanced{};  // and the balanced layout (kBalanced), where q, k, v, o, lse are kept
     Tensor<T, 4> o_balanced{};
@@ -418,25 +418,25 @@ class MultiHeadAttention {
   };
 
   // The ring's dims on the balanced layout: this rank's positions there.
-  static local::AttentionDims balanced_dims(const Saved& s) {
-    local::AttentionDims d = s.dims;
+  static compute::AttentionDims balanced_dims(const Saved& s) {
+    compute::AttentionDims d = s.dims;
     d.q_len = d.kv_len = s.balanced.length(s.balanced.rank());
     return d;
   }
-  local::RotaryDims rotary(int64_t groups, int64_t len, int64_t first) const {
+  compute::RotaryDims rotary(int64_t groups, int64_t len, int64_t first) const {
     return {.groups = groups, .len = len, .head_dim = kDim, .first_position = first, .base = options_.rope_base};
   }
   // [b, s, h*D] -> [b, h, s, D] and back.
   static Tensor<T, 4> split(const Tensor<T, Rank>& x, int64_t h) {
     const int64_t b = x.shape()[0], len = x.shape()[1];
     auto y = Tensor<T, 4>::uninitialized({b, h, len, kDim}, x.device());
-    local::heads_to_front(x.device(), x.data(), y.data(), b, len, h, kDim);
+    compute::heads_to_front(x.device(), x.data(), y.data(), b, len, h, kDim);
     return y;
   }
   static Tensor<T, Rank> merged(const Tensor<T, 4>& y) {
     const int64_t b = y.shape()[0], h = y.shape()[1], len = y.shape()[2];
     auto x = Tensor<T, Rank>::uninitialized({b, len, h * kDim}, y.device());
-    local::heads_to_back(y.device(), y.data(), x.data(), b, len, h, kDim);
+    compute::heads_to_back(y.device(), y.data(), x.data(), b, len, h, kDim);
     return x;
   }
   template <class W, class B>

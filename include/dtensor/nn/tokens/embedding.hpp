@@ -113,7 +113,7 @@ class Embedding {
     for (int d = 0; d < Rank - 1; ++d) ls[d] = ids.local().shape()[d];
     ls[F] = cols;
     auto y = Tensor<T, Rank>::uninitialized(ls, dev);
-    local::gather_rows(dev, t.local().data(), t.local().shape()[0], cols, ids_->data(), rows, lo, y.data());
+    compute::gather_rows(dev, t.local().data(), t.local().shape()[0], cols, ids_->data(), rows, lo, y.data());
     using Product = dtensor_t<T, Rank, placements_t<product()>>;
     Product z(ids.mesh(), std::move(layout), std::move(y));
     return redistribute_as<placements_t<out_state()>>(z);
@@ -133,8 +133,8 @@ class Embedding {
                   ": the gradient's block ", dtensor::to_string(dz.local().shape()),
                   " does not match the ids of the last forward");
     Tensor<T, 2> g(t.local().shape(), t.local().device());
-    local::scatter_add_rows(g.device(), dz.local().data(), ids_->data(), ids_->numel(), t.local().shape()[1],
-                            t.local_offset()[0], g.data(), t.local().shape()[0]);
+    compute::scatter_add_rows(g.device(), dz.local().data(), ids_->data(), ids_->numel(), t.local().shape()[1],
+                              t.local_offset()[0], g.data(), t.local().shape()[0]);
     table_.accumulate(g);
     ids_.reset();
     return 0;

@@ -119,11 +119,11 @@ class GatedMlp {
     detail::matmul(dev, h.data(), true, g.data(), false, down_.grad().data(), inner, Hidden, rows, true);
     detail::matmul(dev, g.data(), false, down_.value().local().data(), true, dh.data(), rows, inner, Hidden);
     // da = SiLU'(a) (dh u) (into h), du = dh SiLU(a) (into dh)
-    local::binary(BinaryOp::Mul, dh, s.u, h);
-    local::unary_backward(UnaryFn::Silu, s.a, h, h);
+    compute::binary(BinaryOp::Mul, dh, s.u, h);
+    compute::unary_backward(UnaryFn::Silu, s.a, h, h);
     auto silu_a = Tensor<T, Rank>::uninitialized(s.a.shape(), dev);
-    local::unary(UnaryFn::Silu, s.a, silu_a);
-    local::binary(BinaryOp::Mul, dh, silu_a, dh);
+    compute::unary(UnaryFn::Silu, s.a, silu_a);
+    compute::binary(BinaryOp::Mul, dh, silu_a, dh);
     detail::matmul(dev, xl.data(), true, h.data(), false, gate_.grad().data(), Hidden, inner, rows, true);
     detail::matmul(dev, xl.data(), true, dh.data(), false, up_.grad().data(), Hidden, inner, rows, true);
     if constexpr (NeedInputGrad) {
@@ -149,8 +149,8 @@ class GatedMlp {
   // SiLU(x Wg) * (x Wu), from the saved products (on their device).
   static Tensor<T, Rank> gated(const Saved& s) {
     auto h = Tensor<T, Rank>::uninitialized(s.a.shape(), s.a.device());
-    local::unary(UnaryFn::Silu, s.a, h);
-    local::binary(BinaryOp::Mul, h, s.u, h);
+    compute::unary(UnaryFn::Silu, s.a, h);
+    compute::binary(BinaryOp::Mul, h, s.u, h);
     return h;
   }
   template <class DT>

@@ -68,9 +68,9 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
     const int64_t b = yl.shape()[0], len = yl.shape()[1];
     // each sequence's rows += the table's rows of their positions (on the blocks' device)
     for (int64_t n = 0; n < b; ++n)
-      local::reduce_block(yl.device(), dtype_of<T>(), ReduceOp::Sum, table_.value().local().data(),
-                          Block::contiguous(first_ * Dim, len * Dim), yl.data(),
-                          Block::contiguous(n * len * Dim, len * Dim));
+      movement::reduce_block(yl.device(), dtype_of<T>(), ReduceOp::Sum, table_.value().local().data(),
+                             Block::contiguous(first_ * Dim, len * Dim), yl.data(),
+                             Block::contiguous(n * len * Dim, len * Dim));
     return y;
   }
 
@@ -80,9 +80,9 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
     const int64_t b = g.shape()[0], len = g.shape()[1];
     DTENSOR_CHECK(first_ + len <= MaxLen, InvalidArgument, name, ": backward without a matching forward");
     for (int64_t n = 0; n < b; ++n)  // the table's rows += every sequence's gradient rows
-      local::reduce_block(g.device(), dtype_of<T>(), ReduceOp::Sum, g.data(),
-                          Block::contiguous(n * len * Dim, len * Dim), table_.grad().data(),
-                          Block::contiguous(first_ * Dim, len * Dim));
+      movement::reduce_block(g.device(), dtype_of<T>(), ReduceOp::Sum, g.data(),
+                             Block::contiguous(n * len * Dim, len * Dim), table_.grad().data(),
+                             Block::contiguous(first_ * Dim, len * Dim));
     if constexpr (NeedInputGrad) return dy;
     else return 0;
   }

@@ -57,8 +57,8 @@ class TokenMeanPool {
     const T scale = T(1) / static_cast<T>(x.shape()[1]);
     const Device dev = x.local().device();
     auto y = Tensor<T, 2>::uninitialized({ls[0], ls[2]}, dev);
-    local::reduce_dim(dev, ReduceOp::Sum, x.local().data(), y.data(), ls[0], ls[1], ls[2]);
-    local::binary_scalar(BinaryOp::Mul, y, scale, y);
+    compute::reduce_dim(dev, ReduceOp::Sum, x.local().data(), y.data(), ls[0], ls[1], ls[2]);
+    compute::binary_scalar(BinaryOp::Mul, y, scale, y);
     saved_.emplace(Saved{x.layout(), ls, x.shape()[1]});
     return OutputT(x.mesh(), out_layout(x.layout()), std::move(y));
   }
@@ -79,11 +79,11 @@ class TokenMeanPool {
       const Device dev = dy.local().device();
       const int64_t tokens = s.local[1], c = s.local[2];
       auto scaled = Tensor<T, 2>::uninitialized(dy.local().shape(), dev);  // dy / tokens, then repeated
-      local::binary_scalar(BinaryOp::Mul, dy.local(), scale, scaled);
+      compute::binary_scalar(BinaryOp::Mul, dy.local(), scale, scaled);
       auto dx = Tensor<T, 3>::uninitialized(s.local, dev);
       for (int64_t b = 0; b < s.local[0]; ++b)  // row b repeated for each token (a source of stride 0)
-        local::copy_block(dev, scaled.data(), Block{b * c, tokens, 0, c}, dx.data(),
-                          Block::contiguous(b * tokens * c, tokens * c), sizeof(T));
+        movement::copy_block(dev, scaled.data(), Block{b * c, tokens, 0, c}, dx.data(),
+                             Block::contiguous(b * tokens * c, tokens * c), sizeof(T));
       using DX = dtensor_t<T, 3, placements_t<grad_input(State{}, G::placement_state)>>;
       return DX(dy.mesh(), s.layout, std::move(dx));
     }

@@ -2,24 +2,24 @@
 // transpose combination, alpha and beta, batches, padding and empty extents; the unary
 // functions against closed forms and their derivatives against finite differences;
 // rows picked by index against the unsharded lookup. The same cases run on the
-// emulated device (gpu/test_device_local.cpp).
+// emulated device (gpu/test_device_compute.cpp).
 #include <doctest/doctest.h>
 
 #include <dtensor/dtensor.hpp>
 
 #include "compare.hpp"
-#include "gpu/local_compute_cases.hpp"
+#include "gpu/compute_cases.hpp"
 
 using namespace dtensor;
 
-TEST_CASE("local compute on the host") { test::local_cases::all_cases(Device::host()); }
+TEST_CASE("local compute on the host") { test::compute_cases::all_cases(Device::host()); }
 
 TEST_CASE("gemm_ex on the host takes integer matrices too") {
   const std::vector<int64_t> a = {1, 2, 3, 4, 5, 6};  // stored [3, 2]: op(A) = A^T = {{1, 3, 5}, {2, 4, 6}}
   const std::vector<int64_t> b = {1, -1, 2, 0, 3, 1};  // [3, 2]
   std::vector<int64_t> c(4, 5);
-  local::gemm_ex(Device::host(), GemmDims{.trans_a = true, .m = 2, .n = 2, .k = 3}, int64_t{2}, a.data(), b.data(),
-                 int64_t{1}, c.data());
+  compute::gemm_ex(Device::host(), GemmDims{.trans_a = true, .m = 2, .n = 2, .k = 3}, int64_t{2}, a.data(), b.data(),
+                   int64_t{1}, c.data());
   // op(A) B = {{22, 4}, {28, 4}}; c = 2 op(A) B + c.
   CHECK(c == std::vector<int64_t>{49, 13, 61, 13});
 }
@@ -48,8 +48,8 @@ TEST_CASE("GELU and its derivative on float host tensors, against double") {
   Tensor<float, 1> dy({n + 5});
   for (int64_t i = 0; i < n + 5; ++i) dy.data()[i] = 0.5f + static_cast<float>(i % 7) / 7.f;
   Tensor<float, 1> y({n + 5}), dx({n + 5});
-  local::unary(UnaryFn::Gelu, x, y);
-  local::unary_backward(UnaryFn::Gelu, x, dy, dx);
+  compute::unary(UnaryFn::Gelu, x, y);
+  compute::unary_backward(UnaryFn::Gelu, x, dy, dx);
   using M = UnaryMath<UnaryFn::Gelu>;
   double worst_y = 0, worst_dx = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -66,6 +66,6 @@ TEST_CASE("GELU and its derivative on float host tensors, against double") {
     CHECK((std::isnan(want_y) ? std::isnan(y.data()[n + i]) : y.data()[n + i] == want_y));
     CHECK((std::isnan(want_dx) ? std::isnan(dx.data()[n + i]) : dx.data()[n + i] == want_dx));
   }
-  local::unary(UnaryFn::Gelu, x, x);  // in place: the same values
+  compute::unary(UnaryFn::Gelu, x, x);  // in place: the same values
   for (int64_t i = 0; i < n; ++i) REQUIRE(x.data()[i] == y.data()[i]);
 }

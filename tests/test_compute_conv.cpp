@@ -3,7 +3,7 @@
 // both host algorithms (im2col + GEMM and the direct loops) and the entry points,
 // against plain nested loops written in the cases from the definitions; backward data
 // and weight also as adjoints of the forward in double; hand-worked values; bad dims.
-// The same cases run on the emulated device (gpu/test_device_local.cpp). The CUDA
+// The same cases run on the emulated device (gpu/test_device_compute.cpp). The CUDA
 // kernels of pooling, upsampling and the convolutions' padding run here too, on the
 // host launcher (gpu/conv_kernel_cases.hpp: kernels/ must be on the include path).
 #include <doctest/doctest.h>
@@ -135,22 +135,22 @@ TEST_CASE("convolution worked by hand") {
   d.spatial = 1, d.in = {3, 1, 1}, d.out = {3, 1, 1}, d.kernel = {3, 1, 1}, d.in_start = {-1, 0, 0};
   const std::vector<double> x = {1, 2, 3}, w = {1, 0, -1}, b = {0.5};
   std::vector<double> y(3, -9);
-  local::conv_forward(Device::host(), d, x.data(), w.data(), b.data(), y.data());
+  compute::conv_forward(Device::host(), d, x.data(), w.data(), b.data(), y.data());
   CHECK(y == std::vector<double>{-1.5, -1.5, 2.5});
   // Only output 1: the others keep what they held.
   std::vector<double> y1(3, -9);
   OutBox box;
   box.begin = {1, 0, 0}, box.end = {2, 1, 1};
-  local::conv_forward(Device::host(), d, x.data(), w.data(), nullptr, y1.data(), box);
+  compute::conv_forward(Device::host(), d, x.data(), w.data(), nullptr, y1.data(), box);
   CHECK(y1 == std::vector<double>{-9, -2, -9});
   // dx[i] = dy[i + 1] - dy[i - 1]; dw[k] = sum_o dy[o] x[o + k - 1]; db = sum dy.
   const std::vector<double> dy = {1, 10, 100};
   std::vector<double> dx(3), dw(3), db(1, 1);
-  local::conv_backward_data(Device::host(), d, dy.data(), w.data(), dx.data());
+  compute::conv_backward_data(Device::host(), d, dy.data(), w.data(), dx.data());
   CHECK(dx == std::vector<double>{10, 99, -10});
-  local::conv_backward_weight(Device::host(), d, x.data(), dy.data(), dw.data(), false);
+  compute::conv_backward_weight(Device::host(), d, x.data(), dy.data(), dw.data(), false);
   CHECK(dw == std::vector<double>{0 + 10 * 1 + 100 * 2, 1 + 20 + 300, 2 + 30 + 0});
-  local::conv_backward_bias(Device::host(), d, dy.data(), db.data(), true);
+  compute::conv_backward_bias(Device::host(), d, dy.data(), db.data(), true);
   CHECK(db == std::vector<double>{112});
 }
 

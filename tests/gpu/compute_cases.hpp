@@ -1,7 +1,7 @@
 #pragma once
 // The cases of the local compute layer (compute/local.hpp), written once for any
-// device: test_local_compute runs them on the host, test_device_emulated on the
-// emulated device, gpu_test_device_local on a GPU. Each result is checked against an
+// device: test_compute runs them on the host, test_device_emulated on the
+// emulated device, gpu_test_device_compute on a GPU. Each result is checked against an
 // independent reference: plain loops in double for products, closed forms and
 // central finite differences (double) for the unary functions, and for the rows
 // picked by index, the same lookup on the whole (unsharded) table.
@@ -15,7 +15,7 @@
 
 #include <dtensor/dtensor.hpp>
 
-namespace dtensor::test::local_cases {
+namespace dtensor::test::compute_cases {
 
 template <class T>
 Tensor<T, 1> on(Device d, const std::vector<T>& v) {
@@ -90,7 +90,7 @@ void check_gemm(Device d, GemmDims dims, double alpha, double beta) {
   gemm_reference(g, alpha, a, b, beta, want);
   const auto da = on(d, a), db = on(d, b);
   auto dc = on(d, c);
-  local::gemm_ex(d, dims, static_cast<T>(alpha), da.data(), db.data(), static_cast<T>(beta), dc.data());
+  compute::gemm_ex(d, dims, static_cast<T>(alpha), da.data(), db.data(), static_cast<T>(beta), dc.data());
   const auto got = back(dc);
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
@@ -173,7 +173,7 @@ void unary_cases(Device d) {
     const auto dy = values<T>(x.size(), 7, -1.5, 1.5);
     const auto dx_in = on(d, x);
     auto out = on(d, std::vector<T>(x.size()));
-    local::unary(f, dx_in, out);
+    compute::unary(f, dx_in, out);
     const auto y = back(out);
     for (std::size_t i = 0; i < x.size(); ++i) {
       const double want = closed_form(f, double(x[i]));
@@ -184,8 +184,8 @@ void unary_cases(Device d) {
     // in place (dx aliasing dy).
     auto g = on(d, dy);
     auto dx = on(d, std::vector<T>(x.size()));
-    local::unary_backward(f, dx_in, g, dx);
-    local::unary_backward(f, dx_in, g, g);
+    compute::unary_backward(f, dx_in, g, dx);
+    compute::unary_backward(f, dx_in, g, g);
     const auto got = back(dx), got_in_place = back(g);
     for (std::size_t i = 0; i < x.size(); ++i) {
       const double xi = double(x[i]), h = 1e-5 * std::max(1.0, std::abs(xi));
@@ -207,7 +207,7 @@ inline void unary_special_cases(Device d) {
     const UnaryFn fs[] = {UnaryFn::Gelu, UnaryFn::GeluTanh, UnaryFn::Silu};
     const double want[] = {0.8413447460685429, 0.8411919906082768, 0.7310585786300049};
     for (int i = 0; i < 3; ++i) {
-      local::unary(fs[i], x, y);
+      compute::unary(fs[i], x, y);
       CHECK(back(y)[0] == doctest::Approx(want[i]).epsilon(1e-15));
       CHECK(back(y)[3] == 0.0);
     }
@@ -216,26 +216,26 @@ inline void unary_special_cases(Device d) {
     auto x = on(d, std::vector<double>{0.0});
     auto g = on(d, std::vector<double>{3.0});
     auto dx = on(d, std::vector<double>{0.0});
-    local::unary_backward(UnaryFn::Relu, x, g, dx);
+    compute::unary_backward(UnaryFn::Relu, x, g, dx);
     CHECK(back(dx)[0] == 0.0);
-    local::unary_backward(UnaryFn::Abs, x, g, dx);
+    compute::unary_backward(UnaryFn::Abs, x, g, dx);
     CHECK(back(dx)[0] == 0.0);
-    local::unary_backward(UnaryFn::Gelu, x, g, dx);
+    compute::unary_backward(UnaryFn::Gelu, x, g, dx);
     CHECK(back(dx)[0] == doctest::Approx(1.5));
-    local::unary_backward(UnaryFn::Silu, x, g, dx);
+    compute::unary_backward(UnaryFn::Silu, x, g, dx);
     CHECK(back(dx)[0] == doctest::Approx(1.5));
   }
   {  // integers: neg, abs and relu (wrapping at the lowest value); the others refused
     const int32_t lowest = std::numeric_limits<int32_t>::lowest();
     auto x = on(d, std::vector<int32_t>{-3, 0, 5, lowest});
     auto y = on(d, std::vector<int32_t>(4));
-    local::unary(UnaryFn::Neg, x, y);
+    compute::unary(UnaryFn::Neg, x, y);
     CHECK(back(y) == std::vector<int32_t>{3, 0, -5, lowest});
-    local::unary(UnaryFn::Abs, x, y);
+    compute::unary(UnaryFn::Abs, x, y);
     CHECK(back(y) == std::vector<int32_t>{3, 0, 5, lowest});
-    local::unary(UnaryFn::Relu, x, y);
+    compute::unary(UnaryFn::Relu, x, y);
     CHECK(back(y) == std::vector<int32_t>{0, 0, 5, 0});
-    CHECK_THROWS_WITH_AS(local::unary(UnaryFn::Gelu, x, y), doctest::Contains("gelu"), InvalidArgument);
+    CHECK_THROWS_WITH_AS(compute::unary(UnaryFn::Gelu, x, y), doctest::Contains("gelu"), InvalidArgument);
   }
 }
 
@@ -272,7 +272,7 @@ void row_cases(Device d) {
     const std::vector<T> block(table.begin() + lo * cols, table.begin() + hi * cols);
     const auto dblock = on(d, block.empty() ? std::vector<T>{} : block);
     auto out = on(d, std::vector<T>(rows * cols, T(-7)));
-    local::gather_rows(d, dblock.data(), hi - lo, cols, dindex.data(), rows, lo, out.data());
+    compute::gather_rows(d, dblock.data(), hi - lo, cols, dindex.data(), rows, lo, out.data());
     const auto got = back(out);
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t j = 0; j < cols; ++j) {
@@ -283,7 +283,7 @@ void row_cases(Device d) {
     // The adjoint accumulates into what the block's gradient held (here 1s).
     auto grad = on(d, std::vector<T>((hi - lo) * cols, T(1)));
     const auto ddy = on(d, dy);
-    local::scatter_add_rows(d, ddy.data(), dindex.data(), rows, cols, lo, grad.data(), hi - lo);
+    compute::scatter_add_rows(d, ddy.data(), dindex.data(), rows, cols, lo, grad.data(), hi - lo);
     const auto g = back(grad);
     for (int64_t r = 0; r < (hi - lo) * cols; ++r)
       REQUIRE(double(g[r]) == doctest::Approx(1 + double(whole_grad[lo * cols + r])).epsilon(tol<T>()));
@@ -305,10 +305,10 @@ void row_cases(Device d) {
       for (int64_t c = 0; c < w; ++c) block[i * w + c] = logits[i * classes + lo + c];
     auto dblock = on(d, block);
     auto out = on(d, std::vector<T>(n, T(-7)));
-    local::take_along_last(d, dblock.data(), n, w, dtarget.data(), lo, out.data());
+    compute::take_along_last(d, dblock.data(), n, w, dtarget.data(), lo, out.data());
     const auto got = back(out);
     for (int64_t i = 0; i < n; ++i) picked[i] += got[i];
-    local::add_along_last(d, on(d, gvec).data(), dtarget.data(), lo, dblock.data(), n, w);
+    compute::add_along_last(d, on(d, gvec).data(), dtarget.data(), lo, dblock.data(), n, w);
     const auto added = back(dblock);
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < w; ++c) {
@@ -332,7 +332,7 @@ void row_reduce_cases(Device d) {
   auto out = on(d, std::vector<T>(rows));
   for (ReduceOp r : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
     INFO(name(r), " on ", to_string(d));
-    local::reduce_dim(d, r, dx.data(), out.data(), rows, cols, 1);
+    compute::reduce_dim(d, r, dx.data(), out.data(), rows, cols, 1);
     const auto got = back(out);
     for (int64_t i = 0; i < rows; ++i) {
       double want = r == ReduceOp::Max ? -INFINITY : r == ReduceOp::Min ? INFINITY : 0;
@@ -348,20 +348,20 @@ void row_reduce_cases(Device d) {
 // Bad input: a clear error naming the function.
 inline void bad_input_cases(Device d) {
   auto a = on(d, std::vector<double>(6));
-  CHECK_THROWS_WITH_AS(local::gemm_ex(d, GemmDims{.m = 2, .n = 3, .k = -1}, 1.0, a.data(), a.data(), 0.0, a.data()),
+  CHECK_THROWS_WITH_AS(compute::gemm_ex(d, GemmDims{.m = 2, .n = 3, .k = -1}, 1.0, a.data(), a.data(), 0.0, a.data()),
                        doctest::Contains("negative extents"), InvalidArgument);
   CHECK_THROWS_WITH_AS(
-      local::gemm_ex(d, GemmDims{.m = 2, .n = 3, .k = 4, .lda = 3}, 1.0, a.data(), a.data(), 0.0, a.data()),
+      compute::gemm_ex(d, GemmDims{.m = 2, .n = 3, .k = 4, .lda = 3}, 1.0, a.data(), a.data(), 0.0, a.data()),
       doctest::Contains("leading dimension"), InvalidArgument);
   CHECK_THROWS_WITH_AS(
-      local::gemm_ex(d, GemmDims{.m = 2, .n = 3, .k = 1, .batch = 2, .stride_c = 3}, 1.0, a.data(), a.data(), 0.0,
-                     a.data()),
+      compute::gemm_ex(d, GemmDims{.m = 2, .n = 3, .k = 1, .batch = 2, .stride_c = 3}, 1.0, a.data(), a.data(), 0.0,
+                       a.data()),
       doctest::Contains("overlap"), InvalidArgument);
   auto idx = on(d, std::vector<int64_t>{0});
-  CHECK_THROWS_WITH_AS(local::gather_rows(d, a.data(), -1, 2, idx.data(), 1, 0, a.data()),
+  CHECK_THROWS_WITH_AS(compute::gather_rows(d, a.data(), -1, 2, idx.data(), 1, 0, a.data()),
                        doctest::Contains("gather_rows: negative sizes"), InvalidArgument);
   auto b = on(d, std::vector<double>(5));
-  CHECK_THROWS_WITH_AS(local::unary_backward(UnaryFn::Exp, a, b, a), doctest::Contains("unary_backward of exp"),
+  CHECK_THROWS_WITH_AS(compute::unary_backward(UnaryFn::Exp, a, b, a), doctest::Contains("unary_backward of exp"),
                        InvalidArgument);
 }
 
@@ -381,4 +381,4 @@ inline void all_cases(Device d) {
   SUBCASE("bad input") { bad_input_cases(d); }
 }
 
-}  // namespace dtensor::test::local_cases
+}  // namespace dtensor::test::compute_cases
