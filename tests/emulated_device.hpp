@@ -565,450 +565,427 @@ inline void require_floating(DType t, const char* fn) {
 }
 
 // Data movement (tensor/device_movement.hpp).
+struct EmulatedMovement {
+  static void bind_thread(int device) {
+    count(calls());
+    if (config().async) bind(device);
+  }
+  static void use_device(int device) {
+    if (!config().async) return;
+    const auto& s = binding().stream;
+    if (s && s->device() == device) return;
+    if (!s) return bind(device);  // this thread's first device work
+    throw InvalidArgument(detail::cat("dtensor: a tensor on cuda:", device,
+                                      " is used by a thread that works on cuda:", s->device(),
+                                      "; each rank works on one GPU"));
+  }
+  static void synchronize() {
+    if (config().async && binding().stream) binding().stream->synchronize();
+  }
+  static void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem) {
+    launch([=] { detail::copy_block(real(src), sb, real(dst), db, elem); });
+  }
+  static void reduce_block(DType t, ReduceOp op, const void* src, Block sb, void* dst, Block db) {
+    launch([=] { detail::reduce_block(t, op, real(src), sb, real(dst), db); });
+  }
+  static void divide_block(DType t, void* dst, Block db, int terms) {
+    launch([=] { detail::divide_block(t, real(dst), db, terms); });
+  }
+  static void fill(DType t, void* dst, int64_t n, Scalar v) {
+    launch([=] { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, v.as<decltype(tag)>()); }); });
+  }
+};
+
 inline const detail::DeviceMovement& movement() {
-  static constexpr detail::DeviceMovement table{
-      .bind_thread =
-          [](int device) {
-            count(calls());
-            if (config().async) bind(device);
-          },
-      .use_device =
-          [](int device) {
-            if (!config().async) return;
-            const auto& s = binding().stream;
-            if (s && s->device() == device) return;
-            if (!s) return bind(device);  // this thread's first device work
-            throw InvalidArgument(detail::cat("dtensor: a tensor on cuda:", device,
-                                              " is used by a thread that works on cuda:", s->device(),
-                                              "; each rank works on one GPU"));
-          },
-      .synchronize =
-          [] {
-            if (config().async && binding().stream) binding().stream->synchronize();
-          },
-      .copy_block = [](const void* src, Block sb, void* dst, Block db,
-                       std::size_t elem) { launch([=] { detail::copy_block(real(src), sb, real(dst), db, elem); }); },
-      .reduce_block = [](DType t, ReduceOp op, const void* src, Block sb, void* dst,
-                         Block db) { launch([=] { detail::reduce_block(t, op, real(src), sb, real(dst), db); }); },
-      .divide_block = [](DType t, void* dst, Block db,
-                         int terms) { launch([=] { detail::divide_block(t, real(dst), db, terms); }); },
-      .fill =
-          [](DType t, void* dst, int64_t n, Scalar v) {
-            launch([=] { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, v.as<decltype(tag)>()); }); });
-          },
-  };
+  static constexpr auto table = detail::device_movement_of<EmulatedMovement>();
   return table;
 }
 
 // The math (compute/device_backend.hpp).
+struct EmulatedMath {
+  // Walks the box with an odometer (the kernel decomposes each index instead).
+  static void random_fill(DType t, void* dst, const CounterBox& box, const CounterDraw& draw) {
+    if (!is_floating(t)) throw InvalidArgument("emulated device: random_fill takes float or double tensors");
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_floating_point_v<T>) {
+          T* out = real<T>(dst);
+          const int64_t n = box.numel();
+          int64_t idx[CounterBox::kMaxRank] = {};
+          for (int64_t e = 0; e < n; ++e) {
+            int64_t g = 0;
+            for (int d = 0; d < box.rank; ++d) g += (box.offset[d] + idx[d]) * box.global_stride[d];
+            const auto i = static_cast<uint64_t>(g);
+            out[e] = ::dtensor::counter_value<T>(draw, i);
+            for (int d = box.rank - 1; d >= 0 && ++idx[d] == box.extent[d]; --d) idx[d] = 0;
+          }
+        }
+      });
+    });
+  }
+  static void binary(DType t, BinaryOp op, const void* a, const void* b, void* out, int64_t n) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        const T *x = real<const T>(a), *y = real<const T>(b);
+        T* o = real<T>(out);
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = op == BinaryOp::Add ? x[i] + y[i] : op == BinaryOp::Sub ? x[i] - y[i] : op == BinaryOp::Mul ? x[i] * y[i] : x[i] / y[i];
+      });
+    });
+  }
+  static void binary_scalar(DType t, BinaryOp op, const void* a, Scalar s, void* out, int64_t n) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        const T* x = real<const T>(a);
+        const T y = s.as<T>();
+        T* o = real<T>(out);
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = op == BinaryOp::Add ? x[i] + y : op == BinaryOp::Sub ? x[i] - y : op == BinaryOp::Mul ? x[i] * y : x[i] / y;
+      });
+    });
+  }
+  static void unary(DType t, UnaryFn f, const void* a, void* out, int64_t n) {
+    // Checked at launch, as the CUDA backend does: an error here is the caller's.
+    if (!is_floating(t) && !takes_integers(f))
+      throw InvalidArgument(detail::cat("emulated device: ", name(f), " takes floating-point tensors"));
+    launch([=] { unary_kernel(t, f, a, out, n); });
+  }
+  static void unary_backward(DType t, UnaryFn f, const void* x, const void* dy, void* dx, int64_t n) {
+    if (!is_floating(t))
+      throw InvalidArgument(detail::cat("emulated device: the derivative of ", name(f),
+                                        " takes floating-point tensors"));
+    launch([=] { unary_backward_kernel(t, f, x, dy, dx, n); });
+  }
+  static void add_bias(DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < cols; ++j)
+            real<T>(out)[i * cols + j] = real<const T>(m)[i * cols + j] + real<const T>(v)[along_rows ? j : i];
+      });
+    });
+  }
+  static void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < cols; ++j) real<T>(out)[j * rows + i] = real<const T>(in)[i * cols + j];
+      });
+    });
+  }
+  static void reduce_dim(DType t, ReduceOp r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        const T* x = real<const T>(in);
+        T* o = real<T>(out);
+        const bool sum = r == ReduceOp::Sum || r == ReduceOp::Avg;  // Avg: the caller divides
+        for (int64_t a = 0; a < outer; ++a)
+          for (int64_t i = 0; i < inner; ++i) {
+            T acc = sum ? T(0)
+                    : r == ReduceOp::Max ? compute::identity<ReduceOp::Max, T>()
+                                         : compute::identity<ReduceOp::Min, T>();
+            for (int64_t j = 0; j < len; ++j) {
+              const T v = x[(a * len + j) * inner + i];
+              acc = sum ? acc + v : r == ReduceOp::Max ? std::max(acc, v) : std::min(acc, v);
+            }
+            o[a * inner + i] = acc;
+          }
+      });
+    });
+  }
+  static void where_equal(DType t, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
+                          int64_t inner) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::where_equal(Device::host(), real<const T>(x), real<const T>(y), real<const T>(v), real<T>(out),
+                             outer, len, inner);
+      });
+    });
+  }
+  // A value for the host: queued after the stream's work, and waited for.
+  static double sum_squares(DType t, const void* a, int64_t n) {
+    count(calls());
+    double s = 0;
+    submit_and_wait([&s, t, a, n] {
+      typed(t, [&](auto tag) {
+        for (int64_t i = 0; i < n; ++i)
+          s += double(real<const decltype(tag)>(a)[i]) * double(real<const decltype(tag)>(a)[i]);
+      });
+    });
+    return s;
+  }
+  static double max_abs(DType t, const void* a, int64_t n) {
+    count(calls());
+    double s = 0;
+    submit_and_wait([&s, t, a, n] {
+      typed(t, [&](auto tag) {
+        for (int64_t i = 0; i < n; ++i) s = std::max(s, std::abs(double(real<const decltype(tag)>(a)[i])));
+      });
+    });
+    return s;
+  }
+  static void softmax_shift(DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
+                            bool log) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        if (log) compute::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
+        else compute::softmax_shift<false>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
+      });
+    });
+  }
+  static void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        if (log) compute::softmax_finish<true>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
+        else compute::softmax_finish<false>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
+      });
+    });
+  }
+  // The per-row arrays are host memory: row_moments waits for its sums (the host
+  // arrays outlive the work); row_affine copies them into the queued closure (the
+  // caller may reuse them once the call returns, as the CUDA backend allows).
+  static void row_moments(DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
+                          double* out) {
+    if (!is_floating(t)) throw InvalidArgument("emulated device: row_moments takes float or double tensors");
+    count(calls());
+    submit_and_wait([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_floating_point_v<T>)
+          compute::row_moments(Device::host(), real<const T>(a), real<const T>(b), shift, rows, cols, out);
+      });
+    });
+  }
+  static void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
+                         void* out) {
+    if (!is_floating(t)) throw InvalidArgument("emulated device: row_affine takes float or double tensors");
+    auto copy = [](const double* p, int64_t n) {
+      return p ? std::vector<double>(p, p + n) : std::vector<double>{};
+    };
+    launch([=, center = copy(terms.center, rows), scale = copy(terms.scale, rows),
+            b_scale = copy(terms.b_scale, rows), offset = copy(terms.offset, rows),
+            col_scale = copy(terms.col_scale, cols), col_offset = copy(terms.col_offset, cols)] {
+      auto at = [](const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); };
+      const RowTerms host{at(center), at(scale), at(b_scale), at(offset), at(col_scale), at(col_offset)};
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_floating_point_v<T>)
+          compute::row_affine(Device::host(), real<const T>(a), real<const T>(b), host, rows, cols, real<T>(out));
+      });
+    });
+  }
+  static void sgd_update(DType t, void* w, const void* g, void* buf, int64_t n, const SgdStep& step) {
+    if (!is_floating(t)) throw InvalidArgument("emulated device: sgd_update takes float or double tensors");
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_floating_point_v<T>)
+          compute::sgd_update(Device::host(), real<T>(w), real<const T>(g), real<T>(buf), n, step);
+      });
+    });
+  }
+  static void adamw_update(DType t, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step) {
+    if (!is_floating(t)) throw InvalidArgument("emulated device: adamw_update takes float or double tensors");
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_floating_point_v<T>)
+          compute::adamw_update(Device::host(), real<T>(w), real<const T>(g), real<T>(m), real<T>(v), n, step);
+      });
+    });
+  }
+  static void gather_rows(DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index,
+                          int64_t rows, int64_t lo, void* out) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::gather_rows(Device::host(), real<const T>(table), table_rows, cols, real<const int64_t>(index),
+                             rows, lo, real<T>(out));
+      });
+    });
+  }
+  static void scatter_add_rows(DType t, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo,
+                               void* table, int64_t table_rows) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::scatter_add_rows(Device::host(), real<const T>(dy), real<const int64_t>(index), rows, cols, lo,
+                                  real<T>(table), table_rows);
+      });
+    });
+  }
+  static void take_along_last(DType t, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo,
+                              void* out) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::take_along_last(Device::host(), real<const T>(x), rows, cols, real<const int64_t>(target), lo,
+                                 real<T>(out));
+      });
+    });
+  }
+  static void add_along_last(DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows,
+                             int64_t cols) {
+    launch([=] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::add_along_last(Device::host(), real<const T>(g), real<const int64_t>(target), lo, real<T>(x),
+                                rows, cols);
+      });
+    });
+  }
+  // Plain loops over the resolved dims, independent of the host's Eigen path.
+  static void gemm(DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c) {
+    if (!is_floating(t)) throw InvalidArgument("emulated device: gemm takes float32 or float64");
+    launch([=, g = dims] {
+      typed(t, [&](auto tag) {
+        using T = decltype(tag);
+        const T al = alpha.as<T>(), be = beta.as<T>();
+        const T* A = real<const T>(a);
+        const T* B = real<const T>(b);
+        T* C = real<T>(c);
+        for (int64_t p = 0; p < g.batch; ++p)
+          for (int64_t i = 0; i < g.m; ++i)
+            for (int64_t j = 0; j < g.n; ++j) {
+              T acc = 0;
+              for (int64_t q = 0; q < g.k; ++q) {
+                const T x = A[p * g.stride_a + (g.trans_a ? q * g.lda + i : i * g.lda + q)];
+                const T y = B[p * g.stride_b + (g.trans_b ? j * g.ldb + q : q * g.ldb + j)];
+                acc += x * y;
+              }
+              T& out = C[p * g.stride_c + i * g.ldc + j];
+              out = be == T(0) ? al * acc : al * acc + be * out;  // beta == 0: C is not read
+            }
+      });
+    });
+  }
+  // Sliding windows and upsampling: the host implementation, on the stream's worker.
+  static void conv_forward(DType t, const ConvDims& dims, const void* x, const void* w, const void* bias, void* y,
+                           const OutBox& box) {
+    require_floating(t, "conv_forward");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::conv_forward(Device::host(), dims, real<const T>(x), real<const T>(w), real<const T>(bias),
+                              real<T>(y), box);
+      });
+    });
+  }
+  static void conv_backward_data(DType t, const ConvDims& dims, const void* dy, const void* w, void* dx) {
+    require_floating(t, "conv_backward_data");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::conv_backward_data(Device::host(), dims, real<const T>(dy), real<const T>(w), real<T>(dx));
+      });
+    });
+  }
+  static void conv_backward_weight(DType t, const ConvDims& dims, const void* x, const void* dy, void* dw,
+                                   bool accumulate) {
+    require_floating(t, "conv_backward_weight");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::conv_backward_weight(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dw),
+                                      accumulate);
+      });
+    });
+  }
+  static void conv_backward_bias(DType t, const ConvDims& dims, const void* dy, void* db, bool accumulate) {
+    require_floating(t, "conv_backward_bias");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::conv_backward_bias(Device::host(), dims, real<const T>(dy), real<T>(db), accumulate);
+      });
+    });
+  }
+  static void pool_forward(DType t, const PoolDims& dims, const void* x, void* y, const OutBox& box) {
+    require_floating(t, "pool_forward");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::pool_forward(Device::host(), dims, real<const T>(x), real<T>(y), box);
+      });
+    });
+  }
+  static void pool_backward(DType t, const PoolDims& dims, const void* x, const void* dy, void* dx) {
+    require_floating(t, "pool_backward");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::pool_backward(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dx));
+      });
+    });
+  }
+  static void upsample_forward(DType t, const UpsampleDims& dims, const void* x, void* y) {
+    require_floating(t, "upsample_forward");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::upsample_forward(Device::host(), dims, real<const T>(x), real<T>(y));
+      });
+    });
+  }
+  static void upsample_backward(DType t, const UpsampleDims& dims, const void* dy, void* dx) {
+    require_floating(t, "upsample_backward");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::upsample_backward(Device::host(), dims, real<const T>(dy), real<T>(dx));
+      });
+    });
+  }
+  // Attention: the host's tiled core, on the stream's worker.
+  static void attention_forward(DType t, const compute::AttentionDims& d, const void* q, const void* k, const void* v,
+                                const void* mask, void* o, void* lse) {
+    require_floating(t, "attention_forward");
+    d.check("attention_forward");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::attention_forward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
+                                   real<T>(o), real<T>(lse));
+      });
+    });
+  }
+  static void attention_backward(DType t, const compute::AttentionDims& d, const void* q, const void* k, const void* v,
+                                 const void* mask, const void* o, const void* lse, const void* dout, void* dq, void* dk,
+                                 void* dv) {
+    require_floating(t, "attention_backward");
+    d.check("attention_backward");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::attention_backward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
+                                    real<const T>(o), real<const T>(lse), real<const T>(dout), real<T>(dq),
+                                    real<T>(dk), real<T>(dv));
+      });
+    });
+  }
+  static void attention_merge(DType t, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim) {
+    require_floating(t, "attention_merge");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::attention_merge(Device::host(), real<T>(o), real<T>(lse), real<const T>(ob),
+                                 real<const T>(lb), rows, dim);
+      });
+    });
+  }
+};
+
 inline const detail::DeviceBackend& backend() {
-  static constexpr detail::DeviceBackend table{
-      // Walks the box with an odometer (the kernel decomposes each index instead).
-      .random_fill =
-          [](DType t, void* dst, const CounterBox& box, const CounterDraw& draw) {
-            if (!is_floating(t)) throw InvalidArgument("emulated device: random_fill takes float or double tensors");
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                if constexpr (std::is_floating_point_v<T>) {
-                  T* out = real<T>(dst);
-                  const int64_t n = box.numel();
-                  int64_t idx[CounterBox::kMaxRank] = {};
-                  for (int64_t e = 0; e < n; ++e) {
-                    int64_t g = 0;
-                    for (int d = 0; d < box.rank; ++d) g += (box.offset[d] + idx[d]) * box.global_stride[d];
-                    const auto i = static_cast<uint64_t>(g);
-                    out[e] = ::dtensor::counter_value<T>(draw, i);
-                    for (int d = box.rank - 1; d >= 0 && ++idx[d] == box.extent[d]; --d) idx[d] = 0;
-                  }
-                }
-              });
-            });
-          },
-      .binary =
-          [](DType t, BinaryOp op, const void* a, const void* b, void* out, int64_t n) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                const T *x = real<const T>(a), *y = real<const T>(b);
-                T* o = real<T>(out);
-                for (int64_t i = 0; i < n; ++i)
-                  o[i] = op == BinaryOp::Add ? x[i] + y[i] : op == BinaryOp::Sub ? x[i] - y[i] : op == BinaryOp::Mul ? x[i] * y[i] : x[i] / y[i];
-              });
-            });
-          },
-      .binary_scalar =
-          [](DType t, BinaryOp op, const void* a, Scalar s, void* out, int64_t n) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                const T* x = real<const T>(a);
-                const T y = s.as<T>();
-                T* o = real<T>(out);
-                for (int64_t i = 0; i < n; ++i)
-                  o[i] = op == BinaryOp::Add ? x[i] + y : op == BinaryOp::Sub ? x[i] - y : op == BinaryOp::Mul ? x[i] * y : x[i] / y;
-              });
-            });
-          },
-      .unary =
-          [](DType t, UnaryFn f, const void* a, void* out, int64_t n) {
-            // Checked at launch, as the CUDA backend does: an error here is the caller's.
-            if (!is_floating(t) && !takes_integers(f))
-              throw InvalidArgument(detail::cat("emulated device: ", name(f), " takes floating-point tensors"));
-            launch([=] { unary_kernel(t, f, a, out, n); });
-          },
-      .unary_backward =
-          [](DType t, UnaryFn f, const void* x, const void* dy, void* dx, int64_t n) {
-            if (!is_floating(t))
-              throw InvalidArgument(detail::cat("emulated device: the derivative of ", name(f),
-                                                " takes floating-point tensors"));
-            launch([=] { unary_backward_kernel(t, f, x, dy, dx, n); });
-          },
-      .add_bias =
-          [](DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                for (int64_t i = 0; i < rows; ++i)
-                  for (int64_t j = 0; j < cols; ++j)
-                    real<T>(out)[i * cols + j] = real<const T>(m)[i * cols + j] + real<const T>(v)[along_rows ? j : i];
-              });
-            });
-          },
-      .transpose =
-          [](DType t, const void* in, void* out, int64_t rows, int64_t cols) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                for (int64_t i = 0; i < rows; ++i)
-                  for (int64_t j = 0; j < cols; ++j) real<T>(out)[j * rows + i] = real<const T>(in)[i * cols + j];
-              });
-            });
-          },
-      .reduce_dim =
-          [](DType t, ReduceOp r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                const T* x = real<const T>(in);
-                T* o = real<T>(out);
-                const bool sum = r == ReduceOp::Sum || r == ReduceOp::Avg;  // Avg: the caller divides
-                for (int64_t a = 0; a < outer; ++a)
-                  for (int64_t i = 0; i < inner; ++i) {
-                    T acc = sum ? T(0)
-                            : r == ReduceOp::Max ? compute::identity<ReduceOp::Max, T>()
-                                                 : compute::identity<ReduceOp::Min, T>();
-                    for (int64_t j = 0; j < len; ++j) {
-                      const T v = x[(a * len + j) * inner + i];
-                      acc = sum ? acc + v : r == ReduceOp::Max ? std::max(acc, v) : std::min(acc, v);
-                    }
-                    o[a * inner + i] = acc;
-                  }
-              });
-            });
-          },
-      .where_equal =
-          [](DType t, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
-             int64_t inner) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::where_equal(Device::host(), real<const T>(x), real<const T>(y), real<const T>(v), real<T>(out),
-                                     outer, len, inner);
-              });
-            });
-          },
-      // A value for the host: queued after the stream's work, and waited for.
-      .sum_squares =
-          [](DType t, const void* a, int64_t n) {
-            count(calls());
-            double s = 0;
-            submit_and_wait([&s, t, a, n] {
-              typed(t, [&](auto tag) {
-                for (int64_t i = 0; i < n; ++i)
-                  s += double(real<const decltype(tag)>(a)[i]) * double(real<const decltype(tag)>(a)[i]);
-              });
-            });
-            return s;
-          },
-      .max_abs =
-          [](DType t, const void* a, int64_t n) {
-            count(calls());
-            double s = 0;
-            submit_and_wait([&s, t, a, n] {
-              typed(t, [&](auto tag) {
-                for (int64_t i = 0; i < n; ++i) s = std::max(s, std::abs(double(real<const decltype(tag)>(a)[i])));
-              });
-            });
-            return s;
-          },
-      .softmax_shift =
-          [](DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner, bool log) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                if (log) compute::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
-                else compute::softmax_shift<false>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
-              });
-            });
-          },
-      .softmax_finish =
-          [](DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                if (log) compute::softmax_finish<true>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
-                else compute::softmax_finish<false>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
-              });
-            });
-          },
-      // The per-row arrays are host memory: row_moments waits for its sums (the host
-      // arrays outlive the work); row_affine copies them into the queued closure (the
-      // caller may reuse them once the call returns, as the CUDA backend allows).
-      .row_moments =
-          [](DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols, double* out) {
-            if (!is_floating(t)) throw InvalidArgument("emulated device: row_moments takes float or double tensors");
-            count(calls());
-            submit_and_wait([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                if constexpr (std::is_floating_point_v<T>)
-                  compute::row_moments(Device::host(), real<const T>(a), real<const T>(b), shift, rows, cols, out);
-              });
-            });
-          },
-      .row_affine =
-          [](DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols, void* out) {
-            if (!is_floating(t)) throw InvalidArgument("emulated device: row_affine takes float or double tensors");
-            auto copy = [](const double* p, int64_t n) {
-              return p ? std::vector<double>(p, p + n) : std::vector<double>{};
-            };
-            launch([=, center = copy(terms.center, rows), scale = copy(terms.scale, rows),
-                    b_scale = copy(terms.b_scale, rows), offset = copy(terms.offset, rows),
-                    col_scale = copy(terms.col_scale, cols), col_offset = copy(terms.col_offset, cols)] {
-              auto at = [](const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); };
-              const RowTerms host{at(center), at(scale), at(b_scale), at(offset), at(col_scale), at(col_offset)};
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                if constexpr (std::is_floating_point_v<T>)
-                  compute::row_affine(Device::host(), real<const T>(a), real<const T>(b), host, rows, cols, real<T>(out));
-              });
-            });
-          },
-      .sgd_update =
-          [](DType t, void* w, const void* g, void* buf, int64_t n, const SgdStep& step) {
-            if (!is_floating(t)) throw InvalidArgument("emulated device: sgd_update takes float or double tensors");
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                if constexpr (std::is_floating_point_v<T>)
-                  compute::sgd_update(Device::host(), real<T>(w), real<const T>(g), real<T>(buf), n, step);
-              });
-            });
-          },
-      .adamw_update =
-          [](DType t, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step) {
-            if (!is_floating(t)) throw InvalidArgument("emulated device: adamw_update takes float or double tensors");
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                if constexpr (std::is_floating_point_v<T>)
-                  compute::adamw_update(Device::host(), real<T>(w), real<const T>(g), real<T>(m), real<T>(v), n, step);
-              });
-            });
-          },
-      .gather_rows =
-          [](DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index, int64_t rows,
-             int64_t lo, void* out) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::gather_rows(Device::host(), real<const T>(table), table_rows, cols, real<const int64_t>(index),
-                                     rows, lo, real<T>(out));
-              });
-            });
-          },
-      .scatter_add_rows =
-          [](DType t, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo, void* table,
-             int64_t table_rows) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::scatter_add_rows(Device::host(), real<const T>(dy), real<const int64_t>(index), rows, cols, lo,
-                                          real<T>(table), table_rows);
-              });
-            });
-          },
-      .take_along_last =
-          [](DType t, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo, void* out) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::take_along_last(Device::host(), real<const T>(x), rows, cols, real<const int64_t>(target), lo,
-                                         real<T>(out));
-              });
-            });
-          },
-      .add_along_last =
-          [](DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows, int64_t cols) {
-            launch([=] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::add_along_last(Device::host(), real<const T>(g), real<const int64_t>(target), lo, real<T>(x),
-                                        rows, cols);
-              });
-            });
-          },
-      // Plain loops over the resolved dims, independent of the host's Eigen path.
-      .gemm =
-          [](DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c) {
-            if (!is_floating(t)) throw InvalidArgument("emulated device: gemm takes float32 or float64");
-            launch([=, g = dims] {
-              typed(t, [&](auto tag) {
-                using T = decltype(tag);
-                const T al = alpha.as<T>(), be = beta.as<T>();
-                const T* A = real<const T>(a);
-                const T* B = real<const T>(b);
-                T* C = real<T>(c);
-                for (int64_t p = 0; p < g.batch; ++p)
-                  for (int64_t i = 0; i < g.m; ++i)
-                    for (int64_t j = 0; j < g.n; ++j) {
-                      T acc = 0;
-                      for (int64_t q = 0; q < g.k; ++q) {
-                        const T x = A[p * g.stride_a + (g.trans_a ? q * g.lda + i : i * g.lda + q)];
-                        const T y = B[p * g.stride_b + (g.trans_b ? j * g.ldb + q : q * g.ldb + j)];
-                        acc += x * y;
-                      }
-                      T& out = C[p * g.stride_c + i * g.ldc + j];
-                      out = be == T(0) ? al * acc : al * acc + be * out;  // beta == 0: C is not read
-                    }
-              });
-            });
-          },
-      // Sliding windows and upsampling: the host implementation, on the stream's worker.
-      .conv_forward =
-          [](DType t, const ConvDims& dims, const void* x, const void* w, const void* bias, void* y,
-             const OutBox& box) {
-            require_floating(t, "conv_forward");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::conv_forward(Device::host(), dims, real<const T>(x), real<const T>(w), real<const T>(bias),
-                                      real<T>(y), box);
-              });
-            });
-          },
-      .conv_backward_data =
-          [](DType t, const ConvDims& dims, const void* dy, const void* w, void* dx) {
-            require_floating(t, "conv_backward_data");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::conv_backward_data(Device::host(), dims, real<const T>(dy), real<const T>(w), real<T>(dx));
-              });
-            });
-          },
-      .conv_backward_weight =
-          [](DType t, const ConvDims& dims, const void* x, const void* dy, void* dw, bool accumulate) {
-            require_floating(t, "conv_backward_weight");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::conv_backward_weight(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dw),
-                                              accumulate);
-              });
-            });
-          },
-      .conv_backward_bias =
-          [](DType t, const ConvDims& dims, const void* dy, void* db, bool accumulate) {
-            require_floating(t, "conv_backward_bias");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::conv_backward_bias(Device::host(), dims, real<const T>(dy), real<T>(db), accumulate);
-              });
-            });
-          },
-      .pool_forward =
-          [](DType t, const PoolDims& dims, const void* x, void* y, const OutBox& box) {
-            require_floating(t, "pool_forward");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::pool_forward(Device::host(), dims, real<const T>(x), real<T>(y), box);
-              });
-            });
-          },
-      .pool_backward =
-          [](DType t, const PoolDims& dims, const void* x, const void* dy, void* dx) {
-            require_floating(t, "pool_backward");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::pool_backward(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dx));
-              });
-            });
-          },
-      .upsample_forward =
-          [](DType t, const UpsampleDims& dims, const void* x, void* y) {
-            require_floating(t, "upsample_forward");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::upsample_forward(Device::host(), dims, real<const T>(x), real<T>(y));
-              });
-            });
-          },
-      .upsample_backward =
-          [](DType t, const UpsampleDims& dims, const void* dy, void* dx) {
-            require_floating(t, "upsample_backward");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::upsample_backward(Device::host(), dims, real<const T>(dy), real<T>(dx));
-              });
-            });
-          },
-      // Attention: the host's tiled core, on the stream's worker.
-      .attention_forward =
-          [](DType t, const compute::AttentionDims& d, const void* q, const void* k, const void* v, const void* mask,
-             void* o, void* lse) {
-            require_floating(t, "attention_forward");
-            d.check("attention_forward");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::attention_forward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
-                                           real<T>(o), real<T>(lse));
-              });
-            });
-          },
-      .attention_backward =
-          [](DType t, const compute::AttentionDims& d, const void* q, const void* k, const void* v, const void* mask,
-             const void* o, const void* lse, const void* dout, void* dq, void* dk, void* dv) {
-            require_floating(t, "attention_backward");
-            d.check("attention_backward");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::attention_backward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<const T>(mask),
-                                            real<const T>(o), real<const T>(lse), real<const T>(dout), real<T>(dq),
-                                            real<T>(dk), real<T>(dv));
-              });
-            });
-          },
-      .attention_merge =
-          [](DType t, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim) {
-            require_floating(t, "attention_merge");
-            launch([=] {
-              floating(t, [&](auto tag) {
-                using T = decltype(tag);
-                compute::attention_merge(Device::host(), real<T>(o), real<T>(lse), real<const T>(ob),
-                                         real<const T>(lb), rows, dim);
-              });
-            });
-          },
-  };
+  static constexpr auto table = detail::device_backend_of<EmulatedMath>();
   return table;
 }
 

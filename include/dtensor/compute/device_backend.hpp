@@ -117,6 +117,29 @@ struct DeviceBackend {
                       int64_t dim)> attention_merge;
 };
 
+// A backend's table, from a type K with one static member per entry, named as the entry
+// and callable as its signature says (a function, or a captureless lambda such as
+// cuda/backend.hpp's on_stream adapter): the one list of the entries a backend fills,
+// so the CUDA backend and the tests' emulated device each write their functions and
+// not the table. A member K lacks, or one of another signature, fails to compile here.
+template <class K>
+constexpr DeviceBackend device_backend_of() {
+  return DeviceBackend{
+      .random_fill = K::random_fill, .binary = K::binary, .binary_scalar = K::binary_scalar, .unary = K::unary,
+      .unary_backward = K::unary_backward, .add_bias = K::add_bias, .transpose = K::transpose,
+      .reduce_dim = K::reduce_dim, .where_equal = K::where_equal, .sum_squares = K::sum_squares,
+      .max_abs = K::max_abs, .softmax_shift = K::softmax_shift, .softmax_finish = K::softmax_finish,
+      .row_moments = K::row_moments, .row_affine = K::row_affine, .sgd_update = K::sgd_update,
+      .adamw_update = K::adamw_update, .gather_rows = K::gather_rows, .scatter_add_rows = K::scatter_add_rows,
+      .take_along_last = K::take_along_last, .add_along_last = K::add_along_last, .gemm = K::gemm,
+      .conv_forward = K::conv_forward, .conv_backward_data = K::conv_backward_data,
+      .conv_backward_weight = K::conv_backward_weight, .conv_backward_bias = K::conv_backward_bias,
+      .pool_forward = K::pool_forward, .pool_backward = K::pool_backward, .upsample_forward = K::upsample_forward,
+      .upsample_backward = K::upsample_backward, .attention_forward = K::attention_forward,
+      .attention_backward = K::attention_backward, .attention_merge = K::attention_merge,
+  };
+}
+
 inline const DeviceBackend*& cuda_backend_slot() {
   static const DeviceBackend* backend = nullptr;  // set by dtensor/cuda.hpp
   return backend;

@@ -101,110 +101,74 @@ inline void row_affine(DType t, const void* a, const void* b, const RowTerms& te
   kernels::row_affine(t, a, b, d, rows, cols, out, current_stream());
 }
 
+// A kernel of kernels.hpp as a table entry: the entry's arguments, then the calling
+// thread's stream. A captureless generic lambda takes the entry's exact signature
+// (its parameters are deduced from the table's function type), so the many entries
+// that only add the stream are written once each, without their signatures.
+template <auto Kernel>
+inline constexpr auto on_stream = [](auto... args) { return Kernel(args..., current_stream()); };
+
 // Data movement on the device (tensor/device_movement.hpp).
+struct CudaMovement {
+  static void bind_thread(int device) { set_device(device); }
+  static void use_device(int device) {
+    const auto& ts = thread_stream();
+    if (ts.stream && ts.device == device) return;
+    if (!ts.stream) return set_device(device);  // this thread's first device work
+    throw InvalidArgument(::dtensor::detail::cat(
+        "dtensor: a tensor on cuda:", device, " is used by a thread that works on cuda:", ts.device,
+        "; each rank works on one GPU (call dtensor::cuda::set_device(", device, ") in that thread first)"));
+  }
+  static void synchronize() { ::dtensor::cuda::synchronize(); }
+  static constexpr auto copy_block = on_stream<kernels::copy_block>;
+  static constexpr auto reduce_block = on_stream<kernels::reduce_block>;
+  static constexpr auto divide_block = on_stream<kernels::divide_block>;
+  static constexpr auto fill = on_stream<kernels::fill>;
+};
+
+// The math (compute/device_backend.hpp): the kernels of kernels/, cuBLAS and cuDNN.
+struct CudaMath {
+  static constexpr auto random_fill = on_stream<kernels::random_fill>;
+  static constexpr auto binary = on_stream<kernels::binary>;
+  static constexpr auto binary_scalar = on_stream<kernels::binary_scalar>;
+  static constexpr auto unary = on_stream<kernels::unary>;
+  static constexpr auto unary_backward = on_stream<kernels::unary_backward>;
+  static constexpr auto add_bias = on_stream<kernels::add_bias>;
+  static constexpr auto transpose = on_stream<kernels::transpose>;
+  static constexpr auto reduce_dim = on_stream<kernels::reduce_dim>;
+  static constexpr auto where_equal = on_stream<kernels::where_equal>;
+  static double sum_squares(DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, kernels::sum_squares); }
+  static double max_abs(DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, kernels::max_abs); }
+  static constexpr auto softmax_shift = on_stream<kernels::softmax_shift>;
+  static constexpr auto softmax_finish = on_stream<kernels::softmax_finish>;
+  static constexpr auto row_moments = detail::row_moments;  // host arrays staged through the device
+  static constexpr auto row_affine = detail::row_affine;
+  static constexpr auto sgd_update = on_stream<kernels::sgd_update>;
+  static constexpr auto adamw_update = on_stream<kernels::adamw_update>;
+  static constexpr auto gather_rows = on_stream<kernels::gather_rows>;
+  static constexpr auto scatter_add_rows = on_stream<kernels::scatter_add_rows>;
+  static constexpr auto take_along_last = on_stream<kernels::take_along_last>;
+  static constexpr auto add_along_last = on_stream<kernels::add_along_last>;
+  static constexpr auto gemm = cuda::gemm;  // cuBLAS (blas.hpp)
+  static constexpr auto conv_forward = dnn::conv_forward;  // cuDNN (dnn.hpp)
+  static constexpr auto conv_backward_data = dnn::conv_backward_data;
+  static constexpr auto conv_backward_weight = dnn::conv_backward_weight;
+  static constexpr auto conv_backward_bias = dnn::conv_backward_bias;
+  static constexpr auto pool_forward = on_stream<kernels::pool_forward>;
+  static constexpr auto pool_backward = on_stream<kernels::pool_backward>;
+  static constexpr auto upsample_forward = on_stream<kernels::upsample_forward>;
+  static constexpr auto upsample_backward = on_stream<kernels::upsample_backward>;
+  static constexpr auto attention_forward = on_stream<kernels::attention_forward>;
+  static constexpr auto attention_backward = on_stream<kernels::attention_backward>;
+  static constexpr auto attention_merge = on_stream<kernels::attention_merge>;
+};
+
 inline const ::dtensor::detail::DeviceMovement& movement_table() {
-  namespace k = kernels;
-  static constexpr ::dtensor::detail::DeviceMovement table{
-      .bind_thread = [](int device) { set_device(device); },
-      .use_device =
-          [](int device) {
-            const auto& ts = thread_stream();
-            if (ts.stream && ts.device == device) return;
-            if (!ts.stream) return set_device(device);  // this thread's first device work
-            throw InvalidArgument(::dtensor::detail::cat(
-                "dtensor: a tensor on cuda:", device, " is used by a thread that works on cuda:", ts.device,
-                "; each rank works on one GPU (call dtensor::cuda::set_device(", device, ") in that thread first)"));
-          },
-      .synchronize = [] { synchronize(); },
-      .copy_block = [](const void* src, Block sb, void* dst, Block db,
-                       std::size_t elem) { k::copy_block(src, sb, dst, db, elem, current_stream()); },
-      .reduce_block = [](DType t, ReduceOp op, const void* src, Block sb, void* dst,
-                         Block db) { k::reduce_block(t, op, src, sb, dst, db, current_stream()); },
-      .divide_block = [](DType t, void* dst, Block db,
-                         int terms) { k::divide_block(t, dst, db, terms, current_stream()); },
-      .fill = [](DType t, void* dst, int64_t n, Scalar v) { k::fill(t, dst, n, v, current_stream()); },
-  };
+  static constexpr auto table = ::dtensor::detail::device_movement_of<CudaMovement>();
   return table;
 }
-
-// The math (compute/device_backend.hpp).
 inline const ::dtensor::detail::DeviceBackend& backend_table() {
-  namespace k = kernels;
-  static constexpr ::dtensor::detail::DeviceBackend table{
-      .random_fill = [](DType t, void* dst, const CounterBox& box,
-                        const CounterDraw& draw) { k::random_fill(t, dst, box, draw, current_stream()); },
-      .binary = [](DType t, BinaryOp op, const void* a, const void* b, void* out,
-                   int64_t n) { k::binary(t, op, a, b, out, n, current_stream()); },
-      .binary_scalar = [](DType t, BinaryOp op, const void* a, Scalar s, void* out,
-                          int64_t n) { k::binary_scalar(t, op, a, s, out, n, current_stream()); },
-      .unary = [](DType t, UnaryFn f, const void* a, void* out,
-                  int64_t n) { k::unary(t, f, a, out, n, current_stream()); },
-      .unary_backward = [](DType t, UnaryFn f, const void* x, const void* dy, void* dx,
-                           int64_t n) { k::unary_backward(t, f, x, dy, dx, n, current_stream()); },
-      .add_bias = [](DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols,
-                     bool along_rows) { k::add_bias(t, m, v, out, rows, cols, along_rows, current_stream()); },
-      .transpose = [](DType t, const void* in, void* out, int64_t rows,
-                      int64_t cols) { k::transpose(t, in, out, rows, cols, current_stream()); },
-      .reduce_dim = [](DType t, ReduceOp r, const void* in, void* out, int64_t outer, int64_t len,
-                       int64_t inner) {
-        k::reduce_dim(t, r, in, out, outer, len, inner, current_stream());
-      },
-      .where_equal = [](DType t, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
-                        int64_t inner) { k::where_equal(t, x, y, v, out, outer, len, inner, current_stream()); },
-      .sum_squares = [](DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, k::sum_squares); },
-      .max_abs = [](DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, k::max_abs); },
-      .softmax_shift = [](DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
-                          bool log) { k::softmax_shift(t, x, max, sums, outer, len, inner, log, current_stream()); },
-      .softmax_finish = [](DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner,
-                           bool log) { k::softmax_finish(t, x, sums, outer, len, inner, log, current_stream()); },
-      .row_moments = [](DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
-                        double* out) { row_moments(t, a, b, shift, rows, cols, out); },
-      .row_affine = [](DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
-                       void* out) { row_affine(t, a, b, terms, rows, cols, out); },
-      .sgd_update = [](DType t, void* w, const void* g, void* buf, int64_t n,
-                       const SgdStep& step) { k::sgd_update(t, w, g, buf, n, step, current_stream()); },
-      .adamw_update = [](DType t, void* w, const void* g, void* m, void* v, int64_t n,
-                         const AdamWStep& step) { k::adamw_update(t, w, g, m, v, n, step, current_stream()); },
-      .gather_rows = [](DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index,
-                        int64_t rows, int64_t lo,
-                        void* out) { k::gather_rows(t, table, table_rows, cols, index, rows, lo, out, current_stream()); },
-      .scatter_add_rows = [](DType t, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo,
-                             void* table, int64_t table_rows) {
-        k::scatter_add_rows(t, dy, index, rows, cols, lo, table, table_rows, current_stream());
-      },
-      .take_along_last = [](DType t, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo,
-                            void* out) { k::take_along_last(t, x, rows, cols, target, lo, out, current_stream()); },
-      .add_along_last = [](DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows,
-                           int64_t cols) { k::add_along_last(t, g, target, lo, x, rows, cols, current_stream()); },
-      .gemm = [](DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta,
-                 void* c) { gemm(t, dims, alpha, a, b, beta, c); },
-      .conv_forward = [](DType t, const ConvDims& d, const void* x, const void* w, const void* bias, void* y,
-                         const OutBox& box) { dnn::conv_forward(t, d, x, w, bias, y, box); },
-      .conv_backward_data = [](DType t, const ConvDims& d, const void* dy, const void* w,
-                               void* dx) { dnn::conv_backward_data(t, d, dy, w, dx); },
-      .conv_backward_weight = [](DType t, const ConvDims& d, const void* x, const void* dy, void* dw,
-                                 bool accumulate) { dnn::conv_backward_weight(t, d, x, dy, dw, accumulate); },
-      .conv_backward_bias = [](DType t, const ConvDims& d, const void* dy, void* db,
-                               bool accumulate) { dnn::conv_backward_bias(t, d, dy, db, accumulate); },
-      .pool_forward = [](DType t, const PoolDims& p, const void* x, void* y,
-                         const OutBox& box) { k::pool_forward(t, p, x, y, box, current_stream()); },
-      .pool_backward = [](DType t, const PoolDims& p, const void* x, const void* dy,
-                          void* dx) { k::pool_backward(t, p, x, dy, dx, current_stream()); },
-      .upsample_forward = [](DType t, const UpsampleDims& u, const void* x,
-                             void* y) { k::upsample_forward(t, u, x, y, current_stream()); },
-      .upsample_backward = [](DType t, const UpsampleDims& u, const void* dy,
-                              void* dx) { k::upsample_backward(t, u, dy, dx, current_stream()); },
-      .attention_forward =
-          [](DType t, const compute::AttentionDims& d, const void* q, const void* kk, const void* v, const void* mask,
-             void* o, void* lse) { k::attention_forward(t, d, q, kk, v, mask, o, lse, current_stream()); },
-      .attention_backward =
-          [](DType t, const compute::AttentionDims& d, const void* q, const void* kk, const void* v, const void* mask,
-             const void* o, const void* lse, const void* dout, void* dq, void* dk, void* dv) {
-            k::attention_backward(t, d, q, kk, v, mask, o, lse, dout, dq, dk, dv, current_stream());
-          },
-      .attention_merge = [](DType t, void* o, void* lse, const void* ob, const void* lb, int64_t rows,
-                            int64_t dim) { k::attention_merge(t, o, lse, ob, lb, rows, dim, current_stream()); },
-  };
+  static constexpr auto table = ::dtensor::detail::device_backend_of<CudaMath>();
   return table;
 }
 

@@ -33,6 +33,17 @@ struct DeviceMovement {
   RequiredFn<void (*)(DType, void* dst, int64_t n, Scalar value)> fill;
 };
 
+// A backend's table from a type K with one static member per entry, named as the
+// entry (compute/device_backend.hpp's device_backend_of says why).
+template <class K>
+constexpr DeviceMovement device_movement_of() {
+  return DeviceMovement{
+      .bind_thread = K::bind_thread, .use_device = K::use_device, .synchronize = K::synchronize,
+      .copy_block = K::copy_block, .reduce_block = K::reduce_block, .divide_block = K::divide_block,
+      .fill = K::fill,
+  };
+}
+
 inline const DeviceMovement*& cuda_movement_slot() {
   static const DeviceMovement* movement = nullptr;  // set by dtensor/cuda.hpp
   return movement;
