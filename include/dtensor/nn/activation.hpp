@@ -16,11 +16,7 @@ namespace dtensor::nn {
 template <class Cfg, UnaryFn Fn>
 class Activation : public KeepsPlacements<Cfg, Takes::Values> {
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = UnaryMath<Fn>::name;
 
 

@@ -133,3 +133,18 @@ using dtensor::replicate;
 using dtensor::shard;
 
 }  // namespace dtensor::nn
+
+// The names a layer declares from its Config, at the top of its public section:
+//
+//   template <class Cfg> class Dropout { public: DTENSOR_LAYER_TYPES(Cfg); ... };
+//
+// config, T (the element type), State (placements over the mesh), M (mesh dims) and
+// Rank (the activations'). A macro, as Eigen's EIGEN_DENSE_PUBLIC_INTERFACE is: the
+// members of a base that depends on Cfg are not found by plain names inside a class
+// template, so a base class could not give them to the layer's own code.
+#define DTENSOR_LAYER_TYPES(Cfg)          \
+  using config = Cfg;                     \
+  using T = typename Cfg::value_type;     \
+  using State = typename Cfg::State;      \
+  static constexpr int M = Cfg::M;        \
+  static constexpr int Rank = Cfg::rank

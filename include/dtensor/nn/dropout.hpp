@@ -18,11 +18,7 @@ namespace dtensor::nn {
 template <class Cfg>
 class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = "dropout";
 
 

@@ -4,7 +4,7 @@
 // its backward, and the model's plan (nn/model_plan.hpp) alike:
 //
 //   static constexpr const char* name;                      // "linear(colwise)"
-//   using config = Cfg;
+//   DTENSOR_LAYER_TYPES(Cfg);   // config, T, State, M, Rank (nn/config.hpp)
 //   // The placements the layer takes its input in, given those of the activation
 //   // arriving from the layer before (a layer that computes in any placement
 //   // returns `arriving`; the model inserts a redistribution where they differ,

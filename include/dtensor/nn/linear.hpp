@@ -36,12 +36,8 @@ class Linear {
                 "parallel); to shard the features, follow with a colwise layer instead");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
+  DTENSOR_LAYER_TYPES(Cfg);
   using Rule = LinearRule<Cfg, Style>;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
   static constexpr int F = Cfg::feature_dim;
   static constexpr const char* name = Rule::colwise ? "linear(colwise)" : Rule::rowwise ? "linear(rowwise)" : "linear";
   static constexpr int64_t in_features = In, out_features_v = Out;

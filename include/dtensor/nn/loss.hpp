@@ -68,11 +68,7 @@ struct CrossEntropyOptions {
 template <class Cfg, PlacementDesc OnTP = PlacementDesc{PlacementKind::Shard, Cfg::feature_dim, ReduceOp::Sum}>
 class CrossEntropy {
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr int F = Cfg::feature_dim;
   static constexpr const char* name = "cross_entropy";
 

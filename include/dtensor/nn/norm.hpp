@@ -66,11 +66,7 @@ class Norm {
                 "activations; use a Config of rank 3 or more");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr int F = Cfg::feature_dim;
   static constexpr bool kFeatureSharded = std::is_same_v<Style, NormFeatureSharded>;
   static constexpr bool kSequence = std::is_same_v<Style, SequenceParallel>;

@@ -70,11 +70,7 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
                 "spatial...]); for [batch, features] activations use LayerNorm");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = Cfg::spatial == 1   ? "batch_norm1d"
                                       : Cfg::spatial == 2 ? "batch_norm2d"
                                                           : "batch_norm3d";

@@ -216,12 +216,8 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
                 "dtensor::nn::Conv: the groups must divide both channel counts");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
+  DTENSOR_LAYER_TYPES(Cfg);
   using Rule = SpatialRule<Cfg>;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
   static constexpr const char* name = S == 1 ? "conv1d" : S == 2 ? "conv2d" : "conv3d";
   static constexpr int64_t weight_elements = Cout * (Cin / Spec.groups) * Spec.kernel_cells();
 

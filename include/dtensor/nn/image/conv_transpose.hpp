@@ -185,12 +185,8 @@ class ConvTranspose : public KeepsPlacements<Cfg, Takes::Activation> {
                 "supported (each output reads one input cell: no halo); write e.g. nn::ConvSpec<2>::square(k, k)");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
+  DTENSOR_LAYER_TYPES(Cfg);
   using Rule = SpatialRule<Cfg>;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
   static constexpr const char* name =
       S == 1 ? "conv_transpose1d" : S == 2 ? "conv_transpose2d" : "conv_transpose3d";
   static constexpr int64_t weight_elements = Cin * Cout * Spec.kernel_cells();

@@ -32,11 +32,7 @@ class GlobalAvgPool {
                 "dtensor::nn::GlobalAvgPool<Cfg>: Cfg must be an nn::ImageConfig (activations [N, C, spatial...])");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr int S = Cfg::spatial;
   static constexpr const char* name = "global_avg_pool";
   // What the layers after it take: [N, C], the batch still over the data-parallel dim.

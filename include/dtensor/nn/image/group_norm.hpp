@@ -49,11 +49,7 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
                 "spatial...]); for [batch, features] activations use LayerNorm");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr int64_t channels_per_group = C / G;
   static constexpr const char* name = "group_norm";
   // The mesh dims the statistics are summed over: those that shard space.

@@ -30,10 +30,7 @@ class ImageTokens {
                 "pixels a strided set of the sequence, not a block of it");
 
  public:
-  using config = Img;
-  using T = typename Img::value_type;
-  using State = typename Img::State;
-  static constexpr int M = Img::M;
+  DTENSOR_LAYER_TYPES(Img);
   static constexpr const char* name = "image_tokens";
   // [N, H * W, C]: the batch over DP, the sequence over the mesh dim of H (context parallel).
   using out_config = Config<T, 3, Axes<M, Img::dp, kNone, Img::domain[0]>>;

@@ -36,10 +36,7 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
                 "Heads");
 
  public:
-  using config = Img;
-  using T = typename Img::value_type;
-  using State = typename Img::State;
-  static constexpr int M = Img::M;
+  DTENSOR_LAYER_TYPES(Img);
   static constexpr const char* name = "neighborhood_attention";
   static constexpr int64_t kDim = Channels / Heads;
 

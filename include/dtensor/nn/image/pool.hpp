@@ -181,11 +181,7 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
   static constexpr int S = Cfg::spatial;
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = detail::pool_name(Mode, S);
   using InputT = dtensor_t<T, Rank, placements_t<Cfg::activation()>>;
 

@@ -218,11 +218,7 @@ class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
   static constexpr int S = Cfg::spatial;
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = Mode == UpsampleMode::Nearest ? "upsample_nearest"
                                       : S == 1                      ? "upsample_linear"
                                       : S == 2                      ? "upsample_bilinear"

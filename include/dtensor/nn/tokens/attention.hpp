@@ -141,13 +141,9 @@ class MultiHeadAttention {
                 "use HeadParallel<> (heads over TP), not HeadParallel<Shard<1>> (sequence parallel)");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
+  DTENSOR_LAYER_TYPES(Cfg);
   using Q = LinearRule<Cfg, typename detail::attention_styles<Style>::qkv>;  // q, k, v
   using O = LinearRule<Cfg, typename detail::attention_styles<Style>::out>;  // the output projection
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = 3;
   static constexpr int F = 2;
   static constexpr bool kParallel = !std::is_same_v<Style, NoParallel>;
   // The sequence sharded over CP: ring or all-to-all attention.

@@ -34,11 +34,7 @@ class Embedding {
                 "dtensor::nn::Embedding: a colwise embedding takes replicated ids (ColwiseParallel<>)");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr int F = Cfg::feature_dim;
   static constexpr StyleKind kind = detail::style_kind<Style>;
   static constexpr bool rowwise = kind == StyleKind::Rowwise, colwise = kind == StyleKind::Colwise;

@@ -34,11 +34,7 @@ class GatedMlp {
   using Down = typename Rule::Down;
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
-  static constexpr int Rank = Cfg::rank;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr int F = Cfg::feature_dim;
   static constexpr bool kParallel = Rule::parallel;
   static constexpr const char* name = kParallel ? "swiglu(colwise, rowwise)" : "swiglu";

@@ -28,10 +28,7 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
   static_assert(MaxLen > 0 && Dim > 0, "dtensor::nn::PositionEmbedding<Cfg, MaxLen, Dim>: sizes must be positive");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = "position embedding";
   using ReplicatedTable = dtensor_t<T, 2, placements_t<State{}>>;
 

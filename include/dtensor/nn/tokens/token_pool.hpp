@@ -25,10 +25,7 @@ class TokenMeanPool {
   static_assert(Cfg::rank == 3, "dtensor::nn::TokenMeanPool<Cfg>: activations are [batch, seq, features] (rank 3)");
 
  public:
-  using config = Cfg;
-  using T = typename Cfg::value_type;
-  using State = typename Cfg::State;
-  static constexpr int M = Cfg::M;
+  DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = "token_mean_pool";
   // [N, C]: the batch still over DP (the features replicated, as they arrive).
   using out_config = Config<T, 2, Axes<M, Cfg::dp, Cfg::tp>>;
