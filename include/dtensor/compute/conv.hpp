@@ -267,6 +267,34 @@ void forward_gemm(const Geo& g, const Box& x, const T* in, const T* w, const T* 
   }
 }
 
+// The taps of one output row (o0, o1, [b2, e2) along the last dim) of one sample and
+// group: for each input channel ci of the group (xg: the group's first channel) and
+// each kernel offset (k0, k1, k2) that reads inside the input, f(tap, xr, v), with tap
+// the weight's index ((ci, k0, k1, k2) flattened), v the outputs along the last dim
+// it reaches, and xr the input element the first of them reads (the next ones are
+// g.s[2] apart). What the direct forward and the direct weight gradient both walk.
+template <class T, class F>
+void for_each_tap_row(const Geo& g, const T* xg, int64_t o0, int64_t o1, int64_t b2, int64_t e2, F&& f) {
+  for (int64_t ci = 0; ci < g.cg; ++ci) {
+    const T* xc = xg + ci * g.in_cells;
+    for (int64_t k0 = 0; k0 < g.k[0]; ++k0) {
+      const int64_t p0 = g.st[0] + o0 * g.s[0] + k0 * g.dl[0];
+      if (p0 < 0 || p0 >= g.in[0]) continue;
+      for (int64_t k1 = 0; k1 < g.k[1]; ++k1) {
+        const int64_t p1 = g.st[1] + o1 * g.s[1] + k1 * g.dl[1];
+        if (p1 < 0 || p1 >= g.in[1]) continue;
+        const T* xr0 = xc + (p0 * g.in[1] + p1) * g.in[2];
+        for (int64_t k2 = 0; k2 < g.k[2]; ++k2) {
+          const int64_t t2 = g.st[2] + k2 * g.dl[2];
+          const Range v = inside(t2, g.s[2], 0, g.in[2], b2, e2);
+          if (v.lo == v.hi) continue;
+          f(((ci * g.k[0] + k0) * g.k[1] + k1) * g.k[2] + k2, xr0 + t2 + v.lo * g.s[2], v);
+        }
+      }
+    }
+  }
+}
+
 // Direct: for each output row along the last dim, acc += w * (the input row each tap
 // reads), kCB output channels at once so that each input row is read once for them.
 template <class T>
@@ -283,33 +311,18 @@ void forward_direct(const Geo& g, const Box& x, const T* in, const T* w, const T
         for (int64_t o0 = x.b[0]; o0 < x.e[0]; ++o0)
           for (int64_t o1 = x.b[1]; o1 < x.e[1]; ++o1) {
             for (int64_t c = 0; c < nb; ++c) std::fill_n(acc + c * L, L, bias ? bias[co0 + c] : T(0));
-            for (int64_t ci = 0; ci < g.cg; ++ci) {
-              const T* xc = in + (n * g.cin + grp * g.cg + ci) * g.in_cells;
-              for (int64_t k0 = 0; k0 < g.k[0]; ++k0) {
-                const int64_t p0 = g.st[0] + o0 * g.s[0] + k0 * g.dl[0];
-                if (p0 < 0 || p0 >= g.in[0]) continue;
-                for (int64_t k1 = 0; k1 < g.k[1]; ++k1) {
-                  const int64_t p1 = g.st[1] + o1 * g.s[1] + k1 * g.dl[1];
-                  if (p1 < 0 || p1 >= g.in[1]) continue;
-                  const T* xr0 = xc + (p0 * g.in[1] + p1) * g.in[2];
-                  for (int64_t k2 = 0; k2 < g.k[2]; ++k2) {
-                    const int64_t t2 = g.st[2] + k2 * g.dl[2];
-                    const Range v = inside(t2, g.s[2], 0, g.in[2], x.b[2], x.e[2]);
-                    if (v.lo == v.hi) continue;
-                    const T* xr = xr0 + t2 + v.lo * g.s[2];  // the first input read
-                    const int64_t tap = ((ci * g.k[0] + k0) * g.k[1] + k1) * g.k[2] + k2, n = v.size();
-                    for (int64_t c = 0; c < nb; ++c) {
-                      const T wv = w[(co0 + c) * g.rows() + tap];
-                      T* a = acc + c * L + (v.lo - x.b[2]);
-                      if (g.s[2] == 1)
-                        for (int64_t j = 0; j < n; ++j) a[j] += wv * xr[j];
-                      else
-                        for (int64_t j = 0; j < n; ++j) a[j] += wv * xr[j * g.s[2]];
-                    }
-                  }
-                }
+            const T* xg = in + (n * g.cin + grp * g.cg) * g.in_cells;
+            for_each_tap_row(g, xg, o0, o1, x.b[2], x.e[2], [&](int64_t tap, const T* xr, Range v) {
+              const int64_t len = v.size();
+              for (int64_t c = 0; c < nb; ++c) {
+                const T wv = w[(co0 + c) * g.rows() + tap];
+                T* a = acc + c * L + (v.lo - x.b[2]);
+                if (g.s[2] == 1)
+                  for (int64_t j = 0; j < len; ++j) a[j] += wv * xr[j];
+                else
+                  for (int64_t j = 0; j < len; ++j) a[j] += wv * xr[j * g.s[2]];
               }
-            }
+            });
             for (int64_t c = 0; c < nb; ++c)
               std::copy_n(acc + c * L, L, y + (n * g.cout + co0 + c) * g.out_cells + out_index(g, o0, o1, x.b[2]));
           }
@@ -416,31 +429,16 @@ void backward_weight_direct(const Geo& g, const T* in, const T* dy, T* dw) {
         for (int64_t o0 = 0; o0 < g.out[0]; ++o0)
           for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
             const T* dyr = dyc + out_index(g, o0, o1, 0);
-            for (int64_t ci = 0; ci < g.cg; ++ci) {
-              const T* xc = in + (n * g.cin + grp * g.cg + ci) * g.in_cells;
-              for (int64_t k0 = 0; k0 < g.k[0]; ++k0) {
-                const int64_t p0 = g.st[0] + o0 * g.s[0] + k0 * g.dl[0];
-                if (p0 < 0 || p0 >= g.in[0]) continue;
-                for (int64_t k1 = 0; k1 < g.k[1]; ++k1) {
-                  const int64_t p1 = g.st[1] + o1 * g.s[1] + k1 * g.dl[1];
-                  if (p1 < 0 || p1 >= g.in[1]) continue;
-                  const T* xr0 = xc + (p0 * g.in[1] + p1) * g.in[2];
-                  for (int64_t k2 = 0; k2 < g.k[2]; ++k2) {
-                    const int64_t t2 = g.st[2] + k2 * g.dl[2];
-                    const Range v = inside(t2, g.s[2], 0, g.in[2], 0, g.out[2]);
-                    if (v.lo == v.hi) continue;
-                    const T* xr = xr0 + t2 + v.lo * g.s[2];
-                    const T* d = dyr + v.lo;
-                    T* a = acc + (((ci * g.k[0] + k0) * g.k[1] + k1) * g.k[2] + k2) * L + v.lo;
-                    const int64_t n = v.size();
-                    if (g.s[2] == 1)
-                      for (int64_t j = 0; j < n; ++j) a[j] += d[j] * xr[j];
-                    else
-                      for (int64_t j = 0; j < n; ++j) a[j] += d[j] * xr[j * g.s[2]];
-                  }
-                }
-              }
-            }
+            const T* xg = in + (n * g.cin + grp * g.cg) * g.in_cells;
+            for_each_tap_row(g, xg, o0, o1, 0, g.out[2], [&](int64_t tap, const T* xr, Range v) {
+              const T* d = dyr + v.lo;
+              T* a = acc + tap * L + v.lo;
+              const int64_t len = v.size();
+              if (g.s[2] == 1)
+                for (int64_t j = 0; j < len; ++j) a[j] += d[j] * xr[j];
+              else
+                for (int64_t j = 0; j < len; ++j) a[j] += d[j] * xr[j * g.s[2]];
+            });
           }
       }
       T* wc = dw + co * g.rows();
