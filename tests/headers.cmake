@@ -8,7 +8,7 @@
 # Flags come from the targets a user would link (dtensor::dtensor, ::mpi, ::cuda),
 # so the check sees what a user's TU sees. Headers of optional backends are checked
 # where the backend is, as the rest of the build does: comm/mpi/ and mpi.hpp with
-# MPI; cuda/ and cuda.hpp with the CUDA toolkit; nccl_comm.hpp with NCCL, and
+# MPI; cuda/ and cuda.hpp with the CUDA toolkit; cuda/nccl_*.hpp with NCCL, and
 # nccl_mpi.hpp with NCCL and MPI.
 file(GLOB_RECURSE dtensor_public_headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
      ${PROJECT_SOURCE_DIR}/include/dtensor/*.hpp)
