@@ -37,6 +37,17 @@ DTENSOR_DEVICE inline void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) 
   }
 }
 
+// Flat index e over planes of a row-major 3-D box of extents ext (the last dim
+// fastest): returns its plane and sets q to its cell in the plane, so that
+// e = ((plane * ext[0] + q[0]) * ext[1] + q[1]) * ext[2] + q[2].
+DTENSOR_DEVICE inline int64_t split_cell(int64_t e, const int64_t* ext, int64_t* q) {
+  int64_t rest, plane;
+  divmod(e, ext[2], rest, q[2]);
+  divmod(rest, ext[1], rest, q[1]);
+  divmod(rest, ext[0], plane, q[0]);
+  return plane;
+}
+
 // Combines the kThreads values `v` of a block with `op` (associative and
 // commutative) and returns the result to every thread. The tree runs in shared
 // memory rather than with warp shuffles so that it works for every element type,

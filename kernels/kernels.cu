@@ -1,7 +1,8 @@
 // The host launchers of kernels.hpp: argument checks, the one DType switch per call,
 // the fast paths that need no kernel (copies, memsets), and the launches themselves.
-// Every launch is checked with DTENSOR_CUDA_LAUNCHED, every empty input returns before
-// any CUDA call, and grids are capped (the kernels loop over the rest).
+// Every launch goes through launch (launch.cuh), which checks it as DTENSOR_CUDA_LAUNCHED
+// does, every empty input returns before any CUDA call, and grids are capped (the kernels
+// loop over the rest).
 #include "dtensor/cuda/kernels.hpp"
 
 #include <cuda_runtime.h>
@@ -19,6 +20,7 @@
 #include "dtensor/util/error.hpp"
 #include "elementwise.cuh"
 #include "grid.cuh"
+#include "launch.cuh"
 #include "optimizer.cuh"
 #include "pool.cuh"
 #include "random.cuh"
@@ -33,8 +35,10 @@ namespace dtensor::cuda::kernels {
 namespace {
 
 using detail::blocks_for;
+using detail::Grid;
 using detail::kMaxBlocks;
 using detail::kThreads;
+using detail::launch;
 using detail::Runs;
 using detail::runs_of;
 
@@ -107,9 +111,8 @@ void launch_reduce_block(const void* src, Runs s, void* dst, Runs d, int64_t n, 
   using detail::Layout;
   const auto* in = static_cast<const T*>(src);
   auto* out = static_cast<T*>(dst);
-  if (contiguous) detail::reduce_runs<T, Op, Layout::Contiguous><<<blocks_for(n), kThreads, 0, stream>>>(in, s, out, d, n);
-  else detail::reduce_runs<T, Op, Layout::Strided><<<blocks_for(n), kThreads, 0, stream>>>(in, s, out, d, n);
-  DTENSOR_CUDA_LAUNCHED();
+  if (contiguous) launch(detail::reduce_runs<T, Op, Layout::Contiguous>, Grid{blocks_for(n)}, stream, in, s, out, d, n);
+  else launch(detail::reduce_runs<T, Op, Layout::Strided>, Grid{blocks_for(n)}, stream, in, s, out, d, n);
 }
 
 // One partial result per grid block, then one block to combine them: no
@@ -118,15 +121,12 @@ template <class T, class Acc, class Map, class Op>
 void reduce_to_scalar(const T* a, int64_t n, T* out, Acc init, Map map, Op op, cudaStream_t stream) {
   const unsigned blocks = detail::partial_blocks(n);
   if (blocks == 1) {
-    detail::reduce_all<T, Acc, T><<<1, kThreads, 0, stream>>>(a, n, out, init, map, op);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::reduce_all<T, Acc, T, Map, Op>, Grid{1}, stream, a, n, out, init, map, op);
     return;
   }
   Scratch<Acc> partials(blocks, stream);
-  detail::reduce_all<T, Acc, Acc><<<blocks, kThreads, 0, stream>>>(a, n, partials.get(), init, map, op);
-  DTENSOR_CUDA_LAUNCHED();
-  detail::finish_all<<<1, kThreads, 0, stream>>>(partials.get(), static_cast<int64_t>(blocks), out, init, op);
-  DTENSOR_CUDA_LAUNCHED();
+  launch(detail::reduce_all<T, Acc, Acc, Map, Op>, Grid{blocks}, stream, a, n, partials.get(), init, map, op);
+  launch(detail::finish_all<Acc, T, Op>, Grid{1}, stream, partials.get(), static_cast<int64_t>(blocks), out, init, op);
 }
 
 template <class T, class Op>
@@ -134,11 +134,10 @@ void launch_reduce_dim(const T* in, T* out, int64_t len, int64_t inner, int64_t 
                        cudaStream_t stream) {
   if (detail::reduce_by_rows(len, inner, outs)) {
     const auto blocks = static_cast<unsigned>(std::min(outs, kMaxBlocks));
-    detail::reduce_rows<<<blocks, kThreads, 0, stream>>>(in, out, len, inner, outs, init, op);
+    launch(detail::reduce_rows<T, Op>, Grid{blocks}, stream, in, out, len, inner, outs, init, op);
   } else {
-    detail::reduce_columns<<<blocks_for(outs), kThreads, 0, stream>>>(in, out, len, inner, outs, init, op);
+    launch(detail::reduce_columns<T, Op>, Grid{blocks_for(outs)}, stream, in, out, len, inner, outs, init, op);
   }
-  DTENSOR_CUDA_LAUNCHED();
 }
 
 template <class T, bool Log>
@@ -146,16 +145,27 @@ void launch_softmax_shift(T* x, const T* max, T* sums, int64_t len, int64_t inne
                           cudaStream_t stream) {
   if (detail::reduce_by_rows(len, inner, outs)) {
     const auto blocks = static_cast<unsigned>(std::min(outs, kMaxBlocks));
-    detail::softmax_shift_rows<T, Log><<<blocks, kThreads, 0, stream>>>(x, max, sums, len, inner, outs);
+    launch(detail::softmax_shift_rows<T, Log>, Grid{blocks}, stream, x, max, sums, len, inner, outs);
   } else {
-    detail::softmax_shift_columns<T, Log><<<blocks_for(outs), kThreads, 0, stream>>>(x, max, sums, len, inner, outs);
+    launch(detail::softmax_shift_columns<T, Log>, Grid{blocks_for(outs)}, stream, x, max, sums, len, inner, outs);
   }
-  DTENSOR_CUDA_LAUNCHED();
 }
 
 void check_floating(DType t, const char* fn) {
   DTENSOR_CHECK(t == DType::Float32 || t == DType::Float64, InvalidArgument, "cuda::kernels::", fn,
                 " is defined for float32 and float64, not ", ::dtensor::name(t));
+}
+
+// Calls f(float{}) or f(double{}) with the C++ type of a floating `t`, so that only the
+// floating instantiations of f are compiled. Its callers reject the integer types first
+// (check_floating), and for one of those it does nothing.
+template <class F>
+void visit_floating(DType t, F&& f) {
+  switch (t) {
+    case DType::Float32: return f(float{});
+    case DType::Float64: return f(double{});
+    default: return;
+  }
 }
 
 }  // namespace
@@ -194,9 +204,8 @@ void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem
   const detail::WordCopy c = detail::word_copy(src, sb, dst, db, size);
   visit_width(static_cast<std::size_t>(c.width), [&](auto tag) {
     using W = decltype(tag);
-    detail::copy_runs<W><<<blocks_for(c.words), kThreads, 0, stream>>>(static_cast<const W*>(src), c.src,
-                                                                      static_cast<W*>(dst), c.dst, c.words);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::copy_runs<W>, Grid{blocks_for(c.words)}, stream, static_cast<const W*>(src), c.src,
+           static_cast<W*>(dst), c.dst, c.words);
   });
 }
 
@@ -229,9 +238,10 @@ void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream) 
     using detail::Layout;
     auto* p = static_cast<T*>(dst);
     const auto by = static_cast<T>(terms);
-    if (db.is_contiguous()) detail::divide_runs<T, Layout::Contiguous><<<blocks_for(n), kThreads, 0, stream>>>(p, d, by, n);
-    else detail::divide_runs<T, Layout::Strided><<<blocks_for(n), kThreads, 0, stream>>>(p, d, by, n);
-    DTENSOR_CUDA_LAUNCHED();
+    if (db.is_contiguous())
+      launch(detail::divide_runs<T, Layout::Contiguous>, Grid{blocks_for(n)}, stream, p, d, by, n);
+    else
+      launch(detail::divide_runs<T, Layout::Strided>, Grid{blocks_for(n)}, stream, p, d, by, n);
   });
 }
 
@@ -246,8 +256,7 @@ void fill(DType t, void* dst, int64_t n, Scalar value, cudaStream_t stream) {
       DTENSOR_CUDA(cudaMemsetAsync(dst, 0, static_cast<std::size_t>(n) * sizeof(T), stream));
       return;
     }
-    detail::fill_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), v, n);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::fill_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<T*>(dst), v, n);
   });
 }
 
@@ -262,9 +271,8 @@ void binary(DType t, Binary op, const void* a, const void* b, void* out, int64_t
     const auto* y = static_cast<const T*>(b);
     auto* z = static_cast<T*>(out);
     visit_binary(op, [&](auto k) {
-      detail::binary_kernel<T, decltype(k)::value><<<blocks_for(n), kThreads, 0, stream>>>(x, y, z, n);
+      launch(detail::binary_kernel<T, decltype(k)::value>, Grid{blocks_for(n)}, stream, x, y, z, n);
     });
-    DTENSOR_CUDA_LAUNCHED();
   });
 }
 
@@ -277,9 +285,8 @@ void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64
     const T v = s.as<T>();
     auto* z = static_cast<T*>(out);
     visit_binary(op, [&](auto k) {
-      detail::binary_scalar_kernel<T, decltype(k)::value><<<blocks_for(n), kThreads, 0, stream>>>(x, v, z, n);
+      launch(detail::binary_scalar_kernel<T, decltype(k)::value>, Grid{blocks_for(n)}, stream, x, v, z, n);
     });
-    DTENSOR_CUDA_LAUNCHED();
   });
 }
 
@@ -295,8 +302,7 @@ void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t s
     visit_unary(f, [&](auto k) {
       constexpr Unary F = decltype(k)::value;
       if constexpr (std::is_floating_point_v<T> || ::dtensor::UnaryMath<F>::integers) {
-        detail::unary_kernel<T, F><<<blocks_for(n), kThreads, 0, stream>>>(x, z, n);
-        DTENSOR_CUDA_LAUNCHED();
+        launch(detail::unary_kernel<T, F>, Grid{blocks_for(n)}, stream, x, z, n);
       }
     });
   });
@@ -306,15 +312,12 @@ void unary_backward(DType t, Unary f, const void* x, const void* dy, void* dx, i
   check_size(n, name(f));
   check_floating(t, "unary_backward");
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      visit_unary(f, [&](auto k) {
-        detail::unary_backward_kernel<T, decltype(k)::value><<<blocks_for(n), kThreads, 0, stream>>>(
-            static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n);
-        DTENSOR_CUDA_LAUNCHED();
-      });
-    }
+    visit_unary(f, [&](auto k) {
+      launch(detail::unary_backward_kernel<T, decltype(k)::value>, Grid{blocks_for(n)}, stream,
+             static_cast<const T*>(x), static_cast<const T*>(dy), static_cast<T*>(dx), n);
+    });
   });
 }
 
@@ -329,9 +332,8 @@ void add_bias(DType t, const void* m, const void* v, void* out, int64_t rows, in
     const auto* x = static_cast<const T*>(m);
     const auto* b = static_cast<const T*>(v);
     auto* z = static_cast<T*>(out);
-    if (along_rows) detail::add_bias_kernel<T, true><<<blocks_for(n), kThreads, 0, stream>>>(x, b, z, cols, n);
-    else detail::add_bias_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(x, b, z, cols, n);
-    DTENSOR_CUDA_LAUNCHED();
+    if (along_rows) launch(detail::add_bias_kernel<T, true>, Grid{blocks_for(n)}, stream, x, b, z, cols, n);
+    else launch(detail::add_bias_kernel<T, false>, Grid{blocks_for(n)}, stream, x, b, z, cols, n);
   });
 }
 
@@ -352,9 +354,8 @@ void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, c
   const dim3 threads(kTile, detail::kTileRows);
   visit_width(elem, [&](auto tag) {
     using W = decltype(tag);
-    detail::transpose_kernel<<<blocks, threads, 0, stream>>>(static_cast<const W*>(in), static_cast<W*>(out), rows,
-                                                             cols, tiles_c, tiles);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::transpose_kernel<W>, Grid{blocks, threads}, stream, static_cast<const W*>(in), static_cast<W*>(out),
+           rows, cols, tiles_c, tiles);
   });
 }
 
@@ -390,10 +391,8 @@ void where_equal(DType t, const void* x, const void* y, const void* v, void* out
   if (n == 0) return;
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    detail::where_equal_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<const T*>(y), static_cast<const T*>(v), static_cast<T*>(out), len,
-        inner, n);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::where_equal_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(x),
+           static_cast<const T*>(y), static_cast<const T*>(v), static_cast<T*>(out), len, inner, n);
   });
 }
 
@@ -408,9 +407,8 @@ void gather_rows(DType t, const void* table, int64_t table_rows, int64_t cols, c
   if (n == 0) return;
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    detail::gather_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(table), table_rows, cols,
-                                                                       index, lo, static_cast<T*>(out), n);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::gather_rows_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(table), table_rows, cols,
+           index, lo, static_cast<T*>(out), n);
   });
 }
 
@@ -424,9 +422,8 @@ void scatter_add_rows(DType t, const void* dy, const int64_t* index, int64_t row
   const int64_t items = (table_rows + chunk - 1) / chunk * cols;
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    detail::scatter_add_rows_kernel<<<blocks_for(items), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), index, rows, cols, lo, static_cast<T*>(table), table_rows, chunk, items);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::scatter_add_rows_kernel<T>, Grid{blocks_for(items)}, stream, static_cast<const T*>(dy), index, rows,
+           cols, lo, static_cast<T*>(table), table_rows, chunk, items);
   });
 }
 
@@ -437,9 +434,8 @@ void take_along_last(DType t, const void* x, int64_t rows, int64_t cols, const i
   if (rows == 0) return;
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    detail::take_along_last_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(static_cast<const T*>(x), rows, cols,
-                                                                              target, lo, static_cast<T*>(out));
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::take_along_last_kernel<T>, Grid{blocks_for(rows)}, stream, static_cast<const T*>(x), rows, cols,
+           target, lo, static_cast<T*>(out));
   });
 }
 
@@ -450,9 +446,8 @@ void add_along_last(DType t, const void* g, const int64_t* target, int64_t lo, v
   if (rows == 0 || cols == 0) return;
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    detail::add_along_last_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(static_cast<const T*>(g), target, lo,
-                                                                             static_cast<T*>(x), rows, cols);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::add_along_last_kernel<T>, Grid{blocks_for(rows)}, stream, static_cast<const T*>(g), target, lo,
+           static_cast<T*>(x), rows, cols);
   });
 }
 
@@ -493,15 +488,13 @@ void softmax_shift(DType t, void* x, const void* max, void* sums, int64_t outer,
   check_size(inner, "softmax_shift");
   const int64_t outs = outer * inner;
   if (outs == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      auto* p = static_cast<T*>(x);
-      const auto* m = static_cast<const T*>(max);
-      auto* s = static_cast<T*>(sums);
-      if (log) launch_softmax_shift<T, true>(p, m, s, len, inner, outs, stream);
-      else launch_softmax_shift<T, false>(p, m, s, len, inner, outs, stream);
-    }
+    auto* p = static_cast<T*>(x);
+    const auto* m = static_cast<const T*>(max);
+    auto* s = static_cast<T*>(sums);
+    if (log) launch_softmax_shift<T, true>(p, m, s, len, inner, outs, stream);
+    else launch_softmax_shift<T, false>(p, m, s, len, inner, outs, stream);
   });
 }
 
@@ -513,15 +506,12 @@ void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t l
   check_size(inner, "softmax_finish");
   const int64_t n = outer * len * inner;
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      auto* p = static_cast<T*>(x);
-      const auto* s = static_cast<const T*>(sums);
-      if (log) detail::softmax_finish_kernel<T, true><<<blocks_for(n), kThreads, 0, stream>>>(p, s, len, inner, n);
-      else detail::softmax_finish_kernel<T, false><<<blocks_for(n), kThreads, 0, stream>>>(p, s, len, inner, n);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    auto* p = static_cast<T*>(x);
+    const auto* s = static_cast<const T*>(sums);
+    if (log) launch(detail::softmax_finish_kernel<T, true>, Grid{blocks_for(n)}, stream, p, s, len, inner, n);
+    else launch(detail::softmax_finish_kernel<T, false>, Grid{blocks_for(n)}, stream, p, s, len, inner, n);
   });
 }
 
@@ -532,12 +522,9 @@ void random_fill(DType t, void* dst, const CounterBox& box, const CounterDraw& d
   const int64_t n = box.numel();
   check_size(n, "random_fill");
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      detail::random_fill_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<T*>(dst), box, draw, n);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    launch(detail::random_fill_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<T*>(dst), box, draw, n);
   });
 }
 
@@ -547,14 +534,11 @@ void row_moments(DType t, const void* a, const void* b, const double* shift, int
   check_size(rows, "row_moments");
   check_size(cols, "row_moments");
   if (rows == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, kMaxBlocks));
-      detail::row_moments_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(a), static_cast<const T*>(b),
-                                                                     shift, rows, cols, out);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, kMaxBlocks));
+    launch(detail::row_moments_kernel<T>, Grid{blocks}, stream, static_cast<const T*>(a), static_cast<const T*>(b),
+           shift, rows, cols, out);
   });
 }
 
@@ -565,13 +549,10 @@ void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, in
   check_size(cols, "row_affine");
   const int64_t n = rows * cols;
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      detail::row_affine_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-          static_cast<const T*>(a), static_cast<const T*>(b), terms, cols, static_cast<T*>(out), n);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    launch(detail::row_affine_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(a),
+           static_cast<const T*>(b), terms, cols, static_cast<T*>(out), n);
   });
 }
 
@@ -579,14 +560,11 @@ void sgd_update(DType t, void* w, const void* g, void* buf, int64_t n, const Sgd
   check_floating(t, "sgd_update");
   check_size(n, "sgd_update");
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      detail::sgd_update_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-          static_cast<T*>(w), static_cast<const T*>(g), static_cast<T*>(buf), n, static_cast<T>(s.lr),
-          static_cast<T>(s.momentum), static_cast<T>(s.weight_decay), s.nesterov, s.first);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    launch(detail::sgd_update_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<T*>(w), static_cast<const T*>(g),
+           static_cast<T*>(buf), n, static_cast<T>(s.lr), static_cast<T>(s.momentum), static_cast<T>(s.weight_decay),
+           s.nesterov, s.first);
   });
 }
 
@@ -595,15 +573,12 @@ void adamw_update(DType t, void* w, const void* g, void* m, void* v, int64_t n, 
   check_floating(t, "adamw_update");
   check_size(n, "adamw_update");
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      detail::adamw_update_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(
-          static_cast<T*>(w), static_cast<const T*>(g), static_cast<T*>(m), static_cast<T*>(v), n,
-          static_cast<T>(s.lr), static_cast<T>(s.beta1), static_cast<T>(s.beta2), static_cast<T>(s.eps),
-          static_cast<T>(s.weight_decay), static_cast<T>(s.bias_correction1), static_cast<T>(s.bias_correction2));
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    launch(detail::adamw_update_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<T*>(w), static_cast<const T*>(g),
+           static_cast<T*>(m), static_cast<T*>(v), n, static_cast<T>(s.lr), static_cast<T>(s.beta1),
+           static_cast<T>(s.beta2), static_cast<T>(s.eps), static_cast<T>(s.weight_decay),
+           static_cast<T>(s.bias_correction1), static_cast<T>(s.bias_correction2));
   });
 }
 
@@ -614,13 +589,10 @@ void pool_forward(DType t, const PoolDims& p, const void* x, void* y, const OutB
   const detail::PoolGeo g = detail::pool_geo(p, box);
   const int64_t n = g.planes * g.box_cells;
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      detail::pool_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x),
-                                                                          static_cast<T*>(y), g, n);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    launch(detail::pool_forward_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(x), static_cast<T*>(y),
+           g, n);
   });
 }
 
@@ -629,23 +601,18 @@ void pool_backward(DType t, const PoolDims& p, const void* x, const void* dy, vo
   const detail::PoolGeo g = detail::pool_geo(p, OutBox{}.resolved(p.window));
   const int64_t n = g.planes * g.in_cells, outs = g.planes * g.out_cells;
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      const auto* xs = static_cast<const T*>(x);
-      if (g.max && outs > 0) {  // each output's winning tap, then the gather
-        Scratch<int32_t> arg(static_cast<std::size_t>(outs), stream);
-        detail::pool_argmax_kernel<<<blocks_for(outs), kThreads, 0, stream>>>(xs, arg.get(), g, outs);
-        DTENSOR_CUDA_LAUNCHED();
-        detail::pool_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-            arg.get(), static_cast<const T*>(dy), static_cast<T*>(dx), g, n);
-        DTENSOR_CUDA_LAUNCHED();
-        return;
-      }
-      detail::pool_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-          static_cast<const int32_t*>(nullptr), static_cast<const T*>(dy), static_cast<T*>(dx), g, n);
-      DTENSOR_CUDA_LAUNCHED();
+    const auto* xs = static_cast<const T*>(x);
+    if (g.max && outs > 0) {  // each output's winning tap, then the gather
+      Scratch<int32_t> arg(static_cast<std::size_t>(outs), stream);
+      launch(detail::pool_argmax_kernel<T>, Grid{blocks_for(outs)}, stream, xs, arg.get(), g, outs);
+      launch(detail::pool_backward_kernel<T>, Grid{blocks_for(n)}, stream, arg.get(), static_cast<const T*>(dy),
+             static_cast<T*>(dx), g, n);
+      return;
     }
+    launch(detail::pool_backward_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const int32_t*>(nullptr),
+           static_cast<const T*>(dy), static_cast<T*>(dx), g, n);
   });
 }
 
@@ -654,13 +621,10 @@ void upsample_forward(DType t, const UpsampleDims& u, const void* x, void* y, cu
   const detail::UpGeo g = detail::up_geo(u);
   const int64_t n = g.planes * g.out_cells;
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      detail::upsample_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x),
-                                                                              static_cast<T*>(y), g, n);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    launch(detail::upsample_forward_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(x),
+           static_cast<T*>(y), g, n);
   });
 }
 
@@ -669,13 +633,10 @@ void upsample_backward(DType t, const UpsampleDims& u, const void* dy, void* dx,
   const detail::UpGeo g = detail::up_geo(u);
   const int64_t n = g.planes * g.in_cells;
   if (n == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      detail::upsample_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(dy),
-                                                                               static_cast<T*>(dx), g, n);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    launch(detail::upsample_backward_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(dy),
+           static_cast<T*>(dx), g, n);
   });
 }
 
@@ -706,9 +667,8 @@ void window_copy(DType t, int64_t planes, const std::array<int64_t, 3>& box, con
   if (n == 0) return;
   visit_width(size_of(t), [&](auto tag) {
     using W = decltype(tag);
-    detail::window_copy_kernel<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const W*>(src),
-                                                                       static_cast<W*>(dst), c, n);
-    DTENSOR_CUDA_LAUNCHED();
+    launch(detail::window_copy_kernel<W>, Grid{blocks_for(n)}, stream, static_cast<const W*>(src), static_cast<W*>(dst),
+           c, n);
   });
 }
 
@@ -737,21 +697,18 @@ void attention_forward(DType t, const compute::AttentionDims& dims, const void* 
   dims.check("cuda::kernels::attention_forward");
   compute::AttentionDims d = dims;
   d.scale = d.softmax_scale();
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      const int64_t tile = attention_tile_for(d, sizeof(T), detail::kForwardRows, detail::kForwardPairs,
-                                              detail::kForwardScalars, "attention_forward");
-      const int64_t jobs = d.batch * d.heads * ((d.q_len + tile - 1) / tile);
-      if (jobs == 0) return;
-      const auto bytes = static_cast<std::size_t>(
-          detail::attention_shared_elems(tile, d.head_dim, detail::kForwardRows, detail::kForwardPairs,
-                                         detail::kForwardScalars) * static_cast<int64_t>(sizeof(T)));
-      detail::attention_forward_kernel<T><<<attention_blocks(jobs), kThreads, bytes, stream>>>(
-          d, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-          static_cast<const T*>(mask), static_cast<T*>(o), static_cast<T*>(lse), tile);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    const int64_t tile = attention_tile_for(d, sizeof(T), detail::kForwardRows, detail::kForwardPairs,
+                                            detail::kForwardScalars, "attention_forward");
+    const int64_t jobs = d.batch * d.heads * ((d.q_len + tile - 1) / tile);
+    if (jobs == 0) return;
+    const auto bytes = static_cast<std::size_t>(
+        detail::attention_shared_elems(tile, d.head_dim, detail::kForwardRows, detail::kForwardPairs,
+                                       detail::kForwardScalars) * static_cast<int64_t>(sizeof(T)));
+    launch(detail::attention_forward_kernel<T>, Grid{attention_blocks(jobs), kThreads, bytes}, stream, d,
+           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(mask),
+           static_cast<T*>(o), static_cast<T*>(lse), tile);
   });
 }
 
@@ -762,39 +719,35 @@ void attention_backward(DType t, const compute::AttentionDims& dims, const void*
   dims.check("cuda::kernels::attention_backward");
   compute::AttentionDims d = dims;
   d.scale = d.softmax_scale();
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      const auto* qs = static_cast<const T*>(q);
-      const auto* ks = static_cast<const T*>(k);
-      const auto* vs = static_cast<const T*>(v);
-      const auto* ms = static_cast<const T*>(mask);
-      const auto* os = static_cast<const T*>(o);
-      const auto* ls = static_cast<const T*>(lse);
-      const auto* dos = static_cast<const T*>(dout);
-      const int64_t elem = sizeof(T);
-      const int64_t q_tile = attention_tile_for(d, elem, detail::kDqRows, detail::kBackwardPairs,
-                                                detail::kBackwardScalars, "attention_backward");
-      const int64_t q_jobs = d.batch * d.heads * ((d.q_len + q_tile - 1) / q_tile);
-      if (q_jobs > 0) {
-        const auto bytes = static_cast<std::size_t>(
-            detail::attention_shared_elems(q_tile, d.head_dim, detail::kDqRows, detail::kBackwardPairs,
-                                           detail::kBackwardScalars) * elem);
-        detail::attention_dq_kernel<T><<<attention_blocks(q_jobs), kThreads, bytes, stream>>>(
-            d, qs, ks, vs, ms, os, ls, dos, static_cast<T*>(dq), q_tile);
-        DTENSOR_CUDA_LAUNCHED();
-      }
-      const int64_t kv_tile = attention_tile_for(d, elem, detail::kDkvRows, detail::kBackwardPairs,
-                                                 detail::kBackwardScalars, "attention_backward");
-      const int64_t kv_jobs = d.batch * d.kv_heads * ((d.kv_len + kv_tile - 1) / kv_tile);
-      if (kv_jobs > 0) {
-        const auto bytes = static_cast<std::size_t>(
-            detail::attention_shared_elems(kv_tile, d.head_dim, detail::kDkvRows, detail::kBackwardPairs,
-                                           detail::kBackwardScalars) * elem);
-        detail::attention_dkv_kernel<T><<<attention_blocks(kv_jobs), kThreads, bytes, stream>>>(
-            d, qs, ks, vs, ms, os, ls, dos, static_cast<T*>(dk), static_cast<T*>(dv), kv_tile);
-        DTENSOR_CUDA_LAUNCHED();
-      }
+    const auto* qs = static_cast<const T*>(q);
+    const auto* ks = static_cast<const T*>(k);
+    const auto* vs = static_cast<const T*>(v);
+    const auto* ms = static_cast<const T*>(mask);
+    const auto* os = static_cast<const T*>(o);
+    const auto* ls = static_cast<const T*>(lse);
+    const auto* dos = static_cast<const T*>(dout);
+    const int64_t elem = sizeof(T);
+    const int64_t q_tile = attention_tile_for(d, elem, detail::kDqRows, detail::kBackwardPairs,
+                                              detail::kBackwardScalars, "attention_backward");
+    const int64_t q_jobs = d.batch * d.heads * ((d.q_len + q_tile - 1) / q_tile);
+    if (q_jobs > 0) {
+      const auto bytes = static_cast<std::size_t>(
+          detail::attention_shared_elems(q_tile, d.head_dim, detail::kDqRows, detail::kBackwardPairs,
+                                         detail::kBackwardScalars) * elem);
+      launch(detail::attention_dq_kernel<T>, Grid{attention_blocks(q_jobs), kThreads, bytes}, stream, d, qs, ks, vs,
+             ms, os, ls, dos, static_cast<T*>(dq), q_tile);
+    }
+    const int64_t kv_tile = attention_tile_for(d, elem, detail::kDkvRows, detail::kBackwardPairs,
+                                               detail::kBackwardScalars, "attention_backward");
+    const int64_t kv_jobs = d.batch * d.kv_heads * ((d.kv_len + kv_tile - 1) / kv_tile);
+    if (kv_jobs > 0) {
+      const auto bytes = static_cast<std::size_t>(
+          detail::attention_shared_elems(kv_tile, d.head_dim, detail::kDkvRows, detail::kBackwardPairs,
+                                         detail::kBackwardScalars) * elem);
+      launch(detail::attention_dkv_kernel<T>, Grid{attention_blocks(kv_jobs), kThreads, bytes}, stream, d, qs, ks,
+             vs, ms, os, ls, dos, static_cast<T*>(dk), static_cast<T*>(dv), kv_tile);
     }
   });
 }
@@ -805,13 +758,10 @@ void attention_merge(DType t, void* o, void* lse, const void* ob, const void* lb
   check_size(rows, "attention_merge");
   check_size(dim, "attention_merge");
   if (rows == 0) return;
-  visit_dtype(t, [&](auto tag) {
+  visit_floating(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      detail::attention_merge_kernel<T><<<blocks_for(rows), kThreads, 0, stream>>>(
-          static_cast<T*>(o), static_cast<T*>(lse), static_cast<const T*>(ob), static_cast<const T*>(lb), rows, dim);
-      DTENSOR_CUDA_LAUNCHED();
-    }
+    launch(detail::attention_merge_kernel<T>, Grid{blocks_for(rows)}, stream, static_cast<T*>(o),
+           static_cast<T*>(lse), static_cast<const T*>(ob), static_cast<const T*>(lb), rows, dim);
   });
 }
 

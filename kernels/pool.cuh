@@ -115,13 +115,11 @@ DTENSOR_DEVICE inline T pool_divisor(const PoolGeo& g, const int64_t* o, int64_t
 // y[box] = the pooling of x; one thread per output of the box.
 template <class T>
 DTENSOR_KERNEL void pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolGeo g, int64_t n) {
-  const int64_t e0 = g.e[0] - g.b[0], e1 = g.e[1] - g.b[1], e2 = g.e[2] - g.b[2];
+  const int64_t box[3] = {g.e[0] - g.b[0], g.e[1] - g.b[1], g.e[2] - g.b[2]};
   for (int64_t e = first(); e < n; e += stride()) {
-    int64_t rest, q0, q1, q2, plane;
-    divmod(e, e2, rest, q2);
-    divmod(rest, e1, rest, q1);
-    divmod(rest, e0, plane, q0);
-    const int64_t o[3] = {g.b[0] + q0, g.b[1] + q1, g.b[2] + q2};
+    int64_t q[3];
+    const int64_t plane = split_cell(e, box, q);
+    const int64_t o[3] = {g.b[0] + q[0], g.b[1] + q[1], g.b[2] + q[2]};
     T value;
     int64_t count;
     const int64_t arg = pool_window(g, x + plane * g.in_cells, o, value, count);
@@ -140,10 +138,8 @@ DTENSOR_KERNEL void pool_forward_kernel(const T* __restrict__ x, T* __restrict__
 template <class T>
 DTENSOR_KERNEL void pool_argmax_kernel(const T* __restrict__ x, int32_t* __restrict__ arg, PoolGeo g, int64_t n) {
   for (int64_t e = first(); e < n; e += stride()) {
-    int64_t rest, plane, o[3];
-    divmod(e, g.out[2], rest, o[2]);
-    divmod(rest, g.out[1], rest, o[1]);
-    divmod(rest, g.out[0], plane, o[0]);
+    int64_t o[3];
+    const int64_t plane = split_cell(e, g.out, o);
     T value;
     int64_t count;
     arg[e] = static_cast<int32_t>(pool_window(g, x + plane * g.in_cells, o, value, count));
@@ -156,10 +152,8 @@ template <class T>
 DTENSOR_KERNEL void pool_backward_kernel(const int32_t* __restrict__ arg, const T* __restrict__ dy, T* __restrict__ dx,
                                          PoolGeo g, int64_t n) {
   for (int64_t e = first(); e < n; e += stride()) {
-    int64_t rest, plane, p[3];
-    divmod(e, g.in[2], rest, p[2]);
-    divmod(rest, g.in[1], rest, p[1]);
-    divmod(rest, g.in[0], plane, p[0]);
+    int64_t p[3];
+    const int64_t plane = split_cell(e, g.in, p);
     T sum = T(0);
     const bool valid = p[0] >= g.vlo[0] && p[0] < g.vhi[0] && p[1] >= g.vlo[1] && p[1] < g.vhi[1] && p[2] >= g.vlo[2] &&
                        p[2] < g.vhi[2];

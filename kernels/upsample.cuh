@@ -54,10 +54,8 @@ DTENSOR_DEVICE inline void up_source(const UpGeo& g, int i, int64_t J, int64_t& 
 template <class T>
 DTENSOR_KERNEL void upsample_forward_kernel(const T* __restrict__ x, T* __restrict__ y, UpGeo g, int64_t n) {
   for (int64_t e = first(); e < n; e += stride()) {
-    int64_t rest, plane, j[3];
-    divmod(e, g.out[2], rest, j[2]);
-    divmod(rest, g.out[1], rest, j[1]);
-    divmod(rest, g.out[0], plane, j[0]);
+    int64_t j[3];
+    const int64_t plane = split_cell(e, g.out, j);
     int64_t a0[3], a1[3];
     T l[3];
     for (int i = 0; i < 3; ++i) {
@@ -102,10 +100,8 @@ DTENSOR_DEVICE inline void up_readers(const UpGeo& g, int i, int64_t I, int64_t&
 template <class T>
 DTENSOR_KERNEL void upsample_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, UpGeo g, int64_t n) {
   for (int64_t e = first(); e < n; e += stride()) {
-    int64_t rest, plane, p[3];
-    divmod(e, g.in[2], rest, p[2]);
-    divmod(rest, g.in[1], rest, p[1]);
-    divmod(rest, g.in[0], plane, p[0]);
+    int64_t p[3];
+    const int64_t plane = split_cell(e, g.in, p);
     int64_t lo[3], hi[3], I[3];
     for (int i = 0; i < 3; ++i) {
       I[i] = g.in_off[i] + p[i];
