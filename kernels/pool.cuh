@@ -34,15 +34,12 @@ inline PoolGeo pool_geo(const PoolDims& p, const OutBox& box) {
   const ConvDims& d = p.window;
   PoolGeo g{};
   g.planes = d.batch * d.in_channels;
-  const int shift = 3 - d.spatial;
+  const Trailing3 t(d.spatial);
   for (int i = 0; i < 3; ++i) {
-    const int j = i - shift;
-    const bool used = j >= 0;
-    g.in[i] = used ? d.in[j] : 1, g.out[i] = used ? d.out[j] : 1, g.k[i] = used ? d.kernel[j] : 1;
-    g.s[i] = used ? d.stride[j] : 1, g.dl[i] = used ? d.dilation[j] : 1, g.st[i] = used ? d.in_start[j] : 0;
-    g.vlo[i] = used ? p.valid_lo[j] : 0, g.vhi[i] = used ? p.valid_hi[j] : 1;
-    g.chi[i] = used ? p.count_hi[j] : -1;
-    g.b[i] = used ? box.begin[j] : 0, g.e[i] = used ? box.end[j] : 1;
+    g.in[i] = t.pick(d.in, i, 1), g.out[i] = t.pick(d.out, i, 1), g.k[i] = t.pick(d.kernel, i, 1);
+    g.s[i] = t.pick(d.stride, i, 1), g.dl[i] = t.pick(d.dilation, i, 1), g.st[i] = t.pick(d.in_start, i, 0);
+    g.vlo[i] = t.pick(p.valid_lo, i, 0), g.vhi[i] = t.pick(p.valid_hi, i, 1), g.chi[i] = t.pick(p.count_hi, i, -1);
+    g.b[i] = t.pick(box.begin, i, 0), g.e[i] = t.pick(box.end, i, 1);
   }
   g.in_cells = g.in[0] * g.in[1] * g.in[2], g.out_cells = g.out[0] * g.out[1] * g.out[2];
   g.box_cells = (g.e[0] - g.b[0]) * (g.e[1] - g.b[1]) * (g.e[2] - g.b[2]);

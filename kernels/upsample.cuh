@@ -23,13 +23,11 @@ struct UpGeo {
 inline UpGeo up_geo(const UpsampleDims& u) {
   UpGeo g{};
   g.planes = u.batch * u.channels;
-  const int shift = 3 - u.spatial;
+  const Trailing3 t(u.spatial);
   for (int i = 0; i < 3; ++i) {
-    const int j = i - shift;
-    const bool used = j >= 0;
-    g.in[i] = used ? u.in[j] : 1, g.out[i] = used ? u.out[j] : 1, g.scale[i] = used ? u.scale[j] : 1;
-    g.in_off[i] = used ? u.in_offset[j] : 0, g.out_off[i] = used ? u.out_offset[j] : 0;
-    g.image[i] = used ? u.global_in_of(j) : 1;
+    g.in[i] = t.pick(u.in, i, 1), g.out[i] = t.pick(u.out, i, 1), g.scale[i] = t.pick(u.scale, i, 1);
+    g.in_off[i] = t.pick(u.in_offset, i, 0), g.out_off[i] = t.pick(u.out_offset, i, 0);
+    g.image[i] = t.used(i) ? u.global_in_of(t.dim(i)) : 1;
   }
   g.in_cells = g.in[0] * g.in[1] * g.in[2], g.out_cells = g.out[0] * g.out[1] * g.out[2];
   g.linear = u.mode == UpsampleMode::Linear;

@@ -41,12 +41,7 @@ inline void unpack(DType t, const void* src, void* dst, const Region& region, bo
   with_packed(region, 0, [&](Block b, Block p) { copy_or_add(t, add, src, p, dst, b, stream); });
 }
 
-inline bool same_extents(const Region& a, const Region& b) {
-  if (a.ndim != b.ndim) return false;
-  for (int d = 0; d < a.ndim; ++d)
-    if (a.extent[d] != b.extent[d]) return false;
-  return true;
-}
+using ::dtensor::detail::same_extents;  // core/region.hpp
 inline bool needs_temp(const Region& from, const Region& to) {
   return from.numel() > 0 && !same_extents(from, to) && !from.is_contiguous() && !to.is_contiguous();
 }
