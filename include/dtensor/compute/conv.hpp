@@ -272,18 +272,19 @@ void forward_gemm(const Geo& g, const Box& x, const T* in, const T* w, const T* 
 // each kernel offset (k0, k1, k2) that reads inside the input, f(tap, xr, v), with tap
 // the weight's index ((ci, k0, k1, k2) flattened), v the outputs along the last dim
 // it reaches, and xr the input element the first of them reads (the next ones are
-// g.s[2] apart). What the direct forward and the direct weight gradient both walk.
-template <class T, class F>
-void for_each_tap_row(const Geo& g, const T* xg, int64_t o0, int64_t o1, int64_t b2, int64_t e2, F&& f) {
+// g.s[2] apart). What the direct forward, the data gradient (which writes through xr:
+// Ptr is then T*) and the weight gradient all walk.
+template <class Ptr, class F>
+void for_each_tap_row(const Geo& g, Ptr xg, int64_t o0, int64_t o1, int64_t b2, int64_t e2, F&& f) {
   for (int64_t ci = 0; ci < g.cg; ++ci) {
-    const T* xc = xg + ci * g.in_cells;
+    const Ptr xc = xg + ci * g.in_cells;
     for (int64_t k0 = 0; k0 < g.k[0]; ++k0) {
       const int64_t p0 = g.st[0] + o0 * g.s[0] + k0 * g.dl[0];
       if (p0 < 0 || p0 >= g.in[0]) continue;
       for (int64_t k1 = 0; k1 < g.k[1]; ++k1) {
         const int64_t p1 = g.st[1] + o1 * g.s[1] + k1 * g.dl[1];
         if (p1 < 0 || p1 >= g.in[1]) continue;
-        const T* xr0 = xc + (p0 * g.in[1] + p1) * g.in[2];
+        const Ptr xr0 = xc + (p0 * g.in[1] + p1) * g.in[2];
         for (int64_t k2 = 0; k2 < g.k[2]; ++k2) {
           const int64_t t2 = g.st[2] + k2 * g.dl[2];
           const Range v = inside(t2, g.s[2], 0, g.in[2], b2, e2);
@@ -362,31 +363,16 @@ void backward_data_direct(const Geo& g, const T* dy, const T* w, T* dx) {
         for (int64_t o0 = 0; o0 < g.out[0]; ++o0)
           for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
             const T* dyr = dyc + out_index(g, o0, o1, 0);
-            for (int64_t ci = 0; ci < g.cg; ++ci) {
-              T* xc = dx + (n * g.cin + grp * g.cg + ci) * g.in_cells;
-              for (int64_t k0 = 0; k0 < g.k[0]; ++k0) {
-                const int64_t p0 = g.st[0] + o0 * g.s[0] + k0 * g.dl[0];
-                if (p0 < 0 || p0 >= g.in[0]) continue;
-                for (int64_t k1 = 0; k1 < g.k[1]; ++k1) {
-                  const int64_t p1 = g.st[1] + o1 * g.s[1] + k1 * g.dl[1];
-                  if (p1 < 0 || p1 >= g.in[1]) continue;
-                  T* xr0 = xc + (p0 * g.in[1] + p1) * g.in[2];
-                  for (int64_t k2 = 0; k2 < g.k[2]; ++k2) {
-                    const int64_t t2 = g.st[2] + k2 * g.dl[2];
-                    const Range v = inside(t2, g.s[2], 0, g.in[2], 0, g.out[2]);
-                    if (v.lo == v.hi) continue;
-                    const T wv = w[co * g.rows() + ((ci * g.k[0] + k0) * g.k[1] + k1) * g.k[2] + k2];
-                    T* xr = xr0 + t2 + v.lo * g.s[2];
-                    const T* d = dyr + v.lo;
-                    const int64_t n = v.size();
-                    if (g.s[2] == 1)
-                      for (int64_t j = 0; j < n; ++j) xr[j] += wv * d[j];
-                    else
-                      for (int64_t j = 0; j < n; ++j) xr[j * g.s[2]] += wv * d[j];
-                  }
-                }
-              }
-            }
+            T* xg = dx + (n * g.cin + grp * g.cg) * g.in_cells;
+            for_each_tap_row(g, xg, o0, o1, 0, g.out[2], [&](int64_t tap, T* xr, Range v) {
+              const T wv = w[co * g.rows() + tap];
+              const T* d = dyr + v.lo;
+              const int64_t len = v.size();
+              if (g.s[2] == 1)
+                for (int64_t j = 0; j < len; ++j) xr[j] += wv * d[j];
+              else
+                for (int64_t j = 0; j < len; ++j) xr[j * g.s[2]] += wv * d[j];
+            });
           }
       }
 }
