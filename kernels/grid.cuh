@@ -48,21 +48,6 @@ DTENSOR_DEVICE inline int64_t split_cell(int64_t e, const int64_t* ext, int64_t*
   return plane;
 }
 
-// The kernels see every window (pooling, upsampling) as 3-D: a host geometry of
-// `spatial` (1 to 3) dims fills the last ones, so the last dim is always the fastest,
-// and the leading unused dims get extent 1 (or the value a caller gives).
-struct Trailing3 {
-  int shift;  // unused leading dims: 3 - spatial
-  explicit Trailing3(int spatial) : shift(3 - spatial) {}
-  bool used(int i) const { return i >= shift; }
-  int dim(int i) const { return i - shift; }  // the host's dim for kernel dim i (when used)
-  // a[dim(i)] for a used dim, else `unused`.
-  template <class A>
-  int64_t pick(const A& a, int i, int64_t unused) const {
-    return used(i) ? static_cast<int64_t>(a[dim(i)]) : unused;
-  }
-};
-
 // Combines the kThreads values `v` of a block with `op` (associative and
 // commutative) and returns the result to every thread. The tree runs in shared
 // memory rather than with warp shuffles so that it works for every element type,

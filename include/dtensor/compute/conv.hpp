@@ -72,16 +72,10 @@ inline Geo geo_of(const ConvDims& d) {
   Geo g;
   g.batch = d.batch, g.cin = d.in_channels, g.cout = d.out_channels, g.groups = d.groups;
   g.cg = d.in_channels / d.groups, g.cog = d.out_channels / d.groups;
-  const int shift = 3 - d.spatial;
+  const Trailing3 t(d.spatial);
   for (int i = 0; i < 3; ++i) {
-    const bool used = i >= shift;
-    const int j = i - shift;
-    g.in[i] = used ? d.in[j] : 1;
-    g.out[i] = used ? d.out[j] : 1;
-    g.k[i] = used ? d.kernel[j] : 1;
-    g.s[i] = used ? d.stride[j] : 1;
-    g.dl[i] = used ? d.dilation[j] : 1;
-    g.st[i] = used ? d.in_start[j] : 0;
+    g.in[i] = t.pick(d.in, i, 1), g.out[i] = t.pick(d.out, i, 1), g.k[i] = t.pick(d.kernel, i, 1);
+    g.s[i] = t.pick(d.stride, i, 1), g.dl[i] = t.pick(d.dilation, i, 1), g.st[i] = t.pick(d.in_start, i, 0);
   }
   g.in_cells = d.in_cells(), g.out_cells = d.out_cells(), g.kcells = d.kernel_cells();
   return g;
@@ -95,11 +89,8 @@ struct Box {
 };
 inline Box box_of(const ConvDims& d, const OutBox& resolved) {
   Box x;
-  const int shift = 3 - d.spatial;
-  for (int i = 0; i < 3; ++i) {
-    x.b[i] = i >= shift ? resolved.begin[i - shift] : 0;
-    x.e[i] = i >= shift ? resolved.end[i - shift] : 1;
-  }
+  const Trailing3 t(d.spatial);
+  for (int i = 0; i < 3; ++i) x.b[i] = t.pick(resolved.begin, i, 0), x.e[i] = t.pick(resolved.end, i, 1);
   return x;
 }
 inline Box full_box(const Geo& g) { return Box{{0, 0, 0}, g.out}; }

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <string>
 
+#include "dtensor/compute/trailing_dims.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {

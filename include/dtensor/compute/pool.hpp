@@ -49,11 +49,8 @@ inline const Taps& valid_taps(const Geo& g, const Box& b, const std::array<int64
 // The valid cells of p (resolved), normalised like Geo.
 inline std::array<std::array<int64_t, 3>, 2> valid_cells(const PoolDims& p) {
   std::array<std::array<int64_t, 3>, 2> v{};
-  const int shift = 3 - p.window.spatial;
-  for (int i = 0; i < 3; ++i) {
-    v[0][i] = i >= shift ? p.valid_lo[i - shift] : 0;
-    v[1][i] = i >= shift ? p.valid_hi[i - shift] : 1;
-  }
+  const Trailing3 t(p.window.spatial);
+  for (int i = 0; i < 3; ++i) v[0][i] = t.pick(p.valid_lo, i, 0), v[1][i] = t.pick(p.valid_hi, i, 1);
   return v;
 }
 
@@ -65,9 +62,9 @@ struct Counted {
 };
 inline const Counted& counted_taps(const PoolDims& p, const Geo& g, const Box& b) {
   thread_local Counted c;
-  const int shift = 3 - p.window.spatial;
+  const Trailing3 t(p.window.spatial);
   for (int i = 0; i < 3; ++i) {
-    const int64_t hi = i >= shift ? p.count_hi[i - shift] : -1;
+    const int64_t hi = t.pick(p.count_hi, i, -1);
     c.of[i].resize(static_cast<std::size_t>(b.extent(i)));
     for (int64_t o = b.b[i]; o < b.e[i]; ++o) {
       const int64_t base = g.st[i] + o * g.s[i];

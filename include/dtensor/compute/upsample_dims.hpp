@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 
+#include "dtensor/compute/trailing_dims.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {
