@@ -230,15 +230,26 @@ def main():
             print(run.stdout, run.stderr)
             print("FAILED: the C++ side did not write the checkpoint")
             return 1
-        with open(os.path.join(ckpt, "index.json")) as f:
-            index = json.load(f)
-        check(index["format"] == "dtensor-checkpoint" and index["version"] == 1, "format and version")
+        with open(os.path.join(ckpt, "index.json"), "rb") as f:
+            index_bytes = f.read()
+        index = json.loads(index_bytes)
+        check(index["format"] == "dtensor-checkpoint" and index["version"] == 2, "format and version")
+        # The index's own checksum, in the form `xxhsum -H3 index.json` writes.
+        with open(os.path.join(ckpt, "index.json.xxh3")) as f:
+            line = f.read()
+        want_line = "XXH3 (index.json) = %016x\n" % CHECKSUMS["xxh3_64"](index_bytes)
+        check(line == want_line, f"index.json.xxh3 holds {line!r}, expected {want_line!r}")
         piece = index["checksum"]["piece_bytes"]
         algorithm = index["checksum"]["algorithm"]
         check(algorithm == "xxh3_64", f"checksum algorithm {algorithm} (save writes xxh3_64)")
         digest = CHECKSUMS.get(algorithm, xxh3_64_py)
-        for name, size in index["files"].items():
-            check(os.path.getsize(os.path.join(ckpt, name)) == size["bytes"], f"size of {name}")
+        for name, rec in index["files"].items():
+            check(os.path.getsize(os.path.join(ckpt, name)) == rec["bytes"], f"size of {name}")
+            with open(os.path.join(ckpt, name), "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                f.seek(0)
+                header = f.read(8 + n)
+            check(rec["header"] == "%016x" % digest(header), f"{name}: header checksum")
 
         expected_tensors = {"w": "float32", "b": "float64", "i": "int64", "p": "int32", "u": "uint8",
                             "e": "float32", "plain": "float64"}
@@ -253,6 +264,10 @@ def main():
                 path = os.path.join(ckpt, c["file"])
                 with safe_open(path, framework="numpy") as f:
                     block = f.get_tensor(c["key"])
+                    meta = f.metadata()
+                check(meta.get("save_id") == index["save_id"], f"{c['file']}: save_id {meta.get('save_id')}")
+                check(meta.get("box:" + c["key"]) == ",".join(map(str, c["offsets"])),
+                      f"{c['file']}: box of {c['key']} is {meta.get('box:' + c['key'])}")
                 check(block.dtype == dtype and list(block.shape) == c["sizes"],
                       f"{name}: chunk {c['offsets']} in {c['file']} has {block.dtype} {block.shape}")
                 # The checksums of the chunk's bytes, piece by piece, from the raw file.

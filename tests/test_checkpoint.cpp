@@ -621,18 +621,27 @@ TEST_CASE("damaged checkpoints: truncated, bit-flipped, missing files, corrupt i
       fs::copy_file(d / "rank-00002.safetensors", d / file1, fs::copy_options::overwrite_existing);
     });
     check_error([&] { io::load(target, s, comm); }, {file1, "tensor \"weights\""});
-    // A corrupt index.
-    const auto j = damaged("badjson", [&](const fs::path& d) {
-      std::ofstream(d / "index.json", std::ios::trunc) << "{\"format\": \"dtensor-checkpoint\", ";
-    });
-    check_error([&] { io::load(target, j, comm); }, {"index.json", "not valid JSON"});
-    // Chunks that do not tile the tensor: one dropped (a gap), one doubled (overlap).
+    // An index that is not JSON: refused by its checksum, and by the parser where the
+    // checksum is rewritten to match (index.json.xxh3).
+    auto write_index = [](const fs::path& d, const std::string& text, bool rehash) {
+      fs::remove(d / "index.json");
+      io::write_file_synced(d / "index.json", text);
+      if (!rehash) return;
+      fs::remove(d / "index.json.xxh3");
+      io::write_file_synced(d / "index.json.xxh3", io::index_checksum_line(text));
+    };
+    const std::string broken = "{\"format\": \"dtensor-checkpoint\", ";
+    const auto j = damaged("badjson", [&](const fs::path& d) { write_index(d, broken, false); });
+    check_error([&] { io::load(target, j, comm); }, {"index.json", "does not match its checksum"});
+    const auto j2 = damaged("badjson2", [&](const fs::path& d) { write_index(d, broken, true); });
+    check_error([&] { io::load(target, j2, comm); }, {"index.json", "not valid JSON"});
+    // Chunks that do not tile the tensor: one dropped (a gap), one doubled (overlap),
+    // with the index's checksum rewritten (else that refuses them first).
     auto edit_index = [&](const std::string& name, auto&& edit) {
       return damaged(name, [&](const fs::path& d) {
         auto ix = nlohmann::json::parse(io::read_file(d / "index.json"));
         edit(ix["tensors"]["weights"]["chunks"]);
-        fs::remove(d / "index.json");
-        io::write_file_synced(d / "index.json", ix.dump());
+        write_index(d, ix.dump(), true);
       });
     };
     const auto gap = edit_index("gap", [](nlohmann::json& c) { c.erase(c.begin() + 2); });
@@ -641,7 +650,7 @@ TEST_CASE("damaged checkpoints: truncated, bit-flipped, missing files, corrupt i
       c[1] = c[2];
       c[2]["offsets"][0] = c[2]["offsets"][0].get<int>() - 1;
     });
-    check_error([&] { io::load(target, over, comm); }, {"tensor \"weights\"", "overlap"});
+    check_error([&] { io::load(target, over, comm); }, {"\"weights\"", "share bytes"});
     const auto out = edit_index("outside", [](nlohmann::json& c) { c[3]["offsets"][1] = 1; });
     check_error([&] { io::load(target, out, comm); }, {"tensor \"weights\"", "outside the tensor"});
     // No checkpoint at all.

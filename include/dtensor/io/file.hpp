@@ -72,6 +72,37 @@ class File {
   static File open_read(const fs::path& path) {
     return File(path, ::open(path.c_str(), O_RDONLY | O_CLOEXEC), "cannot open");
   }
+  // The regular file `name` in the directory open as `dirfd` (`shown`: its path, for
+  // messages), for reading. A symbolic link is not followed, and a FIFO, device,
+  // socket or directory is refused without blocking: the checkpoint's files are
+  // regular files inside its directory, and nothing a file names reaches outside it.
+  static File open_regular_at(int dirfd, const std::string& name, const fs::path& shown) {
+    // O_NONBLOCK: opening a FIFO for reading would wait for a writer.
+    const int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0 && errno == ELOOP)
+      throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: ", shown.string(),
+                                                 " is a symbolic link; a checkpoint's files must be regular files "
+                                                 "inside its directory, and links are not followed"));
+    File f(shown, fd, "cannot open");
+    struct stat st {};
+    if (::fstat(f.fd_, &st) != 0) detail::throw_os("cannot stat", shown, errno);
+    if (!S_ISREG(st.st_mode))
+      throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: ", shown.string(), " is ",
+                                                 S_ISDIR(st.st_mode)    ? "a directory"
+                                                 : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                                 : S_ISSOCK(st.st_mode) ? "a socket"
+                                                                        : "a device",
+                                                 ", not a regular file; a checkpoint's files must be regular files"));
+    const int flags = ::fcntl(f.fd_, F_GETFL);
+    if (flags >= 0) (void)::fcntl(f.fd_, F_SETFL, flags & ~O_NONBLOCK);
+    return f;
+  }
+  // Identifies the file: equal for two opens of the same file.
+  std::pair<uint64_t, uint64_t> identity() const {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0) detail::throw_os("cannot stat", path_, errno);
+    return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+  }
   File(File&& o) noexcept : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)) {}
   File& operator=(File&& o) noexcept {
     if (this != &o) {
@@ -144,6 +175,60 @@ class File {
     fd_ = -1;
   }
 
+  fs::path path_;
+  int fd_ = -1;
+};
+
+// A checkpoint directory, open: its files are opened relative to it (File::
+// open_regular_at), so a load reads one directory even if a save puts another in
+// its place meanwhile, and changed() tells whether one did.
+class Directory {
+ public:
+  Directory() = default;
+  explicit Directory(fs::path path) : path_(std::move(path)) {
+    // The user's own path: a symbolic link to the directory is followed.
+    fd_ = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
+    if (fd_ < 0) {
+      const int err = errno;
+      if (err == ENOENT)
+        throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: no checkpoint at ", path_.string(),
+                                                   " (no such directory)"));
+      detail::throw_os(err == ENOTDIR ? "not a directory:" : "cannot open directory", path_, err);
+    }
+  }
+  Directory(Directory&& o) noexcept : path_(std::move(o.path_)), fd_(std::exchange(o.fd_, -1)) {}
+  Directory& operator=(Directory&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      path_ = std::move(o.path_);
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  Directory(const Directory&) = delete;
+  Directory& operator=(const Directory&) = delete;
+  ~Directory() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  const fs::path& path() const { return path_; }
+  int fd() const { return fd_; }
+  File open(const std::string& name) const { return File::open_regular_at(fd_, name, path_ / name); }
+  // Whether the entry `name` exists (not following a link).
+  bool has(const std::string& name) const {
+    struct stat st {};
+    return ::fstatat(fd_, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+  }
+  // Whether this directory was removed, or another one now stands at its path (a
+  // save replaced the checkpoint since it was opened).
+  bool changed() const {
+    struct stat mine {}, now {};
+    if (::fstat(fd_, &mine) != 0 || mine.st_nlink == 0) return true;
+    if (::stat(path_.c_str(), &now) != 0) return true;
+    return mine.st_dev != now.st_dev || mine.st_ino != now.st_ino;
+  }
+
+ private:
   fs::path path_;
   int fd_ = -1;
 };

@@ -3,6 +3,7 @@
 // only the pieces that hold the intersection, in runs contiguous in the file and in
 // memory, each piece's checksum verified.
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -11,7 +12,6 @@
 #include <set>
 #include <string>
 #include <vector>
-#include <cstring>
 
 #include "dtensor/io/checkpoint_format.hpp"
 #include "dtensor/io/file.hpp"
@@ -24,15 +24,22 @@ struct LoadOptions {
   bool verify = true;  // check the checksum of every piece read
   // Staging for reads that do not go straight into the tensor (parts of chunks).
   std::size_t buffer_bytes = std::size_t{16} << 20;
+  // What the loader accepts of an index and a data file's header (io/index.hpp).
+  IndexLimits limits;
+  // Data files a rank keeps open at once (the least recently used is closed
+  // first): a checkpoint of many files loads under a small `ulimit -n`.
+  std::size_t max_open_files = 64;
+  // io::load: loads tried in all when a save replaces the checkpoint during one
+  // (each attempt reads one checkpoint whole, or finds that it changed).
+  int attempts = 3;
+  // Load a version 1 checkpoint (written before 2026-11-28), whose index carries no
+  // checksum of its own, so that an edit of it cannot be detected. Every other check
+  // still applies. Only for checkpoints from a source you trust; save them again to
+  // add the checksums.
+  bool allow_unverified_index = false;
 };
 
 namespace detail {
-
-// A data file open for a load, its size and header checked once.
-struct OpenFile {
-  File file;
-  SafetensorsHeader header;
-};
 
 // The runs of a box (global offsets `lo`, extents `ext`) as it lies in a source
 // box and a destination box, both row-major: (source element, destination element,
@@ -79,16 +86,16 @@ class BoxRuns {
 };
 
 // Reads the part of chunk `c` that `runs` describes into `dst` (this rank's block).
-inline void read_runs(const std::string& name, const ChunkRecord& c, const OpenFile& f, BoxRuns runs,
+inline void read_runs(const std::string& name, const ChunkRecord& c, const File& f, BoxRuns runs,
                       unsigned char* dst, uint64_t es, Checksum algorithm, uint64_t piece, const LoadOptions& o,
                       std::vector<unsigned char>& buf, HashWorker* hasher) {
   const uint64_t L = c.byte_length;
   auto where = [&] {
     return dtensor::detail::cat("tensor \"", name, "\", chunk ", box_string(c.offsets, c.sizes), " in data file ",
-                                f.file.path().string());
+                                f.path().string());
   };
   auto read = [&](unsigned char* out, uint64_t a, uint64_t b) {
-    if (!f.file.read_at(out, b - a, c.byte_offset + a))
+    if (!f.read_at(out, b - a, c.byte_offset + a))
       throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: ", where(), ": the file ends before byte ",
                                                  c.byte_offset + b, "; it is truncated"));
   };

@@ -11,7 +11,8 @@
 // the chunks tile every tensor, and writes the index. All of it goes into
 // `<dir>.tmp-<unique>`, synced (files, then the directory), then put in place of
 // `<dir>` by one rename (io/file.hpp): a crash at any point leaves the previous
-// checkpoint complete under `<dir>`, never a partial one. A rank that fails
+// checkpoint complete under `<dir>`, never a partial one, and the next save removes
+// the crashed one's temporary directory (io/stale_saves.hpp). A rank that fails
 // (an I/O error, an exception from SaveOptions::after_data_file) makes the save
 // fail on every rank with its message, and the temporary directory is removed.
 //
@@ -25,12 +26,14 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtensor/io/agreement.hpp"
 #include "dtensor/io/checkpoint_format.hpp"
 #include "dtensor/io/file.hpp"
 #include "dtensor/io/hash_worker.hpp"
+#include "dtensor/io/stale_saves.hpp"
 #include "dtensor/io/state_dict.hpp"
 
 namespace dtensor::io {
@@ -58,9 +61,10 @@ namespace detail {
 // Writes this rank's data file (if it writes any chunk) into `tmp` and returns, as
 // JSON, every tensor it registered with the chunk it wrote, and the file.
 inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const std::vector<SaveBlock>& blocks,
-                                      const fs::path& tmp, int rank, const SaveOptions& o) {
+                                      const fs::path& tmp, int rank, const std::string& save_id,
+                                      const SaveOptions& o) {
   using nlohmann::json;
-  json out = {{"tensors", json::array()}, {"file", nullptr}, {"bytes", 0}};
+  json out = {{"tensors", json::array()}, {"file", nullptr}, {"bytes", 0}, {"header", ""}};
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < entries.size(); ++i)
     if (!entries[i].is_scalar && blocks[i].present && blocks[i].write) order.push_back(i);
@@ -68,17 +72,19 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return size_of(entries[a].dtype) > size_of(entries[b].dtype); });
   std::vector<SafetensorsEntry> header_entries;
+  std::map<std::string, std::string> metadata = {
+      {"format", kFormatName}, {"rank", std::to_string(rank)}, {"save_id", save_id}};
   uint64_t pos = 0;
   for (std::size_t i : order) {
     const uint64_t n = static_cast<uint64_t>(numel_of(blocks[i].sizes)) * size_of(entries[i].dtype);
     header_entries.push_back({entries[i].name, entries[i].dtype, blocks[i].sizes, pos, pos + n});
+    metadata[box_metadata_key(entries[i].name)] = box_metadata_value(blocks[i].offset);
     pos += n;
   }
   std::map<std::size_t, json> chunks;
   const std::string fname = data_file_name(rank);
   if (!order.empty()) {
-    const std::string header =
-        safetensors_header(header_entries, {{"format", kFormatName}, {"rank", std::to_string(rank)}});
+    const std::string header = safetensors_header(header_entries, metadata);
     File f = File::create(tmp / fname);
     f.write_at(header.data(), header.size(), 0);
     const uint64_t piece = o.piece_bytes;
@@ -114,6 +120,7 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
     f.close();
     out["file"] = fname;
     out["bytes"] = header.size() + pos;
+    out["header"] = to_hex(checksum(o.checksum, header.data(), header.size()));
   }
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const Entry& e = entries[i];
@@ -131,14 +138,19 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
 
 // Rank 0: the index from what every rank wrote (`written[r]`), checked.
 inline Index merge_index(const std::vector<std::string>& written, const std::vector<Entry>& entries,
-                         const fs::path& dir, const SaveOptions& o) {
+                         const fs::path& dir, const std::string& save_id, const SaveOptions& o) {
   Index ix;
+  ix.save_id = save_id;
   ix.checksum = o.checksum;
   ix.piece_bytes = o.piece_bytes;
   ix.metadata = o.metadata;
   for (std::size_t r = 0; r < written.size(); ++r) {
     const auto j = nlohmann::json::parse(written[r]);
-    if (!j.at("file").is_null()) ix.files[j.at("file").get<std::string>()] = j.at("bytes").get<uint64_t>();
+    if (!j.at("file").is_null()) {
+      FileRecord& f = ix.files[j.at("file").get<std::string>()];
+      f.bytes = j.at("bytes").get<uint64_t>();
+      from_hex(j.at("header").get<std::string>(), f.header_checksum);
+    }
     for (const auto& t : j.at("tensors")) {
       const auto name = t.at("name").get<std::string>();
       const DType dtype = *dtype_from_name(t.at("dtype").get<std::string>());
@@ -197,13 +209,18 @@ inline void save(const StateDict& sd, const fs::path& dir, Comm& comm, const Sav
   for (std::size_t i = 0; i < entries.size(); ++i)
     if (!entries[i].is_scalar) blocks[i] = entries[i].save(comm);
 
-  // Rank 0 makes the temporary directory and tells the others its name.
+  // Rank 0 makes the temporary directory and tells the others its name, whose
+  // unique suffix is the save's identity (save_id). It holds the parent's save
+  // lock until the end, and removes killed saves' leftovers first where it may
+  // (io/stale_saves.hpp).
   fs::path tmp;
   std::string error;
+  std::optional<SaveLock> lock;  // declared before `cleanup`: released after it
   if (rank == 0) {
     try {
       const fs::path parent = dir.has_parent_path() ? dir.parent_path() : fs::path(".");
       fs::create_directories(parent);
+      lock.emplace(dir);
       tmp = fs::path(dir.string() + ".tmp-" + detail::unique_suffix());
       if (!fs::create_directory(tmp)) throw CheckpointError("dtensor: checkpoint: " + tmp.string() + " exists already");
     } catch (const std::exception& e) {
@@ -215,6 +232,8 @@ inline void save(const StateDict& sd, const fs::path& dir, Comm& comm, const Sav
     throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: saving ", dir.string(),
                                                " failed: rank 0: ", detail::strip_prefix(made.substr(1))));
   tmp = made.substr(1);
+  const std::string tmp_name = tmp.filename().string();
+  const std::string save_id = tmp_name.substr(tmp_name.rfind(".tmp-") + 5);
   // Rank 0 removes the temporary directory unless the save completes, whatever
   // ends it (a peer that fails inside a collective, too).
   struct Cleanup {
@@ -227,7 +246,7 @@ inline void save(const StateDict& sd, const fs::path& dir, Comm& comm, const Sav
 
   std::string written;
   try {
-    nlohmann::json j = detail::write_rank_file(entries, blocks, tmp, rank, o);
+    nlohmann::json j = detail::write_rank_file(entries, blocks, tmp, rank, save_id, o);
     written = j.dump();
     if (o.after_data_file)
       o.after_data_file(rank, j.at("file").is_null() ? fs::path() : tmp / j.at("file").get<std::string>());
@@ -247,12 +266,14 @@ inline void save(const StateDict& sd, const fs::path& dir, Comm& comm, const Sav
       try {
         std::vector<std::string> payloads;
         for (const auto& s : all) payloads.push_back(s.substr(1));
-        const Index ix = detail::merge_index(payloads, entries, dir, o);
-        File f = File::create(tmp / kIndexFile);
+        const Index ix = detail::merge_index(payloads, entries, dir, save_id, o);
         const std::string text = index_to_json(ix);
-        f.write_at(text.data(), text.size(), 0);
-        if (o.sync) f.sync();
-        f.close();
+        for (const auto& [name, content] : {std::pair{kIndexFile, text}, {kIndexChecksumFile, index_checksum_line(text)}}) {
+          File f = File::create(tmp / name);
+          f.write_at(content.data(), content.size(), 0);
+          if (o.sync) f.sync();
+          f.close();
+        }
         if (o.sync) sync_dir(tmp);
         replace_dir(tmp, dir);
         cleanup.armed = false;
