@@ -2,10 +2,12 @@
 # Runs every fault-injection case N times (default 100) and counts the outcomes: a
 # case passes when it ends with its error message; a hang (killed by the 60 s
 # guard) or a crash without the message is a failure. Not part of CI (it is long).
-#   scripts/stress.sh [N]          after building build/ (scripts/test.sh does)
+#   scripts/stress.sh [N]              after building build/ (scripts/test.sh does)
+#   scripts/stress.sh N checkpoints    only the checkpoint cases (at the end)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-100}
+only=${2:-all}
 bin=build/tests
 export OMPI_MCA_mpi_yield_when_idle=1 OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -34,6 +36,7 @@ declare -A mpi_default=(
 )
 
 printf "| case | runs | ok | hangs | other failures |\n|---|---|---|---|---|\n"
+[[ $only == checkpoints ]] && inprocess=() && unset 'mpi[@]' 'mpi_default[@]' && declare -A mpi=() mpi_default=()
 for tc in "${inprocess[@]}"; do
   ok=0 hang=0 bad=0
   for ((i = 0; i < n; ++i)); do
@@ -62,4 +65,38 @@ if [[ -x $bin/mpi_rank_failure ]]; then
   for mode in "${!mpi_default[@]}"; do
     mpi_case ", default mode" "$mode" "${mpi_default[$mode]}" DTENSOR_TIMEOUT_S=2
   done
+fi
+
+# Checkpoints (issue 39), across processes: a loading job (2 processes) while a
+# saving job (3 processes) replaces the checkpoint again and again: every load reads
+# one save whole or says it changed (checkpoint_stress exits 1 on anything else);
+# then saving jobs killed by SIGKILL at random moments, n / 5 times: the next save
+# leaves no temporary directory behind.
+if [[ -x $bin/checkpoint_stress ]]; then
+  ck=$(mktemp -d)/ck
+  mpiexec -n 3 "$bin/checkpoint_stress" once "$ck" 0 > /dev/null 2>&1 < /dev/null
+  rounds=$(( n / 20 > 0 ? n / 20 : 1 )) ok=0 bad=0
+  for ((i = 0; i < rounds; ++i)); do
+    mpiexec -n 3 "$bin/checkpoint_stress" save "$ck" 5 > /dev/null 2>&1 < /dev/null &
+    saver=$!
+    if out=$(timeout 60 mpiexec -n 2 "$bin/checkpoint_stress" load "$ck" 4 2>&1 < /dev/null); then ((ok++))
+    else ((bad++)); echo "$out" | tail -3; fi
+    wait $saver
+  done
+  printf "| checkpoints: a load during saves (2 and 3 processes, 4 s each) | %d | %d | 0 | %d |\n" "$rounds" "$ok" "$bad"
+  kills=$(( n / 5 > 0 ? n / 5 : 1 )) left=0 most=0
+  for ((i = 0; i < kills; ++i)); do
+    mpiexec -n 3 "$bin/checkpoint_stress" save "$ck" 30 > /dev/null 2>&1 < /dev/null &
+    sleep "1.$((RANDOM % 9 + 1))"  # past MPI's start, into the saves
+    pkill -KILL -f "^$bin/checkpoint_stress save $ck"  # the processes, not mpiexec: it then ends the job
+    wait $! 2> /dev/null
+    now=$(find "$(dirname "$ck")" -maxdepth 1 -name 'ck.tmp-*' | wc -l)
+    ((now > 0)) && ((left++)); ((now > most)) && most=$now
+  done
+  mpiexec -n 3 "$bin/checkpoint_stress" once "$ck" 1 > /dev/null 2>&1 < /dev/null
+  after=$(find "$(dirname "$ck")" -maxdepth 1 -name 'ck.tmp-*' | wc -l)
+  printf "| checkpoints: saves killed with SIGKILL (%d), then one save | %d | %d | 0 | %d |\n" "$kills" "$kills" \
+    "$((after == 0 ? kills : 0))" "$((after == 0 ? 0 : kills))"
+  echo "(kills that left a temporary directory: $left of $kills; at most $most at once; after the next save: $after)"
+  rm -rf "$(dirname "$ck")"
 fi

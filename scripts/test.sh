@@ -3,6 +3,7 @@
 # every test, then builds a focused subset under sanitizers and runs it:
 #   AddressSanitizer + UndefinedBehaviorSanitizer: runtime, layout, redistribution,
 #     construction and fault tests (build-asan/)
+#   the checkpoint reader's fuzz target, a minute under ASan+UBSan (build-fuzz/)
 #   ThreadSanitizer: the in-process runtime's tests (build-tsan/)
 # Any sanitizer report fails the run. DTENSOR_SKIP_SANITIZERS=1 skips that part.
 set -euo pipefail
@@ -25,7 +26,7 @@ fi
 
 [[ "${DTENSOR_SKIP_SANITIZERS:-0}" == 1 ]] && exit 0
 
-asan_tests=(test_tensor test_region test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_solvers test_mesh test_layout test_factory test_redistribute_1d test_device_emulated test_emulator test_kernels_host test_compute test_compute_conv test_conv test_nn_mlp test_nn_layers test_checkpoint test_multigrid test_nn_fsdp)
+asan_tests=(test_tensor test_region test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_solvers test_mesh test_layout test_factory test_redistribute_1d test_device_emulated test_emulator test_kernels_host test_compute test_compute_conv test_conv test_nn_mlp test_nn_layers test_checkpoint test_checkpoint_hostile test_multigrid test_nn_fsdp)
 tsan_tests=(test_hash_worker test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_mesh test_redistribute_1d test_device_emulated test_emulator test_nn_mlp test_nn_cnn)
 list() { local IFS=';'; echo "$*"; }
 
@@ -50,6 +51,23 @@ cmake -S . -B build-asan "${san_flags[@]}" -DDTENSOR_SANITIZE=address,undefined 
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+# The checkpoint reader's fuzz target (tests/fuzz/) for a minute under ASan+UBSan: as a
+# libFuzzer binary where clang has libFuzzer (coverage-guided), else under the seeded
+# mutation driver in the GCC sanitizer build.
+fuzz_flags=(-DDTENSOR_SANITIZE=address,undefined -DDTENSOR_TEST_OPT=-O1 -DDTENSOR_TEST_PCH=OFF
+  -DDTENSOR_TEST_ONLY=fuzz_checkpoint -DDTENSOR_FUZZ_SECONDS=60)
+if command -v clang++ > /dev/null && echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' |
+  clang++ -x c++ -fsanitize=fuzzer,address,undefined - -o /tmp/dtensor-libfuzzer-probe 2> /dev/null; then
+  echo "== fuzz: the checkpoint reader, libFuzzer (clang) with address,undefined, 60 s"
+  cmake -S . -B build-fuzz "${san_flags[@]}" -DCMAKE_CXX_COMPILER=clang++ "${fuzz_flags[@]}" > /dev/null
+else
+  echo "== fuzz: the checkpoint reader, seeded mutations (no libFuzzer) with address,undefined, 60 s"
+  cmake -S . -B build-fuzz "${san_flags[@]}" "${fuzz_flags[@]}" > /dev/null
+fi
+cmake --build build-fuzz -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ctest --test-dir build-fuzz --output-on-failure
 
 echo "== sanitizers: thread on ${tsan_tests[*]}"
 cmake -S . -B build-tsan "${san_flags[@]}" -DDTENSOR_SANITIZE=thread \

@@ -57,10 +57,10 @@ namespace detail {
 // tries again where every rank's agreed error holds it.
 inline constexpr const char* kChangedDuringLoad = "changed while it was being loaded (a save replaced it)";
 
-[[noreturn]] inline void throw_changed(const fs::path& dir) {
-  throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: ", dir.string(), " ", kChangedDuringLoad,
-                                             "; load it again"));
+inline std::string changed_message(const fs::path& dir) {
+  return dtensor::detail::cat("dtensor: checkpoint: ", dir.string(), " ", kChangedDuringLoad, "; load it again");
 }
+[[noreturn]] inline void throw_changed(const fs::path& dir) { throw CheckpointError(changed_message(dir)); }
 
 // index.json's text, its checksum verified against index.json.xxh3 (or, for a
 // version 1 index, allowed unverified by `o`). Rank 0.
@@ -107,6 +107,18 @@ inline std::string read_index_text(const Directory& d, const LoadOptions& o) {
   return text;
 }
 
+// Whether `d` holds the index whose text is `text` (its index.json.xxh3 says so).
+inline bool holds_index(const Directory& d, const std::string& text) {
+  try {
+    File f = d.open(kIndexChecksumFile);
+    const std::string want = index_checksum_line(text);
+    std::string line(want.size(), '\0');
+    return f.size() == want.size() && f.read_at(line.data(), line.size(), 0) && line == want;
+  } catch (const CheckpointError&) {
+    return false;
+  }
+}
+
 // Every data file the index lists: present, a regular file (not a link), of the
 // size it records; so that no chunk claims bytes that are not there. Rank 0.
 inline void check_data_files(const Directory& d, const Index& ix) {
@@ -145,6 +157,16 @@ class DataFiles {
 
   // The open data file of chunk c of tensor `name`, its header checked against c.
   const File& open(const std::string& name, DType dtype, const ChunkRecord& c) {
+    try {
+      return open_checked(name, dtype, c);
+    } catch (const CheckpointError&) {
+      if (dir_.changed()) throw_changed(dir_.path());  // a file gone between two looks
+      throw;
+    }
+  }
+
+ private:
+  const File& open_checked(const std::string& name, DType dtype, const ChunkRecord& c) {
     auto& s = state_[c.file];
     if (!s.file.is_open()) {
       if (!dir_.has(c.file)) {
@@ -173,7 +195,6 @@ class DataFiles {
     return s.file;
   }
 
- private:
   struct State {
     File file;  // closed when evicted
     std::optional<SafetensorsHeader> header;
@@ -191,10 +212,16 @@ class DataFiles {
     if (size != expect)
       fail(dtensor::detail::cat("holds ", size, " bytes but the index records ", expect, "; the file is ",
                                 size < expect ? "truncated" : "not the one saved"));
-    SafetensorsHeader h = read_safetensors_header(f, ix_.checksum, o_.limits);
+    std::optional<uint64_t> header_sum;
+    if (ix_.version >= 2) header_sum = ix_.files.at(c.file).header_checksum;
+    SafetensorsHeader h;
+    try {
+      h = read_safetensors_header(f, ix_.checksum, o_.limits, header_sum);
+    } catch (const CheckpointError& e) {
+      if (dir_.changed()) throw_changed(dir_.path());
+      throw CheckpointError(dtensor::detail::cat(e.what(), " (tensor ", quote_name(name), " has a chunk there)"));
+    }
     if (ix_.version >= 2) {
-      if (h.checksum != ix_.files.at(c.file).header_checksum)
-        fail("has a header that does not match its checksum in the index; the file was changed after it was saved");
       const auto id = h.metadata.find("save_id");
       if (id == h.metadata.end() || id->second != ix_.save_id)
         fail("was written by another save than the index; the checkpoint " + std::string(kChangedDuringLoad) +
@@ -251,7 +278,8 @@ class Checkpoint {
       } catch (const std::bad_alloc&) {
         error = "out of memory while reading the index";
       } catch (const std::exception& e) {
-        error = e.what();
+        // A file gone between two looks, or a size that moved: a save replaced it.
+        error = dir_.fd() >= 0 && dir_.changed() ? detail::changed_message(dir) : e.what();
       }
     }
     const std::string got = detail::broadcast_string(comm, error.empty() ? "+" + text : "-" + error, 0);
@@ -262,6 +290,9 @@ class Checkpoint {
       if (comm.rank() != 0) {
         dir_ = Directory(dir);
         ix_ = index_from_json(got.substr(1), index, o_.limits);
+        // The directory this rank opened must be the one rank 0 read: a save may
+        // have replaced it in between. Its index checksum says (a few bytes' read).
+        if (ix_.version >= 2 && !detail::holds_index(dir_, got.substr(1))) error = detail::changed_message(dir);
       }
     } catch (const std::bad_alloc&) {
       error = "out of memory while reading the index";

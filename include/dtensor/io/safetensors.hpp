@@ -13,6 +13,7 @@
 // or mixed with the files of another save is refused.
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -200,8 +201,11 @@ inline SafetensorsHeader parse_safetensors_header(const std::string& text, uint6
   return h;
 }
 
-// Reads and checks the header of an open data file, and its checksum by `algorithm`.
-inline SafetensorsHeader read_safetensors_header(const File& f, Checksum algorithm, const IndexLimits& limits = {}) {
+// Reads and checks the header of an open data file, and its checksum by `algorithm`;
+// where `expect` is given, the checksum must be it, checked before the header is
+// parsed (a loader trusts none of it before).
+inline SafetensorsHeader read_safetensors_header(const File& f, Checksum algorithm, const IndexLimits& limits = {},
+                                                 std::optional<uint64_t> expect = std::nullopt) {
   const std::string path = f.path().string();
   auto bad = [&](const std::string& why) {
     return CheckpointError(dtensor::detail::cat("dtensor: checkpoint data file ", path, ": ", why,
@@ -218,6 +222,10 @@ inline SafetensorsHeader read_safetensors_header(const File& f, Checksum algorit
   text.resize(static_cast<std::size_t>(8 + n));
   if (!f.read_at(text.data() + 8, static_cast<std::size_t>(n), 8)) throw bad("truncated header");
   const uint64_t sum = checksum(algorithm, text.data(), text.size());
+  if (expect && sum != *expect)
+    throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: data file ", path,
+                                               " has a header that does not match its checksum in the index; the "
+                                               "file was changed after it was saved"));
   SafetensorsHeader h = parse_safetensors_header(text.substr(8), size - 8 - n, path, limits);
   h.checksum = sum;
   return h;
