@@ -69,6 +69,17 @@ Tensor<T, R> global(const Shape<R>& s, T (*at)(int64_t)) {
 const Shape<2> kW{8, 6};  // Shard<0> over 4 ranks: four chunks of 2 x 6, alike in size
 const Shape<2> kU{3, 5};  // Shard<1> over 4 ranks: 2, 1, 1, 1 columns (uneven)
 
+// The entries of the reference checkpoint (held by reference: they must outlive it).
+template <class W, class U>
+io::StateDict entries(W& w, U& u, int64_t& step, double& lr) {
+  io::StateDict sd;
+  sd.add("w", w);
+  sd.add("u", u);
+  sd.add("step", step);
+  sd.add("lr", lr);
+  return sd;
+}
+
 // The valid checkpoint every case damages, and what a load must give.
 struct Setup {
   Comm& comm;
@@ -81,11 +92,7 @@ struct Setup {
     auto u = distribute<Shard<1>>(global<double, 2>(kU, u_at), mesh);
     int64_t step = 7;
     double lr = 0.25;
-    io::StateDict sd;
-    sd.add("w", w);
-    sd.add("u", u);
-    sd.add("step", step);
-    sd.add("lr", lr);
+    const io::StateDict sd = entries(w, u, step, lr);
     io::SaveOptions o;
     o.piece_bytes = 16;
     o.sync = false;
@@ -99,11 +106,7 @@ struct Setup {
     auto u = zeros<double, Replicate>(std::array<int64_t, 2>{kU[0], kU[1]}, mesh);
     int64_t step = 0;
     double lr = 0;
-    io::StateDict sd;
-    sd.add("w", w);
-    sd.add("u", u);
-    sd.add("step", step);
-    sd.add("lr", lr);
+    io::StateDict sd = entries(w, u, step, lr);
     io::load(sd, dir, comm, o);
     CHECK(w.full_tensor() == global<float, 2>(kW, w_at));
     CHECK(u.full_tensor() == global<double, 2>(kU, u_at));

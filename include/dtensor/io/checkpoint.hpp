@@ -329,18 +329,7 @@ class Checkpoint {
 
   // Loads every entry of `sd` in place. Collective over the communicator.
   void load(StateDict& sd) const {
-    std::string error;
-    try {
-      load_local(sd);
-    } catch (const std::bad_alloc&) {
-      error = "out of memory";
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    const std::string failed = detail::agree_on_error(*comm_, error);
-    if (!failed.empty())
-      throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: loading ", path().string(),
-                                                 " failed: ", detail::strip_prefix(failed)));
+    agreed("out of memory", [&] { load_local(sd); });
   }
 
   // Tensor `name` as a DTensor of type DT on `mesh` (block sizes by the chunk rule,
@@ -401,11 +390,18 @@ class Checkpoint {
   // (out of memory, a bad shape), every rank raises. Collective.
   template <class F>
   void allocate(const std::string& name, F&& make) const {
+    agreed("out of memory for tensor " + detail::quote_name(name), make);
+  }
+
+  // Runs `f` on this rank, then agrees with every rank on whether any failed: if one
+  // did, every rank raises its message (`oom` for running out of memory). Collective.
+  template <class F>
+  void agreed(const std::string& oom, F&& f) const {
     std::string error;
     try {
-      make();
+      f();
     } catch (const std::bad_alloc&) {
-      error = "out of memory for tensor " + detail::quote_name(name);
+      error = oom;
     } catch (const std::exception& e) {
       error = e.what();
     }
