@@ -47,9 +47,11 @@ using namespace dtensor;
 namespace {
 
 constexpr int64_t kVocab = 97, kHidden = 64, kFfn = 256, kLen = 32, kBatch = 8;
-// (where the sequence is sharded, TP x CP: the ring on the load-balanced layout, each
-// rank an early and a late chunk of the causal sequence)
-constexpr nn::AttentionShape kAttention{.hidden = kHidden, .heads = 4, .context = nn::ContextParallel::RingBalanced};
+// Where the sequence is sharded (TP x CP), the ring on the load-balanced layout, each
+// rank an early and a late chunk of the causal sequence; elsewhere no CP scheme (one
+// would have no effect there, and the compiler refuses it).
+constexpr nn::AttentionShape kPlain{.hidden = kHidden, .heads = 4};
+constexpr nn::AttentionShape kBalanced{.hidden = kHidden, .heads = 4, .context = nn::ContextParallel::RingBalanced};
 constexpr int kSteps = 30;
 
 using DpTp = nn::Config<float, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
@@ -62,6 +64,7 @@ struct Gpt {
   using SeqOnTP = std::conditional_t<std::is_same_v<Style, nn::HeadParallel<>>, Replicate, Shard<1>>;
   using Embed = nn::Embedding<Cfg, kVocab, kHidden, nn::RowwiseParallel<SeqOnTP>>;
   using Positions = nn::PositionEmbedding<Cfg, kLen, kHidden>;
+  static constexpr nn::AttentionShape kAttention = Cfg::cp >= 0 ? kBalanced : kPlain;
   using Block = nn::TransformerBlock<Cfg, kAttention, kFfn, Style>;
   using Layer = std::conditional_t<Sharded, nn::FullyShard<Block>, Block>;
   using Norm = nn::LayerNorm<Cfg, kHidden, typename nn::detail::block_styles<Style>::norm>;

@@ -13,7 +13,7 @@
 
 namespace dtensor::cuda::kernels::detail {
 
-// A Block as a kernel sees it: element e lies at offset + (e / len) * stride + e % len.
+// A StridedBlock as a kernel sees it: element e lies at offset + (e / len) * stride + e % len.
 // A contiguous block is passed with len = its element count, so that e / len is 0.
 struct Runs {
   int64_t offset, stride, len;
@@ -27,7 +27,7 @@ struct Runs {
 
 // A contiguous block as one run of all its elements: offsets are then offset + e, and
 // a block of count <= 1 (whose stride means nothing) needs no special case.
-inline Runs runs_of(const Block& b) {
+inline Runs runs_of(const StridedBlock& b) {
   return b.is_contiguous() ? Runs{b.offset, b.numel(), b.numel()} : Runs{b.offset, b.stride, b.len};
 }
 
@@ -40,7 +40,8 @@ struct WordCopy {
   Runs src, dst;
   int64_t width, words;
 };
-inline WordCopy word_copy(const void* src, const Block& sb, const void* dst, const Block& db, int64_t size) {
+inline WordCopy word_copy(const void* src, const StridedBlock& sb, const void* dst, const StridedBlock& db,
+                          int64_t size) {
   Runs rs = runs_of(sb), rd = runs_of(db);
   int64_t width = size;
   if (width != 1 && width != 2 && width != 4 && width != 8) {  // any other size moves as bytes

@@ -62,7 +62,7 @@ void check_size(int64_t n, const char* fn) {
   DTENSOR_CHECK(n >= 0, InvalidArgument, "cuda::kernels::", fn, ": negative size ", n);
 }
 
-void check_blocks(const Block& s, const Block& d, const char* fn) {
+void check_blocks(const StridedBlock& s, const StridedBlock& d, const char* fn) {
   DTENSOR_CHECK(s.count >= 0 && s.len >= 0 && d.count >= 0 && d.len >= 0, InvalidArgument, "cuda::kernels::", fn,
                 ": a block with a negative count or run length");
   DTENSOR_CHECK(s.numel() == d.numel(), InvalidArgument, "cuda::kernels::", fn, ": the source block holds ",
@@ -172,7 +172,7 @@ void visit_floating(DType t, F&& f) {
 
 // --- data movement ---
 
-void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem, cudaStream_t stream) {
+void copy_block(const void* src, StridedBlock sb, void* dst, StridedBlock db, std::size_t elem, cudaStream_t stream) {
   check_blocks(sb, db, "copy_block");
   const int64_t n = sb.numel();
   if (n == 0 || elem == 0) return;
@@ -185,7 +185,8 @@ void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem
     std::byte* to = d + db.offset * size;
     // cudaMemcpyDefault: the pointers' kinds come from unified addressing, so a
     // pinned host buffer works as well as device memory.
-    if (from != to) DTENSOR_CUDA(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n * size), cudaMemcpyDefault, stream));
+    if (from != to)
+      DTENSOR_CUDA(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n * size), cudaMemcpyDefault, stream));
     return;
   }
 
@@ -209,7 +210,8 @@ void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem
   });
 }
 
-void reduce_block(DType t, ReduceOp op, const void* src, Block sb, void* dst, Block db, cudaStream_t stream) {
+void reduce_block(DType t, ReduceOp op, const void* src, StridedBlock sb, void* dst, StridedBlock db,
+                  cudaStream_t stream) {
   check_blocks(sb, db, "reduce_block");
   const int64_t n = sb.numel();
   if (n == 0) return;
@@ -226,7 +228,7 @@ void reduce_block(DType t, ReduceOp op, const void* src, Block sb, void* dst, Bl
   });
 }
 
-void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream) {
+void divide_block(DType t, void* dst, StridedBlock db, int terms, cudaStream_t stream) {
   DTENSOR_CHECK(db.count >= 0 && db.len >= 0, InvalidArgument,
                 "cuda::kernels::divide_block: a block with a negative count or run length");
   DTENSOR_CHECK(terms != 0, InvalidArgument, "cuda::kernels::divide_block: division by zero terms");
@@ -344,7 +346,8 @@ void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, c
   if (n == 0) return;
   const std::size_t elem = size_of(t);
   if (rows == 1 || cols == 1) {  // a vector: the same elements in the same order
-    if (in != out) DTENSOR_CUDA(cudaMemcpyAsync(out, in, static_cast<std::size_t>(n) * elem, cudaMemcpyDefault, stream));
+    if (in != out)
+      DTENSOR_CUDA(cudaMemcpyAsync(out, in, static_cast<std::size_t>(n) * elem, cudaMemcpyDefault, stream));
     return;
   }
   using detail::kTile;

@@ -52,7 +52,7 @@ struct Dim3 {
 };
 
 // The block that the calling emulated thread belongs to, as a host launcher runs it.
-class Block {
+class StridedBlock {
  public:
   // __syncthreads(): returns once every thread of the block has reached it.
   virtual void sync(const char* file, int line) = 0;
@@ -64,13 +64,13 @@ class Block {
   virtual void* dynamic_shared() = 0;
 
  protected:
-  ~Block() = default;
+  ~StridedBlock() = default;
 };
 
 // The block of the emulated thread running on this OS thread; null outside a launch.
-inline thread_local Block* current_block = nullptr;
+inline thread_local StridedBlock* current_block = nullptr;
 
-inline Block& block() {
+inline StridedBlock& block() {
   if (current_block == nullptr) {
     std::fprintf(stderr, "dtensor: a kernel's __syncthreads or __shared__ ran outside a host launch\n");
     std::abort();

@@ -338,7 +338,8 @@ class Registry {
     return r;
   }
   std::shared_ptr<Stream> create(int device) {
-    auto s = std::make_shared<Stream>(device, static_cast<uint64_t>(streams_created().fetch_add(1, std::memory_order_relaxed)));
+    auto s = std::make_shared<Stream>(device,
+                                      static_cast<uint64_t>(streams_created().fetch_add(1, std::memory_order_relaxed)));
     std::vector<std::shared_ptr<Stream>> done;
     {
       std::lock_guard lk(m_);
@@ -582,13 +583,13 @@ struct EmulatedMovement {
   static void synchronize() {
     if (config().async && binding().stream) binding().stream->synchronize();
   }
-  static void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem) {
+  static void copy_block(const void* src, StridedBlock sb, void* dst, StridedBlock db, std::size_t elem) {
     launch([=] { detail::copy_block(real(src), sb, real(dst), db, elem); });
   }
-  static void reduce_block(DType t, ReduceOp op, const void* src, Block sb, void* dst, Block db) {
+  static void reduce_block(DType t, ReduceOp op, const void* src, StridedBlock sb, void* dst, StridedBlock db) {
     launch([=] { detail::reduce_block(t, op, real(src), sb, real(dst), db); });
   }
-  static void divide_block(DType t, void* dst, Block db, int terms) {
+  static void divide_block(DType t, void* dst, StridedBlock db, int terms) {
     launch([=] { detail::divide_block(t, real(dst), db, terms); });
   }
   static void fill(DType t, void* dst, int64_t n, Scalar v) {
@@ -631,7 +632,10 @@ struct EmulatedMath {
         const T *x = real<const T>(a), *y = real<const T>(b);
         T* o = real<T>(out);
         for (int64_t i = 0; i < n; ++i)
-          o[i] = op == BinaryOp::Add ? x[i] + y[i] : op == BinaryOp::Sub ? x[i] - y[i] : op == BinaryOp::Mul ? x[i] * y[i] : x[i] / y[i];
+          o[i] = op == BinaryOp::Add   ? x[i] + y[i]
+                 : op == BinaryOp::Sub ? x[i] - y[i]
+                 : op == BinaryOp::Mul ? x[i] * y[i]
+                                       : x[i] / y[i];
       });
     });
   }
@@ -643,7 +647,10 @@ struct EmulatedMath {
         const T y = s.as<T>();
         T* o = real<T>(out);
         for (int64_t i = 0; i < n; ++i)
-          o[i] = op == BinaryOp::Add ? x[i] + y : op == BinaryOp::Sub ? x[i] - y : op == BinaryOp::Mul ? x[i] * y : x[i] / y;
+          o[i] = op == BinaryOp::Add   ? x[i] + y
+                 : op == BinaryOp::Sub ? x[i] - y
+                 : op == BinaryOp::Mul ? x[i] * y
+                                       : x[i] / y;
       });
     });
   }
@@ -736,8 +743,12 @@ struct EmulatedMath {
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
-        if (log) compute::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
-        else compute::softmax_shift<false>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len, inner);
+        if (log)
+          compute::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len,
+                                       inner);
+        else
+          compute::softmax_shift<false>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len,
+                                        inner);
       });
     });
   }

@@ -92,9 +92,9 @@ int main(int argc, char** argv) {
       comm.barrier();
     } else if (mode == "sizes") {
       std::vector<double> in(2, 1.0), out(2 * comm.size());
-      dtensor::detail::SmallVector<dtensor::Block, 16> blocks(comm.size());
-      for (int k = 0; k < comm.size(); ++k) blocks[k] = dtensor::Block::contiguous(2 * k, 2);
-      comm.all_gather(in.data(), dtensor::Block::contiguous(0, comm.rank() == 2 ? 1 : 2), out.data(), blocks,
+      dtensor::detail::SmallVector<dtensor::StridedBlock, 16> blocks(comm.size());
+      for (int k = 0; k < comm.size(); ++k) blocks[k] = dtensor::StridedBlock::contiguous(2 * k, 2);
+      comm.all_gather(in.data(), dtensor::StridedBlock::contiguous(0, comm.rank() == 2 ? 1 : 2), out.data(), blocks,
                       dtensor::DType::Float64);
     } else {
       if (mode == "timeout" && comm.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(5));

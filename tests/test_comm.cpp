@@ -21,7 +21,8 @@ TEST_CASE("all_reduce: sum, avg, max, min, in place and out of place, int and fl
         for (std::size_t i = 0; i < count; ++i) v[i] = double(r * 10 + i);
         auto expect = [&](ReduceOp op, std::size_t i) {
           double s = 0, mx = -1e300, mn = 1e300;
-          for (int k = 0; k < n; ++k) s += k * 10 + i, mx = std::max(mx, double(k * 10 + i)), mn = std::min(mn, double(k * 10 + i));
+          for (int k = 0; k < n; ++k)
+            s += k * 10 + i, mx = std::max(mx, double(k * 10 + i)), mn = std::min(mn, double(k * 10 + i));
           return op == ReduceOp::Sum ? s : op == ReduceOp::Avg ? s / n : op == ReduceOp::Max ? mx : mn;
         };
         for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
@@ -157,9 +158,9 @@ TEST_CASE("bad arguments are clear errors") {
   // another number of ranks, a negative tag. Then the communicator still works.
   spmd(2, [](Comm& comm) {
     std::vector<double> b(2, 1.0);
-    const Block one = Block::contiguous(0, 1);
-    const Block two[] = {Block::contiguous(0, 1), Block::contiguous(1, 1)};
-    const Block three[] = {one, one, one};
+    const StridedBlock one = StridedBlock::contiguous(0, 1);
+    const StridedBlock two[] = {StridedBlock::contiguous(0, 1), StridedBlock::contiguous(1, 1)};
+    const StridedBlock three[] = {one, one, one};
     CHECK_THROWS_WITH_AS(comm.broadcast(b.data(), 1, DType::Float64, 2), doctest::Contains("broadcast: root 2 is not"),
                          InvalidArgument);
     CHECK_THROWS_WITH_AS(comm.scatter(b.data(), two, b.data(), one, DType::Float64, -1),

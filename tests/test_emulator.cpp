@@ -159,7 +159,7 @@ TEST_CASE("a free is stream ordered: the block stays until the stream's earlier 
   fill(src, 7.0);
   Gate gate;
   gate.queue();
-  move().copy_block(src.p, Block::contiguous(0, 1000), dst.p, Block::contiguous(0, 1000), sizeof(double));
+  move().copy_block(src.p, StridedBlock::contiguous(0, 1000), dst.p, StridedBlock::contiguous(0, 1000), sizeof(double));
   src.free();  // returns at once; the copy queued before it still reads the block
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   gate.open();
@@ -194,7 +194,7 @@ TEST_CASE("a thread without a stream frees after the work of every stream") {
   fill(src, 8.0);
   Gate gate;
   gate.queue();
-  move().copy_block(src.p, Block::contiguous(0, 1000), dst.p, Block::contiguous(0, 1000), sizeof(double));
+  move().copy_block(src.p, StridedBlock::contiguous(0, 1000), dst.p, StridedBlock::contiguous(0, 1000), sizeof(double));
   std::atomic<bool> freed{false};
   std::thread other([&] {  // no stream: cudaDeviceSynchronize, then the free
     src.free();
@@ -275,7 +275,7 @@ TEST_CASE("a missing stream wait: a buffer reused while a peer's copy from it is
   std::thread reader([&] {
     move().bind_thread(0);
     gate.queue();  // the reader's stream is busy: its copy is still queued...
-    move().copy_block(src.p, Block::contiguous(0, 64), dst.p, Block::contiguous(0, 64), sizeof(double));
+    move().copy_block(src.p, StridedBlock::contiguous(0, 64), dst.p, StridedBlock::contiguous(0, 64), sizeof(double));
     // Missing: move().synchronize() before telling the owner that it is done.
     queued.set_value();
     freed.get_future().wait();

@@ -129,7 +129,7 @@ TEST_CASE("mismatched collectives and sizes are detected on the first synchronis
                                      std::vector<float> s(comm.rank() + 1), r(3);
                                      std::vector<int64_t> counts{1, 2};
                                      if (comm.rank() == 1) counts = {1, 1};
-                                     comm.all_gather(s.data(), Block::contiguous(0, int64_t(s.size())), r.data(),
+                                     comm.all_gather(s.data(), StridedBlock::contiguous(0, int64_t(s.size())), r.data(),
                                                      detail::packed_blocks(comm, counts, 3, "test"), DType::Float32);
                                    }),
                        doctest::Contains("the ranks disagree on the sizes"), RankFailure);
@@ -434,7 +434,8 @@ TEST_CASE("point-to-point: a size or type mismatch is a CommError on the receive
   CHECK(errors[0].find("the message holds float64 elements but the receive expects int64") != std::string::npos);
 }
 
-TEST_CASE("point-to-point: a receive that fails while its rank waits in a collective never frees a buffer a peer reads") {
+TEST_CASE(
+    "point-to-point: a receive that fails while its rank waits in a collective never frees a buffer a peer reads") {
   // Rank 0 posts a receive of 4 elements, rank 1 sends 5, and both call all_gather.
   // Rank 0 finds the mismatch while it waits in the all_gather, where rank 1 may be
   // about to copy (or copying) from rank 0's send buffer: rank 0 must neither throw
@@ -453,10 +454,10 @@ TEST_CASE("point-to-point: a receive that fails while its rank waits in a collec
             const int64_t n = 1 << 16;
             auto mine = std::make_unique<std::vector<double>>(n, comm.rank() + 1.0);
             auto all = std::make_unique<std::vector<double>>(2 * n, -1.0);
-            const Block blocks[] = {Block::contiguous(0, n), Block::contiguous(n, n)};
+            const StridedBlock blocks[] = {StridedBlock::contiguous(0, n), StridedBlock::contiguous(n, n)};
             auto gather = [&] {
               try {
-                comm.all_gather(mine->data(), Block::contiguous(0, n), all->data(), blocks, DType::Float64);
+                comm.all_gather(mine->data(), StridedBlock::contiguous(0, n), all->data(), blocks, DType::Float64);
                 CHECK((*all)[0] == 1.0);
                 CHECK((*all)[2 * n - 1] == 2.0);
               } catch (const PeerAborted& e) {
@@ -601,7 +602,8 @@ TEST_CASE("from_local with different element types or global shapes across ranks
     try {
       (void)from_local<Shard<0>>(Tensor<float, 1>({2}), mesh, Shape<1>{comm.rank() == 0 ? 4 : 5});
     } catch (const InvalidArgument& e) {
-      CHECK(std::string(e.what()) == "dtensor: from_local: rank 1 declares the global shape [5] but rank 0 declares [4]");
+      CHECK(std::string(e.what()) ==
+            "dtensor: from_local: rank 1 declares the global shape [5] but rank 0 declares [4]");
       ++caught;
     }
   });

@@ -38,7 +38,7 @@ namespace {
 
 namespace kd = dtensor::cuda::kernels::detail;
 namespace hl = dtensor::test::host_launch;
-using dtensor::Block;
+using dtensor::StridedBlock;
 using dtensor::RowTerms;
 using dtensor::DType;
 using hl::Dim3;
@@ -164,7 +164,8 @@ template <class T, class Eq>
 std::string mismatch(const std::vector<T>& got, const std::vector<T>& want, Eq eq) {
   if (got.size() != want.size()) return "sizes " + std::to_string(got.size()) + " and " + std::to_string(want.size());
   for (std::size_t i = 0; i < got.size(); ++i)
-    if (!eq(got[i], want[i])) return "element " + std::to_string(i) + ": got " + show(got[i]) + ", want " + show(want[i]);
+    if (!eq(got[i], want[i]))
+      return "element " + std::to_string(i) + ": got " + show(got[i]) + ", want " + show(want[i]);
   return "";
 }
 template <class T>
@@ -608,7 +609,8 @@ void check_rows(int64_t rows, int64_t table_rows, int64_t cols) {
     for (int64_t j = 0; j < cols; ++j) {
       const bool in = idx[i] >= lo && idx[i] < lo + table_rows;
       gathered[i * cols + j] = in ? table[(idx[i] - lo) * cols + j] : T(0);
-      if (in) grad[(idx[i] - lo) * cols + j] = ref_binary<Binary::Add>(grad[(idx[i] - lo) * cols + j], dy[i * cols + j]);
+      if (in)
+        grad[(idx[i] - lo) * cols + j] = ref_binary<Binary::Add>(grad[(idx[i] - lo) * cols + j], dy[i * cols + j]);
     }
   const int64_t n = rows * cols;
   each_launch(stride_configs(n, false), [&](const Config& c) {
@@ -739,11 +741,11 @@ TEST_CASE("kernels on the host: transpose") {
 
 // Blocks of n elements: contiguous, and strided with every few ways of cutting n into
 // runs (uneven run counts and lengths), with gaps between the runs or none.
-std::vector<Block> layouts(int64_t n) {
-  std::vector<Block> out = {Block::contiguous(3, n)};
+std::vector<StridedBlock> layouts(int64_t n) {
+  std::vector<StridedBlock> out = {StridedBlock::contiguous(3, n)};
   if (n == 0) {
-    out.push_back(Block{2, 3, 5, 0});
-    out.push_back(Block{1, 0, 4, 7});
+    out.push_back(StridedBlock{2, 3, 5, 0});
+    out.push_back(StridedBlock{1, 0, 4, 7});
     return out;
   }
   std::vector<int64_t> lens;
@@ -752,23 +754,23 @@ std::vector<Block> layouts(int64_t n) {
   if (lens.size() > 4) lens = {lens[0], lens[1], lens[lens.size() - 2], lens.back()};
   int64_t gap = 0;
   for (int64_t len : lens) {
-    out.push_back(Block{gap + 1, n / len, len + gap, len});
+    out.push_back(StridedBlock{gap + 1, n / len, len + gap, len});
     gap = gap == 0 ? 3 : gap == 3 ? 1 : 0;
   }
   return out;
 }
-int64_t extent(const Block& b) {  // the elements a buffer needs to hold the block
+int64_t extent(const StridedBlock& b) {  // the elements a buffer needs to hold the block
   return b.numel() == 0 ? b.offset : b.offset + (b.count - 1) * b.stride + b.len;
 }
-std::string show(const Block& b) {
+std::string show(const StridedBlock& b) {
   return "{offset " + std::to_string(b.offset) + ", " + std::to_string(b.count) + " runs of " +
          std::to_string(b.len) + ", stride " + std::to_string(b.stride) + "}";
 }
 
 // (source, destination) pairs of n elements: each layout with the next.
-std::vector<std::pair<Block, Block>> block_pairs(int64_t n) {
-  const std::vector<Block> l = layouts(n);
-  std::vector<std::pair<Block, Block>> out;
+std::vector<std::pair<StridedBlock, StridedBlock>> block_pairs(int64_t n) {
+  const std::vector<StridedBlock> l = layouts(n);
+  std::vector<std::pair<StridedBlock, StridedBlock>> out;
   for (std::size_t i = 0; i < l.size(); ++i) out.emplace_back(l[i], l[(i + 1) % l.size()]);
   out.emplace_back(l.back(), l.back());
   return out;
@@ -783,7 +785,7 @@ void launch_copy(const Config& c, const std::byte* src, const kd::WordCopy& w, s
 TEST_CASE("kernels on the host: copy_runs between strided blocks (word_copy's plan)") {
   for (int64_t n : kSizes) {
     for (const auto& pair : block_pairs(n)) {
-      const Block sb = pair.first, db = pair.second;
+      const StridedBlock sb = pair.first, db = pair.second;
       for (int64_t size : {1, 2, 4, 8, 12}) {
         for (int64_t shift : {0, 1}) {  // a base address aligned to the element only
           INFO("n = ", n, ", ", show(sb), " -> ", show(db), ", ", size, "-byte elements, base + ", shift);
@@ -818,7 +820,7 @@ TEST_CASE("kernels on the host: copy_runs between strided blocks (word_copy's pl
 }
 
 template <class T, dtensor::ReduceOp Op>
-void check_reduce_runs(int64_t n, const Block& sb, const Block& db) {
+void check_reduce_runs(int64_t n, const StridedBlock& sb, const StridedBlock& db) {
   INFO("op ", std::string(dtensor::name(Op)));
   const std::vector<T> s = random_values<T>(static_cast<std::size_t>(extent(sb)), -50, 50, 9);
   const std::vector<T> d = random_values<T>(static_cast<std::size_t>(extent(db)), -50, 50, 10);
@@ -844,7 +846,7 @@ TEST_CASE("kernels on the host: reduce_runs and divide_runs between strided bloc
   for_types<float, double, uint8_t, int32_t>([]<class T>() {
     for (int64_t n : kSizes) {
       for (const auto& pair : block_pairs(n)) {
-        const Block sb = pair.first, db = pair.second;
+        const StridedBlock sb = pair.first, db = pair.second;
         INFO("n = ", n, ", ", show(sb), " -> ", show(db), ", ", type_name<T>());
         check_reduce_runs<T, dtensor::ReduceOp::Sum>(n, sb, db);
         check_reduce_runs<T, dtensor::ReduceOp::Max>(n, sb, db);
@@ -910,8 +912,10 @@ void check_reduce_dim(const Shape& sh, Reduce r, Op op) {
   // value read before it was written) is far off.
   const double tol = (std::is_same_v<T, float> ? 1e-6 : 1e-14) * magnitude;
   const auto eq = [&](T a, T b) {
-    if constexpr (std::is_floating_point_v<T>) return std::isnan(a) == std::isnan(b) && (std::abs(a - b) <= tol || a == b);
-    else return a == b;
+    if constexpr (std::is_floating_point_v<T>)
+      return std::isnan(a) == std::isnan(b) && (std::abs(a - b) <= tol || a == b);
+    else
+      return a == b;
   };
   std::vector<Config> rows;
   if (outs > 0 && outs <= kMaxRowOutputs) {
@@ -1023,7 +1027,8 @@ TEST_CASE("kernels on the host: reduce_all and finish_all (sum_squares, max_abs)
         bool nan = false;
         for (T x : in) {
           squares = static_cast<Acc>(squares + static_cast<Acc>(static_cast<Acc>(x) * static_cast<Acc>(x)));
-          const T m = std::is_signed_v<T> && x < 0 ? static_cast<T>(kd::wrap_t<T>(0) - static_cast<kd::wrap_t<T>>(x)) : x;
+          const T m =
+              std::is_signed_v<T> && x < 0 ? static_cast<T>(kd::wrap_t<T>(0) - static_cast<kd::wrap_t<T>>(x)) : x;
           nan = nan || m != m;
           max_abs = std::max(max_abs, m);
         }
@@ -1094,7 +1099,8 @@ void check_softmax(const Shape& sh) {
     hl::ScopedOrder scoped(o);
     for (std::size_t k = 0; k < shift_configs.size(); ++k) {
       const Config& c = shift_configs[k];
-      INFO(std::string(by_rows[k] ? "softmax_shift_rows " : "softmax_shift_columns "), show(c), ", ", name(o), " order");
+      INFO(std::string(by_rows[k] ? "softmax_shift_rows " : "softmax_shift_columns "), show(c), ", ", name(o),
+           " order");
       Buffer<T> x(x0), m(max), s(static_cast<std::size_t>(outs));
       if (by_rows[k])
         hl::launch(c.grid, c.block, 0, kd::softmax_shift_rows<T, Log>, x.data(), m.data(), s.data(), sh.len,
@@ -1106,8 +1112,8 @@ void check_softmax(const Shape& sh) {
       CHECK(mismatch(s.values(), sums, eq) == "");
       const Config f = stride_configs(n)[k % 4];
       INFO("softmax_finish_kernel ", show(f));
-      hl::launch(f.grid, f.block, 0, kd::softmax_finish_kernel<T, Log>, x.data(), static_cast<const T*>(s.data()), sh.len,
-                 sh.inner, n);
+      hl::launch(f.grid, f.block, 0, kd::softmax_finish_kernel<T, Log>, x.data(), static_cast<const T*>(s.data()),
+                 sh.len, sh.inner, n);
       CHECK(mismatch(x.values(), result, eq) == "");
       CHECK((x.guards_intact() && m.guards_intact() && s.guards_intact()));
     }
@@ -1286,7 +1292,8 @@ void check_optimizers(int64_t n) {
                      momentum != 0 ? bb.data() : nullptr, n, static_cast<T>(s.lr), static_cast<T>(s.momentum),
                      static_cast<T>(s.weight_decay), s.nesterov, s.first);
           CHECK(mismatch(wb.values(), w, [](T x, T y) { return close(x, y, tolerance<T>()); }) == "");
-          if (momentum != 0) CHECK(mismatch(bb.values(), b, [](T x, T y) { return close(x, y, tolerance<T>()); }) == "");
+          if (momentum != 0)
+            CHECK(mismatch(bb.values(), b, [](T x, T y) { return close(x, y, tolerance<T>()); }) == "");
           CHECK((wb.guards_intact() && gb.guards_intact() && bb.guards_intact()));
         });
       }

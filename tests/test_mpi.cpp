@@ -30,9 +30,9 @@ TEST_CASE("strided blocks: all_gather and all_to_all through MPI datatypes") {
   std::vector<double> mine(6), full(6 * n);
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 2; ++j) mine[i * 2 + j] = 100 * i + 2 * r + j;
-  detail::SmallVector<Block, 16> blocks(n);
+  detail::SmallVector<StridedBlock, 16> blocks(n);
   for (int k = 0; k < n; ++k) blocks[k] = range_block(Shape<2>{3, 2 * n}, 1, 2 * k, 2);
-  comm.all_gather(mine.data(), Block::contiguous(0, 6), full.data(), blocks, DType::Float64);
+  comm.all_gather(mine.data(), StridedBlock::contiguous(0, 6), full.data(), blocks, DType::Float64);
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 2 * n; ++j) REQUIRE(full[i * 2 * n + j] == 100 * i + j);
 }

@@ -293,17 +293,17 @@ TEST_CASE("under MPI in guarded mode, ranks that disagree on the size get a Comm
 namespace {
 // Rank k's block: k + 1 elements (rank 0 one, ...) or, with `empty_rank`, none on
 // that rank; packed rank after rank in the gathered buffer.
-std::vector<Block> gather_blocks(int n, int empty_rank) {
-  std::vector<Block> b;
+std::vector<StridedBlock> gather_blocks(int n, int empty_rank) {
+  std::vector<StridedBlock> b;
   int64_t at = 0;
   for (int k = 0; k < n; ++k) {
     const int64_t len = k == empty_rank ? 0 : 3 * k + 1;
-    b.push_back(Block::contiguous(at, len));
+    b.push_back(StridedBlock::contiguous(at, len));
     at += len;
   }
   return b;
 }
-int64_t gathered_count(const std::vector<Block>& b) { return b.back().offset + b.back().len; }
+int64_t gathered_count(const std::vector<StridedBlock>& b) { return b.back().offset + b.back().len; }
 }  // namespace
 
 TEST_CASE("start_all_gather equals all_gather and the closed form: uneven, empty and strided blocks") {
@@ -315,9 +315,9 @@ TEST_CASE("start_all_gather equals all_gather and the closed form: uneven, empty
         const auto blocks = gather_blocks(n, empty_rank);
         const auto mine = input<double>(me, blocks[static_cast<std::size_t>(me)].len);
         std::vector<double> expect(static_cast<std::size_t>(gathered_count(blocks)), -1.0), got = expect;
-        comm.all_gather(mine.data(), Block::contiguous(0, static_cast<int64_t>(mine.size())), expect.data(), blocks,
-                        DType::Float64);
-        Request r = comm.start_all_gather(mine.data(), Block::contiguous(0, static_cast<int64_t>(mine.size())),
+        comm.all_gather(mine.data(), StridedBlock::contiguous(0, static_cast<int64_t>(mine.size())), expect.data(),
+                        blocks, DType::Float64);
+        Request r = comm.start_all_gather(mine.data(), StridedBlock::contiguous(0, static_cast<int64_t>(mine.size())),
                                           got.data(), blocks, DType::Float64);
         r.wait();
         CHECK(got == expect);
@@ -329,8 +329,8 @@ TEST_CASE("start_all_gather equals all_gather and the closed form: uneven, empty
       // `me` of everyone's.
       std::vector<float> a(static_cast<std::size_t>(5 * n), 0.0f), b(a.size(), -1.0f);
       for (int r = 0; r < 5; ++r) a[static_cast<std::size_t>(r * n + me)] = static_cast<float>(10 * r + me);
-      std::vector<Block> cols;
-      for (int k = 0; k < n; ++k) cols.push_back(Block{k, 5, n, 1});
+      std::vector<StridedBlock> cols;
+      for (int k = 0; k < n; ++k) cols.push_back(StridedBlock{k, 5, n, 1});
       comm.start_all_gather(a.data(), cols[static_cast<std::size_t>(me)], b.data(), cols, DType::Float32).wait();
       for (int r = 0; r < 5; ++r)
         for (int k = 0; k < n; ++k) CHECK(b[static_cast<std::size_t>(r * n + k)] == static_cast<float>(10 * r + k));
@@ -350,7 +350,7 @@ TEST_CASE("start_all_gather: several in flight complete in reverse order, beside
       }
       std::vector<Request> rs;
       for (int g = 0; g < 3; ++g) {
-        rs.push_back(comm.start_all_gather(mine[g].data(), Block::contiguous(0, len), got[g].data(), blocks,
+        rs.push_back(comm.start_all_gather(mine[g].data(), StridedBlock::contiguous(0, len), got[g].data(), blocks,
                                            DType::Int64));
         // A blocking collective and a ring shift while the gathers are in flight.
         std::vector<int64_t> c(2, me + 1);
@@ -379,7 +379,7 @@ TEST_CASE("start_all_gather over each dim of a 2x3 mesh") {
       const int64_t len = blocks[static_cast<std::size_t>(sub.rank())].len;
       const auto mine = input<double>(comm.rank(), len, d);  // keyed by world rank
       std::vector<double> got(static_cast<std::size_t>(gathered_count(blocks)), -1.0);
-      sub.start_all_gather(mine.data(), Block::contiguous(0, len), got.data(), blocks, DType::Float64).wait();
+      sub.start_all_gather(mine.data(), StridedBlock::contiguous(0, len), got.data(), blocks, DType::Float64).wait();
       auto c = mesh.coords();
       for (int k = 0; k < sub.size(); ++k) {
         c[d] = k;
@@ -407,12 +407,12 @@ TEST_CASE("start_reduce_scatter equals reduce_scatter and the closed form, uneve
           got.emplace_back(static_cast<std::size_t>(mine) + 2, -7.0);  // guard elements around the block
         }
         for (int g = 0; g < 2; ++g)
-          rs.push_back(start_reduce_scatter(comm, send[g].data(), blocks, got[g].data(), Block::contiguous(1, mine),
-                                            DType::Float64));
+          rs.push_back(start_reduce_scatter(comm, send[g].data(), blocks, got[g].data(),
+                                            StridedBlock::contiguous(1, mine), DType::Float64));
         for (int g = 1; g >= 0; --g) rs[static_cast<std::size_t>(g)].wait();
         for (int g = 0; g < 2; ++g) {
           std::vector<double> expect(static_cast<std::size_t>(mine));
-          comm.reduce_scatter(send[g].data(), blocks, expect.data(), Block::contiguous(0, mine), DType::Float64,
+          comm.reduce_scatter(send[g].data(), blocks, expect.data(), StridedBlock::contiguous(0, mine), DType::Float64,
                               ReduceOp::Sum);
           const int64_t at = blocks[static_cast<std::size_t>(me)].offset;
           for (int64_t i = 0; i < mine; ++i) {
@@ -628,7 +628,7 @@ TEST_CASE("start_all_gather: a rank that throws with its gather in flight fails 
                              auto mine = std::make_unique<std::vector<double>>(
                                  input<double>(comm.rank(), blocks[static_cast<std::size_t>(comm.rank())].len));
                              std::vector<double> got(static_cast<std::size_t>(gathered_count(blocks)));
-                             const auto own = Block::contiguous(0, static_cast<int64_t>(mine->size()));
+                             const auto own = StridedBlock::contiguous(0, static_cast<int64_t>(mine->size()));
                              if (comm.rank() == 1) {
                                Request r = comm.start_all_gather(mine->data(), own, got.data(), blocks, DType::Float64);
                                throw std::runtime_error("rank 1 quits mid-gather");  // r, then mine, go
@@ -656,11 +656,12 @@ TEST_CASE("start_all_gather: ranks that disagree on a block's size get an error 
         2,
         [&](Comm& comm) {
           // Rank 1 sends 3 elements where rank 0 expects 2 from it.
-          std::vector<Block> blocks = {Block::contiguous(0, 2), Block::contiguous(2, comm.rank() == 0 ? 2 : 3)};
+          std::vector<StridedBlock> blocks = {StridedBlock::contiguous(0, 2),
+                                              StridedBlock::contiguous(2, comm.rank() == 0 ? 2 : 3)};
           std::vector<double> mine(static_cast<std::size_t>(blocks[static_cast<std::size_t>(comm.rank())].len), 1.0);
           std::vector<double> got(5);
           try {
-            comm.start_all_gather(mine.data(), Block::contiguous(0, int64_t(mine.size())), got.data(), blocks,
+            comm.start_all_gather(mine.data(), StridedBlock::contiguous(0, int64_t(mine.size())), got.data(), blocks,
                                   DType::Float64)
                 .wait();
           } catch (const std::exception& e) {  // (no INFO here: doctest's context is not thread-safe)
@@ -687,7 +688,8 @@ TEST_CASE("start_reduce_scatter: a rank that throws with its reduce-scatter in f
                              auto send = std::make_unique<std::vector<double>>(
                                  input<double>(comm.rank(), gathered_count(blocks)));
                              std::vector<double> got(static_cast<std::size_t>(blocks[2].len));
-                             const auto mine = Block::contiguous(0, blocks[static_cast<std::size_t>(comm.rank())].len);
+                             const auto mine =
+                                 StridedBlock::contiguous(0, blocks[static_cast<std::size_t>(comm.rank())].len);
                              if (comm.rank() == 1) {
                                Request r = start_reduce_scatter(comm, send->data(), blocks, got.data(), mine,
                                                                 DType::Float64);

@@ -78,6 +78,76 @@ TEST_CASE("binary operators on a 2x2 mesh, nested and mixed placements") {
   });
 }
 
+// The operators are the functions (ops/arithmetic.hpp): the same placements, decided
+// by the same rule, and the same values bit for bit.
+template <class X, class Y>
+constexpr bool same_as_functions = std::is_same_v<decltype(std::declval<X>() + std::declval<Y>()),
+                                                  decltype(add(std::declval<X>(), std::declval<Y>()))> &&
+                                   std::is_same_v<decltype(std::declval<X>() - std::declval<Y>()),
+                                                  decltype(sub(std::declval<X>(), std::declval<Y>()))> &&
+                                   std::is_same_v<decltype(std::declval<X>() * std::declval<Y>()),
+                                                  decltype(mul(std::declval<X>(), std::declval<Y>()))> &&
+                                   std::is_same_v<decltype(std::declval<X>() / std::declval<Y>()),
+                                                  decltype(div(std::declval<X>(), std::declval<Y>()))>;
+static_assert(same_as_functions<DS0, DR> && same_as_functions<DPS, DR> && same_as_functions<DPS, DS1> &&
+              same_as_functions<DPM, DPS>);
+static_assert(std::is_same_v<P1<decltype(-std::declval<DPS>())>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(2.f - std::declval<DPS>())>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(std::declval<DPM>() * 2)>, Placements<Replicate>>);
+// Compound forms exist where the result keeps the left operand's placements.
+static_assert(requires(DS0 x, const DR& r, const DS0& y) { x += r, x -= y, x *= 2.f, x /= r; });
+
+template <class T, class PA, class PB>
+struct CheckOperators;
+template <class T, class... PA, class... PB>
+struct CheckOperators<T, Placements<PA...>, Placements<PB...>> {
+  template <int M>
+  static void run(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
+    const auto ga = iota_tensor<T, 2>(shape);
+    const auto gb = positive<T, 2>(shape);
+    const auto a = make_source<PA...>(ga, mesh);
+    const auto b = make_source<PB...>(gb, mesh);
+    INFO(names<PA...>(), " op ", names<PB...>(), " shape ", to_string(shape), " on ", mesh.to_string());
+    CHECK(reconstruct(a + b) == reconstruct(add(a, b)));
+    CHECK(reconstruct(a - b) == reconstruct(sub(a, b)));
+    CHECK(reconstruct(a * b) == reconstruct(mul(a, b)));
+    CHECK(reconstruct(a / b) == reconstruct(div(a, b)));
+    CHECK(reconstruct(-a) == reconstruct(neg(a)));
+    CHECK(reconstruct(a * T(2.5)) == reconstruct(mul(a, T(2.5))));
+    CHECK(reconstruct(T(2.5) * a) == reconstruct(mul(a, T(2.5))));
+    CHECK(reconstruct(a + T(1.5)) == reconstruct(add(a, T(1.5))));
+    CHECK(reconstruct(T(1.5) + a) == reconstruct(add(a, T(1.5))));
+    CHECK(reconstruct(a - T(1.5)) == reconstruct(sub(a, T(1.5))));
+    CHECK(reconstruct(a / T(4)) == reconstruct(div(a, T(4))));
+    // s - a against the global tensor (no function of that name to compare with).
+    Tensor<T, 2> ref(shape);
+    for (int64_t i = 0; i < ref.numel(); ++i) ref.data()[i] = T(1.5) - ga.data()[i];
+    CHECK(close(reconstruct(T(1.5) - a), ref));
+    if constexpr (std::is_same_v<decltype(a + b), std::remove_const_t<decltype(a)>>) {
+      auto c = a;
+      c += b;
+      CHECK(reconstruct(c) == reconstruct(add(a, b)));
+      c = a;
+      c /= b;
+      CHECK(reconstruct(c) == reconstruct(div(a, b)));
+    }
+  }
+};
+
+TEST_CASE("operators + - * / and unary minus are add, sub, mul, div and neg, bit for bit") {
+  on_1d_meshes([](const DeviceMesh<1>& mesh) {
+    for (const auto& shape : op_shapes(mesh.size()))
+      for_each_pair<Set>([&]<class A, class B>() { CheckOperators<double, A, B>::run(mesh, shape); });
+  });
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    for (const auto& shape : {Shape<2>{5, 7}, Shape<2>{1, 3}}) {
+      CheckOperators<float, Placements<Shard<0>, Shard<0>>, Placements<Shard<1>, Replicate>>::run(mesh, shape);
+      CheckOperators<float, Placements<Partial<Sum>, Shard<1>>, Placements<Replicate, Partial<Sum>>>::run(mesh, shape);
+    }
+  });
+}
+
 template <class F, class G>
 void check_unary(F&& op, G&& ref_fn, bool positive_input) {
   on_1d_meshes([&](const DeviceMesh<1>& mesh) {

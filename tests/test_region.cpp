@@ -33,7 +33,7 @@ std::vector<int64_t> offsets_of(const Region& r) {
 
 std::vector<int64_t> offsets_of_blocks(const Region& r) {
   std::vector<int64_t> out;
-  r.for_each_block([&](Block b) {
+  r.for_each_block([&](StridedBlock b) {
     for (int64_t c = 0; c < b.count; ++c)
       for (int64_t k = 0; k < b.len; ++k) out.push_back(b.offset + c * b.stride + k);
   });
@@ -64,8 +64,8 @@ TEST_CASE("Region: boxes of row-major arrays, simplified, as Blocks") {
   }
   CHECK(Region::box(shape, {1, 0, 0}, {2, 5, 6}).is_contiguous());
   CHECK_FALSE(Region::box(shape, {0, 1, 0}, {2, 2, 6}).is_contiguous());
-  CHECK(Region::of(Block{3, 4, 10, 2}).numel() == 8);
-  CHECK(offsets_of(Region::of(Block{3, 2, 10, 2})) == std::vector<int64_t>{3, 4, 13, 14});
+  CHECK(Region::of(StridedBlock{3, 4, 10, 2}).numel() == 8);
+  CHECK(offsets_of(Region::of(StridedBlock{3, 2, 10, 2})) == std::vector<int64_t>{3, 4, 13, 14});
 }
 
 TEST_CASE("Region: copies and sums between the same box in arrays of different shapes") {
@@ -82,12 +82,12 @@ TEST_CASE("Region: copies and sums between the same box in arrays of different s
   detail::reduce_region(DType::Float64, ReduceOp::Sum, src.data(), ra, dst.data(), rb);
   for (std::size_t i = 0; i < sa.size(); ++i) CHECK(dst[sb[i]] == 2 * src[sa[i]]);
   int pairs = 0;
-  detail::for_each_block_pair(ra, rb, [&](Block x, Block y) {
+  detail::for_each_block_pair(ra, rb, [&](StridedBlock x, StridedBlock y) {
     ++pairs;
     CHECK(x.numel() == y.numel());
     CHECK(x.len == y.len);
   });
-  CHECK(pairs == 1);  // one Block each: 3 runs of 4
+  CHECK(pairs == 1);  // one StridedBlock each: 3 runs of 4
   // Different simplifications (contiguous in one buffer, strided in the other).
   const Region whole = Region::box(std::array<int64_t, 2>{3, 4}, {0, 0}, {3, 4});
   std::vector<double> packed(12, 0.0);

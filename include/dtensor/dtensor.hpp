@@ -3,7 +3,7 @@
 // (docs/ARCHITECTURE.md; scripts/check_floors.py keeps them):
 //
 //   util/        errors, small containers, compile-time strings
-//   core/        the vocabulary: DType, ReduceOp, Scalar, shapes, boxes, Block, Region
+//   core/        the vocabulary: DType, ReduceOp, Scalar, shapes, boxes, StridedBlock, Region
 //   tensor/      Tensor<T, Rank> on a Device, views, Eigen views; data movement
 //   placement/   Shard<D>, Replicate, Partial<Op>, their values; which block each rank holds
 //   comm/        Comm: the collective interface; threads/ is the in-process runtime

@@ -15,8 +15,8 @@ int main() {
   dtensor::Tensor<float, 1> t({4});
   dtensor::local::fill(t, 1.0f);                                      // movement::fill
   dtensor::local::binary(dtensor::BinaryOp::Add, t, t, t);             // compute::binary
-  dtensor::local::copy_block(t.device(), t.data(), dtensor::Block::contiguous(0, 4), t.data(),
-                             dtensor::Block::contiguous(0, 4), sizeof(float));  // movement::copy_block
+  dtensor::local::copy_block(t.device(), t.data(), dtensor::StridedBlock::contiguous(0, 4), t.data(),
+                             dtensor::StridedBlock::contiguous(0, 4), sizeof(float));  // movement::copy_block
   const dtensor::Region r = dtensor::Region::contiguous(0, 4);
   return r.numel() == 4 && dtensor::dtype_of<float>() == dtensor::DType::Float32 ? 0 : 1;
 }

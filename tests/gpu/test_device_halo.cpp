@@ -109,7 +109,7 @@ TEST_CASE("region copies, sums and fills on a device, between boxes of different
     movement::reduce_region(Device::cuda(0), DType::Float64, ReduceOp::Sum, src.data(), box, got.data(), to);
     CHECK(got.to(Device::host()) == want);
   }
-  // A fill of a column (runs of one element) and of a 3-D box: one launch per Block.
+  // A fill of a column (runs of one element) and of a 3-D box: one launch per StridedBlock.
   Tensor<float, 3> want({3, 4, 5});
   Tensor<float, 3> got({3, 4, 5}, Device::cuda(0));
   for (const Region& r : {Region::box(std::array<int64_t, 3>{3, 4, 5}, {0, 0, 4}, {3, 4, 1}),

@@ -26,7 +26,7 @@
 namespace {
 
 namespace k = dtensor::cuda::kernels;
-using dtensor::Block;
+using dtensor::StridedBlock;
 using dtensor::DType;
 using dtensor::dtype_of;
 using dtensor::ReduceOp;
@@ -130,7 +130,7 @@ void check_equal(const std::vector<T>& got, const std::vector<T>& want, const ch
 // Copies src[sb] to dst[db] on the device and on the host (core/block.hpp's
 // copy_block), with every other element of dst left as it was, and compares.
 template <class T>
-void check_copy(Block sb, std::size_t src_n, Block db, std::size_t dst_n, cudaStream_t s) {
+void check_copy(StridedBlock sb, std::size_t src_n, StridedBlock db, std::size_t dst_n, cudaStream_t s) {
   INFO("src {", sb.offset, ",", sb.count, ",", sb.stride, ",", sb.len, "} dst {", db.offset, ",", db.count, ",",
        db.stride, ",", db.len, "} element size ", sizeof(T));
   std::vector<T> src(src_n), dst(dst_n);
@@ -150,39 +150,40 @@ struct Bytes12 {  // an element size the kernels have no word for: moved as byte
 TEST_CASE("copy_block: blocks cut into different runs, every element size") {
   Stream s;
   // 3 runs of 4, 7 apart, into 2 runs of 6, 9 apart.
-  const Block sb{1, 3, 7, 4}, db{2, 2, 9, 6};
+  const StridedBlock sb{1, 3, 7, 4}, db{2, 2, 9, 6};
   check_copy<std::int8_t>(sb, 22, db, 20, s);
   check_copy<std::uint16_t>(sb, 22, db, 20, s);
   check_copy<float>(sb, 22, db, 20, s);
   check_copy<double>(sb, 22, db, 20, s);
   check_copy<Bytes12>(sb, 22, db, 20, s);
   // Even offsets, strides and runs: 4-byte elements move as 8-byte words.
-  check_copy<float>(Block{0, 4, 10, 6}, 40, Block{2, 3, 12, 8}, 40, s);
-  check_copy<std::int8_t>(Block{8, 4, 16, 8}, 80, Block{0, 2, 24, 16}, 48, s);
+  check_copy<float>(StridedBlock{0, 4, 10, 6}, 40, StridedBlock{2, 3, 12, 8}, 40, s);
+  check_copy<std::int8_t>(StridedBlock{8, 4, 16, 8}, 80, StridedBlock{0, 2, 24, 16}, 48, s);
   // A strided side against a contiguous one.
-  check_copy<float>(Block{3, 5, 11, 7}, 60, Block::contiguous(4, 35), 40, s);
-  check_copy<double>(Block::contiguous(0, 35), 35, Block{1, 7, 6, 5}, 48, s);
+  check_copy<float>(StridedBlock{3, 5, 11, 7}, 60, StridedBlock::contiguous(4, 35), 40, s);
+  check_copy<double>(StridedBlock::contiguous(0, 35), 35, StridedBlock{1, 7, 6, 5}, 48, s);
 }
 
 TEST_CASE("copy_block: contiguous, equal runs, and empty") {
   Stream s;
-  check_copy<float>(Block::contiguous(5, 1000), 1005, Block::contiguous(3, 1000), 1003, s);
-  check_copy<std::int8_t>(Block::contiguous(1, 77), 78, Block::contiguous(0, 77), 77, s);
+  check_copy<float>(StridedBlock::contiguous(5, 1000), 1005, StridedBlock::contiguous(3, 1000), 1003, s);
+  check_copy<std::int8_t>(StridedBlock::contiguous(1, 77), 78, StridedBlock::contiguous(0, 77), 77, s);
   // Contiguous written as several runs (stride == len) against one run.
-  check_copy<float>(Block{0, 4, 25, 25}, 100, Block::contiguous(0, 100), 100, s);
+  check_copy<float>(StridedBlock{0, 4, 25, 25}, 100, StridedBlock::contiguous(0, 100), 100, s);
   // Equal runs: wide ones go to a 2-D copy, narrow ones to the kernel.
-  check_copy<float>(Block{2, 5, 100, 80}, 500, Block{1, 5, 90, 80}, 450, s);
-  check_copy<double>(Block{0, 6, 5, 3}, 30, Block{1, 6, 4, 3}, 25, s);
-  check_copy<float>(Block{0, 0, 5, 3}, 1, Block{0, 0, 4, 3}, 1, s);  // no runs
-  k::copy_block(nullptr, Block{0, 3, 5, 0}, nullptr, Block{0, 0, 0, 0}, 4, s);
-  CHECK_THROWS_AS(k::copy_block(nullptr, Block::contiguous(0, 3), nullptr, Block::contiguous(0, 4), 4, s),
+  check_copy<float>(StridedBlock{2, 5, 100, 80}, 500, StridedBlock{1, 5, 90, 80}, 450, s);
+  check_copy<double>(StridedBlock{0, 6, 5, 3}, 30, StridedBlock{1, 6, 4, 3}, 25, s);
+  check_copy<float>(StridedBlock{0, 0, 5, 3}, 1, StridedBlock{0, 0, 4, 3}, 1, s);  // no runs
+  k::copy_block(nullptr, StridedBlock{0, 3, 5, 0}, nullptr, StridedBlock{0, 0, 0, 0}, 4, s);
+  CHECK_THROWS_AS(k::copy_block(nullptr, StridedBlock::contiguous(0, 3), nullptr, StridedBlock::contiguous(0, 4), 4, s),
                   dtensor::InvalidArgument);
 }
 
 // --- reduce_block, divide_block, fill ---
 
 template <class T>
-void check_reduce_block(ReduceOp op, Block sb, std::size_t src_n, Block db, std::size_t dst_n, cudaStream_t s) {
+void check_reduce_block(ReduceOp op, StridedBlock sb, std::size_t src_n, StridedBlock db, std::size_t dst_n,
+                        cudaStream_t s) {
   INFO("op ", dtensor::name(op), ", ", dtensor::name(dtype_of<T>()));
   const auto src = random_values<T>(src_n, -50, 50, 2);
   auto dst = random_values<T>(dst_n, -50, 50, 3);
@@ -200,20 +201,20 @@ void check_reduce_block(ReduceOp op, Block sb, std::size_t src_n, Block db, std:
 TEST_CASE("reduce_block and divide_block") {
   Stream s;
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg}) {
-    check_reduce_block<float>(op, Block{1, 3, 7, 4}, 22, Block{2, 2, 9, 6}, 20, s);
-    check_reduce_block<double>(op, Block::contiguous(3, 1000), 1003, Block::contiguous(0, 1000), 1000, s);
-    check_reduce_block<std::int32_t>(op, Block{0, 4, 10, 6}, 40, Block{2, 3, 12, 8}, 40, s);
-    check_reduce_block<std::int8_t>(op, Block::contiguous(0, 300), 300, Block{0, 3, 150, 100}, 400, s);
-    check_reduce_block<std::uint64_t>(op, Block{5, 2, 9, 4}, 20, Block::contiguous(1, 8), 9, s);
+    check_reduce_block<float>(op, StridedBlock{1, 3, 7, 4}, 22, StridedBlock{2, 2, 9, 6}, 20, s);
+    check_reduce_block<double>(op, StridedBlock::contiguous(3, 1000), 1003, StridedBlock::contiguous(0, 1000), 1000, s);
+    check_reduce_block<std::int32_t>(op, StridedBlock{0, 4, 10, 6}, 40, StridedBlock{2, 3, 12, 8}, 40, s);
+    check_reduce_block<std::int8_t>(op, StridedBlock::contiguous(0, 300), 300, StridedBlock{0, 3, 150, 100}, 400, s);
+    check_reduce_block<std::uint64_t>(op, StridedBlock{5, 2, 9, 4}, 20, StridedBlock::contiguous(1, 8), 9, s);
   }
   // divide_block on a strided block leaves the gaps alone.
   std::vector<float> v = iota_values<float>(30, 1.0f);
   Device<float> d(v, s);
-  const Block b{1, 3, 10, 4};
+  const StridedBlock b{1, 3, 10, 4};
   k::divide_block(DType::Float32, d.get(), b, 4, s);
   dtensor::detail::divide_block(DType::Float32, v.data(), b, 4);
   check_equal(d.host(), v, "strided divide_block");
-  k::divide_block(DType::Float32, nullptr, Block{0, 0, 0, 0}, 4, s);  // empty
+  k::divide_block(DType::Float32, nullptr, StridedBlock{0, 0, 0, 0}, 4, s);  // empty
 }
 
 template <class T>
@@ -475,7 +476,8 @@ void check_norms(std::size_t n, cudaStream_t s) {
     max = std::max(max, static_cast<T>(std::abs(x)));
   }
   k::sum_squares(dtype_of<T>(), n ? da.get() : nullptr, static_cast<int64_t>(n), dout.get(), s);
-  if constexpr (std::is_floating_point_v<T>) check_close(dout.host(), std::vector<T>{static_cast<T>(sum)}, default_tol<T>(), "sum_squares");
+  if constexpr (std::is_floating_point_v<T>)
+    check_close(dout.host(), std::vector<T>{static_cast<T>(sum)}, default_tol<T>(), "sum_squares");
   else check_equal(dout.host(), std::vector<T>{static_cast<T>(sum)}, "sum_squares");
   k::max_abs(dtype_of<T>(), n ? da.get() : nullptr, static_cast<int64_t>(n), dout.get(), s);
   check_equal(dout.host(), std::vector<T>{max}, "max_abs");

@@ -97,7 +97,7 @@ std::vector<T> iota_vec(std::size_t n, T first) {
 
 // What a one-rank collective does: `dst` with block `db` replaced by `src`'s block `sb`.
 template <class T>
-std::vector<T> copied(const std::vector<T>& src, Block sb, std::vector<T> dst, Block db) {
+std::vector<T> copied(const std::vector<T>& src, StridedBlock sb, std::vector<T> dst, StridedBlock db) {
   detail::copy_block(src.data(), sb, dst.data(), db, sizeof(T));
   return dst;
 }
@@ -255,26 +255,27 @@ TEST_CASE("NcclComm: all_gather with contiguous, strided and empty blocks") {
     const std::vector<int32_t> zeros(12, -1);
     struct Case {
       const char* what;
-      Block send, recv;
+      StridedBlock send, recv;
     };
     const Case cases[] = {
-        {"contiguous, NCCL writes the output in place", Block::contiguous(2, 6), Block::contiguous(3, 6)},
-        {"strided output (columns 1..2 of 3 x 4)", Block::contiguous(0, 6), range_block(Shape<2>{3, 4}, 1, 1, 2)},
-        {"strided input (columns 0..1 of 3 x 4)", range_block(Shape<2>{3, 4}, 1, 0, 2), Block::contiguous(0, 6)},
-        {"both strided, cut into runs differently", Block{1, 2, 5, 3}, Block{0, 3, 4, 2}},
-        {"empty", Block::contiguous(0, 0), Block::contiguous(5, 0)},
-        {"empty strided", Block{0, 3, 4, 0}, Block{1, 0, 4, 2}},
+        {"contiguous, NCCL writes the output in place", StridedBlock::contiguous(2, 6), StridedBlock::contiguous(3, 6)},
+        {"strided output (columns 1..2 of 3 x 4)", StridedBlock::contiguous(0, 6),
+         range_block(Shape<2>{3, 4}, 1, 1, 2)},
+        {"strided input (columns 0..1 of 3 x 4)", range_block(Shape<2>{3, 4}, 1, 0, 2), StridedBlock::contiguous(0, 6)},
+        {"both strided, cut into runs differently", StridedBlock{1, 2, 5, 3}, StridedBlock{0, 3, 4, 2}},
+        {"empty", StridedBlock::contiguous(0, 0), StridedBlock::contiguous(5, 0)},
+        {"empty strided", StridedBlock{0, 3, 4, 0}, StridedBlock{1, 0, 4, 2}},
     };
     for (const auto& c : cases) {
       CAPTURE(c.what);
       DeviceVec<int32_t> send(*comm, src), recv(*comm, zeros);
-      const Block blocks[] = {c.recv};
+      const StridedBlock blocks[] = {c.recv};
       comm->all_gather(send.data(), c.send, recv.data(), blocks, DType::Int32);
       CHECK(recv.host() == copied(src, c.send, zeros, c.recv));
     }
     // In place: this rank's piece already lies where the result wants it.
     DeviceVec<int32_t> buf(*comm, src);
-    const Block mine = Block::contiguous(4, 5), blocks[] = {mine};
+    const StridedBlock mine = StridedBlock::contiguous(4, 5), blocks[] = {mine};
     comm->all_gather(buf.data(), mine, buf.data(), blocks, DType::Int32);
     CHECK(buf.host() == src);
   }
@@ -288,28 +289,28 @@ TEST_CASE("NcclComm: reduce_scatter with contiguous, strided and empty blocks") 
     const std::vector<float> zeros(12, 0.f);
     struct Case {
       const char* what;
-      Block send, recv;
+      StridedBlock send, recv;
       ReduceOp op;
     };
     const Case cases[] = {
-        {"contiguous", Block::contiguous(0, 5), Block::contiguous(2, 5), ReduceOp::Sum},
-        {"strided input", range_block(Shape<2>{4, 3}, 1, 1, 2), Block::contiguous(0, 8), ReduceOp::Max},
-        {"strided output", Block::contiguous(3, 6), range_block(Shape<2>{3, 4}, 1, 2, 2), ReduceOp::Min},
-        {"both strided, Avg", Block{0, 3, 4, 2}, Block{1, 2, 5, 3}, ReduceOp::Avg},
-        {"empty", Block::contiguous(0, 0), Block{2, 0, 3, 3}, ReduceOp::Sum},
+        {"contiguous", StridedBlock::contiguous(0, 5), StridedBlock::contiguous(2, 5), ReduceOp::Sum},
+        {"strided input", range_block(Shape<2>{4, 3}, 1, 1, 2), StridedBlock::contiguous(0, 8), ReduceOp::Max},
+        {"strided output", StridedBlock::contiguous(3, 6), range_block(Shape<2>{3, 4}, 1, 2, 2), ReduceOp::Min},
+        {"both strided, Avg", StridedBlock{0, 3, 4, 2}, StridedBlock{1, 2, 5, 3}, ReduceOp::Avg},
+        {"empty", StridedBlock::contiguous(0, 0), StridedBlock{2, 0, 3, 3}, ReduceOp::Sum},
     };
     for (const auto& c : cases) {
       CAPTURE(c.what);
       DeviceVec<float> send(*comm, src), recv(*comm, zeros);
-      const Block blocks[] = {c.send};
+      const StridedBlock blocks[] = {c.send};
       comm->reduce_scatter(send.data(), blocks, recv.data(), c.recv, DType::Float32, c.op);
       CHECK(recv.host() == copied(src, c.send, zeros, c.recv));
     }
     // Integer Avg: a sum, then a division by the number of ranks.
     const auto isrc = iota_vec<int64_t>(6, 7);
     DeviceVec<int64_t> send(*comm, isrc), recv(*comm, 6, int64_t{0});
-    const Block blocks[] = {Block::contiguous(0, 6)};
-    comm->reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, 6), DType::Int64, ReduceOp::Avg);
+    const StridedBlock blocks[] = {StridedBlock::contiguous(0, 6)};
+    comm->reduce_scatter(send.data(), blocks, recv.data(), StridedBlock::contiguous(0, 6), DType::Int64, ReduceOp::Avg);
     CHECK(recv.host() == isrc);
   }
 }
@@ -320,18 +321,18 @@ TEST_CASE("NcclComm: all_to_all, scatter and gather with strided and empty block
     auto comm = one_rank(with_checks(guarded));
     const auto src = iota_vec<uint64_t>(20, 1);
     const std::vector<uint64_t> zeros(20, 0);
-    const std::pair<Block, Block> cases[] = {
-        {Block::contiguous(4, 8), Block::contiguous(10, 8)},
-        {range_block(Shape<2>{4, 5}, 1, 1, 3), Block::contiguous(0, 12)},
-        {Block::contiguous(1, 12), range_block(Shape<2>{4, 5}, 1, 2, 3)},
-        {Block{0, 3, 7, 2}, Block{1, 2, 9, 3}},
-        {Block::contiguous(0, 0), Block{3, 0, 4, 4}},
+    const std::pair<StridedBlock, StridedBlock> cases[] = {
+        {StridedBlock::contiguous(4, 8), StridedBlock::contiguous(10, 8)},
+        {range_block(Shape<2>{4, 5}, 1, 1, 3), StridedBlock::contiguous(0, 12)},
+        {StridedBlock::contiguous(1, 12), range_block(Shape<2>{4, 5}, 1, 2, 3)},
+        {StridedBlock{0, 3, 7, 2}, StridedBlock{1, 2, 9, 3}},
+        {StridedBlock::contiguous(0, 0), StridedBlock{3, 0, 4, 4}},
     };
     for (std::size_t i = 0; i < std::size(cases); ++i) {
       CAPTURE(i);
-      const Block from = cases[i].first, to = cases[i].second;
+      const StridedBlock from = cases[i].first, to = cases[i].second;
       const auto want = copied(src, from, zeros, to);
-      const Block froms[] = {from}, tos[] = {to};
+      const StridedBlock froms[] = {from}, tos[] = {to};
       {
         DeviceVec<uint64_t> send(*comm, src), recv(*comm, zeros);
         comm->all_to_all(send.data(), froms, recv.data(), tos, DType::UInt64);
@@ -517,10 +518,10 @@ TEST_CASE("NcclComm: argument errors are InvalidArgument and leave the communica
   DeviceVec<float> v(*comm, 4, 1.f);
   CHECK_THROWS_AS(comm->send(v.data(), 4, DType::Float32, 0, 0), InvalidArgument);  // no peer but itself
   CHECK_THROWS_AS(comm->recv(v.data(), 4, DType::Float32, 1, 0), InvalidArgument);
-  const Block two[] = {Block::contiguous(0, 2), Block::contiguous(2, 2)};
-  CHECK_THROWS_WITH_AS(comm->all_gather(v.data(), Block::contiguous(0, 2), v.data(), two, DType::Float32),
+  const StridedBlock two[] = {StridedBlock::contiguous(0, 2), StridedBlock::contiguous(2, 2)};
+  CHECK_THROWS_WITH_AS(comm->all_gather(v.data(), StridedBlock::contiguous(0, 2), v.data(), two, DType::Float32),
                        doctest::Contains("2 blocks given for a communicator of 1 ranks"), InvalidArgument);
-  const Block one[] = {Block::contiguous(0, 2)};
+  const StridedBlock one[] = {StridedBlock::contiguous(0, 2)};
   CHECK_THROWS_AS(comm->gather(v.data(), one[0], v.data(), one, DType::Float32, 3), InvalidArgument);
   // Every runtime's rule (Comm::check_message): tags are non-negative.
   const SendSpec s{.peer = 0, .tag = -1, .buf = v.data(), .region = Region::contiguous(0, 4)};
@@ -535,30 +536,30 @@ TEST_CASE("NcclComm: argument errors are InvalidArgument and leave the communica
 TEST_CASE("NcclComm: guarded mode reports size mismatches on every rank and stays usable") {
   auto comm = one_rank(with_checks(true));
   DeviceVec<int32_t> a(*comm, 8, 1), b(*comm, 8, 0);
-  const Block four[] = {Block::contiguous(0, 4)}, five[] = {Block::contiguous(0, 5)};
-  CHECK_THROWS_WITH_AS(comm->all_gather(a.data(), Block::contiguous(0, 3), b.data(), four, DType::Int32),
+  const StridedBlock four[] = {StridedBlock::contiguous(0, 4)}, five[] = {StridedBlock::contiguous(0, 5)};
+  CHECK_THROWS_WITH_AS(comm->all_gather(a.data(), StridedBlock::contiguous(0, 3), b.data(), four, DType::Int32),
                        doctest::Contains("all_gather #1: rank 0 sends 3 elements to rank 0, which expects 4"),
                        CommError);
-  CHECK_THROWS_WITH_AS(comm->reduce_scatter(a.data(), four, b.data(), Block::contiguous(0, 5), DType::Int32,
+  CHECK_THROWS_WITH_AS(comm->reduce_scatter(a.data(), four, b.data(), StridedBlock::contiguous(0, 5), DType::Int32,
                                             ReduceOp::Sum),
                        doctest::Contains("reduce_scatter #2: rank 0 contributes 4 elements"), CommError);
   CHECK_THROWS_WITH_AS(comm->all_to_all(a.data(), four, b.data(), five, DType::Int32),
                        doctest::Contains("rank 0 sends 4 elements to rank 0, which expects 5"), CommError);
-  CHECK_THROWS_WITH_AS(comm->scatter(a.data(), four, b.data(), Block::contiguous(0, 5), DType::Int32, 0),
+  CHECK_THROWS_WITH_AS(comm->scatter(a.data(), four, b.data(), StridedBlock::contiguous(0, 5), DType::Int32, 0),
                        doctest::Contains("the ranks disagree on the sizes"), CommError);
-  CHECK_THROWS_WITH_AS(comm->gather(a.data(), Block::contiguous(0, 5), b.data(), four, DType::Int32, 0),
+  CHECK_THROWS_WITH_AS(comm->gather(a.data(), StridedBlock::contiguous(0, 5), b.data(), four, DType::Int32, 0),
                        doctest::Contains("the ranks disagree on the sizes"), CommError);
   // Nothing was queued: the communicator goes on.
   CHECK_FALSE(comm->aborted());
-  comm->all_gather(a.data(), Block::contiguous(0, 4), b.data(), four, DType::Int32);
+  comm->all_gather(a.data(), StridedBlock::contiguous(0, 4), b.data(), four, DType::Int32);
   CHECK(b.host() == std::vector<int32_t>{1, 1, 1, 1, 0, 0, 0, 0});
 }
 
 TEST_CASE("NcclComm: unguarded, a rank whose own blocks disagree aborts the communicator") {
   auto comm = one_rank(with_checks(false));
   DeviceVec<int32_t> a(*comm, 8, 1), b(*comm, 8, 0);
-  const Block four[] = {Block::contiguous(0, 4)};
-  CHECK_THROWS_WITH_AS(comm->all_gather(a.data(), Block::contiguous(0, 3), b.data(), four, DType::Int32),
+  const StridedBlock four[] = {StridedBlock::contiguous(0, 4)};
+  CHECK_THROWS_WITH_AS(comm->all_gather(a.data(), StridedBlock::contiguous(0, 3), b.data(), four, DType::Int32),
                        doctest::Contains("the NCCL communicator was aborted"), CommError);
   CHECK(comm->aborted());
   CHECK_THROWS_WITH_AS(comm->barrier(), doctest::Contains("barrier refused: the NCCL communicator was aborted"),
@@ -639,13 +640,13 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
         expect(i.host() == std::vector<int64_t>(2, sum / n), "all_reduce integer avg");
       }
       // Uneven pieces: rank k holds k + 1 elements.
-      std::vector<Block> uneven(static_cast<std::size_t>(n));
+      std::vector<StridedBlock> uneven(static_cast<std::size_t>(n));
       int64_t total = 0;
-      for (int k = 0; k < n; ++k) uneven[k] = Block::contiguous(total, k + 1), total += k + 1;
+      for (int k = 0; k < n; ++k) uneven[k] = StridedBlock::contiguous(total, k + 1), total += k + 1;
       {  // all_gather, uneven: grouped send/recv
         DeviceVec<int32_t> mine(c, iota_vec<int32_t>(static_cast<std::size_t>(r + 1), 100 * r));
         DeviceVec<int32_t> all(c, static_cast<std::size_t>(total), -1);
-        c.all_gather(mine.data(), Block::contiguous(0, r + 1), all.data(), uneven, DType::Int32);
+        c.all_gather(mine.data(), StridedBlock::contiguous(0, r + 1), all.data(), uneven, DType::Int32);
         std::vector<int32_t> want;
         for (int k = 0; k < n; ++k)
           for (int i = 0; i <= k; ++i) want.push_back(100 * k + i);
@@ -654,9 +655,9 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
       {  // all_gather, equal strided pieces: columns 2k, 2k+1 of a 2 x 2n matrix
         DeviceVec<int32_t> mine(c, std::vector<int32_t>{2 * r, 2 * r + 1, 100 + 2 * r, 101 + 2 * r});
         DeviceVec<int32_t> all(c, static_cast<std::size_t>(4 * n), -1);
-        std::vector<Block> cols(static_cast<std::size_t>(n));
+        std::vector<StridedBlock> cols(static_cast<std::size_t>(n));
         for (int k = 0; k < n; ++k) cols[k] = range_block(Shape<2>{2, 2 * n}, 1, 2 * k, 2);
-        c.all_gather(mine.data(), Block::contiguous(0, 4), all.data(), cols, DType::Int32);
+        c.all_gather(mine.data(), StridedBlock::contiguous(0, 4), all.data(), cols, DType::Int32);
         std::vector<int32_t> want;
         for (int i = 0; i < 2; ++i)
           for (int j = 0; j < 2 * n; ++j) want.push_back(100 * i + j);
@@ -666,7 +667,8 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
         std::vector<double> in(static_cast<std::size_t>(total));
         for (int64_t i = 0; i < total; ++i) in[i] = (r + 1) * double(i + 1);
         DeviceVec<double> send(c, in), out(c, static_cast<std::size_t>(r + 1), 0.0);
-        c.reduce_scatter(send.data(), uneven, out.data(), Block::contiguous(0, r + 1), DType::Float64, ReduceOp::Sum);
+        c.reduce_scatter(send.data(), uneven, out.data(), StridedBlock::contiguous(0, r + 1), DType::Float64,
+                         ReduceOp::Sum);
         std::vector<double> want;
         for (int64_t i = uneven[r].offset; i < uneven[r].offset + r + 1; ++i)
           want.push_back(double(i + 1) * n * (n + 1) / 2);
@@ -676,22 +678,22 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
         std::vector<int32_t> m(static_cast<std::size_t>(3 * n));
         for (int i = 0; i < 3; ++i)
           for (int j = 0; j < n; ++j) m[i * n + j] = (r + 1) * (10 * i + j);
-        std::vector<Block> cols(static_cast<std::size_t>(n));
+        std::vector<StridedBlock> cols(static_cast<std::size_t>(n));
         for (int k = 0; k < n; ++k) cols[k] = range_block(Shape<2>{3, n}, 1, k, 1);
         DeviceVec<int32_t> send(c, m), out(c, 3, 0);
-        c.reduce_scatter(send.data(), cols, out.data(), Block::contiguous(0, 3), DType::Int32, ReduceOp::Max);
+        c.reduce_scatter(send.data(), cols, out.data(), StridedBlock::contiguous(0, 3), DType::Int32, ReduceOp::Max);
         std::vector<int32_t> want;
         for (int i = 0; i < 3; ++i) want.push_back(n * (10 * i + r));
         expect(out.host() == want, "reduce_scatter strided max");
       }
       {  // all_to_all, uneven: rank r sends (r + k + 1) % 3 elements to rank k
         auto count = [](int a, int b) { return int64_t{(a + b + 1) % 3}; };
-        std::vector<Block> sb(static_cast<std::size_t>(n)), rb(static_cast<std::size_t>(n));
+        std::vector<StridedBlock> sb(static_cast<std::size_t>(n)), rb(static_cast<std::size_t>(n));
         std::vector<int32_t> in;
         int64_t at = 0, rat = 0;
         for (int k = 0; k < n; ++k) {
-          sb[k] = Block::contiguous(at, count(r, k)), at += count(r, k);
-          rb[k] = Block::contiguous(rat, count(k, r)), rat += count(k, r);
+          sb[k] = StridedBlock::contiguous(at, count(r, k)), at += count(r, k);
+          rb[k] = StridedBlock::contiguous(rat, count(k, r)), rat += count(k, r);
           for (int i = 0; i < count(r, k); ++i) in.push_back(1000 * r + 10 * k + i);
         }
         DeviceVec<int32_t> send(c, in), out(c, static_cast<std::size_t>(rat), -1);
@@ -707,10 +709,10 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
         for (int k = 0; k < n; ++k)
           for (int i = 0; i <= k; ++i) all.push_back(10 * k + i);
         DeviceVec<int32_t> src(c, all), piece(c, static_cast<std::size_t>(r + 1), -1);
-        c.scatter(src.data(), uneven, piece.data(), Block::contiguous(0, r + 1), DType::Int32, root);
+        c.scatter(src.data(), uneven, piece.data(), StridedBlock::contiguous(0, r + 1), DType::Int32, root);
         expect(piece.host() == iota_vec<int32_t>(static_cast<std::size_t>(r + 1), 10 * r), "scatter uneven");
         DeviceVec<int32_t> back(c, static_cast<std::size_t>(total), -1);
-        c.gather(piece.data(), Block::contiguous(0, r + 1), back.data(), uneven, DType::Int32, 0);
+        c.gather(piece.data(), StridedBlock::contiguous(0, r + 1), back.data(), uneven, DType::Int32, 0);
         if (r == 0) expect(back.host() == all, "gather uneven");
       }
       if (r < 2) {  // send and recv between ranks 0 and 1, there and back
@@ -882,11 +884,12 @@ TEST_CASE("NcclComm::init_all: guarded mode makes every rank report a mismatch")
     const int r = c.rank();
     DeviceVec<int32_t> a(c, 16, r), b(c, 16, 0);
     // Rank 0 thinks rank 1 sends 2 elements; rank 1 sends 3.
-    std::vector<Block> blocks(static_cast<std::size_t>(n));
-    for (int k = 0; k < n; ++k) blocks[k] = Block::contiguous(3 * k, 3);
-    if (r == 0) blocks[1] = Block::contiguous(3, 2);
-    expect_throw<CommError>([&] { c.all_gather(a.data(), Block::contiguous(0, 3), b.data(), blocks, DType::Int32); },
-                            "rank 1 sends 3 elements to rank 0, which expects 2", "all_gather mismatch");
+    std::vector<StridedBlock> blocks(static_cast<std::size_t>(n));
+    for (int k = 0; k < n; ++k) blocks[k] = StridedBlock::contiguous(3 * k, 3);
+    if (r == 0) blocks[1] = StridedBlock::contiguous(3, 2);
+    expect_throw<CommError>(
+        [&] { c.all_gather(a.data(), StridedBlock::contiguous(0, 3), b.data(), blocks, DType::Int32); },
+        "rank 1 sends 3 elements to rank 0, which expects 2", "all_gather mismatch");
     // Different collectives.
     expect_throw<CommError>(
         [&] {

@@ -149,7 +149,7 @@ inline std::string dim_str(const Dim3& d) {
   return "(" + std::to_string(d.x) + ", " + std::to_string(d.y) + ", " + std::to_string(d.z) + ")";
 }
 
-class Runner final : public kh::Block {
+class Runner final : public kh::StridedBlock {
  public:
   // Sanitizers enlarge frames several times over.
 #if defined(DTENSOR_HOST_LAUNCH_ASAN) || defined(DTENSOR_HOST_LAUNCH_TSAN)
@@ -261,7 +261,8 @@ class Runner final : public kh::Block {
     const bool ok = b.x >= 1 && b.y >= 1 && b.z >= 1 && b.x <= 1024 && b.y <= 1024 && b.z <= 64 &&
                     std::uint64_t{b.x} * b.y * b.z <= 1024 && g.x >= 1 && g.y >= 1 && g.z >= 1 &&
                     g.x <= 0x7fffffffU && g.y <= 65535 && g.z <= 65535;
-    if (!ok) throw LaunchError("host_launch: invalid configuration argument: grid " + dim_str(g) + ", block " + dim_str(b));
+    if (!ok)
+      throw LaunchError("host_launch: invalid configuration argument: grid " + dim_str(g) + ", block " + dim_str(b));
     if (dynamic_bytes > kMaxSharedBytes)
       throw LaunchError("host_launch: " + std::to_string(dynamic_bytes) + " bytes of dynamic shared memory");
   }
@@ -269,7 +270,8 @@ class Runner final : public kh::Block {
   std::unique_ptr<Fiber> make_fiber() {
     auto f = std::make_unique<Fiber>();
     f->mapping_bytes = kStackBytes + page_bytes();
-    void* m = ::mmap(nullptr, f->mapping_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* m =
+        ::mmap(nullptr, f->mapping_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) throw std::bad_alloc();
     f->mapping = static_cast<std::byte*>(m);
     ::mprotect(f->mapping, page_bytes(), PROT_NONE);  // a stack overflow faults instead of corrupting memory
@@ -406,8 +408,9 @@ class Runner final : public kh::Block {
                    .c_str());
       }
       if (done > 0)
-        fail((std::to_string(waiting) + " of the block's " + std::to_string(threads) + " threads wait at the barrier at " +
-              first->file + ":" + std::to_string(first->line) + ", the other " + std::to_string(done) + " returned")
+        fail((std::to_string(waiting) + " of the block's " + std::to_string(threads) +
+              " threads wait at the barrier at " + first->file + ":" + std::to_string(first->line) + ", the other " +
+              std::to_string(done) + " returned")
                  .c_str());
       for (unsigned t = 0; t < threads; ++t) fibers_[t]->state = State::Ready;
     }

@@ -1,6 +1,6 @@
 #pragma once
 // Typed collectives on contiguous spans, over any Comm: the forms users call
-// directly (the DTensor machinery calls the Block forms of Comm).
+// directly (the DTensor machinery calls the StridedBlock forms of Comm).
 #include <cstdint>
 #include <span>
 #include <type_traits>
@@ -12,7 +12,7 @@
 namespace dtensor {
 
 namespace detail {
-using BlockList = SmallVector<Block, 16>;
+using BlockList = SmallVector<StridedBlock, 16>;
 
 // Consecutive contiguous blocks of the given element counts, one per rank.
 inline BlockList packed_blocks(const Comm& comm, std::span<const int64_t> counts, int64_t total,
@@ -23,7 +23,7 @@ inline BlockList packed_blocks(const Comm& comm, std::span<const int64_t> counts
   int64_t off = 0;
   for (std::size_t k = 0; k < counts.size(); ++k) {
     DTENSOR_CHECK(counts[k] >= 0, InvalidArgument, op, ": negative count ", counts[k], " for rank ", k);
-    b[k] = Block::contiguous(off, counts[k]);
+    b[k] = StridedBlock::contiguous(off, counts[k]);
     off += counts[k];
   }
   DTENSOR_CHECK(off <= total, InvalidArgument, op, ": counts add up to ", off,
@@ -33,7 +33,7 @@ inline BlockList packed_blocks(const Comm& comm, std::span<const int64_t> counts
 
 inline BlockList even_blocks(const Comm& comm, int64_t per_rank) {
   BlockList b(comm.size());
-  for (int k = 0; k < comm.size(); ++k) b[k] = Block::contiguous(k * per_rank, per_rank);
+  for (int k = 0; k < comm.size(); ++k) b[k] = StridedBlock::contiguous(k * per_rank, per_rank);
   return b;
 }
 
@@ -60,7 +60,7 @@ void all_gather(Comm& comm, std::span<const T> send, std::span<T> recv) {
   const int64_t n = static_cast<int64_t>(send.size());
   DTENSOR_CHECK(static_cast<int64_t>(recv.size()) == n * comm.size(), InvalidArgument,
                 "all_gather: recv holds ", recv.size(), " elements, expected ", n * comm.size());
-  comm.all_gather(send.data(), Block::contiguous(0, n), recv.data(), detail::even_blocks(comm, n),
+  comm.all_gather(send.data(), StridedBlock::contiguous(0, n), recv.data(), detail::even_blocks(comm, n),
                   dtype_of<T>());
 }
 
@@ -71,7 +71,7 @@ void all_gatherv(Comm& comm, std::span<const T> send, std::span<T> recv, std::sp
   DTENSOR_CHECK(static_cast<int64_t>(send.size()) == counts[comm.rank()], InvalidArgument,
                 "all_gatherv: rank ", comm.rank(), " sends ", send.size(), " elements but counts say ",
                 counts[comm.rank()]);
-  comm.all_gather(send.data(), Block::contiguous(0, static_cast<int64_t>(send.size())), recv.data(),
+  comm.all_gather(send.data(), StridedBlock::contiguous(0, static_cast<int64_t>(send.size())), recv.data(),
                   blocks, dtype_of<T>());
 }
 
@@ -81,7 +81,7 @@ void reduce_scatter(Comm& comm, std::span<const T> send, std::span<T> recv, Redu
   const int64_t n = static_cast<int64_t>(recv.size());
   DTENSOR_CHECK(static_cast<int64_t>(send.size()) == n * comm.size(), InvalidArgument,
                 "reduce_scatter: send holds ", send.size(), " elements, expected ", n * comm.size());
-  comm.reduce_scatter(send.data(), detail::even_blocks(comm, n), recv.data(), Block::contiguous(0, n),
+  comm.reduce_scatter(send.data(), detail::even_blocks(comm, n), recv.data(), StridedBlock::contiguous(0, n),
                       dtype_of<T>(), op);
 }
 
@@ -93,7 +93,7 @@ void reduce_scatterv(Comm& comm, std::span<const T> send, std::span<T> recv,
   DTENSOR_CHECK(static_cast<int64_t>(recv.size()) == counts[comm.rank()], InvalidArgument,
                 "reduce_scatterv: rank ", comm.rank(), " receives into ", recv.size(),
                 " elements but counts say ", counts[comm.rank()]);
-  comm.reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, counts[comm.rank()]),
+  comm.reduce_scatter(send.data(), blocks, recv.data(), StridedBlock::contiguous(0, counts[comm.rank()]),
                       dtype_of<T>(), op);
 }
 
@@ -124,7 +124,7 @@ void scatterv(Comm& comm, std::span<const T> send, std::span<const int64_t> coun
   auto blocks = detail::packed_blocks(comm, counts,
                                       comm.rank() == root ? static_cast<int64_t>(send.size()) : INT64_MAX,
                                       "scatterv");
-  comm.scatter(send.data(), blocks, recv.data(), Block::contiguous(0, static_cast<int64_t>(recv.size())),
+  comm.scatter(send.data(), blocks, recv.data(), StridedBlock::contiguous(0, static_cast<int64_t>(recv.size())),
                dtype_of<T>(), root);
 }
 
@@ -135,7 +135,7 @@ void gatherv(Comm& comm, std::span<const T> send, std::span<T> recv, std::span<c
   auto blocks = detail::packed_blocks(comm, counts,
                                       comm.rank() == root ? static_cast<int64_t>(recv.size()) : INT64_MAX,
                                       "gatherv");
-  comm.gather(send.data(), Block::contiguous(0, static_cast<int64_t>(send.size())), recv.data(), blocks,
+  comm.gather(send.data(), StridedBlock::contiguous(0, static_cast<int64_t>(send.size())), recv.data(), blocks,
               dtype_of<T>(), root);
 }
 

@@ -83,7 +83,8 @@ class Comm {
 
   // Rank k's `send_block` of `send` lands in `recv_blocks[k]` of `recv` on every rank.
   // recv_blocks must be the same on every rank (they describe the gathered result).
-  void all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t) {
+  void all_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
+                  DType t) {
     check_peers(recv_blocks, "all_gather");
     do_all_gather(send, send_block, recv, recv_blocks, t);
   }
@@ -99,8 +100,8 @@ class Comm {
   // starts them in the same order; a program's own exchanges must not use the tag.
   // (nn::FullyShard prefetches the next layer's parameters with it.)
   static constexpr int kAllGatherTag = (1 << 13) - 8;  // below realign's and the halo exchanges' tags
-  virtual Request start_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
-                                   DType t) {
+  virtual Request start_all_gather(const void* send, StridedBlock send_block, void* recv,
+                                   std::span<const StridedBlock> recv_blocks, DType t) {
     check_peers(recv_blocks, "all_gather (non-blocking)");
     std::vector<SendSpec> sends;
     std::vector<RecvSpec> recvs;
@@ -116,30 +117,30 @@ class Comm {
   }
 
   // This rank's `recv_block` of `recv` = reduction over ranks k of `send_blocks[rank()]` of k's `send`.
-  void reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
-                      ReduceOp op) {
+  void reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv, StridedBlock recv_block,
+                      DType t, ReduceOp op) {
     check_peers(send_blocks, "reduce_scatter");
     do_reduce_scatter(send, send_blocks, recv, recv_block, t, op);
   }
 
   // `send_blocks[k]` of this rank's `send` lands in `recv_blocks[rank()]` of rank k's `recv`.
-  void all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
-                  std::span<const Block> recv_blocks, DType t) {
+  void all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                  std::span<const StridedBlock> recv_blocks, DType t) {
     check_peers(send_blocks, "all_to_all");
     check_peers(recv_blocks, "all_to_all");
     do_all_to_all(send, send_blocks, recv, recv_blocks, t);
   }
 
   // From root: `send_blocks[k]` (read on root only) lands in rank k's `recv_block`.
-  void scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
-               int root) {
+  void scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv, StridedBlock recv_block,
+               DType t, int root) {
     check_root(root, "scatter");
     if (rank() == root) check_peers(send_blocks, "scatter");
     do_scatter(send, send_blocks, recv, recv_block, t, root);
   }
 
   // To root: rank k's `send_block` lands in `recv_blocks[k]` (written on root only).
-  void gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
+  void gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks, DType t,
               int root) {
     check_root(root, "gather");
     if (rank() == root) check_peers(recv_blocks, "gather");
@@ -194,16 +195,16 @@ class Comm {
   // What a runtime implements, called with arguments already checked (the public
   // functions above say what each does).
   virtual void do_broadcast(void* buf, std::size_t count, DType t, int root) = 0;
-  virtual void do_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
-                             DType t) = 0;
-  virtual void do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
-                                 DType t, ReduceOp op) = 0;
-  virtual void do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
-                             std::span<const Block> recv_blocks, DType t) = 0;
-  virtual void do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
-                          int root) = 0;
-  virtual void do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
-                         int root) = 0;
+  virtual void do_all_gather(const void* send, StridedBlock send_block, void* recv,
+                             std::span<const StridedBlock> recv_blocks, DType t) = 0;
+  virtual void do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                                 StridedBlock recv_block, DType t, ReduceOp op) = 0;
+  virtual void do_all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                             std::span<const StridedBlock> recv_blocks, DType t) = 0;
+  virtual void do_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                          StridedBlock recv_block, DType t, int root) = 0;
+  virtual void do_gather(const void* send, StridedBlock send_block, void* recv,
+                         std::span<const StridedBlock> recv_blocks, DType t, int root) = 0;
   virtual Request do_start_exchange(std::span<const SendSpec> sends, std::span<const RecvSpec> recvs, DType t) = 0;
   // The blocking point to point on top of the exchange (a runtime may do better).
   virtual void do_send(const void* buf, std::size_t count, DType t, int dst, int tag) {
@@ -214,7 +215,7 @@ class Comm {
   }
 
   // The argument checks, made here once for every runtime.
-  void check_peers(std::span<const Block> blocks, const char* op) const {
+  void check_peers(std::span<const StridedBlock> blocks, const char* op) const {
     DTENSOR_CHECK(static_cast<int>(blocks.size()) == size(), InvalidArgument, op, ": ", blocks.size(),
                   " blocks given for a communicator of ", size(), " ranks");
   }

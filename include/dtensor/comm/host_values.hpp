@@ -48,16 +48,18 @@ void broadcast_values(Comm& comm, T* values, std::size_t n, int root) {
 template <class T>
 std::vector<T> all_gather_values(Comm& comm, const T* mine, std::size_t n) {
   std::vector<T> all(n * static_cast<std::size_t>(comm.size()));
-  std::vector<Block> blocks(comm.size());
-  for (int r = 0; r < comm.size(); ++r) blocks[r] = Block::contiguous(static_cast<int64_t>(n) * r, static_cast<int64_t>(n));
+  std::vector<StridedBlock> blocks(comm.size());
+  for (int r = 0; r < comm.size(); ++r)
+    blocks[r] = StridedBlock::contiguous(static_cast<int64_t>(n) * r, static_cast<int64_t>(n));
   const Device dev = comm.device();
   if (dev.is_host()) {
-    comm.all_gather(mine, Block::contiguous(0, static_cast<int64_t>(n)), all.data(), blocks, dtype_of<T>());
+    comm.all_gather(mine, StridedBlock::contiguous(0, static_cast<int64_t>(n)), all.data(), blocks, dtype_of<T>());
     return all;
   }
   detail::Staged<T> in(comm, mine, n);
   auto out = Tensor<T, 1>::uninitialized(Shape<1>{static_cast<int64_t>(all.size())}, dev);
-  comm.all_gather(in.buf.data(), Block::contiguous(0, static_cast<int64_t>(n)), out.data(), blocks, dtype_of<T>());
+  comm.all_gather(in.buf.data(), StridedBlock::contiguous(0, static_cast<int64_t>(n)), out.data(), blocks,
+                  dtype_of<T>());
   if (!all.empty()) detail::copy_bytes(all.data(), Device::host(), out.data(), dev, all.size() * sizeof(T));
   return all;
 }

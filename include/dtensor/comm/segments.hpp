@@ -47,8 +47,8 @@ class PackedAllReduce final : public PendingExchange {
         flat_(Tensor<std::byte, 1>::uninitialized({static_cast<int64_t>(total_count(segments) * elem_)}, device)) {
     std::size_t at = 0;
     for (const Segment& s : segments_) {
-      movement::copy_block(device_, s.data, Block::contiguous(0, static_cast<int64_t>(s.count)), flat_.data(),
-                           Block::contiguous(static_cast<int64_t>(at), static_cast<int64_t>(s.count)), elem_);
+      movement::copy_block(device_, s.data, StridedBlock::contiguous(0, static_cast<int64_t>(s.count)), flat_.data(),
+                           StridedBlock::contiguous(static_cast<int64_t>(at), static_cast<int64_t>(s.count)), elem_);
       at += s.count;
     }
   }
@@ -69,8 +69,9 @@ class PackedAllReduce final : public PendingExchange {
   void unpack() {
     std::size_t at = 0;
     for (const Segment& s : segments_) {
-      movement::copy_block(device_, flat_.data(), Block::contiguous(static_cast<int64_t>(at), static_cast<int64_t>(s.count)),
-                           s.data, Block::contiguous(0, static_cast<int64_t>(s.count)), elem_);
+      movement::copy_block(device_, flat_.data(),
+                           StridedBlock::contiguous(static_cast<int64_t>(at), static_cast<int64_t>(s.count)), s.data,
+                           StridedBlock::contiguous(0, static_cast<int64_t>(s.count)), elem_);
       at += s.count;
     }
   }

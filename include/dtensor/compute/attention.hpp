@@ -292,8 +292,8 @@ void heads_to_front(Device dev, const T* x, T* y, int64_t batch, int64_t len, in
   const auto& move = dtensor::detail::device_movement(dev);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
-      move.copy_block(x, Block{(b * len * heads + h) * head_dim, len, heads * head_dim, head_dim}, y,
-                    Block::contiguous((b * heads + h) * len * head_dim, len * head_dim), sizeof(T));
+      move.copy_block(x, StridedBlock{(b * len * heads + h) * head_dim, len, heads * head_dim, head_dim}, y,
+                    StridedBlock::contiguous((b * heads + h) * len * head_dim, len * head_dim), sizeof(T));
 }
 template <class T>
 void heads_to_back(Device dev, const T* y, T* x, int64_t batch, int64_t len, int64_t heads, int64_t head_dim) {
@@ -301,8 +301,8 @@ void heads_to_back(Device dev, const T* y, T* x, int64_t batch, int64_t len, int
   const auto& move = dtensor::detail::device_movement(dev);
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
-      move.copy_block(y, Block::contiguous((b * heads + h) * len * head_dim, len * head_dim), x,
-                    Block{(b * len * heads + h) * head_dim, len, heads * head_dim, head_dim}, sizeof(T));
+      move.copy_block(y, StridedBlock::contiguous((b * heads + h) * len * head_dim, len * head_dim), x,
+                    StridedBlock{(b * len * heads + h) * head_dim, len, heads * head_dim, head_dim}, sizeof(T));
 }
 
 }  // namespace dtensor::compute

@@ -86,10 +86,12 @@ void rotary_embedding(Device dev, const RotaryDims& d, T* x, bool inverse = fals
   const Tensor<T, 1> st = Tensor<T, 1>({d.len * half}, std::move(s)).to(dev);
   Tensor<T, 1> cg = tensor(n), sg = tensor(n), x1 = tensor(n), x2 = tensor(n), y1 = tensor(n), y2 = tensor(n);
   // the table repeated for every group (a source of stride 0), the halves gathered
-  move.copy_block(ct.data(), Block{0, d.groups, 0, d.len * half}, cg.data(), Block::contiguous(0, n), sizeof(T));
-  move.copy_block(st.data(), Block{0, d.groups, 0, d.len * half}, sg.data(), Block::contiguous(0, n), sizeof(T));
-  move.copy_block(x, Block{0, rows, d.head_dim, half}, x1.data(), Block::contiguous(0, n), sizeof(T));
-  move.copy_block(x, Block{half, rows, d.head_dim, half}, x2.data(), Block::contiguous(0, n), sizeof(T));
+  move.copy_block(ct.data(), StridedBlock{0, d.groups, 0, d.len * half}, cg.data(), StridedBlock::contiguous(0, n),
+                  sizeof(T));
+  move.copy_block(st.data(), StridedBlock{0, d.groups, 0, d.len * half}, sg.data(), StridedBlock::contiguous(0, n),
+                  sizeof(T));
+  move.copy_block(x, StridedBlock{0, rows, d.head_dim, half}, x1.data(), StridedBlock::contiguous(0, n), sizeof(T));
+  move.copy_block(x, StridedBlock{half, rows, d.head_dim, half}, x2.data(), StridedBlock::contiguous(0, n), sizeof(T));
   // y1 = x1 c - x2 s, y2 = x2 c + x1 s
   be.binary(t, BinaryOp::Mul, x1.data(), cg.data(), y1.data(), n);
   be.binary(t, BinaryOp::Mul, x2.data(), cg.data(), y2.data(), n);
@@ -97,8 +99,8 @@ void rotary_embedding(Device dev, const RotaryDims& d, T* x, bool inverse = fals
   be.binary(t, BinaryOp::Mul, x1.data(), sg.data(), x1.data(), n);
   be.binary(t, BinaryOp::Sub, y1.data(), x2.data(), y1.data(), n);
   be.binary(t, BinaryOp::Add, y2.data(), x1.data(), y2.data(), n);
-  move.copy_block(y1.data(), Block::contiguous(0, n), x, Block{0, rows, d.head_dim, half}, sizeof(T));
-  move.copy_block(y2.data(), Block::contiguous(0, n), x, Block{half, rows, d.head_dim, half}, sizeof(T));
+  move.copy_block(y1.data(), StridedBlock::contiguous(0, n), x, StridedBlock{0, rows, d.head_dim, half}, sizeof(T));
+  move.copy_block(y2.data(), StridedBlock::contiguous(0, n), x, StridedBlock{half, rows, d.head_dim, half}, sizeof(T));
 }
 
 }  // namespace dtensor::compute

@@ -1,9 +1,10 @@
 #pragma once
-// Block: a strided region of a buffer, `count` runs of `len` contiguous elements,
+// StridedBlock: a strided region of a buffer, `count` runs of `len` contiguous elements,
 // `stride` elements apart, starting at `offset`. Any range along one dimension of a
-// row-major tensor is a Block, which lets every collective read its input and write
-// its output in place, with no packing into staging buffers (MPI maps a Block to
-// a vector datatype).
+// row-major tensor is a StridedBlock, which lets every collective read its input and write
+// its output in place, with no packing into staging buffers (MPI maps a StridedBlock to
+// a vector datatype). Named StridedBlock, not Block: a user's own `using Block = ...`
+// beside `using namespace dtensor;` must not collide with a type users never name.
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -15,23 +16,23 @@
 
 namespace dtensor {
 
-struct Block {
+struct StridedBlock {
   int64_t offset = 0;  // elements
   int64_t count = 1;   // runs
   int64_t stride = 0;  // elements between run starts
   int64_t len = 0;     // elements per run
 
-  static constexpr Block contiguous(int64_t offset, int64_t n) { return {offset, 1, n, n}; }
+  static constexpr StridedBlock contiguous(int64_t offset, int64_t n) { return {offset, 1, n, n}; }
   constexpr int64_t numel() const { return count * len; }
   constexpr bool is_contiguous() const { return count <= 1 || stride == len; }
-  friend constexpr bool operator==(const Block&, const Block&) = default;
+  friend constexpr bool operator==(const StridedBlock&, const StridedBlock&) = default;
 };
 
 // The block of a row-major tensor of `shape` that holds indices [begin, begin+n) of dim d.
 template <std::size_t Rank>
-constexpr Block range_block(const std::array<int64_t, Rank>& shape, int d, int64_t begin, int64_t n) {
+constexpr StridedBlock range_block(const std::array<int64_t, Rank>& shape, int d, int64_t begin, int64_t n) {
   const int64_t inner = inner_size(shape, d);
-  return Block{begin * inner, outer_size(shape, d), shape[d] * inner, n * inner};
+  return StridedBlock{begin * inner, outer_size(shape, d), shape[d] * inner, n * inner};
 }
 
 namespace detail {
@@ -39,7 +40,7 @@ namespace detail {
 // Walks two blocks of equal element count in lock-step, calling f(src_off, dst_off,
 // n) for each stretch that is contiguous in both.
 template <class F>
-inline void zip_runs(const Block& s, const Block& d, F&& f) {
+inline void zip_runs(const StridedBlock& s, const StridedBlock& d, F&& f) {
   if (s.numel() == 0) return;
   if (s.is_contiguous() && d.is_contiguous()) return f(s.offset, d.offset, s.numel());
   if (s.len == d.len) {
@@ -57,13 +58,13 @@ inline void zip_runs(const Block& s, const Block& d, F&& f) {
   }
 }
 
-inline void check_same_numel(const Block& s, const Block& d, const char* op) {
+inline void check_same_numel(const StridedBlock& s, const StridedBlock& d, const char* op) {
   DTENSOR_CHECK(s.numel() == d.numel(), CommError, op, ": a rank sends ", s.numel(),
                 " elements where ", d.numel(), " are expected; the ranks disagree on the sizes");
 }
 
 // Copies the elements of block `sb` of `src` to block `db` of `dst`, in order.
-inline void copy_block(const void* src, const Block& sb, void* dst, const Block& db, std::size_t elem) {
+inline void copy_block(const void* src, const StridedBlock& sb, void* dst, const StridedBlock& db, std::size_t elem) {
   auto* s = static_cast<const std::byte*>(src);
   auto* d = static_cast<std::byte*>(dst);
   zip_runs(sb, db, [&](int64_t so, int64_t dof, int64_t n) {
@@ -72,7 +73,8 @@ inline void copy_block(const void* src, const Block& sb, void* dst, const Block&
 }
 
 // dst[db] (op)= src[sb], element by element in order.
-inline void reduce_block(DType t, ReduceOp op, const void* src, const Block& sb, void* dst, const Block& db) {
+inline void reduce_block(DType t, ReduceOp op, const void* src, const StridedBlock& sb, void* dst,
+                         const StridedBlock& db) {
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     auto* s = static_cast<const T*>(src);
@@ -83,7 +85,7 @@ inline void reduce_block(DType t, ReduceOp op, const void* src, const Block& sb,
   });
 }
 
-inline void divide_block(DType t, void* dst, const Block& db, int terms) {
+inline void divide_block(DType t, void* dst, const StridedBlock& db, int terms) {
   visit_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     auto* d = static_cast<T*>(dst);

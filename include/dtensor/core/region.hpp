@@ -1,7 +1,7 @@
 #pragma once
 // Region: an N-D strided box of a buffer, the unit of point-to-point messages.
 //
-// A Block (block.hpp) is one level of strides: enough for a range along one tensor
+// A StridedBlock (block.hpp) is one level of strides: enough for a range along one tensor
 // dim, which is all a collective moves. A ghost face is not: the W face of an
 // [N, C, H, W] block restricted to its interior rows is runs of `w` elements, `H`
 // of them per (n, c), with two different strides. A Region is offset + extents +
@@ -42,7 +42,7 @@ struct Region {
     return r;
   }
 
-  static constexpr Region of(const Block& b) {
+  static constexpr Region of(const StridedBlock& b) {
     Region r;
     r.offset = b.offset, r.ndim = 2;
     r.extent[0] = b.count, r.stride[0] = b.stride;
@@ -101,24 +101,24 @@ struct Region {
   }
 
   // The same elements as Blocks (one level of strides each), in order: what the
-  // device copy kernels take. f(Block) is called once per outer index.
+  // device copy kernels take. f(StridedBlock) is called once per outer index.
   template <class F>
   void for_each_block(F&& f) const {
     const Region s = simplified();
     if (s.numel() == 0) return;
-    // The last one or two dims form each Block: two when the innermost elements are
+    // The last one or two dims form each StridedBlock: two when the innermost elements are
     // adjacent (runs of extent[last]), else one (runs of a single element).
     const bool adjacent = s.stride[s.ndim - 1] == 1;
-    if (adjacent && s.ndim == 1) return f(Block{s.offset, 1, s.extent[0], s.extent[0]});
+    if (adjacent && s.ndim == 1) return f(StridedBlock{s.offset, 1, s.extent[0], s.extent[0]});
     const int outer = adjacent ? s.ndim - 2 : s.ndim - 1;  // dims iterated here
     std::array<int64_t, kMaxRegionDims> idx{};
     while (true) {
       int64_t off = s.offset;
       for (int d = 0; d < outer; ++d) off += idx[d] * s.stride[d];
       if (adjacent)
-        f(Block{off, s.extent[outer], s.stride[outer], s.extent[outer + 1]});
+        f(StridedBlock{off, s.extent[outer], s.stride[outer], s.extent[outer + 1]});
       else
-        f(Block{off, s.extent[outer], s.stride[outer], 1});
+        f(StridedBlock{off, s.extent[outer], s.stride[outer], 1});
       int d = outer;
       while (d-- > 0) {
         if (++idx[d] < s.extent[d]) break;
@@ -210,19 +210,19 @@ void for_each_block_pair(const Region& a, const Region& b, F&& f) {
       ++x.ndim, ++y.ndim;
     }
   }
-  if (x.ndim == 0) return f(Block{x.offset, 1, 1, 1}, Block{y.offset, 1, 1, 1});
-  // The last dim becomes each Block's runs when both are unit-stride there.
+  if (x.ndim == 0) return f(StridedBlock{x.offset, 1, 1, 1}, StridedBlock{y.offset, 1, 1, 1});
+  // The last dim becomes each StridedBlock's runs when both are unit-stride there.
   const int last = x.ndim - 1;
   const bool adjacent = x.stride[last] == 1 && y.stride[last] == 1;
-  const int outer = adjacent ? last - 1 : last;  // dims iterated here (the one below forms the Block's count)
+  const int outer = adjacent ? last - 1 : last;  // dims iterated here (the one below forms the StridedBlock's count)
   if (adjacent && x.ndim == 1)
-    return f(Block::contiguous(x.offset, x.extent[0]), Block::contiguous(y.offset, y.extent[0]));
+    return f(StridedBlock::contiguous(x.offset, x.extent[0]), StridedBlock::contiguous(y.offset, y.extent[0]));
   std::array<int64_t, kMaxRegionDims> idx{};
   while (true) {
     int64_t xo = x.offset, yo = y.offset;
     for (int d = 0; d < outer; ++d) xo += idx[d] * x.stride[d], yo += idx[d] * y.stride[d];
     const int64_t len = adjacent ? x.extent[last] : 1;
-    f(Block{xo, x.extent[outer], x.stride[outer], len}, Block{yo, y.extent[outer], y.stride[outer], len});
+    f(StridedBlock{xo, x.extent[outer], x.stride[outer], len}, StridedBlock{yo, y.extent[outer], y.stride[outer], len});
     int d = outer;
     while (d-- > 0) {
       if (++idx[d] < x.extent[d]) break;

@@ -36,13 +36,14 @@ using Reduce = ::dtensor::ReduceOp;  // Avg reduces like Sum (the caller divides
 
 // dst[db] = src[sb], element by element in order. The blocks hold the same number of
 // elements but may cut it into runs differently. `elem` is the element size in bytes.
-void copy_block(const void* src, Block sb, void* dst, Block db, std::size_t elem, cudaStream_t stream);
+void copy_block(const void* src, StridedBlock sb, void* dst, StridedBlock db, std::size_t elem, cudaStream_t stream);
 
 // dst[db] (op)= src[sb]; Avg accumulates like Sum (divide_block finishes it).
-void reduce_block(DType t, ReduceOp op, const void* src, Block sb, void* dst, Block db, cudaStream_t stream);
+void reduce_block(DType t, ReduceOp op, const void* src, StridedBlock sb, void* dst, StridedBlock db,
+                  cudaStream_t stream);
 
 // dst[db] /= terms (integer division for integer types).
-void divide_block(DType t, void* dst, Block db, int terms, cudaStream_t stream);
+void divide_block(DType t, void* dst, StridedBlock db, int terms, cudaStream_t stream);
 
 // dst[0, n) = value (one element of type t).
 void fill(DType t, void* dst, int64_t n, Scalar value, cudaStream_t stream);

@@ -37,7 +37,7 @@ inline void NcclComm::all_reduce(const void* send, void* recv, std::size_t count
     nccl(ncclAllReduce(send, recv, count, cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(), stream_),
          "ncclAllReduce");
     if (cuda::detail::divide_after(op, t))
-      cuda::kernels::divide_block(t, recv, Block::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
+      cuda::kernels::divide_block(t, recv, StridedBlock::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
   });
 }
 
@@ -57,7 +57,7 @@ inline Request NcclComm::start_all_reduce(const void* send, void* recv, std::siz
                          stream_),
            "ncclAllReduce");
       if (cuda::detail::divide_after(op, t))
-        cuda::kernels::divide_block(t, recv, Block::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
+        cuda::kernels::divide_block(t, recv, StridedBlock::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
     }
     DTENSOR_CUDA(cudaEventRecord(st->event, stream_));
     st->status = ExchangeState::Status::Issued;
@@ -77,8 +77,8 @@ inline void NcclComm::do_broadcast(void* buf, std::size_t count, DType t, int ro
   });
 }
 
-inline void NcclComm::do_all_gather(const void* send, Block send_block, void* recv,
-                                    std::span<const Block> recv_blocks, DType t) {
+inline void NcclComm::do_all_gather(const void* send, StridedBlock send_block, void* recv,
+                                    std::span<const StridedBlock> recv_blocks, DType t) {
   collective(Kind::AllGather, {t, ReduceOp::Sum, 0, send_block.numel()}, recv_blocks, {}, [&] {
     const std::size_t elem = size_of(t);
     const int64_t n = send_block.numel();
@@ -95,7 +95,7 @@ inline void NcclComm::do_all_gather(const void* send, Block send_block, void* re
       st.allocate();
       const void* in = cuda::detail::at(send, send_block.offset, elem);
       if (in_at != Staging::kNone) {
-        cuda::kernels::copy_block(send, send_block, st.at(in_at), Block::contiguous(0, n), elem, stream_);
+        cuda::kernels::copy_block(send, send_block, st.at(in_at), StridedBlock::contiguous(0, n), elem, stream_);
         in = st.at(in_at);
       }
       void* out = direct ? cuda::detail::at(recv, recv_blocks[0].offset, elem) : st.at(out_at);
@@ -103,7 +103,7 @@ inline void NcclComm::do_all_gather(const void* send, Block send_block, void* re
            "ncclAllGather");
       if (!direct)
         for (int k = 0; k < size_; ++k)
-          cuda::kernels::copy_block(out, Block::contiguous(k * n, n), recv, recv_blocks[k], elem, stream_);
+          cuda::kernels::copy_block(out, StridedBlock::contiguous(k * n, n), recv, recv_blocks[k], elem, stream_);
       return;
     }
     if (const int64_t m = cuda::detail::padded_piece(recv_blocks); m > 0) {
@@ -113,13 +113,14 @@ inline void NcclComm::do_all_gather(const void* send, Block send_block, void* re
       Staging st(stream_);
       const std::size_t in_at = st.reserve(m, elem), out_at = st.reserve(m * size_, elem);
       st.allocate();
-      if (n > 0) cuda::kernels::copy_block(send, send_block, st.at(in_at), Block::contiguous(0, n), elem, stream_);
+      if (n > 0)
+        cuda::kernels::copy_block(send, send_block, st.at(in_at), StridedBlock::contiguous(0, n), elem, stream_);
       nccl(ncclAllGather(st.at(in_at), st.at(out_at), static_cast<std::size_t>(m), cuda::detail::nccl_type(t), comm(),
                          stream_),
            "ncclAllGather (padded)");
       for (int k = 0; k < size_; ++k)
         if (recv_blocks[k].numel() > 0)
-          cuda::kernels::copy_block(st.at(out_at), Block::contiguous(k * m, recv_blocks[k].numel()), recv,
+          cuda::kernels::copy_block(st.at(out_at), StridedBlock::contiguous(k * m, recv_blocks[k].numel()), recv,
                                     recv_blocks[k], elem, stream_);
       return;
     }
@@ -129,10 +130,10 @@ inline void NcclComm::do_all_gather(const void* send, Block send_block, void* re
     const std::size_t in_at = cuda::detail::dense(send_block) ? Staging::kNone : st.reserve(n, elem);
     st.allocate();
     const void* in = send;
-    Block in_block = send_block;
+    StridedBlock in_block = send_block;
     if (in_at != Staging::kNone) {
-      cuda::kernels::copy_block(send, send_block, st.at(in_at), Block::contiguous(0, n), elem, stream_);
-      in = st.at(in_at), in_block = Block::contiguous(0, n);
+      cuda::kernels::copy_block(send, send_block, st.at(in_at), StridedBlock::contiguous(0, n), elem, stream_);
+      in = st.at(in_at), in_block = StridedBlock::contiguous(0, n);
     }
     std::vector<Outgoing> outs;
     std::vector<Incoming> ins;
@@ -143,8 +144,8 @@ inline void NcclComm::do_all_gather(const void* send, Block send_block, void* re
   });
 }
 
-inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv,
-                                        Block recv_block, DType t, ReduceOp op) {
+inline void NcclComm::do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                                        StridedBlock recv_block, DType t, ReduceOp op) {
   collective(Kind::ReduceScatter, {t, op, 0, recv_block.numel()}, send_blocks, {}, [&] {
     const std::size_t elem = size_of(t);
     const int64_t n = recv_block.numel();
@@ -165,13 +166,14 @@ inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Block>
       const void* in = cuda::detail::at(send, send_blocks[0].offset, elem);
       if (!direct_in) {
         for (int k = 0; k < size_; ++k)
-          cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at), Block::contiguous(k * n, n), elem, stream_);
+          cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at), StridedBlock::contiguous(k * n, n), elem,
+                                    stream_);
         in = st.at(in_at);
       }
       void* out = out_at == Staging::kNone ? cuda::detail::at(recv, recv_block.offset, elem) : st.at(out_at);
       nccl(ncclReduceScatter(in, out, static_cast<std::size_t>(n), type, rop, comm(), stream_), "ncclReduceScatter");
       if (out_at != Staging::kNone)
-        cuda::kernels::copy_block(out, Block::contiguous(0, n), recv, recv_block, elem, stream_);
+        cuda::kernels::copy_block(out, StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
     } else if (const int64_t m = cuda::detail::padded_piece(send_blocks); m > 0) {
       // Uneven pieces padded to m elements: piece k packed at k m of staging (its
       // tail is reduced but never read), one ncclReduceScatter of m per rank, this
@@ -181,10 +183,11 @@ inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Block>
       for (int k = 0; k < size_; ++k)
         if (send_blocks[k].numel() > 0)
           cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at),
-                                    Block::contiguous(k * m, send_blocks[k].numel()), elem, stream_);
+                                    StridedBlock::contiguous(k * m, send_blocks[k].numel()), elem, stream_);
       nccl(ncclReduceScatter(st.at(in_at), st.at(out_at), static_cast<std::size_t>(m), type, rop, comm(), stream_),
            "ncclReduceScatter (padded)");
-      if (n > 0) cuda::kernels::copy_block(st.at(out_at), Block::contiguous(0, n), recv, recv_block, elem, stream_);
+      if (n > 0)
+        cuda::kernels::copy_block(st.at(out_at), StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
     } else {
       // Pieces too uneven to pad: one reduce per rank, rooted at the rank whose
       // piece it is, all in one group so that they run together.
@@ -196,7 +199,7 @@ inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Block>
       for (int k = 0; k < size_; ++k)
         if (in_at[k] != Staging::kNone)
           cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at[k]),
-                                    Block::contiguous(0, send_blocks[k].numel()), elem, stream_);
+                                    StridedBlock::contiguous(0, send_blocks[k].numel()), elem, stream_);
       void* out = out_at == Staging::kNone ? cuda::detail::at(recv, recv_block.offset, elem) : st.at(out_at);
       {
         cuda::detail::GroupCall group;
@@ -212,14 +215,14 @@ inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Block>
         nccl(group.end(), "ncclGroupEnd");
       }
       if (out_at != Staging::kNone)
-        cuda::kernels::copy_block(out, Block::contiguous(0, n), recv, recv_block, elem, stream_);
+        cuda::kernels::copy_block(out, StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
     }
     if (cuda::detail::divide_after(op, t)) cuda::kernels::divide_block(t, recv, recv_block, size_, stream_);
   });
 }
 
-inline void NcclComm::do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
-                                    std::span<const Block> recv_blocks, DType t) {
+inline void NcclComm::do_all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                                    std::span<const StridedBlock> recv_blocks, DType t) {
   collective(Kind::AllToAll, {t, ReduceOp::Sum, 0, 0}, send_blocks, recv_blocks, [&] {
     check_own_size(send_blocks[rank_].numel(), recv_blocks[rank_].numel(), "send_blocks[rank] (to itself)",
                    "recv_blocks[rank]");
@@ -232,10 +235,10 @@ inline void NcclComm::do_all_to_all(const void* send, std::span<const Block> sen
   });
 }
 
-inline void NcclComm::do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
-                                 DType t, int root) {
+inline void NcclComm::do_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                                 StridedBlock recv_block, DType t, int root) {
   const bool is_root = rank_ == root;
-  const std::span<const Block> sizes = is_root ? send_blocks : std::span<const Block>{};
+  const std::span<const StridedBlock> sizes = is_root ? send_blocks : std::span<const StridedBlock>{};
   collective(Kind::Scatter, {t, ReduceOp::Sum, root, recv_block.numel()}, sizes, {}, [&] {
     std::vector<Outgoing> outs;
     std::vector<Incoming> ins;
@@ -251,10 +254,10 @@ inline void NcclComm::do_scatter(const void* send, std::span<const Block> send_b
   });
 }
 
-inline void NcclComm::do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
-                                DType t, int root) {
+inline void NcclComm::do_gather(const void* send, StridedBlock send_block, void* recv,
+                                std::span<const StridedBlock> recv_blocks, DType t, int root) {
   const bool is_root = rank_ == root;
-  const std::span<const Block> sizes = is_root ? recv_blocks : std::span<const Block>{};
+  const std::span<const StridedBlock> sizes = is_root ? recv_blocks : std::span<const StridedBlock>{};
   collective(Kind::Gather, {t, ReduceOp::Sum, root, send_block.numel()}, sizes, {}, [&] {
     std::vector<Outgoing> outs;
     std::vector<Incoming> ins;
@@ -286,7 +289,7 @@ inline void NcclComm::exchange(std::span<const Outgoing> outs, std::span<const I
   for (std::size_t i = 0; i < outs.size(); ++i)
     if (out_at[i] != Staging::kNone)
       cuda::kernels::copy_block(outs[i].base, outs[i].block, st.at(out_at[i]),
-                                Block::contiguous(0, outs[i].block.numel()), elem, stream_);
+                                StridedBlock::contiguous(0, outs[i].block.numel()), elem, stream_);
   {
     cuda::detail::GroupCall group;
     nccl(group.started(), "ncclGroupStart");
@@ -308,12 +311,13 @@ inline void NcclComm::exchange(std::span<const Outgoing> outs, std::span<const I
   }
   for (std::size_t i = 0; i < ins.size(); ++i)
     if (in_at[i] != Staging::kNone)
-      cuda::kernels::copy_block(st.at(in_at[i]), Block::contiguous(0, ins[i].block.numel()), ins[i].base,
+      cuda::kernels::copy_block(st.at(in_at[i]), StridedBlock::contiguous(0, ins[i].block.numel()), ins[i].base,
                                 ins[i].block, elem, stream_);
 }
 
 // This rank's own piece: a local copy (nothing when it is already in place).
-inline void NcclComm::copy_own(const void* src, const Block& sb, void* dst, const Block& db, std::size_t elem) {
+inline void NcclComm::copy_own(const void* src, const StridedBlock& sb, void* dst, const StridedBlock& db,
+                               std::size_t elem) {
   if (src == dst && sb == db) return;
   cuda::kernels::copy_block(src, sb, dst, db, elem, stream_);
 }

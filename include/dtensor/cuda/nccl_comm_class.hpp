@@ -102,16 +102,16 @@ class NcclComm final : public Comm {
  protected:
   // The collectives, called by Comm's public functions once it has checked their arguments.
   void do_broadcast(void* buf, std::size_t count, DType t, int root) override;
-  void do_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+  void do_all_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
                      DType t) override;
-  void do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
-                         ReduceOp op) override;
-  void do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
-                     std::span<const Block> recv_blocks, DType t) override;
-  void do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
-                  int root) override;
-  void do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
-                 int root) override;
+  void do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                         StridedBlock recv_block, DType t, ReduceOp op) override;
+  void do_all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                     std::span<const StridedBlock> recv_blocks, DType t) override;
+  void do_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv, StridedBlock recv_block,
+                  DType t, int root) override;
+  void do_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
+                 DType t, int root) override;
 
   // Point to point; docs/ARCHITECTURE.md ("The NCCL runtime") says how exchanges reach
   // NCCL and how they complete. The blocking send and recv are Comm's, on top of this.
@@ -140,12 +140,12 @@ class NcclComm final : public Comm {
   struct Outgoing {
     int peer;
     const void* base;
-    Block block;
+    StridedBlock block;
   };
   struct Incoming {
     int peer;
     void* base;
-    Block block;
+    StridedBlock block;
   };
 
   // Creation (nccl_lifetime.hpp).
@@ -177,7 +177,8 @@ class NcclComm final : public Comm {
 
   // Checks the signatures (guarded mode), then queues the collective and waits.
   template <class Body>
-  void collective(Kind kind, const Signature& sig, std::span<const Block> a, std::span<const Block> b, Body&& body) {
+  void collective(Kind kind, const Signature& sig, std::span<const StridedBlock> a, std::span<const StridedBlock> b,
+                  Body&& body) {
     enter(kind);
     cuda::DeviceGuard guard(device_);
     if (guarded_) check_signature(sig, a, b);
@@ -240,7 +241,7 @@ class NcclComm final : public Comm {
   static constexpr std::size_t kSplitRow = 1 + (sizeof(ncclUniqueId) + sizeof(int64_t) - 1) / sizeof(int64_t);
   std::size_t split_table_words() const { return kSplitRow * static_cast<std::size_t>(size_); }
 
-  void check_signature(const Signature& sig, std::span<const Block> a, std::span<const Block> b);
+  void check_signature(const Signature& sig, std::span<const StridedBlock> a, std::span<const StridedBlock> b);
   void judge_signatures() const;
 
   // --- point to point (nccl_point_to_point.hpp) ---
@@ -366,7 +367,7 @@ class NcclComm final : public Comm {
   // --- data movement (nccl_collectives.hpp) ---
 
   void exchange(std::span<const Outgoing> outs, std::span<const Incoming> ins, DType t);
-  void copy_own(const void* src, const Block& sb, void* dst, const Block& db, std::size_t elem);
+  void copy_own(const void* src, const StridedBlock& sb, void* dst, const StridedBlock& db, std::size_t elem);
 
   // --- argument checks (nccl_collectives.hpp) ---
 

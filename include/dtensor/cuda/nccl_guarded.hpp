@@ -18,7 +18,8 @@
 
 namespace dtensor {
 
-inline void NcclComm::check_signature(const Signature& sig, std::span<const Block> a, std::span<const Block> b) {
+inline void NcclComm::check_signature(const Signature& sig, std::span<const StridedBlock> a,
+                                      std::span<const StridedBlock> b) {
   phase_ = " (comparing signatures, guarded mode)";
   const std::size_t len = signature_length(), all = len * static_cast<std::size_t>(size_);
   enqueue_and_wait([&] {

@@ -52,9 +52,9 @@ inline ncclRedOp_t nccl_op(ReduceOp op, DType t) {
 }
 
 // A block NCCL can read or write in place: empty, or one contiguous range.
-inline bool dense(const Block& b) { return b.numel() == 0 || b.is_contiguous(); }
+inline bool dense(const StridedBlock& b) { return b.numel() == 0 || b.is_contiguous(); }
 
-inline bool same_size(std::span<const Block> blocks) {
+inline bool same_size(std::span<const StridedBlock> blocks) {
   for (const auto& b : blocks)
     if (b.numel() != blocks[0].numel()) return false;
   return true;
@@ -62,10 +62,11 @@ inline bool same_size(std::span<const Block> blocks) {
 
 // Blocks of one size n, contiguous and back to back in rank order: the layout of
 // NCCL's all-gather output and reduce-scatter input.
-inline bool back_to_back(std::span<const Block> blocks) {
+inline bool back_to_back(std::span<const StridedBlock> blocks) {
   const int64_t n = blocks[0].numel();
   for (std::size_t k = 0; k < blocks.size(); ++k)
-    if (!dense(blocks[k]) || blocks[k].numel() != n || blocks[k].offset != blocks[0].offset + static_cast<int64_t>(k) * n)
+    if (!dense(blocks[k]) || blocks[k].numel() != n ||
+        blocks[k].offset != blocks[0].offset + static_cast<int64_t>(k) * n)
       return false;
   return true;
 }
@@ -76,9 +77,9 @@ inline bool back_to_back(std::span<const Block> blocks) {
 // (explicit splits such as 100 | 1 | 1 | 1) would move mostly padding; that case keeps
 // the point-to-point exchange (all-gather) or the per-root reduces (reduce-scatter).
 // Depends only on sizes every rank agrees on.
-inline int64_t padded_piece(std::span<const Block> blocks) {
+inline int64_t padded_piece(std::span<const StridedBlock> blocks) {
   int64_t largest = 0, total = 0;
-  for (const Block& b : blocks) largest = std::max(largest, b.numel()), total += b.numel();
+  for (const StridedBlock& b : blocks) largest = std::max(largest, b.numel()), total += b.numel();
   const int64_t padded = largest * static_cast<int64_t>(blocks.size());
   return padded <= 2 * total ? largest : 0;
 }

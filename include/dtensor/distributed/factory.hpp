@@ -171,7 +171,7 @@ DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMes
 
     // The source packs every rank's block, in rank order, into one staging buffer.
     std::vector<T> staging;
-    detail::SmallVector<Block, 16> blocks(comm.size());
+    detail::SmallVector<StridedBlock, 16> blocks(comm.size());
     if (comm.rank() == src) {
       int64_t total = 0;
       std::vector<std::pair<Shape<Rank>, Shape<Rank>>> boxes(comm.size());
@@ -181,7 +181,7 @@ DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMes
         boxes[r] = {x.layout().local_offset(DT::placement_state, mesh.shape(), c),
                     x.layout().local_shape(DT::placement_state, mesh.shape(), c)};
         const int64_t n = zero ? 0 : numel(boxes[r].second);
-        blocks[r] = Block::contiguous(total, n);
+        blocks[r] = StridedBlock::contiguous(total, n);
         total += n;
       }
       staging.resize(static_cast<std::size_t>(total));
@@ -193,7 +193,7 @@ DTensor<T, Rank, P...> distribute(const Tensor<T, Rank>& global, const DeviceMes
           detail::copy_box_out(g, shape, boxes[r].first, boxes[r].second, staging.data() + blocks[r].offset);
     }
     const bool zero = detail::holds_zero_term(DT::placement_state, mesh.coords());
-    const Block mine = Block::contiguous(0, zero ? 0 : x.local().numel());
+    const StridedBlock mine = StridedBlock::contiguous(0, zero ? 0 : x.local().numel());
     if (comm.device().is_host()) {
       comm.scatter(staging.data(), blocks, x.local().data(), mine, dtype_of<T>(), src);
     } else {

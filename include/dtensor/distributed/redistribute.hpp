@@ -78,18 +78,18 @@ Tensor<T, Rank> apply_step(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, 
     comm.all_reduce(x.data(), y.data(), static_cast<std::size_t>(x.numel()), dt, S.op);
   } else if constexpr (S.kind == StepKind::AllGather) {
     const auto [size, off] = pieces(layout, S.from_dim, After);
-    SmallVector<Block, 16> recv(n);
+    SmallVector<StridedBlock, 16> recv(n);
     for (int k = 0; k < n; ++k) recv[k] = range_block(out_shape, S.from_dim, off[k], size[k]);
-    comm.all_gather(x.data(), Block::contiguous(0, x.numel()), y.data(), recv, dt);
+    comm.all_gather(x.data(), StridedBlock::contiguous(0, x.numel()), y.data(), recv, dt);
   } else if constexpr (S.kind == StepKind::ReduceScatter) {
     const auto [size, off] = pieces(next, S.to_dim, Before);
-    SmallVector<Block, 16> send(n);
+    SmallVector<StridedBlock, 16> send(n);
     for (int k = 0; k < n; ++k) send[k] = range_block(x.shape(), S.to_dim, off[k], size[k]);
-    comm.reduce_scatter(x.data(), send, y.data(), Block::contiguous(0, y.numel()), dt, S.op);
+    comm.reduce_scatter(x.data(), send, y.data(), StridedBlock::contiguous(0, y.numel()), dt, S.op);
   } else if constexpr (S.kind == StepKind::AllToAll) {
     const auto [gsize, goff] = pieces(layout, S.from_dim, After);  // gathered dim: what each peer holds
     const auto [ssize, soff] = pieces(next, S.to_dim, Before);     // newly sharded dim: what each peer gets
-    SmallVector<Block, 16> send(n), recv(n);
+    SmallVector<StridedBlock, 16> send(n), recv(n);
     for (int k = 0; k < n; ++k) {
       send[k] = range_block(x.shape(), S.to_dim, soff[k], ssize[k]);
       recv[k] = range_block(out_shape, S.from_dim, goff[k], gsize[k]);
@@ -98,13 +98,13 @@ Tensor<T, Rank> apply_step(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, 
   } else if constexpr (S.kind == StepKind::Slice) {
     const auto [size, off] = pieces(next, S.to_dim, Before);
     movement::copy_block(x.device(), x.data(), range_block(x.shape(), S.to_dim, off[c], size[c]), y.data(),
-                         Block::contiguous(0, y.numel()), sizeof(T));
+                         StridedBlock::contiguous(0, y.numel()), sizeof(T));
   } else {  // MakePartial: the value stays whole under Avg, Max, Min; for Sum one rank keeps it
     if (S.op == ReduceOp::Sum && c != 0)
       movement::fill(y, T{0});
     else
-      movement::copy_block(x.device(), x.data(), Block::contiguous(0, x.numel()), y.data(),
-                           Block::contiguous(0, y.numel()), sizeof(T));
+      movement::copy_block(x.device(), x.data(), StridedBlock::contiguous(0, x.numel()), y.data(),
+                           StridedBlock::contiguous(0, y.numel()), sizeof(T));
   }
   layout = std::move(next);
   return y;
@@ -152,7 +152,8 @@ Tensor<T, Rank> run_plan(const Tensor<T, Rank>& x, ShardLayout<Rank>& layout, co
 
 template <class R, class T, int Rank, int M, std::size_t... C>
 Tensor<T, Rank> run_candidate(int chosen, const Tensor<T, Rank>& x, ShardLayout<Rank>& layout,
-                              const DeviceMesh<M>& mesh, const std::type_identity_t<Splits<Rank>>& target, std::index_sequence<C...>) {
+                              const DeviceMesh<M>& mesh, const std::type_identity_t<Splits<Rank>>& target,
+                              std::index_sequence<C...>) {
   Tensor<T, Rank> out;
   ((chosen == static_cast<int>(C) ? (out = run_plan<R, C>(x, layout, mesh, target), true) : false) || ...);
   return out;
@@ -160,7 +161,8 @@ Tensor<T, Rank> run_candidate(int chosen, const Tensor<T, Rank>& x, ShardLayout<
 
 // Explicit target sizes can only be reached on dims the plan touches.
 template <class R, int Rank>
-void check_target_splits(const ShardLayout<Rank>& layout, const std::type_identity_t<Splits<Rank>>& target, int chosen) {
+void check_target_splits(const ShardLayout<Rank>& layout, const std::type_identity_t<Splits<Rank>>& target,
+                         int chosen) {
   const auto& plan = R::candidates.plans[chosen];
   for (int d = 0; d < Rank; ++d) {
     if (target[d].empty() || target[d] == layout.blocks[d]) continue;
@@ -192,7 +194,8 @@ std::string explain(const DTensor<T, Rank, P...>& x) {
 // The same global tensor with placements Q...; `target` optionally fixes the block
 // sizes of the newly sharded dims (see Splits). Collective over x's mesh.
 template <class... Q, class T, int Rank, class... P>
-DTensor<T, Rank, Q...> redistribute(const DTensor<T, Rank, P...>& x, const std::type_identity_t<Splits<Rank>>& target = {}) {
+DTensor<T, Rank, Q...> redistribute(const DTensor<T, Rank, P...>& x,
+                                    const std::type_identity_t<Splits<Rank>>& target = {}) {
   static_assert(sizeof...(Q) == sizeof...(P),
                 "dtensor::redistribute<Q...>: give one target placement per mesh dim, as many as the source has");
   static_assert(detail::check_transitions<Placements<P...>, Placements<Q...>,

@@ -72,7 +72,8 @@ struct AttentionRing {
     for (int c = 0; c < 2 * n; ++c) first.push_back(first.back() + chunk_size(total, 2 * n, c));
     AttentionRing ring{&comm, {0, total}, {}};
     for (int r = 0; r < n; ++r)
-      ring.pieces.push_back({{first[r], first[r + 1] - first[r]}, {first[2 * n - 1 - r], first[2 * n - r] - first[2 * n - 1 - r]}});
+      ring.pieces.push_back(
+          {{first[r], first[r + 1] - first[r]}, {first[2 * n - 1 - r], first[2 * n - r] - first[2 * n - 1 - r]}});
     return ring;
   }
 
@@ -164,7 +165,8 @@ void relayout(const AttentionRing& from, const AttentionRing& to, std::initializ
             }
             if (t == me) {
               const Shape<3> at{0, row_of(tt, j) + lo - tt[j].start, 0};
-              recvs.push_back({s, tag, x.dst, Region::box(Shape<3>{x.groups, lt, x.row}, at, size).simplified(), false});
+              recvs.push_back(
+                  {s, tag, x.dst, Region::box(Shape<3>{x.groups, lt, x.row}, at, size).simplified(), false});
             }
           }
         }
@@ -230,14 +232,15 @@ Tensor<T, 1> buffer(Device dev, int64_t n) {
 // dst[0, n) = src[0, n) on that device.
 template <class T>
 void copy(Device dev, const T* src, T* dst, int64_t n) {
-  if (n > 0) movement::copy_block(dev, src, Block::contiguous(0, n), dst, Block::contiguous(0, n), sizeof(T));
+  if (n > 0)
+    movement::copy_block(dev, src, StridedBlock::contiguous(0, n), dst, StridedBlock::contiguous(0, n), sizeof(T));
 }
 // dst[0, n) += src[0, n) on that device.
 template <class T>
 void add(Device dev, const T* src, T* dst, int64_t n) {
   if (n > 0)
-    movement::reduce_block(dev, dtype_of<T>(), ReduceOp::Sum, src, Block::contiguous(0, n), dst,
-                           Block::contiguous(0, n));
+    movement::reduce_block(dev, dtype_of<T>(), ReduceOp::Sum, src, StridedBlock::contiguous(0, n), dst,
+                           StridedBlock::contiguous(0, n));
 }
 
 }  // namespace detail::ring
@@ -331,7 +334,7 @@ void ring_attention_backward(const AttentionRing& ring, compute::AttentionDims d
       R::add(dev, dkh.data(), dkb.data() + krow * D, nk);
       R::add(dev, dvh.data(), dvb.data() + krow * D, nk);
     });
-    // Block j's accumulated gradients: zero at home, else what the previous rank sent
+    // StridedBlock j's accumulated gradients: zero at home, else what the previous rank sent
     // (its shift overlapped this step's compute).
     if (t == 0) {
       movement::fill(dev, acc_dk.data(), here, T(0));

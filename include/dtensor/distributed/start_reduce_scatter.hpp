@@ -24,7 +24,7 @@ namespace detail {
 // The staging slots of a started reduce-scatter and their sum into the result.
 class OrderedReduceScatter final : public PendingExchange {
  public:
-  OrderedReduceScatter(Device device, DType t, int ranks, int64_t count, void* recv, Block recv_block)
+  OrderedReduceScatter(Device device, DType t, int ranks, int64_t count, void* recv, StridedBlock recv_block)
       : device_(device), t_(t), ranks_(ranks), count_(count), recv_(recv), recv_block_(recv_block),
         staging_(Tensor<std::byte, 1>::uninitialized(
                      {static_cast<int64_t>(ranks) * count * static_cast<int64_t>(size_of(t))}, device)) {}
@@ -56,7 +56,7 @@ class OrderedReduceScatter final : public PendingExchange {
   int ranks_;
   int64_t count_;
   void* recv_;
-  Block recv_block_;
+  StridedBlock recv_block_;
   Tensor<std::byte, 1> staging_;
   Request inner_;  // declared last: abandoned (destroyed) first, before staging_ goes
 };
@@ -71,8 +71,8 @@ inline constexpr int kReduceScatterTag = Comm::kAllGatherTag - 1;
 // two the caller must not write `send` nor touch `recv`. Every rank starts its
 // reduce-scatters in the same order; sizes that disagree fail both sides of the
 // message, a failing or silent peer ends every wait with an exception.
-inline Request start_reduce_scatter(Comm& comm, const void* send, std::span<const Block> send_blocks, void* recv,
-                                    Block recv_block, DType t) {
+inline Request start_reduce_scatter(Comm& comm, const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                                    StridedBlock recv_block, DType t) {
   DTENSOR_CHECK(static_cast<int>(send_blocks.size()) == comm.size(), InvalidArgument,
                 "start_reduce_scatter: ", send_blocks.size(), " blocks given for a communicator of ", comm.size(),
                 " ranks");

@@ -101,13 +101,13 @@ class UlyssesAttention {
   // (inverse: from heads to positions).
   void exchange(const T* src, Shape<4> src_shape, T* dst, Shape<4> dst_shape, bool inverse) {
     const int n = g_.size();
-    std::vector<Block> send(n), recv(n);
+    std::vector<StridedBlock> send(n), recv(n);
     for (int k = 0; k < n; ++k) {
       // in the positions layout: heads range of rank k; in the heads layout: rank k's positions
       const Shape<4>& pos = inverse ? dst_shape : src_shape;
       const Shape<4>& hd = inverse ? src_shape : dst_shape;
-      const Block by_heads = range_block(pos, 1, k * hd[1], hd[1]);
-      const Block by_positions = range_block(hd, 2, g_.offsets[k], g_.length(k));
+      const StridedBlock by_heads = range_block(pos, 1, k * hd[1], hd[1]);
+      const StridedBlock by_positions = range_block(hd, 2, g_.offsets[k], g_.length(k));
       send[k] = inverse ? by_positions : by_heads;
       recv[k] = inverse ? by_heads : by_positions;
     }

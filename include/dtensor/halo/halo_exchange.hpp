@@ -73,7 +73,7 @@ struct HaloDim {
   int64_t size(int b) const { return offsets[b + 1] - offsets[b]; }
   bool has_halo() const { return lo > 0 || hi > 0; }
 
-  // Block holding global cell g (0 <= g < extent): the last block that starts at
+  // StridedBlock holding global cell g (0 <= g < extent): the last block that starts at
   // or before g, skipping empty blocks.
   int owner(int64_t g) const {
     auto it = std::upper_bound(offsets.begin(), offsets.end() - 1, g);
@@ -361,7 +361,8 @@ class HaloExchange {
     for (const auto& x : recvs_) reverse_sends_.push_back({x.peer, x.tag + 1, nullptr, x.region});
     // Received into staging_ (one run after another), added in reverse_end.
     for (const auto& x : sends_) {
-      reverse_recvs_.push_back({x.peer, x.tag + 1, nullptr, Region::contiguous(staged_elements_, x.region.numel()), false});
+      reverse_recvs_.push_back(
+          {x.peer, x.tag + 1, nullptr, Region::contiguous(staged_elements_, x.region.numel()), false});
       reverse_targets_.push_back(x.region);
       staged_elements_ += x.region.numel();
     }

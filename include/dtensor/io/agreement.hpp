@@ -31,18 +31,18 @@ inline std::string broadcast_string(Comm& comm, const std::string& s, int root) 
 inline std::vector<std::string> gather_strings(Comm& comm, const std::string& mine, int root) {
   const int64_t n = static_cast<int64_t>(mine.size());
   const std::vector<int64_t> lens = all_gather_values(comm, &n, 1);
-  std::vector<Block> blocks(lens.size());
+  std::vector<StridedBlock> blocks(lens.size());
   int64_t total = 0;
-  for (std::size_t r = 0; r < lens.size(); ++r) blocks[r] = Block::contiguous(total, lens[r]), total += lens[r];
+  for (std::size_t r = 0; r < lens.size(); ++r) blocks[r] = StridedBlock::contiguous(total, lens[r]), total += lens[r];
   std::string all(comm.rank() == root ? static_cast<std::size_t>(total) : 0, '\0');
   const Device dev = comm.device();
   if (dev.is_host()) {
-    comm.gather(mine.data(), Block::contiguous(0, n), all.data(), blocks, DType::UInt8, root);
+    comm.gather(mine.data(), StridedBlock::contiguous(0, n), all.data(), blocks, DType::UInt8, root);
   } else {
     auto send = Tensor<uint8_t, 1>::uninitialized(Shape<1>{n}, dev);
     auto recv = Tensor<uint8_t, 1>::uninitialized(Shape<1>{comm.rank() == root ? total : 0}, dev);
     if (n > 0) dtensor::detail::copy_bytes(send.data(), dev, mine.data(), Device::host(), mine.size());
-    comm.gather(send.data(), Block::contiguous(0, n), recv.data(), blocks, DType::UInt8, root);
+    comm.gather(send.data(), StridedBlock::contiguous(0, n), recv.data(), blocks, DType::UInt8, root);
     if (!all.empty()) dtensor::detail::copy_bytes(all.data(), Device::host(), recv.data(), dev, all.size());
   }
   std::vector<std::string> out;

@@ -205,6 +205,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   static constexpr bool reshard_after_forward = ReshardAfterForward;
   static constexpr int parameter_count = nn::parameter_count<L>();
   static constexpr std::size_t declared = detail::declared_count<L>;
+  static constexpr detail::InsideChange inside_change = detail::inside_change_of<L>();  // a strict model's check
   // Room in a model's plan: L's, and a gather, a second gather and a reduce-scatter
   // per parameter (one collective each), besides its reductions.
   static constexpr int kPlanCapacity = [] {
@@ -216,6 +217,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   static constexpr State input(const State& s) { return L::input(s); }
   static constexpr State output(const State& s) { return L::output(s); }
   static constexpr State grad_input(const State& in, const State& g) { return L::grad_input(in, g); }
+  static constexpr int64_t in_features = detail::declared_in_features<L>();
   static constexpr int64_t out_features(int64_t f) { return L::out_features(f); }
 
   // Parameter I's placements while stored (sharded over DP where it can be).
@@ -298,7 +300,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     if constexpr (any_sharded) {
       if (!prefetch_ || gathered_ || pending_) return;
       auto g = std::make_unique<Gather>(pack_shards());
-      g->request = g->pk.comm->start_all_gather(g->send.data(), Block::contiguous(0, g->send.numel()),
+      g->request = g->pk.comm->start_all_gather(g->send.data(), StridedBlock::contiguous(0, g->send.numel()),
                                                 g->recv.data(), g->pk.blocks, dtype_of<T>());
       CommCounter::record(StepKind::AllGather, dp, static_cast<std::size_t>(g->send.numel()) * sizeof(T));
       pending_ = std::move(g);
@@ -526,7 +528,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     int n = 0, me = 0;
     Device device = Device::host();
     std::vector<int64_t> elements, offsets;  // per DP rank
-    std::vector<Block> blocks;               // per DP rank, in the packed buffer
+    std::vector<StridedBlock> blocks;               // per DP rank, in the packed buffer
   };
   Packing packing() {
     Packing pk;
@@ -538,7 +540,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     int64_t o = 0;
     for (int64_t e : pk.elements) {
       pk.offsets.push_back(o);
-      pk.blocks.push_back(Block::contiguous(o, e));
+      pk.blocks.push_back(StridedBlock::contiguous(o, e));
       o += e;
     }
     return pk;
@@ -589,8 +591,8 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
         ++stats_.prefetched;
       } else {
         g = std::make_unique<Gather>(pack_shards());
-        g->pk.comm->all_gather(g->send.data(), Block::contiguous(0, g->send.numel()), g->recv.data(), g->pk.blocks,
-                               dtype_of<T>());
+        g->pk.comm->all_gather(g->send.data(), StridedBlock::contiguous(0, g->send.numel()), g->recv.data(),
+                               g->pk.blocks, dtype_of<T>());
         CommCounter::record(StepKind::AllGather, dp, static_cast<std::size_t>(g->send.numel()) * sizeof(T));
         ++stats_.blocking;
       }
@@ -638,7 +640,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
       const Device dev = pk.device;
       const std::vector<int64_t>& e = pk.elements;
       const std::vector<int64_t>& off = pk.offsets;
-      const std::vector<Block>& blocks = pk.blocks;
+      const std::vector<StridedBlock>& blocks = pk.blocks;
       // Packed by destination rank into a fresh buffer or, inside no_sync() and at the
       // first backward after it, added into the gradients kept so far (packed alike),
       // which the first backward that syncs reduce-scatters once.
@@ -665,13 +667,13 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
       CommCounter::record(StepKind::ReduceScatter, dp, static_cast<std::size_t>(send.numel()) * sizeof(T));
       if (defer_ && may_defer) {  // the model completes it while the next layer's backward runs
         auto r = std::make_unique<ReduceScatter>();
-        r->request = start_reduce_scatter(comm, send.data(), blocks, recv.data(), Block::contiguous(0, recv.numel()),
-                                          dtype_of<T>());
+        r->request = start_reduce_scatter(comm, send.data(), blocks, recv.data(),
+                                          StridedBlock::contiguous(0, recv.numel()), dtype_of<T>());
         r->send = std::move(send), r->recv = std::move(recv);
         reducing_ = std::move(r);
         ++deferred_count_;
       } else {
-        comm.reduce_scatter(send.data(), blocks, recv.data(), Block::contiguous(0, recv.numel()), dtype_of<T>(),
+        comm.reduce_scatter(send.data(), blocks, recv.data(), StridedBlock::contiguous(0, recv.numel()), dtype_of<T>(),
                             ReduceOp::Sum);
         add_to_shard_gradients(recv);
       }

@@ -170,4 +170,25 @@ constexpr PlacementState<M> values_of(PlacementState<M> s) {
   return s;
 }
 
+namespace detail {
+// Where a block redistributes inside itself: a residual's shortcut to add it to the
+// branch, a skip connection's block output to concatenate it, or an activation between
+// two layers of a Sequential within. A block says so by `static constexpr InsideChange
+// inside_change`; a strict model refuses any (nn/sequential.hpp, check_layer_inside).
+enum class InsideChange { None, Shortcut, Skip, BetweenLayers };
+// The feature count (the activation's feature-dim extent) a layer's type says it takes
+// (`static constexpr int64_t in_features`), or -1 where it takes any (a nonlinearity)
+// or its type does not say. A model checks that they chain (nn/sequential.hpp).
+template <class L>
+constexpr int64_t declared_in_features() {
+  if constexpr (requires { L::in_features; }) return L::in_features;
+  else return -1;
+}
+template <class L>
+constexpr InsideChange inside_change_of() {
+  if constexpr (requires { L::inside_change; }) return L::inside_change;
+  else return InsideChange::None;
+}
+}  // namespace detail
+
 }  // namespace dtensor::nn

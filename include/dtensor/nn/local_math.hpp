@@ -60,7 +60,9 @@ void column_sums(Device d, const T* y, T* s, int64_t rows, int64_t cols, bool ac
   Tensor<T, 1> tmp = Tensor<T, 1>::uninitialized({cols}, d);
   compute::reduce_dim<ReduceOp::Sum>(d, y, tmp.data(), 1, rows, cols);
   if (accumulate) dtensor::detail::device_backend(d).binary(dtype_of<T>(), BinaryOp::Add, s, tmp.data(), s, cols);
-  else movement::copy_block(d, tmp.data(), Block::contiguous(0, cols), s, Block::contiguous(0, cols), sizeof(T));
+  else
+    movement::copy_block(d, tmp.data(), StridedBlock::contiguous(0, cols), s, StridedBlock::contiguous(0, cols),
+                         sizeof(T));
 }
 
 // Rows of an activation block: the product of its leading extents.

@@ -92,6 +92,7 @@ class Norm {
   static constexpr State output(const State&) { return in_state(); }
   // dx is linear in dy for fixed statistics: placed like dy.
   static constexpr State grad_input(const State&, const State& grad_out) { return grad_out; }
+  static constexpr int64_t in_features = Features;  // the features it takes: a model checks they chain
   static constexpr int64_t out_features(int64_t) { return Features; }
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State&, int64_t, bool input_grad) {

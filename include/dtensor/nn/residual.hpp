@@ -106,6 +106,16 @@ class Residual {
     return true;
   }();
   static_assert(strict_checked);
+  // For a strict model around this block (nn/sequential.hpp, check_layer_inside).
+  static constexpr detail::InsideChange inside_change = [] {
+    if (!(shortcut_out == Block::output(in_placements) && shortcut_in == in_placements))
+      return detail::InsideChange::Shortcut;
+    if constexpr (kProjected)
+      if (detail::inside_change_of<Projection>() != detail::InsideChange::None)
+        return detail::inside_change_of<Projection>();
+    return detail::inside_change_of<Block>();
+  }();
+  static constexpr int64_t in_features = detail::declared_in_features<Block>();
   // The block's (x's without a projection: that the block keeps them is checked on
   // the shapes in forward, as a plan may be made for a nominal feature count).
   static constexpr int64_t out_features(int64_t features) {

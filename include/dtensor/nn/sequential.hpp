@@ -73,6 +73,42 @@ struct check_layer_input {
                 "either layer's style, or use Sequential to accept the redistribution.");
   static constexpr bool ok = true;
 };
+// A strict model refuses a block that redistributes inside (InsideChange, nn/layer.hpp)
+// wherever it lies, not only where the block is itself strict (issue 40): its plan never
+// lists a collective that Strict forbids.
+template <class Policy, int LayerIndex, class LayerT, InsideChange Change>
+struct check_layer_inside {
+  static constexpr bool strict = std::is_same_v<Policy, Strict>;
+  static_assert(!(strict && Change == InsideChange::Shortcut),
+                "dtensor strict model: the block named in the instantiation line above (index, type) is a residual "
+                "block (or holds one) whose branch gives its output in other placements than its shortcut, so the "
+                "model would redistribute the shortcut to add it (e.g. a colwise branch without its rowwise layer). "
+                "End the branch in its input's placements, or use Sequential for the model to accept it.");
+  static_assert(!(strict && Change == InsideChange::Skip),
+                "dtensor strict model: the block named in the instantiation line above (index, type) is a skip "
+                "connection (or holds one) whose block gives its output in other placements than its input, so the "
+                "model would redistribute it to concatenate the two. End the block in its input's placements, or "
+                "use Sequential for the model to accept it.");
+  static_assert(!(strict && Change == InsideChange::BetweenLayers),
+                "dtensor strict model: the block named in the instantiation line above (index, type) holds a "
+                "Sequential whose layers do not fit each other, so the model would redistribute an activation "
+                "between them (a strict model holds every block inside it to Strict). Make the inner layers fit, "
+                "or use Sequential for the model to accept it.");
+  static constexpr bool ok = true;
+};
+// Instantiated with the index and types of the first layer whose features do not fit
+// and of the one before, and the two counts, so that the compiler's "In instantiation
+// of check_feature_chain<true, index, layer before, layer, gives, takes>" line, printed
+// above the message, names both layers and both sizes.
+template <bool Mismatch, int LayerIndex, class Before, class LayerT, int64_t Gives, int64_t Takes>
+struct check_feature_chain {
+  static_assert(!Mismatch,
+                "dtensor model: the layer named in the instantiation line above (its index, then the layer before "
+                "it and it) takes as many features as the last number says, but the layers before give as many as "
+                "the number before it: feature sizes must chain (e.g. Linear<Cfg, 32, 64> then Linear<Cfg, 64, "
+                "...>, an embedding dim equal to the blocks' hidden size). Change either layer's feature count.");
+  static constexpr bool ok = true;
+};
 // The config of a layer's output: its own, unless it changes the activations' rank
 // (a global pooling of images into [batch, channels] declares out_config).
 template <class L>
@@ -188,7 +224,51 @@ class Model {
                                       detail::input_change(flow.arriving[I], flow.in[I])>::ok &&
             ...);
   }(std::make_index_sequence<N>{});
-  static_assert(strict_checked);
+  // What this model redistributes inside (for a strict model around it): between its
+  // layers (after the first: the enclosing model brings the first its input), then the
+  // first block within that does.
+  static constexpr detail::InsideChange inside_change = []<std::size_t... I>(std::index_sequence<I...>) {
+    detail::InsideChange c = detail::InsideChange::None;
+    ((c = c != detail::InsideChange::None ? c
+          : I > 0 && detail::input_change(flow.arriving[I], flow.in[I]) != detail::InputChange::None
+              ? detail::InsideChange::BetweenLayers
+              : detail::inside_change_of<layer_t<I>>()),
+     ...);
+    return c;
+  }(std::make_index_sequence<N>{});
+  static constexpr bool strict_inside_checked = []<std::size_t... I>(std::index_sequence<I...>) {
+    return (detail::check_layer_inside<Policy, static_cast<int>(I), layer_t<I>,
+                                       detail::inside_change_of<layer_t<I>>()>::ok &&
+            ...);
+  }(std::make_index_sequence<N>{});
+  static_assert(strict_checked && strict_inside_checked);
+  // Feature sizes chain (every model, strict or not: sizes are not placements): where a
+  // layer's type says what it takes, it is what the layers before give.
+  struct FeatureChain {
+    int layer = -1;  // the first layer that does not fit; -1: all do
+    int64_t gives = 0, takes = 0;
+  };
+  static constexpr FeatureChain feature_chain = [] {
+    FeatureChain c;
+    int64_t f = -1;  // what arrives: -1 while no layer has said
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            const int64_t takes = detail::declared_in_features<layer_t<I>>();
+            if (takes >= 0) {
+              if (f >= 0 && f != takes && c.layer < 0) c = {static_cast<int>(I), f, takes};
+              f = takes;
+            }
+            f = layer_t<I>::out_features(f);
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return c;
+  }();
+  static_assert(detail::check_feature_chain<(feature_chain.layer >= 0), feature_chain.layer,
+                                            layer_t<(feature_chain.layer > 0 ? feature_chain.layer - 1 : 0)>,
+                                            layer_t<(feature_chain.layer > 0 ? feature_chain.layer : 0)>,
+                                            feature_chain.gives, feature_chain.takes>::ok);
   // The model's input: the first layer's own input type where it has one (token ids
   // for an embedding), else an activation placed as the first layer takes it.
   using InputT = typename detail::model_input<First, dtensor_t<T, Rank, placements_t<flow.arriving[0]>>>::type;
@@ -228,6 +308,7 @@ class Model {
     }(std::make_index_sequence<N>{});
     return features;
   }
+  static constexpr int64_t in_features = detail::declared_in_features<First>();
   // The model's collectives, as those of layer `layer` of the outer plan, its
   // parameters numbered from 0 in for_each_parameter's order.
   template <int C>

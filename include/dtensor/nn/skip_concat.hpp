@@ -112,7 +112,14 @@ class SkipConcat {
     return true;
   }();
   static_assert(strict_checked);
-  static constexpr int64_t out_features(int64_t features) { return features + Block::out_features(features); }
+  // For a strict model around this block (nn/sequential.hpp, check_layer_inside).
+  static constexpr detail::InsideChange inside_change =
+      block_out == in_placements ? detail::inside_change_of<Block>() : detail::InsideChange::Skip;
+  static constexpr int64_t in_features = detail::declared_in_features<Block>();
+  // (-1: unknown where the input's are, as a model's feature check walks its layers.)
+  static constexpr int64_t out_features(int64_t features) {
+    return features < 0 ? -1 : features + Block::out_features(features);
+  }
 
   template <int C>
   static constexpr void plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out, int64_t features,
@@ -233,7 +240,7 @@ class SkipConcat {
     s[kFeatureDim] = n;
     auto out = Tensor<T, Rank>::uninitialized(s, y.device());
     movement::copy_block(y.device(), y.data(), range_block(y.shape(), kFeatureDim, first, n), out.data(),
-                         dtensor::Block::contiguous(0, out.numel()), sizeof(T));
+                         dtensor::StridedBlock::contiguous(0, out.numel()), sizeof(T));
     return out;
   }
 

@@ -3,6 +3,7 @@
 // derives its output placements and its collectives from the operand types at
 // compile time (shape.hpp: slice, concat, reshape); pass Strict as the first template argument to forbid communication.
 #include "dtensor/distributed/comm_counter.hpp"
+#include "dtensor/ops/arithmetic.hpp"
 #include "dtensor/ops/elementwise.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/policy.hpp"

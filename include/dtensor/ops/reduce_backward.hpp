@@ -36,8 +36,8 @@ template <class T>
 void broadcast_dim(Device dev, const T* in, T* out, int64_t outer, int64_t len, int64_t inner) {
   if (outer * inner == 0) return;
   for (int64_t j = 0; j < len; ++j)
-    movement::copy_block(dev, in, Block::contiguous(0, outer * inner), out, Block{j * inner, outer, len * inner, inner},
-                         sizeof(T));
+    movement::copy_block(dev, in, StridedBlock::contiguous(0, outer * inner), out,
+                         StridedBlock{j * inner, outer, len * inner, inner}, sizeof(T));
 }
 
 template <Reduction R, int D, Reduced Mode, class T, int Rank, class... P, class... G>
@@ -157,8 +157,8 @@ auto extremum_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank - 
   compute::where_equal(dev, x2.local().data(), y.local().data(), ones.data(), g.data(), outer, len, inner);
   const auto ties = sums_over<D>(g, plan.in, x.mesh());
   auto share = Tensor<T, 1>::uninitialized({lines}, dev);
-  movement::copy_block(dev, dy2.local().data(), Block::contiguous(0, lines), share.data(), Block::contiguous(0, lines),
-                       sizeof(T));
+  movement::copy_block(dev, dy2.local().data(), StridedBlock::contiguous(0, lines), share.data(),
+                       StridedBlock::contiguous(0, lines), sizeof(T));
   compute::binary(BinaryOp::Div, share, ties, share);
   compute::where_equal(dev, x2.local().data(), y.local().data(), share.data(), g.data(), outer, len, inner);
   static constexpr auto gp = reduction_grad_placements<M>(plan.in, dys);

@@ -54,7 +54,7 @@ DTensor<T, Rank, P...> slice(const DTensor<T, Rank, P...>& x, int64_t begin, int
   // Only dim D is cut, so the box is one strided block of the local tensor.
   auto out = Tensor<T, Rank>::uninitialized(box, x.local().device());
   movement::copy_block(out.device(), x.local().data(), range_block(x.local().shape(), D, lo, hi - lo), out.data(),
-                       Block::contiguous(0, out.numel()), sizeof(T));
+                       StridedBlock::contiguous(0, out.numel()), sizeof(T));
   return DTensor<T, Rank, P...>(x.mesh(), std::move(layout), std::move(out));
 }
 
@@ -73,9 +73,9 @@ DTensor<T, Rank, P...> concat(const DTensor<T, Rank, P...>& a, const DTensor<T, 
   movement::require_same_device(a2.local(), b2.local(), "concat");
   auto out = Tensor<T, Rank>::uninitialized(ls, a2.local().device());
   // Row-major: along D, a's rows come first, then b's; each is one strided block of out.
-  movement::copy_block(out.device(), a2.local().data(), Block::contiguous(0, a2.local().numel()), out.data(),
+  movement::copy_block(out.device(), a2.local().data(), StridedBlock::contiguous(0, a2.local().numel()), out.data(),
                        range_block(ls, D, 0, la[D]), sizeof(T));
-  movement::copy_block(out.device(), b2.local().data(), Block::contiguous(0, b2.local().numel()), out.data(),
+  movement::copy_block(out.device(), b2.local().data(), StridedBlock::contiguous(0, b2.local().numel()), out.data(),
                        range_block(ls, D, la[D], lb[D]), sizeof(T));
   ShardLayout<Rank> layout = a2.layout();
   layout.global[D] = a.shape()[D] + b.shape()[D];

@@ -42,7 +42,7 @@ auto slice_backward(const DTensor<T, Rank, P...>& x, int64_t begin, int64_t end,
   const Device dev = dy.local().device();
   auto g = Tensor<T, Rank>::uninitialized(x.local().shape(), dev);
   movement::fill(g, T{0});
-  movement::copy_block(dev, dy.local().data(), Block::contiguous(0, dy.local().numel()), g.data(),
+  movement::copy_block(dev, dy.local().data(), StridedBlock::contiguous(0, dy.local().numel()), g.data(),
                        range_block(g.shape(), D, lo, hi - lo), sizeof(T));
   return DTensor<T, Rank, G...>(x.mesh(), x.layout(), std::move(g));
 }
@@ -68,7 +68,7 @@ auto concat_backward(const DTensor<T, Rank, P...>& a, const DTensor<T, Rank, P..
     s[D] = n;
     auto t = Tensor<T, Rank>::uninitialized(s, l.device());
     movement::copy_block(l.device(), l.data(), range_block(l.shape(), D, from, n), t.data(),
-                         Block::contiguous(0, t.numel()), sizeof(T));
+                         StridedBlock::contiguous(0, t.numel()), sizeof(T));
     ShardLayout<Rank> layout = dj.layout();
     layout.global[D] = n;
     return std::pair{std::move(layout), std::move(t)};

@@ -27,9 +27,9 @@ struct DeviceMovement {
   RequiredFn<void (*)(int device)> use_device;
   // Waits for the calling thread's queued work.
   RequiredFn<void (*)()> synchronize;
-  RequiredFn<void (*)(const void* src, Block sb, void* dst, Block db, std::size_t elem)> copy_block;
-  RequiredFn<void (*)(DType, ReduceOp, const void* src, Block sb, void* dst, Block db)> reduce_block;
-  RequiredFn<void (*)(DType, void* dst, Block db, int terms)> divide_block;
+  RequiredFn<void (*)(const void* src, StridedBlock sb, void* dst, StridedBlock db, std::size_t elem)> copy_block;
+  RequiredFn<void (*)(DType, ReduceOp, const void* src, StridedBlock sb, void* dst, StridedBlock db)> reduce_block;
+  RequiredFn<void (*)(DType, void* dst, StridedBlock db, int terms)> divide_block;
   RequiredFn<void (*)(DType, void* dst, int64_t n, Scalar value)> fill;
 };
 

@@ -17,22 +17,22 @@ void require_same_device(const Tensor<T, RA>& a, const Tensor<T, RB>& b, const c
                 " and the other on ", to_string(b.device()), "; move one with to(Device) first");
 }
 
-inline void copy_block(Device d, const void* src, Block sb, void* dst, Block db, std::size_t elem) {
+inline void copy_block(Device d, const void* src, StridedBlock sb, void* dst, StridedBlock db, std::size_t elem) {
   if (d.is_host()) return detail::copy_block(src, sb, dst, db, elem);
   detail::device_movement(d).copy_block(src, sb, dst, db, elem);
 }
-inline void reduce_block(Device d, DType t, ReduceOp op, const void* src, Block sb, void* dst, Block db) {
+inline void reduce_block(Device d, DType t, ReduceOp op, const void* src, StridedBlock sb, void* dst, StridedBlock db) {
   if (d.is_host()) return detail::reduce_block(t, op, src, sb, dst, db);
   detail::device_movement(d).reduce_block(t, op, src, sb, dst, db);
 }
-inline void divide_block(Device d, DType t, void* dst, Block db, int terms) {
+inline void divide_block(Device d, DType t, void* dst, StridedBlock db, int terms) {
   if (d.is_host()) return detail::divide_block(t, dst, db, terms);
   detail::device_movement(d).divide_block(t, dst, db, terms);
 }
 // Regions (core/region.hpp): the same box in two buffers of one device. On a GPU
-// they go to the Block kernels a pair of Blocks at a time.
+// they go to the StridedBlock kernels a pair of Blocks at a time.
 // Regions (core/region.hpp): equal element counts in two buffers of one device. On
-// a GPU, regions of the same box go to the Block kernels a pair of Blocks at a time;
+// a GPU, regions of the same box go to the StridedBlock kernels a pair of Blocks at a time;
 // regions of different shapes (a strided box into a contiguous run) one stretch at a
 // time.
 inline void copy_region(Device d, const void* src, const Region& sr, void* dst, const Region& dr, std::size_t elem) {
@@ -40,9 +40,10 @@ inline void copy_region(Device d, const void* src, const Region& sr, void* dst, 
   if (d.is_host()) return detail::copy_region(src, sr, dst, dr, elem);
   const auto& be = detail::device_movement(d);
   if (detail::same_extents(sr, dr))
-    return detail::for_each_block_pair(sr, dr, [&](Block s, Block t) { be.copy_block(src, s, dst, t, elem); });
+    return detail::for_each_block_pair(sr, dr,
+                                       [&](StridedBlock s, StridedBlock t) { be.copy_block(src, s, dst, t, elem); });
   detail::zip_regions(sr, dr, [&](int64_t so, int64_t dof, int64_t n) {
-    be.copy_block(src, Block::contiguous(so, n), dst, Block::contiguous(dof, n), elem);
+    be.copy_block(src, StridedBlock::contiguous(so, n), dst, StridedBlock::contiguous(dof, n), elem);
   });
 }
 inline void reduce_region(Device d, DType t, ReduceOp op, const void* src, const Region& sr, void* dst,
@@ -51,29 +52,30 @@ inline void reduce_region(Device d, DType t, ReduceOp op, const void* src, const
   if (d.is_host()) return detail::reduce_region(t, op, src, sr, dst, dr);
   const auto& be = detail::device_movement(d);
   if (detail::same_extents(sr, dr))
-    return detail::for_each_block_pair(sr, dr, [&](Block s, Block b) { be.reduce_block(t, op, src, s, dst, b); });
+    return detail::for_each_block_pair(sr, dr,
+                                       [&](StridedBlock s, StridedBlock b) { be.reduce_block(t, op, src, s, dst, b); });
   detail::zip_regions(sr, dr, [&](int64_t so, int64_t dof, int64_t n) {
-    be.reduce_block(t, op, src, Block::contiguous(so, n), dst, Block::contiguous(dof, n));
+    be.reduce_block(t, op, src, StridedBlock::contiguous(so, n), dst, StridedBlock::contiguous(dof, n));
   });
 }
-// Sets every element of `region` of `dst` to `value`. On a GPU, one launch per Block:
+// Sets every element of `region` of `dst` to `value`. On a GPU, one launch per StridedBlock:
 // `len` copies of the value, then a copy whose source repeats them (stride 0).
 template <class T>
 void fill_region(Device d, T* dst, const Region& region, T value) {
   if (d.is_host()) {
-    region.for_each_block([&](Block b) {
+    region.for_each_block([&](StridedBlock b) {
       for (int64_t r = 0; r < b.count; ++r) std::fill_n(dst + b.offset + r * b.stride, b.len, value);
     });
     return;
   }
   const auto& be = detail::device_movement(d);
   int64_t longest = 0;
-  region.for_each_block([&](Block b) { longest = std::max(longest, b.len); });
+  region.for_each_block([&](StridedBlock b) { longest = std::max(longest, b.len); });
   if (longest == 0) return;
   auto pattern = Tensor<T, 1>::uninitialized({longest}, d);
   be.fill(dtype_of<T>(), pattern.data(), longest, Scalar::of(value));
-  region.for_each_block([&](Block b) {
-    be.copy_block(pattern.data(), Block{0, b.count, 0, b.len}, dst, b, sizeof(T));
+  region.for_each_block([&](StridedBlock b) {
+    be.copy_block(pattern.data(), StridedBlock{0, b.count, 0, b.len}, dst, b, sizeof(T));
   });
 }
 

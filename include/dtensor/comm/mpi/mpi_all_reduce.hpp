@@ -86,7 +86,7 @@ class MpiAllReduce final : public PendingExchange {
       check_mpi(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test (all_reduce)");
       if (!done) return false;
       req_ = MPI_REQUEST_NULL;
-      if (op_ == ReduceOp::Avg) divide_block(t_, recv_, Block::contiguous(0, count_), size_);
+      if (op_ == ReduceOp::Avg) divide_block(t_, recv_, StridedBlock::contiguous(0, count_), size_);
     } catch (...) {
       // MPI's error ended the collective (Open MPI keeps the request: drop it).
       if (req_ != MPI_REQUEST_NULL && !done) req_ = MPI_REQUEST_NULL;

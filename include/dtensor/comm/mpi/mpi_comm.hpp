@@ -109,10 +109,10 @@ class MpiComm final : public Comm {
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     const auto watched = enter(Collective::AllReduce, t, op, 0, n);
-    detail::check_mpi(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op),
-                                    comm_),
-                      "MPI_Allreduce");
-    if (op == ReduceOp::Avg) detail::divide_block(t, recv, Block::contiguous(0, n), size_);
+    detail::check_mpi(
+        MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op), comm_),
+        "MPI_Allreduce");
+    if (op == ReduceOp::Avg) detail::divide_block(t, recv, StridedBlock::contiguous(0, n), size_);
   }
 
   // Non-blocking: see detail::MpiAllReduce. In guarded mode the signature check
@@ -157,7 +157,7 @@ class MpiComm final : public Comm {
                       "MPI_Bcast");
   }
 
-  void do_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+  void do_all_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
                   DType t) override {
     const auto watched = enter(Collective::AllGather, t, ReduceOp::Sum, 0, send_block.numel());
     const auto& sig = signatures_;
@@ -179,12 +179,12 @@ class MpiComm final : public Comm {
       return;
     }
     // Strided: the same send block to every peer, each peer's block into its place.
-    std::vector<Block> sends(size_, send_block);
+    std::vector<StridedBlock> sends(size_, send_block);
     alltoallw(send, sends, recv, recv_blocks, t, "all_gather (MPI_Alltoallw)");
   }
 
-  void do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
-                      ReduceOp op) override {
+  void do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                         StridedBlock recv_block, DType t, ReduceOp op) override {
     const auto watched = enter(Collective::ReduceScatter, t, op, 0, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts(size_);
@@ -201,7 +201,7 @@ class MpiComm final : public Comm {
       packed.resize(static_cast<std::size_t>(total) * elem);
       int64_t at = 0;
       for (int k = 0; k < size_; ++k) {
-        detail::copy_block(send, send_blocks[k], packed.data(), Block::contiguous(at, counts[k]), elem);
+        detail::copy_block(send, send_blocks[k], packed.data(), StridedBlock::contiguous(at, counts[k]), elem);
         at += counts[k];
       }
       in = packed.data();
@@ -214,12 +214,12 @@ class MpiComm final : public Comm {
     detail::check_mpi(MPI_Reduce_scatter(in, dst, counts.data(), detail::mpi_type(t), detail::mpi_op(op), comm_),
                       "MPI_Reduce_scatter");
     if (!recv_block.is_contiguous())
-      detail::copy_block(out.data(), Block::contiguous(0, recv_block.numel()), recv, recv_block, elem);
+      detail::copy_block(out.data(), StridedBlock::contiguous(0, recv_block.numel()), recv, recv_block, elem);
     if (op == ReduceOp::Avg) detail::divide_block(t, recv, recv_block, size_);
   }
 
-  void do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
-                  std::span<const Block> recv_blocks, DType t) override {
+  void do_all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                  std::span<const StridedBlock> recv_blocks, DType t) override {
     const auto watched = enter(Collective::AllToAll, t, ReduceOp::Sum, 0, 0);
     // Always MPI_Alltoallw: whether this rank's blocks happen to be contiguous (a
     // shard of one row, an empty shard) differs from rank to rank, and every rank
@@ -227,8 +227,8 @@ class MpiComm final : public Comm {
     alltoallw(send, send_blocks, recv, recv_blocks, t, "all_to_all (MPI_Alltoallw)");
   }
 
-  void do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
-               int root) override {
+  void do_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv, StridedBlock recv_block,
+                  DType t, int root) override {
     const auto watched = enter(Collective::Scatter, t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
@@ -246,7 +246,7 @@ class MpiComm final : public Comm {
         for (int k = 0; k < size_; ++k) {
           counts[k] = detail::mpi_count(send_blocks[k].numel(), "scatter");
           displs[k] = detail::mpi_count(at, "scatter");
-          detail::copy_block(send, send_blocks[k], packed.data(), Block::contiguous(at, counts[k]), elem);
+          detail::copy_block(send, send_blocks[k], packed.data(), StridedBlock::contiguous(at, counts[k]), elem);
           at += counts[k];
         }
         in = packed.data();
@@ -258,8 +258,8 @@ class MpiComm final : public Comm {
                       "MPI_Scatterv");
   }
 
-  void do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
-              int root) override {
+  void do_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
+                 DType t, int root) override {
     const auto watched = enter(Collective::Gather, t, ReduceOp::Sum, root, 0);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
@@ -276,13 +276,13 @@ class MpiComm final : public Comm {
       if (!direct) packed.resize(static_cast<std::size_t>(at) * elem);
     }
     detail::Contiguous in(send, send_block, t);
-    detail::check_mpi(MPI_Gatherv(in.data(), detail::mpi_count(send_block.numel(), "gather"), detail::mpi_type(t),
-                                  direct ? recv : packed.data(), counts.data(), displs.data(), detail::mpi_type(t), root,
-                                  comm_),
-                      "MPI_Gatherv");
+    detail::check_mpi(
+        MPI_Gatherv(in.data(), detail::mpi_count(send_block.numel(), "gather"), detail::mpi_type(t),
+                    direct ? recv : packed.data(), counts.data(), displs.data(), detail::mpi_type(t), root, comm_),
+        "MPI_Gatherv");
     if (!direct)
       for (int k = 0; k < size_; ++k)
-        detail::copy_block(packed.data(), Block::contiguous(displs[k], counts[k]), recv, recv_blocks[k], elem);
+        detail::copy_block(packed.data(), StridedBlock::contiguous(displs[k], counts[k]), recv, recv_blocks[k], elem);
   }
 
   // Point to point: see detail::MpiExchange. The blocking send is the base class's,
@@ -381,9 +381,8 @@ class MpiComm final : public Comm {
       throw CommError(detail::cat("dtensor: ", me(), ": ", op, " refused: ", poison_->why));
   }
 
-
-
-  static std::pair<std::vector<int>, std::vector<int>> counts_displs(std::span<const Block> blocks, const char* op) {
+  static std::pair<std::vector<int>, std::vector<int>> counts_displs(std::span<const StridedBlock> blocks,
+                                                                     const char* op) {
     std::vector<int> c(blocks.size()), d(blocks.size());
     for (std::size_t k = 0; k < blocks.size(); ++k)
       c[k] = detail::mpi_count(blocks[k].numel(), op), d[k] = detail::mpi_count(blocks[k].offset, op);
@@ -392,8 +391,8 @@ class MpiComm final : public Comm {
 
   // Per-peer datatypes: strided blocks are read and written in place. (Alltoallw has
 // one algorithm, so derived types are safe here.)
-  void alltoallw(const void* send, std::span<const Block> sb, void* recv, std::span<const Block> rb, DType t,
-                 const char* op) {
+  void alltoallw(const void* send, std::span<const StridedBlock> sb, void* recv, std::span<const StridedBlock> rb,
+                 DType t, const char* op) {
     const int elem = static_cast<int>(size_of(t));
     std::vector<detail::BlockType> st, rt;
     st.reserve(size_), rt.reserve(size_);

@@ -62,11 +62,11 @@ inline int mpi_count(int64_t n, const char* op) {
   return static_cast<int>(n);
 }
 
-// A committed MPI datatype for one Block (offset excluded: it goes in the byte
+// A committed MPI datatype for one StridedBlock (offset excluded: it goes in the byte
 // displacement), freed on destruction.
 class BlockType {
  public:
-  BlockType(const Block& b, DType t, const char* op) {
+  BlockType(const StridedBlock& b, DType t, const char* op) {
     if (b.is_contiguous()) {
       check_mpi(MPI_Type_contiguous(mpi_count(b.numel(), op), mpi_type(t), &type_), op);
     } else {
@@ -86,7 +86,7 @@ class BlockType {
   // How many of this type to send or receive: an empty block must be 0, not one
   // element of an empty type, or MPI implementations that skip empty messages on
   // one side (Open MPI's scatterv does) leave the other side waiting.
-  static int count(const Block& b) { return b.numel() > 0 ? 1 : 0; }
+  static int count(const StridedBlock& b) { return b.numel() > 0 ? 1 : 0; }
 
  private:
   MPI_Datatype type_ = MPI_DATATYPE_NULL;
@@ -99,13 +99,13 @@ class BlockType {
 // block is packed into (or unpacked from) a contiguous buffer instead.
 class Contiguous {
  public:
-  Contiguous(const void* base, const Block& b, DType t) {
+  Contiguous(const void* base, const StridedBlock& b, DType t) {
     const std::size_t elem = size_of(t);
     if (b.is_contiguous()) {
       data_ = static_cast<const std::byte*>(base) + b.offset * elem;
     } else {
       packed_.resize(static_cast<std::size_t>(b.numel()) * elem);
-      copy_block(base, b, packed_.data(), Block::contiguous(0, b.numel()), elem);
+      copy_block(base, b, packed_.data(), StridedBlock::contiguous(0, b.numel()), elem);
       data_ = packed_.data();
     }
   }
@@ -118,19 +118,19 @@ class Contiguous {
 
 class ContiguousOut {
  public:
-  ContiguousOut(void* base, const Block& b, DType t) : base_(base), block_(b), elem_(size_of(t)) {
+  ContiguousOut(void* base, const StridedBlock& b, DType t) : base_(base), block_(b), elem_(size_of(t)) {
     if (!b.is_contiguous()) packed_.resize(static_cast<std::size_t>(b.numel()) * elem_);
   }
   ContiguousOut(const ContiguousOut&) = delete;
   ContiguousOut& operator=(const ContiguousOut&) = delete;
   void* data() { return packed_.empty() ? static_cast<std::byte*>(base_) + block_.offset * elem_ : packed_.data(); }
   ~ContiguousOut() {  // after the collective: unpack
-    if (!packed_.empty()) copy_block(packed_.data(), Block::contiguous(0, block_.numel()), base_, block_, elem_);
+    if (!packed_.empty()) copy_block(packed_.data(), StridedBlock::contiguous(0, block_.numel()), base_, block_, elem_);
   }
 
  private:
   void* base_;
-  Block block_;
+  StridedBlock block_;
   std::size_t elem_;
   std::vector<std::byte> packed_;
 };
@@ -201,14 +201,14 @@ inline std::vector<int> world_ranks_of(MPI_Comm comm, int size) {
 
 // Blocks that are contiguous and lie one after another in rank order: the plain
 // v-collectives apply, with counts and displacements in elements.
-inline bool packed_in_order(std::span<const Block> blocks) {  // in rank order, no gaps
+inline bool packed_in_order(std::span<const StridedBlock> blocks) {  // in rank order, no gaps
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     if (!blocks[k].is_contiguous()) return false;
     if (k > 0 && blocks[k].offset != blocks[k - 1].offset + blocks[k - 1].numel()) return false;
   }
   return true;
 }
-inline bool all_contiguous(std::span<const Block> blocks) {
+inline bool all_contiguous(std::span<const StridedBlock> blocks) {
   for (const auto& b : blocks)
     if (!b.is_contiguous()) return false;
   return true;

@@ -53,8 +53,8 @@ struct alignas(64) Slot {
   std::size_t count = 0;
   const void* send = nullptr;
   void* recv = nullptr;
-  Block send_block{};
-  const Block* send_blocks = nullptr;
+  StridedBlock send_block{};
+  const StridedBlock* send_blocks = nullptr;
   int color = 0, key = 0;
   std::shared_ptr<Group> split_result;
   Tensor<std::byte, 1> scratch;  // all_reduce: this rank's reduced chunk (on the comm's device)

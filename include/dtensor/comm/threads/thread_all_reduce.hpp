@@ -87,10 +87,10 @@ struct NbAllReduce {
     const std::size_t by_size = (bytes + (64u << 10) - 1) / (64u << 10);
     return static_cast<int>(std::clamp<std::size_t>(by_size, 1, static_cast<std::size_t>(4 * n)));
   }
-  Block chunk(int c) const {
+  StridedBlock chunk(int c) const {
     const auto n = static_cast<int64_t>(parts[0].count);
     const int64_t lo = n * c / nchunks, hi = n * (c + 1) / nchunks;
-    return Block::contiguous(lo, hi - lo);
+    return StridedBlock::contiguous(lo, hi - lo);
   }
 };
 
@@ -224,7 +224,7 @@ class ThreadAllReduce final : public PendingExchange, public World::InFlight {
   void reduce_chunk(int c) {
     const auto& parts = op_->parts;
     const int n = static_cast<int>(parts.size());
-    const Block b = op_->chunk(c);
+    const StridedBlock b = op_->chunk(c);
     const DType t = parts[0].dtype;
     const ReduceOp rop = parts[0].op;
     const std::size_t elem = size_of(t);
@@ -237,7 +237,7 @@ class ThreadAllReduce final : public PendingExchange, public World::InFlight {
         len = std::min(len, parts[k].pieces[i].count - off);
       }
       const auto L = static_cast<int64_t>(len);
-      auto blk = [&](int k) { return Block::contiguous(at[k].second, L); };
+      auto blk = [&](int k) { return StridedBlock::contiguous(at[k].second, L); };
       void* acc = at[0].first->recv;
       if (at[0].first->send != acc) movement::copy_block(device_, at[0].first->send, blk(0), acc, blk(0), elem);
       for (int k = 1; k < n; ++k) movement::reduce_block(device_, t, rop, at[k].first->send, blk(k), acc, blk(0));

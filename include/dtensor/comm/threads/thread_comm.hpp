@@ -84,10 +84,10 @@ class ThreadComm final : public Comm {
       // Phase 1: reduce my chunk of every rank's input into my scratch, in rank order
       // (the result does not depend on which rank computes it).
       const std::size_t elem = size_of(t);
-      const Block mine = chunk(count, rank_);
+      const StridedBlock mine = chunk(count, rank_);
       const auto need = static_cast<int64_t>(mine.len * elem);
       if (me.scratch.numel() < need) me.scratch = Tensor<std::byte, 1>::uninitialized({need}, device_);
-      const Block whole = Block::contiguous(0, mine.len);
+      const StridedBlock whole = StridedBlock::contiguous(0, mine.len);
       if (mine.len > 0) {
         movement::copy_block(device_, slot(0).send, mine, me.scratch.data(), whole, elem);
         for (int k = 1; k < size(); ++k)
@@ -98,7 +98,7 @@ class ThreadComm final : public Comm {
       sync();
       // Phase 2: every rank copies every chunk into its own output.
       for (int k = 0; k < size(); ++k)
-        movement::copy_block(device_, slot(k).scratch.data(), Block::contiguous(0, chunk(count, k).len), recv,
+        movement::copy_block(device_, slot(k).scratch.data(), StridedBlock::contiguous(0, chunk(count, k).len), recv,
                              chunk(count, k), elem);
       end();
     });
@@ -126,13 +126,13 @@ class ThreadComm final : public Comm {
       begin(Collective::Broadcast,
             [&](detail::Slot& s) { s.recv = buf, s.count = count, s.root = root, s.dtype = t; });
       if (rank_ != root)
-        movement::copy_block(device_, slot(root).recv, Block::contiguous(0, count), buf, Block::contiguous(0, count),
-                             size_of(t));
+        movement::copy_block(device_, slot(root).recv, StridedBlock::contiguous(0, count), buf,
+                             StridedBlock::contiguous(0, count), size_of(t));
       end();
     });
   }
 
-  void do_all_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks,
+  void do_all_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
                   DType t) override {
     collective([&] {
       begin(Collective::AllGather,
@@ -144,8 +144,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void do_reduce_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block,
-                      DType t, ReduceOp op) override {
+  void do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                         StridedBlock recv_block, DType t, ReduceOp op) override {
     collective([&] {
       begin(Collective::ReduceScatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
@@ -159,8 +159,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void do_all_to_all(const void* send, std::span<const Block> send_blocks, void* recv,
-                  std::span<const Block> recv_blocks, DType t) override {
+  void do_all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                  std::span<const StridedBlock> recv_blocks, DType t) override {
     collective([&] {
       begin(Collective::AllToAll, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t;
@@ -172,8 +172,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void do_scatter(const void* send, std::span<const Block> send_blocks, void* recv, Block recv_block, DType t,
-               int root) override {
+  void do_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv, StridedBlock recv_block,
+                  DType t, int root) override {
     collective([&] {
       begin(Collective::Scatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.root = root, s.dtype = t;
@@ -184,8 +184,8 @@ class ThreadComm final : public Comm {
     });
   }
 
-  void do_gather(const void* send, Block send_block, void* recv, std::span<const Block> recv_blocks, DType t,
-              int root) override {
+  void do_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
+                 DType t, int root) override {
     collective([&] {
       begin(Collective::Gather, [&](detail::Slot& s) {
         s.send = send, s.send_block = send_block, s.root = root, s.dtype = t;
@@ -252,10 +252,10 @@ class ThreadComm final : public Comm {
   detail::Slot& slot(int k) const { return g_->slots[k]; }
 
   // Balanced split of `count` elements: all_reduce's work share for rank k.
-  Block chunk(std::size_t count, int k) const {
+  StridedBlock chunk(std::size_t count, int k) const {
     const auto n = static_cast<int64_t>(count);
     const int64_t lo = n * k / size(), hi = n * (k + 1) / size();
-    return Block::contiguous(lo, hi - lo);
+    return StridedBlock::contiguous(lo, hi - lo);
   }
 
   template <class Where>
@@ -397,7 +397,7 @@ class ThreadComm final : public Comm {
   // Only the receiving rank sees a size mismatch, so it cannot leave at once: its
   // peers may be copying from its buffers. It takes part in the closing
   // synchronisation (copying nothing), then aborts the run.
-  void check_size(const Block& from, const Block& to, int peer) {
+  void check_size(const StridedBlock& from, const StridedBlock& to, int peer) {
     if (from.numel() == to.numel()) return;
     CommError e(detail::cat("dtensor: ", name(op_), " #", seq_, ": rank ", peer, " sends ", from.numel(),
                             " elements to rank ", rank_, ", which expects ", to.numel(),

@@ -79,6 +79,7 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
 
   // The rule (KeepsPlacements): dx is linear in dy (for the statistics of the
   // forward), placed like dy.
+  static constexpr int64_t in_features = C;  // the features it takes: a model checks they chain
   static constexpr int64_t out_features(int64_t) { return C; }
   // Complete over the input's shards; Partial only where dy is (a Replicate mesh dim).
   static constexpr State param_grad(const State& grad_out) {

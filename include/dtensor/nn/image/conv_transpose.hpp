@@ -196,6 +196,7 @@ class ConvTranspose : public KeepsPlacements<Cfg, Takes::Activation> {
   using InputT = dtensor_t<T, Rank, placements_t<Rule::input()>>;
 
   // The rule: KeepsPlacements's (Rule::input() is the activation's), Cout features out.
+  static constexpr int64_t in_features = Cin;  // the features it takes: a model checks they chain
   static constexpr int64_t out_features(int64_t) { return Cout; }
   // The parameters (nn/parameters.hpp): replicated; their gradients Partial over the
   // mesh dims that shard the batch and space.

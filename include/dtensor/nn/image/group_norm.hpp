@@ -55,6 +55,7 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
   // The mesh dims the statistics are summed over: those that shard space.
   static constexpr detail::MeshMask stat_mask = detail::shard_mask(Cfg::activation(), /*batch*/ false);
 
+  static constexpr int64_t in_features = C;  // the features it takes: a model checks they chain
   static constexpr int64_t out_features(int64_t) { return C; }
   // This rank's terms: Partial<Sum> over every mesh dim that shards the input.
   static constexpr State param_grad(const State& grad_out) {

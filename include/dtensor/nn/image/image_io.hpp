@@ -51,18 +51,18 @@ Tensor<T, Rank> gather_to(const DTensor<T, Rank, P...>& x, int dst = 0) {
         if (!ps[m].is_shard() && c[m] != 0) return false;
       return true;
     };
-    std::vector<Block> blocks(static_cast<std::size_t>(comm.size()));
+    std::vector<StridedBlock> blocks(static_cast<std::size_t>(comm.size()));
     std::vector<std::pair<Shape<Rank>, Shape<Rank>>> boxes(blocks.size());
     int64_t total = 0;
     for (int r = 0; r < comm.size(); ++r) {
       const auto c = mesh.coords_of(r);
       boxes[r] = {x.layout().local_offset(ps, mesh.shape(), c), x.layout().local_shape(ps, mesh.shape(), c)};
       const int64_t n = sends(c) ? numel(boxes[r].second) : 0;
-      blocks[r] = Block::contiguous(total, n);
+      blocks[r] = StridedBlock::contiguous(total, n);
       total += n;
     }
     const bool root = comm.rank() == dst;
-    const Block mine = Block::contiguous(0, sends(mesh.coords()) ? x.local().numel() : 0);
+    const StridedBlock mine = StridedBlock::contiguous(0, sends(mesh.coords()) ? x.local().numel() : 0);
     auto staging = Tensor<T, 1>::uninitialized(Shape<1>{root ? total : 0}, comm.device());
     comm.gather(x.local().data(), mine, staging.data(), blocks, dtype_of<T>(), dst);
     if (!root) return Tensor<T, Rank>();

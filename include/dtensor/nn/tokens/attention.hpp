@@ -139,6 +139,10 @@ class MultiHeadAttention {
   static_assert(Cfg::cp < 0 || !std::is_same_v<Style, HeadParallel<Shard<1>>>,
                 "dtensor::nn::MultiHeadAttention: context parallelism (Axes' CP dim) shards the sequence already; "
                 "use HeadParallel<> (heads over TP), not HeadParallel<Shard<1>> (sequence parallel)");
+  static_assert(Cfg::cp >= 0 || Dims.context == ContextParallel::Ring,
+                "dtensor::nn::MultiHeadAttention: AttentionShape::context chooses how a context-parallel mesh dim "
+                "runs attention (RingBalanced, AllToAll), but this Config has no CP dim, so it would have no effect: "
+                "name the CP mesh dim in nn::Axes<M, DP, TP, CP>, or leave context at its default");
 
  public:
   DTENSOR_LAYER_TYPES(Cfg);
@@ -164,6 +168,7 @@ class MultiHeadAttention {
   using Rule = PairRule<Cfg, typename detail::attention_styles<Style>::qkv, typename detail::attention_styles<Style>::out>;
   static constexpr State input(const State&) { return Rule::input(); }
   static constexpr State output(const State&) { return Rule::output(); }
+  static constexpr int64_t in_features = kHidden;  // the features it takes: a model checks they chain
   static constexpr int64_t out_features(int64_t) { return kHidden; }
   static constexpr State grad_input(const State&, const State& grad_out) { return Rule::grad_input(grad_out); }
   template <int C>

@@ -27,6 +27,12 @@
 
 namespace dtensor::nn {
 
+// How an embedding table starts: element i is a function of (seed, i) only, as for
+// Linear and Conv (LinearInit, ConvInit): Embedding<...>(mesh, {.seed = 3}).
+struct EmbeddingInit {
+  uint64_t seed = 0;
+};
+
 template <class Cfg, int64_t Vocab, int64_t Dim, LinearStyle Style = NoParallel>
 class Embedding {
   static_assert(Vocab > 0 && Dim > 0, "dtensor::nn::Embedding<Cfg, Vocab, Dim>: sizes must be positive");
@@ -81,7 +87,8 @@ class Embedding {
   using OutputT = dtensor_t<T, Rank, placements_t<out_state()>>;
 
   // Entries N(0, 1) (PyTorch's default), a function of (seed, index) only.
-  Embedding(const typename TableT::Mesh& mesh, uint64_t seed = 0)
+  Embedding(const typename TableT::Mesh& mesh, EmbeddingInit init = {}) : Embedding(mesh, init.seed) {}
+  Embedding(const typename TableT::Mesh& mesh, uint64_t seed)
       : table_("table", dtensor::detail::generate<TableT>({Vocab, Dim}, mesh, {}, [&](uint64_t i) {
           return dtensor::detail::normal_value<T>(seed, i);
         })) {}

@@ -47,6 +47,7 @@ class GatedMlp {
   // --- the rule (nn/tokens/pair_rule.hpp: gate and up colwise, down rowwise) ---
   static constexpr State input(const State&) { return Rule::input(); }
   static constexpr State output(const State&) { return Rule::output(); }
+  static constexpr int64_t in_features = Hidden;  // the features it takes: a model checks they chain
   static constexpr int64_t out_features(int64_t) { return Hidden; }
   static constexpr State grad_input(const State&, const State& grad_out) { return Rule::grad_input(grad_out); }
   template <int C>

@@ -18,6 +18,7 @@
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/tokens/embedding.hpp"  // EmbeddingInit
 #include "dtensor/tensor/movement.hpp"
 
 namespace dtensor::nn {
@@ -40,7 +41,9 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
   }
 
   // Normal values times 0.02 (GPT-2's initialisation), element i a function of (seed, i).
-  explicit PositionEmbedding(const typename ReplicatedTable::Mesh& mesh, uint64_t seed = 0)
+  explicit PositionEmbedding(const typename ReplicatedTable::Mesh& mesh, EmbeddingInit init = {})
+      : PositionEmbedding(mesh, init.seed) {}
+  PositionEmbedding(const typename ReplicatedTable::Mesh& mesh, uint64_t seed)
       : table_("position", dtensor::detail::generate<ReplicatedTable>({MaxLen, Dim}, mesh, {}, [&](uint64_t i) {
           return static_cast<T>(0.02 * dtensor::detail::normal_value<double>(seed, i));
         })) {}
@@ -66,8 +69,8 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
     // each sequence's rows += the table's rows of their positions (on the blocks' device)
     for (int64_t n = 0; n < b; ++n)
       movement::reduce_block(yl.device(), dtype_of<T>(), ReduceOp::Sum, table_.value().local().data(),
-                             Block::contiguous(first_ * Dim, len * Dim), yl.data(),
-                             Block::contiguous(n * len * Dim, len * Dim));
+                             StridedBlock::contiguous(first_ * Dim, len * Dim), yl.data(),
+                             StridedBlock::contiguous(n * len * Dim, len * Dim));
     return y;
   }
 
@@ -78,8 +81,8 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
     DTENSOR_CHECK(first_ + len <= MaxLen, InvalidArgument, name, ": backward without a matching forward");
     for (int64_t n = 0; n < b; ++n)  // the table's rows += every sequence's gradient rows
       movement::reduce_block(g.device(), dtype_of<T>(), ReduceOp::Sum, g.data(),
-                             Block::contiguous(n * len * Dim, len * Dim), table_.grad().data(),
-                             Block::contiguous(first_ * Dim, len * Dim));
+                             StridedBlock::contiguous(n * len * Dim, len * Dim), table_.grad().data(),
+                             StridedBlock::contiguous(first_ * Dim, len * Dim));
     if constexpr (NeedInputGrad) return dy;
     else return 0;
   }

@@ -79,8 +79,8 @@ class TokenMeanPool {
       compute::binary_scalar(BinaryOp::Mul, dy.local(), scale, scaled);
       auto dx = Tensor<T, 3>::uninitialized(s.local, dev);
       for (int64_t b = 0; b < s.local[0]; ++b)  // row b repeated for each token (a source of stride 0)
-        movement::copy_block(dev, scaled.data(), Block{b * c, tokens, 0, c}, dx.data(),
-                             Block::contiguous(b * tokens * c, tokens * c), sizeof(T));
+        movement::copy_block(dev, scaled.data(), StridedBlock{b * c, tokens, 0, c}, dx.data(),
+                             StridedBlock::contiguous(b * tokens * c, tokens * c), sizeof(T));
       using DX = dtensor_t<T, 3, placements_t<grad_input(State{}, G::placement_state)>>;
       return DX(dy.mesh(), s.layout, std::move(dx));
     }
