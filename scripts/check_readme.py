@@ -97,7 +97,7 @@ def split(code):
                 stripped = re.sub(r"//.*", "", code[k])
                 done = False
                 for ch in stripped:
-                    if ch in "([{<" and ch != "<":
+                    if ch in "([{":  # not '<': it is also a comparison
                         depth += 1
                     elif ch in ")]}":
                         depth -= 1

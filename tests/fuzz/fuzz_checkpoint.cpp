@@ -86,6 +86,17 @@ Reference& reference() {
   return r;
 }
 
+// The reference checkpoint's entries (held by reference: they must outlive it).
+template <class W, class B>
+io::StateDict entries(W& w, B& b, int64_t& step, double& lr) {
+  io::StateDict sd;
+  sd.add("w", w);
+  sd.add("b", b);
+  sd.add("step", step);
+  sd.add("lr", lr);
+  return sd;
+}
+
 // Loads the work copy on one rank; true if it loaded (then it must equal the reference).
 bool load_work(const Reference& r) {
   bool loaded = false;
@@ -96,11 +107,7 @@ bool load_work(const Reference& r) {
     auto b = zeros<double, Replicate>(std::array<int64_t, 1>{kB}, mesh);
     int64_t step = 0;
     double lr = 0;
-    io::StateDict sd;
-    sd.add("w", w);
-    sd.add("b", b);
-    sd.add("step", step);
-    sd.add("lr", lr);
+    io::StateDict sd = entries(w, b, step, lr);
     try {
       io::load(sd, r.work, comm);
     } catch (const io::CheckpointError&) {
@@ -140,11 +147,7 @@ int write_reference(const char* dir) {
     auto b = distribute<Replicate>(bg, mesh);
     int64_t step = 7;
     double lr = 0.25;
-    io::StateDict sd;
-    sd.add("w", w);
-    sd.add("b", b);
-    sd.add("step", step);
-    sd.add("lr", lr);
+    io::StateDict sd = entries(w, b, step, lr);
     io::SaveOptions o;
     o.piece_bytes = 16;  // several pieces per chunk
     io::save(sd, dir, comm, o);
