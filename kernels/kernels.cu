@@ -20,6 +20,7 @@
 #include "dtensor/util/error.hpp"
 #include "elementwise.cuh"
 #include "grid.cuh"
+#include "half_convert.cuh"
 #include "launch.cuh"
 #include "optimizer.cuh"
 #include "pool.cuh"
@@ -693,6 +694,27 @@ int64_t attention_tile_for(const compute::AttentionDims& d, int64_t elem, int ro
 unsigned attention_blocks(int64_t jobs) { return static_cast<unsigned>(std::min<int64_t>(jobs, kMaxBlocks)); }
 
 }  // namespace
+
+void float_to_half(HalfKind kind, const float* src, void* dst, int64_t n, cudaStream_t stream) {
+  check_size(n, "float_to_half");
+  if (n == 0) return;
+  if (kind == HalfKind::BFloat16)
+    launch(detail::float_to_half_kernel<__nv_bfloat16>, Grid{blocks_for(n)}, stream, src,
+           static_cast<__nv_bfloat16*>(dst), n);
+  else
+    launch(detail::float_to_half_kernel<__half>, Grid{blocks_for(n)}, stream, src, static_cast<__half*>(dst), n);
+}
+
+void half_to_float(HalfKind kind, const void* src, float* dst, int64_t n, cudaStream_t stream) {
+  check_size(n, "half_to_float");
+  if (n == 0) return;
+  if (kind == HalfKind::BFloat16)
+    launch(detail::half_to_float_kernel<__nv_bfloat16>, Grid{blocks_for(n)}, stream,
+           static_cast<const __nv_bfloat16*>(src), dst, n);
+  else
+    launch(detail::half_to_float_kernel<__half>, Grid{blocks_for(n)}, stream, static_cast<const __half*>(src), dst,
+           n);
+}
 
 void attention_forward(DType t, const compute::AttentionDims& dims, const void* q, const void* k, const void* v,
                        const void* mask, void* o, void* lse, cudaStream_t stream) {

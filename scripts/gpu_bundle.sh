@@ -39,13 +39,13 @@ for t in json.load(sys.stdin)["tests"]:
     print("\t".join([t["name"], env or "-", str(int(float(props.get("TIMEOUT", 600)))), os.path.basename(cmd[0])] + cmd[1:]))
 ')
 targets=$(cut -f4 <<< "$entries" | sort -u)
-cmake --build "$build" -j"$jobs" --target $targets bench_cuda
+cmake --build "$build" -j"$jobs" --target $targets bench_cuda bench_cuda_attention
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 for t in $targets; do cp "$(find "$build" -type f -name "$t" -perm -u+x | head -1)" "$stage/bin/"; done
-cp "$build/bench/bench_cuda" "$stage/bin/"
+cp "$build/bench/bench_cuda" "$build/bench/bench_cuda_attention" "$stage/bin/"
 strip "$stage"/bin/*
 printf '%s\n' "$entries" > "$stage/entries.tsv"
 # Shared libraries outside the CUDA toolkit and the C/C++ runtime: carried.

@@ -17,7 +17,7 @@ cd "$here"
 
 # CUDA's libraries from this machine: the toolkit, the system, or PyTorch's wheels.
 libpath=$here/lib
-for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2; do
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2 libnvrtc.so.13; do
   f=$(find ${DTENSOR_BUNDLE_LIBS:-} /usr/local/cuda/ /usr/lib /usr/local/lib /opt -name "$lib" 2>/dev/null | head -1)
   if [[ -n $f ]]; then libpath=$libpath:$(dirname "$f"); else echo "== run.sh: $lib not found on this machine" >&2; fi
 done

@@ -17,6 +17,7 @@ packages=(
   nlohmann-json3-dev        # checkpoints' JSON (dtensor/io.hpp; optional at configure time)
   libxxhash-dev             # checkpoints' checksums (dtensor/io.hpp; optional at configure time)
   python3-numpy             # the Python interop test of checkpoints (tests/checkpoint_read.py)
+  ccache                    # compiler cache, used by CMake where found (rebuilds after a pull)
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib petsc-dev pkg-config); fi
 
@@ -33,6 +34,18 @@ python_interop() {
     echo "setup: could not install numpy, safetensors and xxhash with pip; the checkpoint interop test may be skipped"
 }
 
+# The cuDNN frontend (header-only C++ for cuDNN's graph API: fused attention on a GPU)
+# ships as a PyPI wheel whose include/ CMake finds beside python3's packages. Only
+# where the CUDA toolkit is; failure is not fatal (fused attention is then not built).
+cudnn_frontend() {
+  [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc > /dev/null || return 0
+  python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['platlib'], 'include', 'cudnn_frontend.h')))" 2>/dev/null && return 0
+  local pip=(timeout 180 python3 -m pip install --quiet --retries 1 --timeout 20)
+  "${pip[@]}" nvidia-cudnn-frontend 2>/dev/null ||
+    "${pip[@]}" --break-system-packages nvidia-cudnn-frontend 2>/dev/null ||
+    echo "setup: could not install nvidia-cudnn-frontend with pip; fused attention on a GPU will not be built"
+}
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -40,6 +53,7 @@ done
 if ((${#missing[@]} == 0)); then
   echo "setup: all dependencies are installed"
   python_interop
+  cudnn_frontend
   exit 0
 fi
 
@@ -49,3 +63,4 @@ echo "setup: installing ${missing[*]}"
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 python_interop
+cudnn_frontend

@@ -6,6 +6,7 @@
 // longer sequence; rows with every key masked; float; bad head counts; dropout on the
 // weights (the definition, central differences, a block of the heads with its global
 // head index).
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <doctest/doctest.h>
 #include <dtensor/compute/attention.hpp>
 #include <dtensor/compute/counter_rng.hpp>
+#include <dtensor/compute/fused_attention_rules.hpp>
 
 #include "compare.hpp"
 
@@ -307,4 +309,42 @@ TEST_CASE("attention with dropout on the weights: the definition, central differ
   const Grads part = tiled(half, cut(qw, qh), cut(kw, kh), cut(vw, kh), static_cast<const double*>(nullptr), cut(dw, qh));
   CHECK(diff(part.o, cut(all.o, qh)) < 1e-14);
   CHECK(diff(part.dv, cut(all.dv, kh)) < 1e-14);
+}
+
+TEST_CASE("fused attention's rules: the cases a 16-bit fused kernel runs, and a causal block as a diagonal band") {
+  using compute::causal_right_bound;
+  using compute::fused_attention_refusal;
+  const AttentionDims plain{.batch = 2, .heads = 8, .kv_heads = 2, .q_len = 197, .kv_len = 230, .head_dim = 64};
+  CHECK(fused_attention_refusal(DType::Float32, plain, false) == nullptr);
+  CHECK(fused_attention_refusal(DType::Float64, plain, false) != nullptr);
+  CHECK(fused_attention_refusal(DType::Float32, plain, true) != nullptr);  // a mask
+  AttentionDims d = plain;
+  d.dropout.p = 0.1;
+  CHECK(fused_attention_refusal(DType::Float32, d, false) != nullptr);
+  d = plain, d.q_len = 0;
+  CHECK(fused_attention_refusal(DType::Float32, d, false) != nullptr);
+  d = plain, d.kv_len = 0;
+  CHECK(fused_attention_refusal(DType::Float32, d, false) != nullptr);
+  d = plain, d.causal = true, d.kv_offset = 10;  // the first ten query rows see no key
+  CHECK(fused_attention_refusal(DType::Float32, d, false) != nullptr);
+  static_assert(compute::causal_right_bound(AttentionDims{.q_len = 4, .kv_len = 4, .causal = true}) == 0);
+
+  // The band j <= i + bound (or no mask, bound -1) sees exactly the pairs that
+  // attention_sees does, for blocks on, after and far after the diagonal.
+  for (const auto& [q_off, kv_off, q_len, kv_len] :
+       std::vector<std::array<int64_t, 4>>{{0, 0, 7, 7}, {0, 0, 5, 9}, {50, 0, 6, 40}, {300, 250, 20, 60},
+                                           {500, 0, 8, 100}, {99, 0, 4, 100}, {98, 0, 4, 100}, {3, 3, 1, 1}}) {
+    AttentionDims c{.q_len = q_len, .kv_len = kv_len, .head_dim = 8, .causal = true, .q_offset = q_off,
+                    .kv_offset = kv_off};
+    INFO("queries from ", q_off, " (", q_len, "), keys from ", kv_off, " (", kv_len, ")");
+    REQUIRE(fused_attention_refusal(DType::Float32, c, false) == nullptr);
+    const int64_t bound = causal_right_bound(c);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < q_len; ++i)
+      for (int64_t j = 0; j < kv_len; ++j)
+        differ += (bound < 0 || j <= i + bound) != compute::attention_sees(c, i, j);
+    CHECK(differ == 0);
+  }
+  AttentionDims open = plain;  // not causal: no band
+  CHECK(causal_right_bound(open) == -1);
 }

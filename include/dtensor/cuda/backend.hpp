@@ -1,11 +1,12 @@
 #pragma once
 // The CUDA device backend: fills dtensor's device-compute table (compute/
 // device_backend.hpp) and memory space with the kernels of kernels/, cuBLAS, cuDNN
-// (convolutions) and stream-ordered memory, and installs them when this header is
+// (convolutions, fused attention) and stream-ordered memory, and installs them when this header is
 // included.
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/cuda/blas.hpp"
 #include "dtensor/cuda/dnn.hpp"
+#include "dtensor/cuda/fused_attention.hpp"
 #include "dtensor/cuda/kernels.hpp"
 #include "dtensor/cuda/memory.hpp"
 
@@ -158,8 +159,8 @@ struct CudaMath {
   static constexpr auto pool_backward = on_stream<kernels::pool_backward>;
   static constexpr auto upsample_forward = on_stream<kernels::upsample_forward>;
   static constexpr auto upsample_backward = on_stream<kernels::upsample_backward>;
-  static constexpr auto attention_forward = on_stream<kernels::attention_forward>;
-  static constexpr auto attention_backward = on_stream<kernels::attention_backward>;
+  static constexpr auto attention_forward = detail::attention_forward;  // cuDNN or kernels (fused_attention.hpp)
+  static constexpr auto attention_backward = detail::attention_backward;
   static constexpr auto attention_merge = on_stream<kernels::attention_merge>;
 };
 

@@ -156,6 +156,17 @@ void window_copy(DType t, int64_t planes, const std::array<int64_t, 3>& box, con
                  const std::array<int64_t, 3>& src_ext, const std::array<int64_t, 3>& src_start, void* dst,
                  const std::array<int64_t, 3>& dst_ext, const std::array<int64_t, 3>& dst_start, cudaStream_t stream);
 
+// --- 16-bit staging (fused attention's inputs and outputs; cuda/fused_attention.hpp) ---
+
+// The 16-bit floating-point formats cuDNN's fused attention reads and writes. (dtensor's
+// tensors hold no 16-bit type yet: these are staging buffers only.)
+enum class HalfKind : uint8_t { BFloat16, Float16 };
+constexpr const char* name(HalfKind k) { return k == HalfKind::BFloat16 ? "bfloat16" : "float16"; }
+
+// dst[i] = src[i] rounded to nearest even in `kind` (NaN and infinities kept), and back.
+void float_to_half(HalfKind kind, const float* src, void* dst, int64_t n, cudaStream_t stream);
+void half_to_float(HalfKind kind, const void* src, float* dst, int64_t n, cudaStream_t stream);
+
 // --- scaled dot-product attention (float32 and float64; compute/attention.hpp's
 // definition, layouts and rules; kernels/attention.cuh) ---
 
