@@ -14,8 +14,9 @@
 //    scripts/gpu_compare.sh runs both and bench/gpu_report.py joins them by each case's
 //    label): dtensor's matmul at 4096 and 8192 in fp32 and TF32, cuDNN convolutions
 //    through dtensor's device path (compute::conv_*: forward, and forward + backward
-//    data, weight and bias) in fp32 and TF32 on gpu_torch.py's shapes, and a
-//    device-to-device copy of 16 and 256 MiB. These time each iteration with CUDA events
+//    data, weight and bias) in fp32 and TF32 on gpu_torch.py's shapes, a
+//    device-to-device copy of 16 and 256 MiB, and a training step of train_cnn's and of
+//    train_gpt's model on one GPU rank. These time each iteration with CUDA events
 //    on the thread's stream (manual time), as gpu_torch.py does, so that a short case is
 //    not a measure of the host's synchronisation.
 //
@@ -28,9 +29,11 @@
 #include <mutex>
 #include <string>
 
+#include <dtensor/cnn.hpp>
 #include <dtensor/compute/attention.hpp>
 #include <dtensor/compute/conv.hpp>
 #include <dtensor/cuda.hpp>
+#include <dtensor/nn.hpp>
 
 using namespace dtensor;
 
@@ -285,6 +288,89 @@ void conv_args(benchmark::internal::Benchmark* b) {
       for (int64_t backward : {0, 1}) b->Args({shape, tf32, backward});
 }
 
+// --- training steps on one GPU rank, against PyTorch eager (gpu_torch.py's step_cnn_eager
+// and step_gpt_eager: the same models, sizes and optimizers), float32.
+DeviceMesh<2>& one_gpu_mesh2() {
+  static DeviceMesh<2> mesh(*one_gpu_rank().comms[0], {1, 1});
+  return mesh;
+}
+
+// train_cnn's model (examples/train_cnn.cpp) at bench_cpu_steps' size: batch 8 of 3 x 128 x 128.
+namespace step_cnn {
+constexpr int64_t kBatch = 8, kChannels = 3, kSize = 128, kClasses = 4;
+constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
+using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
+using Head = typename nn::GlobalAvgPool<Img>::out_config;
+using Model = nn::Sequential<nn::Conv<Img, kChannels, 8, k3>, nn::BatchNorm<Img, 8>, nn::ReLU<Img>, nn::MaxPool<Img>,
+                             nn::Conv<Img, 8, 16, k3>, nn::BatchNorm<Img, 16>, nn::ReLU<Img>, nn::MaxPool<Img>,
+                             nn::GlobalAvgPool<Img>, nn::Linear<Head, 16, kClasses>>;
+using Targets = dtensor_t<int64_t, 1, placements_t<Head::activation()>>;
+}  // namespace step_cnn
+
+void BM_dtensor_step_cnn_gpu(benchmark::State& state) {
+  using namespace step_cnn;
+  cuda::set_device(0);
+  const auto& mesh = one_gpu_mesh2();
+  const auto pool = nn::PoolOptions<2>::square(2);
+  Model model(nn::Conv<Img, kChannels, 8, k3>(mesh, {1}), nn::BatchNorm<Img, 8>(mesh), nn::ReLU<Img>(),
+              nn::MaxPool<Img>(pool), nn::Conv<Img, 8, 16, k3>(mesh, {2}), nn::BatchNorm<Img, 16>(mesh),
+              nn::ReLU<Img>(), nn::MaxPool<Img>(pool), nn::GlobalAvgPool<Img>(), nn::Linear<Head, 16, kClasses>(mesh, {3}));
+  nn::CrossEntropy<Head, nn::replicate()> loss;
+  nn::SGD sgd({.lr = 0.01, .momentum = 0.9});
+  auto x = dtensor::detail::generate<Model::InputT>({kBatch, kChannels, kSize, kSize}, mesh, {}, [](uint64_t i) {
+    return static_cast<float>((i * 7919 % 1000) / 1000.0 - 0.5);
+  });
+  auto t = dtensor::detail::generate<Targets>({kBatch}, mesh, {}, [](uint64_t i) { return int64_t(i % kClasses); });
+  timed_loop(state, [&] {
+    model.zero_grad();
+    auto y = model.forward(x);
+    benchmark::DoNotOptimize(loss.forward(y, t));
+    model.backward(loss.backward());
+    sgd.step(model);
+  });
+  state.SetLabel("step_cnn");
+}
+
+// train_gpt's model (examples/train_gpt.cpp): vocabulary 97, hidden 64, 4 heads, FFN 256,
+// 2 causal blocks with RoPE, length 32, batch 8; AdamW.
+namespace step_gpt {
+constexpr int64_t kVocab = 97, kHidden = 64, kFfn = 256, kLen = 32, kBatch = 8;
+constexpr nn::AttentionShape kShape{.hidden = kHidden, .heads = 4};
+using Cfg = nn::Config<float, 3, nn::Axes<2, 0, 1>>;
+using Embed = nn::Embedding<Cfg, kVocab, kHidden, nn::RowwiseParallel<Replicate>>;
+using Positions = nn::PositionEmbedding<Cfg, kLen, kHidden>;
+using Block = nn::TransformerBlock<Cfg, kShape, kFfn, nn::HeadParallel<>>;
+using Norm = nn::LayerNorm<Cfg, kHidden, typename nn::detail::block_styles<nn::HeadParallel<>>::norm>;
+using Head = nn::Linear<Cfg, kHidden, kVocab, nn::ColwiseParallel<Replicate>, false>;
+using Model = nn::Sequential<Embed, Positions, Block, Block, Norm, Head>;
+using Targets = dtensor_t<int64_t, 2, placements_t<Cfg::activation()>>;
+}  // namespace step_gpt
+
+void BM_dtensor_step_gpt_gpu(benchmark::State& state) {
+  using namespace step_gpt;
+  cuda::set_device(0);
+  const auto& mesh = one_gpu_mesh2();
+  const nn::AttentionOptions attention{.causal = true, .rope_base = 10000};
+  Model model(Embed(mesh, 1), Positions(mesh, 2), Block(mesh, attention, 3), Block(mesh, attention, 4), Norm(mesh),
+              Head(mesh, {5}));
+  nn::CrossEntropy<Cfg> loss;
+  nn::AdamW adam({.lr = 3e-3, .weight_decay = 0});
+  auto ids = dtensor::detail::generate<Model::InputT>({kBatch, kLen}, mesh, {}, [](uint64_t i) {
+    return static_cast<int64_t>(dtensor::detail::mix64(i) % kVocab);
+  });
+  auto targets = dtensor::detail::generate<Targets>({kBatch, kLen}, mesh, {}, [](uint64_t i) {
+    return static_cast<int64_t>(dtensor::detail::mix64(i + 12345) % kVocab);
+  });
+  timed_loop(state, [&] {
+    model.zero_grad();
+    auto logits = model.forward(ids);
+    benchmark::DoNotOptimize(loss.forward(logits, targets));
+    model.backward(loss.backward());
+    adam.step(model);
+  });
+  state.SetLabel("step_gpt");
+}
+
 }  // namespace
 
 // MinTime keeps these to about 0.2 s each (about 20 s in all on an H100 or H200).
@@ -292,6 +378,8 @@ BENCHMARK(BM_dtensor_matmul_fp32_vs_torch)->Arg(4096)->Arg(8192)->UseManualTime(
 BENCHMARK(BM_dtensor_matmul_tf32_vs_torch)->Arg(4096)->Arg(8192)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_copy_d2d_gpu)->Arg(16 << 20)->Arg(256 << 20)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_conv_gpu)->Apply(conv_args)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_step_cnn_gpu)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_step_gpt_gpu)->UseManualTime()->MinTime(0.2);
 
 namespace {
 
