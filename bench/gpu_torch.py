@@ -16,7 +16,7 @@ median of the repetitions' times):
   step    train_cnn's model (bench_cpu_steps' batch 8 of 3 x 128 x 128, SGD momentum) and
           train_gpt's model (vocabulary 97, hidden 64, 4 heads, FFN 256, 2 blocks,
           length 32, batch 8, AdamW), fp32, eager and under torch.compile (each compiled
-          model in a child process that is given --compile-timeout seconds, default 45:
+          model in a child process that is given --compile-timeout seconds, default 60:
           past that it is reported skipped)
 
 cuDNN runs as PyTorch's default has it (torch.backends.cudnn.benchmark off: heuristics,
@@ -348,7 +348,7 @@ def main():
     ap.add_argument("--reps", type=int, default=None, help="timed repetitions per case (default 10, quick 3)")
     ap.add_argument("--warm", type=int, default=None, help="warm-up calls per case (default 3, quick 1)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile steps")
-    ap.add_argument("--compile-timeout", type=float, default=45.0,
+    ap.add_argument("--compile-timeout", type=float, default=60.0,
                     help="seconds a compiled step's child process gets (compile and timing)")
     ap.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     ap.add_argument("--compile-child", choices=["cnn", "gpt"], help=argparse.SUPPRESS)
