@@ -68,8 +68,9 @@ fi
 
 compare_status="not run (run.sh DIR compare, or DTENSOR_GPU_COMPARE=1, runs it)" compare_rc=0
 if [[ ${2:-} == compare || ${DTENSOR_GPU_COMPARE:-0} == 1 ]]; then
-  reuse=()
-  [[ $bench_rc == 0 && -s $out/bench_cuda.json ]] && reuse=("$out/bench_cuda.json")
+  reuse=()  # bench_cuda's results of this run, not an older run's left in $out
+  [[ ${DTENSOR_GPU_CHECK_SKIP_BENCH:-0} != 1 && $bench_rc == 0 && -s $out/bench_cuda.json ]] &&
+    reuse=("$out/bench_cuda.json")
   LD_LIBRARY_PATH=$given_ld_path scripts/gpu_compare.sh "$out/compare" "${reuse[@]}"
   compare_rc=$?
   compare_status="$out/compare/compare.md"
