@@ -14,7 +14,8 @@ written (goals not met are reported, not failed), 2 when an input cannot be read
 How the sides meet: bench_cuda's comparison cases carry gpu_torch.py's case name as
 their label (gemm_tf32_8192, conv3x3_n32_c64_56_k64_fp32_fwdbwd, copy_16MiB, step_cnn);
 bench_cuda_attention's BM_fused_attention_bf16/<L>/<D>/<causal>/<backward> becomes
-attn_L<L>_d<D>_<causal|full>_<fwd|fwdbwd>; the gather rows join bench_cuda's
+attn_L<L>_d<D>_<causal|full>_<fwd|fwdbwd> (BM_fused_attention_staged: the same with
+_staged, a reference row against the same PyTorch case); the gather rows join bench_cuda's
 BM_dtensor_gather_gpu with BM_memcpy_gather_gpu (its bare copies) of the same bytes.
 """
 import argparse
@@ -36,7 +37,8 @@ GOALS = {
 GROUP_TITLES = [
     ("gemm", "Matrix products (M = N = K)"),
     ("conv", "Convolutions (NCHW/NCDHW, with bias; fwdbwd: forward, input, weight and bias gradients)"),
-    ("attn", "Attention (bf16, batch 1, 16 heads; fwdbwd: forward and backward)"),
+    ("attn", "Attention (bf16, batch 1, 16 heads; fwdbwd: forward and backward; dtensor: cuDNN's fused graph on "
+             "bf16 buffers; _staged: float tensors through the device table with bf16 math, for reference)"),
     ("copy", "Device-to-device copy (baseline, no goal)"),
     ("step", "Training steps (fp32; compiled: torch.compile, for reference, no goal)"),
     ("gather", "Shard -> Replicate gather, 2 ranks on one GPU, against its bare copies (no PyTorch side)"),
@@ -59,39 +61,60 @@ def load(path):
         sys.exit(2)
 
 
+def bench_key(name, label):
+    """The case a Google Benchmark entry measures, or ('gather', side, bytes), or None."""
+    m = re.match(r"BM_fused_attention_(bf16|staged)/(?:\w+:)?(\d+)/(?:\w+:)?(\d+)/(?:\w+:)?(\d+)/(?:\w+:)?(\d+)",
+                 name)
+    g = re.match(r"BM_(dtensor|memcpy)_gather_gpu/(?:\w+:)?(\d+)", name)
+    if m:
+        L, D, causal, backward = (int(v) for v in m.groups()[1:])
+        key = f"attn_L{L}_d{D}_{'causal' if causal else 'full'}_{'fwdbwd' if backward else 'fwd'}"
+        return key + ("_staged" if m.group(1) == "staged" else "")
+    if g:
+        return ("gather", g.group(1), int(g.group(2)))
+    if label and group_of(label) != "other":
+        return label
+    return None
+
+
 def bench_cases(doc):
-    """dtensor's cases of one Google Benchmark JSON: key -> {ms, tflops, gbps, name}."""
-    out, gather = {}, {}
+    """dtensor's cases of one Google Benchmark JSON: key -> {ms, tflops, gbps, name}; the
+    gathers by bytes; the cases that reported an error, key -> message."""
+    out, gather, errors = {}, {}, {}
     for b in doc.get("benchmarks", []):
-        if b.get("run_type", "iteration") != "iteration" or b.get("error_occurred"):
+        if b.get("run_type", "iteration") != "iteration":
             continue
-        name = b["name"]
-        ms = b["real_time"] * UNIT_MS.get(b.get("time_unit", "ns"), 1e-6)
-        rec = {"ms": ms, "name": name}
+        key = bench_key(b["name"], b.get("label", ""))
+        if key is None:
+            continue
+        if b.get("error_occurred"):
+            if isinstance(key, str):
+                errors[key] = b.get("error_message", "error")
+            continue
+        rec = {"ms": b["real_time"] * UNIT_MS.get(b.get("time_unit", "ns"), 1e-6), "name": b["name"]}
         if "TFLOP/s" in b:
             rec["tflops"] = b["TFLOP/s"]
         if "bytes_per_second" in b:
             rec["gbps"] = b["bytes_per_second"] * 1e-9
-        label = b.get("label", "")
-        m = re.match(r"BM_fused_attention_bf16/(\d+)/(\d+)/(\d+)/(\d+)", name)
-        g = re.match(r"BM_(dtensor|memcpy)_gather_gpu/(\d+)", name)
-        if m:
-            L, D, causal, backward = (int(v) for v in m.groups())
-            out[f"attn_L{L}_d{D}_{'causal' if causal else 'full'}_{'fwdbwd' if backward else 'fwd'}"] = rec
-        elif g:
-            gather.setdefault(int(g.group(2)), {})[g.group(1)] = rec
-        elif label and group_of(label) != "other":
-            out[label] = rec
-    return out, gather
+        if isinstance(key, tuple):
+            gather.setdefault(key[2], {})[key[1]] = rec
+        else:
+            out[key] = rec
+    return out, gather, errors
 
 
-def missing_reason(key, torch_rec, have_attention_json, notes):
+def missing_reason(key, attention_json, errors, notes):
     """Why dtensor has no result for a case PyTorch ran."""
+    if key in errors:
+        return f"dtensor's benchmark reported: {errors[key]}"
     if re.search(r"_bf16(cl)?(_|$)", key):
         what = "GEMM" if key.startswith("gemm") else "convolution"
         return f"dtensor has no bf16 {what} yet (issue 41)"
-    if key.startswith("attn") and not have_attention_json:
+    if key.startswith("attn") and not attention_json:
         return notes.get("attention", "bench_cuda_attention did not run (not in this bundle)")
+    if key.startswith("attn"):
+        return "no BM_fused_attention_bf16 of this shape in bench_cuda_attention's results (built without the " \
+               "cuDNN frontend?)"
     if key.startswith("step") and key.endswith("_compiled"):
         return "reference only: dtensor's step is set against eager"
     if key.startswith("step"):
@@ -121,14 +144,15 @@ def main():
         else:
             extra_lines.append(n)
 
-    dt, gather, bench_meta, have_attention = {}, {}, [], False
+    dt, gather, errors, bench_meta, attention_json = {}, {}, {}, [], False
     for path in args.bench:
         doc = load(path)
-        cases, g = bench_cases(doc)
+        cases, g, e = bench_cases(doc)
         dt.update(cases)
+        errors.update(e)
         for k, v in g.items():
             gather.setdefault(k, {}).update(v)
-        have_attention |= any(b["name"].startswith("BM_fused_attention_bf16") for b in doc.get("benchmarks", []))
+        attention_json |= any(b["name"].startswith("BM_fused_attention") for b in doc.get("benchmarks", []))
         ctx = doc.get("context", {})
         bench_meta.append(f"{os.path.basename(path)}: {ctx.get('executable', '?')} at {ctx.get('date', '?')}")
 
@@ -138,11 +162,16 @@ def main():
 
     rows = []
     keys = list(torch_recs) + [k for k in dt if k not in torch_recs]
+    # dtensor's staged attention (float tensors, bf16 math: what a model runs today) right
+    # after the fused graph's row of the same shape, against the same PyTorch case
+    keys = [k for k in keys if not k.endswith("_staged")]
+    keys = [x for k in keys for x in ([k, k + "_staged"] if k + "_staged" in dt else [k])]
     for key in keys:
         group = group_of(key)
         if group == "other":
             continue
-        t, d = torch_recs.get(key), dt.get(key)
+        staged = key.endswith("_staged")
+        t, d = torch_recs.get(key[: -len("_staged")] if staged else key), dt.get(key)
         row = {"case": key, "group": group, "dtensor_ms": d["ms"] if d else None,
                "torch_ms": t.get("ms") if t else None}
         flops = t.get("flops") if t else None
@@ -158,14 +187,14 @@ def main():
         elif d:
             row["unit"] = "TFLOP/s" if "tflops" in d else "GB/s" if "gbps" in d else ""
             row["dtensor_rate"] = d.get("tflops", d.get("gbps"))
-        goal = None if key.endswith("_compiled") else GOALS.get(group)
+        goal = None if key.endswith("_compiled") or staged else GOALS.get(group)
         row["goal"] = goal[1] if goal else "-"
         if t is None:
             row["why"] = notes.get("torch", "no PyTorch result for this case")
         elif "skipped" in t:
             row["why"] = f"PyTorch skipped it: {t['skipped']}"
         elif d is None:
-            row["why"] = missing_reason(key, t, have_attention, notes)
+            row["why"] = missing_reason(key, attention_json, errors, notes)
         if row["dtensor_ms"] and row["torch_ms"]:
             row["ratio"] = row["torch_ms"] / row["dtensor_ms"]
             row["met"] = None if goal is None else row["ratio"] >= goal[0]
