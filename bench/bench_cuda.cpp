@@ -9,17 +9,31 @@
 //  * the attention core's kernels (kernels/attention.cuh: tiled, online softmax,
 //    O(seq) memory) against the three-product version that materialises the
 //    [seq, seq] weights (cuBLAS batched products and the softmax kernels), float32,
-//    2 x 8 heads of 64, forward and forward + backward; causal for the kernels alone.
+//    2 x 8 heads of 64, forward and forward + backward; causal for the kernels alone;
+//  * against PyTorch on the same GPU (issue 46; bench/gpu_torch.py times the same cases,
+//    scripts/gpu_compare.sh runs both and bench/gpu_report.py joins them by each case's
+//    label): dtensor's matmul at 4096 and 8192 in fp32 and TF32, cuDNN convolutions
+//    through dtensor's device path (compute::conv_*: forward, and forward + backward
+//    data, weight and bias) in fp32 and TF32 on gpu_torch.py's shapes, a
+//    device-to-device copy of 16 and 256 MiB, and a training step of train_cnn's and of
+//    train_gpt's model on one GPU rank. These time each iteration with CUDA events
+//    on the thread's stream (manual time), as gpu_torch.py does, so that a short case is
+//    not a measure of the host's synchronisation.
 //
 //   build/bench/bench_cuda --benchmark_out=cuda.json
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <mutex>
+#include <string>
 
+#include <dtensor/cnn.hpp>
 #include <dtensor/compute/attention.hpp>
+#include <dtensor/compute/conv.hpp>
 #include <dtensor/cuda.hpp>
+#include <dtensor/nn.hpp>
 
 using namespace dtensor;
 
@@ -144,6 +158,228 @@ BENCHMARK(BM_kernel_add)->Arg(1)->Arg(4096)->UseRealTime();
 BENCHMARK(BM_dtensor_add_gpu)->Arg(1)->Arg(4096)->UseRealTime();
 BENCHMARK(BM_memcpy_gather_gpu)->Arg(1 << 24)->Arg(1 << 28)->Threads(2)->UseRealTime();
 BENCHMARK(BM_dtensor_gather_gpu)->Arg(1 << 24)->Arg(1 << 28)->Threads(2)->UseRealTime();
+
+namespace {
+
+// --- the cases bench/gpu_torch.py times on PyTorch; each one's label is gpu_torch.py's name
+
+// CUDA events around one iteration on this thread's stream: the GPU's time for what the
+// iteration enqueued, gaps in the host's launches included.
+class EventTimer {
+ public:
+  EventTimer() { DTENSOR_CUDA(cudaEventCreate(&start_)), DTENSOR_CUDA(cudaEventCreate(&stop_)); }
+  ~EventTimer() { (void)cudaEventDestroy(start_), (void)cudaEventDestroy(stop_); }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start() { DTENSOR_CUDA(cudaEventRecord(start_, cuda::current_stream())); }
+  void stop(benchmark::State& state) {
+    DTENSOR_CUDA(cudaEventRecord(stop_, cuda::current_stream()));
+    DTENSOR_CUDA(cudaEventSynchronize(stop_));
+    float ms = 0;
+    DTENSOR_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+    state.SetIterationTime(ms * 1e-3);
+  }
+
+ private:
+  cudaEvent_t start_{}, stop_{};
+};
+
+// Runs body once to warm (cuDNN's algorithm choice, workspaces, the allocator's pool),
+// then times each iteration with events.
+template <class Body>
+void timed_loop(benchmark::State& state, Body&& body) {
+  body();
+  cuda::synchronize();
+  EventTimer t;
+  for (auto _ : state) {
+    t.start();
+    body();
+    t.stop(state);
+  }
+}
+
+// range(0): n (M = N = K). TF32 as cuda::set_tf32 sets it for every float product.
+void dtensor_matmul_vs_torch(benchmark::State& state, bool tf32) {
+  cuda::set_device(0);
+  cuda::set_tf32(tf32);
+  const int64_t n = state.range(0);
+  const auto& mesh = *one_gpu_rank().mesh;
+  auto a = rand<float, Shard<0>>(Shape<2>{n, n}, mesh, 1);
+  auto b = rand<float, Replicate>(Shape<2>{n, n}, mesh, 2);
+  timed_loop(state, [&] { benchmark::DoNotOptimize(matmul(a, b).local().data()); });
+  cuda::set_tf32(false);
+  set_flops(state, 2.0 * n * n * n);
+  state.SetLabel(std::string(tf32 ? "gemm_tf32_" : "gemm_fp32_") + std::to_string(n));
+}
+void BM_dtensor_matmul_fp32_vs_torch(benchmark::State& state) { dtensor_matmul_vs_torch(state, false); }
+void BM_dtensor_matmul_tf32_vs_torch(benchmark::State& state) { dtensor_matmul_vs_torch(state, true); }
+
+// range(0): bytes. The copy bandwidth a device reaches: bytes copied per second.
+void BM_copy_d2d_gpu(benchmark::State& state) {
+  cuda::set_device(0);
+  const int64_t bytes = state.range(0);
+  const auto src = Tensor<std::byte, 1>::uninitialized({bytes}, Device::cuda(0));
+  auto dst = Tensor<std::byte, 1>::uninitialized({bytes}, Device::cuda(0));
+  timed_loop(state, [&] {
+    DTENSOR_CUDA(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, cuda::current_stream()));
+  });
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.SetLabel("copy_" + std::to_string(bytes >> 20) + "MiB");
+}
+
+// bench_conv_cpu's shapes at batch 32 and one 3-D case: gpu_torch.py's CONV_SHAPES, in order.
+struct GpuConvShape {
+  int64_t batch, cin, cout, size, kernel, stride;
+  int spatial;
+};
+constexpr GpuConvShape kConvShapes[] = {
+    {32, 64, 64, 56, 3, 1, 2},
+    {32, 32, 32, 32, 3, 1, 2},
+    {32, 3, 64, 224, 7, 2, 2},
+    {4, 32, 32, 64, 3, 1, 3},
+};
+// gpu_torch.py's conv_key: conv3x3_n32_c64_56_k64, conv7x7s2_n32_c3_224_k64, conv3d3_n4_c32_64_k32.
+std::string conv_key(const GpuConvShape& s) {
+  const std::string k = std::to_string(s.kernel);
+  return "conv" + (s.spatial == 2 ? k + "x" + k : std::to_string(s.spatial) + "d" + k) +
+         (s.stride > 1 ? "s" + std::to_string(s.stride) : "") + "_n" + std::to_string(s.batch) + "_c" +
+         std::to_string(s.cin) + "_" + std::to_string(s.size) + "_k" + std::to_string(s.cout);
+}
+// Zero padding (kernel - 1) / 2 as a single rank's call has it (in_start = -pad: the
+// device path copies the region into a zeroed scratch first; dnn.hpp).
+ConvDims conv_dims(const GpuConvShape& s) {
+  ConvDims d;
+  const int64_t pad = (s.kernel - 1) / 2, out = (s.size + 2 * pad - s.kernel) / s.stride + 1;
+  d.spatial = s.spatial, d.batch = s.batch, d.in_channels = s.cin, d.out_channels = s.cout;
+  for (int i = 0; i < s.spatial; ++i)
+    d.in[i] = s.size, d.out[i] = out, d.kernel[i] = s.kernel, d.stride[i] = s.stride, d.in_start[i] = -pad;
+  return d;
+}
+
+// range(0): index in kConvShapes; range(1): 1 with TF32; range(2): 1 with the backward
+// (data, weight and bias after the forward, as PyTorch's autograd computes them).
+void BM_dtensor_conv_gpu(benchmark::State& state) {
+  cuda::set_device(0);
+  const GpuConvShape& s = kConvShapes[state.range(0)];
+  const bool tf32 = state.range(1) != 0, backward = state.range(2) != 0;
+  cuda::set_tf32(tf32);
+  const ConvDims d = conv_dims(s);
+  const Device dev = Device::cuda(0);
+  const auto filled = [&](int64_t n, uint64_t seed) { return rand<float>(Shape<1>{n}, seed).to(dev); };
+  const auto x = filled(d.x_size(), 1), w = filled(d.w_size(), 2), b = filled(d.out_channels, 3);
+  const auto dy = filled(d.y_size(), 4);
+  auto y = Tensor<float, 1>::uninitialized({d.y_size()}, dev), dx = Tensor<float, 1>::uninitialized({d.x_size()}, dev);
+  auto dw = Tensor<float, 1>::uninitialized({d.w_size()}, dev), db = Tensor<float, 1>::uninitialized({d.out_channels}, dev);
+  timed_loop(state, [&] {
+    compute::conv_forward(dev, d, x.data(), w.data(), b.data(), y.data());
+    if (!backward) return;
+    compute::conv_backward_data(dev, d, dy.data(), w.data(), dx.data());
+    compute::conv_backward_weight(dev, d, x.data(), dy.data(), dw.data(), false);
+    compute::conv_backward_bias(dev, d, dy.data(), db.data(), false);
+  });
+  cuda::set_tf32(false);
+  const double fwd = 2.0 * d.batch * d.out_channels * d.out_cells() * d.in_channels * d.kernel_cells();
+  set_flops(state, backward ? 3 * fwd : fwd);
+  state.SetLabel(conv_key(s) + (tf32 ? "_tf32" : "_fp32") + (backward ? "_fwdbwd" : "_fwd"));
+}
+void conv_args(benchmark::internal::Benchmark* b) {
+  for (int64_t shape = 0; shape < static_cast<int64_t>(std::size(kConvShapes)); ++shape)
+    for (int64_t tf32 : {0, 1})
+      for (int64_t backward : {0, 1}) b->Args({shape, tf32, backward});
+}
+
+// --- training steps on one GPU rank, against PyTorch eager (gpu_torch.py's step_cnn_eager
+// and step_gpt_eager: the same models, sizes and optimizers), float32.
+DeviceMesh<2>& one_gpu_mesh2() {
+  static DeviceMesh<2> mesh(*one_gpu_rank().comms[0], {1, 1});
+  return mesh;
+}
+
+// train_cnn's model (examples/train_cnn.cpp) at bench_cpu_steps' size: batch 8 of 3 x 128 x 128.
+namespace step_cnn {
+constexpr int64_t kBatch = 8, kChannels = 3, kSize = 128, kClasses = 4;
+constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
+using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
+using Head = typename nn::GlobalAvgPool<Img>::out_config;
+using Model = nn::Sequential<nn::Conv<Img, kChannels, 8, k3>, nn::BatchNorm<Img, 8>, nn::ReLU<Img>, nn::MaxPool<Img>,
+                             nn::Conv<Img, 8, 16, k3>, nn::BatchNorm<Img, 16>, nn::ReLU<Img>, nn::MaxPool<Img>,
+                             nn::GlobalAvgPool<Img>, nn::Linear<Head, 16, kClasses>>;
+using Targets = dtensor_t<int64_t, 1, placements_t<Head::activation()>>;
+}  // namespace step_cnn
+
+void BM_dtensor_step_cnn_gpu(benchmark::State& state) {
+  using namespace step_cnn;
+  cuda::set_device(0);
+  const auto& mesh = one_gpu_mesh2();
+  const auto pool = nn::PoolOptions<2>::square(2);
+  Model model(nn::Conv<Img, kChannels, 8, k3>(mesh, {1}), nn::BatchNorm<Img, 8>(mesh), nn::ReLU<Img>(),
+              nn::MaxPool<Img>(pool), nn::Conv<Img, 8, 16, k3>(mesh, {2}), nn::BatchNorm<Img, 16>(mesh),
+              nn::ReLU<Img>(), nn::MaxPool<Img>(pool), nn::GlobalAvgPool<Img>(), nn::Linear<Head, 16, kClasses>(mesh, {3}));
+  nn::CrossEntropy<Head, nn::replicate()> loss;
+  nn::SGD sgd({.lr = 0.01, .momentum = 0.9});
+  auto x = dtensor::detail::generate<Model::InputT>({kBatch, kChannels, kSize, kSize}, mesh, {}, [](uint64_t i) {
+    return static_cast<float>((i * 7919 % 1000) / 1000.0 - 0.5);
+  });
+  auto t = dtensor::detail::generate<Targets>({kBatch}, mesh, {}, [](uint64_t i) { return int64_t(i % kClasses); });
+  timed_loop(state, [&] {
+    model.zero_grad();
+    auto y = model.forward(x);
+    benchmark::DoNotOptimize(loss.forward(y, t));
+    model.backward(loss.backward());
+    sgd.step(model);
+  });
+  state.SetLabel("step_cnn");
+}
+
+// train_gpt's model (examples/train_gpt.cpp): vocabulary 97, hidden 64, 4 heads, FFN 256,
+// 2 causal blocks with RoPE, length 32, batch 8; AdamW.
+namespace step_gpt {
+constexpr int64_t kVocab = 97, kHidden = 64, kFfn = 256, kLen = 32, kBatch = 8;
+constexpr nn::AttentionShape kShape{.hidden = kHidden, .heads = 4};
+using Cfg = nn::Config<float, 3, nn::Axes<2, 0, 1>>;
+using Embed = nn::Embedding<Cfg, kVocab, kHidden, nn::RowwiseParallel<Replicate>>;
+using Positions = nn::PositionEmbedding<Cfg, kLen, kHidden>;
+using Block = nn::TransformerBlock<Cfg, kShape, kFfn, nn::HeadParallel<>>;
+using Norm = nn::LayerNorm<Cfg, kHidden, typename nn::detail::block_styles<nn::HeadParallel<>>::norm>;
+using Head = nn::Linear<Cfg, kHidden, kVocab, nn::ColwiseParallel<Replicate>, false>;
+using Model = nn::Sequential<Embed, Positions, Block, Block, Norm, Head>;
+using Targets = dtensor_t<int64_t, 2, placements_t<Cfg::activation()>>;
+}  // namespace step_gpt
+
+void BM_dtensor_step_gpt_gpu(benchmark::State& state) {
+  using namespace step_gpt;
+  cuda::set_device(0);
+  const auto& mesh = one_gpu_mesh2();
+  const nn::AttentionOptions attention{.causal = true, .rope_base = 10000};
+  Model model(Embed(mesh, 1), Positions(mesh, 2), Block(mesh, attention, 3), Block(mesh, attention, 4), Norm(mesh),
+              Head(mesh, {5}));
+  nn::CrossEntropy<Cfg> loss;
+  nn::AdamW adam({.lr = 3e-3, .weight_decay = 0});
+  auto ids = dtensor::detail::generate<Model::InputT>({kBatch, kLen}, mesh, {}, [](uint64_t i) {
+    return static_cast<int64_t>(dtensor::detail::mix64(i) % kVocab);
+  });
+  auto targets = dtensor::detail::generate<Targets>({kBatch, kLen}, mesh, {}, [](uint64_t i) {
+    return static_cast<int64_t>(dtensor::detail::mix64(i + 12345) % kVocab);
+  });
+  timed_loop(state, [&] {
+    model.zero_grad();
+    auto logits = model.forward(ids);
+    benchmark::DoNotOptimize(loss.forward(logits, targets));
+    model.backward(loss.backward());
+    adam.step(model);
+  });
+  state.SetLabel("step_gpt");
+}
+
+}  // namespace
+
+// MinTime keeps these to about 0.2 s each (about 20 s in all on an H100 or H200).
+BENCHMARK(BM_dtensor_matmul_fp32_vs_torch)->Arg(4096)->Arg(8192)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_matmul_tf32_vs_torch)->Arg(4096)->Arg(8192)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_copy_d2d_gpu)->Arg(16 << 20)->Arg(256 << 20)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_conv_gpu)->Apply(conv_args)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_step_cnn_gpu)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_step_gpt_gpu)->UseManualTime()->MinTime(0.2);
 
 namespace {
 

@@ -9,8 +9,11 @@
 # of entries as ctest runs them (arguments, environment, time limit) and a runner.
 # On the GPU machine, whose CUDA toolkit (or PyTorch's wheels) provides cuBLAS,
 # cuDNN 9 and NCCL 2 of the same CUDA major version:
-#   mkdir b && tar -xJf bundle.tar.xz -C b && b/run.sh [results dir]
-# runs every entry, train_cnn_cuda and bench_cuda, and with
+#   mkdir b && tar -xJf bundle.tar.xz -C b && b/run.sh [results dir] [compare]
+# runs every entry, train_cnn_cuda and bench_cuda, with "compare" (or
+# DTENSOR_GPU_COMPARE=1) then dtensor against PyTorch on the same GPU
+# (scripts/gpu_compare.sh: bench_cuda_attention where this tree builds it,
+# bench/gpu_torch.py, the table bench/gpu_report.py writes), and with
 # DTENSOR_GPU_CHECK_SANITIZER=1 each test again under compute-sanitizer memcheck, then
 # prints the summary that scripts/gpu_check.sh prints (tests passed, failed, skipped).
 # Where the GPU machine can build, scripts/gpu_check.sh is the one command instead.
@@ -39,13 +42,17 @@ for t in json.load(sys.stdin)["tests"]:
     print("\t".join([t["name"], env or "-", str(int(float(props.get("TIMEOUT", 600)))), os.path.basename(cmd[0])] + cmd[1:]))
 ')
 targets=$(cut -f4 <<< "$entries" | sort -u)
-cmake --build "$build" -j"$jobs" --target $targets bench_cuda bench_cuda_attention
+# The benchmarks: bench_cuda, and bench_cuda_attention where this tree has it.
+benches=bench_cuda
+help=$(cmake --build "$build" --target help)  # whole, not piped into grep -q: pipefail
+grep -qw bench_cuda_attention <<< "$help" && benches+=" bench_cuda_attention"
+cmake --build "$build" -j"$jobs" --target $targets $benches
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 for t in $targets; do cp "$(find "$build" -type f -name "$t" -perm -u+x | head -1)" "$stage/bin/"; done
-cp "$build/bench/bench_cuda" "$build/bench/bench_cuda_attention" "$stage/bin/"
+for b in $benches; do cp "$build/bench/$b" "$stage/bin/"; done
 strip "$stage"/bin/*
 printf '%s\n' "$entries" > "$stage/entries.tsv"
 # Shared libraries outside the CUDA toolkit and the C/C++ runtime: carried.
@@ -57,6 +64,10 @@ ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
   esac
 done
 cp scripts/gpu_run_bundle.sh "$stage/run.sh"
+# The comparison with PyTorch (run.sh DIR compare): its script and the Python sides.
+mkdir -p "$stage/scripts" "$stage/bench"
+cp scripts/gpu_libs.sh scripts/gpu_compare.sh "$stage/scripts/"
+cp bench/gpu_torch.py bench/gpu_report.py "$stage/bench/"
 {
   echo "dtensor $(git describe --always --dirty 2>/dev/null || echo unknown)"
   echo "built $(date -u +%FT%TZ) with $("${CUDACXX:-/usr/local/cuda/bin/nvcc}" --version | sed -n 's/.*release \([0-9.]*\).*/nvcc \1/p'), architectures $CUDAARCHS"
@@ -64,4 +75,5 @@ cp scripts/gpu_run_bundle.sh "$stage/run.sh"
 } > "$stage/BUILD_INFO"
 mkdir -p "$(dirname "$bundle")"
 tar -C "$stage" -cJf "$bundle" .
-echo "gpu_bundle: $bundle ($(du -h "$bundle" | cut -f1)): $(wc -l < "$stage/entries.tsv") test entries, train_cnn_cuda and bench_cuda"
+echo "gpu_bundle: $bundle ($(du -h "$bundle" | cut -f1)): $(wc -l < "$stage/entries.tsv") test entries, train_cnn_cuda," \
+  "${benches// /, } and the comparison with PyTorch (run.sh DIR compare)"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The runner inside a bundle of scripts/gpu_bundle.sh (as run.sh): runs the GPU test
 # entries as ctest would, then bench_cuda, on a machine with an NVIDIA GPU.
-#   run.sh [results dir]                        (default: results/ beside run.sh)
+#   run.sh [results dir] [compare]              (default: results/ beside run.sh)
+# With "compare" as the second argument, or DTENSOR_GPU_COMPARE=1, the comparison with
+# PyTorch on the same GPU runs after the tests (scripts/gpu_compare.sh: bench_cuda's
+# results reused, gpu_torch.py, bench_cuda_attention where the bundle has it; the table
+# in <results dir>/compare/compare.md; about 4 minutes on an H200).
 # Environment:
 #   DTENSOR_GPU_CHECK_SANITIZER=1     also run each test binary under compute-sanitizer memcheck
 #   DTENSOR_GPU_CHECK_SKIP_BENCH=1    skip bench_cuda
@@ -16,12 +20,10 @@ out=$(cd "$out" && pwd)
 cd "$here"
 
 # CUDA's libraries from this machine: the toolkit, the system, or PyTorch's wheels.
-libpath=$here/lib
-for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2 libnvrtc.so.13; do
-  f=$(find ${DTENSOR_BUNDLE_LIBS:-} /usr/local/cuda/ /usr/lib /usr/local/lib /opt -name "$lib" 2>/dev/null | head -1)
-  if [[ -n $f ]]; then libpath=$libpath:$(dirname "$f"); else echo "== run.sh: $lib not found on this machine" >&2; fi
-done
-export LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# PyTorch (the comparison) keeps the library path it was given: it loads its own.
+source "$here/scripts/gpu_libs.sh"
+given_ld_path=${LD_LIBRARY_PATH-}
+export LD_LIBRARY_PATH=$(gpu_libpath "$here")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1) || {
   echo "run.sh: no usable GPU: nvidia-smi says: $gpu" >&2
@@ -64,6 +66,17 @@ if [[ ${DTENSOR_GPU_CHECK_SKIP_BENCH:-0} != 1 ]]; then
   ((bench_rc == 0)) || bench_status="FAILED (exit $bench_rc; $out/bench_cuda.txt)"
 fi
 
+compare_status="not run (run.sh DIR compare, or DTENSOR_GPU_COMPARE=1, runs it)" compare_rc=0
+if [[ ${2:-} == compare || ${DTENSOR_GPU_COMPARE:-0} == 1 ]]; then
+  reuse=()  # bench_cuda's results of this run, not an older run's left in $out
+  [[ ${DTENSOR_GPU_CHECK_SKIP_BENCH:-0} != 1 && $bench_rc == 0 && -s $out/bench_cuda.json ]] &&
+    reuse=("$out/bench_cuda.json")
+  LD_LIBRARY_PATH=$given_ld_path scripts/gpu_compare.sh "$out/compare" "${reuse[@]}"
+  compare_rc=$?
+  compare_status="$out/compare/compare.md"
+  ((compare_rc == 0)) || compare_status="FAILED (exit $compare_rc; logs in $out/compare)"
+fi
+
 sanitizer_status="not run (DTENSOR_GPU_CHECK_SANITIZER=1 runs it)" sanitizer_bad=0
 if [[ ${DTENSOR_GPU_CHECK_SANITIZER:-0} == 1 ]]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -92,8 +105,9 @@ build          $(tail -n +2 BUILD_INFO | paste -sd';' | sed 's/;/; /g')
 GPU            $gpu
 GPU tests      $passed passed, $failed failed, $skipped skipped ($expected_skips for want of GPUs); logs in $out
 bench_cuda     $bench_status
+vs PyTorch     $compare_status
 memcheck       $sanitizer_status
 ============================================================================
 EOF
-((failed == 0 && skipped == expected_skips && bench_rc == 0 && sanitizer_bad == 0)) || exit 1
+((failed == 0 && skipped == expected_skips && bench_rc == 0 && compare_rc == 0 && sanitizer_bad == 0)) || exit 1
 echo "run.sh: OK"
