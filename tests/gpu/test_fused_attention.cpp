@@ -104,7 +104,7 @@ enum class Expect { Fused, Kernels, Either };
 // One case through the device table's entries, compared with the host core in double
 // on the rounded inputs. Returns which path ran forward ("fused" or "kernels").
 void check_case(const char* what, const AttentionDims& d, cu::AttentionMath math, Expect expect, bool with_mask = false) {
-  INFO(what, ": batch ", d.batch, ", heads ", d.heads, "/", d.kv_heads, ", lengths ", d.q_len, "/", d.kv_len,
+  INFO(std::string(what), ": batch ", d.batch, ", heads ", d.heads, "/", d.kv_heads, ", lengths ", d.q_len, "/", d.kv_len,
        " at ", d.q_offset, "/", d.kv_offset, ", head dim ", d.head_dim, d.causal ? ", causal" : "",
        ", dropout ", d.dropout.p, with_mask ? ", mask" : "", ", math ", cu::name(math));
   const bool bf16 = math == cu::AttentionMath::BFloat16;
@@ -126,7 +126,7 @@ void check_case(const char* what, const AttentionDims& d, cu::AttentionMath math
   const auto after = cu::attention_path_counts();
   const bool fused_fwd = after.fused_forward > before.fused_forward;
   const bool fused_bwd = after.fused_backward > before.fused_backward;
-  MESSAGE(what, ": forward ran ", fused_fwd ? "cuDNN" : "the kernels", ", backward ", fused_bwd ? "cuDNN" : "the kernels");
+  MESSAGE(std::string(what), ": forward ran ", fused_fwd ? "cuDNN" : "the kernels", ", backward ", fused_bwd ? "cuDNN" : "the kernels");
   if (expect == Expect::Fused) {
     CHECK(fused_fwd);
     CHECK(fused_bwd);
@@ -157,7 +157,7 @@ void check_case(const char* what, const AttentionDims& d, cu::AttentionMath math
   const double eo = normalized_error(go.host(), o), el = normalized_error(gl.host(), lse);
   const double edq = normalized_error(gdq.host(), dq), edk = normalized_error(gdk.host(), dk),
                edv = normalized_error(gdv.host(), dv);
-  MESSAGE(what, ": normalized errors o ", eo, ", lse ", el, ", dq ", edq, ", dk ", edk, ", dv ", edv);
+  MESSAGE(std::string(what), ": normalized errors o ", eo, ", lse ", el, ", dq ", edq, ", dk ", edk, ", dv ", edv);
   CHECK(eo <= tol);
   CHECK(el <= tol / 4);  // float statistics of the rounded inputs
   CHECK(edq <= tol_grad);
@@ -251,7 +251,7 @@ template <nn::ContextParallel Scheme>
 void layer_case(const char* what, int ranks) {
   using Cfg = nn::Config<float, 3, nn::Axes<1, nn::kNone, nn::kNone, 0>>;  // the sequence over mesh dim 0
   constexpr nn::AttentionShape A{.hidden = 64, .heads = 4, .kv_heads = 2, .context = Scheme};  // head dim 16
-  INFO(what, " on ", ranks, " ranks (29 positions: uneven blocks)");
+  INFO(std::string(what), " on ", ranks, " ranks (29 positions: uneven blocks)");
   const auto host = attention_step<Cfg, A>(Device::host(), ranks, cu::AttentionMath::Exact);
   const auto before = cu::attention_path_counts();
   const auto dev = attention_step<Cfg, A>(Device::cuda(0), ranks, cu::AttentionMath::BFloat16);
@@ -259,7 +259,7 @@ void layer_case(const char* what, int ranks) {
   REQUIRE(host.size() == dev.size());
   std::vector<float> got(dev.begin(), dev.end());
   const double err = normalized_error(got, host);
-  MESSAGE(what, " on ", ranks, " ranks: ", after.fused_forward - before.fused_forward, " fused forward calls, ",
+  MESSAGE(std::string(what), " on ", ranks, " ranks: ", after.fused_forward - before.fused_forward, " fused forward calls, ",
           after.kernel_forward - before.kernel_forward, " on the kernels; normalized error ", err);
   CHECK(after.fused_forward > before.fused_forward);
   CHECK(after.fused_backward > before.fused_backward);
