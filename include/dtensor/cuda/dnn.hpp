@@ -14,20 +14,25 @@
 //   - lo >= 0 and lo + n <= in (a distributed layer's padded block, the usual case):
 //     x is passed in place, at the region's first cell, with a descriptor of the
 //     region's extents and the block's strides; y likewise at the box's first cell.
+//   - a whole output whose region starts p >= 0 cells before x in each dim, where
+//     cuDNN's own output extent with symmetric padding p is the output's (a single
+//     rank's "same" convolution, a strided stem): x is passed whole with padding p,
+//     the data gradient written whole by cuDNN (cudnn_pads);
 //   - otherwise (zero padding on a single rank, or windows past the end): the region
 //     is copied into a zeroed scratch first (kernels::window_copy, which reads zeros
 //     outside x), and the backward data's result is cropped back out of one, every
 //     cell of dx written (those no tap reads with 0).
 // Should cuDNN offer no algorithm for the strided descriptors, the call falls back to
-// packed copies of the region and of the output box. Why copies rather than cuDNN's
-// padding: a symmetric pad that covers in_start < 0 also pads the far end and makes
+// packed copies of the region and of the output box. Why copies rather than cuDNN's padding
+// in the other cases: a symmetric pad that covers in_start < 0 also pads the far end and makes
 // cuDNN compute (and require room for) outputs outside the box; a copy costs one pass
 // over the region, small beside the convolution, and is exact.
 //
 // Algorithms: cudnnGet*Algorithm_v7's heuristics (no trial runs: a first call costs no
 // synchronisation), the first supported one within kMaxWorkspace bytes, preferring
 // those that sum directly (GEMM-like, not FFT or Winograd: their results stay within
-// fp32 rounding of the host's) and then deterministic ones. The choice and the
+// fp32 rounding of the host's) and then deterministic ones, unless
+// set_conv_algorithms(ConvAlgorithms::Fastest) takes cuDNN's first choice. The choice and the
 // descriptors are cached per thread, keyed by every dim, stride and flag of the call;
 // the workspace is a per-thread buffer that only grows. Float convolutions run in full
 // fp32 (CUDNN_FMA_MATH) unless TF32 is asked for (cuda::set_tf32, DTENSOR_TF32=1), as
@@ -36,9 +41,11 @@
 // Without cuDNN at configure time (no DTENSOR_WITH_CUDNN), the functions throw an
 // error that says so; pooling and upsampling are kernels of kernels/ and need no cuDNN.
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -56,6 +63,31 @@
 #if defined(DTENSOR_WITH_CUDNN)
 #include <cudnn.h>
 #endif
+
+namespace dtensor::cuda {
+
+// How cuDNN's convolution algorithms are chosen. Reproducible (the default): among
+// those cuDNN's heuristics offer, ones that sum directly (no FFT or Winograd transform,
+// whose rounding can exceed plain fp32 sums' by orders of magnitude) and deterministic
+// ones (the same bits every run) first. Fastest: cuDNN's first choice, as PyTorch
+// takes it without cudnn.benchmark; a weight gradient may then add with atomics (bits
+// that differ between runs). set_conv_algorithms, or DTENSOR_CONV_ALGOS=fastest.
+enum class ConvAlgorithms : uint8_t { Reproducible, Fastest };
+
+namespace detail {
+inline std::atomic<ConvAlgorithms>& conv_algorithms_flag() {
+  static std::atomic<ConvAlgorithms> c{[] {
+    const char* v = std::getenv("DTENSOR_CONV_ALGOS");
+    return v && std::string(v) == "fastest" ? ConvAlgorithms::Fastest : ConvAlgorithms::Reproducible;
+  }()};
+  return c;
+}
+}  // namespace detail
+
+inline void set_conv_algorithms(ConvAlgorithms c) { detail::conv_algorithms_flag() = c; }
+inline ConvAlgorithms conv_algorithms() { return detail::conv_algorithms_flag(); }
+
+}  // namespace dtensor::cuda
 
 namespace dtensor::cuda::dnn {
 
@@ -197,12 +229,14 @@ struct Shape {
   int nd;
   int64_t batch, cin, cout, groups;
   std::array<int64_t, 3> x_ext, x_strides, y_ext, y_strides, kernel, stride, dilation;
+  std::array<int64_t, 3> pad{0, 0, 0};  // cuDNN's symmetric zero padding (0: the region is read as it is)
   int64_t x_batch_stride, x_channel_stride, y_batch_stride, y_channel_stride;
 
-  std::vector<int64_t> key(Pass p, int device, bool tf32) const {
+  std::vector<int64_t> key(Pass p, int device, bool tf32, ConvAlgorithms choice) const {
     std::vector<int64_t> k{static_cast<int64_t>(p),
                            device,
                            tf32,
+                           static_cast<int64_t>(choice),
                            static_cast<int64_t>(type),
                            nd,
                            batch,
@@ -213,7 +247,7 @@ struct Shape {
                            x_channel_stride,
                            y_batch_stride,
                            y_channel_stride};
-    for (const auto* a : {&x_ext, &x_strides, &y_ext, &y_strides, &kernel, &stride, &dilation})
+    for (const auto* a : {&x_ext, &x_strides, &y_ext, &y_strides, &kernel, &stride, &dilation, &pad})
       k.insert(k.end(), a->begin(), a->end());
     return k;
   }
@@ -245,13 +279,17 @@ inline bool exact(cudnnConvolutionBwdFilterAlgo_t a) {
 }
 
 // The first supported algorithm (the heuristics list them fastest first) within
-// kMaxWorkspace, preferring exact ones, then deterministic ones; -1 for none.
+// kMaxWorkspace: under ConvAlgorithms::Reproducible preferring exact ones, then
+// deterministic ones; under Fastest the first (as PyTorch without cudnn.benchmark);
+// -1 for none.
 template <class Perf>
-int pick(const Perf* perf, int count, std::size_t& workspace, cudnnMathType_t& math) {
+int pick(const Perf* perf, int count, ConvAlgorithms choice, std::size_t& workspace, cudnnMathType_t& math) {
   int best = -1, rank = -1;
   for (int i = 0; i < count; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > kMaxWorkspace) continue;
-    const int r = 2 * exact(perf[i].algo) + (perf[i].determinism == CUDNN_DETERMINISTIC);
+    const int r = choice == ConvAlgorithms::Fastest
+                      ? 0
+                      : 2 * exact(perf[i].algo) + (perf[i].determinism == CUDNN_DETERMINISTIC);
     if (r > rank) best = i, rank = r;
   }
   if (best < 0) return -1;
@@ -263,8 +301,9 @@ inline Plan& plan(Pass p, const Shape& s) {
   Thread& t = thread();
   cudnnHandle_t h = t.handle.get();
   const bool tf = s.type == DType::Float32 && tf32();
+  const ConvAlgorithms choice = conv_algorithms();
   thread_local std::map<std::vector<int64_t>, std::unique_ptr<Plan> > cache;
-  auto& slot = cache[s.key(p, t.handle.device(), tf)];
+  auto& slot = cache[s.key(p, t.handle.device(), tf, choice)];
   if (slot) return *slot;
   auto pl = std::make_unique<Plan>();
   const cudnnDataType_t dt = data_type(s.type);
@@ -279,6 +318,7 @@ inline Plan& plan(Pass p, const Shape& s) {
     yd.push_back(s.y_ext[i]), ys.push_back(s.y_strides[i]);
     wd.push_back(to_int(s.kernel[i], "a kernel extent"));
     str[i] = to_int(s.stride[i], "a stride"), dil[i] = to_int(s.dilation[i], "a dilation");
+    pad[i] = to_int(s.pad[i], "a padding");
     bd.push_back(1), bs.push_back(1);
   }
   pl->x.set(dt, xd, xs);
@@ -296,21 +336,21 @@ inline Plan& plan(Pass p, const Shape& s) {
       cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
       DTENSOR_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(h, pl->x.d, pl->w.d, pl->conv.d, pl->y.d,
                                                            CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf));
-      pl->algo = pick(perf, count, pl->workspace, math);
+      pl->algo = pick(perf, count, choice, pl->workspace, math);
       break;
     }
     case Pass::BackwardData: {
       cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
       DTENSOR_CUDNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, pl->w.d, pl->y.d, pl->conv.d, pl->x.d,
                                                                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf));
-      pl->algo = pick(perf, count, pl->workspace, math);
+      pl->algo = pick(perf, count, choice, pl->workspace, math);
       break;
     }
     case Pass::BackwardFilter: {
       cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
       DTENSOR_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
           h, pl->x.d, pl->y.d, pl->conv.d, pl->w.d, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
-      pl->algo = pick(perf, count, pl->workspace, math);
+      pl->algo = pick(perf, count, choice, pl->workspace, math);
       break;
     }
   }
@@ -350,6 +390,21 @@ inline Region region_of(const ConvDims& d, const OutBox& box) {
   return r;
 }
 
+// cuDNN's symmetric zero padding, per dim, that makes a whole-output call read the
+// region exactly: the region starts p cells before x (p >= 0) and cuDNN's own output
+// extent (in + 2p - span) / stride + 1 is the output's. Then x is passed whole, with
+// padding p, and no zero-padded copy is made (a single rank's "same" convolution, a
+// strided stem). False otherwise (a distributed layer's padded block is inside x).
+inline bool cudnn_pads(const ConvDims& d, const Region& r, std::array<int64_t, 3>& pad) {
+  if (r.e != d.out) return false;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t p = -r.lo[i], span = d.dilation[i] * (d.kernel[i] - 1) + 1;
+    if (p < 0 || d.in[i] + 2 * p < span || (d.in[i] + 2 * p - span) / d.stride[i] + 1 != d.out[i]) return false;
+    pad[i] = p;
+  }
+  return true;
+}
+
 // The shape of a call on x (full extents xin, read at the region) and y (full extents
 // yout, written at the box); packed: x is a packed copy of the region, y of the box.
 inline Shape shape_of(DType t, const ConvDims& d, const Region& r, bool x_packed, bool y_packed) {
@@ -365,6 +420,15 @@ inline Shape shape_of(DType t, const ConvDims& d, const Region& r, bool x_packed
     s.y_ext[i] = r.e[i], s.y_strides[i] = ys[i + 1];
     s.kernel[i] = d.kernel[i], s.stride[i] = d.stride[i], s.dilation[i] = d.dilation[i];
   }
+  return s;
+}
+
+// The shape of a whole-output call on all of x with cuDNN's padding `pad`.
+inline Shape padded_shape_of(DType t, const ConvDims& d, const std::array<int64_t, 3>& pad) {
+  Region whole;
+  whole.n = d.in, whole.e = d.out;
+  Shape s = shape_of(t, d, whole, false, false);
+  s.pad = pad;
   return s;
 }
 
@@ -388,6 +452,19 @@ void forward_typed(DType t, const ConvDims& d, const T* x, const T* w, const T* 
   cudnnHandle_t h = th.handle.get();
   const int dev = th.handle.device();
   const bool full_box = r.e == d.out;
+  std::array<int64_t, 3> pad{};
+  if (!r.inside && cudnn_pads(d, r, pad)) {  // cuDNN pads: no copy of x
+    Plan& pp = plan(Pass::Forward, padded_shape_of(t, d, pad));
+    if (pp.algo >= 0) {
+      const T one = 1, zero = 0;
+      void* ws = th.workspace.get(pp.workspace, dev);
+      DTENSOR_CUDNN(cudnnConvolutionForward(h, &one, pp.x.d, x, pp.w.d, w, pp.conv.d,
+                                            static_cast<cudnnConvolutionFwdAlgo_t>(pp.algo), ws, pp.workspace, &zero,
+                                            pp.y.d, y));
+      if (bias) DTENSOR_CUDNN(cudnnAddTensor(h, &one, pp.bias.d, bias, &one, pp.y.d, y));
+      return;
+    }
+  }
   bool packed = false;  // x's region and y's box both copied
   Plan* pl = &plan(Pass::Forward, shape_of(t, d, r, !r.inside, false));
   if (pl->algo < 0) {
@@ -429,6 +506,18 @@ void backward_data_typed(DType t, const ConvDims& d, const T* dy, const T* w, T*
   cudnnHandle_t h = th.handle.get();
   const int dev = th.handle.device();
   const Region r = region_of(d, OutBox{}.resolved(d));
+  const T one = 1, zero = 0;
+  std::array<int64_t, 3> pad{};
+  if (!r.inside && cudnn_pads(d, r, pad)) {  // cuDNN pads: dx written whole, no copy
+    Plan& pp = plan(Pass::BackwardData, padded_shape_of(t, d, pad));
+    if (pp.algo >= 0) {
+      void* ws = th.workspace.get(pp.workspace, dev);
+      DTENSOR_CUDNN(cudnnConvolutionBackwardData(h, &one, pp.w.d, w, pp.y.d, dy, pp.conv.d,
+                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(pp.algo), ws,
+                                                 pp.workspace, &zero, pp.x.d, dx));
+      return;
+    }
+  }
   Plan* pl = &plan(Pass::BackwardData, shape_of(t, d, r, !r.inside, false));
   bool copy = !r.inside;
   if (pl->algo < 0) {
@@ -437,7 +526,6 @@ void backward_data_typed(DType t, const ConvDims& d, const T* dy, const T* w, T*
     DTENSOR_CHECK(pl->algo >= 0, CudaError, "cuDNN has no backward data algorithm for ", to_string_dims(d));
   }
   const int64_t planes = d.batch * d.in_channels;
-  const T one = 1, zero = 0;
   void* ws = th.workspace.get(pl->workspace, dev);
   if (!copy) {
     // dx outside the region: no tap reads it, its gradient is 0.
@@ -466,6 +554,18 @@ void backward_weight_typed(DType t, const ConvDims& d, const T* x, const T* dy, 
   cudnnHandle_t h = th.handle.get();
   const int dev = th.handle.device();
   const Region r = region_of(d, OutBox{}.resolved(d));
+  const T one = 1, beta = accumulate ? T(1) : T(0);
+  std::array<int64_t, 3> pad{};
+  if (!r.inside && cudnn_pads(d, r, pad)) {  // cuDNN pads: x read in place
+    Plan& pp = plan(Pass::BackwardFilter, padded_shape_of(t, d, pad));
+    if (pp.algo >= 0) {
+      void* ws = th.workspace.get(pp.workspace, dev);
+      DTENSOR_CUDNN(cudnnConvolutionBackwardFilter(h, &one, pp.x.d, x, pp.y.d, dy, pp.conv.d,
+                                                   static_cast<cudnnConvolutionBwdFilterAlgo_t>(pp.algo), ws,
+                                                   pp.workspace, &beta, pp.w.d, dw));
+      return;
+    }
+  }
   Plan* pl = &plan(Pass::BackwardFilter, shape_of(t, d, r, !r.inside, false));
   bool copy = !r.inside;
   if (pl->algo < 0) {
@@ -481,7 +581,6 @@ void backward_weight_typed(DType t, const ConvDims& d, const T* x, const T* dy, 
     copy_window(t, planes, r.n, x, d.in, r.lo, xs->get(), r.n, {0, 0, 0});
     xin = static_cast<const T*>(xs->get());
   }
-  const T one = 1, beta = accumulate ? T(1) : T(0);
   void* ws = th.workspace.get(pl->workspace, dev);
   DTENSOR_CUDNN(cudnnConvolutionBackwardFilter(h, &one, pl->x.d, xin, pl->y.d, dy, pl->conv.d,
                                                static_cast<cudnnConvolutionBwdFilterAlgo_t>(pl->algo), ws,
