@@ -295,7 +295,10 @@ TEST_CASE("a missing stream wait: a buffer reused while a peer's copy from it is
 // marked work, without the host waiting for either stream.
 TEST_CASE("a marker orders a peer's read after the owner's write; the host waits for neither stream") {
   if (!asynchronous()) return;
-  Buffer a(64);
+  Buffer a(64), b(64);
+  // This thread's stream may have handed the blocks back from its pool before their
+  // poisoning ran: the other threads' streams use them only after that.
+  move().synchronize();
   Gate gate;
   void* marker = move().new_marker();
   std::promise<void> published;
@@ -308,7 +311,6 @@ TEST_CASE("a marker orders a peer's read after the owner's write; the host waits
     move().synchronize();
   });
   published.get_future().wait();
-  Buffer b(64);
   std::thread reader([&] {
     move().bind_thread(0);
     move().wait_marker(marker);  // returns at once too
