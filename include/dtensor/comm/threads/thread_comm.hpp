@@ -305,12 +305,13 @@ class ThreadComm final : public Comm {
     auto& me = slot(rank_);
     const uint64_t t = me.tick.load(std::memory_order_relaxed) + 1;
     const auto parity = static_cast<std::size_t>(t % 2);
-    if (!device_.is_host()) me.marker[parity].record(device_table());  // before the peers can see tick t
+    const bool order_streams = !device_.is_host() && size() > 1;  // one rank: its stream orders its work
+    if (order_streams) me.marker[parity].record(device_table());  // before the peers can see tick t
     me.state.store(detail::Slot::kOut);
     me.tick.store(t);
     world().notify();
     wait_for_all(t, [&] { return where(); });
-    if (!device_.is_host())
+    if (order_streams)
       for (int k = 0; k < size(); ++k)
         if (k != rank_) slot(k).marker[parity].wait(device_table());
     if (!reads_follow) return;
