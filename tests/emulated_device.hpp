@@ -198,6 +198,11 @@ class Stream {
     return ticket;
   }
 
+  // The ticket of the last operation queued so far (0: none).
+  uint64_t last_ticket() {
+    std::lock_guard lk(m_);
+    return enqueued_;
+  }
   // Waits until the operations up to `ticket` are done.
   void wait(uint64_t ticket) {
     std::unique_lock lk(m_);
@@ -597,8 +602,50 @@ struct EmulatedMovement {
   }
 };
 
+// A marker (a CUDA event): the stream that recorded it and the ticket of the last
+// operation queued there then. A stream that waits on it queues an operation that
+// blocks its worker until that ticket is done, as cudaStreamWaitEvent makes a stream
+// wait on the device; the host does not wait. The mutex stands for the driver's:
+// the owner records while peers may read the marker.
+struct Marker {
+  std::mutex m;
+  std::shared_ptr<Stream> stream;
+  uint64_t ticket = 0;
+};
+
+// Data movement (tensor/device_movement.hpp), continued: the markers.
+struct EmulatedMarkers {
+  static void* new_marker() {
+    count(calls());
+    return new Marker;
+  }
+  static void delete_marker(void* h) { delete static_cast<Marker*>(h); }
+  static void record_marker(void* h) {
+    if (!config().async) return;  // synchronous: the work is done already
+    auto* mk = static_cast<Marker*>(h);
+    Stream& s = current_stream();
+    std::lock_guard lk(mk->m);
+    mk->stream = binding().stream;
+    mk->ticket = s.last_ticket();
+  }
+  static void wait_marker(void* h) {
+    if (!config().async) return;
+    auto* mk = static_cast<Marker*>(h);
+    std::shared_ptr<Stream> other;
+    uint64_t ticket = 0;
+    {
+      std::lock_guard lk(mk->m);
+      other = mk->stream, ticket = mk->ticket;
+    }
+    if (!other || ticket == 0 || other == binding().stream) return;  // nothing marked, or ordered already
+    count(calls());
+    submit([other, ticket] { other->wait(ticket); });
+  }
+};
+struct EmulatedMovementTable : EmulatedMovement, EmulatedMarkers {};
+
 inline const detail::DeviceMovement& movement() {
-  static constexpr auto table = detail::device_movement_of<EmulatedMovement>();
+  static constexpr auto table = detail::device_movement_of<EmulatedMovementTable>();
   return table;
 }
 

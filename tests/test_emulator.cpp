@@ -290,3 +290,49 @@ TEST_CASE("a missing stream wait: a buffer reused while a peer's copy from it is
   reader.join();
   CHECK(peek(dst, 0) == -2.0);  // the copy read the overwritten block, not 5.0
 }
+
+// Markers (CUDA events): the stream that waits on one runs its later work after the
+// marked work, without the host waiting for either stream.
+TEST_CASE("a marker orders a peer's read after the owner's write; the host waits for neither stream") {
+  if (!asynchronous()) return;
+  Buffer a(64), b(64);
+  // This thread's stream may have handed the blocks back from its pool before their
+  // poisoning ran: the other threads' streams use them only after that.
+  move().synchronize();
+  Gate gate;
+  void* marker = move().new_marker();
+  std::promise<void> published;
+  std::thread owner([&] {
+    move().bind_thread(0);
+    gate.queue();  // the owner's stream is busy
+    fill(a, 1.0);
+    move().record_marker(marker);  // returns at once: the fill has not run
+    published.set_value();
+    move().synchronize();
+  });
+  published.get_future().wait();
+  std::thread reader([&] {
+    move().bind_thread(0);
+    move().wait_marker(marker);  // returns at once too
+    move().copy_block(a.p, StridedBlock::contiguous(0, 64), b.p, StridedBlock::contiguous(0, 64), sizeof(double));
+    auto opener = open_later(gate);
+    CHECK(to_host(b, 63) == 1.0);  // waits for the reader's stream, which waited for the owner's fill
+    opener.join();
+  });
+  reader.join();
+  owner.join();
+  move().delete_marker(marker);
+}
+
+TEST_CASE("a marker never recorded, or recorded on the waiting stream, orders nothing and waits for nothing") {
+  if (!asynchronous()) return;
+  move().bind_thread(0);
+  void* marker = move().new_marker();
+  move().wait_marker(marker);  // nothing recorded: no wait
+  Buffer a(8);
+  fill(a, 2.0);
+  move().record_marker(marker);
+  move().wait_marker(marker);  // its own stream: already in order
+  CHECK(to_host(a, 7) == 2.0);
+  move().delete_marker(marker);
+}

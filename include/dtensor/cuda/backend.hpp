@@ -125,6 +125,17 @@ struct CudaMovement {
   static constexpr auto reduce_block = on_stream<kernels::reduce_block>;
   static constexpr auto divide_block = on_stream<kernels::divide_block>;
   static constexpr auto fill = on_stream<kernels::fill>;
+  // Markers are events without timing (the cheapest kind to record and wait on).
+  static void* new_marker() {
+    cudaEvent_t e = nullptr;
+    DTENSOR_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  static void delete_marker(void* e) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(e)); }  // may be pending
+  static void record_marker(void* e) { DTENSOR_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(e), current_stream())); }
+  static void wait_marker(void* e) {
+    DTENSOR_CUDA(cudaStreamWaitEvent(current_stream(), static_cast<cudaEvent_t>(e), 0));
+  }
 };
 
 // The math (compute/device_backend.hpp): the kernels of kernels/, cuBLAS and cuDNN.

@@ -58,6 +58,12 @@ struct alignas(64) Slot {
   int color = 0, key = 0;
   std::shared_ptr<Group> split_result;
   Tensor<std::byte, 1> scratch;  // all_reduce: this rank's reduced chunk (on the comm's device)
+  // With device buffers: the marker this rank records on its stream at a
+  // synchronisation point, by the parity of the point's tick (ThreadComm::sync).
+  // Two, so that recording one never races with a peer's wait on the record before:
+  // a rank records marker[t % 2] again at point t + 2 only after every peer has
+  // passed point t + 1, which each does after its waits of point t.
+  DeviceMarker marker[2];
 };
 
 // A message its sender has published (ThreadExchange): where its elements are. The

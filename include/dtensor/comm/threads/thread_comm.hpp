@@ -20,9 +20,15 @@
 // consistent: either the leaving rank sees the reader, or the reader sees it gone.)
 // So an abort never frees a buffer under a peer's copy.
 //
-// With device buffers (RunOptions::device) the copies run on each rank's stream.
-// A rank waits for its stream before each synchronisation point, so what it
-// publishes is complete and what it read from its peers is done before they reuse it.
+// With device buffers (RunOptions::device) the copies run on each rank's stream,
+// and the host does not wait for them. A synchronisation point is one for the
+// streams too: each rank records a marker (an event) on its stream when it arrives,
+// and once all have arrived its stream waits for every peer's marker. So a peer's
+// copies from a buffer are queued after the work that wrote it (the first point),
+// and the owner's later work, a write or a free of the buffer, after those copies
+// (the last point). When a collective returns, its output is ready for the work
+// that the caller queues on its stream next; the host sees it through a copy, which
+// waits for the stream (and a device error at that wait, or at run_threads' end).
 //
 // Point to point is ThreadExchange (thread_exchange.hpp), the non-blocking
 // all-reduce ThreadAllReduce (thread_all_reduce.hpp), the state the ranks share
@@ -94,8 +100,7 @@ class ThreadComm final : public Comm {
           movement::reduce_block(device_, t, op, slot(k).send, mine, me.scratch.data(), whole);
         if (op == ReduceOp::Avg) movement::divide_block(device_, t, me.scratch.data(), whole, size());
       }
-      wait_device();
-      sync();
+      sync();  // the peers' streams wait for this rank's scratch before they read it
       // Phase 2: every rank copies every chunk into its own output.
       for (int k = 0; k < size(); ++k)
         movement::copy_block(device_, slot(k).scratch.data(), StridedBlock::contiguous(0, chunk(count, k).len), recv,
@@ -289,17 +294,26 @@ class ThreadComm final : public Comm {
   }
 
   // Synchronisation point: publish my progress, wait until every rank has reached it.
-  // Arriving ends this rank's reads of the phase before (its device work is done:
-  // the callers wait for it). With `reads_follow` this rank then reads its peers'
-  // buffers: it says so (kReading) and only then checks that none of them has left
-  // (kQuit, see leave()); if one has, it reads nothing and leaves too.
+  // Arriving ends this rank's reads of the phase before. With device buffers it is a
+  // point for the streams too, without the host waiting for them: this rank marks
+  // the work queued on its stream so far (what it publishes, its copies from its
+  // peers), and once all ranks have arrived its stream waits for theirs. With
+  // `reads_follow` this rank then reads its peers' buffers: it says so (kReading)
+  // and only then checks that none of them has left (kQuit, see leave()); if one
+  // has, it reads nothing and leaves too.
   void sync(bool reads_follow = true) {
     auto& me = slot(rank_);
     const uint64_t t = me.tick.load(std::memory_order_relaxed) + 1;
+    const auto parity = static_cast<std::size_t>(t % 2);
+    const bool order_streams = !device_.is_host() && size() > 1;  // one rank: its stream orders its work
+    if (order_streams) me.marker[parity].record(device_table());  // before the peers can see tick t
     me.state.store(detail::Slot::kOut);
     me.tick.store(t);
     world().notify();
     wait_for_all(t, [&] { return where(); });
+    if (order_streams)
+      for (int k = 0; k < size(); ++k)
+        if (k != rank_) slot(k).marker[parity].wait(device_table());
     if (!reads_follow) return;
     me.state.store(detail::Slot::kReading);  // seq_cst, before the loads below: see leave()
     for (int k = 0; k < size(); ++k)
@@ -327,8 +341,11 @@ class ThreadComm final : public Comm {
   // good: begin() refuses every later collective. Then it marks itself gone and waits
   // for the peers that are reading; a peer that passes a synchronisation point from
   // now on sees it gone and reads nothing (sync()). The peers it waits for are in the
-  // middle of their copies, with no wait in between, so this takes no longer than
-  // those copies. Never throws.
+  // middle of queuing their copies, with no wait in between, so this takes no longer
+  // than that. Their copies may still be running on their streams: a reader that
+  // left kReading through sync() marked them first, so this rank's stream waits for
+  // the peers' markers (both, whichever is the latest) and the host for this
+  // rank's stream, before its buffers may go. Never throws.
   void leave(std::exception_ptr why) noexcept {
     if (!in_collective_) return;
     in_collective_ = false;
@@ -351,6 +368,14 @@ class ThreadComm final : public Comm {
         if (spins < 64) detail::cpu_relax();
         else std::this_thread::yield();
       }
+    if (device_.is_host()) return;
+    try {
+      for (int k = 0; k < size(); ++k)
+        if (k != rank_)
+          for (const auto& m : slot(k).marker) m.wait(device_table());
+      wait_device();
+    } catch (...) {  // a device error: the run has failed already
+    }
   }
 
   template <class Fill = void (*)(detail::Slot&)>
@@ -365,7 +390,7 @@ class ThreadComm final : public Comm {
     me.seq = seq_;
     me.dtype = DType{}, me.rop = ReduceOp{}, me.root = 0, me.count = 0;  // what fill() leaves out compares equal
     fill(me);
-    wait_device();  // what this rank publishes must be complete before its peers read it
+    // What this rank publishes is complete for its peers' streams: sync() marks it.
     in_collective_ = true;  // from here on, peers may read this rank's buffers: see leave()
     sync();
     // The runtimes' one check (comm/signature.hpp), on what the slots hold.
@@ -386,13 +411,15 @@ class ThreadComm final : public Comm {
     }
     return me;
   }
+  // This rank's reads of its peers' buffers are done before they move on: sync()
+  // marks them, and each peer's stream waits for the mark.
   void end() {
-    wait_device();  // this rank's reads of its peers' buffers are done before they move on
     sync(/*reads_follow=*/false);
     in_collective_ = false;
   }
 
   void wait_device() const { detail::wait_device(device_); }
+  const detail::DeviceMovement& device_table() const { return detail::device_movement(device_); }
 
   // Only the receiving rank sees a size mismatch, so it cannot leave at once: its
   // peers may be copying from its buffers. It takes part in the closing
