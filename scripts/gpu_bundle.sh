@@ -31,6 +31,9 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTENSOR_WITH_CUDA=ON -DDTENS
 grep -q "dtensor: CUDA backend enabled" "$log" ||
   { echo "gpu_bundle: CMake did not enable the CUDA backend (see $log)" >&2; exit 1; }
 
+# Every GPU test binary first: ctest names an entry's executable only once it exists.
+cmake --build "$build" -j"$jobs" --target dtensor_gpu_tests train_cnn_cuda
+
 # The entries labelled gpu, as ctest would run them: name, environment, time limit,
 # executable and arguments (a tab between fields, a space within them).
 entries=$(ctest --test-dir "$build" -L gpu --show-only=json-v1 | python3 -c '
