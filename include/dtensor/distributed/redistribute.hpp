@@ -5,6 +5,7 @@
 // plan/planner.hpp at compile time; here each step runs as straight-line code with
 // its kind and dims as constants. Every collective reads the input and writes the
 // output in place through Blocks, so a step allocates only its output.
+#include <cstdlib>
 #include <numeric>
 #include <span>
 #include <tuple>
@@ -191,6 +192,9 @@ std::string explain(const DTensor<T, Rank, P...>& x) {
   return s;
 }
 
+template <class... Q, class T, int Rank, class... P>
+DTensor<T, Rank, Q...> redistribute_checked(const DTensor<T, Rank, P...>& x, const std::type_identity_t<Splits<Rank>>& target);
+
 // The same global tensor with placements Q...; `target` optionally fixes the block
 // sizes of the newly sharded dims (see Splits). Collective over x's mesh.
 template <class... Q, class T, int Rank, class... P>
@@ -198,6 +202,16 @@ DTensor<T, Rank, Q...> redistribute(const DTensor<T, Rank, P...>& x,
                                     const std::type_identity_t<Splits<Rank>>& target = {}) {
   static_assert(sizeof...(Q) == sizeof...(P),
                 "dtensor::redistribute<Q...>: give one target placement per mesh dim, as many as the source has");
+  if constexpr (sizeof...(Q) != sizeof...(P)) {
+    std::abort();  // not reached: the assertion above stops the build, and its error stays the only one
+  } else {
+    return redistribute_checked<Q...>(x, target);
+  }
+}
+
+// redistribute with the placement counts checked.
+template <class... Q, class T, int Rank, class... P>
+DTensor<T, Rank, Q...> redistribute_checked(const DTensor<T, Rank, P...>& x, const std::type_identity_t<Splits<Rank>>& target) {
   static_assert(detail::check_transitions<Placements<P...>, Placements<Q...>,
                                           std::make_index_sequence<sizeof...(P)>>::ok);
   using R = Redistribution<Placements<P...>, Placements<Q...>>;

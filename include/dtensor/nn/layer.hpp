@@ -38,6 +38,7 @@
 // Config::axes, so one layer type serves a 1-D mesh, a DP x TP mesh and more.
 #include <concepts>
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "dtensor/distributed/redistribute_backward.hpp"
@@ -143,6 +144,21 @@ struct check_layer_protocol {
                                    forward_ok() && backward_ok();
 };
 }  // namespace detail
+
+// A layer built on a mesh of another dimension count than its Config names: the one
+// error says so (a layer's constructor that takes any DeviceMesh<N> delegates through
+// this to its own, whose mesh is DeviceMesh<M>; before, "no matching function").
+template <int M, int N>
+const DeviceMesh<M>& mesh_for_config(const DeviceMesh<N>& mesh) {
+  static_assert(M == N,
+                "dtensor::nn: this layer's Config places it on a mesh of M dims (nn::Axes<M, ...>; M and N in the "
+                "instantiation line above) and it is given a DeviceMesh<N>: build the mesh with one size per Config "
+                "mesh dim (e.g. DeviceMesh<2>(comm, {dp, cp})), or use a Config whose Axes have the mesh's dims");
+  if constexpr (M == N)
+    return mesh;
+  else
+    std::abort();  // not reached: the assertion above stops the build
+}
 
 // A layer's backward as a part of a bigger model: a model used as a layer runs its
 // layers' backwards without reducing the gradients (the outermost model does).

@@ -207,6 +207,10 @@ class MultiHeadAttention {
   }
 
   // --- run time ---
+  template <int N>
+    requires(N != Cfg::M)
+  MultiHeadAttention(const DeviceMesh<N>& mesh, AttentionOptions options = {})
+      : MultiHeadAttention(mesh_for_config<Cfg::M>(mesh), options) {}
   MultiHeadAttention(const typename QWeightT::Mesh& mesh, AttentionOptions options = {})
       : options_(options),
         wq_("wq", uniform<QWeightT>({kHidden, kHeads * kDim}, mesh, options.seed, kHidden)),

@@ -13,6 +13,7 @@
 //   ColwiseParallel<>           Shard<1> (dim)       Shard<features> none
 // The table's gradient is a scatter-add of the output's gradient rows: local, placed
 // like the table on TP and Partial<Sum> over the data-parallel dim.
+#include <cstdlib>
 #include <optional>
 #include <vector>
 
@@ -87,6 +88,9 @@ class Embedding {
   using OutputT = dtensor_t<T, Rank, placements_t<out_state()>>;
 
   // Entries N(0, 1) (PyTorch's default), a function of (seed, index) only.
+  template <int N>
+    requires(N != Cfg::M)
+  Embedding(const DeviceMesh<N>& mesh, EmbeddingInit init = {}) : Embedding(mesh_for_config<Cfg::M>(mesh), init) {}
   Embedding(const typename TableT::Mesh& mesh, EmbeddingInit init = {}) : Embedding(mesh, init.seed) {}
   Embedding(const typename TableT::Mesh& mesh, uint64_t seed)
       : table_("table", dtensor::detail::generate<TableT>({Vocab, Dim}, mesh, {}, [&](uint64_t i) {
@@ -94,6 +98,23 @@ class Embedding {
         })) {}
 
   Parameter<TableT>& table() { return table_; }
+
+  // Token ids of another element type, rank or placement: one error that says what the
+  // layer takes (rather than "cannot convert" to input_type).
+  template <class U, int R, class... P>
+    requires(!std::is_same_v<DTensor<U, R, P...>, input_type>)
+  OutputT forward(const DTensor<U, R, P...>&) {
+    static_assert(std::is_same_v<U, int64_t>,
+                  "nn::Embedding::forward takes token ids as int64_t DTensors (Embedding::input_type): make them "
+                  "int64_t (zeros<int64_t, ...>, from_function with an int64_t result), not float");
+    static_assert(!std::is_same_v<U, int64_t> || R == Rank - 1,
+                  "nn::Embedding::forward: token ids have one dim fewer than the output (e.g. [batch, seq] for "
+                  "[batch, seq, Dim])");
+    static_assert(!std::is_same_v<U, int64_t> || R != Rank - 1,
+                  "nn::Embedding::forward: token ids are placed as the activations without the feature dim "
+                  "(Embedding::input_type, Cfg::activation()): redistribute them to those placements first");
+    std::abort();  // not reached: an assertion above stops the build
+  }
 
   OutputT forward(const input_type& ids) {
     const auto& t = table_.value();
