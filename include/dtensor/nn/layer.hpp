@@ -160,6 +160,16 @@ const DeviceMesh<M>& mesh_for_config(const DeviceMesh<N>& mesh) {
     std::abort();  // not reached: the assertion above stops the build
 }
 
+// A layer's constructor called with the mesh last: one error that gives the order (the
+// layers' (options, mesh) constructors delegate through this).
+template <int M, int N>
+const DeviceMesh<M>& mesh_given_last(const DeviceMesh<N>&) {
+  static_assert(N < 0,  // false, but only when instantiated
+                "dtensor::nn: a layer's constructor takes the mesh first, then its options or seed: "
+                "Layer(mesh, {...}), not Layer({...}, mesh)");
+  std::abort();
+}
+
 // A layer's backward as a part of a bigger model: a model used as a layer runs its
 // layers' backwards without reducing the gradients (the outermost model does).
 template <bool NeedInputGrad, class L, class G>

@@ -95,6 +95,8 @@ class Linear {
   template <int N>
     requires(N != Cfg::M)
   Linear(const DeviceMesh<N>& mesh, LinearInit init = {}) : Linear(mesh_for_config<Cfg::M>(mesh), init) {}
+  template <int N>
+  Linear(LinearInit init, const DeviceMesh<N>& mesh) : Linear(mesh_given_last<Cfg::M>(mesh), init) {}
   Linear(const typename WeightT::Mesh& mesh, LinearInit init = {})
       : weight_("weight", uniform<WeightT>({In, Out}, mesh, init.seed)),
         bias_("bias", uniform<BiasT>({Out}, mesh, init.seed + 0x5bd1e995u)) {}

@@ -211,6 +211,9 @@ class MultiHeadAttention {
     requires(N != Cfg::M)
   MultiHeadAttention(const DeviceMesh<N>& mesh, AttentionOptions options = {})
       : MultiHeadAttention(mesh_for_config<Cfg::M>(mesh), options) {}
+  template <int N>
+  MultiHeadAttention(AttentionOptions options, const DeviceMesh<N>& mesh)
+      : MultiHeadAttention(mesh_given_last<Cfg::M>(mesh), options) {}
   MultiHeadAttention(const typename QWeightT::Mesh& mesh, AttentionOptions options = {})
       : options_(options),
         wq_("wq", uniform<QWeightT>({kHidden, kHeads * kDim}, mesh, options.seed, kHidden)),

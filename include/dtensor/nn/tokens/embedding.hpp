@@ -91,6 +91,8 @@ class Embedding {
   template <int N>
     requires(N != Cfg::M)
   Embedding(const DeviceMesh<N>& mesh, EmbeddingInit init = {}) : Embedding(mesh_for_config<Cfg::M>(mesh), init) {}
+  template <int N>
+  Embedding(EmbeddingInit init, const DeviceMesh<N>& mesh) : Embedding(mesh_given_last<Cfg::M>(mesh), init) {}
   Embedding(const typename TableT::Mesh& mesh, EmbeddingInit init = {}) : Embedding(mesh, init.seed) {}
   Embedding(const typename TableT::Mesh& mesh, uint64_t seed)
       : table_("table", dtensor::detail::generate<TableT>({Vocab, Dim}, mesh, {}, [&](uint64_t i) {
