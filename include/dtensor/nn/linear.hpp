@@ -92,11 +92,11 @@ class Linear {
   // Weights uniform in [-1/sqrt(In), 1/sqrt(In)) (PyTorch's default), bias likewise;
   // element i depends on (seed, i) only, so every mesh and placement starts from the
   // same global values as a single-rank model.
-  template <int N>
-    requires(N != Cfg::M)
-  Linear(const DeviceMesh<N>& mesh, LinearInit init = {}) : Linear(mesh_for_config<Cfg::M>(mesh), init) {}
-  template <int N>
-  Linear(LinearInit init, const DeviceMesh<N>& mesh) : Linear(mesh_given_last<Cfg::M>(mesh), init) {}
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  Linear(const DeviceMesh<GivenDims>& mesh, LinearInit init = {}) : Linear(mesh_for_config<Cfg::M>(mesh), init) {}
+  template <int GivenDims>
+  Linear(LinearInit init, const DeviceMesh<GivenDims>& mesh) : Linear(mesh_given_last<Cfg::M>(mesh), init) {}
   Linear(const typename WeightT::Mesh& mesh, LinearInit init = {})
       : weight_("weight", uniform<WeightT>({In, Out}, mesh, init.seed)),
         bias_("bias", uniform<BiasT>({Out}, mesh, init.seed + 0x5bd1e995u)) {}

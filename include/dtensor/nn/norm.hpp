@@ -117,6 +117,10 @@ class Norm {
   using ParamT = dtensor_t<T, 1, placements_t<param_state()>>;
   using InputT = dtensor_t<T, Rank, placements_t<in_state()>>;
 
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  explicit Norm(const DeviceMesh<GivenDims>& mesh, double eps = 1e-5) : Norm(mesh_for_config<Cfg::M>(mesh), eps) {}
   explicit Norm(const typename ParamT::Mesh& mesh, double eps = 1e-5)
       : eps_(eps),
         scale_("scale", dtensor::detail::generate<ParamT>({Features}, mesh, {}, [](uint64_t) { return T(1); })),

@@ -100,6 +100,11 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
   using ParamT = dtensor_t<T, 1, placements_t<State{}>>;
   using InputT = dtensor_t<T, Rank, placements_t<Cfg::activation()>>;
 
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  explicit BatchNorm(const DeviceMesh<GivenDims>& mesh, BatchNormOptions opt = {})
+      : BatchNorm(mesh_for_config<Cfg::M>(mesh), opt) {}
   explicit BatchNorm(const typename ParamT::Mesh& mesh, BatchNormOptions opt = {})
       : opt_(opt),
         weight_("weight", filled(mesh, T(1))),

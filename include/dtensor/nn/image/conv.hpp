@@ -237,6 +237,10 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
 
   // Weights and bias uniform in +-1/sqrt(fan_in), fan_in = Cin / groups x kernel
   // cells (PyTorch's default); element i depends on (seed, i) only.
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  explicit Conv(const DeviceMesh<GivenDims>& mesh, ConvInit init = {}) : Conv(mesh_for_config<Cfg::M>(mesh), init) {}
   explicit Conv(const typename WeightT::Mesh& mesh, ConvInit init = {})
       : weight_("weight", uniform<WeightT>(op_shape(), mesh, init.seed)),
         bias_("bias", uniform<BiasT>({Cout}, mesh, init.seed + 0x5bd1e995u)), op_(Spec, Cin, Cout, name) {}

@@ -209,6 +209,11 @@ class ConvTranspose : public KeepsPlacements<Cfg, Takes::Activation> {
   // Weight and bias uniform in +-1/sqrt(Cout x kernel cells) (PyTorch's default for a
   // transposed convolution: its fan-in is the weight's dim 1 times the kernel);
   // element i depends on (seed, i) only.
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  explicit ConvTranspose(const DeviceMesh<GivenDims>& mesh, ConvInit init = {})
+      : ConvTranspose(mesh_for_config<Cfg::M>(mesh), init) {}
   explicit ConvTranspose(const typename WeightT::Mesh& mesh, ConvInit init = {})
       : weight_("weight", uniform<WeightT>(weight_shape(), mesh, init.seed)),
         bias_("bias", uniform<BiasT>({Cout}, mesh, init.seed + 0x5bd1e995u)), op_(Spec, Cin, Cout, name) {}

@@ -77,6 +77,11 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
   using ParamT = dtensor_t<T, 1, placements_t<State{}>>;
   using InputT = dtensor_t<T, Rank, placements_t<Cfg::activation()>>;
 
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  explicit GroupNorm(const DeviceMesh<GivenDims>& mesh, double eps = 1e-5)
+      : GroupNorm(mesh_for_config<Cfg::M>(mesh), eps) {}
   explicit GroupNorm(const typename ParamT::Mesh& mesh, double eps = 1e-5)
       : eps_(eps), weight_("weight", filled(mesh, T(1))), bias_("bias", filled(mesh, T(0))) {
     DTENSOR_CHECK(eps > 0, InvalidArgument, name, ": eps ", eps, "; give eps > 0");

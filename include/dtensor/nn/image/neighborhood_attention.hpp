@@ -67,6 +67,11 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
   }
 
   // spec: kernel and dilation; the weights uniform in +-1/sqrt(C) from (seed, element).
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Img::M)
+  NeighborhoodAttention(const DeviceMesh<GivenDims>& mesh, NeighborhoodSpec spec = {}, uint64_t seed = 0)
+      : NeighborhoodAttention(mesh_for_config<Img::M>(mesh), spec, seed) {}
   NeighborhoodAttention(const typename WeightT::Mesh& mesh, NeighborhoodSpec spec = {}, uint64_t seed = 0)
       : na_(spec), wq_("wq", uniform(mesh, seed)), wk_("wk", uniform(mesh, seed + 1)),
         wv_("wv", uniform(mesh, seed + 2)), wo_("wo", uniform(mesh, seed + 3)) {}

@@ -207,12 +207,12 @@ class MultiHeadAttention {
   }
 
   // --- run time ---
-  template <int N>
-    requires(N != Cfg::M)
-  MultiHeadAttention(const DeviceMesh<N>& mesh, AttentionOptions options = {})
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  MultiHeadAttention(const DeviceMesh<GivenDims>& mesh, AttentionOptions options = {})
       : MultiHeadAttention(mesh_for_config<Cfg::M>(mesh), options) {}
-  template <int N>
-  MultiHeadAttention(AttentionOptions options, const DeviceMesh<N>& mesh)
+  template <int GivenDims>
+  MultiHeadAttention(AttentionOptions options, const DeviceMesh<GivenDims>& mesh)
       : MultiHeadAttention(mesh_given_last<Cfg::M>(mesh), options) {}
   MultiHeadAttention(const typename QWeightT::Mesh& mesh, AttentionOptions options = {})
       : options_(options),

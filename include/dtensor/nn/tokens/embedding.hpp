@@ -88,11 +88,12 @@ class Embedding {
   using OutputT = dtensor_t<T, Rank, placements_t<out_state()>>;
 
   // Entries N(0, 1) (PyTorch's default), a function of (seed, index) only.
-  template <int N>
-    requires(N != Cfg::M)
-  Embedding(const DeviceMesh<N>& mesh, EmbeddingInit init = {}) : Embedding(mesh_for_config<Cfg::M>(mesh), init) {}
-  template <int N>
-  Embedding(EmbeddingInit init, const DeviceMesh<N>& mesh) : Embedding(mesh_given_last<Cfg::M>(mesh), init) {}
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  Embedding(const DeviceMesh<GivenDims>& mesh, EmbeddingInit init = {})
+      : Embedding(mesh_for_config<Cfg::M>(mesh), init) {}
+  template <int GivenDims>
+  Embedding(EmbeddingInit init, const DeviceMesh<GivenDims>& mesh) : Embedding(mesh_given_last<Cfg::M>(mesh), init) {}
   Embedding(const typename TableT::Mesh& mesh, EmbeddingInit init = {}) : Embedding(mesh, init.seed) {}
   Embedding(const typename TableT::Mesh& mesh, uint64_t seed)
       : table_("table", dtensor::detail::generate<TableT>({Vocab, Dim}, mesh, {}, [&](uint64_t i) {

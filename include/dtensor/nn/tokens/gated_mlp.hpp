@@ -63,6 +63,11 @@ class GatedMlp {
   }
 
   // --- run time ---
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  explicit GatedMlp(const DeviceMesh<GivenDims>& mesh, uint64_t seed = 0)
+      : GatedMlp(mesh_for_config<Cfg::M>(mesh), seed) {}
   explicit GatedMlp(const typename UpWeightT::Mesh& mesh, uint64_t seed = 0)
       : gate_("gate", uniform<UpWeightT>({Hidden, Inner}, mesh, seed, Hidden)),
         up_("up", uniform<UpWeightT>({Hidden, Inner}, mesh, seed + 1, Hidden)),

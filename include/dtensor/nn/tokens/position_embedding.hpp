@@ -41,6 +41,11 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
   }
 
   // Normal values times 0.02 (GPT-2's initialisation), element i a function of (seed, i).
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  explicit PositionEmbedding(const DeviceMesh<GivenDims>& mesh, EmbeddingInit init = {})
+      : PositionEmbedding(mesh_for_config<Cfg::M>(mesh), init) {}
   explicit PositionEmbedding(const typename ReplicatedTable::Mesh& mesh, EmbeddingInit init = {})
       : PositionEmbedding(mesh, init.seed) {}
   PositionEmbedding(const typename ReplicatedTable::Mesh& mesh, uint64_t seed)

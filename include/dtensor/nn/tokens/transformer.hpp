@@ -74,6 +74,11 @@ class TransformerBlock : public detail::block_layers<Cfg, A, Ffn, Style, N, Kind
 
   // The projections' initial values from seed, seed + 1, ... (each layer its own
   // stream); the attention's options as given (its seed replaced by the block's).
+  // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  TransformerBlock(const DeviceMesh<GivenDims>& mesh, AttentionOptions attention = {}, uint64_t seed = 0)
+      : TransformerBlock(mesh_for_config<Cfg::M>(mesh), attention, seed) {}
   TransformerBlock(const DeviceMesh<Cfg::M>& mesh, AttentionOptions attention = {}, uint64_t seed = 0)
       : Base(make_attention_branch(mesh, attention, seed), make_mlp_branch(mesh, seed)) {}
 
