@@ -102,7 +102,7 @@ struct MathScope {
 enum class Expect { Fused, Kernels, Either };
 
 // One case through the device table's entries, compared with the host core in double
-// on the rounded inputs. Returns which path ran forward ("fused" or "kernels").
+// on the rounded inputs; which path ran (cuDNN or the kernels) is checked against `expect`.
 void check_case(const char* what, const AttentionDims& d, cu::AttentionMath math, Expect expect, bool with_mask = false) {
   INFO(std::string(what), ": batch ", d.batch, ", heads ", d.heads, "/", d.kv_heads, ", lengths ", d.q_len, "/", d.kv_len,
        " at ", d.q_offset, "/", d.kv_offset, ", head dim ", d.head_dim, d.causal ? ", causal" : "",
