@@ -28,11 +28,13 @@
 #include "dtensor/comm/request.hpp"
 #include "dtensor/comm/segments.hpp"
 #include "dtensor/tensor/device.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor {
 
 class Comm {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(Comm)  // util/compiled_runtime.hpp
   virtual ~Comm() = default;
 
   virtual int rank() const = 0;

@@ -14,6 +14,7 @@
 #include "dtensor/comm/request.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor {
 
@@ -41,6 +42,7 @@ namespace detail {
 // `flat` in flight as `inner`, and the result unpacked once it completes.
 class PackedAllReduce final : public PendingExchange {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(PackedAllReduce)  // util/compiled_runtime.hpp
   // Packs; then the caller posts the all-reduce of flat() and hands it to start().
   PackedAllReduce(std::span<const Segment> segments, DType t, Device device)
       : segments_(segments.begin(), segments.end()), elem_(size_of(t)), device_(device),
@@ -88,6 +90,7 @@ class PackedAllReduce final : public PendingExchange {
 // the others are abandoned with the group, as any dropped Request is).
 class RequestGroup final : public PendingExchange {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(RequestGroup)  // util/compiled_runtime.hpp
   explicit RequestGroup(std::vector<Request> parts) : parts_(std::move(parts)) {}
   bool test() override {
     bool all = true;

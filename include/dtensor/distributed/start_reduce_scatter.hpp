@@ -17,6 +17,7 @@
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor {
 
@@ -24,6 +25,7 @@ namespace detail {
 // The staging slots of a started reduce-scatter and their sum into the result.
 class OrderedReduceScatter final : public PendingExchange {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(OrderedReduceScatter)  // util/compiled_runtime.hpp
   OrderedReduceScatter(Device device, DType t, int ranks, int64_t count, void* recv, StridedBlock recv_block)
       : device_(device), t_(t), ranks_(ranks), count_(count), recv_(recv), recv_block_(recv_block),
         staging_(Tensor<std::byte, 1>::uninitialized(

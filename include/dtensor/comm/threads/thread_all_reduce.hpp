@@ -29,6 +29,7 @@
 #include "dtensor/comm/threads/group.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/small_vector.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::detail {
 
@@ -97,6 +98,7 @@ struct NbAllReduce {
 // A rank's side of a non-blocking all-reduce (ThreadComm::start_all_reduce).
 class ThreadAllReduce final : public PendingExchange, public World::InFlight {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(ThreadAllReduce)  // util/compiled_runtime.hpp
   ThreadAllReduce(std::shared_ptr<Group> g, int rank, Device device, uint64_t seq,
                   std::vector<NbAllReduce::Piece> pieces, DType t, ReduceOp op)
       : g_(std::move(g)), rank_(rank), world_rank_(g_->world_ranks[rank]), device_(device) {

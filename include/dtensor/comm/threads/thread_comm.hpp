@@ -59,11 +59,13 @@
 #include "dtensor/comm/threads/world.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/small_vector.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor {
 
 class ThreadComm final : public Comm {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(ThreadComm)  // util/compiled_runtime.hpp
   ThreadComm(std::shared_ptr<detail::Group> g, int rank)
       : g_(std::move(g)), rank_(rank), device_(g_->world->options().device) {}
 

@@ -27,6 +27,7 @@
 #include "dtensor/comm/threads/group.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/small_vector.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::detail {
 
@@ -38,6 +39,7 @@ namespace dtensor::detail {
 // and the exchange for good: its wait() and every test() rethrow that error.
 class ThreadExchange final : public PendingExchange, public World::InFlight {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(ThreadExchange)  // util/compiled_runtime.hpp
   ThreadExchange(std::shared_ptr<Group> g, int rank, Device device, DType t, std::span<const SendSpec> sends,
                  std::span<const RecvSpec> recvs)
       : g_(std::move(g)), rank_(rank), world_rank_(g_->world_ranks[rank]), device_(device), t_(t),

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# What a user's build of each example costs: g++ -O2 on one TU, as a plain Release
+# build of a program like it would compile it, with and without dtensor's headers
+# precompiled (dtensor_precompile_headers: dtensor.hpp and nn.hpp), and the front end
+# alone (-fsyntax-only). Prints the compiler's user time in seconds.
+#   bench/compile_time/examples.sh [example ...]   (default: every example)
+# Run it on an otherwise idle machine: user time is less sensitive to load than wall
+# time, not immune to it (on the 2-core VM another compile beside it adds about 40%).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$here/../..
+cxx=${CXX:-g++}
+flags=(-std=c++20 -O2 -DNDEBUG -I"$root/include" -I"$root/examples")
+flags+=($(pkg-config --cflags-only-I eigen3 2> /dev/null || echo -I/usr/include/eigen3))
+# What dtensor's CMake targets add where the libraries are found (CMakeLists.txt).
+if [[ -d /usr/include/x86_64-linux-gnu/openblas-pthread ]]; then
+  flags+=(-DDTENSOR_HAVE_OPENBLAS -I/usr/include/x86_64-linux-gnu/openblas-pthread)
+fi
+[[ -f /usr/include/oneapi/dnnl/dnnl.hpp ]] && flags+=(-DDTENSOR_HAVE_ONEDNN)
+if command -v mpicxx > /dev/null; then
+  flags+=(-DDTENSOR_WITH_MPI $(mpicxx --showme:compile))
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+printf '#include <dtensor/dtensor.hpp>\n#include <dtensor/nn.hpp>\n' > "$work/pch.hpp"
+user_s() { /usr/bin/time -f %U "$@" 2>&1 > /dev/null | tail -1; }
+pch_s=$(user_s "$cxx" "${flags[@]}" -x c++-header "$work/pch.hpp" -o "$work/pch.hpp.gch")
+echo "precompiling dtensor.hpp + nn.hpp once: $pch_s s"
+printf '%-20s %10s %12s %14s\n' example "-O2 s" "-O2, PCH s" "front end s"
+examples=("$@")
+[[ ${#examples[@]} -gt 0 ]] || examples=($(cd "$root/examples" && ls *.cpp | sed 's/\.cpp$//'))
+for e in "${examples[@]}"; do
+  src=$root/examples/$e.cpp
+  plain=$(user_s "$cxx" "${flags[@]}" -c "$src" -o "$work/$e.o")
+  pch=$(user_s "$cxx" "${flags[@]}" -Winvalid-pch -include "$work/pch.hpp" -c "$src" -o "$work/$e.o")
+  front=$(user_s "$cxx" "${flags[@]}" -fsyntax-only "$src")
+  printf '%-20s %10s %12s %14s\n' "$e" "$plain" "$pch" "$front"
+done
