@@ -11,6 +11,9 @@
 //   stop_default         rank 1 stops itself (SIGSTOP) before the collective
 //   early_split_default  on communicators {0, 1} and {2, 3} (a split), rank 3 returns
 //                        early while rank 2 waits for it (rank 1 of its communicator)
+//   trust_sizes          rank 3 believes a Partial tensor has 5 elements where the
+//                        others believe 4, and LayoutCheck::Trust skips the check:
+//                        the all-reduce's truncated message names both ranks and counts
 // and, under mpirun -np 3 with DTENSOR_TIMEOUT_S=2, what the deadline alone ends:
 //   slow_default     rank 1 computes (sleeps) for 5 s: it answers its peers'
 //                    questions, so they wait until the deadline
@@ -50,6 +53,15 @@ int main(int argc, char** argv) {
   }
   return dtensor::run_mpi(argc, argv, [&](dtensor::Comm& comm) {
     std::vector<double> v(4, 1.0);
+    if (mode == "trust_sizes") {
+      dtensor::DeviceMesh<1> mesh(comm);
+      const int64_t n = comm.rank() == 3 ? 5 : 4;
+      dtensor::Tensor<double, 1> local({n});
+      auto x = dtensor::from_local<dtensor::Partial<>>(std::move(local), mesh, {n}, {}, dtensor::LayoutCheck::Trust);
+      auto y = dtensor::redistribute<dtensor::Replicate>(x);  // an all-reduce of 4 or 5 elements
+      if (comm.rank() != 3) std::printf("not reached\n");  // rank 3 may get through
+      return;
+    }
     if (mode == "early_split_default") {
       auto half = comm.split(comm.rank() / 2, comm.rank());
       if (comm.rank() == 3) return;

@@ -20,7 +20,9 @@
 // from its function, stopped, or waits in another collective or with another count
 // ends the job within a few seconds with a message naming it; otherwise the deadline
 // (DTENSOR_TIMEOUT_S, else 120 s) does. The non-blocking waits poll against the
-// deadline. The watching costs a few relaxed stores per collective (bench/README.md: within the
+// deadline. A message longer than its receive (ranks that disagree on the sizes, as
+// LayoutCheck::Trust lets them) becomes a CommError naming both ranks and both counts.
+// The watching costs a few relaxed stores per collective (bench/README.md: within the
 // noise).
 //
 // Guarded mode (DTENSOR_CHECK_COLLECTIVES=1): before each collective the ranks
@@ -357,15 +359,30 @@ class MpiComm final : public Comm {
 
   // A collective's MPI error. A message longer than its receive (MPI_ERR_TRUNCATE)
   // means that the ranks disagree on the sizes, which MPI reports on one rank without
-  // saying whose. `expects(k)`: the elements this rank expects of rank k (none: the
-  // sizes are not one number per rank, as in all_to_all).
+  // saying whose: the peers are asked (the watchdog's side channel) how many elements
+  // they gave this call, and the error names both ranks and both counts, as the
+  // in-process runtime's does. `expects(k)`: the elements this rank expects of rank k
+  // (none: the sizes are not one number per rank, as in all_to_all).
   template <class Expects = std::nullptr_t>
   void check_collective(int rc, const char* call, Collective k, Expects&& expects = nullptr) {
     if (rc == MPI_SUCCESS) return;
     int cls = 0;
     MPI_Error_class(rc, &cls);
     if (cls != MPI_ERR_TRUNCATE) detail::check_mpi(rc, call);
-    (void)expects;
+    if constexpr (!std::is_same_v<std::decay_t<Expects>, std::nullptr_t>) {
+      const auto counts = detail::MpiWatchdog::instance().ask_counts(watch_id_, seq_);
+      for (int p = 0; p < static_cast<int>(counts.size()); ++p) {
+        const auto& c = counts[static_cast<std::size_t>(p)];
+        if (p == rank_ || !c || *c == expects(p)) continue;
+        if (k == Collective::AllGather)  // the in-process runtime's words (ThreadComm::check_size)
+          throw CommError(detail::cat("dtensor: ", name(k), " #", seq_, ": ", detail::rank_label(p, world_ranks_),
+                                      " sends ", *c, " elements to ", me(), ", which expects ", expects(p),
+                                      "; the ranks disagree on the sizes"));
+        throw CommError(detail::cat("dtensor: ", name(k), " #", seq_, ": ", me(), " and ",  // check_signatures'
+                                    detail::rank_label(p, world_ranks_), " disagree on the element count (",
+                                    expects(p), " and ", *c, " elements)"));
+      }
+    }
     throw CommError(detail::cat("dtensor: ", me(), ": ", name(k), " #", seq_, ": ", call,
                                 " received a message longer than its buffer (MPI_ERR_TRUNCATE): the ranks disagree "
                                 "on the sizes"));

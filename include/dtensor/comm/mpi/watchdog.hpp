@@ -27,7 +27,9 @@
 // wait, which is then the only report.
 //
 // The calls are kept in a ring of the last eight (communicator, collective, number,
-// element count), which the answers carry.
+// element count): after an MPI call fails with a truncated message, the main thread
+// asks the peers how many elements they gave that call (ask_counts), and a peer may
+// have gone on to later calls by then.
 //
 // One watch per process: MpiComm's blocking collectives are called by one thread.
 // Non-blocking operations (exchanges, start_all_reduce) are polled with their own
@@ -130,6 +132,36 @@ class MpiWatchdog {
   bool attached() {
     std::lock_guard lk(m_);
     return channel_ != nullptr;
+  }
+
+  // On the main thread: how many elements each member of `comm` gave to its call
+  // `seq`, asked over the side channel (waiting at most `wait_s`). Per communicator
+  // rank: the count, or none (no side channel, no answer, forgotten, not one number).
+  std::vector<std::optional<int64_t>> ask_counts(int64_t comm, int64_t seq, double wait_s = 3) {
+    std::optional<WatchedComm> c = find(comm);
+    std::vector<std::optional<int64_t>> counts(c ? c->world_ranks.size() : 0);
+    SideChannel* ch = nullptr;
+    {
+      std::lock_guard lk(m_);
+      ch = channel_;
+    }
+    if (!c || !ch) return counts;
+    const int64_t question = -static_cast<int64_t>(++main_questions_);  // apart from the watchdog's
+    std::size_t waiting = 0;
+    for (int r = 0; r < c->size; ++r)
+      if (r != c->rank) ch->ask(c->world_ranks[static_cast<std::size_t>(r)], question, SideChannel::kToMainThread), ++waiting;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    while (waiting > 0 && std::chrono::steady_clock::now() < until) {
+      ch->take_answers(SideChannel::kToMainThread, [&](int from, const PeerState& s) {
+        if (s.question != question) return;
+        --waiting;
+        const int r = comm_rank_of(*c, from);
+        if (const CallRecord* rec = s.find(comm, seq); rec && r >= 0 && rec->count >= 0)
+          counts[static_cast<std::size_t>(r)] = rec->count;
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return counts;
   }
 
   MpiWatchdog(const MpiWatchdog&) = delete;
@@ -299,6 +331,7 @@ class MpiWatchdog {
 
   // Written by the main thread, read by the watchdog's.
   uint64_t calls_ = 0;                // calls armed (main thread only)
+  uint64_t main_questions_ = 0;       // ask_counts' questions (main thread only)
   Slot ring_[PeerState::kHistory];    // the last calls, call c in slot c % kHistory
   std::atomic<uint64_t> last_{0};     // the last call armed
   std::atomic<uint64_t> call_{0};     // the call in progress, 0: none
