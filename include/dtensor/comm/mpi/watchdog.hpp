@@ -15,8 +15,8 @@
 // function (and waits in run_mpi's final barrier, or returned early) will never join;
 // one that waits in another collective of the same number on this communicator, or
 // in this one with another element count, never matches; each is named once a second
-// question, half a second later, gets the same answer (an eager message might still
-// be on its way). A peer that does not answer within three seconds is stopped or
+// question, half a second later, gets the same answer (a peer may have left a
+// collective whose data is still on its way to this rank). A peer that does not answer within three seconds is stopped or
 // dead. A peer in another call elsewhere, or running its own code, is waited for:
 // the question is asked again every two seconds, until the deadline
 // (DTENSOR_TIMEOUT_S, else 120 s). Each report goes to stderr (this rank, the
@@ -33,7 +33,9 @@
 //
 // One watch per process: MpiComm's blocking collectives are called by one thread.
 // Non-blocking operations (exchanges, start_all_reduce) are polled with their own
-// deadlines and need no watching.
+// deadlines and need no watching; the watchdog's probes of the side channel also
+// drive MPI's progress, so a rank that computes for a while still moves its part of a
+// posted non-blocking all-reduce along, a step every tenth of a second.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
