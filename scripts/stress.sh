@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every fault-injection case N times (default 100) and counts the outcomes: a
 # case passes when it ends with its error message; a hang (killed by the 60 s
-# guard) or a crash without the message is a failure. Not part of CI (it is long).
+# guard; 10 s for the default mode's cases with the default deadline) or a crash
+# without the message is a failure. Not part of CI (it is long).
 #   scripts/stress.sh [N]              after building build/ (scripts/test.sh does)
 #   scripts/stress.sh N checkpoints    only the checkpoint cases (at the end)
 set -uo pipefail
@@ -29,14 +30,24 @@ declare -A mpi=(
   [timeout]="all_reduce #1 timed out after 1 s"
   [early]="returned from its function"
 )
-# The default mode (no DTENSOR_CHECK_COLLECTIVES): the deadline alone ends the job.
+# The default mode (no DTENSOR_CHECK_COLLECTIVES), 4 processes, the default deadline
+# (120 s): the watchdogs, asking each other, end the job within 10 s.
 declare -A mpi_default=(
-  [early_default]="all_reduce #1 .4 elements, a communicator of 3 ranks. has waited 2.[0-9] s"
-  [stop_default]="all_reduce #1 .4 elements, a communicator of 3 ranks. has waited 2.[0-9] s"
+  [early_default]="all_reduce #1 .4 elements, a communicator of 4 ranks. waits for rank 1 .world rank 1., which returned from its function"
+  [stop_default]="rank 1 .world rank 1. has not answered for 3 s: stopped, or dead"
+  [early_split_default]="waits for rank 1 .world rank 3., which returned from its function"
+  [trust_sizes]="all_reduce #[0-9]+: rank [0-3] .*and rank [0-3] .*disagree on the element count .[45] and [45] elements."
+)
+# ... and, with DTENSOR_TIMEOUT_S=2 and 3 processes, what the deadline alone ends: a
+# peer that computes (it answers), a program without MPI_THREAD_MULTIPLE.
+declare -A mpi_deadline=(
+  [slow_default]="all_reduce #1 .4 elements, a communicator of 3 ranks. has waited 2.[0-9] s for the other ranks"
+  [early_funneled]="all_reduce #1 .4 elements, a communicator of 3 ranks. has waited 2.[0-9] s for the other ranks"
 )
 
 printf "| case | runs | ok | hangs | other failures |\n|---|---|---|---|---|\n"
-[[ $only == checkpoints ]] && inprocess=() && unset 'mpi[@]' 'mpi_default[@]' && declare -A mpi=() mpi_default=()
+[[ $only == checkpoints ]] && inprocess=() && unset 'mpi[@]' 'mpi_default[@]' 'mpi_deadline[@]' &&
+  declare -A mpi=() mpi_default=() mpi_deadline=()
 for tc in "${inprocess[@]}"; do
   ok=0 hang=0 bad=0
   for ((i = 0; i < n; ++i)); do
@@ -45,25 +56,29 @@ for tc in "${inprocess[@]}"; do
   done
   printf "| in-process: %s | %d | %d | %d | %d |\n" "${tc%\*}" "$n" "$ok" "$hang" "$bad"
 done
-# One MPI fault case n times: mpi_case LABEL MODE REGEX ENV...
+# One MPI fault case n times: mpi_case LABEL PROCESSES GUARD_S MODE REGEX ENV...
 mpi_case() {
-  local label=$1 mode=$2 regex=$3 out rc ok=0 hang=0 bad=0
-  shift 3
+  local label=$1 np=$2 guard=$3 mode=$4 regex=$5 out rc ok=0 hang=0 bad=0
+  shift 5
   for ((i = 0; i < n; ++i)); do
-    out=$(env "$@" timeout 60 mpiexec -n 3 "$bin/mpi_rank_failure" "$mode" 2>&1 < /dev/null)
+    out=$(env "$@" timeout "$guard" mpiexec -n "$np" "$bin/mpi_rank_failure" "$mode" 2>&1 < /dev/null)
     rc=$?
     if [[ $rc == 124 ]]; then ((hang++))
     elif grep -Eq "$regex" <<< "$out" && ! grep -q "not reached" <<< "$out"; then ((ok++))
     else ((bad++)); fi
   done
-  printf "| MPI (3 processes%s): %s | %d | %d | %d | %d |\n" "$label" "$mode" "$n" "$ok" "$hang" "$bad"
+  printf "| MPI (%d processes%s): %s | %d | %d | %d | %d |\n" "$np" "$label" "$mode" "$n" "$ok" "$hang" "$bad"
 }
 if [[ -x $bin/mpi_rank_failure ]]; then
   for mode in "${!mpi[@]}"; do
-    mpi_case "" "$mode" "${mpi[$mode]}" DTENSOR_CHECK_COLLECTIVES=1 DTENSOR_TIMEOUT_S=1
+    mpi_case "" 3 60 "$mode" "${mpi[$mode]}" DTENSOR_CHECK_COLLECTIVES=1 DTENSOR_TIMEOUT_S=1
   done
   for mode in "${!mpi_default[@]}"; do
-    mpi_case ", default mode" "$mode" "${mpi_default[$mode]}" DTENSOR_TIMEOUT_S=2
+    mpi_case ", default mode, ended within 10 s" 4 10 "$mode" "${mpi_default[$mode]}" -u DTENSOR_TIMEOUT_S \
+      -u DTENSOR_CHECK_COLLECTIVES
+  done
+  for mode in "${!mpi_deadline[@]}"; do
+    mpi_case ", default mode" 3 60 "$mode" "${mpi_deadline[$mode]}" -u DTENSOR_CHECK_COLLECTIVES DTENSOR_TIMEOUT_S=2
   done
 fi
 

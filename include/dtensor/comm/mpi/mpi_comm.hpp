@@ -14,11 +14,16 @@
 //
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
 //
-// Deadlines, by default: every blocking collective is watched (comm/mpi/watchdog.hpp)
-// and one still waiting at the deadline ends the job with a message naming the rank,
-// the collective and its number; the non-blocking waits poll against it. A rank that
-// returned early or was stopped can no longer hang the job. The watching costs a few
-// relaxed stores per collective (bench/README.md: within the noise).
+// Watched, by default: every blocking collective is watched by a thread of the
+// process (comm/mpi/watchdog.hpp). A call still waiting after a second makes it ask
+// the peers' watchdogs what they do (run_mpi's side channel): a peer that returned
+// from its function, stopped, or waits in another collective or with another count
+// ends the job within a few seconds with a message naming it; otherwise the deadline
+// (DTENSOR_TIMEOUT_S, else 120 s) does. The non-blocking waits poll against the
+// deadline. A message longer than its receive (ranks that disagree on the sizes, as
+// LayoutCheck::Trust lets them) becomes a CommError naming both ranks and both counts.
+// The watching costs a few relaxed stores per collective (bench/README.md: within the
+// noise).
 //
 // Guarded mode (DTENSOR_CHECK_COLLECTIVES=1): before each collective the ranks
 // exchange a signature (sequence number, kind, element type, reduction, root, size)
@@ -31,6 +36,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -39,6 +45,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -66,6 +73,7 @@ class MpiComm final : public Comm {
     timeout_s_ = deadline_s();
     const char* c = std::getenv("DTENSOR_CHECK_COLLECTIVES");
     guarded_ = c && *c && *c != '0';
+    watch_id_ = detail::MpiWatchdog::instance().add_comm({rank_, size_, world_ranks_, timeout_s_});
   }
   // A duplicate of MPI_COMM_WORLD: dtensor's traffic never mixes with the program's.
   static std::unique_ptr<MpiComm> world() {
@@ -74,6 +82,7 @@ class MpiComm final : public Comm {
     return std::make_unique<MpiComm>(dup, true);
   }
   ~MpiComm() override {
+    detail::MpiWatchdog::instance().remove_comm(watch_id_);
     if (owned_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
   MpiComm(const MpiComm&) = delete;
@@ -102,16 +111,16 @@ class MpiComm final : public Comm {
   std::string backend() const override { return "mpi"; }
 
   void barrier() override {
-    const auto watched = enter(Collective::Barrier, DType::Int8, ReduceOp::Sum, 0, 0);
+    const auto watched = enter(Collective::Barrier, DType::Int8, ReduceOp::Sum, 0, -1);
     detail::check_mpi(MPI_Barrier(comm_), "MPI_Barrier");
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     const auto watched = enter(Collective::AllReduce, t, op, 0, n);
-    detail::check_mpi(
+    check_collective(
         MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op), comm_),
-        "MPI_Allreduce");
+        "MPI_Allreduce", Collective::AllReduce, [&](int) { return int64_t{n}; });
     if (op == ReduceOp::Avg) detail::divide_block(t, recv, StridedBlock::contiguous(0, n), size_);
   }
 
@@ -120,7 +129,7 @@ class MpiComm final : public Comm {
   // posted it (a mismatch is then a CommError on every rank, before MPI sees it).
   Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
-    (void)enter(Collective::AllReduce, t, op, 0, n);  // polled against the deadline: not watched
+    (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // polled against the deadline: not watched
     return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
                                                           send, recv, n, t, op));
   }
@@ -152,9 +161,9 @@ class MpiComm final : public Comm {
   // The collectives, called by Comm's public functions once it has checked their arguments.
   void do_broadcast(void* buf, std::size_t count, DType t, int root) override {
     const auto watched = enter(Collective::Broadcast, t, ReduceOp::Sum, root, static_cast<int64_t>(count));
-    detail::check_mpi(MPI_Bcast(buf, detail::mpi_count(static_cast<int64_t>(count), "broadcast"), detail::mpi_type(t),
-                                root, comm_),
-                      "MPI_Bcast");
+    check_collective(MPI_Bcast(buf, detail::mpi_count(static_cast<int64_t>(count), "broadcast"), detail::mpi_type(t),
+                               root, comm_),
+                     "MPI_Bcast", Collective::Broadcast, [&](int) { return static_cast<int64_t>(count); });
   }
 
   void do_all_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
@@ -172,20 +181,22 @@ class MpiComm final : public Comm {
     if (detail::all_contiguous(recv_blocks)) {
       auto [counts, displs] = counts_displs(recv_blocks, "all_gather");
       detail::Contiguous in(send, send_block, t);
-      detail::check_mpi(MPI_Allgatherv(in.data(), detail::mpi_count(send_block.numel(), "all_gather"),
-                                       detail::mpi_type(t), recv, counts.data(), displs.data(), detail::mpi_type(t),
-                                       comm_),
-                        "MPI_Allgatherv");
+      check_collective(MPI_Allgatherv(in.data(), detail::mpi_count(send_block.numel(), "all_gather"),
+                                      detail::mpi_type(t), recv, counts.data(), displs.data(), detail::mpi_type(t),
+                                      comm_),
+                       "MPI_Allgatherv", Collective::AllGather, [&](int k) { return recv_blocks[k].numel(); });
       return;
     }
     // Strided: the same send block to every peer, each peer's block into its place.
     std::vector<StridedBlock> sends(size_, send_block);
-    alltoallw(send, sends, recv, recv_blocks, t, "all_gather (MPI_Alltoallw)");
+    check_collective(alltoallw(send, sends, recv, recv_blocks, t, "all_gather (MPI_Alltoallw)"),
+                     "all_gather (MPI_Alltoallw)", Collective::AllGather,
+                     [&](int k) { return recv_blocks[k].numel(); });
   }
 
   void do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
                          StridedBlock recv_block, DType t, ReduceOp op) override {
-    const auto watched = enter(Collective::ReduceScatter, t, op, 0, 0);
+    const auto watched = enter(Collective::ReduceScatter, t, op, 0, -1);
     const std::size_t elem = size_of(t);
     std::vector<int> counts(size_);
     for (int k = 0; k < size_; ++k) counts[k] = detail::mpi_count(send_blocks[k].numel(), "reduce_scatter");
@@ -211,8 +222,8 @@ class MpiComm final : public Comm {
       out.resize(static_cast<std::size_t>(recv_block.numel()) * elem);
       dst = out.data();
     }
-    detail::check_mpi(MPI_Reduce_scatter(in, dst, counts.data(), detail::mpi_type(t), detail::mpi_op(op), comm_),
-                      "MPI_Reduce_scatter");
+    check_collective(MPI_Reduce_scatter(in, dst, counts.data(), detail::mpi_type(t), detail::mpi_op(op), comm_),
+                     "MPI_Reduce_scatter", Collective::ReduceScatter);
     if (!recv_block.is_contiguous())
       detail::copy_block(out.data(), StridedBlock::contiguous(0, recv_block.numel()), recv, recv_block, elem);
     if (op == ReduceOp::Avg) detail::divide_block(t, recv, recv_block, size_);
@@ -220,16 +231,17 @@ class MpiComm final : public Comm {
 
   void do_all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
                   std::span<const StridedBlock> recv_blocks, DType t) override {
-    const auto watched = enter(Collective::AllToAll, t, ReduceOp::Sum, 0, 0);
+    const auto watched = enter(Collective::AllToAll, t, ReduceOp::Sum, 0, -1);
     // Always MPI_Alltoallw: whether this rank's blocks happen to be contiguous (a
     // shard of one row, an empty shard) differs from rank to rank, and every rank
     // must make the same MPI call.
-    alltoallw(send, send_blocks, recv, recv_blocks, t, "all_to_all (MPI_Alltoallw)");
+    check_collective(alltoallw(send, send_blocks, recv, recv_blocks, t, "all_to_all (MPI_Alltoallw)"),
+                     "all_to_all (MPI_Alltoallw)", Collective::AllToAll);
   }
 
   void do_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv, StridedBlock recv_block,
                   DType t, int root) override {
-    const auto watched = enter(Collective::Scatter, t, ReduceOp::Sum, root, 0);
+    const auto watched = enter(Collective::Scatter, t, ReduceOp::Sum, root, -1);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
     std::vector<std::byte> packed;
@@ -253,14 +265,14 @@ class MpiComm final : public Comm {
       }
     }
     detail::ContiguousOut out(recv, recv_block, t);
-    detail::check_mpi(MPI_Scatterv(in, counts.data(), displs.data(), detail::mpi_type(t), out.data(),
-                                   detail::mpi_count(recv_block.numel(), "scatter"), detail::mpi_type(t), root, comm_),
-                      "MPI_Scatterv");
+    check_collective(MPI_Scatterv(in, counts.data(), displs.data(), detail::mpi_type(t), out.data(),
+                                  detail::mpi_count(recv_block.numel(), "scatter"), detail::mpi_type(t), root, comm_),
+                     "MPI_Scatterv", Collective::Scatter);
   }
 
   void do_gather(const void* send, StridedBlock send_block, void* recv, std::span<const StridedBlock> recv_blocks,
                  DType t, int root) override {
-    const auto watched = enter(Collective::Gather, t, ReduceOp::Sum, root, 0);
+    const auto watched = enter(Collective::Gather, t, ReduceOp::Sum, root, -1);
     const std::size_t elem = size_of(t);
     std::vector<int> counts, displs;
     std::vector<std::byte> packed;
@@ -276,10 +288,10 @@ class MpiComm final : public Comm {
       if (!direct) packed.resize(static_cast<std::size_t>(at) * elem);
     }
     detail::Contiguous in(send, send_block, t);
-    detail::check_mpi(
+    check_collective(
         MPI_Gatherv(in.data(), detail::mpi_count(send_block.numel(), "gather"), detail::mpi_type(t),
                     direct ? recv : packed.data(), counts.data(), displs.data(), detail::mpi_type(t), root, comm_),
-        "MPI_Gatherv");
+        "MPI_Gatherv", Collective::Gather);
     if (!direct)
       for (int k = 0; k < size_; ++k)
         detail::copy_block(packed.data(), StridedBlock::contiguous(displs[k], counts[k]), recv, recv_blocks[k], elem);
@@ -322,7 +334,7 @@ class MpiComm final : public Comm {
 
  public:
   std::unique_ptr<Comm> split(int color, int key) override {
-    const auto watched = enter(Collective::Split, DType::Int8, ReduceOp::Sum, 0, 0);
+    const auto watched = enter(Collective::Split, DType::Int8, ReduceOp::Sum, 0, -1);
     MPI_Comm out;
     detail::check_mpi(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), "MPI_Comm_split");
     if (out == MPI_COMM_NULL) return nullptr;
@@ -335,13 +347,45 @@ class MpiComm final : public Comm {
   // Every collective starts here: its number; in guarded mode the exchange and
   // comparison of signatures (see the top of this file and comm/signature.hpp; they
   // are left in signatures_); the watch of the blocking call that follows, which
-  // ends when the returned object goes.
-  [[nodiscard]] detail::WatchedCall enter(Collective k, DType t, ReduceOp rop, int root, int64_t count) {
+  // ends when the returned object goes. `count`: the elements this rank gives it, -1
+  // where that is not one number.
+  [[nodiscard]] detail::WatchedCall enter(Collective k, DType t, ReduceOp rop, int root, int64_t count,
+                                          bool watched = true) {
     ++seq_;
     if (guarded_) exchange_signatures(static_cast<int64_t>(k), name(k), t, rop, root, count);
-    if (timeout_s_ <= 0) return {};
-    const int world_rank = world_ranks_[static_cast<std::size_t>(rank_)];
-    return detail::WatchedCall(name(k), seq_, count > 0 ? count : -1, rank_, world_rank, size_, timeout_s_);
+    if (timeout_s_ <= 0 || !watched) return {};
+    return detail::WatchedCall(watch_id_, k, seq_, count);
+  }
+
+  // A collective's MPI error. A message longer than its receive (MPI_ERR_TRUNCATE)
+  // means that the ranks disagree on the sizes, which MPI reports on one rank without
+  // saying whose: the peers are asked (the watchdog's side channel) how many elements
+  // they gave this call, and the error names both ranks and both counts, as the
+  // in-process runtime's does. `expects(k)`: the elements this rank expects of rank k
+  // (none: the sizes are not one number per rank, as in all_to_all).
+  template <class Expects = std::nullptr_t>
+  void check_collective(int rc, const char* call, Collective k, Expects&& expects = nullptr) {
+    if (rc == MPI_SUCCESS) return;
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    if (cls != MPI_ERR_TRUNCATE) detail::check_mpi(rc, call);
+    if constexpr (!std::is_same_v<std::decay_t<Expects>, std::nullptr_t>) {
+      const auto counts = detail::MpiWatchdog::instance().ask_counts(watch_id_, seq_);
+      for (int p = 0; p < static_cast<int>(counts.size()); ++p) {
+        const auto& c = counts[static_cast<std::size_t>(p)];
+        if (p == rank_ || !c || *c == expects(p)) continue;
+        if (k == Collective::AllGather)  // the in-process runtime's words (ThreadComm::check_size)
+          throw CommError(detail::cat("dtensor: ", name(k), " #", seq_, ": ", detail::rank_label(p, world_ranks_),
+                                      " sends ", *c, " elements to ", me(), ", which expects ", expects(p),
+                                      "; the ranks disagree on the sizes"));
+        throw CommError(detail::cat("dtensor: ", name(k), " #", seq_, ": ", me(), " and ",  // check_signatures'
+                                    detail::rank_label(p, world_ranks_), " disagree on the element count (",
+                                    expects(p), " and ", *c, " elements)"));
+      }
+    }
+    throw CommError(detail::cat("dtensor: ", me(), ": ", name(k), " #", seq_, ": ", call,
+                                " received a message longer than its buffer (MPI_ERR_TRUNCATE): the ranks disagree "
+                                "on the sizes"));
   }
   const std::vector<detail::Signature>& exchange_signatures(int64_t kind, const char* op, DType t, ReduceOp rop,
                                                             int root, int64_t count) {
@@ -391,8 +435,9 @@ class MpiComm final : public Comm {
 
   // Per-peer datatypes: strided blocks are read and written in place. (Alltoallw has
 // one algorithm, so derived types are safe here.)
-  void alltoallw(const void* send, std::span<const StridedBlock> sb, void* recv, std::span<const StridedBlock> rb,
-                 DType t, const char* op) {
+  // Returns MPI's error code.
+  int alltoallw(const void* send, std::span<const StridedBlock> sb, void* recv, std::span<const StridedBlock> rb,
+                DType t, const char* op) {
     const int elem = static_cast<int>(size_of(t));
     std::vector<detail::BlockType> st, rt;
     st.reserve(size_), rt.reserve(size_);
@@ -406,9 +451,8 @@ class MpiComm final : public Comm {
       sd[k] = detail::mpi_count(sb[k].offset * elem, op);
       rd[k] = detail::mpi_count(rb[k].offset * elem, op);
     }
-    detail::check_mpi(MPI_Alltoallw(send, scount.data(), sd.data(), stypes.data(), recv, rcount.data(), rd.data(),
-                                    rtypes.data(), comm_),
-                      "MPI_Alltoallw");
+    return MPI_Alltoallw(send, scount.data(), sd.data(), stypes.data(), recv, rcount.data(), rd.data(), rtypes.data(),
+                         comm_);
   }
 
   MPI_Comm comm_;
@@ -418,6 +462,7 @@ class MpiComm final : public Comm {
   std::string me() const { return detail::rank_label(rank_, world_ranks_); }
   bool guarded_ = false;
   double timeout_s_ = 0;
+  int64_t watch_id_ = 0;  // this communicator in the watchdog (the same id on every member)
   int64_t seq_ = 0;
   int64_t nb_seq_ = 0;  // non-blocking all-reduces posted (for messages)
   std::vector<detail::Signature> signatures_;
