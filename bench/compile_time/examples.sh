@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # What a user's build of each example costs: g++ -O2 on one TU, as a plain Release
-# build of a program like it would compile it, with and without dtensor's headers
-# precompiled (dtensor_precompile_headers: dtensor.hpp and nn.hpp), and the front end
-# alone (-fsyntax-only). Prints the compiler's user time in seconds.
+# build of a program like it would compile it; with dtensor's headers precompiled
+# (dtensor_precompile_headers: dtensor.hpp and nn.hpp); with them precompiled and the
+# runtimes compiled once elsewhere (dtensor::runtime_mpi: -DDTENSOR_COMPILED_RUNTIME,
+# src/compiled_runtime*.cpp not counted); and the front end alone (-fsyntax-only).
+# Prints the compiler's user time in seconds.
 #   bench/compile_time/examples.sh [example ...]   (default: every example)
 # Run it on an otherwise idle machine: user time is less sensitive to load than wall
 # time, not immune to it (on the 2-core VM another compile beside it adds about 40%).
@@ -22,17 +24,25 @@ if command -v mpicxx > /dev/null; then
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-printf '#include <dtensor/dtensor.hpp>\n#include <dtensor/nn.hpp>\n' > "$work/pch.hpp"
 user_s() { /usr/bin/time -f %U "$@" 2>&1 > /dev/null | tail -1; }
-pch_s=$(user_s "$cxx" "${flags[@]}" -x c++-header "$work/pch.hpp" -o "$work/pch.hpp.gch")
+# One precompiled header per mode: a PCH is only used with the macros it was made with.
+mkdir -p "$work/plain" "$work/compiled"
+for mode in plain compiled; do
+  printf '#include <dtensor/dtensor.hpp>\n#include <dtensor/nn.hpp>\n' > "$work/$mode/pch.hpp"
+done
+pch_s=$(user_s "$cxx" "${flags[@]}" -x c++-header "$work/plain/pch.hpp" -o "$work/plain/pch.hpp.gch")
+user_s "$cxx" "${flags[@]}" -DDTENSOR_COMPILED_RUNTIME -x c++-header "$work/compiled/pch.hpp" \
+  -o "$work/compiled/pch.hpp.gch" > /dev/null
 echo "precompiling dtensor.hpp + nn.hpp once: $pch_s s"
-printf '%-20s %10s %12s %14s\n' example "-O2 s" "-O2, PCH s" "front end s"
+printf '%-20s %8s %8s %20s %12s\n' example "-O2 s" "PCH s" "PCH + runtime s" "front end s"
 examples=("$@")
 [[ ${#examples[@]} -gt 0 ]] || examples=($(cd "$root/examples" && ls *.cpp | sed 's/\.cpp$//'))
 for e in "${examples[@]}"; do
   src=$root/examples/$e.cpp
   plain=$(user_s "$cxx" "${flags[@]}" -c "$src" -o "$work/$e.o")
-  pch=$(user_s "$cxx" "${flags[@]}" -Winvalid-pch -include "$work/pch.hpp" -c "$src" -o "$work/$e.o")
+  pch=$(user_s "$cxx" "${flags[@]}" -Winvalid-pch -include "$work/plain/pch.hpp" -c "$src" -o "$work/$e.o")
+  compiled=$(user_s "$cxx" "${flags[@]}" -DDTENSOR_COMPILED_RUNTIME -Winvalid-pch -include "$work/compiled/pch.hpp" \
+    -c "$src" -o "$work/$e.o")
   front=$(user_s "$cxx" "${flags[@]}" -fsyntax-only "$src")
-  printf '%-20s %10s %12s %14s\n' "$e" "$plain" "$pch" "$front"
+  printf '%-20s %8s %8s %20s %12s\n' "$e" "$plain" "$pch" "$compiled" "$front"
 done

@@ -42,6 +42,7 @@
 #include "dtensor/compute/local.hpp"
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/util/error.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 
 // (in dtensor::detail, not dtensor::compute::detail: a compute::detail would hide
@@ -305,4 +306,17 @@ void heads_to_back(Device dev, const T* y, T* x, int64_t batch, int64_t len, int
                     StridedBlock{(b * len * heads + h) * head_dim, len, heads * head_dim, head_dim}, sizeof(T));
 }
 
+#ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
+#define DTENSOR_ATTENTION_KERNELS(T) \
+  DTENSOR_KERNEL_INSTANCE void attention_forward<T>(Device, const AttentionDims&, const T*, const T*, const T*, \
+      const T*, T*, T*); \
+  DTENSOR_KERNEL_INSTANCE void attention_backward<T>(Device, const AttentionDims&, const T*, const T*, const T*, \
+      const T*, const T*, const T*, const T*, T*, T*, T*); \
+  DTENSOR_KERNEL_INSTANCE void attention_merge<T>(Device, T*, T*, const T*, const T*, int64_t, int64_t); \
+  DTENSOR_KERNEL_INSTANCE void heads_to_front<T>(Device, const T*, T*, int64_t, int64_t, int64_t, int64_t); \
+  DTENSOR_KERNEL_INSTANCE void heads_to_back<T>(Device, const T*, T*, int64_t, int64_t, int64_t, int64_t);
+DTENSOR_ATTENTION_KERNELS(float)
+DTENSOR_ATTENTION_KERNELS(double)
+#undef DTENSOR_ATTENTION_KERNELS
+#endif
 }  // namespace dtensor::compute

@@ -37,6 +37,7 @@
 #include "dtensor/compute/local.hpp"
 #include "dtensor/compute/onednn_conv.hpp"
 #include "dtensor/compute/row_stats.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor {
 
@@ -551,5 +552,15 @@ void conv_backward_bias(Device d, const ConvDims& dims, const T* dy, T* db, bool
   detail::conv::backward_bias(dims, dy, db, accumulate);
 }
 
+#ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
+#define DTENSOR_CONV_KERNELS(T) \
+  DTENSOR_KERNEL_INSTANCE void conv_forward<T>(Device, const ConvDims&, const T*, const T*, const T*, T*, OutBox); \
+  DTENSOR_KERNEL_INSTANCE void conv_backward_data<T>(Device, const ConvDims&, const T*, const T*, T*); \
+  DTENSOR_KERNEL_INSTANCE void conv_backward_weight<T>(Device, const ConvDims&, const T*, const T*, T*, bool); \
+  DTENSOR_KERNEL_INSTANCE void conv_backward_bias<T>(Device, const ConvDims&, const T*, T*, bool);
+DTENSOR_CONV_KERNELS(float)
+DTENSOR_CONV_KERNELS(double)
+#undef DTENSOR_CONV_KERNELS
+#endif
 }  // namespace compute
 }  // namespace dtensor

@@ -16,6 +16,7 @@
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/tensor/movement.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::compute {
 
@@ -370,6 +371,19 @@ void gemm(Device d, const T* a, const T* b, T* c, const std::array<int64_t, 4>& 
   gemm_ex(d, GemmDims{.m = e[1], .n = e[3], .k = e[2], .batch = e[0]}, T(1), a, b, T(0), c);
 }
 
+#ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
+#define DTENSOR_LOCAL_KERNELS(T) \
+  DTENSOR_KERNEL_INSTANCE void gemm_ex<T>(Device, const GemmDims&, T, const T*, const T*, T, T*); \
+  DTENSOR_KERNEL_INSTANCE void gather_rows<T>(Device, const T*, int64_t, int64_t, const int64_t*, int64_t, \
+      int64_t, T*); \
+  DTENSOR_KERNEL_INSTANCE void scatter_add_rows<T>(Device, const T*, const int64_t*, int64_t, int64_t, int64_t, \
+      T*, int64_t); \
+  DTENSOR_KERNEL_INSTANCE void take_along_last<T>(Device, const T*, int64_t, int64_t, const int64_t*, int64_t, T*); \
+  DTENSOR_KERNEL_INSTANCE void add_along_last<T>(Device, const T*, const int64_t*, int64_t, T*, int64_t, int64_t);
+DTENSOR_LOCAL_KERNELS(float)
+DTENSOR_LOCAL_KERNELS(double)
+#undef DTENSOR_LOCAL_KERNELS
+#endif
 }  // namespace dtensor::compute
 
 // The namespace's old name: one `local` held the math and the data movement until both

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "dtensor/util/error.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::compute {
 
@@ -180,4 +181,14 @@ void neighborhood_attention_backward(const NeighborhoodDims& d, const T* q, cons
   });
 }
 
+#ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
+#define DTENSOR_NEIGHBORHOOD_KERNELS(T) \
+  DTENSOR_KERNEL_INSTANCE void neighborhood_attention_forward<T>(const NeighborhoodDims&, const T*, const T*, \
+      const T*, T*); \
+  DTENSOR_KERNEL_INSTANCE void neighborhood_attention_backward<T>(const NeighborhoodDims&, const T*, const T*, \
+      const T*, const T*, T*, T*, T*);
+DTENSOR_NEIGHBORHOOD_KERNELS(float)
+DTENSOR_NEIGHBORHOOD_KERNELS(double)
+#undef DTENSOR_NEIGHBORHOOD_KERNELS
+#endif
 }  // namespace dtensor::compute

@@ -9,6 +9,7 @@
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/optimizer_step.hpp"
 #include "dtensor/tensor/eigen.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::compute {
 
@@ -49,4 +50,12 @@ void adamw_update(Device d, T* w, const T* g, T* m, T* v, int64_t n, const AdamW
   wm -= (lr / bc1) * mm / ((vm / bc2).sqrt() + eps);
 }
 
+#ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
+#define DTENSOR_OPTIMIZER_KERNELS(T) \
+  DTENSOR_KERNEL_INSTANCE void sgd_update<T>(Device, T*, const T*, T*, int64_t, const SgdStep&); \
+  DTENSOR_KERNEL_INSTANCE void adamw_update<T>(Device, T*, const T*, T*, T*, int64_t, const AdamWStep&);
+DTENSOR_OPTIMIZER_KERNELS(float)
+DTENSOR_OPTIMIZER_KERNELS(double)
+#undef DTENSOR_OPTIMIZER_KERNELS
+#endif
 }  // namespace dtensor::compute

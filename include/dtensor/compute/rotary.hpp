@@ -20,6 +20,7 @@
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/tensor/tensor.hpp"
 #include "dtensor/util/error.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::compute {
 
@@ -103,4 +104,11 @@ void rotary_embedding(Device dev, const RotaryDims& d, T* x, bool inverse = fals
   move.copy_block(y2.data(), StridedBlock::contiguous(0, n), x, StridedBlock{half, rows, d.head_dim, half}, sizeof(T));
 }
 
+#ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
+#define DTENSOR_ROTARY_KERNELS(T) \
+  DTENSOR_KERNEL_INSTANCE void rotary_embedding<T>(Device, const RotaryDims&, T*, bool);
+DTENSOR_ROTARY_KERNELS(float)
+DTENSOR_ROTARY_KERNELS(double)
+#undef DTENSOR_ROTARY_KERNELS
+#endif
 }  // namespace dtensor::compute

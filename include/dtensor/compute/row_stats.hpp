@@ -15,6 +15,7 @@
 
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/row_terms.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor {
 
@@ -134,5 +135,13 @@ void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t
   }
 }
 
+#ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
+#define DTENSOR_ROW_KERNELS(T) \
+  DTENSOR_KERNEL_INSTANCE void row_moments<T>(Device, const T*, const T*, const double*, int64_t, int64_t, double*); \
+  DTENSOR_KERNEL_INSTANCE void row_affine<T>(Device, const T*, const T*, const RowTerms&, int64_t, int64_t, T*);
+DTENSOR_ROW_KERNELS(float)
+DTENSOR_ROW_KERNELS(double)
+#undef DTENSOR_ROW_KERNELS
+#endif
 }  // namespace compute
 }  // namespace dtensor

@@ -46,6 +46,7 @@
 #include "dtensor/placement/shard_layout.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor {
 
@@ -362,4 +363,14 @@ void ring_attention_backward(const AttentionRing& ring, compute::AttentionDims d
   R::copy(dev, n > 1 ? in_dv.data() : acc_dv.data(), dv, own);
 }
 
+#ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
+#define DTENSOR_RING_KERNELS(T) \
+  DTENSOR_KERNEL_INSTANCE void ring_attention_forward<T>(const AttentionRing&, compute::AttentionDims, const T*, \
+      const T*, const T*, T*, T*); \
+  DTENSOR_KERNEL_INSTANCE void ring_attention_backward<T>(const AttentionRing&, compute::AttentionDims, const T*, \
+      const T*, const T*, const T*, const T*, const T*, T*, T*, T*);
+DTENSOR_RING_KERNELS(float)
+DTENSOR_RING_KERNELS(double)
+#undef DTENSOR_RING_KERNELS
+#endif
 }  // namespace dtensor

@@ -10,7 +10,7 @@
 // with the vtable every virtual function it lists and what those call: the
 // collectives' bodies, the waits, the reductions over every element type. Elsewhere a
 // call through Comm& needs none of them. A TU of the tests spends about 3 s less at
-// -Og (bench/compile_time/README: the numbers).
+// -Og (bench/README.md, "Compile time of the examples", has the numbers).
 //
 // Header-only (the default) the macro adds nothing. Every TU of one program must
 // agree: a class's virtual functions are part of its definition.
@@ -20,4 +20,18 @@
 #define DTENSOR_RUNTIME_KEY_FUNCTION(Class) virtual void compiled_runtime_key_##Class() const;
 #else
 #define DTENSOR_RUNTIME_KEY_FUNCTION(Class)
+#endif
+
+// The compute kernels most programs call (attention, products, convolutions, optimizer
+// updates, rotary embeddings, row statistics; float and double) are compiled there
+// too: each of their headers lists them under DTENSOR_KERNEL_INSTANCE, which makes the
+// list explicit instantiation declarations (`extern template`) in a program's TUs, so
+// they call the library's copy instead of instantiating their own (Eigen's products
+// included), and definitions in the library's source, which defines
+// DTENSOR_COMPILED_RUNTIME_SOURCE first. The library's flags (-O3, -march) are the
+// kernels' flags.
+#if defined(DTENSOR_COMPILED_RUNTIME) && defined(DTENSOR_COMPILED_RUNTIME_SOURCE)
+#define DTENSOR_KERNEL_INSTANCE template
+#elif defined(DTENSOR_COMPILED_RUNTIME)
+#define DTENSOR_KERNEL_INSTANCE extern template
 #endif

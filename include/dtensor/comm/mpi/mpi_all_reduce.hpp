@@ -29,6 +29,7 @@
 #include "dtensor/comm/mpi/mpi_types.hpp"
 #include "dtensor/comm/request.hpp"
 #include "dtensor/util/error.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::detail {
 
@@ -44,6 +45,7 @@ namespace dtensor::detail {
 // memory the caller is about to free.
 class MpiAllReduce final : public PendingExchange {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(MpiAllReduce)  // util/compiled_runtime.hpp
   MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, const void* send, void* recv,
                int count, DType t, ReduceOp op)
       : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), recv_(recv), count_(count), t_(t), op_(op) {

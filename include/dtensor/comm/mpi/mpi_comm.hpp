@@ -58,11 +58,13 @@
 #include "dtensor/comm/mpi/watchdog.hpp"
 #include "dtensor/comm/signature.hpp"
 #include "dtensor/util/error.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor {
 
 class MpiComm final : public Comm {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(MpiComm)  // util/compiled_runtime.hpp
   // Wraps `comm`, which this object frees on destruction if `owned`. Errors on it
   // are returned to dtensor, not fatal.
   explicit MpiComm(MPI_Comm comm, bool owned = true) : comm_(comm), owned_(owned) {

@@ -39,6 +39,7 @@
 #include "dtensor/comm/request.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/error.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::detail {
 
@@ -56,6 +57,7 @@ struct P2PPoison {
 
 class MpiExchange final : public PendingExchange {
  public:
+  DTENSOR_RUNTIME_KEY_FUNCTION(MpiExchange)  // util/compiled_runtime.hpp
   MpiExchange(MPI_Comm comm, int rank, double timeout_s, std::span<const SendSpec> sends,
               std::span<const RecvSpec> recvs, DType t, std::shared_ptr<P2PPoison> poison)
       : comm_(comm), rank_(rank), timeout_s_(timeout_s), t_(t), poison_(std::move(poison)) {
