@@ -70,7 +70,7 @@ else
   echo "== fuzz: the checkpoint reader, seeded mutations (no libFuzzer) with address,undefined, 60 s"
   cmake -S . -B build-fuzz "${san_flags[@]}" "${fuzz_flags[@]}" > /dev/null
 fi
-cmake --build build-fuzz -j"$jobs"
+cmake --build build-fuzz -j"$jobs" --target fuzz_checkpoint
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-fuzz --output-on-failure
 

@@ -1,8 +1,9 @@
 #pragma once
 // The compiled runtime, an option: a program that defines DTENSOR_COMPILED_RUNTIME in
-// every translation unit and links the one TU that defines the runtimes' key functions
-// (src/compiled_runtime.cpp; CMake: link dtensor::runtime, which does both) compiles
-// the in-process runtime once instead of in each of its TUs.
+// every translation unit and links the TUs that define the runtimes' key functions
+// (src/compiled_runtime.cpp, src/compiled_runtime_mpi.cpp; CMake: link dtensor::runtime
+// or dtensor::runtime_mpi, which do both) compiles the in-process and MPI runtimes once
+// instead of in each of its TUs.
 //
 // Why this works: each polymorphic class of the runtimes then declares one virtual
 // function that it does not define inline, its key function. By the C++ ABI's rule a
@@ -28,8 +29,8 @@
 // list explicit instantiation declarations (`extern template`) in a program's TUs, so
 // they call the library's copy instead of instantiating their own (Eigen's products
 // included), and definitions in the library's source, which defines
-// DTENSOR_COMPILED_RUNTIME_SOURCE first. The library's flags (-O3, -march) are the
-// kernels' flags.
+// DTENSOR_COMPILED_RUNTIME_SOURCE first. The library's flags (its build type, any
+// -march) are then the kernels' flags.
 #if defined(DTENSOR_COMPILED_RUNTIME) && defined(DTENSOR_COMPILED_RUNTIME_SOURCE)
 #define DTENSOR_KERNEL_INSTANCE template
 #elif defined(DTENSOR_COMPILED_RUNTIME)

@@ -16,8 +16,9 @@
 // one that waits in another collective of the same number on this communicator, or
 // in this one with another element count, never matches; each is named once a second
 // question, half a second later, gets the same answer (a peer may have left a
-// collective whose data is still on its way to this rank). A peer that does not answer within three seconds is stopped or
-// dead. A peer in another call elsewhere, or running its own code, is waited for:
+// collective whose data is still on its way to this rank). A peer that does not answer
+// within three seconds is stopped or dead. A peer in another call elsewhere, or
+// running its own code, is waited for:
 // the question is asked again every two seconds, until the deadline
 // (DTENSOR_TIMEOUT_S, else 120 s). Each report goes to stderr (this rank, the
 // collective and its number, its size, the peer by its rank and world rank) and the
