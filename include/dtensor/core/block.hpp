@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/reduce_op.hpp"
@@ -90,6 +91,55 @@ inline void divide_block(DType t, void* dst, const StridedBlock& db, int terms) 
     using T = decltype(tag);
     auto* d = static_cast<T*>(dst);
     for (int64_t r = 0; r < db.count; ++r) divide_by(d + db.offset + r * db.stride, db.len, terms);
+  });
+}
+
+// dst[db] = the reduction over k = 0..n-1, in that order, of block source(k).second of
+// source(k).first: what an in-process collective computes from its ranks' inputs, an
+// Avg divided once at the end. A 16-bit type accumulates in float and is rounded once
+// (accumulator_t), so its result is the float reduction of the same terms; the other
+// types accumulate in place, in their own type. `dst` may be one of the sources only
+// if it is source(0) with the same block.
+template <class SourceAt>
+inline void reduce_sources(DType t, ReduceOp op, int n, SourceAt&& source, void* dst, const StridedBlock& db) {
+  if (n <= 0 || db.numel() == 0) return;
+  if (!is_float16(t)) {
+    const auto [src0, sb0] = source(0);
+    if (src0 != dst || !(sb0 == db)) copy_block(src0, sb0, dst, db, size_of(t));
+    for (int k = 1; k < n; ++k) {
+      const auto [src, sb] = source(k);
+      reduce_block(t, op, src, sb, dst, db);
+    }
+    if (op == ReduceOp::Avg) divide_block(t, dst, db, n);
+    return;
+  }
+  visit_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (is_float16_v<T>) {
+      const StridedBlock whole = StridedBlock::contiguous(0, db.numel());
+      std::vector<float> acc(static_cast<std::size_t>(db.numel()));
+      for (int k = 0; k < n; ++k) {
+        const auto [src, sb] = source(k);
+        const T* s = static_cast<const T*>(src);
+        zip_runs(sb, whole, [&](int64_t so, int64_t ao, int64_t len) {
+          float* a = acc.data() + ao;
+          if (k == 0) {
+            for (int64_t i = 0; i < len; ++i) a[i] = s[so + i];
+            return;
+          }
+          switch (op) {
+            case ReduceOp::Sum: case ReduceOp::Avg: for (int64_t i = 0; i < len; ++i) a[i] += s[so + i]; break;
+            case ReduceOp::Max: for (int64_t i = 0; i < len; ++i) a[i] = std::max(a[i], float(s[so + i])); break;
+            case ReduceOp::Min: for (int64_t i = 0; i < len; ++i) a[i] = std::min(a[i], float(s[so + i])); break;
+          }
+        });
+      }
+      if (op == ReduceOp::Avg) divide_by(acc.data(), acc.size(), n);
+      T* d = static_cast<T*>(dst);
+      zip_runs(whole, db, [&](int64_t ao, int64_t dof, int64_t len) {
+        for (int64_t i = 0; i < len; ++i) d[dof + i] = T(acc[static_cast<std::size_t>(ao + i)]);
+      });
+    }
   });
 }
 

@@ -4,14 +4,19 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "dtensor/core/float16.hpp"
+
 namespace dtensor {
 
-enum class DType : std::uint8_t { Int8, UInt8, Int32, UInt32, Int64, UInt64, Float32, Float64 };
+// New entries go at the end: the numbers travel in agreement signatures and tags.
+enum class DType : std::uint8_t { Int8, UInt8, Int32, UInt32, Int64, UInt64, Float32, Float64, BFloat16, Float16 };
 
 template <class T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::Float32;
   else if constexpr (std::is_same_v<T, double>) return DType::Float64;
+  else if constexpr (std::is_same_v<T, bfloat16>) return DType::BFloat16;
+  else if constexpr (std::is_same_v<T, float16>) return DType::Float16;
   else if constexpr (std::is_integral_v<T> && sizeof(T) == 1)
     return std::is_signed_v<T> ? DType::Int8 : DType::UInt8;
   else if constexpr (std::is_integral_v<T> && sizeof(T) == 4)
@@ -20,8 +25,8 @@ constexpr DType dtype_of() {
     return std::is_signed_v<T> ? DType::Int64 : DType::UInt64;
   else
     static_assert(sizeof(T) == 0,
-                  "dtensor: this element type cannot cross a communicator; use float, double "
-                  "or a 1, 4 or 8 byte integer");
+                  "dtensor: this element type cannot cross a communicator; use float, double, "
+                  "bfloat16, float16 or a 1, 4 or 8 byte integer");
 }
 
 template <class T>
@@ -30,13 +35,14 @@ concept Element = requires { dtype_of<T>(); };
 constexpr std::size_t size_of(DType t) {
   switch (t) {
     case DType::Int8: case DType::UInt8: return 1;
+    case DType::BFloat16: case DType::Float16: return 2;
     case DType::Int32: case DType::UInt32: case DType::Float32: return 4;
     default: return 8;
   }
 }
 
 constexpr const char* name(DType t) {
-  constexpr const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float32", "float64"};
+  constexpr const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float32", "float64", "bfloat16", "float16"};
   return names[static_cast<int>(t)];
 }
 
@@ -51,8 +57,17 @@ decltype(auto) visit_dtype(DType t, F&& f) {
     case DType::Int64: return f(std::int64_t{});
     case DType::UInt64: return f(std::uint64_t{});
     case DType::Float32: return f(float{});
+    case DType::BFloat16: return f(bfloat16{});
+    case DType::Float16: return f(float16{});
     default: return f(double{});
   }
 }
+
+constexpr bool is_float16(DType t) { return t == DType::BFloat16 || t == DType::Float16; }
+constexpr bool is_floating(DType t) { return t == DType::Float32 || t == DType::Float64 || is_float16(t); }
+
+// The type a reduction of `t` accumulates in (accumulator_t as a value): float for the
+// 16-bit types, the type itself otherwise.
+constexpr DType accumulator_dtype(DType t) { return is_float16(t) ? DType::Float32 : t; }
 
 }  // namespace dtensor

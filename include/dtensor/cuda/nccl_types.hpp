@@ -27,11 +27,11 @@ inline ncclDataType_t nccl_type(DType t) {
     case DType::Int64: return ncclInt64;
     case DType::UInt64: return ncclUint64;
     case DType::Float32: return ncclFloat32;
+    case DType::BFloat16: return ncclBfloat16;
+    case DType::Float16: return ncclFloat16;
     default: return ncclFloat64;
   }
 }
-
-inline bool is_floating(DType t) { return t == DType::Float32 || t == DType::Float64; }
 
 // Whether Avg is NCCL's own (floating types, NCCL 2.10 and newer) rather than a Sum
 // that the caller divides by the number of ranks.
@@ -39,6 +39,11 @@ inline bool nccl_averages(ReduceOp op, DType t) { return op == ReduceOp::Avg && 
 inline bool divide_after(ReduceOp op, DType t) { return op == ReduceOp::Avg && !nccl_averages(op, t); }
 
 inline ncclRedOp_t nccl_op(ReduceOp op, DType t) {
+  // NCCL adds 16-bit types in 16 bits; dtensor's rule is float accumulation rounded
+  // once (core/float16.hpp), which on NCCL needs a float staging step not yet written.
+  DTENSOR_CHECK(!is_float16(t), InvalidArgument, "NcclComm: a ", name(op), " of ", name(t),
+                " elements: reductions of 16-bit types accumulate in float, which the NCCL runtime does not do yet; "
+                "reduce a float copy (cast<float>) instead");
   switch (op) {
     case ReduceOp::Max: return ncclMax;
     case ReduceOp::Min: return ncclMin;

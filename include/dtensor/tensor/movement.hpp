@@ -29,8 +29,22 @@ inline void divide_block(Device d, DType t, void* dst, StridedBlock db, int term
   if (d.is_host()) return detail::divide_block(t, dst, db, terms);
   detail::device_movement(d).divide_block(t, dst, db, terms);
 }
-// Regions (core/region.hpp): the same box in two buffers of one device. On a GPU
-// they go to the StridedBlock kernels a pair of Blocks at a time.
+// dst[db] = the reduction of n sources in order (core/block.hpp's reduce_sources: a
+// 16-bit type accumulates in float and is rounded once). On a GPU, pairwise through
+// the device's kernels.
+template <class SourceAt>
+void reduce_sources(Device d, DType t, ReduceOp op, int n, SourceAt&& source, void* dst, StridedBlock db) {
+  if (d.is_host()) return detail::reduce_sources(t, op, n, source, dst, db);
+  if (n <= 0) return;
+  const auto& be = detail::device_movement(d);
+  const auto [src0, sb0] = source(0);
+  if (src0 != dst || !(sb0 == db)) be.copy_block(src0, sb0, dst, db, size_of(t));
+  for (int k = 1; k < n; ++k) {
+    const auto [src, sb] = source(k);
+    be.reduce_block(t, op, src, sb, dst, db);
+  }
+  if (op == ReduceOp::Avg) be.divide_block(t, dst, db, n);
+}
 // Regions (core/region.hpp): equal element counts in two buffers of one device. On
 // a GPU, regions of the same box go to the StridedBlock kernels a pair of Blocks at a time;
 // regions of different shapes (a strided box into a contiguous run) one stretch at a

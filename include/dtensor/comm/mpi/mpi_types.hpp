@@ -43,6 +43,7 @@ inline MPI_Datatype mpi_type(DType t) {
     case DType::Int64: return MPI_INT64_T;
     case DType::UInt64: return MPI_UINT64_T;
     case DType::Float32: return MPI_FLOAT;
+    case DType::BFloat16: case DType::Float16: return MPI_UINT16_T;  // moved as bits; reductions stage in float
     default: return MPI_DOUBLE;
   }
 }

@@ -241,9 +241,9 @@ class ThreadAllReduce final : public PendingExchange, public World::InFlight {
       const auto L = static_cast<int64_t>(len);
       auto blk = [&](int k) { return StridedBlock::contiguous(at[k].second, L); };
       void* acc = at[0].first->recv;
-      if (at[0].first->send != acc) movement::copy_block(device_, at[0].first->send, blk(0), acc, blk(0), elem);
-      for (int k = 1; k < n; ++k) movement::reduce_block(device_, t, rop, at[k].first->send, blk(k), acc, blk(0));
-      if (rop == ReduceOp::Avg) movement::divide_block(device_, t, acc, blk(0), n);
+      movement::reduce_sources(
+          device_, t, rop, n, [&](int k) { return std::pair{static_cast<const void*>(at[k].first->send), blk(k)}; },
+          acc, blk(0));
       for (int k = 1; k < n; ++k) movement::copy_block(device_, acc, blk(0), at[k].first->recv, blk(k), elem);
       pos += len;
     }

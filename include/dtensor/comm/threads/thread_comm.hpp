@@ -96,12 +96,9 @@ class ThreadComm final : public Comm {
       const auto need = static_cast<int64_t>(mine.len * elem);
       if (me.scratch.numel() < need) me.scratch = Tensor<std::byte, 1>::uninitialized({need}, device_);
       const StridedBlock whole = StridedBlock::contiguous(0, mine.len);
-      if (mine.len > 0) {
-        movement::copy_block(device_, slot(0).send, mine, me.scratch.data(), whole, elem);
-        for (int k = 1; k < size(); ++k)
-          movement::reduce_block(device_, t, op, slot(k).send, mine, me.scratch.data(), whole);
-        if (op == ReduceOp::Avg) movement::divide_block(device_, t, me.scratch.data(), whole, size());
-      }
+      if (mine.len > 0)
+        movement::reduce_sources(
+            device_, t, op, size(), [&](int k) { return std::pair{slot(k).send, mine}; }, me.scratch.data(), whole);
       sync();  // the peers' streams wait for this rank's scratch before they read it
       // Phase 2: every rank copies every chunk into its own output.
       for (int k = 0; k < size(); ++k)
@@ -158,10 +155,9 @@ class ThreadComm final : public Comm {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;
       });
       for (int k = 0; k < size(); ++k) check_size(slot(k).send_blocks[rank_], recv_block, k);
-      movement::copy_block(device_, slot(0).send, slot(0).send_blocks[rank_], recv, recv_block, size_of(t));
-      for (int k = 1; k < size(); ++k)
-        movement::reduce_block(device_, t, op, slot(k).send, slot(k).send_blocks[rank_], recv, recv_block);
-      if (op == ReduceOp::Avg) movement::divide_block(device_, t, recv, recv_block, size());
+      movement::reduce_sources(
+          device_, t, op, size(), [&](int k) { return std::pair{slot(k).send, slot(k).send_blocks[rank_]}; }, recv,
+          recv_block);
       end();
     });
   }
