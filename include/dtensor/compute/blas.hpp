@@ -19,7 +19,14 @@
 #include "dtensor/compute/gemm.hpp"
 
 #ifdef DTENSOR_HAVE_OPENBLAS
+// OpenBLAS's headers declare a global `typedef uint16_t bfloat16;`, which would make
+// dtensor::bfloat16 ambiguous in every program that says `using namespace dtensor;`.
+// Renamed while they are read (their functions are extern "C": the name of a
+// parameter's type is not part of the symbol). A program that includes <cblas.h>
+// itself before dtensor gets the global name back and writes dtensor::bfloat16.
+#define bfloat16 openblas_bfloat16
 #include <cblas.h>
+#undef bfloat16
 #endif
 
 namespace dtensor::detail::blas {

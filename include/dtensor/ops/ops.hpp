@@ -4,6 +4,7 @@
 // compile time (shape.hpp: slice, concat, reshape); pass Strict as the first template argument to forbid communication.
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/ops/arithmetic.hpp"
+#include "dtensor/ops/cast.hpp"
 #include "dtensor/ops/elementwise.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/policy.hpp"

@@ -1,0 +1,163 @@
+// DTensors of bfloat16 and float16 (issue 41): the fills give the same bits on every
+// mesh as on one rank (generated in float, rounded once); redistributions move 2-byte
+// elements bitwise and count 2 bytes each; a Partial<Sum> of 16-bit terms reduces to
+// the float sum of its terms rounded once; cast<U> keeps placements and blocks, and
+// its backward converts the gradient back. On 1-4 ranks and 2x2 / 2x3 meshes, with
+// uneven and empty blocks, in-process and under mpirun.
+#include "support.hpp"
+
+#include <cmath>
+#include <cstring>
+
+using namespace dtensor;
+using namespace dtensor::test;
+using V = std::vector<int64_t>;
+
+namespace {
+
+template <class T, int R>
+bool same_bits(const Tensor<T, R>& a, const Tensor<T, R>& b) {
+  return a.shape() == b.shape() && (a.numel() == 0 || std::memcmp(a.data(), b.data(), a.bytes()) == 0);
+}
+
+// The single-rank reference of rand<T>: the float value, rounded once.
+template <class T, int R>
+Tensor<T, R> rounded_from_float(const Tensor<float, R>& f) {
+  auto t = Tensor<T, R>::uninitialized(f.shape());
+  for (int64_t i = 0; i < f.numel(); ++i) t.data()[i] = T(f.data()[i]);
+  return t;
+}
+
+template <class T>
+void check_fills_and_moves(Comm& comm) {
+  const int n = comm.size();
+  for (const Shape<3>& shape : {Shape<3>{7, 5, 3}, Shape<3>{2, 1, 9}, Shape<3>{0, 4, 2}}) {
+    const auto want_u = rand<T>(shape, 11), want_n = randn<T>(shape, 12);
+    REQUIRE(same_bits(want_u, rounded_from_float<T>(rand<float>(shape, 11))));
+    REQUIRE(same_bits(want_n, rounded_from_float<T>(randn<float>(shape, 12))));
+    // 1-D mesh of all ranks, then 2-D meshes where the world factors.
+    {
+      DeviceMesh<1> mesh(comm);
+      auto x = rand<T, Shard<1>>(shape, mesh, 11);
+      CHECK(same_bits(x.full_tensor(), want_u));
+      auto y = randn<T, Shard<0>>(shape, mesh, 12);
+      CHECK(same_bits(y.full_tensor(), want_n));
+      auto f = from_function<T, Shard<2>>(shape, mesh, [](uint64_t i) { return 0.1f * float(i) - 3.f; });
+      auto fr = f.full_tensor();
+      for (int64_t i = 0; i < fr.numel(); ++i) REQUIRE(fr.data()[i].bits == T(0.1f * float(i) - 3.f).bits);
+      auto z = zeros<T, Shard<0>>(shape, mesh);
+      for (int64_t i = 0; i < z.local().numel(); ++i) REQUIRE(z.local().data()[i].bits == 0);
+      // Moves: Shard -> Shard -> Replicate, bitwise, and 2 bytes per element counted.
+      CommCounter c;
+      auto moved = redistribute<Replicate>(redistribute<Shard<2>>(x));
+      CHECK(same_bits(moved.local(), want_u));
+      if (n > 1) {
+        CHECK(c.count() == 2);
+        for (const auto& r : c.records()) CHECK(r.bytes % 2 == 0);
+        CHECK(c.records()[1].bytes == static_cast<std::size_t>(redistribute<Shard<2>>(x).local().numel()) * 2);
+      }
+    }
+    if (n == 4 || n == 6) {
+      DeviceMesh<2> mesh(comm, {2, n / 2});
+      auto x = rand<T, Shard<0>, Shard<2>>(shape, mesh, 11);
+      CHECK(same_bits(x.full_tensor(), want_u));
+      auto y = redistribute<Shard<2>, Shard<0>>(x);  // an all-to-all on each mesh dim
+      CHECK(same_bits(y.full_tensor(), want_u));
+      auto r = redistribute<Replicate, Shard<1>>(y);
+      CHECK(same_bits(r.full_tensor(), want_u));
+    }
+  }
+}
+
+// A Partial<Sum> of 16-bit terms: the float sum of the terms, rounded once.
+//   |got - exact| <= 0.5 ulp_T(exact) + (terms - 1) * 2^-24 * sum |x_k|
+// (any order of float accumulation, then one rounding to T); in-process, where the
+// order is the ranks' order, bitwise T(((x_0 + x_1) + x_2) + ...) in float.
+template <class T>
+void check_partial_sum(Comm& comm) {
+  const int n = comm.size();
+  DeviceMesh<1> mesh(comm);
+  const Shape<2> shape{9, 5};
+  // Rank k's term of element i: a value whose 16-bit running sum would lose bits.
+  auto term = [](int k, int64_t i) { return T(float(1 + (i % 7)) * (k == 0 ? 256.f : 1.f) + 0.125f * float(k)); };
+  auto local = Tensor<T, 2>::uninitialized(shape);
+  for (int64_t i = 0; i < local.numel(); ++i) local.data()[i] = term(comm.rank(), i);
+  auto p = from_local<Partial<Sum>>(local, mesh, shape);
+  auto full = redistribute<Replicate>(p).local();
+  auto avg = redistribute<Replicate>(from_local<Partial<Avg>>(local, mesh, shape)).local();
+  for (int64_t i = 0; i < full.numel(); ++i) {
+    double exact = 0, mag = 0;
+    float in_order = 0;
+    for (int k = 0; k < n; ++k) exact += double(term(k, i)), mag += std::fabs(double(term(k, i))), in_order += term(k, i);
+    const double ulp = double(std::numeric_limits<T>::epsilon()) * std::exp2(std::floor(std::log2(std::fabs(exact))));
+    const double bound = 0.5 * ulp + (n - 1) * std::ldexp(1.0, -24) * mag;
+    const double got = full.data()[i];
+    REQUIRE(std::fabs(got - exact) <= bound);
+    if (!under_mpi()) {
+      REQUIRE(full.data()[i].bits == T(in_order).bits);
+      REQUIRE(avg.data()[i].bits == T(in_order / float(n)).bits);
+    }
+  }
+  // A 16-bit running sum of these terms differs: the test can tell the two apart.
+  if (n >= 3) {
+    T running = term(0, 0);
+    for (int k = 1; k < n; ++k) running += float(term(k, 0));
+    CHECK(running.bits != full.data()[0].bits);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 and float16 DTensors: fills equal one rank's, moves bitwise, 2 bytes per element") {
+  for (int n : {1, 2, 3, 4, 6})
+    spmd(n, [](Comm& comm) {
+      check_fills_and_moves<bfloat16>(comm);
+      check_fills_and_moves<float16>(comm);
+    });
+}
+
+TEST_CASE("a Partial<Sum> of bfloat16 or float16 terms is their float sum, rounded once") {
+  for (int n : {1, 2, 3, 4})
+    spmd(n, [](Comm& comm) {
+      check_partial_sum<bfloat16>(comm);
+      check_partial_sum<float16>(comm);
+    });
+}
+
+TEST_CASE("cast keeps placements and blocks; its backward converts the gradient back") {
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    const Shape<2> shape{5, 7};
+    auto x = randn<float, Shard<0>, Replicate>(shape, mesh, 3, {V{4, 1}, V{}});
+    auto h = cast<bfloat16>(x);
+    static_assert(std::is_same_v<decltype(h), DTensor<bfloat16, 2, Shard<0>, Replicate>>);
+    CHECK(h.layout().blocks[0] == V{4, 1});
+    for (int64_t i = 0; i < h.local().numel(); ++i) REQUIRE(h.local().data()[i].bits == bfloat16(x.local().data()[i]).bits);
+    auto dx = cast_backward<float>(cast<float16>(h));
+    static_assert(std::is_same_v<decltype(dx), DTensor<float, 2, Shard<0>, Replicate>>);
+    for (int64_t i = 0; i < dx.local().numel(); ++i)
+      REQUIRE(dx.local().data()[i] == float(float16(float(h.local().data()[i]))));
+    // A Partial stays Partial: each rank's term is rounded, the sum is of the rounded terms.
+    auto p = from_local<Partial<Sum>, Replicate>(x.full_tensor(), mesh, shape);
+    auto ph = cast<float16>(p);
+    static_assert(std::is_same_v<decltype(ph), DTensor<float16, 2, Partial<Sum>, Replicate>>);
+    auto full = ph.full_tensor();
+    const auto g = x.full_tensor();
+    for (int64_t i = 0; i < g.numel(); ++i) REQUIRE(full.data()[i].bits == float16(2 * float(float16(g.data()[i]))).bits);
+  });
+}
+
+TEST_CASE("a double converts to a 16-bit type with one rounding") {
+  // A double just above a bfloat16 tie: through float to nearest it would become the
+  // tie and round to even; rounded once it goes up.
+  const double above_tie = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40);
+  Tensor<double, 1> d(Shape<1>{2}, {above_tie, -above_tie});
+  const auto b = compute::convert<bfloat16>(d);
+  CHECK(float(b.data()[0]) == 1.0f + std::ldexp(1.f, -7));
+  CHECK(float(b.data()[1]) == -(1.0f + std::ldexp(1.f, -7)));
+  CHECK(bfloat16(static_cast<float>(above_tie)).bits == bfloat16(1.f).bits);  // the double rounding avoided
+  const auto h = compute::convert<float16>(Tensor<double, 1>(Shape<1>{3}, {1e300, -1e-300, 65519.99}));
+  CHECK(std::isinf(float(h.data()[0])));
+  CHECK(std::signbit(float(h.data()[1])));
+  CHECK(float(h.data()[2]) == 65504.f);
+}
