@@ -161,3 +161,102 @@ TEST_CASE("a double converts to a 16-bit type with one rounding") {
   CHECK(std::signbit(float(h.data()[1])));
   CHECK(float(h.data()[2]) == 65504.f);
 }
+
+namespace {
+
+template <class X>
+std::vector<double> widened(const X& x) {
+  const auto t = x.full_tensor();
+  std::vector<double> v(static_cast<std::size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<std::size_t>(i)] = double(t.data()[i]);
+  return v;
+}
+
+// One operator's results: the 16-bit run widened, its float64 reference on the same
+// inputs, and per element the sum of the magnitudes of its terms (|r| for an
+// elementwise operator), with L the number of terms.
+struct OpResult {
+  std::string name;
+  std::vector<double> got, ref, magnitude;
+  int terms = 1;
+};
+
+// The operators on 16-bit inputs against float64 on the same inputs (the 16-bit
+// elements' values, widened exactly). Each result element is a float computation
+// rounded once to T: within half an ulp of T (<= eps |r| / 2) plus float's error for
+// L terms, L 2^-24 sum|terms|. Sharded, a Partial<Sum> rounds each rank's term to T
+// first: at most eps/2 sum|terms| more. The bound is twice that, and the largest error
+// on the 2x2 mesh must be at most twice one rank's plus one ulp of the largest value
+// (an error of 0 on one rank, as for x + x, stays 0 sharded).
+template <class T>
+std::vector<OpResult> run_ops(int ranks) {
+  const auto a16 = randn<T>(Shape<2>{7, 5}, 21), b16 = randn<T>(Shape<2>{5, 6}, 22);
+  const auto a64 = compute::convert<double>(a16), b64 = compute::convert<double>(b16);
+  std::vector<OpResult> out;
+  spmd(ranks, [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, ranks == 4 ? std::array<int, 2>{2, 2} : std::array<int, 2>{1, 1});
+    auto A = distribute<Shard<0>, Shard<1>>(a16, mesh);
+    auto B = distribute<Shard<0>, Shard<1>>(b16, mesh);
+    auto A64 = distribute<Shard<0>, Shard<1>>(a64, mesh);
+    auto B64 = distribute<Shard<0>, Shard<1>>(b64, mesh);
+    std::vector<OpResult> mine;
+    auto record = [&](const char* name, const auto& x16, const auto& x64, int terms, std::vector<double> magnitude) {
+      OpResult r{name, widened(x16), widened(x64), {}, terms};
+      r.magnitude = magnitude.empty() ? r.ref : std::move(magnitude);
+      for (double& m : r.magnitude) m = std::fabs(m);
+      mine.push_back(std::move(r));
+    };
+    record("add", add(A, A), add(A64, A64), 1, {});
+    record("mul", mul(A, A), mul(A64, A64), 1, {});
+    record("div", div(A, T(3.f)), div(A64, 3.0), 1, {});
+    record("exp", exp(A), exp(A64), 1, {});
+    record("tanh", tanh(A), tanh(A64), 1, {});
+    record("sigmoid", sigmoid(A), sigmoid(A64), 1, {});
+    record("relu", relu(A), relu(A64), 1, {});
+    // Sums over the 5 columns: Partial over mesh dim 1 on the 2x2 mesh.
+    record("sum", sum<1>(A), sum<1>(A64), 5, widened(sum<1>(abs(A64))));
+    record("max", max<1>(A), max<1>(A64), 1, {});
+    // [7, 5] x [5, 6]: K sharded over mesh dim 1, a Partial<Sum> product.
+    auto prod16 = matmul(A, redistribute<Shard<1>, Replicate>(B));
+    auto prod64 = matmul(A64, redistribute<Shard<1>, Replicate>(B64));
+    record("matmul", prod16, prod64, 5, widened(matmul(abs(A64), redistribute<Shard<1>, Replicate>(abs(B64)))));
+    record("softmax", softmax<1>(A), softmax<1>(A64), 5, {});
+    if (comm.rank() == 0) out = std::move(mine);
+  });
+  return out;
+}
+
+template <class T>
+void check_ops_against_float64() {
+  const double eps = double(std::numeric_limits<T>::epsilon());
+  const auto one = run_ops<T>(1), sharded = run_ops<T>(4);
+  REQUIRE(one.size() == sharded.size());
+  for (std::size_t c = 0; c < one.size(); ++c) {
+    double worst[2] = {0, 0}, largest = 0;
+    for (int s = 0; s < 2; ++s) {
+      const OpResult& r = s ? sharded[c] : one[c];
+      REQUIRE(r.got.size() == r.ref.size());
+      for (std::size_t i = 0; i < r.ref.size(); ++i) {
+        const double err = std::fabs(r.got[i] - r.ref[i]);
+        const double bound = 2 * (0.5 * eps * std::fabs(r.ref[i]) + r.terms * std::ldexp(1.0, -24) * r.magnitude[i] +
+                                  (s ? 0.5 * eps * r.magnitude[i] : 0.0));
+        if (!(err <= bound))
+          FAIL_CHECK(name(dtype_of<T>()) << " " << r.name << (s ? " on 2x2" : " on one rank") << ", element " << i
+                                         << ": " << r.got[i] << " against " << r.ref[i] << " (bound " << bound << ")");
+        worst[s] = std::max(worst[s], err);
+        largest = std::max(largest, std::fabs(r.ref[i]));
+      }
+    }
+    const double ulp_largest = eps * std::exp2(std::floor(std::log2(std::max(largest, 1e-30))));
+    if (!(worst[1] <= 2 * worst[0] + ulp_largest))
+      FAIL_CHECK(name(dtype_of<T>()) << " " << one[c].name << ": largest error " << worst[1] << " on 2x2, "
+                                     << worst[0] << " on one rank");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("operators on bfloat16 and float16 DTensors against float64 on the same inputs, one rank and 2x2") {
+  check_ops_against_float64<bfloat16>();
+  check_ops_against_float64<float16>();
+}

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "dtensor/compute/blas.hpp"
 #include "dtensor/compute/device_backend.hpp"
@@ -33,12 +34,29 @@ void assign_binary(BinaryOp k, O&& o, const X& x, const Y& y) {
   }
 }
 
+// 16-bit elements: each loaded into float, computed in float, rounded once when stored.
+template <class T, class F>
+void map_float16(const T* a, T* out, int64_t n, F&& f) {
+  for (int64_t i = 0; i < n; ++i) out[i] = T(f(float(a[i])));
+}
+template <class T, class F>
+void map_float16(const T* a, const T* b, T* out, int64_t n, F&& f) {
+  for (int64_t i = 0; i < n; ++i) out[i] = T(f(float(a[i]), float(b[i])));
+}
+
 template <class T, int R>
 void binary(BinaryOp k, const Tensor<T, R>& a, const Tensor<T, R>& b, Tensor<T, R>& out) {
   movement::require_same_device(a, b, "elementwise operator");
   if (!a.device().is_host())
     return detail::device_backend(a.device()).binary(dtype_of<T>(), k, a.data(), b.data(), out.data(), a.numel());
-  assign_binary(k, as_eigen_array(out), as_eigen_array(a), as_eigen_array(b));
+  if constexpr (is_float16_v<T>)
+    return map_float16(a.data(), b.data(), out.data(), a.numel(), [k](float x, float y) {
+      float o = 0;
+      assign_binary(k, o, x, y);
+      return o;
+    });
+  else
+    assign_binary(k, as_eigen_array(out), as_eigen_array(a), as_eigen_array(b));
 }
 
 template <class T, int R>
@@ -46,18 +64,31 @@ void binary_scalar(BinaryOp k, const Tensor<T, R>& a, T s, Tensor<T, R>& out) {
   if (!a.device().is_host())
     return detail::device_backend(a.device())
         .binary_scalar(dtype_of<T>(), k, a.data(), Scalar::of(s), out.data(), a.numel());
-  assign_binary(k, as_eigen_array(out), as_eigen_array(a), s);
+  if constexpr (is_float16_v<T>)
+    return map_float16(a.data(), out.data(), a.numel(), [k, y = float(s)](float x) {
+      float o = 0;
+      assign_binary(k, o, x, y);
+      return o;
+    });
+  else
+    assign_binary(k, as_eigen_array(out), as_eigen_array(a), s);
 }
 
 // out = f(a) elementwise; out may alias a. Integer tensors take Neg, Abs and Relu only
 // (takes_integers), which wrap like the kernels: -lowest is lowest.
 template <class T, int R>
 void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
-  if constexpr (!std::is_floating_point_v<T>)
+  if constexpr (!FloatingElement<T>)
     DTENSOR_CHECK(takes_integers(f), InvalidArgument, "the elementwise function ", name(f),
                   " needs a floating-point tensor, not ", name(dtype_of<T>()));
   if (!a.device().is_host())
     return detail::device_backend(a.device()).unary(dtype_of<T>(), f, a.data(), out.data(), a.numel());
+  if constexpr (is_float16_v<T>) {
+    return visit_unary(f, [&](auto k) {
+      using M = UnaryMath<decltype(k)::value>;
+      map_float16(a.data(), out.data(), a.numel(), [](float v) { return M::value(v); });
+    });
+  }
   auto x = as_eigen_array(a);
   auto o = as_eigen_array(out);
   if constexpr (std::is_floating_point_v<T>) {
@@ -86,8 +117,8 @@ void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
 // alias x or dy.
 template <class T, int R>
 void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Tensor<T, R>& dx) {
-  static_assert(std::is_floating_point_v<T>,
-                "compute::unary_backward: derivatives are defined for float and double tensors only");
+  static_assert(FloatingElement<T>,
+                "compute::unary_backward: derivatives are defined for floating-point tensors only");
   movement::require_same_device(x, dy, "unary_backward");
   movement::require_same_device(x, dx, "unary_backward");
   DTENSOR_CHECK(x.numel() == dy.numel() && x.numel() == dx.numel(), InvalidArgument, "unary_backward of ", name(f),
@@ -106,7 +137,10 @@ void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Te
     if (f == UnaryFn::Gelu) return detail::gelu::backward(xp, gp, op, n);
   visit_unary(f, [&](auto k) {
     using M = UnaryMath<decltype(k)::value>;
-    for (int64_t i = 0; i < n; ++i) op[i] = M::derivative(xp[i]) * gp[i];
+    if constexpr (is_float16_v<T>)
+      map_float16(xp, gp, op, n, [](float v, float g) { return M::derivative(v) * g; });
+    else
+      for (int64_t i = 0; i < n; ++i) op[i] = M::derivative(xp[i]) * gp[i];
   });
 }
 
@@ -137,7 +171,7 @@ void transpose(const Tensor<T, 2>& in, Tensor<T, 2>& out) {
 template <ReduceOp R, class T>
 T identity() {
   using L = std::numeric_limits<T>;
-  if constexpr (R == ReduceOp::Max) return L::has_infinity ? -L::infinity() : L::lowest();
+  if constexpr (R == ReduceOp::Max) return L::has_infinity ? T(-L::infinity()) : L::lowest();
   else if constexpr (R == ReduceOp::Min) return L::has_infinity ? L::infinity() : L::max();
   else return T{0};
 }
@@ -147,9 +181,26 @@ T identity() {
 // Reducing the last dim of a [rows, cols] block with keepdim is outer = rows, len =
 // cols, inner = 1, the output read as [rows, 1]; several adjacent dims reduce at once
 // as one len (their product).
+// A 16-bit type accumulates in float and is rounded once per output element.
 template <ReduceOp R, class T>
 void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64_t inner) {
   if (!d.is_host()) return detail::device_backend(d).reduce_dim(dtype_of<T>(), R, in, out, outer, len, inner);
+  if constexpr (is_float16_v<T>) {
+    std::vector<float> acc(static_cast<std::size_t>(inner));
+    for (int64_t o = 0; o < outer; ++o) {
+      std::fill(acc.begin(), acc.end(), float(identity<R, T>()));
+      for (int64_t j = 0; j < len; ++j) {
+        const T* src = in + (o * len + j) * inner;
+        for (int64_t i = 0; i < inner; ++i) {
+          if constexpr (R == ReduceOp::Max) acc[i] = std::max(acc[i], float(src[i]));
+          else if constexpr (R == ReduceOp::Min) acc[i] = std::min(acc[i], float(src[i]));
+          else acc[i] += src[i];
+        }
+      }
+      for (int64_t i = 0; i < inner; ++i) out[o * inner + i] = T(acc[i]);
+    }
+    return;
+  }
   for (int64_t o = 0; o < outer; ++o) {
     T* dst = out + o * inner;
     std::fill_n(dst, inner, identity<R, T>());
@@ -308,7 +359,12 @@ void add_along_last(Device d, const T* g, const int64_t* target, int64_t lo, T* 
 // describes (compute/gemm.hpp): transposes are read in place, never copied. With beta
 // == 0, C is only written (it may hold garbage or NaN), as in BLAS. Host: OpenBLAS for
 // float and double where CMake found it (compute/blas.hpp), else Eigen, any arithmetic
-// type; device: cuBLAS, float and double.
+// type (bfloat16 and float16 by conversion to float); device: cuBLAS, float and double.
+template <class T>
+void gemm_float16_by_conversion(const GemmDims& g, T alpha, const T* a, const T* b, T beta, T* c);
+template <class T>
+void gemm_eigen(const GemmDims& g, T alpha, const T* a, const T* b, T beta, T* c);
+
 template <class T>
 void gemm_ex(Device d, const GemmDims& dims, T alpha, const T* a, const T* b, T beta, T* c) {
   const GemmDims g = dims.resolved();
@@ -322,7 +378,47 @@ void gemm_ex(Device d, const GemmDims& dims, T alpha, const T* a, const T* b, T 
     }
   }
   if (g.empty()) return;
-  if (g.k > 0 && detail::blas::gemm(g, alpha, a, b, beta, c)) return;  // OpenBLAS where found (compute/blas.hpp)
+  if constexpr (is_float16_v<T>) {
+    return gemm_float16_by_conversion(g, alpha, a, b, beta, c);
+  } else {
+    if (g.k > 0 && detail::blas::gemm(g, alpha, a, b, beta, c)) return;  // OpenBLAS where found (compute/blas.hpp)
+    gemm_eigen(g, alpha, a, b, beta, c);
+  }
+}
+
+// The host product of 16-bit matrices where no library multiplies them: A and B
+// widened to float (exact), one float GEMM (float accumulation), C rounded once. Only
+// the elements the product addresses are read, and only C's m x n written.
+template <class T>
+void gemm_float16_by_conversion(const GemmDims& g, T alpha, const T* a, const T* b, T beta, T* c) {
+  auto span = [&](int64_t stride, int64_t rows, int64_t cols, int64_t ld) {
+    return rows == 0 || cols == 0 ? int64_t{0} : (g.batch - 1) * stride + (rows - 1) * ld + cols;
+  };
+  auto widen = [](const T* p, int64_t n) {
+    std::vector<float> w(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = float(p[i]);
+    return w;
+  };
+  const auto af = widen(a, span(g.stride_a, g.a_rows(), g.a_cols(), g.lda));
+  const auto bf = widen(b, span(g.stride_b, g.b_rows(), g.b_cols(), g.ldb));
+  // C packed as [batch, m, n] in float: beta's term read from c where beta != 0.
+  GemmDims fg = g;
+  fg.ldc = std::max<int64_t>(1, g.n), fg.stride_c = g.m * fg.ldc;
+  std::vector<float> cf(static_cast<std::size_t>(g.batch * g.m * fg.ldc));
+  auto each_c = [&](auto&& f) {
+    for (int64_t p = 0; p < g.batch; ++p)
+      for (int64_t i = 0; i < g.m; ++i)
+        for (int64_t j = 0; j < g.n; ++j)
+          f(cf[static_cast<std::size_t>((p * g.m + i) * fg.ldc + j)], c[p * g.stride_c + i * g.ldc + j]);
+  };
+  const float fbeta = float(beta);
+  if (fbeta != 0.f) each_c([](float& w, const T& v) { w = float(v); });
+  gemm_ex<float>(Device::host(), fg, float(alpha), af.data(), bf.data(), fbeta, cf.data());
+  each_c([](const float& w, T& v) { v = T(w); });
+}
+
+template <class T>
+void gemm_eigen(const GemmDims& g, T alpha, const T* a, const T* b, T beta, T* c) {
   using Stride = Eigen::OuterStride<>;
   using In = Eigen::Map<const EigenRowMatrix<T>, 0, Stride>;
   using Out = Eigen::Map<EigenRowMatrix<T>, 0, Stride>;

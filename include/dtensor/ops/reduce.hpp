@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "dtensor/comm/host_values.hpp"
+#include "dtensor/compute/convert.hpp"
 #include "dtensor/ops/elementwise.hpp"
 
 namespace dtensor {
@@ -158,17 +159,24 @@ auto softmax_impl(const DTensor<T, Rank, P...>& x) {
   }();
   // A copy: the local math runs in place on it.
   auto y = std::get<0>(operands_at<Policy, softmax_name, sharded, placements_t<ps>>(x));
-  Tensor<T, Rank>& t = y.local();
-  const auto ls = t.shape();
+  // A statistic: a 16-bit tensor's softmax runs in float (accumulator_t), maximum and
+  // sums all-reduced in float, and is rounded once at the end.
+  using A = accumulator_t<T>;
+  Tensor<A, Rank> work;
+  if constexpr (std::is_same_v<A, T>) work = std::move(y.local());
+  else work = compute::convert<A>(y.local());
+  const auto ls = work.shape();
   const int64_t outer = outer_size(ls, D), len = ls[D], inner = inner_size(ls, D);
-  const Device dev = t.device();
-  auto stats = Tensor<T, 1>::uninitialized({outer * inner}, dev);
-  compute::reduce_dim<ReduceOp::Max>(dev, t.data(), stats.data(), outer, len, inner);
-  all_reduce_over_shards(ps, D, x.mesh(), stats.data(), stats.numel(), dtype_of<T>(), ReduceOp::Max);
-  auto sums = Tensor<T, 1>::uninitialized({outer * inner}, dev);
-  compute::softmax_shift<Log>(dev, t.data(), stats.data(), sums.data(), outer, len, inner);
-  all_reduce_over_shards(ps, D, x.mesh(), sums.data(), sums.numel(), dtype_of<T>(), ReduceOp::Sum);
-  compute::softmax_finish<Log>(dev, t.data(), sums.data(), outer, len, inner);
+  const Device dev = work.device();
+  auto stats = Tensor<A, 1>::uninitialized({outer * inner}, dev);
+  compute::reduce_dim<ReduceOp::Max>(dev, work.data(), stats.data(), outer, len, inner);
+  all_reduce_over_shards(ps, D, x.mesh(), stats.data(), stats.numel(), dtype_of<A>(), ReduceOp::Max);
+  auto sums = Tensor<A, 1>::uninitialized({outer * inner}, dev);
+  compute::softmax_shift<Log>(dev, work.data(), stats.data(), sums.data(), outer, len, inner);
+  all_reduce_over_shards(ps, D, x.mesh(), sums.data(), sums.numel(), dtype_of<A>(), ReduceOp::Sum);
+  compute::softmax_finish<Log>(dev, work.data(), sums.data(), outer, len, inner);
+  if constexpr (std::is_same_v<A, T>) y.local() = std::move(work);
+  else compute::convert(work, y.local());
   return y;
 }
 }  // namespace detail
