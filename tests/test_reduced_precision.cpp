@@ -260,3 +260,86 @@ TEST_CASE("operators on bfloat16 and float16 DTensors against float64 on the sam
   check_ops_against_float64<bfloat16>();
   check_ops_against_float64<float16>();
 }
+
+namespace {
+
+// One product through gemm_ex (oneDNN where it takes it) and through the conversion
+// path, each against float64 on the same 16-bit values: within half an ulp of T of
+// the exact value plus float's error for K terms and for beta's term.
+template <class T>
+void check_gemm(const GemmDims& dims, float alpha, float beta, uint64_t seed) {
+  const GemmDims g = dims.resolved();
+  const int64_t a_n = (g.batch - 1) * g.stride_a + g.a_rows() * g.lda;
+  const int64_t b_n = (g.batch - 1) * g.stride_b + g.b_rows() * g.ldb;
+  const int64_t c_n = (g.batch - 1) * g.stride_c + g.m * g.ldc;
+  const auto a = randn<T>(Shape<1>{a_n}, seed), b = randn<T>(Shape<1>{b_n}, seed + 1);
+  const auto c0 = randn<T>(Shape<1>{c_n}, seed + 2);
+  auto via_gemm = c0, via_conversion = c0;
+  compute::gemm_ex<T>(Device::host(), dims, T(alpha), a.data(), b.data(), T(beta), via_gemm.data());
+  compute::gemm_float16_by_conversion<T>(g, T(alpha), a.data(), b.data(), T(beta), via_conversion.data());
+  const double eps = double(std::numeric_limits<T>::epsilon());
+  for (int64_t p = 0; p < g.batch; ++p)
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) {
+        double exact = 0, mag = 0;
+        for (int64_t l = 0; l < g.k; ++l) {
+          const int64_t ai = p * g.stride_a + (g.trans_a ? l * g.lda + i : i * g.lda + l);
+          const int64_t bi = p * g.stride_b + (g.trans_b ? j * g.ldb + l : l * g.ldb + j);
+          const double t = double(alpha) * double(a.data()[ai]) * double(b.data()[bi]);
+          exact += t, mag += std::fabs(t);
+        }
+        const int64_t ci = p * g.stride_c + i * g.ldc + j;
+        exact += double(beta) * double(c0.data()[ci]), mag += std::fabs(double(beta) * double(c0.data()[ci]));
+        const double bound = 0.5 * eps * std::fabs(exact) * 2 + (g.k + 2) * std::ldexp(1.0, -24) * mag * 2;
+        for (const auto* got : {&via_gemm, &via_conversion}) {
+          const double err = std::fabs(double(got->data()[ci]) - exact);
+          if (!(err <= bound))
+            FAIL_CHECK(name(dtype_of<T>()) << (got == &via_gemm ? " gemm_ex" : " by conversion") << " m " << g.m
+                                           << " n " << g.n << " k " << g.k << " batch " << g.batch << ": C[" << p
+                                           << ", " << i << ", " << j << "] = " << double(got->data()[ci])
+                                           << " against " << exact << " (bound " << bound << ")");
+        }
+      }
+  // C's padding between rows (ldc > n) is never written.
+  for (int64_t p = 0; p < g.batch; ++p)
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = g.n; j < g.ldc && p * g.stride_c + i * g.ldc + j < c_n; ++j) {
+        const int64_t ci = p * g.stride_c + i * g.ldc + j;
+        REQUIRE(via_gemm.data()[ci].bits == c0.data()[ci].bits);
+        REQUIRE(via_conversion.data()[ci].bits == c0.data()[ci].bits);
+      }
+}
+
+template <class T>
+void check_gemms() {
+  auto& counts = detail::onednn::matmul_counts();
+  const auto before = counts;
+  uint64_t seed = 100;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      GemmDims d;
+      d.trans_a = ta, d.trans_b = tb, d.m = 13, d.n = 7, d.k = 33;
+      check_gemm<T>(d, 1.f, 0.f, seed++);
+      check_gemm<T>(d, 0.5f, 2.f, seed++);  // alpha and beta
+      d.lda = d.a_cols() + 3, d.ldb = d.b_cols() + 1, d.ldc = d.n + 5;  // leading dimensions wider than rows
+      check_gemm<T>(d, 1.f, 1.f, seed++);
+    }
+  GemmDims batched;
+  batched.m = 5, batched.n = 9, batched.k = 64, batched.batch = 3;
+  check_gemm<T>(batched, 1.f, 0.f, seed++);
+  batched.stride_b = 0;  // one B for every batch: a broadcast
+  check_gemm<T>(batched, 1.f, 0.f, seed++);
+  GemmDims vec;
+  vec.m = 17, vec.n = 1, vec.k = 200;  // a matrix-vector product
+  check_gemm<T>(vec, 1.f, 0.f, seed++);
+  MESSAGE(std::string(name(dtype_of<T>())) << ": oneDNN took " << counts.taken - before.taken << " products, declined "
+                              << counts.declined - before.declined
+                              << std::string(detail::onednn::available() ? "" : " (built without oneDNN)"));
+}
+
+}  // namespace
+
+TEST_CASE("16-bit products: oneDNN's matmul and the conversion path against float64") {
+  check_gemms<bfloat16>();
+  check_gemms<float16>();
+}

@@ -1,8 +1,12 @@
 #pragma once
 // Element-type conversion of a local tensor: each element converted once, by the
 // target type's own rule (a float into bfloat16 or float16 rounds to nearest even,
-// core/float16.hpp; a 16-bit value into float or double is exact; double into a
-// 16-bit type goes through float, as PyTorch's .to() does, and can round twice).
+// core/float16.hpp; a 16-bit value into float or double is exact). A double into a
+// 16-bit type rounds once too: through float rounded to odd, whose 24 bits leave the
+// 16-bit rounding exact (PyTorch's .to() rounds twice, to float and then to 16 bits).
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "dtensor/core/float16.hpp"

@@ -15,6 +15,7 @@
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/gelu_host.hpp"
 #include "dtensor/compute/gemm.hpp"
+#include "dtensor/compute/onednn_matmul.hpp"
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/compiled_runtime.hpp"
@@ -359,7 +360,8 @@ void add_along_last(Device d, const T* g, const int64_t* target, int64_t lo, T* 
 // describes (compute/gemm.hpp): transposes are read in place, never copied. With beta
 // == 0, C is only written (it may hold garbage or NaN), as in BLAS. Host: OpenBLAS for
 // float and double where CMake found it (compute/blas.hpp), else Eigen, any arithmetic
-// type (bfloat16 and float16 by conversion to float); device: cuBLAS, float and double.
+// type; bfloat16 and float16 through oneDNN's matmul (compute/onednn_matmul.hpp), else by
+// conversion to one float GEMM; device: cuBLAS, float and double.
 template <class T>
 void gemm_float16_by_conversion(const GemmDims& g, T alpha, const T* a, const T* b, T beta, T* c);
 template <class T>
@@ -379,6 +381,7 @@ void gemm_ex(Device d, const GemmDims& dims, T alpha, const T* a, const T* b, T 
   }
   if (g.empty()) return;
   if constexpr (is_float16_v<T>) {
+    if (detail::onednn::gemm(g, float(alpha), a, b, float(beta), c)) return;  // compute/onednn_matmul.hpp
     return gemm_float16_by_conversion(g, alpha, a, b, beta, c);
   } else {
     if (g.k > 0 && detail::blas::gemm(g, alpha, a, b, beta, c)) return;  // OpenBLAS where found (compute/blas.hpp)
