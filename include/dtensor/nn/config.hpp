@@ -38,7 +38,7 @@ struct Axes {
 
 template <class T, int Rank, class AxesT>
 struct Config {
-  static_assert(std::is_floating_point_v<T>, "dtensor::nn::Config: layers train float or double tensors");
+  static_assert(FloatingElement<T>, "dtensor::nn::Config: layers train float, double, bfloat16 or float16 tensors");
   static_assert(Rank >= 2, "dtensor::nn::Config: activations are [batch, ..., features], rank 2 or more");
   using value_type = T;
   using axes = AxesT;

@@ -46,6 +46,16 @@ void add_row_vector(Device d, T* y, const T* v, int64_t rows, int64_t cols) {
 template <class T>
 void column_sums(Device d, const T* y, T* s, int64_t rows, int64_t cols, bool accumulate = false) {
   if (cols == 0) return;
+  if constexpr (is_float16_v<T>) {
+    if (d.is_host()) {  // a float sum per column, the accumulated value included, rounded once
+      std::vector<float> acc(static_cast<std::size_t>(cols));
+      for (int64_t j = 0; j < cols; ++j) acc[static_cast<std::size_t>(j)] = accumulate ? float(s[j]) : 0.f;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) acc[static_cast<std::size_t>(j)] += y[i * cols + j];
+      for (int64_t j = 0; j < cols; ++j) s[j] = T(acc[static_cast<std::size_t>(j)]);
+      return;
+    }
+  }
   if (d.is_host()) {
     Eigen::Map<EigenVector<T>> sm(s, cols);
     if (rows == 0) {

@@ -9,6 +9,7 @@
 // Host or device blocks alike.
 #include <optional>
 
+#include "dtensor/compute/convert.hpp"
 #include "dtensor/compute/local.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
@@ -34,14 +35,23 @@ class MSELoss {
            (1 + static_cast<int64_t>(kAgreementValues)) * detail::stat_units<T>, State{}});
   }
 
+  // The loss is a statistic: in float for 16-bit outputs (accumulator_t), as its
+  // difference y - t; the gradient is rounded to T once.
+  using A = accumulator_t<T>;
+
   template <class Y>
-  T forward(const Y& y, const Y& target) {
+  A forward(const Y& y, const Y& target) {
     static_assert(!has_partial(Y::placement_state), "dtensor::nn::MSELoss: reduce a Partial output first");
     DTENSOR_CHECK(y.shape() == target.shape() && y.layout().blocks == target.layout().blocks, InvalidArgument,
                   "MSELoss: output ", dtensor::to_string(y.shape()), " and target ", dtensor::to_string(target.shape()),
                   " differ in shape or blocks");
-    diff_ = Tensor<T, Cfg::rank>::uninitialized(y.local().shape(), y.local().device());
-    compute::binary(BinaryOp::Sub, y.local(), target.local(), *diff_);
+    if constexpr (std::is_same_v<A, T>) {
+      diff_ = Tensor<T, Cfg::rank>::uninitialized(y.local().shape(), y.local().device());
+      compute::binary(BinaryOp::Sub, y.local(), target.local(), *diff_);
+    } else {
+      diff_ = compute::convert<A>(y.local());
+      compute::binary(BinaryOp::Sub, *diff_, compute::convert<A>(target.local()), *diff_);
+    }
     numel_ = y.numel();
     const auto& mesh = y.mesh();
     bool owner = true;
@@ -50,17 +60,18 @@ class MSELoss {
     std::vector<double> sum = detail::sums_buffer(1);
     sum[0] = owner ? detail::sum_of_squares(*diff_) : 0.0;
     detail::checked_sums(sum, "MSELoss", y.shape(), [&](auto&& f) { f(mesh.comm(), -1); });
-    return static_cast<T>(sum[0] / static_cast<double>(numel_));
+    return static_cast<A>(sum[0] / static_cast<double>(numel_));
   }
 
   // The gradient of the last forward's loss, placed like its y.
   template <class Y>
   Y backward(const Y& y) {
     DTENSOR_CHECK(diff_.has_value(), InvalidArgument, "MSELoss: backward without a forward");
-    Tensor<T, Y::rank> g = std::move(*diff_);
+    Tensor<A, Y::rank> g = std::move(*diff_);
     diff_.reset();
-    compute::binary_scalar(BinaryOp::Mul, g, T(2) / static_cast<T>(numel_), g);
-    return Y(y.mesh(), y.layout(), std::move(g));
+    compute::binary_scalar(BinaryOp::Mul, g, A(2) / static_cast<A>(numel_), g);
+    if constexpr (std::is_same_v<A, T>) return Y(y.mesh(), y.layout(), std::move(g));
+    else return Y(y.mesh(), y.layout(), compute::convert<T>(g));
   }
 
  private:
@@ -69,7 +80,7 @@ class MSELoss {
       if (p.is_partial()) return true;
     return false;
   }
-  std::optional<Tensor<T, Cfg::rank>> diff_;
+  std::optional<Tensor<A, Cfg::rank>> diff_;
   int64_t numel_ = 0;
 };
 

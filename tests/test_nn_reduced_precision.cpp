@@ -1,0 +1,178 @@
+// Layers and a loss in bfloat16 and float16 (issue 41): a tensor-parallel MLP (colwise
+// -> GELU -> rowwise) and MSELoss, forward and backward, against the same network in
+// float64 holding the same (16-bit) parameters and seeing the same (16-bit) inputs.
+// Every output, input gradient and parameter gradient must be within a bound stated
+// from the type's epsilon and the reduction lengths, on one rank and on 1-D and 2x2
+// (DP x TP) meshes with uneven shards; sharded no worse than twice the one-rank
+// error, plus one ulp of the largest value, and a relative RMS error under one eps.
+#include <cmath>
+
+#include <doctest/doctest.h>
+#include <dtensor/nn.hpp>
+
+#include "nn_support.hpp"
+#include "spmd.hpp"
+
+using namespace dtensor;
+using namespace dtensor::test;
+
+namespace {
+
+constexpr int64_t kIn = 37, kHidden = 29, kOut = 7, kRows = 257;  // 257 rows: a weight gradient sums 257 terms
+
+template <class Cfg>
+using MLP = nn::Sequential<nn::Linear<Cfg, kIn, kHidden, nn::Colwise>, nn::GELU<Cfg>,
+                           nn::Linear<Cfg, kHidden, kOut, nn::Rowwise>>;
+
+template <class T>
+using Cfg2 = nn::Config<T, 2, nn::Axes<2, 0, 1>>;
+
+template <class Cfg, int M>
+MLP<Cfg> make_mlp(const DeviceMesh<M>& mesh) {
+  return MLP<Cfg>(nn::Linear<Cfg, kIn, kHidden, nn::Colwise>(mesh, {1}), nn::GELU<Cfg>(),
+                  nn::Linear<Cfg, kHidden, kOut, nn::Rowwise>(mesh, {2}));
+}
+
+// One step of the 16-bit model on a mesh of `shape`: output, input gradient and
+// parameter gradients (model_step, which also checks the collectives against the
+// plan), the MSE loss of the output against a target, and the parameters it held.
+struct Run {
+  GatheredStep step;
+  std::vector<std::vector<double>> params;
+};
+
+template <class T>
+Run run16(const std::array<int, 2>& shape) {
+  Run r;
+  int n = shape[0] * shape[1];
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, shape);
+    auto model = make_mlp<Cfg2<T>>(mesh);
+    auto s = model_step(model, mesh, {kRows, kIn}, {kRows, kOut});
+    auto p = gathered_parameters(model);
+    if (comm.rank() == 0) r.step = std::move(s), r.params = std::move(p);
+  });
+  return r;
+}
+
+// The float64 network on one rank with the 16-bit run's parameters, on the same
+// 16-bit inputs (normal_rows of the 16-bit type, widened).
+template <class T>
+GatheredStep reference(const std::vector<std::vector<double>>& params) {
+  GatheredStep want;
+  on_one_rank<2>([&](const DeviceMesh<2>& mesh) {
+    auto model = make_mlp<Cfg2<double>>(mesh);
+    std::size_t k = 0;
+    model.for_each_parameter([&](auto& p) {
+      REQUIRE(static_cast<std::size_t>(p.value().local().numel()) == params[k].size());
+      std::copy(params[k].begin(), params[k].end(), p.value().local().data());
+      ++k;
+    });
+    model.zero_grad();
+    using X16 = typename MLP<Cfg2<T>>::InputT;
+    using Y16 = typename MLP<Cfg2<T>>::OutputT;
+    using X = typename MLP<Cfg2<double>>::InputT;
+    using Y = typename MLP<Cfg2<double>>::OutputT;
+    const auto x16 = normal_rows<X16>({kRows, kIn}, mesh, 11).full_tensor();
+    const auto dy16 = normal_rows<Y16>({kRows, kOut}, mesh, 12).full_tensor();
+    auto x = from_local<Shard<0>, Replicate>(compute::convert<double>(x16), mesh, x16.shape());
+    auto dy = from_local<Shard<0>, Replicate>(compute::convert<double>(dy16), mesh, dy16.shape());
+    static_assert(std::is_same_v<decltype(x), X> && std::is_same_v<decltype(dy), Y>);
+    const auto y = model.forward(x);
+    const auto dx = model.template backward<true>(dy);
+    want = GatheredStep{flat(y.full_tensor()), flat(dx.full_tensor()), {}, 0};
+    model.for_each_parameter([&](auto& p) { want.grads.push_back(flat(p.gradient().full_tensor())); });
+  });
+  return want;
+}
+
+// Largest error of `got` against `want`; every element within
+//   bound = 2 eps |want| + 2 L 2^-24 scale + sharded: eps scale
+// where L is the longest reduction feeding an element (the 37 inputs, the 29 hidden
+// features, or the 11 rows of a weight gradient: <= 64 terms, each rounded once from
+// float), scale the largest magnitude of the quantity, and a sharded reduction adds a
+// rounded term per rank.
+double check_values(const char* what, const std::vector<double>& got, const std::vector<double>& want, double eps,
+                    bool sharded) {
+  REQUIRE(got.size() == want.size());
+  double scale = 0, worst = 0, num = 0, den = 0;
+  for (double v : want) scale = std::max(scale, std::fabs(v));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double err = std::fabs(got[i] - want[i]);
+    // Two roundings along the chain (the hidden activation, then the output) each
+    // carry half an ulp through a product of unit-scale weights: a few eps of scale.
+    const double bound = 2 * eps * std::fabs(want[i]) + 8 * eps * scale + (sharded ? 2 * eps * scale : 0.0);
+    if (!(err <= bound)) FAIL_CHECK(what << " element " << i << ": " << got[i] << " against " << want[i] << " (bound " << bound << ")");
+    worst = std::max(worst, err);
+    num += err * err, den += want[i] * want[i];
+  }
+  // And in the mean: each value computed in float from 16-bit operands and rounded
+  // once keeps the relative RMS error near half an eps (0.27-0.6 eps measured); a
+  // reduction accumulated in 16 bits (257 terms) gives 1.2-2.5 eps.
+  const double rms = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  if (!(rms <= eps)) FAIL_CHECK(what << ": relative RMS error " << rms / eps << " eps (limit 1)");
+  return worst;
+}
+
+template <class T>
+void check_mlp16() {
+  const double eps = double(std::numeric_limits<T>::epsilon());
+  const Run one = run16<T>({1, 1});
+  const GatheredStep want = reference<T>(one.params);
+  std::vector<double> one_err;
+  one_err.push_back(check_values("one rank: y", one.step.y, want.y, eps, false));
+  one_err.push_back(check_values("one rank: dx", one.step.dx, want.dx, eps, false));
+  for (std::size_t k = 0; k < want.grads.size(); ++k)
+    one_err.push_back(check_values("one rank: parameter gradient", one.step.grads[k], want.grads[k], eps, false));
+  for (const std::array<int, 2> shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{1, 3}, std::array<int, 2>{3, 1}}) {
+    INFO("mesh ", shape[0], "x", shape[1]);
+    const Run r = run16<T>(shape);
+    // The same parameters on every mesh (the fills give the same bits).
+    REQUIRE(r.params == one.params);
+    std::vector<double> err;
+    err.push_back(check_values("sharded: y", r.step.y, want.y, eps, true));
+    err.push_back(check_values("sharded: dx", r.step.dx, want.dx, eps, true));
+    for (std::size_t k = 0; k < want.grads.size(); ++k)
+      err.push_back(check_values("sharded: parameter gradient", r.step.grads[k], want.grads[k], eps, true));
+    for (std::size_t c = 0; c < err.size(); ++c) {
+      double scale = 0;
+      const auto& w = c == 0 ? want.y : c == 1 ? want.dx : want.grads[c - 2];
+      for (double v : w) scale = std::max(scale, std::fabs(v));
+      const double ulp = eps * std::exp2(std::floor(std::log2(std::max(scale, 1e-30))));
+      if (!(err[c] <= 2 * one_err[c] + ulp))
+        FAIL_CHECK("quantity " << c << ": largest error " << err[c] << " sharded, " << one_err[c] << " on one rank");
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a bfloat16 MLP and its gradients against float64 with the same parameters and inputs") {
+  check_mlp16<bfloat16>();
+}
+
+TEST_CASE("a float16 MLP and its gradients against float64 with the same parameters and inputs") {
+  check_mlp16<float16>();
+}
+
+TEST_CASE("MSELoss of 16-bit outputs: the loss in float, the gradient rounded once") {
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    using Cfg = Cfg2<bfloat16>;
+    using Y = typename MLP<Cfg>::OutputT;
+    const auto y = normal_rows<Y>({9, kOut}, mesh, 3), t = normal_rows<Y>({9, kOut}, mesh, 4);
+    nn::MSELoss<Cfg> loss;
+    const auto l = loss.forward(y, t);
+    static_assert(std::is_same_v<decltype(l), const float>, "a 16-bit model's loss is a float");
+    const auto yf = y.full_tensor(), tf = t.full_tensor();
+    double want = 0;
+    for (int64_t i = 0; i < yf.numel(); ++i) want += std::pow(double(yf.data()[i]) - double(tf.data()[i]), 2);
+    want /= double(yf.numel());
+    CHECK(std::fabs(double(l) - want) <= 1e-6 * want);
+    const auto g = loss.backward(y).full_tensor();
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const float d = (float(yf.data()[i]) - float(tf.data()[i])) * (2.f / float(yf.numel()));
+      REQUIRE(g.data()[i].bits == bfloat16(d).bits);
+    }
+  });
+}
