@@ -69,6 +69,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/compute/convert.hpp"
 #include "dtensor/core/block.hpp"
 #include "dtensor/core/region.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
@@ -147,7 +148,8 @@ void convert_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t
   } else {
     DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: a master copy in another precision than the "
                   "layer's is converted on the host; these blocks live on ", to_string(dev));
-    for (int64_t i = 0; i < n; ++i) dst[dst_off + i] = static_cast<To>(src[src_off + i]);
+    // Each element rounded once (compute/convert.hpp: double -> 16-bit included).
+    for (int64_t i = 0; i < n; ++i) dst[dst_off + i] = dtensor::detail::convert_element<To>(src[src_off + i]);
   }
 }
 // dst[0..n) += src[0..n), src converted to dst's type.
@@ -159,7 +161,9 @@ void add_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t n) 
   } else {
     DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: a master copy in another precision than the "
                   "layer's is updated on the host; these blocks live on ", to_string(dev));
-    for (int64_t i = 0; i < n; ++i) dst[i] += static_cast<To>(src[src_off + i]);
+    using A = accumulator_t<To>;
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = dtensor::detail::convert_element<To>(static_cast<A>(dst[i]) + static_cast<A>(src[src_off + i]));
   }
 }
 }  // namespace detail
