@@ -273,3 +273,78 @@ TEST_CASE("FSDP x TP in bfloat16 with float masters: one step against one rank, 
   }
   CHECK(mesh.back() < 0.7 * mesh.front());  // and it learns (0.36 -> 0.20 in float)
 }
+
+namespace {
+
+// The bytes one FSDP x TP step of FsdpMLP<T, Policy> gathers and reduce-scatters on
+// rank 0 of a 2x2 mesh (CommCounter), and the global elements its plan counts for each
+// (T-sized units).
+struct FsdpBytes {
+  std::size_t gathered = 0, scattered = 0;
+  int64_t planned_gather = 0, planned_scatter = 0;
+};
+template <class T, class Policy>
+FsdpBytes fsdp_bytes() {
+  using Model = FsdpMLP<T, Policy>;
+  FsdpBytes b;
+  constexpr auto plan = Model::template training_plan<nn::MSELoss<Cfg2<T>>>(kIn);
+  for (int i = 0; i < plan.size; ++i) {
+    if (plan.entries[i].kind == StepKind::AllGather) b.planned_gather += plan.entries[i].elements * int64_t(sizeof(T));
+    if (plan.entries[i].kind == StepKind::ReduceScatter) b.planned_scatter += plan.entries[i].elements * int64_t(sizeof(T));
+  }
+  spmd(4, [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    auto model = make_fsdp<T, Policy>(mesh);
+    const auto x = normal_rows<typename Model::InputT>({kRows, kIn}, mesh, 11);
+    CommCounter c;
+    model.zero_grad();
+    const auto y = model.forward(x);
+    model.backward(normal_rows<typename Model::OutputT>({kRows, kOut}, mesh, 12, y.layout().blocks));
+    if (comm.rank() != 0) return;
+    for (const auto& r : c.records()) {
+      if (r.kind == StepKind::AllGather) b.gathered += r.bytes;
+      if (r.kind == StepKind::ReduceScatter) b.scattered += r.bytes;
+    }
+  });
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("nn::Precision: FSDP gathers in the compute type and reduce-scatters in the reduce type, as planned") {
+  using ReduceFloat = nn::Precision<float, bfloat16>;  // torchtitan's default: reduce in float
+  using ReduceBf16 = nn::Precision<float, bfloat16, bfloat16>;
+  static_assert(std::is_same_v<typename FsdpMLP<bfloat16, ReduceFloat>::template layer_t<0>::reduce_type, float>);
+  static_assert(std::is_same_v<typename FsdpMLP<bfloat16, ReduceFloat>::template layer_t<0>::master_type, float>);
+  static_assert(std::is_same_v<typename FsdpMLP<bfloat16, float>::template layer_t<0>::reduce_type, bfloat16>,
+                "a plain master type: Precision<float, bfloat16, bfloat16>");
+  const FsdpBytes f32 = fsdp_bytes<float, float>(), rf = fsdp_bytes<bfloat16, ReduceFloat>(),
+                  rb = fsdp_bytes<bfloat16, ReduceBf16>();
+  CHECK(f32.gathered > 0);
+  CHECK(rf.gathered * 2 == f32.gathered);  // the parameters travel in bfloat16
+  CHECK(rb.gathered == rf.gathered);
+  CHECK(rf.scattered == f32.scattered);  // the gradients in float
+  CHECK(rb.scattered * 2 == rf.scattered);
+  // The plans count the same bytes (global elements times the unit).
+  CHECK(rf.planned_gather * 2 == f32.planned_gather);
+  CHECK(rf.planned_scatter == f32.planned_scatter);
+  CHECK(rb.planned_scatter * 2 == rf.planned_scatter);
+  // And a step with float reductions trains like one rank.
+  GatheredStep want, got;
+  on_one_rank<2>([&](const DeviceMesh<2>& m) {
+    auto model = make_fsdp<bfloat16, ReduceFloat>(m);
+    want = model_step(model, m, {kRows, kIn}, {kRows, kOut});
+  });
+  spmd(4, [&](Comm& comm) {
+    DeviceMesh<2> m(comm, {2, 2});
+    auto model = make_fsdp<bfloat16, ReduceFloat>(m);
+    auto s = model_step(model, m, {kRows, kIn}, {kRows, kOut});
+    if (comm.rank() == 0) got = std::move(s);
+  });
+  for (std::size_t k = 0; k < want.grads.size(); ++k) {
+    double scale = 0, worst = 0;
+    for (double v : want.grads[k]) scale = std::max(scale, std::fabs(v));
+    for (std::size_t i = 0; i < want.grads[k].size(); ++i) worst = std::max(worst, std::fabs(got.grads[k][i] - want.grads[k][i]));
+    CHECK(worst <= 1.6e-2 * scale);
+  }
+}

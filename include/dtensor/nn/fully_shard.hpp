@@ -81,6 +81,7 @@
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/precision.hpp"
 #include "dtensor/nn/unshard.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/error.hpp"
@@ -184,10 +185,46 @@ template <class L>
 struct forwarded_out_config<L> {
   using out_config = typename L::out_config;
 };
+// The elements of region `sr` of src into region `dr` of dst (equal counts), converted
+// (host) or copied where the types agree (any device).
+template <class To, class From>
+void convert_region(Device dev, const From* src, const Region& sr, To* dst, const Region& dr) {
+  if constexpr (std::is_same_v<To, From>) {
+    movement::copy_region(dev, src, sr, dst, dr, sizeof(To));
+  } else {
+    DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: gradients reduced in another type than the "
+                  "layer's are converted on the host; these blocks live on ", to_string(dev));
+    dtensor::detail::zip_regions(sr, dr, [&](int64_t so, int64_t dof, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) dst[dof + i] = dtensor::detail::convert_element<To>(src[so + i]);
+    });
+  }
+}
+// dst[dr] += src[sr], in dst's accumulator type, rounded once.
+template <class To, class From>
+void add_region(Device dev, const From* src, const Region& sr, To* dst, const Region& dr) {
+  if constexpr (std::is_same_v<To, From>) {
+    movement::reduce_region(dev, dtype_of<To>(), ReduceOp::Sum, src, sr, dst, dr);
+  } else {
+    DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: gradients reduced in another type than the "
+                  "layer's are accumulated on the host; these blocks live on ", to_string(dev));
+    using A = accumulator_t<To>;
+    dtensor::detail::zip_regions(sr, dr, [&](int64_t so, int64_t dof, int64_t n) {
+      for (int64_t i = 0; i < n; ++i)
+        dst[dof + i] = dtensor::detail::convert_element<To>(static_cast<A>(dst[dof + i]) + static_cast<A>(src[so + i]));
+    });
+  }
+}
 }  // namespace detail
 
-template <class L, bool ReshardAfterForward = true, class Master = typename L::config::value_type>
+template <class L, bool ReshardAfterForward = true, class MasterOrPolicy = typename L::config::value_type>
 class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_out_config<L> {
+  using Policy = precision_for<MasterOrPolicy, typename L::config::value_type>;
+  static_assert(std::is_same_v<typename Policy::compute, typename L::config::value_type>,
+                "dtensor::nn::FullyShard<L, R, Precision<Param, Compute, Reduce>>: L computes in its Config's element "
+                "type, which must be the policy's Compute type; build L with nn::Config<Compute, ...>");
+  using Master = typename Policy::param;
+  using Reduce = typename Policy::reduce;
+
   static_assert(nn::listed_parameter_count<L>() == nn::parameter_count<L>() && nn::parameter_count<L>() > 0,
                 "dtensor::nn::FullyShard<L>: L must list its parameters: a layer declares them (static parameters(), "
                 "nn/parameters.hpp), a block (Sequential, Residual, SkipConcat) lists its layers'; a block with a "
@@ -203,11 +240,15 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   using inner_type = L;
   using T = typename config::value_type;  // the layer computes, gathers and reduces in T
   using master_type = Master;               // the shards, the optimizer's updates, in Master
+  using reduce_type = Reduce;               // the gradients' reduce-scatter, in Reduce
+  using precision = Policy;
   static constexpr int M = config::M;
   static constexpr int dp = config::dp;
   static constexpr const char* name = L::name;
   static constexpr bool reshard_after_forward = ReshardAfterForward;
   static constexpr int parameter_count = nn::parameter_count<L>();
+  // A plan counts elements in T-sized units: a gradient reduced in Reduce is this many.
+  static constexpr int64_t kReduceUnits = static_cast<int64_t>(sizeof(Reduce) / sizeof(T));
   static constexpr std::size_t declared = detail::declared_count<L>;
   static constexpr detail::InsideChange inside_change = detail::inside_change_of<L>();  // a strict model's check
   // Room in a model's plan: L's, and a gather, a second gather and a reduce-scatter
@@ -264,7 +305,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
                   throw InvalidArgument(
                       "dtensor::nn::FullyShard: a sharded parameter's gradient is not Partial<Sum> over DP");
                 add_part(gather, elements, s, d.shape.dims, d.shape.ndim);
-                add_part(scatter, elements, d.grad, d.shape.dims, d.shape.ndim);
+                add_part(scatter, elements * kReduceUnits, d.grad, d.shape.dims, d.shape.ndim);
                 add_reductions(p, layer, k, s, reduced_grad(s, d.grad), d.shape.dims, d.shape.ndim);
               } else {
                 add_reductions(p, layer, k, d.value, d.grad, d.shape.dims, d.shape.ndim);
@@ -319,7 +360,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   // micro-batch's to them; the first backward with it on reduce-scatters their sum
   // once. zero_grad() (discard_unsynced_gradients) drops what was kept.
   void set_requires_gradient_sync(bool on) { sync_ = on; }
-  void discard_unsynced_gradients() { unsynced_ = Tensor<T, 1>(); }
+  void discard_unsynced_gradients() { unsynced_ = Tensor<Reduce, 1>(); }
 
   // Overlapped reduce-scatter (nn/unshard.hpp): while deferred (a Sequential sets it
   // for its backward), backward starts the gradients' reduce-scatter and returns;
@@ -649,16 +690,16 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
       // first backward after it, added into the gradients kept so far (packed alike),
       // which the first backward that syncs reduce-scatters once.
       const bool adding = unsynced_.numel() > 0;
-      Tensor<T, 1> send = adding ? std::exchange(unsynced_, Tensor<T, 1>())
-                                 : Tensor<T, 1>::uninitialized({off.back() + e.back()}, dev);
+      Tensor<Reduce, 1> send = adding ? std::exchange(unsynced_, Tensor<Reduce, 1>())
+                                      : Tensor<Reduce, 1>::uninitialized({off.back() + e.back()}, dev);
       std::vector<int64_t> cursor = off;
       each<true>([&](auto i) {
         constexpr std::size_t I = i();
         const auto& g = inner_parameter<I>().grad();
         for_each_piece<I>(n, [&](int r, const Region& piece, int64_t pn) {
           const Region to = Region::contiguous(cursor[static_cast<std::size_t>(r)], pn);
-          if (adding) movement::reduce_region(dev, dtype_of<T>(), ReduceOp::Sum, g.data(), piece, send.data(), to);
-          else movement::copy_region(dev, g.data(), piece, send.data(), to, sizeof(T));
+          if (adding) detail::add_region(dev, g.data(), piece, send.data(), to);
+          else detail::convert_region(dev, g.data(), piece, send.data(), to);
           cursor[static_cast<std::size_t>(r)] += pn;
         });
       });
@@ -667,25 +708,25 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
         add_unsharded_gradients();
         return;
       }
-      auto recv = Tensor<T, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
-      CommCounter::record(StepKind::ReduceScatter, dp, static_cast<std::size_t>(send.numel()) * sizeof(T));
+      auto recv = Tensor<Reduce, 1>::uninitialized({e[static_cast<std::size_t>(me)]}, dev);
+      CommCounter::record(StepKind::ReduceScatter, dp, static_cast<std::size_t>(send.numel()) * sizeof(Reduce));
       if (defer_ && may_defer) {  // the model completes it while the next layer's backward runs
         auto r = std::make_unique<ReduceScatter>();
         r->request = start_reduce_scatter(comm, send.data(), blocks, recv.data(),
-                                          StridedBlock::contiguous(0, recv.numel()), dtype_of<T>());
+                                          StridedBlock::contiguous(0, recv.numel()), dtype_of<Reduce>());
         r->send = std::move(send), r->recv = std::move(recv);
         reducing_ = std::move(r);
         ++deferred_count_;
       } else {
-        comm.reduce_scatter(send.data(), blocks, recv.data(), StridedBlock::contiguous(0, recv.numel()), dtype_of<T>(),
-                            ReduceOp::Sum);
+        comm.reduce_scatter(send.data(), blocks, recv.data(), StridedBlock::contiguous(0, recv.numel()),
+                            dtype_of<Reduce>(), ReduceOp::Sum);
         add_to_shard_gradients(recv);
       }
     }
     add_unsharded_gradients();
   }
   // The reduce-scattered gradients (this rank's pieces, packed) added to the shards'.
-  void add_to_shard_gradients(const Tensor<T, 1>& recv) {
+  void add_to_shard_gradients(const Tensor<Reduce, 1>& recv) {
     int64_t at = 0;
     each<true>([&](auto i) {
       auto& s = std::get<i()>(shards_);
@@ -740,10 +781,10 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   std::unique_ptr<Gather> pending_;  // a prefetched gather in flight
   GatherStats stats_;
   bool sync_ = true;       // false inside the model's no_sync(): no reduce-scatter
-  Tensor<T, 1> unsynced_;  // the gradients of the backwards inside no_sync(), whole, packed
+  Tensor<Reduce, 1> unsynced_;  // the gradients of the backwards inside no_sync(), whole, packed
   // A reduce-scatter in flight (deferred): the packed gradients and this rank's result.
   struct ReduceScatter {
-    Tensor<T, 1> send, recv;
+    Tensor<Reduce, 1> send, recv;
     Request request;  // after the buffers: an abandoned one is withdrawn before they go
   };
   bool defer_ = false;
