@@ -348,3 +348,83 @@ TEST_CASE("nn::Precision: FSDP gathers in the compute type and reduce-scatters i
     CHECK(worst <= 1.6e-2 * scale);
   }
 }
+
+TEST_CASE("GradScaler: PyTorch's schedule on a hand-worked sequence") {
+  spmd(1, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {1, 1});
+    auto model = make_mlp<Cfg2<float>>(mesh);
+    nn::GradScaler scaler({.init_scale = 8, .growth_factor = 2, .backoff_factor = 0.5, .growth_interval = 3});
+    nn::SGD sgd({.lr = 0.01});
+    const bool overflow[] = {false, false, false, true, false, false, false, false};
+    const double want[] = {8, 8, 16, 8, 8, 8, 16, 16};
+    for (int s = 0; s < 8; ++s) {
+      model.zero_grad();
+      const auto x = normal_rows<typename MLP<Cfg2<float>>::InputT>({5, kIn}, mesh, s);
+      const auto y = model.forward(x);
+      model.backward(scaler.scale(normal_rows<typename MLP<Cfg2<float>>::OutputT>({5, kOut}, mesh, 50 + s)));
+      if (overflow[s]) {
+        model.for_each_parameter([&](auto& p) { p.grad().data()[0] = std::numeric_limits<float>::infinity(); });
+      }
+      CHECK(scaler.step(sgd, model) == !overflow[s]);
+      scaler.update();
+      CHECK(scaler.get_scale() == want[s]);
+    }
+    CHECK_THROWS_WITH_AS(scaler.update(), doctest::Contains("no unscale or step since the last update"),
+                         InvalidArgument);
+  });
+}
+
+TEST_CASE("GradScaler: an infinity on one rank skips the step on every rank, and unscaling is exact") {
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    auto model = make_mlp<Cfg2<float>>(mesh);
+    nn::GradScaler scaler;
+    nn::SGD sgd({.lr = 0.1});
+    const auto before = gathered_parameters(model);
+    for (int round = 0; round < 2; ++round) {
+      model.zero_grad();
+      const auto x = normal_rows<typename MLP<Cfg2<float>>::InputT>({9, kIn}, mesh, 1);
+      const auto y = model.forward(x);
+      const auto dy = normal_rows<typename MLP<Cfg2<float>>::OutputT>({9, kOut}, mesh, 2, y.layout().blocks);
+      model.backward(scaler.scale(dy));
+      // Rank 2's block of the first weight (sharded over TP): an overflow there only.
+      bool first = true;
+      model.for_each_parameter([&](auto& p) {
+        if (first && comm.rank() == 2 && round == 0) p.grad().data()[3] = std::numeric_limits<float>::infinity();
+        first = false;
+      });
+      CommCounter c;
+      const bool stepped = scaler.step(sgd, model);
+      CHECK(c.count() == 1);  // the found-inf all-reduce
+      scaler.update();
+      if (round == 0) {
+        CHECK_FALSE(stepped);
+        CHECK(scaler.found_inf());
+        CHECK(scaler.get_scale() == 32768.0);
+        CHECK(gathered_parameters(model) == before);  // nothing moved, on any rank
+      } else {
+        CHECK(stepped);
+        CHECK(scaler.get_scale() == 32768.0);
+        CHECK(gathered_parameters(model) != before);
+      }
+    }
+  });
+  // Unscaled gradients equal those of an unscaled backward, bitwise (powers of two).
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    auto a = make_mlp<Cfg2<float>>(mesh), b = make_mlp<Cfg2<float>>(mesh);
+    nn::GradScaler scaler;
+    const auto x = normal_rows<typename MLP<Cfg2<float>>::InputT>({9, kIn}, mesh, 1);
+    for (auto* m : {&a, &b}) {
+      m->zero_grad();
+      const auto y = m->forward(x);
+      const auto dy = normal_rows<typename MLP<Cfg2<float>>::OutputT>({9, kOut}, mesh, 2, y.layout().blocks);
+      m->backward(m == &a ? scaler.scale(dy) : dy);
+    }
+    CHECK(scaler.unscale(a));
+    std::vector<std::vector<float>> ga, gb;
+    a.for_each_parameter([&](auto& p) { ga.emplace_back(p.grad().data(), p.grad().data() + p.grad().numel()); });
+    b.for_each_parameter([&](auto& p) { gb.emplace_back(p.grad().data(), p.grad().data() + p.grad().numel()); });
+    CHECK(ga == gb);
+  });
+}
