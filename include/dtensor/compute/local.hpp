@@ -260,6 +260,8 @@ T max_abs(const Tensor<T, R>& a) {
 // finish: x = x - log(sums) (Log) or x / sums.
 template <bool Log, class T>
 void softmax_shift(Device d, T* x, const T* max, T* sums, int64_t outer, int64_t len, int64_t inner) {
+  static_assert(!is_float16_v<T>, "compute::softmax_shift: its sums accumulate in T; a 16-bit softmax runs on "
+                                  "float values (ops/reduce.hpp's softmax, nn::CrossEntropy widen first)");
   if (!d.is_host()) return detail::device_backend(d).softmax_shift(dtype_of<T>(), x, max, sums, outer, len, inner, Log);
   std::fill_n(sums, outer * inner, T{0});
   for (int64_t o = 0; o < outer; ++o)
@@ -321,6 +323,26 @@ void scatter_add_rows(Device d, const T* dy, const int64_t* index, int64_t rows,
   check_row_sizes(table_rows, cols, rows, "scatter_add_rows");
   if (!d.is_host())
     return detail::device_backend(d).scatter_add_rows(dtype_of<T>(), dy, index, rows, cols, lo, table, table_rows);
+  if constexpr (is_float16_v<T>) {
+    // A token seen many times adds many rows into one: in float, each table row
+    // touched rounded once (a bfloat16 running sum stalls).
+    std::vector<float> acc;
+    std::vector<int64_t> slot(static_cast<std::size_t>(table_rows), -1);
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = index[i] - lo;
+      if (r < 0 || r >= table_rows) continue;
+      int64_t& at = slot[static_cast<std::size_t>(r)];
+      if (at < 0) {
+        at = static_cast<int64_t>(acc.size());
+        for (int64_t j = 0; j < cols; ++j) acc.push_back(float(table[r * cols + j]));
+      }
+      for (int64_t j = 0; j < cols; ++j) acc[static_cast<std::size_t>(at + j)] += float(dy[i * cols + j]);
+    }
+    for (int64_t r = 0; r < table_rows; ++r)
+      if (const int64_t at = slot[static_cast<std::size_t>(r)]; at >= 0)
+        for (int64_t j = 0; j < cols; ++j) table[r * cols + j] = T(acc[static_cast<std::size_t>(at + j)]);
+    return;
+  }
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t r = index[i] - lo;
     if (r < 0 || r >= table_rows) continue;

@@ -51,6 +51,9 @@ struct Config {
                                      "activations [batch, seq, ..., features]: rank 3 or more");
   static constexpr int feature_dim = Rank - 1;
   using State = PlacementState<static_cast<std::size_t>(M)>;
+  // The same configuration computing in U (a 16-bit model's float statistics).
+  template <class U>
+  using rebind = Config<U, Rank, AxesT>;
 
   // The placements of an activation whose tensor-parallel dim holds `on_tp`: the
   // batch is sharded over the data-parallel dim, the sequence over the context-parallel

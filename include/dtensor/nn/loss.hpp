@@ -53,6 +53,7 @@
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/model_plan.hpp"
+#include "dtensor/ops/cast.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::nn {
@@ -324,6 +325,67 @@ class CrossEntropy {
   CrossEntropyOptions opt_;
   std::vector<T> weights_;
   std::optional<Saved> saved_;
+};
+
+// A loss is a statistic: of 16-bit logits it is the float loss of the logits widened
+// (exactly), maxima, sums and saved softmax in float, all-reduced in float (PyTorch's
+// autocast runs every loss in fp32), and the gradient is rounded to T once. The plan
+// counts the float all-reduces in T-sized units.
+template <class Cfg, PlacementDesc OnTP>
+  requires is_float16_v<typename Cfg::value_type>
+class CrossEntropy<Cfg, OnTP> {
+  using Float = CrossEntropy<typename Cfg::template rebind<float>, OnTP>;
+
+ public:
+  DTENSOR_LAYER_TYPES(Cfg);
+  static constexpr int F = Float::F;
+  static constexpr const char* name = Float::name;
+  static constexpr State logits_placements = Float::logits_placements;
+  static constexpr bool class_sharded = Float::class_sharded;
+  using Logits = dtensor_t<T, Rank, placements_t<logits_placements>>;
+  using Targets = typename Float::Targets;
+  static constexpr int64_t kUnits = static_cast<int64_t>(sizeof(float) / sizeof(T));
+
+  static constexpr State grad_input(State logits) { return Float::grad_input(logits); }
+  static constexpr int64_t sum_columns(const CrossEntropyOptions& o) { return Float::sum_columns(o); }
+  static constexpr int64_t total_columns = Float::total_columns;
+
+  template <int C>
+  static constexpr void plan(ModelPlan<static_cast<std::size_t>(M), C>& p, State logits = logits_placements,
+                             const CrossEntropyOptions& o = {}) {
+    ModelPlan<static_cast<std::size_t>(M), C> q;
+    Float::plan(q, logits, o);
+    for (int i = 0; i < q.size; ++i) {
+      auto e = q.entries[i];
+      e.elements *= kUnits, e.fixed *= kUnits;
+      p.add(e);
+    }
+  }
+
+  explicit CrossEntropy(CrossEntropyOptions o = {}, const std::vector<T>& class_weights = {})
+      : inner_(o, std::vector<float>(class_weights.begin(), class_weights.end())) {}
+  const CrossEntropyOptions& options() const { return inner_.options(); }
+
+  template <class Y>
+    requires requires { Y::placement_state; }
+  float forward(const Logits& z, const Y& y) {
+    blocks_ = z.layout().blocks;
+    return inner_.forward(cast<float>(z), y);
+  }
+  float forward(const Logits& z, const Targets& y) {
+    blocks_ = z.layout().blocks;
+    return inner_.forward(cast<float>(z), y);
+  }
+  Logits backward(const Logits& z) {
+    DTENSOR_CHECK(z.layout().blocks == blocks_, InvalidArgument, name,
+                  ": backward(z) takes the logits of the last forward (their blocks differ)");
+    return backward();
+  }
+  Logits backward() { return cast<T>(inner_.backward()); }
+
+ private:
+  Float inner_;
+  decltype(ShardLayout<Rank>{}.blocks) blocks_{};
 };
 
 }  // namespace dtensor::nn

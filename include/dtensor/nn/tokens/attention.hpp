@@ -49,6 +49,7 @@
 #include <string>
 
 #include "dtensor/compute/attention.hpp"
+#include "dtensor/compute/convert.hpp"
 #include "dtensor/compute/rotary.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/distributed/redistribute.hpp"
@@ -146,6 +147,7 @@ class MultiHeadAttention {
 
  public:
   DTENSOR_LAYER_TYPES(Cfg);
+  using C = accumulator_t<T>;  // the attention core's type (to_core below)
   using Q = LinearRule<Cfg, typename detail::attention_styles<Style>::qkv>;  // q, k, v
   using O = LinearRule<Cfg, typename detail::attention_styles<Style>::out>;  // the output projection
   static constexpr int F = 2;
@@ -276,30 +278,30 @@ class MultiHeadAttention {
                         .batch_offset = s.x.local_offset()[0], .head_offset = tp_rank * hq,
                         .heads_total = kHeads, .q_total = total, .kv_total = total};
     }
-    s.q = project_heads(xl, wq_, bq_, b, len, hq);
-    s.k = project_heads(xl, wk_, bk_, b, len, hkv);
-    s.v = project_heads(xl, wv_, bv_, b, len, hkv);
+    s.q = to_core(project_heads(xl, wq_, bq_, b, len, hq));
+    s.k = to_core(project_heads(xl, wk_, bk_, b, len, hkv));
+    s.v = to_core(project_heads(xl, wv_, bv_, b, len, hkv));
     if (options_.rope_base > 0) {
       compute::rotary_embedding(dev, rotary(b * hq, len, first), s.q.data());
       compute::rotary_embedding(dev, rotary(b * hkv, len, first), s.k.data());
     }
-    s.o = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, dev);
-    s.lse = Tensor<T, 3>::uninitialized({b, hq, len}, dev);
+    s.o = Tensor<C, 4>::uninitialized({b, hq, len, kDim}, dev);
+    s.lse = Tensor<C, 3>::uninitialized({b, hq, len}, dev);
     if constexpr (kBalanced) {
       // q, k, v to the balanced layout (kept there for the backward), the ring, o and lse back
       s.balanced = AttentionRing::balanced(*s.ring.comm, total);
       const compute::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
-      auto qb = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
-      auto kb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev), vb = Tensor<T, 4>::uninitialized(kb.shape(), dev);
-      dtensor::detail::ring::relayout<T>(s.ring, s.balanced, {{s.q.data(), qb.data(), b * hq, kDim},
+      auto qb = Tensor<C, 4>::uninitialized({b, hq, lb, kDim}, dev);
+      auto kb = Tensor<C, 4>::uninitialized({b, hkv, lb, kDim}, dev), vb = Tensor<C, 4>::uninitialized(kb.shape(), dev);
+      dtensor::detail::ring::relayout<C>(s.ring, s.balanced, {{s.q.data(), qb.data(), b * hq, kDim},
                                                               {s.k.data(), kb.data(), b * hkv, kDim},
                                                               {s.v.data(), vb.data(), b * hkv, kDim}});
-      s.o_balanced = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
-      s.lse_balanced = Tensor<T, 3>::uninitialized({b, hq, lb}, dev);
+      s.o_balanced = Tensor<C, 4>::uninitialized({b, hq, lb, kDim}, dev);
+      s.lse_balanced = Tensor<C, 3>::uninitialized({b, hq, lb}, dev);
       ring_attention_forward(s.balanced, bd, qb.data(), kb.data(), vb.data(), s.o_balanced.data(),
                              s.lse_balanced.data());
-      dtensor::detail::ring::relayout<T>(s.balanced, s.ring, {{s.o_balanced.data(), s.o.data(), b * hq, kDim},
+      dtensor::detail::ring::relayout<C>(s.balanced, s.ring, {{s.o_balanced.data(), s.o.data(), b * hq, kDim},
                                                               {s.lse_balanced.data(), s.lse.data(), b * hq, 1}});
       s.q = std::move(qb), s.k = std::move(kb), s.v = std::move(vb);
     } else if constexpr (kRing) {
@@ -308,10 +310,10 @@ class MultiHeadAttention {
       s.all_to_all.emplace(s.ring, Cfg::cp);
       s.all_to_all->forward(s.dims, s.q.data(), s.k.data(), s.v.data(), s.o.data(), s.lse.data());
     } else {
-      compute::attention_forward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
+      compute::attention_forward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const C*>(nullptr),
                                  s.o.data(), s.lse.data());
     }
-    const Tensor<T, Rank> o = merged(s.o);
+    const Tensor<T, Rank> o = merged_from_core(s.o);
     auto y = Tensor<T, Rank>::uninitialized({b, len, kHidden}, dev);
     detail::matmul(dev, o.data(), false, wo_.value().local().data(), false, y.data(), rows, kHidden,
                    hq * kDim);
@@ -348,27 +350,27 @@ class MultiHeadAttention {
                   "]; backward takes the gradient of the last forward");
     const Device dev = g.device();  // where the blocks live: the host or a GPU
     // The output projection: dWo += o^T dz, dbo += column sums, do = dz Wo^T.
-    const Tensor<T, Rank> o = merged(s.o);
+    const Tensor<T, Rank> o = merged_from_core(s.o);
     detail::matmul(dev, o.data(), true, g.data(), false, wo_.grad().data(), hq * kDim, kHidden, rows, true);
     if constexpr (Dims.bias) detail::column_sums(dev, g.data(), bo_.grad().data(), rows, kHidden, true);
     auto d_o = Tensor<T, Rank>::uninitialized({b, len, hq * kDim}, dev);
     detail::matmul(dev, g.data(), false, wo_.value().local().data(), true, d_o.data(), rows, hq * kDim, kHidden);
-    const Tensor<T, 4> do_heads = split(d_o, hq);
+    const Tensor<C, 4> do_heads = to_core(split(d_o, hq));
     // The attention core, then RoPE's adjoint (the inverse rotation).
-    auto dq = Tensor<T, 4>::uninitialized({b, hq, len, kDim}, dev);
-    auto dk = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, dev);
-    auto dv = Tensor<T, 4>::uninitialized({b, hkv, len, kDim}, dev);
+    auto dq = Tensor<C, 4>::uninitialized({b, hq, len, kDim}, dev);
+    auto dk = Tensor<C, 4>::uninitialized({b, hkv, len, kDim}, dev);
+    auto dv = Tensor<C, 4>::uninitialized({b, hkv, len, kDim}, dev);
     if constexpr (kBalanced) {
       const compute::AttentionDims bd = balanced_dims(s);
       const int64_t lb = bd.q_len;
-      auto dob = Tensor<T, 4>::uninitialized({b, hq, lb, kDim}, dev);
-      auto dqb = Tensor<T, 4>::uninitialized(dob.shape(), dev);
-      auto dkb = Tensor<T, 4>::uninitialized({b, hkv, lb, kDim}, dev);
-      auto dvb = Tensor<T, 4>::uninitialized(dkb.shape(), dev);
-      dtensor::detail::ring::relayout<T>(s.ring, s.balanced, {{do_heads.data(), dob.data(), b * hq, kDim}});
+      auto dob = Tensor<C, 4>::uninitialized({b, hq, lb, kDim}, dev);
+      auto dqb = Tensor<C, 4>::uninitialized(dob.shape(), dev);
+      auto dkb = Tensor<C, 4>::uninitialized({b, hkv, lb, kDim}, dev);
+      auto dvb = Tensor<C, 4>::uninitialized(dkb.shape(), dev);
+      dtensor::detail::ring::relayout<C>(s.ring, s.balanced, {{do_heads.data(), dob.data(), b * hq, kDim}});
       ring_attention_backward(s.balanced, bd, s.q.data(), s.k.data(), s.v.data(), s.o_balanced.data(),
                               s.lse_balanced.data(), dob.data(), dqb.data(), dkb.data(), dvb.data());
-      dtensor::detail::ring::relayout<T>(s.balanced, s.ring, {{dqb.data(), dq.data(), b * hq, kDim},
+      dtensor::detail::ring::relayout<C>(s.balanced, s.ring, {{dqb.data(), dq.data(), b * hq, kDim},
                                                               {dkb.data(), dk.data(), b * hkv, kDim},
                                                               {dvb.data(), dv.data(), b * hkv, kDim}});
     } else if constexpr (kRing)
@@ -377,7 +379,7 @@ class MultiHeadAttention {
     else if constexpr (kAllToAll)
       s.all_to_all->backward(do_heads.data(), dq.data(), dk.data(), dv.data());
     else
-      compute::attention_backward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const T*>(nullptr),
+      compute::attention_backward(dev, s.dims, s.q.data(), s.k.data(), s.v.data(), static_cast<const C*>(nullptr),
                                   s.o.data(), s.lse.data(), do_heads.data(), dq.data(), dk.data(), dv.data());
     if (options_.rope_base > 0) {
       compute::rotary_embedding(dev, rotary(b * hq, len, s.dims.q_offset), dq.data(), true);
@@ -386,8 +388,8 @@ class MultiHeadAttention {
     // The three projections: their weights' gradients, and the sum of their input gradients.
     auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), dev);
     bool first = true;
-    auto projection_backward = [&](const Tensor<T, 4>& dh, auto& w, auto& bias) {
-      const Tensor<T, Rank> d = merged(dh);
+    auto projection_backward = [&](const Tensor<C, 4>& dh, auto& w, auto& bias) {
+      const Tensor<T, Rank> d = merged_from_core(dh);
       const int64_t cols = d.shape()[F];
       detail::matmul(dev, xl.data(), true, d.data(), false, w.grad().data(), kHidden, cols, rows, true);
       if constexpr (Dims.bias) detail::column_sums(dev, d.data(), bias.grad().data(), rows, cols, true);
@@ -418,12 +420,25 @@ class MultiHeadAttention {
     compute::AttentionDims dims{};
     AttentionRing ring{};      // the CP dim's ranks and sequence blocks (kRing, kAllToAll)
     AttentionRing balanced{};  // and the balanced layout (kBalanced), where q, k, v, o, lse are kept
-    Tensor<T, 4> o_balanced{};
-    Tensor<T, 3> lse_balanced{};
-    std::optional<UlyssesAttention<T>> all_to_all{};  // its head-split tensors (kAllToAll)
-    Tensor<T, 4> q{}, k{}, v{}, o{};
-    Tensor<T, 3> lse{};
+    Tensor<C, 4> o_balanced{};
+    Tensor<C, 3> lse_balanced{};
+    std::optional<UlyssesAttention<C>> all_to_all{};  // its head-split tensors (kAllToAll)
+    Tensor<C, 4> q{}, k{}, v{}, o{};
+    Tensor<C, 3> lse{};
   };
+
+  // The attention core (scores, softmax, its log-sum-exp, RoPE) runs in C: T itself,
+  // or float for 16-bit layers, whose softmax state must not round to 16 bits (a
+  // bfloat16 lse would shift every recomputed weight of the backward by up to 1.5%).
+  // The projections around it stay in T.
+  static Tensor<C, 4> to_core(Tensor<T, 4> h) {
+    if constexpr (std::is_same_v<C, T>) return h;
+    else return compute::convert<C>(h);
+  }
+  static Tensor<T, Rank> merged_from_core(const Tensor<C, 4>& h) {
+    if constexpr (std::is_same_v<C, T>) return merged(h);
+    else return merged(compute::convert<T>(h));
+  }
 
   // The ring's dims on the balanced layout: this rank's positions there.
   static compute::AttentionDims balanced_dims(const Saved& s) {

@@ -84,10 +84,17 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
     const auto& g = dy.local();
     const int64_t b = g.shape()[0], len = g.shape()[1];
     DTENSOR_CHECK(first_ + len <= MaxLen, InvalidArgument, name, ": backward without a matching forward");
-    for (int64_t n = 0; n < b; ++n)  // the table's rows += every sequence's gradient rows
-      movement::reduce_block(g.device(), dtype_of<T>(), ReduceOp::Sum, g.data(),
-                             StridedBlock::contiguous(n * len * Dim, len * Dim), table_.grad().data(),
-                             StridedBlock::contiguous(first_ * Dim, len * Dim));
+    // The table's rows += every sequence's gradient rows: one reduction of b + 1 terms
+    // (a 16-bit table accumulates in float and rounds once).
+    const StridedBlock rows = StridedBlock::contiguous(first_ * Dim, len * Dim);
+    T* table = table_.grad().data();
+    movement::reduce_sources(
+        g.device(), dtype_of<T>(), ReduceOp::Sum, static_cast<int>(b) + 1,
+        [&](int k) {
+          if (k == 0) return std::pair<const void*, StridedBlock>{table, rows};
+          return std::pair<const void*, StridedBlock>{g.data(), StridedBlock::contiguous((k - 1) * len * Dim, len * Dim)};
+        },
+        table, rows);
     if constexpr (NeedInputGrad) return dy;
     else return 0;
   }
