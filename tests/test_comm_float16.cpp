@@ -494,3 +494,24 @@ TEST_CASE_TEMPLATE("16-bit sums that a 16-bit accumulation would stall: all_redu
       }
     });
 }
+
+TEST_CASE("guarded mode names the 16-bit types when ranks disagree on the element type") {
+  // The signature check read DType values up to float64 only: bfloat16 and float16,
+  // added at the end of the enum, were "an unknown type".
+  const detail::Signature a{.seq = 1,
+                            .kind = static_cast<int64_t>(Collective::AllReduce),
+                            .dtype = static_cast<int64_t>(DType::BFloat16),
+                            .op = static_cast<int64_t>(ReduceOp::Sum),
+                            .root = 0,
+                            .count = 4};
+  detail::Signature b = a;
+  b.dtype = static_cast<int64_t>(DType::Float16);
+  std::string what;
+  try {
+    const std::vector<detail::Signature> all{a, b};
+    detail::check_signatures(all, 0);
+  } catch (const CommError& e) {
+    what = e.what();
+  }
+  CHECK(what.find("element type (bfloat16 and float16)") != std::string::npos);
+}
