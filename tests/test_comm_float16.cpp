@@ -53,7 +53,7 @@ T pattern(int k, int64_t i, int salt) {
 template <class T>
 std::vector<T> patterns(int k, int64_t n, int salt) {
   std::vector<T> v(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = pattern<T>(k, i, salt);
+  for (int64_t i = 0; i < n; ++i) v[i] = pattern<T>(k, i, salt);
   return v;
 }
 
@@ -131,7 +131,7 @@ struct Reference {
     float f = float(terms[0]), mx = f, mn = f;
     double exact = 0, abs_sum = 0;
     for (int k = 0; k < n; ++k) {
-      const float x = float(terms[static_cast<std::size_t>(k)]);
+      const float x = float(terms[k]);
       if (k > 0) f += x, mx = std::max(mx, x), mn = std::min(mn, x);
       exact += x, abs_sum += std::abs(static_cast<double>(x));
     }
@@ -167,7 +167,7 @@ struct Reference {
     std::string first;
     for (std::size_t j = 0; j < got.size(); ++j) {
       const int64_t i = index_of(static_cast<int64_t>(j));
-      for (int k = 0; k < n; ++k) terms[static_cast<std::size_t>(k)] = term_at(k, i);
+      for (int k = 0; k < n; ++k) terms[k] = term_at(k, i);
       std::string why = judge(got[j], terms);
       if (!why.empty() && bad++ == 0) first = detail::cat("element ", j, ": ", why);
     }
@@ -192,12 +192,12 @@ TEST_CASE_TEMPLATE("16-bit collectives that move data are bitwise: all_gather(v)
       const int r = comm.rank();
       // all_gatherv: uneven counts, some empty.
       std::vector<int64_t> counts(static_cast<std::size_t>(n));
-      for (int k = 0; k < n; ++k) counts[static_cast<std::size_t>(k)] = (k * 5 + 2) % 4 * 3;  // 6, 9, 0, 3
+      for (int k = 0; k < n; ++k) counts[k] = (k * 5 + 2) % 4 * 3;  // 6, 9, 0, 3
       const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
       std::vector<T> all(static_cast<std::size_t>(total)), want;
       for (int k = 0; k < n; ++k)
-        for (const T& x : patterns<T>(k, counts[static_cast<std::size_t>(k)], 1)) want.push_back(x);
-      all_gatherv<T>(comm, patterns<T>(r, counts[static_cast<std::size_t>(r)], 1), all, counts);
+        for (const T& x : patterns<T>(k, counts[k], 1)) want.push_back(x);
+      all_gatherv<T>(comm, patterns<T>(r, counts[r], 1), all, counts);
       CHECK(first_bit_difference(all, want) == -1);
       // all_gather, even.
       std::vector<T> even(static_cast<std::size_t>(5 * n)), even_want;
@@ -209,26 +209,26 @@ TEST_CASE_TEMPLATE("16-bit collectives that move data are bitwise: all_gather(v)
       // rank k's [3, w_k] columns into a [3, W] matrix, W = Σ w_k.
       std::vector<int64_t> widths(static_cast<std::size_t>(n)), offs(static_cast<std::size_t>(n));
       int64_t cols = 0;
-      for (int k = 0; k < n; ++k) offs[static_cast<std::size_t>(k)] = cols, cols += widths[static_cast<std::size_t>(k)] = (k + 2) % 3;
+      for (int k = 0; k < n; ++k) offs[k] = cols, cols += widths[k] = (k + 2) % 3;
       const std::array<int64_t, 2> shape{3, cols};
       std::vector<StridedBlock> col_blocks;
       for (int k = 0; k < n; ++k)
-        col_blocks.push_back(range_block(shape, 1, offs[static_cast<std::size_t>(k)], widths[static_cast<std::size_t>(k)]));
-      const auto mine = patterns<T>(r, 3 * widths[static_cast<std::size_t>(r)], 3);
+        col_blocks.push_back(range_block(shape, 1, offs[k], widths[k]));
+      const auto mine = patterns<T>(r, 3 * widths[r], 3);
       std::vector<T> mat(static_cast<std::size_t>(3 * cols)), mat_want(mat.size());
       comm.all_gather(mine.data(), StridedBlock::contiguous(0, static_cast<int64_t>(mine.size())), mat.data(),
                       col_blocks, dtype_of<T>());
       for (int k = 0; k < n; ++k) {
-        const auto theirs = patterns<T>(k, 3 * widths[static_cast<std::size_t>(k)], 3);
+        const auto theirs = patterns<T>(k, 3 * widths[k], 3);
         detail::copy_block(theirs.data(), StridedBlock::contiguous(0, static_cast<int64_t>(theirs.size())),
-                           mat_want.data(), col_blocks[static_cast<std::size_t>(k)], sizeof(T));
+                           mat_want.data(), col_blocks[k], sizeof(T));
       }
       CHECK(first_bit_difference(mat, mat_want) == -1);
       // all_to_allv: rank r sends (r + k) % 3 elements to rank k (some empty).
       std::vector<int64_t> sc(static_cast<std::size_t>(n)), rc(static_cast<std::size_t>(n));
       std::vector<T> sbuf, rwant;
       for (int k = 0; k < n; ++k) {
-        sc[static_cast<std::size_t>(k)] = (r + k) % 3, rc[static_cast<std::size_t>(k)] = (k + r) % 3;
+        sc[k] = (r + k) % 3, rc[k] = (k + r) % 3;
         for (const T& x : patterns<T>(r * 16 + k, (r + k) % 3, 4)) sbuf.push_back(x);
         for (const T& x : patterns<T>(k * 16 + r, (k + r) % 3, 4)) rwant.push_back(x);
       }
@@ -245,7 +245,7 @@ TEST_CASE_TEMPLATE("16-bit collectives that move data are bitwise: all_gather(v)
       comm.all_to_all(amat.data(), asend, aout.data(), arecv, dtype_of<T>());
       for (int k = 0; k < n; ++k)
         detail::copy_block(patterns<T>(k, 4 * n, 5).data(), range_block(ashape, 1, 2 * r, 2), aout_want.data(),
-                           arecv[static_cast<std::size_t>(k)], sizeof(T));
+                           arecv[k], sizeof(T));
       CHECK(first_bit_difference(aout, aout_want) == -1);
       // broadcast, scatterv, gatherv from every root.
       for (int root = 0; root < n; ++root) {
@@ -253,7 +253,7 @@ TEST_CASE_TEMPLATE("16-bit collectives that move data are bitwise: all_gather(v)
         broadcast<T>(comm, b, root);
         CHECK(first_bit_difference(b, patterns<T>(root, 7, 6)) == -1);
         const auto src = patterns<T>(root, total, 7);
-        std::vector<T> got(static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]));
+        std::vector<T> got(static_cast<std::size_t>(counts[r]));
         scatterv<T>(comm, r == root ? std::span<const T>(src) : std::span<const T>(), counts, got, root);
         const int64_t at = std::accumulate(counts.begin(), counts.begin() + r, int64_t{0});
         CHECK(first_bit_difference(std::span<const T>(got),
@@ -281,7 +281,7 @@ TEST_CASE_TEMPLATE("16-bit point to point is bitwise: isend/irecv, strided recei
       rr.wait();
       const auto want = patterns<T>(prev, m, 8);
       int64_t bad = 0;
-      for (int64_t i = 0; i < m; ++i) bad += in[static_cast<std::size_t>(2 * i)].bits != want[static_cast<std::size_t>(i)].bits;
+      for (int64_t i = 0; i < m; ++i) bad += in[2 * i].bits != want[i].bits;
       CHECK(bad == 0);
       // The reverse ring, at once.
       const auto back = patterns<T>(r, count_of(r), 9);
@@ -315,7 +315,7 @@ TEST_CASE_TEMPLATE("16-bit all_reduce accumulates in float and rounds once: bloc
         for (ReduceOp op : kOps) {
           const Reference<T> ref{n, op, !under_mpi() || n <= 2};
           std::vector<T> in(static_cast<std::size_t>(count));
-          for (int64_t i = 0; i < count; ++i) in[static_cast<std::size_t>(i)] = term_at(r, i);
+          for (int64_t i = 0; i < count; ++i) in[i] = term_at(r, i);
           const auto keep = in;
           // Blocking, out of place: the input untouched.
           std::vector<T> blocking(in.size());
@@ -355,6 +355,31 @@ TEST_CASE_TEMPLATE("16-bit all_reduce accumulates in float and rounds once: bloc
     });
 }
 
+TEST_CASE_TEMPLATE("16-bit non-blocking all_reduces in flight together, completed in reverse order", T,
+                   dtensor::bfloat16, dtensor::float16) {
+  // Each holds a float buffer of its own from the communicator's pool until it goes.
+  for (int n = 1; n <= 4; ++n)
+    spmd(n, [n](Comm& comm) {
+      const int r = comm.rank();
+      const Reference<T> ref{n, ReduceOp::Sum, !under_mpi() || n <= 2};
+      const int64_t sizes[] = {3000, 10, 3000, 70000};
+      std::vector<std::vector<T>> bufs;
+      std::vector<Request> reqs;
+      for (int j = 0; j < 4; ++j) {
+        std::vector<T> b(static_cast<std::size_t>(sizes[j]));
+        for (int64_t i = 0; i < sizes[j]; ++i) b[i] = term<T>(r, i, 10 + j);
+        bufs.push_back(std::move(b));
+      }
+      for (auto& b : bufs)
+        reqs.push_back(comm.start_all_reduce(b.data(), b.data(), b.size(), dtype_of<T>(), ReduceOp::Sum));
+      for (int j = 3; j >= 0; --j) {
+        reqs[j].wait();
+        ref.check(std::span<const T>(bufs[j]), [j](int k, int64_t i) { return term<T>(k, i, 10 + j); },
+                  "start_all_reduce, one of four in flight");
+      }
+    });
+}
+
 TEST_CASE_TEMPLATE("16-bit segmented all_reduce: different cuts per rank, and the same cuts", T, dtensor::bfloat16,
                    dtensor::float16) {
   for (int n = 1; n <= 4; ++n)
@@ -375,7 +400,7 @@ TEST_CASE_TEMPLATE("16-bit segmented all_reduce: different cuts per rank, and th
           int64_t at = 0;
           for (int64_t s : sizes) {
             std::vector<T> b(static_cast<std::size_t>(s));
-            for (int64_t i = 0; i < s; ++i) b[static_cast<std::size_t>(i)] = term_at(r, at + i);
+            for (int64_t i = 0; i < s; ++i) b[i] = term_at(r, at + i);
             bufs.push_back(std::move(b));
             at += s;
           }
@@ -390,41 +415,41 @@ TEST_CASE_TEMPLATE("16-bit segmented all_reduce: different cuts per rank, and th
     });
 }
 
-TEST_CASE_TEMPLATE("16-bit reduce_scatter accumulates in float and rounds once: uneven, empty, strided", T, dtensor::bfloat16,
-                   dtensor::float16) {
+TEST_CASE_TEMPLATE("16-bit reduce_scatter accumulates in float and rounds once: uneven, empty, strided", T,
+                   dtensor::bfloat16, dtensor::float16) {
   for (int n = 1; n <= 4; ++n)
     spmd(n, [n](Comm& comm) {
       const int r = comm.rank();
       const auto term_at = [](int k, int64_t i) { return term<T>(k, i, 2); };
       std::vector<int64_t> counts(static_cast<std::size_t>(n));
-      for (int k = 0; k < n; ++k) counts[static_cast<std::size_t>(k)] = (k * 5 + 2) % 4 * 300;  // 600, 900, 0, 300
+      for (int k = 0; k < n; ++k) counts[k] = (k * 5 + 2) % 4 * 300;  // 600, 900, 0, 300
       const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
       const int64_t base = std::accumulate(counts.begin(), counts.begin() + r, int64_t{0});
       std::vector<T> in(static_cast<std::size_t>(total));
-      for (int64_t i = 0; i < total; ++i) in[static_cast<std::size_t>(i)] = term_at(r, i);
+      for (int64_t i = 0; i < total; ++i) in[i] = term_at(r, i);
       // Strided: the send blocks are column ranges of a [5, W] matrix, W = Σ w_k.
       std::vector<int64_t> widths(static_cast<std::size_t>(n)), offs(static_cast<std::size_t>(n));
       int64_t cols = 0;
-      for (int k = 0; k < n; ++k) offs[static_cast<std::size_t>(k)] = cols, cols += widths[static_cast<std::size_t>(k)] = (k + 2) % 3 * 4;
+      for (int k = 0; k < n; ++k) offs[k] = cols, cols += widths[k] = (k + 2) % 3 * 4;
       const std::array<int64_t, 2> shape{5, cols};
       std::vector<StridedBlock> col_blocks;
       for (int k = 0; k < n; ++k)
-        col_blocks.push_back(range_block(shape, 1, offs[static_cast<std::size_t>(k)], widths[static_cast<std::size_t>(k)]));
+        col_blocks.push_back(range_block(shape, 1, offs[k], widths[k]));
       std::vector<T> mat(static_cast<std::size_t>(5 * cols));
       for (std::size_t i = 0; i < mat.size(); ++i) mat[i] = term_at(r, 100000 + static_cast<int64_t>(i));
-      const int64_t w = widths[static_cast<std::size_t>(r)];
+      const int64_t w = widths[r];
       for (ReduceOp op : kOps) {
         const Reference<T> ref{n, op, !under_mpi() || n <= 2};
-        std::vector<T> out(static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]));
+        std::vector<T> out(static_cast<std::size_t>(counts[r]));
         reduce_scatterv<T>(comm, in, out, counts, op);
         ref.check(std::span<const T>(out), term_at, [&](int64_t j) { return base + j; }, "reduce_scatterv");
         // Strided in, and strided out: every other element of the receive buffer.
         std::vector<T> sout(static_cast<std::size_t>(2 * 5 * w));
         comm.reduce_scatter(mat.data(), col_blocks, sout.data(), StridedBlock{0, 5 * w, 2, 1}, dtype_of<T>(), op);
         std::vector<T> got(static_cast<std::size_t>(5 * w));
-        for (int64_t j = 0; j < 5 * w; ++j) got[static_cast<std::size_t>(j)] = sout[static_cast<std::size_t>(2 * j)];
+        for (int64_t j = 0; j < 5 * w; ++j) got[j] = sout[2 * j];
         ref.check(std::span<const T>(got), term_at,
-                  [&](int64_t j) { return 100000 + (j / w) * cols + offs[static_cast<std::size_t>(r)] + j % w; },
+                  [&](int64_t j) { return 100000 + (j / w) * cols + offs[r] + j % w; },
                   "reduce_scatter (strided)");
       }
     });
@@ -459,7 +484,7 @@ TEST_CASE_TEMPLATE("16-bit sums that a 16-bit accumulation would stall: all_redu
       constexpr int64_t kCount = 96;
       const auto term_at = [n](int k, int64_t i) { return stall_term<T>(k, i, n); };
       std::vector<T> in(static_cast<std::size_t>(kCount));
-      for (int64_t i = 0; i < kCount; ++i) in[static_cast<std::size_t>(i)] = term_at(r, i);
+      for (int64_t i = 0; i < kCount; ++i) in[i] = term_at(r, i);
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
         std::vector<T> want(in.size());
         int64_t stalls = 0;
@@ -470,7 +495,7 @@ TEST_CASE_TEMPLATE("16-bit sums that a 16-bit accumulation would stall: all_redu
             exact += float(term_at(k, i));
             if (k > 0) acc16 = T(float(acc16) + float(term_at(k, i)));
           }
-          want[static_cast<std::size_t>(i)] = T(op == ReduceOp::Avg ? exact / static_cast<float>(n) : exact);
+          want[i] = T(op == ReduceOp::Avg ? exact / static_cast<float>(n) : exact);
           stalls += acc16.bits != T(exact).bits;
         }
         CHECK(stalls == kCount);  // the case has its power: a 16-bit sum is wrong everywhere
@@ -487,7 +512,7 @@ TEST_CASE_TEMPLATE("16-bit sums that a 16-bit accumulation would stall: all_redu
         // reduce_scatter: 96 / n... pieces of kCount / n (the last takes the rest).
         std::vector<int64_t> counts(static_cast<std::size_t>(n), kCount / n);
         counts.back() = kCount - (n - 1) * (kCount / n);
-        std::vector<T> out(static_cast<std::size_t>(counts[static_cast<std::size_t>(r)]));
+        std::vector<T> out(static_cast<std::size_t>(counts[r]));
         reduce_scatterv<T>(comm, in, out, counts, op);
         const auto at = static_cast<std::size_t>(r * (kCount / n));
         CHECK(first_bit_difference(std::span<const T>(out), std::span<const T>(want).subspan(at, out.size())) == -1);

@@ -12,8 +12,9 @@
 // selects the ring before MPI_Init (run_mpi calls it), unless the user chose.
 //
 // bfloat16 and float16 are reduced through float (mpi_float_staging.hpp): the input is
-// widened when the all-reduce is posted, into a float buffer the MpiAllReduce owns,
-// and the result is rounded into the caller's buffer once, when it completes (wait or
+// widened when the all-reduce is posted, into a float buffer the MpiAllReduce holds
+// (lent by the communicator's FloatStagingPool until the MpiAllReduce goes), and the
+// result is rounded into the caller's buffer once, when it completes (wait or
 // test), with the blocking all_reduce's rule and arithmetic. A segmented one is
 // widened straight from its segments and rounded straight back into them: one
 // all-reduce, whatever the cuts, with no 16-bit packing in between.
@@ -55,12 +56,13 @@ namespace dtensor::detail {
 class MpiAllReduce final : public PendingExchange {
  public:
   DTENSOR_RUNTIME_KEY_FUNCTION(MpiAllReduce)  // util/compiled_runtime.hpp
-  // `send` reduced into `recv` (send == recv: in place).
+  // `send` reduced into `recv` (send == recv: in place). `staging`: where a 16-bit
+  // type's float buffer comes from.
   MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, const void* send, void* recv,
-               int count, DType t, ReduceOp op)
+               int count, DType t, ReduceOp op, FloatStagingPool& staging)
       : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), recv_(recv), count_(count), t_(t), op_(op) {
     if (is_float16(t)) {
-      staged_.resize(static_cast<std::size_t>(count));
+      staged_ = staging.take(static_cast<std::size_t>(count));
       widen_to_float(t, send, StridedBlock::contiguous(0, count), staged_.data());
       out_.push_back({recv, static_cast<std::size_t>(count)});
       post(comm, MPI_IN_PLACE, staged_.data(), MPI_FLOAT);
@@ -71,12 +73,12 @@ class MpiAllReduce final : public PendingExchange {
   // A 16-bit type's `segments`, in place, as one buffer (their concatenation, `count`
   // elements in all): the float staging buffer is their packing.
   MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, std::span<const Segment> segments,
-               int count, DType t, ReduceOp op)
+               int count, DType t, ReduceOp op, FloatStagingPool& staging)
       : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), count_(count), t_(t), op_(op),
         out_(segments.begin(), segments.end()) {
     DTENSOR_CHECK(is_float16(t), InvalidArgument, "all_reduce (non-blocking, segments): ", name(t),
                   " segments are packed by Comm; only 16-bit types are staged here");
-    staged_.resize(static_cast<std::size_t>(count));
+    staged_ = staging.take(static_cast<std::size_t>(count));
     std::size_t at = 0;
     for (const Segment& s : out_) {
       widen_to_float(t, s.data, StridedBlock::contiguous(0, static_cast<int64_t>(s.count)), staged_.data() + at);
@@ -118,7 +120,7 @@ class MpiAllReduce final : public PendingExchange {
   // The reduced floats, finished (an Avg divided) and rounded once into the caller's
   // buffers. Only on completion: an abandoned all-reduce writes nothing there.
   void unstage() {
-    finish_in_float(op_, staged_, size_);
+    finish_in_float(op_, staged_.span(), size_);
     std::size_t at = 0;
     for (const Segment& s : out_) {
       narrow_from_float(t_, staged_.data() + at, s.data, StridedBlock::contiguous(0, static_cast<int64_t>(s.count)));
@@ -198,9 +200,9 @@ class MpiAllReduce final : public PendingExchange {
   DType t_;
   ReduceOp op_;
   // 16-bit types: the floats MPI reduces (read and written by MPI until it completes,
-  // so owned here and freed only after abandon() in the destructor), and the caller's
-  // buffers that receive the rounded result.
-  std::vector<float> staged_;
+  // so held here and given back only after abandon() in the destructor), and the
+  // caller's buffers that receive the rounded result.
+  FloatStagingPool::Lease staged_;
   std::vector<Segment> out_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::optional<std::chrono::steady_clock::time_point> polled_since_;

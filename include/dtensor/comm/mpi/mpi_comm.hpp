@@ -127,12 +127,12 @@ class MpiComm final : public Comm {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     const auto watched = enter(Collective::AllReduce, t, op, 0, n);
     if (is_float16(t)) {  // through float, rounded once
-      std::vector<float> acc(static_cast<std::size_t>(n));
+      const auto acc = staging_->take(static_cast<std::size_t>(n));
       const StridedBlock all = StridedBlock::contiguous(0, n);
       detail::widen_to_float(t, send, all, acc.data());
       check_collective(MPI_Allreduce(MPI_IN_PLACE, acc.data(), n, MPI_FLOAT, detail::mpi_op(op), comm_),
                        "MPI_Allreduce", Collective::AllReduce, [&](int) { return int64_t{n}; });
-      detail::finish_in_float(op, acc, size_);
+      detail::finish_in_float(op, acc.span(), size_);
       detail::narrow_from_float(t, acc.data(), recv, all);
       return;
     }
@@ -149,7 +149,7 @@ class MpiComm final : public Comm {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // polled against the deadline: not watched
     return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
-                                                          send, recv, n, t, op));
+                                                          send, recv, n, t, op, *staging_));
   }
 
   // Segments at least this large are reduced in place (with SegmentCuts::Same): below
@@ -168,7 +168,7 @@ class MpiComm final : public Comm {
       const int n = detail::mpi_count(static_cast<int64_t>(total_count(segments)), "all_reduce");
       (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // as start_all_reduce's
       return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
-                                                            segments, n, t, op));
+                                                            segments, n, t, op, *staging_));
     }
     if (cuts == SegmentCuts::MayDiffer || segments.size() <= 1) return Comm::start_all_reduce(segments, t, op, cuts);
     std::vector<Request> parts;
@@ -229,8 +229,9 @@ class MpiComm final : public Comm {
     DTENSOR_CHECK(counts[rank_] == recv_block.numel(), CommError, "reduce_scatter: rank ", rank_, " receives ",
                   recv_block.numel(), " elements but its piece has ", counts[rank_]);
     if (is_float16(t)) {  // through float, rounded once: widened in rank order, packed by the widening
-      std::vector<float> in(static_cast<std::size_t>(std::accumulate(counts.begin(), counts.end(), int64_t{0})));
-      std::vector<float> out(static_cast<std::size_t>(counts[rank_]));
+      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      const auto in = staging_->take(static_cast<std::size_t>(total));
+      const auto out = staging_->take(static_cast<std::size_t>(counts[rank_]));
       int64_t at = 0;
       for (int k = 0; k < size_; ++k) {
         detail::widen_to_float(t, send, send_blocks[k], in.data() + at);
@@ -238,7 +239,7 @@ class MpiComm final : public Comm {
       }
       check_collective(MPI_Reduce_scatter(in.data(), out.data(), counts.data(), MPI_FLOAT, detail::mpi_op(op), comm_),
                        "MPI_Reduce_scatter", Collective::ReduceScatter);
-      detail::finish_in_float(op, out, size_);
+      detail::finish_in_float(op, out.span(), size_);
       detail::narrow_from_float(t, out.data(), recv, recv_block);
       return;
     }
@@ -507,6 +508,8 @@ class MpiComm final : public Comm {
   int64_t nb_seq_ = 0;  // non-blocking all-reduces posted (for messages)
   std::vector<detail::Signature> signatures_;
   std::shared_ptr<detail::P2PPoison> poison_ = std::make_shared<detail::P2PPoison>();
+  // The float buffers of 16-bit reductions (mpi_float_staging.hpp), kept between calls.
+  std::shared_ptr<detail::FloatStagingPool> staging_ = std::make_shared<detail::FloatStagingPool>();
 };
 
 }  // namespace dtensor
