@@ -7,11 +7,25 @@
 //
 // Every process runs the same benchmarks with the same fixed iteration counts (the
 // collectives must match); rank 0 reports.
+//
+// 16-bit all-reduce (BM_all_reduce_16bit; sizes are the bytes of bfloat16 data, 4 KiB
+// to 64 MiB): dtensor's all_reduce of bfloat16, which widens to float, reduces with
+// MPI_FLOAT and rounds once (comm/mpi/mpi_float_staging.hpp); a commutative user
+// MPI_Op on the same bits as MPI_UINT16_T that widens, adds and rounds back at every
+// combine step (half the bytes on the wire; not dtensor's rule, see bench/README.md);
+// and raw MPI_Allreduce of as many floats, the baseline. The three alternate per size:
+//
+//   mpiexec --oversubscribe -n 4 build/bench/bench_mpi --benchmark_filter=BM_all_reduce_16bit
+//       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
 #include <dtensor/mpi.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
 
 using namespace dtensor;
 
@@ -77,6 +91,66 @@ void BM_all_to_all(benchmark::State& state) {  // size: each rank's buffer
   set_bandwidth(state, double(per) * p * 4);
 }
 
+// dtensor::bfloat16 by its full name: OpenBLAS's openblas_config.h (included through
+// dtensor.hpp's compute/blas.hpp) declares a global `typedef uint16_t bfloat16`.
+using bf16 = dtensor::bfloat16;
+
+// bfloat16 terms (k % 251)/256: what they are does not change the time.
+std::vector<bf16> bf16_input(int64_t n) {
+  std::vector<bf16> v(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = bf16(static_cast<float>(i % 251) / 256.f);
+  return v;
+}
+
+void BM_all_reduce_bf16_staged(benchmark::State& state) {  // dtensor: through float, rounded once
+  const int64_t n = std::max<int64_t>(1, state.range(0) / 2);
+  const auto in = bf16_input(n);
+  std::vector<bf16> out(in.size());
+  world->barrier();
+  for (auto _ : state) world->all_reduce(in.data(), out.data(), n, DType::BFloat16, ReduceOp::Sum);
+  set_bandwidth(state, double(n) * 2);
+}
+
+// The user op: widen, add, round back, at every combine step of MPI's tree.
+void add_bf16(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const bf16*>(in);
+  auto* b = static_cast<bf16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = bf16(float(a[i]) + float(b[i]));
+}
+
+void BM_all_reduce_bf16_user_op(benchmark::State& state) {
+  const int64_t n = std::max<int64_t>(1, state.range(0) / 2);
+  const auto in = bf16_input(n);
+  std::vector<bf16> out(in.size());
+  MPI_Op op;
+  MPI_Op_create(&add_bf16, /*commute=*/1, &op);
+  world->barrier();
+  for (auto _ : state) MPI_Allreduce(in.data(), out.data(), int(n), MPI_UINT16_T, op, world->native());
+  MPI_Op_free(&op);
+  set_bandwidth(state, double(n) * 2);
+}
+
+void BM_all_reduce_float_raw(benchmark::State& state) {  // as many floats: the baseline
+  const int64_t n = std::max<int64_t>(1, state.range(0) / 2);
+  std::vector<float> in(static_cast<std::size_t>(n), 1.f), out(in.size());
+  world->barrier();
+  for (auto _ : state) MPI_Allreduce(in.data(), out.data(), int(n), MPI_FLOAT, MPI_SUM, world->native());
+  set_bandwidth(state, double(n) * 2);
+}
+
+// The three of one size one after the other, so that a noisy machine's drift hits them alike.
+void register_16bit() {
+  for (int64_t s = int64_t{4} << 10; s <= (int64_t{64} << 20); s *= 4) {
+    for (auto [name, fn] : {std::pair{"/dtensor_staged", &BM_all_reduce_bf16_staged},
+                            std::pair{"/user_op_16bit", &BM_all_reduce_bf16_user_op},
+                            std::pair{"/raw_mpi_float", &BM_all_reduce_float_raw}})
+      benchmark::RegisterBenchmark((std::string("BM_all_reduce_16bit") + name).c_str(), fn)
+          ->Arg(s)
+          ->Iterations(iterations_for(s))
+          ->UseRealTime();
+  }
+}
+
 // Each size of a pair is registered dtensor-then-raw, one after the other, so that
 // drift of a noisy machine affects both alike.
 template <class Ours, class Raw>
@@ -110,6 +184,7 @@ int main(int argc, char** argv) {
     register_pair("BM_all_gather", BM_all_gather<true>, BM_all_gather<false>);
     register_pair("BM_reduce_scatter", BM_reduce_scatter<true>, BM_reduce_scatter<false>);
     register_pair("BM_all_to_all", BM_all_to_all<true>, BM_all_to_all<false>);
+    register_16bit();
     if (comm.rank() == 0) {
       benchmark::RunSpecifiedBenchmarks();
     } else {

@@ -10,6 +10,14 @@
 // times slower than its blocking MPI_Allreduce at 4-64 MiB on 2 ranks, where its
 // ring runs as fast as the blocking one (bench/README.md): prefer_ring_iallreduce()
 // selects the ring before MPI_Init (run_mpi calls it), unless the user chose.
+//
+// bfloat16 and float16 are reduced through float (mpi_float_staging.hpp): the input is
+// widened when the all-reduce is posted, into a float buffer the MpiAllReduce holds
+// (lent by the communicator's FloatStagingPool until the MpiAllReduce goes), and the
+// result is rounded into the caller's buffer once, when it completes (wait or
+// test), with the blocking all_reduce's rule and arithmetic. A segmented one is
+// widened straight from its segments and rounded straight back into them: one
+// all-reduce, whatever the cuts, with no 16-bit packing in between.
 #include <mpi.h>
 
 #include <chrono>
@@ -26,8 +34,10 @@
 #include <vector>
 
 #include "dtensor/comm/deadline.hpp"
+#include "dtensor/comm/mpi/mpi_float_staging.hpp"
 #include "dtensor/comm/mpi/mpi_types.hpp"
 #include "dtensor/comm/request.hpp"
+#include "dtensor/comm/segments.hpp"
 #include "dtensor/util/error.hpp"
 #include "dtensor/util/compiled_runtime.hpp"
 
@@ -46,11 +56,35 @@ namespace dtensor::detail {
 class MpiAllReduce final : public PendingExchange {
  public:
   DTENSOR_RUNTIME_KEY_FUNCTION(MpiAllReduce)  // util/compiled_runtime.hpp
+  // `send` reduced into `recv` (send == recv: in place). `staging`: where a 16-bit
+  // type's float buffer comes from.
   MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, const void* send, void* recv,
-               int count, DType t, ReduceOp op)
+               int count, DType t, ReduceOp op, FloatStagingPool& staging)
       : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), recv_(recv), count_(count), t_(t), op_(op) {
-    check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, count, mpi_type(t), mpi_op(op), comm, &req_),
-              "MPI_Iallreduce");
+    if (is_float16(t)) {
+      staged_ = staging.take(static_cast<std::size_t>(count));
+      widen_to_float(t, send, StridedBlock::contiguous(0, count), staged_.data());
+      out_.push_back({recv, static_cast<std::size_t>(count)});
+      post(comm, MPI_IN_PLACE, staged_.data(), MPI_FLOAT);
+      return;
+    }
+    post(comm, send == recv ? MPI_IN_PLACE : send, recv, mpi_type(t));
+  }
+  // A 16-bit type's `segments`, in place, as one buffer (their concatenation, `count`
+  // elements in all): the float staging buffer is their packing.
+  MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, std::span<const Segment> segments,
+               int count, DType t, ReduceOp op, FloatStagingPool& staging)
+      : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), count_(count), t_(t), op_(op),
+        out_(segments.begin(), segments.end()) {
+    DTENSOR_CHECK(is_float16(t), InvalidArgument, "all_reduce (non-blocking, segments): ", name(t),
+                  " segments are packed by Comm; only 16-bit types are staged here");
+    staged_ = staging.take(static_cast<std::size_t>(count));
+    std::size_t at = 0;
+    for (const Segment& s : out_) {
+      widen_to_float(t, s.data, StridedBlock::contiguous(0, static_cast<int64_t>(s.count)), staged_.data() + at);
+      at += s.count;
+    }
+    post(comm, MPI_IN_PLACE, staged_.data(), MPI_FLOAT);
   }
   MpiAllReduce(const MpiAllReduce&) = delete;
   MpiAllReduce& operator=(const MpiAllReduce&) = delete;
@@ -79,6 +113,21 @@ class MpiAllReduce final : public PendingExchange {
   }
 
  private:
+  void post(MPI_Comm comm, const void* send, void* recv, MPI_Datatype type) {
+    check_mpi(MPI_Iallreduce(send, recv, count_, type, mpi_op(op_), comm, &req_), "MPI_Iallreduce");
+  }
+
+  // The reduced floats, finished (an Avg divided) and rounded once into the caller's
+  // buffers. Only on completion: an abandoned all-reduce writes nothing there.
+  void unstage() {
+    finish_in_float(op_, staged_.span(), size_);
+    std::size_t at = 0;
+    for (const Segment& s : out_) {
+      narrow_from_float(t_, staged_.data() + at, s.data, StridedBlock::contiguous(0, static_cast<int64_t>(s.count)));
+      at += s.count;
+    }
+  }
+
   // True once complete (the result is then in recv_); throws the failure, if any.
   bool poll() {
     if (failed_) std::rethrow_exception(failed_);
@@ -88,7 +137,8 @@ class MpiAllReduce final : public PendingExchange {
       check_mpi(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test (all_reduce)");
       if (!done) return false;
       req_ = MPI_REQUEST_NULL;
-      if (op_ == ReduceOp::Avg) divide_block(t_, recv_, StridedBlock::contiguous(0, count_), size_);
+      if (is_float16(t_)) unstage();
+      else if (op_ == ReduceOp::Avg) divide_block(t_, recv_, StridedBlock::contiguous(0, count_), size_);
     } catch (...) {
       // MPI's error ended the collective (Open MPI keeps the request: drop it).
       if (req_ != MPI_REQUEST_NULL && !done) req_ = MPI_REQUEST_NULL;
@@ -145,10 +195,15 @@ class MpiAllReduce final : public PendingExchange {
   int rank_, size_;
   double timeout_s_;
   int64_t seq_;
-  void* recv_;
+  void* recv_ = nullptr;
   int count_;
   DType t_;
   ReduceOp op_;
+  // 16-bit types: the floats MPI reduces (read and written by MPI until it completes,
+  // so held here and given back only after abandon() in the destructor), and the
+  // caller's buffers that receive the rounded result.
+  FloatStagingPool::Lease staged_;
+  std::vector<Segment> out_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::optional<std::chrono::steady_clock::time_point> polled_since_;
   std::exception_ptr failed_;

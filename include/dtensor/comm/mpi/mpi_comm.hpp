@@ -12,6 +12,10 @@
 // Point to point is MpiExchange (mpi_exchange.hpp), the non-blocking all-reduce
 // MpiAllReduce (mpi_all_reduce.hpp), the datatypes mpi_types.hpp.
 //
+// bfloat16 and float16 move as 16-bit words, but every reduction of them (all_reduce,
+// blocking or not, and reduce_scatter) goes through float (mpi_float_staging.hpp):
+// the float sum of the terms, rounded once, as in-process.
+//
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
 //
 // Watched, by default: every blocking collective is watched by a thread of the
@@ -41,6 +45,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -54,6 +59,7 @@
 #include "dtensor/comm/deadline.hpp"
 #include "dtensor/comm/mpi/mpi_all_reduce.hpp"
 #include "dtensor/comm/mpi/mpi_exchange.hpp"
+#include "dtensor/comm/mpi/mpi_float_staging.hpp"
 #include "dtensor/comm/mpi/mpi_types.hpp"
 #include "dtensor/comm/mpi/watchdog.hpp"
 #include "dtensor/comm/signature.hpp"
@@ -120,6 +126,16 @@ class MpiComm final : public Comm {
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     const auto watched = enter(Collective::AllReduce, t, op, 0, n);
+    if (is_float16(t)) {  // through float, rounded once
+      const auto acc = staging_->take(static_cast<std::size_t>(n));
+      const StridedBlock all = StridedBlock::contiguous(0, n);
+      detail::widen_to_float(t, send, all, acc.data());
+      check_collective(MPI_Allreduce(MPI_IN_PLACE, acc.data(), n, MPI_FLOAT, detail::mpi_op(op), comm_),
+                       "MPI_Allreduce", Collective::AllReduce, [&](int) { return int64_t{n}; });
+      detail::finish_in_float(op, acc.span(), size_);
+      detail::narrow_from_float(t, acc.data(), recv, all);
+      return;
+    }
     check_collective(
         MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, detail::mpi_type(t), detail::mpi_op(op), comm_),
         "MPI_Allreduce", Collective::AllReduce, [&](int) { return int64_t{n}; });
@@ -133,7 +149,7 @@ class MpiComm final : public Comm {
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // polled against the deadline: not watched
     return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
-                                                          send, recv, n, t, op));
+                                                          send, recv, n, t, op, *staging_));
   }
 
   // Segments at least this large are reduced in place (with SegmentCuts::Same): below
@@ -144,8 +160,16 @@ class MpiComm final : public Comm {
   // with the same cuts, large segments in place and the small ones packed together,
   // posted in segment order (the same on every rank), completed as one Request.
   // Guarded mode compares every posted count, so ranks whose cuts differ after all
-  // get a CommError.
+  // get a CommError. A 16-bit type is staged in float anyway: one all-reduce of the
+  // concatenation, widened from the segments and rounded back into them, whatever the
+  // cuts (the staging buffer is the packing).
   Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op, SegmentCuts cuts) override {
+    if (is_float16(t)) {
+      const int n = detail::mpi_count(static_cast<int64_t>(total_count(segments)), "all_reduce");
+      (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // as start_all_reduce's
+      return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
+                                                            segments, n, t, op, *staging_));
+    }
     if (cuts == SegmentCuts::MayDiffer || segments.size() <= 1) return Comm::start_all_reduce(segments, t, op, cuts);
     std::vector<Request> parts;
     std::vector<Segment> small;
@@ -204,6 +228,21 @@ class MpiComm final : public Comm {
     for (int k = 0; k < size_; ++k) counts[k] = detail::mpi_count(send_blocks[k].numel(), "reduce_scatter");
     DTENSOR_CHECK(counts[rank_] == recv_block.numel(), CommError, "reduce_scatter: rank ", rank_, " receives ",
                   recv_block.numel(), " elements but its piece has ", counts[rank_]);
+    if (is_float16(t)) {  // through float, rounded once: widened in rank order, packed by the widening
+      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      const auto in = staging_->take(static_cast<std::size_t>(total));
+      const auto out = staging_->take(static_cast<std::size_t>(counts[rank_]));
+      int64_t at = 0;
+      for (int k = 0; k < size_; ++k) {
+        detail::widen_to_float(t, send, send_blocks[k], in.data() + at);
+        at += counts[k];
+      }
+      check_collective(MPI_Reduce_scatter(in.data(), out.data(), counts.data(), MPI_FLOAT, detail::mpi_op(op), comm_),
+                       "MPI_Reduce_scatter", Collective::ReduceScatter);
+      detail::finish_in_float(op, out.span(), size_);
+      detail::narrow_from_float(t, out.data(), recv, recv_block);
+      return;
+    }
     // MPI_Reduce_scatter wants the pieces packed in rank order and the output contiguous.
     const bool direct_in = detail::packed_in_order(send_blocks) && (size_ == 0 || send_blocks[0].offset == 0);
     std::vector<std::byte> packed, out;
@@ -469,6 +508,8 @@ class MpiComm final : public Comm {
   int64_t nb_seq_ = 0;  // non-blocking all-reduces posted (for messages)
   std::vector<detail::Signature> signatures_;
   std::shared_ptr<detail::P2PPoison> poison_ = std::make_shared<detail::P2PPoison>();
+  // The float buffers of 16-bit reductions (mpi_float_staging.hpp), kept between calls.
+  std::shared_ptr<detail::FloatStagingPool> staging_ = std::make_shared<detail::FloatStagingPool>();
 };
 
 }  // namespace dtensor

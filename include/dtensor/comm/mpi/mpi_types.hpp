@@ -43,7 +43,9 @@ inline MPI_Datatype mpi_type(DType t) {
     case DType::Int64: return MPI_INT64_T;
     case DType::UInt64: return MPI_UINT64_T;
     case DType::Float32: return MPI_FLOAT;
-    case DType::BFloat16: case DType::Float16: return MPI_UINT16_T;  // moved as bits; reductions stage in float
+    // Moved as bits. Never reduced as such (MPI_SUM would add the bit patterns as
+    // integers): every reduction of them goes through float (mpi_float_staging.hpp).
+    case DType::BFloat16: case DType::Float16: return MPI_UINT16_T;
     default: return MPI_DOUBLE;
   }
 }
