@@ -1,13 +1,13 @@
 // Checkpoints (include/dtensor/io/): round trips between every pair of (mesh,
 // placements) among 1-D meshes of 1 to 4 ranks and 2x2 and 2x3 meshes, with even,
 // uneven, explicit-split and empty shards, Partial sources and targets, float,
-// double and integer tensors, bit for bit against blocks cut from the global tensor
-// by an independent reference; partial reads with small checksum pieces and
-// buffers; scalars and plain tensors; atomic replacement and fault injection (a rank
-// failing mid-save, truncated, bit-flipped and missing files, wrong dtype or shape, a
-// corrupt index), each raising the same error on every rank; and training state: a
-// resumed MLP continues with bit-identical losses on the same mesh, and equal to
-// rounding on another.
+// double, bfloat16, float16 and integer tensors, bit for bit against blocks cut from
+// the global tensor by an independent reference; partial reads with small checksum
+// pieces and buffers; scalars and plain tensors; atomic replacement and fault
+// injection (a rank failing mid-save, truncated, bit-flipped and missing files, wrong
+// dtype or shape, a corrupt index), each raising the same error on every rank; and
+// training state: a resumed MLP continues with bit-identical losses on the same mesh,
+// and equal to rounding on another.
 //
 // The round trips run on one world: the in-process one of 6 ranks, or the MPI world
 // of any size (layouts that need more ranks are skipped there); each layout runs on a
@@ -28,11 +28,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <tuple>
 
 using namespace dtensor;
@@ -695,6 +697,126 @@ TEST_CASE("what the program asks for must match the checkpoint: dtype, shape, na
   });
 }
 
+// --- 16-bit element types ----------------------------------------------------------
+
+namespace {
+
+using BF16 = dtensor::bfloat16;  // qualified: OpenBLAS's cblas.h declares a global bfloat16
+using F16 = dtensor::float16;
+
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer: bits that look random, from an index
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+template <class T, int R, class F>
+Tensor<T, R> tensor_of(const Shape<R>& shape, F&& at) {
+  Tensor<T, R> t(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = at(i);
+  return t;
+}
+
+// Element g of the 16-bit round-trip tensors: bit patterns over every exponent, NaNs
+// (with payloads), infinities and subnormals among them: a load moves bits, not values.
+template <class T>
+T bits_at(int64_t g) {
+  return T::from_bits(static_cast<uint16_t>(mix(static_cast<uint64_t>(g)) >> 48));
+}
+
+const Shape<2> kB16{7, 5}, kH16{5, 7};
+// Uneven shards: 7 rows over 4 (2, 2, 2, 1), 5 over 4 (2, 2, 1, 0: an empty block), 5
+// columns over 3; and, for the float16 tensor, explicit sizes with an empty block.
+const auto kLayouts16 =
+    std::make_tuple(Layout<1, Replicate>{{1}}, Layout<1, Shard<0>>{{4}}, Layout<1, Shard<1>>{{3}},
+                    Layout<2, Shard<0>, Shard<1>>{{2, 2}}, Layout<2, Replicate, Shard<1>>{{2, 2}},
+                    Layout<2, Shard<1>, Shard<0>>{{2, 3}}, Layout<1, Shard<0>>{{2}});
+
+template <class F>
+void for_each_layout16(F&& f) {
+  int i = 0;
+  std::apply([&](const auto&... l) { (f(l, i++), ...); }, kLayouts16);
+}
+
+// The safetensors header of a data file, as JSON.
+nlohmann::json data_file_header(const fs::path& file) {
+  const std::string s = io::read_file(file);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(s[static_cast<std::size_t>(i)]);
+  return nlohmann::json::parse(s.substr(8, n));
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 and float16: saved as BF16 and F16, loaded bit for bit onto other meshes and placements") {
+  const auto gb = tensor_of<BF16, 2>(kB16, bits_at<BF16>);
+  const auto gh = tensor_of<F16, 2>(kH16, bits_at<F16>);
+  on_world([&](Comm& world) {
+    ScratchDir scratch(world);
+    const int W = world.size();
+    io::SaveOptions o;
+    o.sync = false;
+    o.piece_bytes = 6;  // three elements: pieces that cut rows
+    std::vector<std::string> saved(std::tuple_size_v<decltype(kLayouts16)>);
+    for_each_layout16([&](const auto& l, int i) {
+      if (l.size() > W) return;
+      saved[i] = l.name();
+      auto sub = first_ranks(world, l.size());
+      if (!sub) return;
+      DeviceMesh<std::decay_t<decltype(l)>::mesh_dims> mesh(*sub, l.mesh);
+      auto b = make_tensor(l, mesh, gb, {});
+      auto h = make_tensor(l, mesh, gh, l.odd(kH16));
+      io::StateDict sd;
+      sd.add("b", b);
+      sd.add("h", h);
+      io::save(sd, scratch / ("L" + std::to_string(i)), mesh.comm(), o);
+    });
+    world.barrier();
+    // As safetensors names them in the data files, and as dtensor does in the index.
+    if (world.rank() == 0) {
+      const fs::path dir = scratch / "L0";  // saved on every world size
+      const auto ix = nlohmann::json::parse(io::read_file(dir / "index.json"));
+      CHECK(ix["tensors"]["b"]["dtype"] == "bfloat16");
+      CHECK(ix["tensors"]["h"]["dtype"] == "float16");
+      std::set<std::string> seen;
+      for (const auto& f : fs::directory_iterator(dir)) {
+        if (f.path().extension() != ".safetensors") continue;
+        const auto header = data_file_header(f.path());
+        for (const auto& [key, rec] : header.items()) {
+          if (key == "__metadata__") continue;
+          CHECK_MESSAGE(rec["dtype"] == (key == "b" ? "BF16" : "F16"), key, " in ", f.path());
+          seen.insert(key);
+        }
+      }
+      CHECK(seen == std::set<std::string>{"b", "h"});
+    }
+    for_each_layout16([&](const auto& l, int) {
+      if (l.size() > W) return;
+      auto sub = first_ranks(world, l.size());
+      if (!sub) return;
+      using L = std::decay_t<decltype(l)>;
+      DeviceMesh<L::mesh_dims> mesh(*sub, l.mesh);
+      for (std::size_t a = 0; a < saved.size(); ++a) {
+        if (saved[a].empty()) continue;
+        auto b = dtensor::detail::make_dtensor<typename L::template DT<BF16>>(
+            mesh, ShardLayout<2>::make(kB16, L::ps, mesh.shape()));
+        auto h = dtensor::detail::make_dtensor<typename L::template DT<F16>>(
+            mesh, ShardLayout<2>::make(kH16, L::ps, mesh.shape(), l.odd(kH16)));
+        io::StateDict sd;
+        sd.add("b", b);
+        sd.add("h", h);
+        io::LoadOptions lo;
+        lo.buffer_bytes = a % 2 ? 1 : lo.buffer_bytes;  // windows of one piece, or all of a chunk
+        io::load(sd, scratch / ("L" + std::to_string(a)), mesh.comm(), lo);
+        const std::string what = saved[a] + " -> " + l.name();
+        check_block(l, b, gb, {}, "bfloat16 " + what);
+        check_block(l, h, gh, l.odd(kH16), "float16 " + what);
+      }
+    });
+  });
+}
+
 // --- training state ----------------------------------------------------------------
 
 namespace {
@@ -884,6 +1006,11 @@ TEST_CASE("python interop: write the checkpoint that checkpoint_read.py checks" 
     auto u = distribute<Replicate, Replicate>(global_tensor<uint8_t, 2>({5, 2}), mesh);
     auto e = zeros<float, Shard<0>, Shard<1>>(std::array<int64_t, 2>{0, 4}, mesh);
     Tensor<double, 2> plain = global_tensor<double, 2>({1, 3});
+    // 16-bit tensors of values that round: k / 7 in float, rounded to nearest even
+    // (checkpoint_read.py rounds the same float32 values itself and compares bits).
+    auto frac = [](int64_t g) { return static_cast<float>((g * 7 + 3) % 41 - 20) / 7.0f; };
+    auto bf = distribute<Shard<0>, Shard<1>>(tensor_of<BF16, 2>({5, 3}, [&](int64_t g) { return BF16(frac(g)); }), mesh);
+    auto h = distribute<Replicate, Shard<1>>(tensor_of<F16, 2>({3, 7}, [&](int64_t g) { return F16(frac(g)); }), mesh);
     int64_t step = 12;
     double lr = 0.25;
     std::string note = "dtensor";
@@ -895,6 +1022,8 @@ TEST_CASE("python interop: write the checkpoint that checkpoint_read.py checks" 
     sd.add("u", u);
     sd.add("e", e);
     sd.add("plain", plain);
+    sd.add("bf", bf);
+    sd.add("h", h);
     sd.add("step", step);
     sd.add("lr", lr);
     sd.add("note", note);
