@@ -306,6 +306,7 @@ TEST_CASE("hostile: 16-bit tensors are held to 2 bytes an element and to the dty
       comm.barrier();
       check_refused([&] { load(d, o); }, parts, name.c_str());
     };
+    const io::LoadOptions convert{.convert = io::Convert::Allowed};
     // A data file's BF16 record whose data_offsets hold 4 bytes an element (12 elements' bytes for 6).
     refused("bf16_length", [](const fs::path& d) {
       json h = read_header(d, kFile1);
@@ -321,13 +322,24 @@ TEST_CASE("hostile: 16-bit tensors are held to 2 bytes an element and to the dty
     refused("bf16_index_overlap", [](const fs::path& d) {
       edit_index(d, [](json& j) { j["tensors"]["b"]["chunks"][1]["byte_length"] = 24; });
     }, {"\"b\" and \"h\" share bytes"});
+    // The index's dtype made float32 (4 bytes): its chunks' 12 bytes no longer hold them.
+    refused("bf16_as_f32", [](const fs::path& d) {
+      edit_index(d, [](json& j) { j["tensors"]["b"]["dtype"] = "float32"; });
+    }, {"\"b\"", "holds 12 bytes for 6 elements of float32"}, convert);
     // Same size, another type: the data file's header says F16 where the index says
-    // bfloat16.
+    // bfloat16, or the index says float16 where the header says BF16. Converting loads
+    // would read the bits as the wrong type; both are refused.
     refused("bf16_header_f16", [](const fs::path& d) {
       json h = read_header(d, kFile1);
       h["b"]["dtype"] = "F16";
       write_header(d, kFile1, h.dump());
-    }, {kFile1, "does not hold tensor \"b\"'s chunk", "where the index says"});
+    }, {kFile1, "does not hold tensor \"b\"'s chunk", "where the index says"}, convert);
+    refused("bf16_index_f16", [](const fs::path& d) {
+      edit_index(d, [](json& j) { j["tensors"]["b"]["dtype"] = "float16"; });
+    }, {"does not hold tensor \"b\"'s chunk", "where the index says"}, convert);
+    refused("bf16_index_f16_exact", [](const fs::path& d) {
+      edit_index(d, [](json& j) { j["tensors"]["b"]["dtype"] = "float16"; });
+    }, {"tensor \"b\" is stored as F16 (float16)", "the destination holds bfloat16"});
   });
 }
 
