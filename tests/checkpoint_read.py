@@ -6,12 +6,17 @@ Usage: checkpoint_read.py TEST_CHECKPOINT_BINARY
 Runs the binary's test case "python interop*" with DTENSOR_CHECKPOINT_PY_DIR set, so
 that it saves a checkpoint of sharded, replicated, Partial, explicitly split and empty
 tensors from a 2x2 mesh (tests/test_checkpoint.cpp), then, without dtensor:
-  * reads index.json and every chunk with safetensors.numpy (safe_open),
-  * checks each chunk's key, dtype and shape against the index and its checksums
-    (one per piece, XXH3 or XXH64 as the index says; the `xxhash` package where
-    installed, else the plain Python implementations below, from the specification),
+  * reads index.json and every chunk with safetensors.numpy (safe_open); a BF16 chunk,
+    which numpy cannot hold, as its raw bytes (its dtype and shape from safe_open's
+    get_slice), widened to float32 by shifting each 16-bit pattern left 16,
+  * checks each chunk's key, dtype (safetensors' name: F32, BF16, ...) and shape
+    against the index and its checksums (one per piece, XXH3 or XXH64 as the index
+    says; the `xxhash` package where installed, else the plain Python implementations
+    below, from the specification),
   * assembles each global tensor from its chunks, checking that every element is
-    covered exactly once, and compares it with the values the test wrote,
+    covered exactly once, and compares it with the values the test wrote: the 16-bit
+    tensors bit for bit with float32 values rounded to nearest even here (numpy's
+    astype for float16, the rounding written out below for bfloat16),
   * checks the scalars.
 Exits 0 on success, 1 on a mismatch, and 77 (ctest's SKIP_RETURN_CODE) with a
 "skipped" message where numpy or safetensors is missing.
@@ -199,6 +204,29 @@ def value_at(dtype, g):
     return ((g * 7 + 3) % 41 - 20).astype(dtype)
 
 
+def frac_at(g):
+    """The 16-bit tensors' values before rounding: k / 7 in float32 (the interop case's frac)."""
+    return ((g * 7 + 3) % 41 - 20).astype(np.float32) / np.float32(7)
+
+
+def bfloat16_bits(x):
+    """float32 -> bfloat16 bit patterns, rounded to nearest even (x holds no NaN)."""
+    b = x.astype("<f4").view(np.uint32).astype(np.uint64)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def widen_bfloat16(bits):
+    """bfloat16 bit patterns -> float32: the 16 bits are float32's upper half."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+# The index's dtype names (dtensor's) -> safetensors' names in the data files, and the
+# numpy dtype a chunk is held in here (bfloat16 as its bit patterns).
+SAFETENSORS_DTYPE = {"float32": "F32", "float64": "F64", "bfloat16": "BF16", "float16": "F16", "int64": "I64",
+                     "int32": "I32", "uint8": "U8"}
+HELD_AS = {"bfloat16": np.dtype(np.uint16)}
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -252,28 +280,35 @@ def main():
             check(rec["header"] == "%016x" % digest(header), f"{name}: header checksum")
 
         expected_tensors = {"w": "float32", "b": "float64", "i": "int64", "p": "int32", "u": "uint8",
-                            "e": "float32", "plain": "float64"}
+                            "e": "float32", "plain": "float64", "bf": "bfloat16", "h": "float16"}
         check(set(index["tensors"]) == set(expected_tensors), f"tensor names {sorted(index['tensors'])}")
         for name, t in index["tensors"].items():
-            dtype = np.dtype(t["dtype"])
             check(t["dtype"] == expected_tensors.get(name), f"{name}: dtype {t['dtype']}")
+            dtype = HELD_AS.get(t["dtype"]) or np.dtype(t["dtype"])
             shape = tuple(t["shape"])
             full = np.zeros(shape, dtype=dtype)
             seen = np.zeros(shape, dtype=np.int64)
             for c in t["chunks"]:
                 path = os.path.join(ckpt, c["file"])
-                with safe_open(path, framework="numpy") as f:
-                    block = f.get_tensor(c["key"])
-                    meta = f.metadata()
-                check(meta.get("save_id") == index["save_id"], f"{c['file']}: save_id {meta.get('save_id')}")
-                check(meta.get("box:" + c["key"]) == ",".join(map(str, c["offsets"])),
-                      f"{c['file']}: box of {c['key']} is {meta.get('box:' + c['key'])}")
-                check(block.dtype == dtype and list(block.shape) == c["sizes"],
-                      f"{name}: chunk {c['offsets']} in {c['file']} has {block.dtype} {block.shape}")
-                # The checksums of the chunk's bytes, piece by piece, from the raw file.
                 with open(path, "rb") as f:
                     f.seek(c["byte_offset"])
                     raw = f.read(c["byte_length"])
+                with safe_open(path, framework="numpy") as f:
+                    sl = f.get_slice(c["key"])
+                    stored, stored_shape = sl.get_dtype(), list(sl.get_shape())
+                    if t["dtype"] == "bfloat16":  # numpy has no bfloat16: the bit patterns
+                        block = np.frombuffer(raw, dtype="<u2").reshape(stored_shape)
+                    else:
+                        block = f.get_tensor(c["key"])
+                    meta = f.metadata()
+                check(stored == SAFETENSORS_DTYPE.get(t["dtype"]),
+                      f"{name}: chunk {c['offsets']} in {c['file']} is stored as {stored}")
+                check(meta.get("save_id") == index["save_id"], f"{c['file']}: save_id {meta.get('save_id')}")
+                check(meta.get("box:" + c["key"]) == ",".join(map(str, c["offsets"])),
+                      f"{c['file']}: box of {c['key']} is {meta.get('box:' + c['key'])}")
+                check(block.dtype == dtype and list(block.shape) == c["sizes"] == stored_shape,
+                      f"{name}: chunk {c['offsets']} in {c['file']} has {block.dtype} {block.shape}")
+                # The checksums of the chunk's bytes, piece by piece, from the raw file.
                 check(raw == block.astype(block.dtype.newbyteorder("<")).tobytes(),
                       f"{name}: chunk bytes at {c['byte_offset']} differ from the safetensors tensor")
                 sums = ["%016x" % digest(raw[k:k + piece]) for k in range(0, len(raw), piece)]
@@ -282,7 +317,19 @@ def main():
                 full[box] = block
                 seen[box] += 1
             check(bool((seen == 1).all()), f"{name}: chunks do not cover every element exactly once")
-            want = value_at(dtype, np.arange(int(np.prod(shape)), dtype=np.int64)).reshape(shape)
+            g = np.arange(int(np.prod(shape)), dtype=np.int64)
+            if t["dtype"] == "bfloat16":
+                want = bfloat16_bits(frac_at(g)).reshape(shape)
+                # Widened, each value lies within half an ulp of k / 7 (at most 2^-8 of it).
+                exact = frac_at(g).reshape(shape)
+                near = np.abs(widen_bfloat16(full) - exact) <= np.abs(exact) / 256
+                check(bool(near.all()), f"{name}: widened values are not k / 7 rounded")
+            elif t["dtype"] == "float16":
+                want = frac_at(g).astype(np.float16).reshape(shape)
+                check(full.view(np.uint16).tobytes() == want.view(np.uint16).tobytes(),
+                      f"{name}: float16 bit patterns differ")
+            else:
+                want = value_at(dtype, g).reshape(shape)
             check(np.array_equal(full, want), f"{name}: values differ from the global tensor")
         check(index["tensors"]["e"]["chunks"] == [], "the empty tensor has no chunks")
         check(len(index["tensors"]["u"]["chunks"]) == 1, "a replicated tensor is written once")

@@ -1,13 +1,15 @@
 // Checkpoints (include/dtensor/io/): round trips between every pair of (mesh,
 // placements) among 1-D meshes of 1 to 4 ranks and 2x2 and 2x3 meshes, with even,
 // uneven, explicit-split and empty shards, Partial sources and targets, float,
-// double and integer tensors, bit for bit against blocks cut from the global tensor
-// by an independent reference; partial reads with small checksum pieces and
-// buffers; scalars and plain tensors; atomic replacement and fault injection (a rank
-// failing mid-save, truncated, bit-flipped and missing files, wrong dtype or shape, a
-// corrupt index), each raising the same error on every rank; and training state: a
-// resumed MLP continues with bit-identical losses on the same mesh, and equal to
-// rounding on another.
+// double, bfloat16, float16 and integer tensors, bit for bit against blocks cut from
+// the global tensor by an independent reference; loads into another floating-point
+// type (refused unless io::Convert::Allowed, then each element rounded once, nothing
+// written beside the block); partial reads with small checksum pieces and buffers;
+// scalars and plain tensors; atomic replacement and fault injection (a rank failing
+// mid-save, truncated, bit-flipped and missing files, wrong dtype or shape, a corrupt
+// index), each raising the same error on every rank; and training state: a resumed
+// MLP continues with bit-identical losses on the same mesh, and equal to rounding on
+// another.
 //
 // The round trips run on one world: the in-process one of 6 ranks, or the MPI world
 // of any size (layouts that need more ranks are skipped there); each layout runs on a
@@ -28,11 +30,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <tuple>
 
 using namespace dtensor;
@@ -669,7 +674,8 @@ TEST_CASE("what the program asks for must match the checkpoint: dtype, shape, na
     auto as_double = zeros<double, Shard<0>>(std::array<int64_t, 2>{4, 3}, mesh);
     io::StateDict a;
     a.add("x", as_double);
-    check_error([&] { io::load(a, scratch / "ck", comm); }, {"tensor \"x\" is float32", "loads it as float64"});
+    check_error([&] { io::load(a, scratch / "ck", comm); },
+                {"tensor \"x\" is stored as F32 (float32)", "the destination holds float64", "io::Convert::Allowed"});
     auto wrong_shape = zeros<float, Shard<0>>(std::array<int64_t, 2>{3, 4}, mesh);
     io::StateDict b;
     b.add("x", wrong_shape);
@@ -692,6 +698,289 @@ TEST_CASE("what the program asks for must match the checkpoint: dtype, shape, na
     else e.add("z", bad);
     check_error([&] { io::save(e, scratch / "ck", comm); }, {"tensor \"z\"", "on rank 1"});
     io::load(sd, scratch / "ck", comm);  // the failed save left the checkpoint as it was
+  });
+}
+
+// --- 16-bit element types, and loads that convert -------------------------------
+
+namespace {
+
+using BF16 = dtensor::bfloat16;  // qualified: OpenBLAS's cblas.h declares a global bfloat16
+using F16 = dtensor::float16;
+
+uint64_t mix(uint64_t x) {  // splitmix64's finalizer: bits that look random, from an index
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+template <class T, int R, class F>
+Tensor<T, R> tensor_of(const Shape<R>& shape, F&& at) {
+  Tensor<T, R> t(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = at(i);
+  return t;
+}
+
+// Element g of the 16-bit round-trip tensors: bit patterns over every exponent, NaNs
+// (with payloads), infinities and subnormals among them: a load moves bits, not values.
+template <class T>
+T bits_at(int64_t g) {
+  return T::from_bits(static_cast<uint16_t>(mix(static_cast<uint64_t>(g)) >> 48));
+}
+
+// Element g of the conversion sources: a third random bit patterns (NaNs, infinities,
+// values past the 16-bit ranges), a third ordinary values, a third at or beside a tie
+// of two bfloat16 or float16 neighbours (where double -> float -> 16 bits rounds twice).
+template <class T>
+T source_at(int64_t g) {
+  const uint64_t h = mix(static_cast<uint64_t>(g) + 1000);
+  const double sign = h & 1 ? -1.0 : 1.0;
+  double v = 0;
+  if (g % 3 == 0) {
+    if constexpr (std::is_same_v<T, double>) return std::bit_cast<double>(h);
+    else if constexpr (std::is_same_v<T, float>) return std::bit_cast<float>(static_cast<uint32_t>(h >> 32));
+    else return T::from_bits(static_cast<uint16_t>(h >> 48));
+  } else if (g % 3 == 1) {
+    v = std::ldexp(1.0 + static_cast<double>(h >> 12) * 0x1p-52, static_cast<int>((h >> 4) % 40) - 20);
+  } else {
+    const int bits = (h >> 8) & 1 ? 8 : 11;  // a tie of bfloat16's or float16's neighbours
+    v = 1.0 + static_cast<double>(2 * ((h >> 16) % 64) + 1) * std::ldexp(1.0, -bits);
+    if ((h >> 9) & 1) v *= (h >> 10) & 1 ? 1 + 0x1p-40 : 1 - 0x1p-40;  // beside it, nearer than float tells
+    v = std::ldexp(v, static_cast<int>((h >> 24) % 10) - 5);
+  }
+  if constexpr (is_float16_v<T>) return T(static_cast<float>(sign * v));
+  else return static_cast<T>(sign * v);
+}
+
+// What x (stored as From) must load as into To, as the conversion rule says it
+// (io/convert.hpp): 16 bits and float widen exactly; narrowing rounds once.
+template <class To, class From>
+To converted(From x) {
+  if constexpr (std::is_same_v<To, From>) return x;
+  else if constexpr (is_float16_v<To> && std::is_same_v<From, double>) return To::from_double(x);
+  else if constexpr (is_float16_v<From>) return static_cast<To>(float(x));
+  else return static_cast<To>(x);
+}
+
+const Shape<2> kB16{7, 5}, kH16{5, 7};
+// Uneven shards: 7 rows over 4 (2, 2, 2, 1), 5 over 4 (2, 2, 1, 0: an empty block), 5
+// columns over 3; and, for the float16 tensor, explicit sizes with an empty block.
+const auto kLayouts16 =
+    std::make_tuple(Layout<1, Replicate>{{1}}, Layout<1, Shard<0>>{{4}}, Layout<1, Shard<1>>{{3}},
+                    Layout<2, Shard<0>, Shard<1>>{{2, 2}}, Layout<2, Replicate, Shard<1>>{{2, 2}},
+                    Layout<2, Shard<1>, Shard<0>>{{2, 3}}, Layout<1, Shard<0>>{{2}});
+
+template <class F>
+void for_each_layout16(F&& f) {
+  int i = 0;
+  std::apply([&](const auto&... l) { (f(l, i++), ...); }, kLayouts16);
+}
+
+// The safetensors header of a data file, as JSON.
+nlohmann::json data_file_header(const fs::path& file) {
+  const std::string s = io::read_file(file);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(s[static_cast<std::size_t>(i)]);
+  return nlohmann::json::parse(s.substr(8, n));
+}
+
+const Shape<2> kConv{10, 7};  // Shard<0> over 4: rows 3, 3, 3, 1; Shard<1> over 3: columns 3, 3, 1
+
+struct ConversionSources {
+  Tensor<float, 2> f32 = tensor_of<float, 2>(kConv, source_at<float>);
+  Tensor<double, 2> f64 = tensor_of<double, 2>(kConv, source_at<double>);
+  Tensor<BF16, 2> bf16 = tensor_of<BF16, 2>(kConv, source_at<BF16>);
+  Tensor<F16, 2> f16 = tensor_of<F16, 2>(kConv, source_at<F16>);
+};
+
+// Loads every source of `dir` into To, Shard<1> on `mesh`, each into memory with a
+// guard on either side; checks each element against the rule, and the guards.
+template <class To>
+void load_converted(const DeviceMesh<1>& mesh, const ConversionSources& g, const fs::path& dir,
+                    const io::LoadOptions& o) {
+  using DT = DTensor<To, 2, Shard<1>>;
+  const auto layout = ShardLayout<2>::make(kConv, DT::placement_state, mesh.shape());
+  const Shape<2> local = layout.local_shape(DT::placement_state, mesh.shape(), mesh.coords());
+  const Shape<2> off = layout.local_offset(DT::placement_state, mesh.shape(), mesh.coords());
+  constexpr std::size_t kGuard = 16;
+  constexpr unsigned char kSentinel = 0xA5;
+  const auto n = static_cast<std::size_t>(numel(local));
+  std::array<std::vector<unsigned char>, 4> mem;
+  io::StateDict sd;
+  const char* names[] = {"f32", "f64", "bf16", "f16"};
+  for (int k = 0; k < 4; ++k) {
+    mem[k].assign((n + 2 * kGuard) * sizeof(To), kSentinel);
+    To* block = reinterpret_cast<To*>(mem[k].data()) + kGuard;
+    sd.add_block<DT>(names[k], mesh, layout, [block] { return block; });
+  }
+  io::load(sd, dir, mesh.comm(), o);
+  auto check = [&](int k, const auto& src) {
+    const Tensor<To, 2> got(local, std::vector<To>(reinterpret_cast<To*>(mem[k].data()) + kGuard,
+                                                   reinterpret_cast<To*>(mem[k].data()) + kGuard + n));
+    const auto from = box_of(src, off, local);
+    Tensor<To, 2> want(local);
+    for (int64_t i = 0; i < want.numel(); ++i) want.data()[i] = converted<To>(from.data()[i]);
+    int wrong = 0;
+    for (int64_t i = 0; i < want.numel(); ++i)
+      wrong += std::memcmp(&want.data()[i], &got.data()[i], sizeof(To)) != 0;
+    const std::string what = std::string(names[k]) + " into " + name(dtype_of<To>());
+    CHECK_MESSAGE(wrong == 0, what, ": ", wrong, " of ", want.numel(),
+                  " elements differ on rank ", mesh.rank(), " (buffer ", o.buffer_bytes, ")");
+    const bool guards = std::all_of(mem[k].begin(), mem[k].begin() + kGuard * sizeof(To),
+                                    [](unsigned char c) { return c == kSentinel; }) &&
+                        std::all_of(mem[k].end() - kGuard * sizeof(To), mem[k].end(),
+                                    [](unsigned char c) { return c == kSentinel; });
+    CHECK_MESSAGE(guards, what, ": written outside the block on rank ", mesh.rank());
+  };
+  check(0, g.f32);
+  check(1, g.f64);
+  check(2, g.bf16);
+  check(3, g.f16);
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 and float16: saved as BF16 and F16, loaded bit for bit onto other meshes and placements") {
+  const auto gb = tensor_of<BF16, 2>(kB16, bits_at<BF16>);
+  const auto gh = tensor_of<F16, 2>(kH16, bits_at<F16>);
+  on_world([&](Comm& world) {
+    ScratchDir scratch(world);
+    const int W = world.size();
+    io::SaveOptions o;
+    o.sync = false;
+    o.piece_bytes = 6;  // three elements: pieces that cut rows
+    std::vector<std::string> saved(std::tuple_size_v<decltype(kLayouts16)>);
+    for_each_layout16([&](const auto& l, int i) {
+      if (l.size() > W) return;
+      saved[i] = l.name();
+      auto sub = first_ranks(world, l.size());
+      if (!sub) return;
+      DeviceMesh<std::decay_t<decltype(l)>::mesh_dims> mesh(*sub, l.mesh);
+      auto b = make_tensor(l, mesh, gb, {});
+      auto h = make_tensor(l, mesh, gh, l.odd(kH16));
+      io::StateDict sd;
+      sd.add("b", b);
+      sd.add("h", h);
+      io::save(sd, scratch / ("L" + std::to_string(i)), mesh.comm(), o);
+    });
+    world.barrier();
+    // As safetensors names them in the data files, and as dtensor does in the index.
+    if (world.rank() == 0) {
+      const fs::path dir = scratch / "L0";  // saved on every world size
+      const auto ix = nlohmann::json::parse(io::read_file(dir / "index.json"));
+      CHECK(ix["tensors"]["b"]["dtype"] == "bfloat16");
+      CHECK(ix["tensors"]["h"]["dtype"] == "float16");
+      std::set<std::string> seen;
+      for (const auto& f : fs::directory_iterator(dir)) {
+        if (f.path().extension() != ".safetensors") continue;
+        const auto header = data_file_header(f.path());
+        for (const auto& [key, rec] : header.items()) {
+          if (key == "__metadata__") continue;
+          CHECK_MESSAGE(rec["dtype"] == (key == "b" ? "BF16" : "F16"), key, " in ", f.path());
+          seen.insert(key);
+        }
+      }
+      CHECK(seen == std::set<std::string>{"b", "h"});
+    }
+    for_each_layout16([&](const auto& l, int) {
+      if (l.size() > W) return;
+      auto sub = first_ranks(world, l.size());
+      if (!sub) return;
+      using L = std::decay_t<decltype(l)>;
+      DeviceMesh<L::mesh_dims> mesh(*sub, l.mesh);
+      for (std::size_t a = 0; a < saved.size(); ++a) {
+        if (saved[a].empty()) continue;
+        auto b = dtensor::detail::make_dtensor<typename L::template DT<BF16>>(
+            mesh, ShardLayout<2>::make(kB16, L::ps, mesh.shape()));
+        auto h = dtensor::detail::make_dtensor<typename L::template DT<F16>>(
+            mesh, ShardLayout<2>::make(kH16, L::ps, mesh.shape(), l.odd(kH16)));
+        io::StateDict sd;
+        sd.add("b", b);
+        sd.add("h", h);
+        io::LoadOptions lo;
+        lo.buffer_bytes = a % 2 ? 1 : lo.buffer_bytes;  // windows of one piece, or all of a chunk
+        io::load(sd, scratch / ("L" + std::to_string(a)), mesh.comm(), lo);
+        const std::string what = saved[a] + " -> " + l.name();
+        check_block(l, b, gb, {}, "bfloat16 " + what);
+        check_block(l, h, gh, l.odd(kH16), "float16 " + what);
+      }
+    });
+  });
+}
+
+TEST_CASE("loading into another floating-point type: refused by default, each element rounded once where allowed") {
+  // float, double, bfloat16 and float16 sources saved Shard<0> (up to 4 files, one with
+  // a single row), loaded Shard<1> on one rank fewer: each rank's block takes parts of
+  // rows from every file. Pieces of 7 bytes cut stored elements in two, and a staging
+  // buffer of one piece converts them window by window.
+  const ConversionSources g;
+  on_world([&](Comm& world) {
+    ScratchDir scratch(world);
+    const int savers = std::min(world.size(), 4), loaders = std::max(savers - 1, 1);
+    {
+      auto sub = first_ranks(world, savers);
+      if (sub) {
+        const Layout<1, Shard<0>> l{{savers}};
+        DeviceMesh<1> mesh(*sub, l.mesh);
+        auto f32 = make_tensor(l, mesh, g.f32, {});
+        auto f64 = make_tensor(l, mesh, g.f64, {});
+        auto bf16 = make_tensor(l, mesh, g.bf16, {});
+        auto f16 = make_tensor(l, mesh, g.f16, {});
+        auto i32 = make_tensor(l, mesh, global_tensor<int32_t, 2>(kConv), {});
+        io::StateDict sd;
+        sd.add("f32", f32);
+        sd.add("f64", f64);
+        sd.add("bf16", bf16);
+        sd.add("f16", f16);
+        sd.add("i32", i32);
+        io::SaveOptions o;
+        o.sync = false;
+        o.piece_bytes = 7;
+        io::save(sd, scratch / "ck", mesh.comm(), o);
+      }
+    }
+    world.barrier();
+    auto sub = first_ranks(world, loaders);
+    if (!sub) return;
+    DeviceMesh<1> mesh(*sub, {loaders});
+    Comm& comm = mesh.comm();
+    // Exact (the default): refused on every rank, naming the tensor and both types.
+    {
+      auto w = zeros<float, Shard<1>>(std::array<int64_t, 2>{kConv[0], kConv[1]}, mesh);
+      io::StateDict sd;
+      sd.add("bf16", w);
+      check_error([&] { io::load(sd, scratch / "ck", comm); },
+                  {"tensor \"bf16\" is stored as BF16 (bfloat16)", "the destination holds float32",
+                   "pass io::Convert::Allowed"});
+      io::Checkpoint ck(scratch / "ck", comm);
+      check_error([&] { (void)ck.load<DTensor<double, 2, Replicate>>("f16", mesh); },
+                  {"tensor \"f16\" is stored as F16 (float16)", "the destination holds float64"});
+      // Integers never convert.
+      io::StateDict si;
+      si.add("i32", w);
+      const io::LoadOptions allowed{.convert = io::Convert::Allowed};
+      check_error([&] { io::load(si, scratch / "ck", comm, allowed); },
+                  {"tensor \"i32\" is stored as I32 (int32)", "only floating-point types convert",
+                   "load it into int32"});
+    }
+    // Allowed: every source into every floating-point type, with staging buffers of
+    // one piece, of a few, and of all.
+    for (std::size_t buffer : {std::size_t{1}, std::size_t{40}, std::size_t{1} << 20}) {
+      io::LoadOptions o;
+      o.convert = io::Convert::Allowed;
+      o.buffer_bytes = buffer;
+      load_converted<float>(mesh, g, scratch / "ck", o);
+      load_converted<double>(mesh, g, scratch / "ck", o);
+      load_converted<BF16>(mesh, g, scratch / "ck", o);
+      load_converted<F16>(mesh, g, scratch / "ck", o);
+    }
+    // Through the Checkpoint reader: bfloat16 widened to float exactly, onto another placement.
+    io::Checkpoint ck(scratch / "ck", comm, {.convert = io::Convert::Allowed});
+    const auto w = ck.load<DTensor<float, 2, Replicate>>("bf16", mesh);
+    Tensor<float, 2> widened(kConv);
+    for (int64_t i = 0; i < widened.numel(); ++i) widened.data()[i] = float(g.bf16.data()[i]);
+    CHECK(std::memcmp(w.local().data(), widened.data(), widened.bytes()) == 0);
   });
 }
 
@@ -884,6 +1173,11 @@ TEST_CASE("python interop: write the checkpoint that checkpoint_read.py checks" 
     auto u = distribute<Replicate, Replicate>(global_tensor<uint8_t, 2>({5, 2}), mesh);
     auto e = zeros<float, Shard<0>, Shard<1>>(std::array<int64_t, 2>{0, 4}, mesh);
     Tensor<double, 2> plain = global_tensor<double, 2>({1, 3});
+    // 16-bit tensors of values that round: k / 7 in float, rounded to nearest even
+    // (checkpoint_read.py rounds the same float32 values itself and compares bits).
+    auto frac = [](int64_t g) { return static_cast<float>((g * 7 + 3) % 41 - 20) / 7.0f; };
+    auto bf = distribute<Shard<0>, Shard<1>>(tensor_of<BF16, 2>({5, 3}, [&](int64_t g) { return BF16(frac(g)); }), mesh);
+    auto h = distribute<Replicate, Shard<1>>(tensor_of<F16, 2>({3, 7}, [&](int64_t g) { return F16(frac(g)); }), mesh);
     int64_t step = 12;
     double lr = 0.25;
     std::string note = "dtensor";
@@ -895,6 +1189,8 @@ TEST_CASE("python interop: write the checkpoint that checkpoint_read.py checks" 
     sd.add("u", u);
     sd.add("e", e);
     sd.add("plain", plain);
+    sd.add("bf", bf);
+    sd.add("h", h);
     sd.add("step", step);
     sd.add("lr", lr);
     sd.add("note", note);

@@ -3,12 +3,13 @@
 // on every rank (in-process, and under mpirun on 4 processes): sizes that overflow or
 // claim bytes that are not there, deep nesting, FIFOs and other non-files, paths out
 // of the directory and symbolic links, unbounded indexes, edits of the index or of a
-// data file's header that would load wrong data, lax JSON; and the operational
-// cases: a save killed mid-way (its leftovers removed by the next save, a running
-// save's left alone), a load concurrent with saves (one checkpoint whole, or "changed
-// while it was being loaded"), and a checkpoint of many files under a small open-file
-// limit. Every refusal is checked to be a CheckpointError (any other exception fails
-// the case) whose message names the problem.
+// data file's header that would load wrong data (16-bit tensors' byte lengths and
+// dtypes among them), lax JSON; and the operational cases: a save killed mid-way (its
+// leftovers removed by the next save, a running save's left alone), a load concurrent
+// with saves (one checkpoint whole, or "changed while it was being loaded"), and a
+// checkpoint of many files under a small open-file limit. Every refusal is checked to
+// be a CheckpointError (any other exception fails the case) whose message names the
+// problem.
 //
 // An attacker who edits index.json and rewrites index.json.xxh3 to match is the
 // stronger one: most cases below do that ("rehash"), so that the check behind the
@@ -256,6 +257,89 @@ TEST_CASE("hostile: sizes in the index are checked before they size an allocatio
       h["w"]["data_offsets"] = {0, uint64_t{1} << 62};
       write_header(d, kFile1, h.dump());
     }, {kFile1, "\"w\""});
+  });
+}
+
+TEST_CASE("hostile: 16-bit tensors are held to 2 bytes an element and to the dtype both files name") {
+  // A bfloat16 [4, 6] saved Shard<0> (one row per rank) and a float16 [3, 5] Shard<1>
+  // (2, 1, 1, 1 columns). The edits keep every other check satisfied (checksums
+  // rewritten): each must be refused by the check named.
+  using BF16 = dtensor::bfloat16;  // qualified: OpenBLAS's cblas.h declares a global bfloat16
+  using F16 = dtensor::float16;
+  spmd(4, [&](Comm& comm) {
+    ScratchDir scratch(comm);
+    DeviceMesh<1> mesh(comm);
+    Tensor<BF16, 2> gb({4, 6});
+    Tensor<F16, 2> gh({3, 5});
+    for (int64_t g = 0; g < gb.numel(); ++g) gb.data()[g] = BF16(static_cast<float>(g) / 3.0f);
+    for (int64_t g = 0; g < gh.numel(); ++g) gh.data()[g] = F16(static_cast<float>(g) / 7.0f);
+    const fs::path good = scratch / "good";
+    {
+      auto b = distribute<Shard<0>>(gb, mesh);
+      auto h = distribute<Shard<1>>(gh, mesh);
+      io::StateDict sd;
+      sd.add("b", b);
+      sd.add("h", h);
+      io::SaveOptions o;
+      o.piece_bytes = 4;
+      o.sync = false;
+      io::save(sd, good, comm, o);
+    }
+    auto load = [&](const fs::path& dir, const io::LoadOptions& o) {
+      auto b = zeros<BF16, Replicate>(std::array<int64_t, 2>{4, 6}, mesh);
+      auto h = zeros<F16, Shard<0>>(std::array<int64_t, 2>{3, 5}, mesh);
+      io::StateDict sd;
+      sd.add("b", b);
+      sd.add("h", h);
+      io::load(sd, dir, comm, o);
+      CHECK(b.full_tensor() == gb);
+      CHECK(h.full_tensor() == gh);
+    };
+    load(good, {});
+    auto refused = [&](const std::string& name, const std::function<void(const fs::path&)>& damage,
+                       std::initializer_list<std::string> parts, const io::LoadOptions& o = {}) {
+      const fs::path d = scratch / name;
+      if (comm.rank() == 0) {
+        fs::copy(good, d, fs::copy_options::recursive);
+        damage(d);
+      }
+      comm.barrier();
+      check_refused([&] { load(d, o); }, parts, name.c_str());
+    };
+    const io::LoadOptions convert{.convert = io::Convert::Allowed};
+    // A data file's BF16 record whose data_offsets hold 4 bytes an element (12 elements' bytes for 6).
+    refused("bf16_length", [](const fs::path& d) {
+      json h = read_header(d, kFile1);
+      h["b"]["data_offsets"] = {0, 24};
+      h["h"]["data_offsets"] = {24, 26};
+      write_header(d, kFile1, h.dump());
+    }, {kFile1, "\"b\"'s data_offsets do not hold its shape [1, 6]"});
+    // The same in the index: a chunk of 6 elements whose byte_length is 6 (1 byte an
+    // element); 24 (4 bytes an element) would overlap "h" and is refused as such.
+    refused("bf16_index_length", [](const fs::path& d) {
+      edit_index(d, [](json& j) { j["tensors"]["b"]["chunks"][1]["byte_length"] = 6; });
+    }, {"\"b\"", "holds 6 bytes for 6 elements of bfloat16"});
+    refused("bf16_index_overlap", [](const fs::path& d) {
+      edit_index(d, [](json& j) { j["tensors"]["b"]["chunks"][1]["byte_length"] = 24; });
+    }, {"\"b\" and \"h\" share bytes"});
+    // The index's dtype made float32 (4 bytes): its chunks' 12 bytes no longer hold them.
+    refused("bf16_as_f32", [](const fs::path& d) {
+      edit_index(d, [](json& j) { j["tensors"]["b"]["dtype"] = "float32"; });
+    }, {"\"b\"", "holds 12 bytes for 6 elements of float32"}, convert);
+    // Same size, another type: the data file's header says F16 where the index says
+    // bfloat16, or the index says float16 where the header says BF16. Converting loads
+    // would read the bits as the wrong type; both are refused.
+    refused("bf16_header_f16", [](const fs::path& d) {
+      json h = read_header(d, kFile1);
+      h["b"]["dtype"] = "F16";
+      write_header(d, kFile1, h.dump());
+    }, {kFile1, "does not hold tensor \"b\"'s chunk", "where the index says"}, convert);
+    refused("bf16_index_f16", [](const fs::path& d) {
+      edit_index(d, [](json& j) { j["tensors"]["b"]["dtype"] = "float16"; });
+    }, {"does not hold tensor \"b\"'s chunk", "where the index says"}, convert);
+    refused("bf16_index_f16_exact", [](const fs::path& d) {
+      edit_index(d, [](json& j) { j["tensors"]["b"]["dtype"] = "float16"; });
+    }, {"tensor \"b\" is stored as F16 (float16)", "the destination holds bfloat16"});
   });
 }
 

@@ -2,8 +2,9 @@
 // through float; float -> 16-bit rounding against an independent reference (the
 // nearest of all 65,536 values, ties to the even pattern, computed in double) on
 // random values, ties, the largest finite values, overflow, NaN payloads and float16
-// subnormals; and, where the compiler has them, against its own _Float16 conversion
-// (F16C) as a second reference.
+// subnormals; double -> 16-bit rounding once (from_double) against the same reference;
+// and, where the compiler has them, against its own _Float16 conversions (F16C) as a
+// second reference.
 #include <dtensor/dtensor.hpp>
 
 #include <doctest/doctest.h>
@@ -44,7 +45,8 @@ struct ReferenceRounding {
     overflow_at = max_finite + ulp / 2;
   }
 
-  std::uint16_t operator()(float xf) const {
+  template <class F>  // float or double
+  std::uint16_t operator()(F xf) const {
     const double x = xf;
     const std::uint16_t sign = std::signbit(xf) ? 0x8000 : 0;
     const std::uint16_t inf = std::bit_cast<std::uint16_t>(std::numeric_limits<T>::infinity());
@@ -120,6 +122,40 @@ void check_rounding() {
   CHECK(std::signbit(float(T(-0.f))));
 }
 
+// T::from_double against the reference, which rounds a double as exactly as a float:
+// every difference it takes is of two values within a factor of 2 (Sterbenz).
+template <class T>
+void check_double_rounding() {
+  const ReferenceRounding<T> ref;
+  auto check = [&](double x) {
+    if (std::isnan(x)) return;
+    const std::uint16_t got = T::from_double(x).bits, want = ref(x);
+    if (got != want) FAIL_CHECK("double " << x << " rounds to " << got << ", the reference to " << want);
+  };
+  std::mt19937_64 gen(43);
+  for (int i = 0; i < 200000; ++i) check(std::bit_cast<double>(gen()));
+  // Near float's range and below it, where float subnormals are the intermediate.
+  std::uniform_real_distribution<double> exponent(-160, 130);
+  for (int i = 0; i < 200000; ++i) check(std::ldexp(1.0 + 0x1p-52 * double(gen() >> 12), int(exponent(gen))));
+  // Just beside every tie, nearer than float can tell: rounding through float makes
+  // each of these the tie, and then goes to the even neighbour, half of them wrongly.
+  int twice_wrong = 0;
+  for (std::size_t k = 0; k + 1 < ref.finite.size(); ++k) {
+    const double mid = (ref.finite[k].first + ref.finite[k + 1].first) / 2;
+    for (double x : {mid, mid * (1 + 0x1p-40), mid * (1 - 0x1p-40), -mid * (1 + 0x1p-40)}) {
+      check(x);
+      twice_wrong += T(static_cast<float>(x)).bits != ref(x);
+    }
+  }
+  CHECK(twice_wrong > 1000);  // what from_double avoids
+  const double overflow_at = ref.overflow_at;
+  for (double x : {overflow_at, std::nextafter(overflow_at, 0.0), double(std::numeric_limits<float>::max()), 1e300,
+                   -1e300, 1e-300, -1e-300, 0.0, -0.0, std::numeric_limits<double>::infinity()})
+    check(x);
+  CHECK(std::isnan(float(T::from_double(std::numeric_limits<double>::quiet_NaN()))));
+  CHECK(std::signbit(float(T::from_double(-1e-300))));
+}
+
 }  // namespace
 
 TEST_CASE("bfloat16 and float16: every bit pattern round-trips through float") {
@@ -130,6 +166,15 @@ TEST_CASE("bfloat16 and float16: every bit pattern round-trips through float") {
 TEST_CASE("bfloat16 and float16: float rounds to nearest even, against the nearest of all 65,536 values") {
   check_rounding<bfloat16>();
   check_rounding<float16>();
+}
+
+TEST_CASE("bfloat16 and float16: from_double rounds a double once, to nearest even") {
+  check_double_rounding<bfloat16>();
+  check_double_rounding<float16>();
+  // 1 + 2^-8 + 2^-40 is nearer bfloat16's 1 + 2^-7 than 1; through float it is the tie 1 + 2^-8, which goes to 1.
+  constexpr double x = 1 + 0x1p-8 + 0x1p-40;
+  static_assert(bfloat16::from_double(x).bits == 0x3F81 && bfloat16(static_cast<float>(x)).bits == 0x3F80);
+  static_assert(float16::from_double(1 + 0x1p-11 + 0x1p-40).bits == 0x3C01);
 }
 
 TEST_CASE("float16: subnormals, the smallest normal, and the limits") {
@@ -196,6 +241,13 @@ TEST_CASE("float16 against the compiler's _Float16 conversion on every float exp
     ++checked;
   }
   CHECK(checked > 1900000);
+  // A double: _Float16's conversion from double rounds once, as from_double does.
+  std::mt19937_64 gen64(11);
+  std::uniform_int_distribution<int> exponent(-30, 17);
+  for (int i = 0; i < 500000; ++i) {
+    const double x = std::ldexp(1.0 + 0x1p-52 * double(gen64() >> 12), exponent(gen64)) * (i % 2 ? 1 : -1);
+    REQUIRE(float16::from_double(x).bits == std::bit_cast<std::uint16_t>(static_cast<_Float16>(x)));
+  }
 }
 #else
 TEST_CASE("float16 against the compiler's _Float16 conversion on every float exponent" * doctest::skip()) {}

@@ -5,7 +5,9 @@
 //
 // They are storage types. A value converts to float implicitly, so arithmetic on them
 // is float arithmetic (`a + b` is a float); storing a float rounds it once, to nearest
-// with ties to even. NaN stays NaN (sign and leading payload bits kept, made quiet),
+// with ties to even. A double converts through float, rounding twice (as in PyTorch,
+// whose c10::BFloat16 and c10::Half are built from a float); T::from_double(d)
+// rounds it once. NaN stays NaN (sign and leading payload bits kept, made quiet),
 // infinities stay infinite, a finite float beyond the largest finite value rounds to
 // infinity, and float16 subnormals are exact. On a GPU the same 16 bits are
 // __nv_bfloat16 and __half.
@@ -65,6 +67,23 @@ constexpr float float_from_float16_bits(std::uint16_t h) {
   return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+// d rounded to a float "to odd": toward zero, then the last bit set where that was
+// inexact. Why: rounding d to float (to nearest) and then to 16 bits rounds twice,
+// which can miss d's nearest 16-bit value (1 + 2^-8 + 2^-40 is nearer bfloat16's
+// 1 + 2^-7 than 1, but to float it rounds to the tie 1 + 2^-8, which goes to the
+// even 1). A float rounded to odd keeps at least two bits more than either 16-bit
+// type, where rounding it to nearest even gives d's nearest value: one rounding
+// (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved
+// algorithms using rounding to odd", IEEE TC 2008). Past float's range it gives the
+// largest finite float (odd), which both 16-bit types round to infinity, as d.
+constexpr float float_rounded_to_odd(double d) {
+  const float f = static_cast<float>(d);  // nearest, ties to even
+  if (!(d == d) || static_cast<double>(f) == d) return f;  // NaN, or exact (infinities too)
+  auto bits = std::bit_cast<std::uint32_t>(f);
+  if (f > 0 ? f > d : f < 0 && f < d) --bits;  // rounded away from zero: one step back (from infinity: the largest finite)
+  return std::bit_cast<float>(bits | 1u);
+}
+
 // What the two types share: the bits, float in and out, the compound assignments.
 // Format supplies bits_from(float) and to_float(bits).
 template <class Self, class Format>
@@ -80,6 +99,8 @@ struct Float16Storage {
     s.bits = b;
     return s;
   }
+  // d rounded once, to nearest even (T(float(d)) rounds twice: float_rounded_to_odd).
+  static constexpr Self from_double(double d) { return Self(float_rounded_to_odd(d)); }
 
   constexpr Self& operator+=(float v) { return self() = Self(float(*this) + v); }
   constexpr Self& operator-=(float v) { return self() = Self(float(*this) - v); }

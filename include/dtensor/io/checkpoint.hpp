@@ -6,15 +6,18 @@
 //   io::load(sd, "run/ckpt", comm);            // into the StateDict's objects, in place
 //   io::Checkpoint ck("run/ckpt", comm);       // or look first, then load by name:
 //   auto w = ck.load<DTensor<float, 2, Shard<1>, Replicate>>("w", mesh);
+//   io::load(sd, "run/ckpt", comm, {.convert = io::Convert::Allowed});  // F32 into bfloat16, ...
 //
 // Load. Rank 0 reads the index, verifies its checksum, parses it and checks its
 // data files (present, regular, of the sizes it records), then broadcasts it; every
-// rank parses the same text. Each rank checks what it asks for
-// (present, same dtype, same global shape, chunks that tile it), then reads, of each
-// chunk that meets its block, only the pieces that hold the intersection (a box;
-// read in runs contiguous in the file and in memory, whole chunks straight into the
-// tensor), verifying each piece's checksum. Any failure on any rank makes the load
-// fail on every rank, naming the tensor and the file. On failure the registered
+// rank parses the same text. Each rank checks what it asks for (present, same dtype
+// or a conversion allowed, same global shape, chunks that tile it), then reads, of
+// each chunk that meets its block, only the pieces that hold the intersection (a
+// box; read in runs contiguous in the file and in memory, whole chunks straight into
+// the tensor), verifying each piece's checksum. A tensor stored in another
+// floating-point type than the program's is refused, or converted where
+// LoadOptions::convert says so (io/convert.hpp). Any failure on any rank makes the
+// load fail on every rank, naming the tensor and the file. On failure the registered
 // objects may hold part of the checkpoint.
 //
 // A checkpoint is read as a stranger's (io/checkpoint_format.hpp says how): any
@@ -437,23 +440,33 @@ class Checkpoint {
         continue;
       }
       const TensorRecord& t = tensor(e.name);
-      if (t.dtype != e.dtype)
-        throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: tensor \"", e.name, "\" is ",
-                                                   dtensor::name(t.dtype), " in ", path().string(),
-                                                   " but the program loads it as ", dtensor::name(e.dtype)));
+      if (t.dtype != e.dtype) check_conversion(e.name, t.dtype, e.dtype);
       if (t.shape != e.shape)
         throw CheckpointError(dtensor::detail::cat(
             "dtensor: checkpoint: tensor \"", e.name, "\" has shape ", detail::shape_string(t.shape), " in ",
             path().string(), " but the program's tensor has shape ", detail::shape_string(e.shape)));
       check_tiling_once(e.name, t);
       detail::LoadBlock b = e.load(*comm_);
-      if (b.read) read_block(e.name, t, b, files, buf, hasher ? &*hasher : nullptr);
+      if (b.read) read_block(e.name, t, b, e.dtype, files, buf, hasher ? &*hasher : nullptr);
       if (b.finish) b.finish();
     }
   }
 
-  void read_block(const std::string& name, const TensorRecord& t, const detail::LoadBlock& b,
+  // A tensor stored as `stored` loaded into `want`: refused unless both are floating
+  // point and LoadOptions::convert allows it.
+  void check_conversion(const std::string& name, DType stored, DType want) const {
+    const bool floats = is_floating(stored) && is_floating(want);
+    if (floats && o_.convert == Convert::Allowed) return;
+    throw CheckpointError(dtensor::detail::cat(
+        "dtensor: checkpoint: tensor \"", name, "\" is stored as ", safetensors_dtype(stored), " (",
+        dtensor::name(stored), ") in ", path().string(), " but the destination holds ", dtensor::name(want),
+        floats ? "; pass io::Convert::Allowed (LoadOptions::convert) to convert it, each element rounded to nearest"
+               : dtensor::detail::cat("; only floating-point types convert: load it into ", dtensor::name(stored))));
+  }
+
+  void read_block(const std::string& name, const TensorRecord& t, const detail::LoadBlock& b, DType want,
                   detail::DataFiles& files, std::vector<unsigned char>& buf, detail::HashWorker* hasher) const {
+    const detail::ConvertFn convert = t.dtype == want ? nullptr : detail::converter(t.dtype, want);
     const std::size_t r = t.shape.size();
     for (const ChunkRecord& c : t.chunks) {
       std::vector<int64_t> lo(r), ext(r);
@@ -466,7 +479,7 @@ class Checkpoint {
       if (!meets) continue;
       const File& f = files.open(name, t.dtype, c);
       detail::read_runs(name, c, f, detail::BoxRuns(lo, ext, c.offsets, c.sizes, b.offset, b.sizes), b.data,
-                        size_of(t.dtype), ix_.checksum, ix_.piece_bytes, o_, buf, hasher);
+                        size_of(t.dtype), ix_.checksum, ix_.piece_bytes, o_, buf, hasher, convert, size_of(want));
     }
   }
 

@@ -8,11 +8,15 @@
 //
 // Data files are safetensors files (8-byte little-endian header length, a JSON
 // header padded with spaces to a multiple of 8 bytes, then the raw little-endian
-// row-major bytes), so Python reads them with `safetensors.numpy.load_file`. Each
-// holds the chunks one rank saved, one per tensor, under the tensor's name: a
-// chunk is a row-major box of the global tensor, the block the rank held. Chunks
-// of 8-byte elements come first, then 4-byte, then 1-byte ones, so every chunk is
-// aligned to its element size (safetensors allows no padding between tensors).
+// row-major bytes), so Python reads them with `safetensors.numpy.load_file` (all
+// but BF16, which numpy lacks: its bytes shifted left 16 are float32's,
+// tests/checkpoint_read.py shows how). Element types: safetensors' F64, F32,
+// BF16, F16, I64, U64, I32, U32, I8 and U8 (the index names them as name(DType)
+// does: "float64", "bfloat16", ...). Each holds the chunks one rank saved, one per
+// tensor, under the tensor's name: a chunk is a row-major box of the global tensor,
+// the block the rank held. Chunks of 8-byte elements come first, then 4-, 2- and
+// 1-byte ones, so every chunk is aligned to its element size (safetensors allows no
+// padding between tensors).
 //
 // index.json (version 2):
 //   {"format": "dtensor-checkpoint", "version": 2, "save_id": "<unique to the save>",

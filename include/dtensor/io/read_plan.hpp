@@ -1,7 +1,8 @@
 #pragma once
 // What a load reads (io/checkpoint.hpp): of each chunk that meets a rank's block,
 // only the pieces that hold the intersection, in runs contiguous in the file and in
-// memory, each piece's checksum verified.
+// memory, each piece's checksum verified; converted to the destination's element
+// type on the way where the load allows it (io/convert.hpp).
 #include <algorithm>
 #include <cstring>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "dtensor/io/checkpoint_format.hpp"
+#include "dtensor/io/convert.hpp"
 #include "dtensor/io/file.hpp"
 #include "dtensor/io/hash_worker.hpp"
 #include "dtensor/io/state_dict.hpp"
@@ -25,7 +27,7 @@ struct LoadOptions {
   // Staging for reads that do not go straight into the tensor (parts of chunks).
   std::size_t buffer_bytes = std::size_t{16} << 20;
   // What the loader accepts of an index and a data file's header (io/index.hpp).
-  IndexLimits limits;
+  IndexLimits limits{};
   // Data files a rank keeps open at once (the least recently used is closed
   // first): a checkpoint of many files loads under a small `ulimit -n`.
   std::size_t max_open_files = 64;
@@ -37,6 +39,9 @@ struct LoadOptions {
   // still applies. Only for checkpoints from a source you trust; save them again to
   // add the checksums.
   bool allow_unverified_index = false;
+  // A tensor stored in another floating-point type than the program's: Exact refuses
+  // it, Allowed converts it element by element (io/convert.hpp).
+  Convert convert = Convert::Exact;
 };
 
 namespace detail {
@@ -86,9 +91,13 @@ class BoxRuns {
 };
 
 // Reads the part of chunk `c` that `runs` describes into `dst` (this rank's block).
+// Stored elements are `es` bytes; with `convert`, they become `dst_es` bytes each
+// in dst, converted as they leave the staging buffer (never read straight into dst).
 inline void read_runs(const std::string& name, const ChunkRecord& c, const File& f, BoxRuns runs,
                       unsigned char* dst, uint64_t es, Checksum algorithm, uint64_t piece, const LoadOptions& o,
-                      std::vector<unsigned char>& buf, HashWorker* hasher) {
+                      std::vector<unsigned char>& buf, HashWorker* hasher, ConvertFn convert = nullptr,
+                      uint64_t dst_es = 0) {
+  if (!convert) dst_es = es;
   const uint64_t L = c.byte_length;
   auto where = [&] {
     return dtensor::detail::cat("tensor \"", name, "\", chunk ", box_string(c.offsets, c.sizes), " in data file ",
@@ -143,15 +152,16 @@ inline void read_runs(const std::string& name, const ChunkRecord& c, const File&
   const uint64_t cap = std::max<uint64_t>(piece, o.buffer_bytes / piece * piece);
   auto piece_lo = [&](uint64_t a) { return a / piece * piece; };
   auto piece_hi = [&](uint64_t b) { return std::min(L, (b + piece - 1) / piece * piece); };
-  auto direct = [&](uint64_t a, uint64_t b) { return a % piece == 0 && (b % piece == 0 || b == L); };
+  auto direct = [&](uint64_t a, uint64_t b) { return !convert && a % piece == 0 && (b % piece == 0 || b == L); };
   uint64_t wb = 0, we = 0;  // the window of verified chunk bytes in buf
   for (; runs.valid(); runs.next()) {
     const uint64_t a = static_cast<uint64_t>(runs.src()) * es, b = a + static_cast<uint64_t>(runs.len()) * es;
-    unsigned char* out = dst + static_cast<uint64_t>(runs.dst()) * es;
+    unsigned char* out = dst + static_cast<uint64_t>(runs.dst()) * dst_es;
     if (direct(a, b)) {  // whole pieces: straight into the tensor
       read_verified(out, a, b);
       continue;
     }
+    ConvertingCopy converted(convert, out, es, dst_es);  // used where convert is set
     for (uint64_t pos = a; pos < b;) {
       if (pos < wb || pos >= we) {
         // The pieces of this run and of the next runs that follow without a gap of
@@ -171,7 +181,8 @@ inline void read_runs(const std::string& name, const ChunkRecord& c, const File&
         read_verified(buf.data(), wb, we);
       }
       const uint64_t n = std::min(b, we) - pos;
-      std::memcpy(out + (pos - a), buf.data() + (pos - wb), static_cast<std::size_t>(n));
+      if (convert) converted.put(buf.data() + (pos - wb), static_cast<std::size_t>(n));
+      else std::memcpy(out + (pos - a), buf.data() + (pos - wb), static_cast<std::size_t>(n));
       pos += n;
     }
   }

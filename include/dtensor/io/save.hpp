@@ -68,7 +68,7 @@ inline nlohmann::json write_rank_file(const std::vector<Entry>& entries, const s
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < entries.size(); ++i)
     if (!entries[i].is_scalar && blocks[i].present && blocks[i].write) order.push_back(i);
-  // 8-byte elements first, then 4, then 1: every chunk starts aligned to its element.
+  // 8-byte elements first, then 4, 2 and 1: every chunk starts aligned to its element.
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return size_of(entries[a].dtype) > size_of(entries[b].dtype); });
   std::vector<SafetensorsEntry> header_entries;
