@@ -2,10 +2,8 @@
 // Element-type conversion of a local tensor: each element converted once, by the
 // target type's own rule (a float into bfloat16 or float16 rounds to nearest even,
 // core/float16.hpp; a 16-bit value into float or double is exact). A double into a
-// 16-bit type rounds once too: through float rounded to odd, whose 24 bits leave the
-// 16-bit rounding exact (PyTorch's .to() rounds twice, to float and then to 16 bits).
-#include <bit>
-#include <cmath>
+// 16-bit type rounds once too (T::from_double; PyTorch's .to() rounds twice, to float
+// and then to 16 bits).
 #include <cstdint>
 #include <type_traits>
 
@@ -17,25 +15,17 @@ namespace dtensor {
 
 namespace detail {
 
-// d rounded to a float with round-to-odd: exact values stay, any other lands on the
-// neighbour of its two whose last bit is 1. Rounding that float to a format of at most
-// 22 bits of precision then gives the correctly rounded value of d.
-inline float round_to_odd_float(double d) {
-  const float f = static_cast<float>(d);  // to nearest
-  if (std::isnan(d) || static_cast<double>(f) == d) return f;
-  auto b = std::bit_cast<std::uint32_t>(f);
-  if ((b & 1u) == 0) {  // even: step one ulp toward d (an infinity steps back to the largest finite)
-    const bool away = std::fabs(static_cast<double>(f)) > std::fabs(d);
-    b = away ? b - 1 : b + 1;
-  }
-  return std::bit_cast<float>(b);
-}
-
+// v as a To, rounded once to nearest even: the one conversion rule of every element
+// copy between types (casts, checkpoints' converting loads, FSDP's masters). Widening
+// a 16-bit value is exact; a double goes to 16 bits through T::from_double, whose
+// float rounded to odd keeps the 16-bit rounding exact (core/float16.hpp).
 template <class To, class From>
-To convert_element(From v) {
-  if constexpr (is_float16_v<To> && is_float16_v<From>) return To(static_cast<float>(v));
-  else if constexpr (is_float16_v<To> && std::is_same_v<From, float>) return To(v);
-  else if constexpr (is_float16_v<To>) return To(round_to_odd_float(static_cast<double>(v)));
+constexpr To convert_element(From v) {
+  if constexpr (std::is_same_v<To, From>) return v;
+  else if constexpr (is_float16_v<To> && (is_float16_v<From> || std::is_same_v<From, float>))
+    return To(static_cast<float>(v));
+  else if constexpr (is_float16_v<To>) return To::from_double(static_cast<double>(v));
+  else if constexpr (is_float16_v<From>) return static_cast<To>(static_cast<float>(v));
   else return static_cast<To>(v);
 }
 

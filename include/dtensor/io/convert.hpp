@@ -23,6 +23,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "dtensor/compute/convert.hpp"
 #include "dtensor/core/dtype.hpp"
 
 namespace dtensor::io {
@@ -31,16 +32,6 @@ enum class Convert { Exact, Allowed };
 
 namespace detail {
 
-// x (of type From) as a To, rounded once to nearest even.
-template <class To, class From>
-constexpr To convert_element(From x) {
-  if constexpr (std::is_same_v<To, From>) return x;
-  else if constexpr (is_float16_v<To> && std::is_same_v<From, double>) return To::from_double(x);
-  // Widening (16 bits -> float) is exact, so any narrowing after it is the only rounding.
-  else if constexpr (is_float16_v<From>) return static_cast<To>(static_cast<float>(x));
-  else return static_cast<To>(x);  // float <-> double; float -> 16 bits by the constructor
-}
-
 // Converts n elements of From (little-endian, as stored: `src` need not be aligned)
 // into n elements of To at `dst`.
 template <class To, class From>
@@ -48,7 +39,7 @@ void convert_elements(unsigned char* dst, const unsigned char* src, std::size_t 
   for (std::size_t i = 0; i < n; ++i) {
     From x;
     std::memcpy(&x, src + i * sizeof(From), sizeof(From));
-    const To y = convert_element<To>(x);
+    const To y = dtensor::detail::convert_element<To>(x);
     std::memcpy(dst + i * sizeof(To), &y, sizeof(To));
   }
 }
