@@ -30,10 +30,12 @@
 // all-gather of every rank's shards packed together, one reduce-scatter of the
 // gradients packed by destination (FSDP2's flat buffers, without padding).
 //
-// Mixed precision: FullyShard<L, R, Master> keeps the shards (what the optimizer
-// updates, and its state) in Master while L gathers, computes and reduce-scatters in its
-// own T: FSDP2's MixedPrecisionPolicy with param_dtype = reduce_dtype = T. Converting
-// runs on the host (bfloat16 on a GPU is later work).
+// Mixed precision: FullyShard<L, R, nn::Precision<Param, Compute, Reduce>> (nn/
+// precision.hpp, FSDP2's MixedPrecisionPolicy) keeps the shards (what the optimizer
+// updates, and its state) in Param while L, built to compute in Compute, gathers and
+// computes in it; the gradients are reduce-scattered in Reduce and accumulated into the
+// Param shards. A plain type M is Precision<M, T, T>. Converting runs on the host (a
+// GPU's 16-bit arithmetic is later work).
 //
 // Prefetch (on by default; nn::set_prefetch(model, false) turns it off): a Sequential
 // completes a layer's gather just before the layer runs and then starts the gather of
