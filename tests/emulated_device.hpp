@@ -513,16 +513,26 @@ inline void copy(void* dst, Device dd, const void* src, Device sd, std::size_t b
 
 // --- compute ---
 
+// The types the emulated kernels compute in, as the CUDA kernels' (kernels.cu
+// visit_kernel_dtype): bfloat16 and float16 move (copies, fills) but are not computed on.
 template <class F>
 void typed(DType t, F&& f) {
-  visit_dtype(t, f);
+  DTENSOR_CHECK(!dtensor::is_float16(t), InvalidArgument, "emulated device: ", name(t),
+                " elements are not computed on a device yet (they move, but arithmetic on them is host-only)");
+  switch (t) {
+    case DType::Int8: return f(std::int8_t{});
+    case DType::UInt8: return f(std::uint8_t{});
+    case DType::Int32: return f(std::int32_t{});
+    case DType::UInt32: return f(std::uint32_t{});
+    case DType::Int64: return f(std::int64_t{});
+    case DType::UInt64: return f(std::uint64_t{});
+    case DType::Float32: return f(float{});
+    default: return f(double{});
+  }
 }
 
-inline bool is_floating(DType t) {
-  bool fp = false;
-  visit_dtype(t, [&](auto tag) { fp = std::is_floating_point_v<decltype(tag)>; });
-  return fp;
-}
+// float or double: what the emulated floating-point kernels take.
+inline bool is_float_or_double(DType t) { return t == DType::Float32 || t == DType::Float64; }
 
 // Queues a kernel on the calling thread's stream.
 template <class F>
@@ -567,7 +577,7 @@ void floating(DType t, F&& f) {
   if (t == DType::Float64) return f(double{});
 }
 inline void require_floating(DType t, const char* fn) {
-  if (!is_floating(t)) throw InvalidArgument(detail::cat("emulated device: ", fn, " takes float32 or float64"));
+  if (!is_float_or_double(t)) throw InvalidArgument(detail::cat("emulated device: ", fn, " takes float32 or float64"));
 }
 
 // Data movement (tensor/device_movement.hpp).
@@ -598,6 +608,8 @@ struct EmulatedMovement {
     launch([=] { detail::divide_block(t, real(dst), db, terms); });
   }
   static void fill(DType t, void* dst, int64_t n, Scalar v) {
+    if (dtensor::is_float16(t))  // a fill copies one element's bits
+      return launch([=] { std::fill_n(real<std::uint16_t>(dst), n, v.as<std::uint16_t>()); });
     launch([=] { typed(t, [&](auto tag) { std::fill_n(real<decltype(tag)>(dst), n, v.as<decltype(tag)>()); }); });
   }
 };
@@ -653,7 +665,7 @@ inline const detail::DeviceMovement& movement() {
 struct EmulatedMath {
   // Walks the box with an odometer (the kernel decomposes each index instead).
   static void random_fill(DType t, void* dst, const CounterBox& box, const CounterDraw& draw) {
-    if (!is_floating(t)) throw InvalidArgument("emulated device: random_fill takes float or double tensors");
+    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: random_fill takes float or double tensors");
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -703,12 +715,12 @@ struct EmulatedMath {
   }
   static void unary(DType t, UnaryFn f, const void* a, void* out, int64_t n) {
     // Checked at launch, as the CUDA backend does: an error here is the caller's.
-    if (!is_floating(t) && !takes_integers(f))
+    if (!is_float_or_double(t) && !takes_integers(f))
       throw InvalidArgument(detail::cat("emulated device: ", name(f), " takes floating-point tensors"));
     launch([=] { unary_kernel(t, f, a, out, n); });
   }
   static void unary_backward(DType t, UnaryFn f, const void* x, const void* dy, void* dx, int64_t n) {
-    if (!is_floating(t))
+    if (!is_float_or_double(t))
       throw InvalidArgument(detail::cat("emulated device: the derivative of ", name(f),
                                         " takes floating-point tensors"));
     launch([=] { unary_backward_kernel(t, f, x, dy, dx, n); });
@@ -813,7 +825,7 @@ struct EmulatedMath {
   // caller may reuse them once the call returns, as the CUDA backend allows).
   static void row_moments(DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
                           double* out) {
-    if (!is_floating(t)) throw InvalidArgument("emulated device: row_moments takes float or double tensors");
+    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: row_moments takes float or double tensors");
     count(calls());
     submit_and_wait([=] {
       typed(t, [&](auto tag) {
@@ -825,7 +837,7 @@ struct EmulatedMath {
   }
   static void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
                          void* out) {
-    if (!is_floating(t)) throw InvalidArgument("emulated device: row_affine takes float or double tensors");
+    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: row_affine takes float or double tensors");
     auto copy = [](const double* p, int64_t n) {
       return p ? std::vector<double>(p, p + n) : std::vector<double>{};
     };
@@ -842,7 +854,7 @@ struct EmulatedMath {
     });
   }
   static void sgd_update(DType t, void* w, const void* g, void* buf, int64_t n, const SgdStep& step) {
-    if (!is_floating(t)) throw InvalidArgument("emulated device: sgd_update takes float or double tensors");
+    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: sgd_update takes float or double tensors");
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -852,7 +864,7 @@ struct EmulatedMath {
     });
   }
   static void adamw_update(DType t, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step) {
-    if (!is_floating(t)) throw InvalidArgument("emulated device: adamw_update takes float or double tensors");
+    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: adamw_update takes float or double tensors");
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -903,7 +915,7 @@ struct EmulatedMath {
   }
   // Plain loops over the resolved dims, independent of the host's Eigen path.
   static void gemm(DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c) {
-    if (!is_floating(t)) throw InvalidArgument("emulated device: gemm takes float32 or float64");
+    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: gemm takes float32 or float64");
     launch([=, g = dims] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
