@@ -3,7 +3,15 @@
 // what the dims mean). On the host, float through oneDNN where CMake found it
 // (compute/onednn_conv.hpp; onednn::preferred() names the passes left to our own code)
 // and everything else through the host algorithms below; on a device, the backend
-// table (cuDNN in the CUDA backend). T is float or double.
+// table (cuDNN in the CUDA backend). T is float or double, or bfloat16 / float16 on
+// the host.
+//
+// 16-bit tensors never accumulate in 16 bits: oneDNN's 16-bit primitives where it has
+// them (bfloat16 on CPUs with AVX-512; compute/onednn_conv.hpp), else the conversion
+// path below: the operands widened to float (exact), the float convolution (oneDNN's
+// or the host algorithms), each result rounded once (a weight gradient that
+// accumulates: the old value added in float, then rounded). The bias gradient sums in
+// double and rounds once.
 //
 //   conv_forward          y[box] = conv(x, w) + bias      (the rest of y is left alone)
 //   conv_backward_data    dx = conv^T(dy, w)               (every cell of dx written)
@@ -33,6 +41,7 @@
 #include <vector>
 
 #include "dtensor/compute/conv_dims.hpp"
+#include "dtensor/compute/convert.hpp"
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/local.hpp"
 #include "dtensor/compute/onednn_conv.hpp"
@@ -480,20 +489,45 @@ void backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw, bool acc
 }
 template <class T>
 void backward_bias(const ConvDims& d, const T* dy, T* db, bool accumulate) {
-  if (!accumulate) std::fill_n(db, d.out_channels, T(0));
   // Each plane summed in double (compute/row_stats.hpp: vectorised, the same order
-  // every run), then added to db once.
+  // every run), the planes of a channel and db's old value too, then rounded to T once.
   const int64_t cells = d.out_cells();
-  for (int64_t n = 0; n < d.batch; ++n)
-    for (int64_t co = 0; co < d.out_channels; ++co)
-      db[co] += static_cast<T>(rows::sum(dy + (n * d.out_channels + co) * cells, cells));
+  for (int64_t co = 0; co < d.out_channels; ++co) {
+    double sum = accumulate ? static_cast<double>(db[co]) : 0.0;
+    for (int64_t n = 0; n < d.batch; ++n) sum += rows::sum(dy + (n * d.out_channels + co) * cells, cells);
+    db[co] = detail::convert_element<T>(sum);
+  }
 }
 
 template <class T>
 constexpr void check_type() {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "dtensor::local convolution, pooling and upsampling take float or double tensors");
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double> || is_float16_v<T>,
+                "dtensor::local convolution, pooling and upsampling take float, double, bfloat16 or float16 tensors");
 }
+
+// f(g) writes every one of the n cells of a gradient through g: dx itself, or for a
+// 16-bit T a per-thread float buffer whose cells are then rounded into dx once (a
+// gradient that adds several terms into a cell, as pooling's and upsampling's
+// adjoints do, must not add them in 16 bits).
+template <class T, class F>
+void with_float_gradient(T* dx, int64_t n, F&& f) {
+  if constexpr (is_float16_v<T>) {
+    float* g = scratch<float, 14>(static_cast<std::size_t>(n));
+    f(g);
+    for (int64_t i = 0; i < n; ++i) dx[i] = T(g[i]);
+  } else {
+    f(dx);
+  }
+}
+
+// --- 16-bit tensors by conversion (defined after the float entry points they call) ---
+
+template <class T>
+void forward_by_conversion(const ConvDims& d, const T* x, const T* w, const T* bias, T* y, const OutBox& box);
+template <class T>
+void backward_data_by_conversion(const ConvDims& d, const T* dy, const T* w, T* dx);
+template <class T>
+void backward_weight_by_conversion(const ConvDims& d, const T* x, const T* dy, T* dw, bool accumulate);
 
 }  // namespace detail::conv
 
@@ -509,8 +543,12 @@ void conv_forward(Device d, const ConvDims& dims, const T* x, const T* w, const 
   const OutBox b = box.resolved(dims);
   if (!d.is_host()) return detail::device_backend(d).conv_forward(dtype_of<T>(), dims, x, w, bias, y, b);
   if (dims.batch > 0 && !b.empty(dims) && detail::onednn::conv_forward(dims, x, w, bias, y, b)) return;
-  const auto g = detail::conv::geo_of(dims);
-  detail::conv::forward(dims, x, w, bias, y, b, detail::conv::choose(g, detail::conv::Pass::Forward));
+  if constexpr (is_float16_v<T>) {
+    detail::conv::forward_by_conversion(dims, x, w, bias, y, b);
+  } else {
+    const auto g = detail::conv::geo_of(dims);
+    detail::conv::forward(dims, x, w, bias, y, b, detail::conv::choose(g, detail::conv::Pass::Forward));
+  }
 }
 
 // dx = the transposed convolution of dy (the gradient of conv_forward in x): every
@@ -524,8 +562,12 @@ void conv_backward_data(Device d, const ConvDims& dims, const T* dy, const T* w,
   if (dims.batch > 0 && dims.out_cells() > 0 && dn::preferred(dims, dn::Pass::BackwardData) &&
       dn::conv_backward_data(dims, dy, w, dx))
     return;
-  const auto g = detail::conv::geo_of(dims);
-  detail::conv::backward_data(dims, dy, w, dx, detail::conv::choose(g, detail::conv::Pass::BackwardData));
+  if constexpr (is_float16_v<T>) {
+    detail::conv::backward_data_by_conversion(dims, dy, w, dx);
+  } else {
+    const auto g = detail::conv::geo_of(dims);
+    detail::conv::backward_data(dims, dy, w, dx, detail::conv::choose(g, detail::conv::Pass::BackwardData));
+  }
 }
 
 // dw = (or += with accumulate) the gradient of conv_forward in w, summed over the batch.
@@ -538,9 +580,13 @@ void conv_backward_weight(Device d, const ConvDims& dims, const T* x, const T* d
   if (dims.batch > 0 && dims.out_cells() > 0 && dn::preferred(dims, dn::Pass::BackwardWeight) &&
       dn::conv_backward_weight(dims, x, dy, dw, accumulate))
     return;
-  const auto g = detail::conv::geo_of(dims);
-  detail::conv::backward_weight(dims, x, dy, dw, accumulate,
-                                detail::conv::choose(g, detail::conv::Pass::BackwardWeight));
+  if constexpr (is_float16_v<T>) {
+    detail::conv::backward_weight_by_conversion(dims, x, dy, dw, accumulate);
+  } else {
+    const auto g = detail::conv::geo_of(dims);
+    detail::conv::backward_weight(dims, x, dy, dw, accumulate,
+                                  detail::conv::choose(g, detail::conv::Pass::BackwardWeight));
+  }
 }
 
 // db = (or += with accumulate) dy summed over the batch and every output cell.
@@ -551,6 +597,58 @@ void conv_backward_bias(Device d, const ConvDims& dims, const T* dy, T* db, bool
   if (!d.is_host()) return detail::device_backend(d).conv_backward_bias(dtype_of<T>(), dims, dy, db, accumulate);
   detail::conv::backward_bias(dims, dy, db, accumulate);
 }
+
+}  // namespace compute
+
+namespace detail::conv {
+
+// Per-thread float copies of 16-bit operands (slots apart from the float algorithms' 0-2).
+template <int Slot, class T>
+const float* widened(const T* p, int64_t n) {
+  float* f = scratch<float, Slot>(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) f[i] = static_cast<float>(p[i]);
+  return f;
+}
+
+template <class T>
+void forward_by_conversion(const ConvDims& d, const T* x, const T* w, const T* bias, T* y, const OutBox& box) {
+  const float* xf = widened<10>(x, d.x_size());
+  const float* wf = widened<11>(w, d.w_size());
+  const float* bf = bias ? widened<12>(bias, d.out_channels) : nullptr;
+  float* yf = scratch<float, 13>(static_cast<std::size_t>(d.y_size()));
+  compute::conv_forward(Device::host(), d, xf, wf, bf, yf, box);
+  // Only the box's outputs are rounded back: the rest of y is left as it is.
+  const Geo g = geo_of(d);
+  const Box b = box_of(d, box);
+  for (int64_t plane = 0; plane < g.batch * g.cout; ++plane)
+    for (int64_t o0 = b.b[0]; o0 < b.e[0]; ++o0)
+      for (int64_t o1 = b.b[1]; o1 < b.e[1]; ++o1) {
+        const int64_t first = plane * g.out_cells + out_index(g, o0, o1, b.b[2]);
+        for (int64_t j = 0; j < b.extent(2); ++j) y[first + j] = T(yf[first + j]);
+      }
+}
+
+template <class T>
+void backward_data_by_conversion(const ConvDims& d, const T* dy, const T* w, T* dx) {
+  const float* dyf = widened<10>(dy, d.y_size());
+  const float* wf = widened<11>(w, d.w_size());
+  float* dxf = scratch<float, 13>(static_cast<std::size_t>(d.x_size()));
+  compute::conv_backward_data(Device::host(), d, dyf, wf, dxf);
+  for (int64_t i = 0; i < d.x_size(); ++i) dx[i] = T(dxf[i]);
+}
+
+template <class T>
+void backward_weight_by_conversion(const ConvDims& d, const T* x, const T* dy, T* dw, bool accumulate) {
+  const float* xf = widened<10>(x, d.x_size());
+  const float* dyf = widened<11>(dy, d.y_size());
+  float* dwf = scratch<float, 13>(static_cast<std::size_t>(d.w_size()));
+  compute::conv_backward_weight(Device::host(), d, xf, dyf, dwf, false);
+  for (int64_t i = 0; i < d.w_size(); ++i) dw[i] = T(accumulate ? float(dw[i]) + dwf[i] : dwf[i]);
+}
+
+}  // namespace detail::conv
+
+namespace compute {
 
 #ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
 #define DTENSOR_CONV_KERNELS(T) \

@@ -13,8 +13,10 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <string_view>
 #include <type_traits>
 
+#include "dtensor/core/float16.hpp"
 #include "dtensor/util/error.hpp"
 
 #ifdef DTENSOR_HAVE_ONEDNN
@@ -35,6 +37,13 @@ constexpr bool available() {
 
 #ifdef DTENSOR_HAVE_ONEDNN
 namespace impl {
+
+// oneDNN's name for an element type (float, bfloat16, float16).
+template <class T>
+constexpr dnnl_data_type_t data_type() {
+  static_assert(std::is_same_v<T, float> || is_float16_v<T>, "oneDNN: float, bfloat16 or float16 elements");
+  return std::is_same_v<T, float> ? dnnl_f32 : std::is_same_v<T, bfloat16> ? dnnl_bf16 : dnnl_f16;
+}
 
 // oneDNN's C API (dnnl.h: a few hundred declarations, where dnnl.hpp would add about
 // 0.2 s to every translation unit that includes them), each object owned by a
@@ -126,6 +135,14 @@ inline Memory memory_of(const dnnl_memory_desc_t& md) {
   dnnl_memory_t h = nullptr;
   made(dnnl_memory_create(&h, &md, engine(), DNNL_MEMORY_NONE));
   return Memory(h);
+}
+// oneDNN's reference implementations (impl names "ref:...") run scalar loops, slower
+// than converting 16-bit operands to float and taking float's kernels: a 16-bit
+// primitive that would run one is declined.
+inline void decline_reference(const_dnnl_primitive_desc_t pd) {
+  const char* name = nullptr;
+  made(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name));
+  if (name && std::string_view(name).starts_with("ref")) throw Declined{};
 }
 inline Primitive primitive_of(const_dnnl_primitive_desc_t pd) {
   dnnl_primitive_t h = nullptr;

@@ -2,10 +2,21 @@
 // Host convolutions through oneDNN, where CMake found it (DTENSOR_HAVE_ONEDNN, option
 // DTENSOR_WITH_ONEDNN): the library PyTorch uses on CPUs, which picks its kernels for
 // the CPU it runs on (AVX2, AVX-512), so a plain Release build gets the machine's
-// speed. compute::conv_* (compute/conv.hpp) ask here first for float tensors; double
-// (oneDNN has no double convolutions) and the rare window oneDNN cannot describe go
-// to the host implementation of conv.hpp, which is also the reference the tests hold
-// this path to.
+// speed. compute::conv_* (compute/conv.hpp) ask here first for float and 16-bit
+// tensors; double (oneDNN has no double convolutions) and the rare window oneDNN
+// cannot describe go to the host implementation of conv.hpp, which is also the
+// reference the tests hold this path to.
+//
+// bfloat16 (and float16 where oneDNN has kernels for it) run oneDNN's 16-bit
+// primitives: 16-bit operands, float accumulation, each output rounded once (the
+// forward adds its 16-bit bias in float before rounding). The backward weight writes a
+// float gradient in the primitive's layout, and the output reorder rounds it into the
+// user's 16-bit tensor: with accumulate, the reorder's sum post-op adds the old value
+// in float first, so dw = round(dw + new) is one rounding, where a 16-bit primitive
+// output added afterwards would round twice. A 16-bit geometry oneDNN would run with a
+// reference kernel, or has none for (float16 on CPUs without AVX512_FP16: oneDNN 2.6
+// has no CPU float16 convolution), is declined: conv.hpp then converts (float
+// convolution, one rounding).
 //
 // The geometry maps without copies of the user's tensors beyond oneDNN's own layout
 // changes: ConvDims' in_start and OutBox become a strided view of x (the cells the
@@ -36,8 +47,9 @@ namespace dtensor::detail::onednn {
 
 constexpr const char* library() { return available() ? "oneDNN" : "im2col + GEMM / direct (no oneDNN found)"; }
 
-// Calls this thread gave to oneDNN, and float calls it left to the host implementation
-// (tests and benchmarks read them).
+// Calls this thread gave to oneDNN, and calls it declined (left to the host
+// implementation, or for 16-bit types to the conversion path; tests and benchmarks
+// read them).
 struct ConvCounts {
   int64_t taken = 0, declined = 0;
 };
@@ -96,18 +108,18 @@ namespace impl {
 
 // A channels-first tensor's view: [batch, channels, extent...] with the strides of the
 // whole stored tensor [batch, channels, stored...].
-inline dnnl_memory_desc_t view_desc(int spatial, int64_t batch, int64_t channels, const std::array<int64_t, 3>& extent,
-                                    const std::array<int64_t, 3>& stored) {
+inline dnnl_memory_desc_t view_desc(dnnl_data_type_t t, int spatial, int64_t batch, int64_t channels,
+                                    const std::array<int64_t, 3>& extent, const std::array<int64_t, 3>& stored) {
   dnnl_dims_t dims{batch, channels}, strides{};
   int64_t s = 1;
   for (int i = spatial - 1; i >= 0; --i) dims[i + 2] = extent[i], strides[i + 2] = s, s *= stored[i];
   strides[1] = s, strides[0] = s * channels;
   dnnl_memory_desc_t md;
-  made(dnnl_memory_desc_init_by_strides(&md, spatial + 2, dims, dnnl_f32, strides));
+  made(dnnl_memory_desc_init_by_strides(&md, spatial + 2, dims, t, strides));
   return md;
 }
 // The weights [out, in / groups, kernel...] (with groups: [groups, out / groups, ...]), dense.
-inline dnnl_memory_desc_t weights_desc(const ConvDims& d) {
+inline dnnl_memory_desc_t weights_desc(dnnl_data_type_t t, const ConvDims& d) {
   dnnl_dims_t dims{};
   int n = 0;
   if (d.groups > 1) dims[n++] = d.groups;
@@ -118,12 +130,13 @@ inline dnnl_memory_desc_t weights_desc(const ConvDims& d) {
   int64_t s = 1;
   for (int i = n - 1; i >= 0; --i) strides[i] = s, s *= dims[i];
   dnnl_memory_desc_t md;
-  made(dnnl_memory_desc_init_by_strides(&md, n, dims, dnnl_f32, strides));
+  made(dnnl_memory_desc_init_by_strides(&md, n, dims, t, strides));
   return md;
 }
-inline dnnl_memory_desc_t any_layout(const dnnl_memory_desc_t& m) {
+// m's dims in the layout the primitive chooses, holding type t.
+inline dnnl_memory_desc_t any_layout(const dnnl_memory_desc_t& m, dnnl_data_type_t t) {
   dnnl_memory_desc_t md;
-  made(dnnl_memory_desc_init_by_tag(&md, m.ndims, m.dims, dnnl_f32, dnnl_format_tag_any));
+  made(dnnl_memory_desc_init_by_tag(&md, m.ndims, m.dims, t, dnnl_format_tag_any));
   return md;
 }
 
@@ -184,11 +197,11 @@ struct Entry {
 };
 
 using Key = std::array<int64_t, 40>;
-inline Key key_of(Pass p, const ConvDims& d, const Window& w, bool flag) {
+inline Key key_of(dnnl_data_type_t t, Pass p, const ConvDims& d, const Window& w, bool flag) {
   Key k{};
   std::size_t i = 0;
-  for (int64_t v : {static_cast<int64_t>(p), int64_t{d.spatial}, d.batch, d.in_channels, d.out_channels, d.groups,
-                    int64_t{flag}})
+  for (int64_t v : {static_cast<int64_t>(t), static_cast<int64_t>(p), int64_t{d.spatial}, d.batch, d.in_channels,
+                    d.out_channels, d.groups, int64_t{flag}})
     k[i++] = v;
   for (int s = 0; s < 3; ++s)
     for (int64_t v : {d.in[s], d.out[s], d.kernel[s], d.stride[s], d.dilation[s], w.view_extent[s], w.pad_l[s],
@@ -197,14 +210,15 @@ inline Key key_of(Pass p, const ConvDims& d, const Window& w, bool flag) {
   return k;
 }
 
-// The primitive of pass p on this geometry and its operands; flag: forward with a
-// bias, or a backward weight that accumulates.
-inline Entry make_entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
+// The primitive of pass p on this geometry and its operands, in element type t; flag:
+// forward with a bias, or a backward weight that accumulates.
+inline Entry make_entry(dnnl_data_type_t t, Pass p, const ConvDims& d, const Window& w, bool flag) {
   const int sp = d.spatial;
-  const dnnl_memory_desc_t x_view = view_desc(sp, d.batch, d.in_channels, w.view_extent, d.in);
-  const dnnl_memory_desc_t y_view = view_desc(sp, d.batch, d.out_channels, w.out_extent, d.out);
-  const dnnl_memory_desc_t w_md = weights_desc(d);
-  const dnnl_memory_desc_t x_any = any_layout(x_view), y_any = any_layout(y_view), w_any = any_layout(w_md);
+  const bool narrow = t != dnnl_f32;
+  const dnnl_memory_desc_t x_view = view_desc(t, sp, d.batch, d.in_channels, w.view_extent, d.in);
+  const dnnl_memory_desc_t y_view = view_desc(t, sp, d.batch, d.out_channels, w.out_extent, d.out);
+  const dnnl_memory_desc_t w_md = weights_desc(t, d);
+  const dnnl_memory_desc_t x_any = any_layout(x_view, t), y_any = any_layout(y_view, t), w_any = any_layout(w_md, t);
   dnnl_dims_t strides{}, dilates{}, pad_l{}, pad_r{};
   for (int i = 0; i < sp; ++i)
     strides[i] = d.stride[i], dilates[i] = d.dilation[i] - 1, pad_l[i] = w.pad_l[i], pad_r[i] = w.pad_r[i];
@@ -218,7 +232,7 @@ inline Entry make_entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
   const bool with_bias = p == Pass::Forward && flag;
   dnnl_memory_desc_t bias_md;
   const dnnl_dims_t bias_dims{d.out_channels};
-  made(dnnl_memory_desc_init_by_tag(&bias_md, 1, bias_dims, dnnl_f32, dnnl_a));
+  made(dnnl_memory_desc_init_by_tag(&bias_md, 1, bias_dims, t, dnnl_a));
   dnnl_convolution_desc_t fwd_desc;
   made(dnnl_dilated_convolution_forward_desc_init(&fwd_desc, dnnl_forward_training, algo, &x_any, &w_any,
                                                   with_bias ? &bias_md : nullptr, &y_any, strides, dilates, pad_l,
@@ -226,6 +240,7 @@ inline Entry make_entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
   dnnl_primitive_desc_t f = nullptr;
   made(dnnl_primitive_desc_create(&f, &fwd_desc, attr.get(), engine(), nullptr));
   const PrimitiveDesc fwd(f);
+  if (narrow && p == Pass::Forward) decline_reference(fwd.get());
   const auto md = [](const_dnnl_primitive_desc_t pd, dnnl_query_t q) { return dnnl_primitive_desc_query_md(pd, q, 0); };
 
   Entry e;
@@ -248,15 +263,19 @@ inline Entry make_entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
                                                           pad_l, pad_r));
     made(dnnl_primitive_desc_create(&b, &bwd_desc, attr.get(), engine(), fwd.get()));
     pd.reset(b);
+    if (narrow) decline_reference(pd.get());
     e.a = Operand(kSlotA, y_view, md(pd.get(), dnnl_query_diff_dst_md), false);
     e.b = Operand(kSlotB, w_md, md(pd.get(), dnnl_query_weights_md), false);
     e.out = Operand(kSlotOut, x_view, md(pd.get(), dnnl_query_diff_src_md), true);
     e.arg_a = DNNL_ARG_DIFF_DST, e.arg_b = DNNL_ARG_WEIGHTS, e.arg_out = DNNL_ARG_DIFF_SRC;
   } else {
-    made(dnnl_dilated_convolution_backward_weights_desc_init(&bwd_desc, algo, &x_any, &w_any, nullptr, &y_any, strides,
-                                                             dilates, pad_l, pad_r));
+    // The gradient in float (see the header comment), rounded by the output reorder.
+    const dnnl_memory_desc_t dw_any = narrow ? any_layout(w_md, dnnl_f32) : w_any;
+    made(dnnl_dilated_convolution_backward_weights_desc_init(&bwd_desc, algo, &x_any, &dw_any, nullptr, &y_any,
+                                                             strides, dilates, pad_l, pad_r));
     made(dnnl_primitive_desc_create(&b, &bwd_desc, attr.get(), engine(), fwd.get()));
     pd.reset(b);
+    if (narrow) decline_reference(pd.get());
     e.a = Operand(kSlotA, x_view, md(pd.get(), dnnl_query_src_md), false);
     e.b = Operand(kSlotB, y_view, md(pd.get(), dnnl_query_diff_dst_md), false);
     e.out = Operand(kSlotOut, w_md, md(pd.get(), dnnl_query_diff_weights_md), true, flag);
@@ -268,17 +287,20 @@ inline Entry make_entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
   return e;
 }
 
-// The cached entry of this geometry, or nullptr where oneDNN declines it.
-inline Entry* entry(Pass p, const ConvDims& d, const Window& w, bool flag) {
-  thread_local std::map<Key, Entry> cache;
-  const Key k = key_of(p, d, w, flag);
-  if (auto it = cache.find(k); it != cache.end()) return &it->second;
+// The cached entry of this geometry and type, or nullptr where oneDNN declines it (a
+// decline is cached too: asking again would cost a failed primitive creation per call).
+inline Entry* entry(dnnl_data_type_t t, Pass p, const ConvDims& d, const Window& w, bool flag) {
+  thread_local std::map<Key, std::unique_ptr<Entry>> cache;
+  const Key k = key_of(t, p, d, w, flag);
+  if (auto it = cache.find(k); it != cache.end()) return it->second.get();
   if (cache.size() >= kCacheEntries) cache.clear();
+  std::unique_ptr<Entry> e;
   try {
-    return &cache.emplace(k, make_entry(p, d, w, flag)).first->second;
+    e = std::make_unique<Entry>(make_entry(t, p, d, w, flag));
   } catch (const Declined&) {
-    return nullptr;  // no implementation for this geometry: the host implementation computes it
+    // no implementation for this geometry: the host implementation (or conversion) computes it
   }
+  return cache.emplace(k, std::move(e)).first->second.get();
 }
 
 // x's view starts at the window's first stored cell; y's (and dy's) at the box.
@@ -291,9 +313,9 @@ inline int64_t offset(const ConvDims& d, const std::array<int64_t, 3>& begin, co
 // The entry of pass p on window win, with this thread's OpenMP setting made first
 // (oneDNN plans a primitive's threads when it is made); nullptr, counted as declined,
 // where oneDNN does not take the window.
-inline Entry* ready(Pass p, const ConvDims& d, const Window& win, bool flag) {
+inline Entry* ready(dnnl_data_type_t t, Pass p, const ConvDims& d, const Window& win, bool flag) {
   configure_threads();
-  Entry* e = win.ok ? entry(p, d, win, flag) : nullptr;
+  Entry* e = win.ok ? entry(t, p, d, win, flag) : nullptr;
   if (!e) ++counts().declined;
   return e;
 }
@@ -317,14 +339,20 @@ inline void execute(const Entry& e) {
 }  // namespace impl
 #endif
 
+// Whether oneDNN is asked at all for T: float and the 16-bit types (it has no double
+// convolutions).
+template <class T>
+inline constexpr bool takes_type = std::is_same_v<T, float> || is_float16_v<T>;
+
 // y[box] = conv(x, w) + bias through oneDNN (box resolved and not empty, batch > 0);
-// false where it did not compute (T is not float, no oneDNN, or a window it declines).
+// false where it did not compute (T is double, no oneDNN, or a window or type it
+// declines).
 template <class T>
 bool conv_forward(const ConvDims& d, const T* x, const T* w, const T* bias, T* y, const OutBox& box) {
 #ifdef DTENSOR_HAVE_ONEDNN
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (takes_type<T>) {
     const Window win = window_of(d, box);
-    impl::Entry* e = impl::ready(Pass::Forward, d, win, bias != nullptr);
+    impl::Entry* e = impl::ready(impl::data_type<T>(), Pass::Forward, d, win, bias != nullptr);
     if (!e) return false;
     e->a.bind(x + impl::offset(d, win.view_begin, d.in));
     e->b.bind(w);
@@ -342,9 +370,9 @@ bool conv_forward(const ConvDims& d, const T* x, const T* w, const T* bias, T* y
 template <class T>
 bool conv_backward_data(const ConvDims& d, const T* dy, const T* w, T* dx) {
 #ifdef DTENSOR_HAVE_ONEDNN
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (takes_type<T>) {
     const Window win = window_of(d, OutBox::all().resolved(d));
-    impl::Entry* e = impl::ready(Pass::BackwardData, d, win, false);
+    impl::Entry* e = impl::ready(impl::data_type<T>(), Pass::BackwardData, d, win, false);
     if (!e) return false;
     // oneDNN writes the cells the taps read; the rest of dx (a positive in_start, or
     // cells past the last tap) gets no gradient.
@@ -366,9 +394,9 @@ bool conv_backward_data(const ConvDims& d, const T* dy, const T* w, T* dx) {
 template <class T>
 bool conv_backward_weight(const ConvDims& d, const T* x, const T* dy, T* dw, bool accumulate) {
 #ifdef DTENSOR_HAVE_ONEDNN
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (takes_type<T>) {
     const Window win = window_of(d, OutBox::all().resolved(d));
-    impl::Entry* e = impl::ready(Pass::BackwardWeight, d, win, accumulate);
+    impl::Entry* e = impl::ready(impl::data_type<T>(), Pass::BackwardWeight, d, win, accumulate);
     if (!e) return false;
     e->a.bind(x + impl::offset(d, win.view_begin, d.in));
     e->b.bind(dy);

@@ -16,7 +16,6 @@
 #include <bit>
 #include <cstdint>
 #include <map>
-#include <string_view>
 
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/compute/onednn.hpp"
@@ -77,10 +76,7 @@ inline MatmulEntry make_matmul(dnnl_data_type_t t, const GemmDims& g, float alph
   dnnl_primitive_desc_t p = nullptr;
   made(dnnl_primitive_desc_create(&p, &desc, attr.get(), engine(), nullptr));
   const PrimitiveDesc pd(p);
-  // A reference implementation is no faster than the conversion path: decline it.
-  const char* impl_name = nullptr;
-  made(dnnl_primitive_desc_query(pd.get(), dnnl_query_impl_info_str, 0, &impl_name));
-  if (impl_name && std::string_view(impl_name).starts_with("ref")) throw Declined{};
+  decline_reference(pd.get());  // no faster than the conversion path
   MatmulEntry e;
   e.a = memory_of(a), e.b = memory_of(b), e.c = memory_of(c);
   const dnnl_memory_desc_t* sp = dnnl_primitive_desc_query_md(pd.get(), dnnl_query_scratchpad_md, 0);
@@ -115,7 +111,7 @@ bool gemm(const GemmDims& g, float alpha, const T* a, const T* b, float beta, T*
 #ifdef DTENSOR_HAVE_ONEDNN
   if constexpr (is_float16_v<T>) {
     impl::configure_threads();
-    const dnnl_data_type_t t = std::is_same_v<T, bfloat16> ? dnnl_bf16 : dnnl_f16;
+    const dnnl_data_type_t t = impl::data_type<T>();
     impl::MatmulEntry* e = g.k > 0 ? impl::matmul_entry(t, g, alpha, beta) : nullptr;
     if (!e) return ++matmul_counts().declined, false;
     const dnnl_stream_t s = impl::stream();

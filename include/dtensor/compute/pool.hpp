@@ -1,7 +1,8 @@
 #pragma once
 // Local pooling: one rank's block, no communication (compute/conv_dims.hpp: PoolDims
 // says what the window, the padding and the valid cells mean). On the host, plain
-// loops; on a device, the backend table. T is float or double.
+// loops; on a device, the backend table. T is float or double, or bfloat16 / float16
+// on the host.
 //
 //   pool_forward   y[box] = max or average of each window's valid taps (the rest of
 //                  y is left alone; average's divisor as PoolDims says)
@@ -11,6 +12,11 @@
 // Validity is separable (a tap is valid when it is valid along every dim), so each
 // output's valid taps are a box of taps whose bounds along each dim are computed once
 // per call: the loops over taps test nothing.
+//
+// 16-bit tensors compute in float: max pooling compares (exact), average pooling sums
+// and divides in float and rounds each output once, and the backward adds the windows'
+// shares into a float gradient rounded once per cell (compute/conv.hpp,
+// with_float_gradient).
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -154,14 +160,15 @@ void max_row(const Geo& g, const Taps& t, const Box& b, const std::vector<int64_
   for (int64_t o2 = hi; o2 < b.e[2]; ++o2) f(o2, arg_max(g, t, b, o0, o1, o2, xp));
 }
 
-template <class T>
-T divisor(const PoolDims& p, const Taps& t, const Counted& c, const Box& b, int64_t o0, int64_t o1, int64_t o2) {
-  if (p.count_pad) return T(c.at(0, o0, b) * c.at(1, o1, b) * c.at(2, o2, b));
-  return T(t.at(0, o0, b).size() * t.at(1, o1, b).size() * t.at(2, o2, b).size());
+template <class A>
+A divisor(const PoolDims& p, const Taps& t, const Counted& c, const Box& b, int64_t o0, int64_t o1, int64_t o2) {
+  if (p.count_pad) return A(c.at(0, o0, b) * c.at(1, o1, b) * c.at(2, o2, b));
+  return A(t.at(0, o0, b).size() * t.at(1, o1, b).size() * t.at(2, o2, b).size());
 }
 
 template <class T>
 void forward(const PoolDims& p, const T* x, T* y, const OutBox& box) {
+  using A = accumulator_t<T>;
   const Geo g = conv::geo_of(p.window);
   const Box b = conv::box_of(p.window, box);
   if (b.cells() == 0) return;
@@ -181,19 +188,20 @@ void forward(const PoolDims& p, const T* x, T* y, const OutBox& box) {
           continue;
         }
         for (int64_t o2 = b.b[2]; o2 < b.e[2]; ++o2) {
-          T sum = 0;
-          for_taps(g, t, b, o0, o1, o2, [&](int64_t c) { sum += xp[c]; });
-          const T div = divisor<T>(p, t, counted, b, o0, o1, o2);
-          yr[o2] = div == T(0) ? T(0) : sum / div;
+          A sum = 0;
+          for_taps(g, t, b, o0, o1, o2, [&](int64_t c) { sum += static_cast<A>(xp[c]); });
+          const A div = divisor<A>(p, t, counted, b, o0, o1, o2);
+          yr[o2] = div == A(0) ? T(0) : static_cast<T>(sum / div);
         }
       }
   }
 }
 
-template <class T>
-void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
+// dx in G: T, or float for a 16-bit T (see the header comment).
+template <class T, class G>
+void backward(const PoolDims& p, const T* x, const T* dy, G* dx) {
   const Geo g = conv::geo_of(p.window);
-  std::fill_n(dx, p.window.x_size(), T(0));
+  std::fill_n(dx, p.window.x_size(), G(0));
   const Box b = conv::full_box(g);
   if (b.cells() == 0) return;
   const auto v = valid_cells(p);
@@ -204,20 +212,20 @@ void backward(const PoolDims& p, const T* x, const T* dy, T* dx) {
   for (int64_t plane = 0; plane < g.batch * g.cin; ++plane) {
     const T* xp = x + plane * g.in_cells;
     const T* dyp = dy + plane * g.out_cells;
-    T* dxp = dx + plane * g.in_cells;
+    G* dxp = dx + plane * g.in_cells;
     for (int64_t o0 = 0; o0 < g.out[0]; ++o0)
       for (int64_t o1 = 0; o1 < g.out[1]; ++o1) {
         const T* dyr = dyp + conv::out_index(g, o0, o1, 0);
         if (p.mode == PoolMode::Max) {
           max_row(g, t, b, offs, run, o0, o1, xp, [&](int64_t o2, int64_t a) {
-            if (a >= 0) dxp[a] += dyr[o2];
+            if (a >= 0) dxp[a] += static_cast<G>(dyr[o2]);
           });
           continue;
         }
         for (int64_t o2 = 0; o2 < g.out[2]; ++o2) {
-          const T div = divisor<T>(p, t, counted, b, o0, o1, o2);
-          if (div == T(0)) continue;
-          const T share = dyr[o2] / div;
+          const G div = divisor<G>(p, t, counted, b, o0, o1, o2);
+          if (div == G(0)) continue;
+          const G share = static_cast<G>(dyr[o2]) / div;
           for_taps(g, t, b, o0, o1, o2, [&](int64_t c) { dxp[c] += share; });
         }
       }
@@ -247,7 +255,7 @@ void pool_backward(Device d, const PoolDims& dims, const T* x, const T* dy, T* d
   detail::conv::check_type<T>();
   const PoolDims p = dims.resolved("pool_backward");
   if (!d.is_host()) return detail::device_backend(d).pool_backward(dtype_of<T>(), p, x, dy, dx);
-  detail::pool::backward(p, x, dy, dx);
+  detail::conv::with_float_gradient(dx, p.window.x_size(), [&](auto* g) { detail::pool::backward(p, x, dy, g); });
 }
 
 }  // namespace compute

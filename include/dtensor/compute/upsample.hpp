@@ -2,7 +2,9 @@
 // Local upsampling by integer factors: one rank's block, no communication
 // (compute/upsample_dims.hpp says what the dims and offsets mean). On the host, plain
 // loops over per-dim tables of source indices and weights; on a device, the backend
-// table. T is float or double.
+// table. T is float or double, or bfloat16 / float16 on the host: those compute in
+// float (the weights, the interpolation and the adjoint's sums, into a float gradient:
+// compute/conv.hpp, with_float_gradient) and round each output once.
 //
 //   upsample_forward   y = nearest or (bi/tri)linear upsampling of x
 //   upsample_backward  dx = its adjoint applied to dy: every cell of dx is written,
@@ -68,16 +70,17 @@ const Tables<T>& tables(const UpsampleDims& u) {
 
 template <class T>
 void forward(const UpsampleDims& u, const T* x, T* y) {
-  const Tables<T>& t = tables<T>(u);
+  using A = accumulator_t<T>;
+  const Tables<A>& t = tables<A>(u);
   const int64_t in_cells = u.in_cells(), out_cells = u.out_cells();
   const bool linear = u.mode == UpsampleMode::Linear;
   for (int64_t plane = 0; plane < u.batch * u.channels; ++plane) {
     const T* xp = x + plane * in_cells;
     T* yp = y + plane * out_cells;
     for (int64_t j0 = 0; j0 < t.out[0]; ++j0) {
-      const Source<T> a = t.of[0][j0];
+      const Source<A> a = t.of[0][j0];
       for (int64_t j1 = 0; j1 < t.out[1]; ++j1) {
-        const Source<T> b = t.of[1][j1];
+        const Source<A> b = t.of[1][j1];
         T* yr = yp + (j0 * t.out[1] + j1) * t.out[2];
         const T* r00 = xp + (a.i0 * t.in[1] + b.i0) * t.in[2];
         if (!linear) {
@@ -87,44 +90,47 @@ void forward(const UpsampleDims& u, const T* x, T* y) {
         const T* r01 = xp + (a.i0 * t.in[1] + b.i1) * t.in[2];
         const T* r10 = xp + (a.i1 * t.in[1] + b.i0) * t.in[2];
         const T* r11 = xp + (a.i1 * t.in[1] + b.i1) * t.in[2];
-        const T w00 = (1 - a.l) * (1 - b.l), w01 = (1 - a.l) * b.l, w10 = a.l * (1 - b.l), w11 = a.l * b.l;
+        const A w00 = (1 - a.l) * (1 - b.l), w01 = (1 - a.l) * b.l, w10 = a.l * (1 - b.l), w11 = a.l * b.l;
         for (int64_t j2 = 0; j2 < t.out[2]; ++j2) {
-          const Source<T> c = t.of[2][j2];
-          const auto along = [&](const T* r) { return (1 - c.l) * r[c.i0] + c.l * r[c.i1]; };
-          yr[j2] = w00 * along(r00) + w01 * along(r01) + w10 * along(r10) + w11 * along(r11);
+          const Source<A> c = t.of[2][j2];
+          const auto along = [&](const T* r) {
+            return (1 - c.l) * static_cast<A>(r[c.i0]) + c.l * static_cast<A>(r[c.i1]);
+          };
+          yr[j2] = static_cast<T>(w00 * along(r00) + w01 * along(r01) + w10 * along(r10) + w11 * along(r11));
         }
       }
     }
   }
 }
 
-template <class T>
-void backward(const UpsampleDims& u, const T* dy, T* dx) {
-  std::fill_n(dx, u.x_size(), T(0));
-  const Tables<T>& t = tables<T>(u);
+// dx in G: T, or float for a 16-bit T.
+template <class T, class G>
+void backward(const UpsampleDims& u, const T* dy, G* dx) {
+  std::fill_n(dx, u.x_size(), G(0));
+  const Tables<G>& t = tables<G>(u);
   const int64_t in_cells = u.in_cells(), out_cells = u.out_cells();
   const bool linear = u.mode == UpsampleMode::Linear;
   for (int64_t plane = 0; plane < u.batch * u.channels; ++plane) {
-    T* xp = dx + plane * in_cells;
+    G* xp = dx + plane * in_cells;
     const T* yp = dy + plane * out_cells;
     for (int64_t j0 = 0; j0 < t.out[0]; ++j0) {
-      const Source<T> a = t.of[0][j0];
+      const Source<G> a = t.of[0][j0];
       for (int64_t j1 = 0; j1 < t.out[1]; ++j1) {
-        const Source<T> b = t.of[1][j1];
+        const Source<G> b = t.of[1][j1];
         const T* yr = yp + (j0 * t.out[1] + j1) * t.out[2];
-        T* r00 = xp + (a.i0 * t.in[1] + b.i0) * t.in[2];
+        G* r00 = xp + (a.i0 * t.in[1] + b.i0) * t.in[2];
         if (!linear) {
-          for (int64_t j2 = 0; j2 < t.out[2]; ++j2) r00[t.of[2][j2].i0] += yr[j2];
+          for (int64_t j2 = 0; j2 < t.out[2]; ++j2) r00[t.of[2][j2].i0] += static_cast<G>(yr[j2]);
           continue;
         }
-        T* r01 = xp + (a.i0 * t.in[1] + b.i1) * t.in[2];
-        T* r10 = xp + (a.i1 * t.in[1] + b.i0) * t.in[2];
-        T* r11 = xp + (a.i1 * t.in[1] + b.i1) * t.in[2];
-        const T w00 = (1 - a.l) * (1 - b.l), w01 = (1 - a.l) * b.l, w10 = a.l * (1 - b.l), w11 = a.l * b.l;
+        G* r01 = xp + (a.i0 * t.in[1] + b.i1) * t.in[2];
+        G* r10 = xp + (a.i1 * t.in[1] + b.i0) * t.in[2];
+        G* r11 = xp + (a.i1 * t.in[1] + b.i1) * t.in[2];
+        const G w00 = (1 - a.l) * (1 - b.l), w01 = (1 - a.l) * b.l, w10 = a.l * (1 - b.l), w11 = a.l * b.l;
         for (int64_t j2 = 0; j2 < t.out[2]; ++j2) {
-          const Source<T> c = t.of[2][j2];
-          const T g = yr[j2];
-          const auto spread = [&](T* r, T w) {
+          const Source<G> c = t.of[2][j2];
+          const G g = static_cast<G>(yr[j2]);
+          const auto spread = [&](G* r, G w) {
             r[c.i0] += w * (1 - c.l) * g;
             r[c.i1] += w * c.l * g;
           };
@@ -154,7 +160,7 @@ void upsample_backward(Device d, const UpsampleDims& dims, const T* dy, T* dx) {
   detail::conv::check_type<T>();
   dims.validate("upsample_backward");
   if (!d.is_host()) return detail::device_backend(d).upsample_backward(dtype_of<T>(), dims, dy, dx);
-  detail::upsample::backward(dims, dy, dx);
+  detail::conv::with_float_gradient(dx, dims.x_size(), [&](auto* g) { detail::upsample::backward(dims, dy, g); });
 }
 
 }  // namespace compute
