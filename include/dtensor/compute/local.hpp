@@ -60,8 +60,10 @@ void binary(BinaryOp k, const Tensor<T, R>& a, const Tensor<T, R>& b, Tensor<T, 
     assign_binary(k, as_eigen_array(out), as_eigen_array(a), as_eigen_array(b));
 }
 
+// The scalar is in a's accumulator type (float for 16-bit tensors): a 16-bit tensor
+// times 1/n is computed in float and rounded once, never with 1/n rounded to 16 bits.
 template <class T, int R>
-void binary_scalar(BinaryOp k, const Tensor<T, R>& a, T s, Tensor<T, R>& out) {
+void binary_scalar(BinaryOp k, const Tensor<T, R>& a, std::type_identity_t<accumulator_t<T>> s, Tensor<T, R>& out) {
   if (!a.device().is_host())
     return detail::device_backend(a.device())
         .binary_scalar(dtype_of<T>(), k, a.data(), Scalar::of(s), out.data(), a.numel());
@@ -183,9 +185,19 @@ T identity() {
 // cols, inner = 1, the output read as [rows, 1]; several adjacent dims reduce at once
 // as one len (their product).
 // A 16-bit type accumulates in float and is rounded once per output element.
+// scale (Sum only) multiplies each result before it is stored: a mean is then
+// rounded once, where a 16-bit sum scaled afterwards would round the sum, the scale
+// and the product (for float and double the same as scaling after).
 template <ReduceOp R, class T>
-void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64_t inner) {
-  if (!d.is_host()) return detail::device_backend(d).reduce_dim(dtype_of<T>(), R, in, out, outer, len, inner);
+void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64_t inner,
+                std::type_identity_t<accumulator_t<T>> scale = 1) {
+  static_assert(R == ReduceOp::Sum || R == ReduceOp::Avg || R == ReduceOp::Max || R == ReduceOp::Min);
+  if (!d.is_host()) {
+    detail::device_backend(d).reduce_dim(dtype_of<T>(), R, in, out, outer, len, inner);
+    if (scale != 1)
+      detail::device_backend(d).binary_scalar(dtype_of<T>(), BinaryOp::Mul, out, Scalar::of(scale), out, outer * inner);
+    return;
+  }
   if constexpr (is_float16_v<T>) {
     std::vector<float> acc(static_cast<std::size_t>(inner));
     for (int64_t o = 0; o < outer; ++o) {
@@ -198,7 +210,7 @@ void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64
           else acc[i] += src[i];
         }
       }
-      for (int64_t i = 0; i < inner; ++i) out[o * inner + i] = T(acc[i]);
+      for (int64_t i = 0; i < inner; ++i) out[o * inner + i] = T(acc[i] * scale);
     }
     return;
   }
@@ -213,6 +225,8 @@ void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64
         else dst[i] += src[i];
       }
     }
+    if (scale != 1)
+      for (int64_t i = 0; i < inner; ++i) dst[i] *= scale;
   }
 }
 // The same with the reduction chosen at run time.

@@ -10,9 +10,12 @@
 // HOST arrays on either device: read before the call returns, or written when it
 // returns. The
 // element arithmetic is in double whatever T is: a float sum over a large image would
-// lose the low digits of a mean that every normalized value inherits.
+// lose the low digits of a mean that every normalized value inherits. A 16-bit result
+// is rounded from that double once (compute/convert.hpp's convert_element), never
+// through float first.
 #include <cstdint>
 
+#include "dtensor/compute/convert.hpp"
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/row_terms.hpp"
 #include "dtensor/util/compiled_runtime.hpp"
@@ -117,11 +120,12 @@ void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t
     // same order, as the general form ((a - center) scale + b b_scale + offset) col_scale
     // + col_offset.
     if (!two && !cs && !co) {
-      for (int64_t j = 0; j < cols; ++j) o[j] = static_cast<T>((static_cast<double>(ar[j]) - center) * scale + offset);
+      for (int64_t j = 0; j < cols; ++j)
+        o[j] = detail::convert_element<T>((static_cast<double>(ar[j]) - center) * scale + offset);
     } else if (two && !cs && !co) {
       for (int64_t j = 0; j < cols; ++j)
-        o[j] = static_cast<T>((static_cast<double>(ar[j]) - center) * scale + static_cast<double>(br[j]) * b_scale +
-                              offset);
+        o[j] = detail::convert_element<T>((static_cast<double>(ar[j]) - center) * scale +
+                                          static_cast<double>(br[j]) * b_scale + offset);
     } else {
       for (int64_t j = 0; j < cols; ++j) {
         double v = (static_cast<double>(ar[j]) - center) * scale;
@@ -129,7 +133,7 @@ void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t
         v += offset;
         if (cs) v *= cs[j];
         if (co) v += co[j];
-        o[j] = static_cast<T>(v);
+        o[j] = detail::convert_element<T>(v);
       }
     }
   }

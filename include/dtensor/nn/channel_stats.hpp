@@ -165,11 +165,13 @@ int64_t global_cells(const std::array<int64_t, Rank>& global) {
 }
 
 // Per-channel values (a few, replicated: statistics, parameters' gradient terms) as a
-// tensor on `d`, rounded to T: what a layer works out on the host goes back to where
-// its parameters live (read them with host_doubles, nn/local_math.hpp).
+// tensor on `d`, each rounded to T once: what a layer works out on the host goes back
+// to where its parameters live (read them with host_doubles, nn/local_math.hpp).
 template <class T>
 Tensor<T, 1> channel_tensor(Device d, const std::vector<double>& v) {
-  return values_on(d, std::vector<T>(v.begin(), v.end()));
+  std::vector<T> t(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) t[i] = dtensor::detail::convert_element<T>(v[i]);
+  return values_on(d, std::move(t));
 }
 
 // The two outputs of the normalization of an image block, per (sample, channel) row

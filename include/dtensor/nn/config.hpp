@@ -102,7 +102,8 @@ struct DomainAxes {
 // convolution reads all of them), so there is no tensor-parallel dim.
 template <class T, int Spatial, class DomainAxesT>
 struct ImageConfig {
-  static_assert(std::is_floating_point_v<T>, "dtensor::nn::ImageConfig: layers train float or double tensors");
+  static_assert(FloatingElement<T>,
+                "dtensor::nn::ImageConfig: image layers train float, double, bfloat16 or float16 tensors");
   static_assert(Spatial >= 1 && Spatial <= 3, "dtensor::nn::ImageConfig: 1, 2 or 3 spatial dims (NCW, NCHW, NCDHW)");
   static_assert(DomainAxesT::spatial == Spatial,
                 "dtensor::nn::ImageConfig<T, S, DomainAxes<M, DP, D...>>: give one D per spatial dim");

@@ -69,8 +69,9 @@ class GlobalAvgPool {
                   " has no spatial positions to average");
     const Device dev = x.local().device();
     auto y = Tensor<T, 2>::uninitialized(Shape<2>{ls[0], ls[1]}, dev);
-    compute::reduce_dim<ReduceOp::Sum>(dev, x.local().data(), y.data(), ls[0] * ls[1], count(ls), 1);
-    compute::binary_scalar(BinaryOp::Mul, y, static_cast<T>(1.0 / static_cast<double>(positions)), y);
+    // The sum times 1/positions in T's accumulator (float for 16-bit T), rounded once.
+    compute::reduce_dim<ReduceOp::Sum>(dev, x.local().data(), y.data(), ls[0] * ls[1], count(ls), 1,
+                                       static_cast<accumulator_t<T>>(1.0 / static_cast<double>(positions)));
     saved_.emplace(Saved{x.layout(), ls, positions});
     return OutputT(x.mesh(), out_layout(x.layout()), std::move(y));
   }
@@ -92,8 +93,8 @@ class GlobalAvgPool {
       const Device dev = dy.local().device();
       const int64_t rows = s.local[0] * s.local[1], cells = count(s.local);
       auto scaled = Tensor<T, 2>::uninitialized(dy.local().shape(), dev);
-      compute::binary_scalar(BinaryOp::Mul, dy.local(), static_cast<T>(1.0 / static_cast<double>(s.positions)),
-                             scaled);
+      compute::binary_scalar(BinaryOp::Mul, dy.local(),
+                             static_cast<accumulator_t<T>>(1.0 / static_cast<double>(s.positions)), scaled);
       auto dx = Tensor<T, Rank>::uninitialized(s.local, dev);
       if (dev.is_host()) {
         for (int64_t r = 0; r < rows; ++r) std::fill_n(dx.data() + r * cells, cells, scaled.data()[r]);
