@@ -30,6 +30,21 @@ inline double largest_relative_difference(const std::vector<float>& got, const s
   return got.size() == ref.size() ? worst : std::numeric_limits<double>::infinity();
 }
 
+// The relative RMS difference of two loss curves, sqrt(sum (got - ref)^2 / sum ref^2):
+// a curve's agreement where the per-step relative difference of a loss near zero
+// (a 16-bit run's late steps) says more about the loss's resolution than the
+// training. Infinite where a loss is not finite or the lengths differ.
+inline double relative_rms_difference(const std::vector<float>& got, const std::vector<float>& ref) {
+  if (got.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  double num = 0, den = 0;
+  for (std::size_t s = 0; s < ref.size(); ++s) {
+    const double d = double(got[s]) - ref[s];
+    if (!std::isfinite(d)) return std::numeric_limits<double>::infinity();
+    num += d * d, den += double(ref[s]) * ref[s];
+  }
+  return std::sqrt(num / den);
+}
+
 // One line per step: the sharded run's loss, the single-rank run's, their relative difference.
 inline void print_losses(const std::vector<float>& got, const std::vector<float>& ref, const char* mesh_label) {
   std::printf("%5s %14s %14s %10s\n", "step", mesh_label, "loss 1 rank", "rel diff");
