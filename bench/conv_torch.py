@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch's CPU convolutions on bench_conv_cpu's shapes: one thread, float32, each pass
-alone (forward, backward data, backward weight) and a step's four, best of 5 per round,
-CPU time of the thread as bench_conv_cpu takes it.
+"""PyTorch's CPU convolutions on bench_conv_cpu's shapes: one thread, each pass alone
+(forward, backward data, backward weight) and a step's four, best of 5 per round, CPU
+time of the thread as bench_conv_cpu takes it. --dtype bfloat16 or float16: the tensors
+in that type (what autocast runs conv2d on), as bench_conv_float16 times dtensor's.
 
-    python3 bench/conv_torch.py [rounds]
+    python3 bench/conv_torch.py [--dtype float32|bfloat16|float16] [rounds]
 
 Exits 77 (skipped) without PyTorch.
 """
@@ -37,16 +38,23 @@ def best_ms(f, reps=5):
 
 
 def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    args = sys.argv[1:]
+    dtype_name = "float32"
+    if "--dtype" in args:
+        i = args.index("--dtype")
+        dtype_name = args[i + 1]
+        del args[i:i + 2]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
+    rounds = int(args[0]) if args else 3
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, oneDNN (mkldnn) "
-          f"{'on' if torch.backends.mkldnn.is_available() else 'off'}, float32, best of 5 per round")
+          f"{'on' if torch.backends.mkldnn.is_available() else 'off'}, {dtype_name}, best of 5 per round")
     print(f"{'shape':28s} {'pass':9s} {'round':>5s} {'torch ms':>10s}")
     for name, n, c, k, size, ks, stride in SHAPES:
         pad = (ks - 1) // 2
-        x = torch.rand(n, c, size, size) - 0.5
-        w = torch.rand(k, c, ks, ks) - 0.5
-        b = torch.rand(k) - 0.5
+        x = (torch.rand(n, c, size, size) - 0.5).to(dtype)
+        w = (torch.rand(k, c, ks, ks) - 0.5).to(dtype)
+        b = (torch.rand(k) - 0.5).to(dtype)
         y = F.conv2d(x, w, b, stride=stride, padding=pad)
         dy = torch.rand_like(y) - 0.5
 

@@ -559,7 +559,7 @@ void conv_backward_data(Device d, const ConvDims& dims, const T* dy, const T* w,
   dims.validate("conv_backward_data");
   if (!d.is_host()) return detail::device_backend(d).conv_backward_data(dtype_of<T>(), dims, dy, w, dx);
   namespace dn = detail::onednn;
-  if (dims.batch > 0 && dims.out_cells() > 0 && dn::preferred(dims, dn::Pass::BackwardData) &&
+  if (dims.batch > 0 && dims.out_cells() > 0 && dn::preferred(dims, dn::Pass::BackwardData, is_float16_v<T>) &&
       dn::conv_backward_data(dims, dy, w, dx))
     return;
   if constexpr (is_float16_v<T>) {
@@ -577,7 +577,7 @@ void conv_backward_weight(Device d, const ConvDims& dims, const T* x, const T* d
   dims.validate("conv_backward_weight");
   if (!d.is_host()) return detail::device_backend(d).conv_backward_weight(dtype_of<T>(), dims, x, dy, dw, accumulate);
   namespace dn = detail::onednn;
-  if (dims.batch > 0 && dims.out_cells() > 0 && dn::preferred(dims, dn::Pass::BackwardWeight) &&
+  if (dims.batch > 0 && dims.out_cells() > 0 && dn::preferred(dims, dn::Pass::BackwardWeight, is_float16_v<T>) &&
       dn::conv_backward_weight(dims, x, dy, dw, accumulate))
     return;
   if constexpr (is_float16_v<T>) {

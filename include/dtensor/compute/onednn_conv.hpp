@@ -96,9 +96,21 @@ enum class Pass : int64_t { Forward, BackwardData, BackwardWeight };
 // time, as does the backward weight of 4-12 (with 3 it has a first-layer kernel:
 // 0.17-0.6x). Grouped and depthwise passes are faster through oneDNN at every size
 // measured.
-inline bool preferred(const ConvDims& d, Pass p) {
-  const int64_t cg = d.in_channels / d.groups;
+//
+// 16-bit tensors (sixteen_bit) weigh oneDNN's bf16 kernels against the conversion path
+// (the float pass by the rule above, plus the widening and rounding): from a sweep of
+// 3x3 convolutions, N8 64x64, 3-16 channels each way, and the 7x7 stride-2 first layer
+// (same VM, one thread; bench/README.md): the bf16 forward is 1.6-2.7x faster at every
+// size; the backward data from 8 input channels (8: 1.1-1.6x, 16: 2-3x), while 3 and 4
+// input channels are 1.3-1.9x faster by conversion (the float host loops); the backward
+// weight where the input or output channels per group reach 16 (8 -> 16: 2-3x, 16 -> 8:
+// 1.5x, 3 -> 64: 1.2-2.2x), while with fewer on both sides (3 or 4 -> 8, 8 -> 8: the
+// gradient's blocks padded to 16 and reordered to accumulate) it is 2.5-4.5x slower.
+// Grouped and depthwise bf16 passes are not measured: they follow float's rule.
+inline bool preferred(const ConvDims& d, Pass p, bool sixteen_bit = false) {
+  const int64_t cg = d.in_channels / d.groups, cog = d.out_channels / d.groups;
   if (d.groups > 1 || p == Pass::Forward) return true;
+  if (sixteen_bit) return p == Pass::BackwardData ? cg >= 8 : cg >= 16 || cog >= 16;
   if (p == Pass::BackwardData) return cg >= 16;
   return cg >= 16 || cg <= 3;
 }
