@@ -17,6 +17,7 @@
 //   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;  // DP x H
 #include <array>
 
+#include "dtensor/core/float16.hpp"
 #include "dtensor/placement/placement.hpp"
 
 namespace dtensor::nn {
