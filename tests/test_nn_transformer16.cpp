@@ -116,11 +116,12 @@ void check_gpt16() {
     CHECK(e1[c] <= 3 * eps);
   }
   Result got;
-  spmd(4, [&](Comm& comm) {
+  const bool ran = spmd(4, [&](Comm& comm) {
     DeviceMesh<2> mesh(comm, {2, 2});
     auto r = step<Cfg16>(mesh, nullptr);
-    if (comm.rank() == 0) got = std::move(r);
+    if (comm.rank() == 0 || under_mpi()) got = std::move(r);  // gathered: the same on every rank
   });
+  if (!ran) return;  // an MPI world of another size
   REQUIRE(got.params == one.params);  // the same parameters on every mesh
   const auto e4 = errors(got, want);
   for (std::size_t c = 0; c < e4.size(); ++c) {
