@@ -159,16 +159,7 @@ template <class F>
 void visit_kernel_dtype(DType t, const char* fn, F&& f) {
   DTENSOR_CHECK(!is_float16(t), InvalidArgument, "cuda::kernels::", fn, ": ", ::dtensor::name(t),
                 " elements are not computed on the GPU yet (they move, but arithmetic on them is host-only)");
-  switch (t) {
-    case DType::Int8: return f(std::int8_t{});
-    case DType::UInt8: return f(std::uint8_t{});
-    case DType::Int32: return f(std::int32_t{});
-    case DType::UInt32: return f(std::uint32_t{});
-    case DType::Int64: return f(std::int64_t{});
-    case DType::UInt64: return f(std::uint64_t{});
-    case DType::Float32: return f(float{});
-    default: return f(double{});
-  }
+  visit_dtype_except_float16(t, f);
 }
 
 void check_floating(DType t, const char* fn) {

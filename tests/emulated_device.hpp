@@ -519,16 +519,7 @@ template <class F>
 void typed(DType t, F&& f) {
   DTENSOR_CHECK(!dtensor::is_float16(t), InvalidArgument, "emulated device: ", name(t),
                 " elements are not computed on a device yet (they move, but arithmetic on them is host-only)");
-  switch (t) {
-    case DType::Int8: return f(std::int8_t{});
-    case DType::UInt8: return f(std::uint8_t{});
-    case DType::Int32: return f(std::int32_t{});
-    case DType::UInt32: return f(std::uint32_t{});
-    case DType::Int64: return f(std::int64_t{});
-    case DType::UInt64: return f(std::uint64_t{});
-    case DType::Float32: return f(float{});
-    default: return f(double{});
-  }
+  visit_dtype_except_float16(t, f);
 }
 
 // float or double: what the emulated floating-point kernels take.

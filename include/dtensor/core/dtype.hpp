@@ -46,9 +46,11 @@ constexpr const char* name(DType t) {
   return names[static_cast<int>(t)];
 }
 
-// Calls f(T{}) with the C++ type of `t`: one switch per collective, never per element.
+// Calls f(T{}) with the C++ type of `t` for every type but the 16-bit floats: the
+// types device kernels compute in (the caller refuses a 16-bit type first; here it
+// would be taken for double).
 template <class F>
-decltype(auto) visit_dtype(DType t, F&& f) {
+decltype(auto) visit_dtype_except_float16(DType t, F&& f) {
   switch (t) {
     case DType::Int8: return f(std::int8_t{});
     case DType::UInt8: return f(std::uint8_t{});
@@ -57,10 +59,16 @@ decltype(auto) visit_dtype(DType t, F&& f) {
     case DType::Int64: return f(std::int64_t{});
     case DType::UInt64: return f(std::uint64_t{});
     case DType::Float32: return f(float{});
-    case DType::BFloat16: return f(bfloat16{});
-    case DType::Float16: return f(float16{});
     default: return f(double{});
   }
+}
+
+// Calls f(T{}) with the C++ type of `t`: one switch per collective, never per element.
+template <class F>
+decltype(auto) visit_dtype(DType t, F&& f) {
+  if (t == DType::BFloat16) return f(bfloat16{});
+  if (t == DType::Float16) return f(float16{});
+  return visit_dtype_except_float16(t, f);
 }
 
 constexpr bool is_float16(DType t) { return t == DType::BFloat16 || t == DType::Float16; }
