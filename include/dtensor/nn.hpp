@@ -17,6 +17,7 @@
 #include "dtensor/nn/optim.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/precision.hpp"
+#include "dtensor/nn/recompute.hpp"
 #include "dtensor/nn/residual.hpp"
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/nn/skip_concat.hpp"

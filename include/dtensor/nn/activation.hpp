@@ -47,6 +47,9 @@ class Activation : public KeepsPlacements<Cfg, Takes::Values> {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { saved_.reset(); }
+
  private:
   // Only the local block is kept: dx = f'(x) dy is local, and the placements of the
   // input (any, for an activation) are those of the gradient's by the rule above.

@@ -69,6 +69,12 @@ class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { mask_.reset(); }
+  // The draw counter: a recomputed forward draws the same mask (nn/saved_state.hpp).
+  uint64_t replay_state() const { return step_; }
+  void set_replay_state(uint64_t step) { step_ = step; }
+
  private:
   double p_;
   uint64_t seed_, step_ = 0;

@@ -84,6 +84,7 @@
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/precision.hpp"
+#include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/unshard.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/error.hpp"
@@ -337,6 +338,20 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   }
 
   const L& inner() const { return inner_; }
+
+  // Drops what L saved for its backward and, kept from the forward to the backward
+  // (ReshardAfterForward false), the gathered parameters: inside nn::Recompute the
+  // recomputed forward gathers them again, as the plan says (nn/saved_state.hpp).
+  void release_saved() {
+    nn::release_saved(inner_);
+    if constexpr (!ReshardAfterForward)
+      if (gathered_) release();
+  }
+  // L, for what visits a block's layers (nn::ReplayState).
+  template <class Fn>
+  void for_each_layer(Fn&& f) {
+    f(inner_);
+  }
 
   // FSDP2's unshard: the full parameters into L now (completing a prefetched gather).
   void unshard() { gather(); }

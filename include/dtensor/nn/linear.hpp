@@ -181,6 +181,9 @@ class Linear {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { saved_.reset(); }
+
  private:
   template <class DT>
   static DT uniform(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed) {

@@ -78,6 +78,8 @@ struct PlannedCollective {
   // A gradient's reduction outside the GradReduce phase (a FullyShard's reduce-scatter,
   // in the backward): a backward inside no_sync() skips it, as it skips GradReduce.
   bool gradient_sync = false;
+  // A forward's collective run again in the backward (nn::Recompute).
+  bool recomputed = false;
 
   // Elements of the parameter block the rank at `coords` holds (GradReduce entries):
   // exact, by the chunk rule (a chunk of a chunk where two mesh dims shard one dim).
@@ -128,6 +130,7 @@ struct PlannedRing {
   int mesh_dim = 0;
   int per_rank = 1, extra = -1;
   const char* what = "ring";  // what explain() calls it
+  bool recomputed = false;     // a forward's, run again in the backward (nn::Recompute)
   constexpr int exchanges(int n) const { return n > 1 ? per_rank * n + extra : 0; }
 };
 
@@ -328,7 +331,8 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
     const auto& e = plan.entries[i];
     const int64_t layer = e.layer < 0 ? 1 << 20 : e.layer;  // the loss after the last layer
     if (e.phase == Phase::Forward) return layer * 4;
-    return (int64_t{1} << 24) - layer * 4 + (e.phase == Phase::GradReduce ? 1 : 0);
+    // a recomputed forward's before the layer's backward
+    return (int64_t{1} << 24) - layer * 4 + (e.phase == Phase::GradReduce ? 1 : e.recomputed ? -1 : 0);
   };
   std::stable_sort(order.begin(), order.begin() + plan.size, [&](int a, int b) { return rank_of(a) < rank_of(b); });
   std::string s;
@@ -336,7 +340,7 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
     const auto& e = plan.entries[order[k]];
     std::string who = e.layer < 0 ? std::string("loss") : "layer " + std::to_string(e.layer);
     if (e.layer >= 0 && e.layer < 64 && !layer_names[e.layer].empty()) who += " (" + layer_names[e.layer] + ")";
-    s += std::string(name(e.phase)) + ": " + who + ": " + name(e.kind) +
+    s += std::string(name(e.phase)) + (e.recomputed ? " (recomputed forward)" : "") + ": " + who + ": " + name(e.kind) +
          (e.mesh_dim < 0 ? std::string(" over the whole mesh") : " on mesh dim " + std::to_string(e.mesh_dim)) +
          " from " + dtensor::to_string(e.before) + ", " +
          std::to_string(e.local_elements(tokens, mesh_shape) * static_cast<int64_t>(elem_bytes)) + " bytes per rank\n";
@@ -353,7 +357,8 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
     const auto& r = plan.ringed[k];
     std::string who = "layer " + std::to_string(r.layer);
     if (r.layer >= 0 && r.layer < 64 && !layer_names[r.layer].empty()) who += " (" + layer_names[r.layer] + ")";
-    s += std::string(name(r.phase)) + ": " + who + ": " + r.what + " on mesh dim " + std::to_string(r.mesh_dim) +
+    s += std::string(name(r.phase)) + (r.recomputed ? " (recomputed forward)" : "") + ": " + who + ": " + r.what +
+         " on mesh dim " + std::to_string(r.mesh_dim) +
          ", " + std::to_string(r.exchanges(mesh_shape[r.mesh_dim])) + " point-to-point exchange(s) per rank\n";
   }
   return s;

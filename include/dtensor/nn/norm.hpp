@@ -214,6 +214,12 @@ class Norm {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() {
+    xhat_.reset();
+    inv_ = {};
+  }
+
  private:
   // [sum,] sum of squares (b null) or of products a b per row, in double, row-major
   // [rows, kStats], from row_moments' [sums | second sums].

@@ -26,6 +26,7 @@
 
 #include "dtensor/compute/local.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/nn/unshard.hpp"
 
@@ -183,6 +184,10 @@ class Residual {
   void for_each_layer(Fn&& f) {
     f(block_);
     if constexpr (kProjected) f(projection_);
+  }
+  // Drops what its layers saved for their backward (nn/saved_state.hpp).
+  void release_saved() {
+    for_each_layer([](auto& l) { nn::release_saved(l); });
   }
   static constexpr bool prefetches =
       nn::gathers_parameters<Block>() || (kProjected && nn::gathers_parameters<ProjectionT>());

@@ -31,6 +31,7 @@
 #include "dtensor/nn/grad_reducer.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/model_plan.hpp"
+#include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/unshard.hpp"
 #include "dtensor/ops/policy.hpp"
 
@@ -391,6 +392,10 @@ class Model {
   template <class Fn>
   void for_each_layer(Fn&& f) {
     std::apply([&](auto&... l) { (f(l), ...); }, layers_);
+  }
+  // Drops what its layers saved for their backward (nn/saved_state.hpp).
+  void release_saved() {
+    for_each_layer([](auto& l) { nn::release_saved(l); });
   }
   // As a block of a bigger model: the prefetch of its first layer that gathers,
   // forward, or its last, backward (nn/unshard.hpp).

@@ -36,6 +36,7 @@
 #include "dtensor/distributed/realign.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/nn/unshard.hpp"
 #include "dtensor/tensor/movement.hpp"
@@ -160,6 +161,10 @@ class SkipConcat {
   template <class Fn>
   void for_each_layer(Fn&& f) {
     f(block_);
+  }
+  // Drops what its layers saved for their backward (nn/saved_state.hpp).
+  void release_saved() {
+    for_each_layer([](auto& l) { nn::release_saved(l); });
   }
   static constexpr bool prefetches = nn::gathers_parameters<Block>();
   void prefetch_forward() { nn::prefetch_forward(block_); }

@@ -231,6 +231,28 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() {
+    xhat_.reset();
+    mean_ = {};
+    inv_ = {};
+  }
+  // What a training forward changes for good (nn/saved_state.hpp): the running
+  // statistics, the batch count and the next batch's shift; a recomputed forward is
+  // run from the state before the first and leaves the state after it.
+  struct RunningState {
+    ParamT running_mean, running_var;
+    std::vector<double> shift;
+    int64_t batches = 0;
+  };
+  RunningState replay_state() const { return {running_mean_, running_var_, shift_, batches_}; }
+  void set_replay_state(const RunningState& s) {
+    running_mean_ = s.running_mean;
+    running_var_ = s.running_var;
+    shift_ = s.shift;
+    batches_ = s.batches;
+  }
+
  private:
   static ParamT filled(const typename ParamT::Mesh& mesh, T v) {
     return dtensor::detail::generate<ParamT>({C}, mesh, {}, [v](uint64_t) { return v; });

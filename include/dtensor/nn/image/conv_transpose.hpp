@@ -118,6 +118,9 @@ class ConvTransposeOp {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { saved_.reset(); }
+
  private:
   Shape<Rank> out_shape(const Shape<Rank>& in) const {
     Shape<Rank> s = in;
@@ -232,6 +235,9 @@ class ConvTranspose : public KeepsPlacements<Cfg, Takes::Activation> {
     return op_.template backward<NeedInputGrad>(dy, weight_.value().local(), weight_.grad(),
                                                 Bias ? bias_.grad().data() : nullptr);
   }
+
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { op_.release_saved(); }
 
  private:
   static Shape<Rank> weight_shape() {

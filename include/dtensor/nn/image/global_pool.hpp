@@ -109,6 +109,9 @@ class GlobalAvgPool {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { saved_.reset(); }
+
  private:
   // [N, C] in the input's batch blocks (the channels are never sharded here).
   static ShardLayout<2> out_layout(const ShardLayout<Rank>& in) {

@@ -173,6 +173,12 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() {
+    xhat_.reset();
+    inv_ = {};
+  }
+
  private:
   static ParamT filled(const typename ParamT::Mesh& mesh, T v) {
     return dtensor::detail::generate<ParamT>({C}, mesh, {}, [v](uint64_t) { return v; });

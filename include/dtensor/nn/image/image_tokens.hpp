@@ -71,6 +71,9 @@ class ImageTokens {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { layout_.reset(); }
+
  private:
   // Rows of H become runs of W tokens: the sequence's blocks are H's times W.
   static ShardLayout<3> tokens_layout(const ShardLayout<4>& in) {

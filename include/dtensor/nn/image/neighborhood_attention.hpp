@@ -138,6 +138,9 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     else return 0;
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { saved_.reset(); }
+
  private:
   static WeightT uniform(const typename WeightT::Mesh& mesh, uint64_t seed) {
     const T bound = T(1) / std::sqrt(static_cast<T>(Channels));

@@ -107,6 +107,15 @@ class UpsampleOp {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // The padded and compacted blocks too: kept as workspace from one forward to the
+  // next, they hold an activation's worth of memory.
+  void release_saved() {
+    saved_ = false;
+    padded_ = Tensor<T, Rank>();
+    compact_ = Tensor<T, Rank>();
+  }
+
  private:
   // What one input layout needs on this rank.
   struct Plan {
@@ -238,6 +247,9 @@ class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
                   "dtensor::nn::Upsample::backward: dy is not placed as a gradient of the layer's output");
     return op_.template backward<NeedInputGrad>(dy);
   }
+
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { op_.release_saved(); }
 
  private:
   UpsampleOp<T, S> op_;

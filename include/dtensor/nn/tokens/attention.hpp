@@ -411,6 +411,12 @@ class MultiHeadAttention {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { saved_.reset(); }
+  // The dropout draw counter: a recomputed forward draws the same weights' mask.
+  uint64_t replay_state() const { return step_; }
+  void set_replay_state(uint64_t step) { step_ = step; }
+
  private:
   using XC = dtensor_t<T, Rank, placements_t<Q::compute_input()>>;
   // What the backward needs: the projected input, the rotated heads, the output and

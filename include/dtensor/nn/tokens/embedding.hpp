@@ -167,6 +167,9 @@ class Embedding {
     return 0;
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { ids_.reset(); }
+
  private:
   Parameter<TableT> table_;
   std::optional<Tensor<int64_t, Rank - 1>> ids_;

@@ -142,6 +142,9 @@ class GatedMlp {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { saved_.reset(); }
+
  private:
   using XC = dtensor_t<T, Rank, placements_t<Up::compute_input()>>;
   struct Saved {

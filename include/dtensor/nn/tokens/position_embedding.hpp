@@ -99,6 +99,9 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
     else return 0;
   }
 
+  // Its forward saves one number (the first row's position): nothing to drop.
+  void release_saved() {}
+
  private:
   Parameter<ReplicatedTable> table_;
   int64_t first_ = 0;  // the global position of this rank's first row, in the last forward

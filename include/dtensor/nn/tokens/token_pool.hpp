@@ -86,6 +86,9 @@ class TokenMeanPool {
     }
   }
 
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  void release_saved() { saved_.reset(); }
+
  private:
   static ShardLayout<2> out_layout(const ShardLayout<3>& in) {
     return ShardLayout<2>{{in.global[0], in.global[2]}, {in.blocks[0], in.blocks[2]}};

@@ -1,0 +1,244 @@
+// Activation recompute (nn/recompute.hpp): a model with recomputed blocks trains bit for
+// bit as the same model without (outputs, every gradient, the parameters after 3 AdamW
+// steps), with dropout drawing in the recomputed blocks, on DP and DP x TP meshes with
+// uneven shards, with FullyShard inside and outside the recomputed block (both
+// reshard modes); the recomputed forward's collectives are in the plan (backward
+// phase, marked) and CommCounter counts what the plan says; the host memory peak of a
+// step is lower by the activations recompute drops.
+// Runs in-process and, through test_nn_recompute_mpi, under mpirun on 1-4 processes.
+#include <cstdint>
+#include <dtensor/nn.hpp>
+#include <string>
+#include <vector>
+
+#include "nn_support.hpp"
+
+namespace dtensor::test {
+namespace {
+
+using nn::FullyShard;
+using nn::Recompute;
+
+constexpr int64_t kIn = 6, kHidden = 10, kBatch = 7;  // 7 rows: uneven on 2, 3 and 4 ranks
+
+using Cfg1 = nn::Config<double, 2, nn::Axes<1, /*dp*/ 0, nn::kNone>>;
+using Cfg2 = nn::Config<double, 2, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
+
+template <class Cfg>
+using Up = nn::Linear<Cfg, kIn, kHidden, std::conditional_t<Cfg::tp >= 0, nn::Colwise, nn::NoParallel>>;
+template <class Cfg>
+using Down = nn::Linear<Cfg, kHidden, kIn, std::conditional_t<Cfg::tp >= 0, nn::Rowwise, nn::NoParallel>>;
+// An MLP block with dropout on its hidden activation: on DP x TP its forward all-reduces
+// over TP (the rowwise layer), which a recomputed forward issues again.
+template <class Cfg>
+using Block = nn::Sequential<Up<Cfg>, nn::GELU<Cfg>, nn::Dropout<Cfg>, Down<Cfg>>;
+
+template <class Cfg>
+Block<Cfg> make_block(const DeviceMesh<Cfg::M>& mesh, uint64_t seed) {
+  return Block<Cfg>(Up<Cfg>(mesh, {seed}), nn::GELU<Cfg>(), nn::Dropout<Cfg>(0.3, 100 + seed),
+                    Down<Cfg>(mesh, {seed + 1}));
+}
+
+// The same two blocks, plain, each recomputed, and recomputed with FullyShard inside
+// or outside (ReshardAfterForward R).
+template <class Cfg>
+using Plain = nn::Sequential<Block<Cfg>, Block<Cfg>>;
+template <class Cfg>
+using Recomputed = nn::Sequential<Recompute<Block<Cfg>>, Recompute<Block<Cfg>>>;
+template <class Cfg, bool R>
+using ShardedPlain = nn::Sequential<FullyShard<Block<Cfg>, R>, FullyShard<Block<Cfg>, R>>;
+template <class Cfg, bool R>
+using RecomputeOfShard = nn::Sequential<Recompute<FullyShard<Block<Cfg>, R>>, Recompute<FullyShard<Block<Cfg>, R>>>;
+template <class Cfg, bool R>
+using ShardOfRecompute = nn::Sequential<FullyShard<Recompute<Block<Cfg>>, R>, FullyShard<Recompute<Block<Cfg>>, R>>;
+
+// Builds any of them from the two blocks (each wrapper from what it wraps).
+template <class L, class Cfg>
+L make_layer(const DeviceMesh<Cfg::M>& mesh, uint64_t seed) {
+  if constexpr (std::is_same_v<L, Block<Cfg>>) return make_block<Cfg>(mesh, seed);
+  else if constexpr (requires { typename L::block_type; }) return L(make_layer<typename L::block_type, Cfg>(mesh, seed));
+  else return L(make_layer<typename L::inner_type, Cfg>(mesh, seed));
+}
+template <class Model, class Cfg>
+Model make(const DeviceMesh<Cfg::M>& mesh) {
+  return Model(make_layer<typename Model::template layer_t<0>, Cfg>(mesh, 1),
+               make_layer<typename Model::template layer_t<1>, Cfg>(mesh, 3));
+}
+
+// The plan of a recomputed model: the forward's collectives again in the backward.
+constexpr auto kPlainPlan = Plain<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn);
+constexpr auto kRecomputedPlan = Recomputed<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn);
+static_assert(kPlainPlan.count(nn::Phase::Forward, StepKind::AllReduce, 1) == 2, "each block's rowwise layer");
+static_assert(kRecomputedPlan.count(nn::Phase::Forward) == kPlainPlan.count(nn::Phase::Forward));
+static_assert(kRecomputedPlan.count(nn::Phase::Backward) ==
+              kPlainPlan.count(nn::Phase::Backward) + kPlainPlan.count(nn::Phase::Forward, StepKind::AllReduce, 1));
+static_assert(kRecomputedPlan.count(nn::Phase::Backward, StepKind::AllReduce, 1) ==
+              kPlainPlan.count(nn::Phase::Backward, StepKind::AllReduce, 1) + 2);
+static_assert(kRecomputedPlan.count(nn::Phase::GradReduce) == kPlainPlan.count(nn::Phase::GradReduce));
+// FullyShard<B, true> inside: the recomputed forward gathers again (3 gathers a step per
+// block); FullyShard<B, false>: the gather kept from the forward is dropped with the
+// activations and gathered again for the recomputed forward, which the backward then
+// uses (2 a step); outside: one gather before the backward serves both (2).
+static_assert(RecomputeOfShard<Cfg1, true>::training_plan<nn::MSELoss<Cfg1>>(kIn).count(nn::Phase::Backward,
+                                                                                       StepKind::AllGather) == 4);
+static_assert(RecomputeOfShard<Cfg1, false>::training_plan<nn::MSELoss<Cfg1>>(kIn).count(nn::Phase::Backward,
+                                                                                        StepKind::AllGather) == 2);
+static_assert(ShardOfRecompute<Cfg1, true>::training_plan<nn::MSELoss<Cfg1>>(kIn).count(nn::Phase::Backward,
+                                                                                       StepKind::AllGather) == 2);
+static_assert(ShardOfRecompute<Cfg1, false>::training_plan<nn::MSELoss<Cfg1>>(kIn).count(nn::Phase::Backward,
+                                                                                        StepKind::AllGather) == 0);
+
+// Everything a training run shows, gathered: each step's output and gradients, and the
+// parameters after the last step.
+struct Run {
+  std::vector<std::vector<double>> outputs, grads, params;
+  int off_plan = 0;  // steps whose collectives differ from the plan
+};
+
+template <class Cfg, class Model>
+Run train(Model& model, const DeviceMesh<Cfg::M>& mesh, int steps) {
+  static constexpr auto plan = Model::template training_plan<nn::MSELoss<Cfg>>(kIn);
+  nn::MSELoss<Cfg> loss;
+  nn::AdamW opt({.lr = 0.02});
+  Run r;
+  for (int step = 0; step < steps; ++step) {
+    const auto x = normal_rows<typename Model::InputT>({kBatch, kIn}, mesh, 40 + step);
+    const auto target = normal_rows<typename Model::OutputT>({kBatch, kIn}, mesh, 60 + step);
+    CommCounter counted;
+    model.zero_grad();
+    const auto y = model.forward(x);
+    (void)loss.forward(y, target);
+    model.backward(loss.backward(y));
+    if (counted.count() != plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()))
+      ++r.off_plan;
+    r.outputs.push_back(flat(y.full_tensor()));
+    model.for_each_parameter([&](auto& p) { r.grads.push_back(flat(p.gradient().full_tensor())); });
+    opt.step(model);
+  }
+  r.params = gathered_parameters(model);
+  return r;
+}
+
+void check_bitwise(const Run& got, const Run& want) {
+  CHECK(got.off_plan == 0);
+  REQUIRE(got.outputs.size() == want.outputs.size());
+  for (std::size_t s = 0; s < want.outputs.size(); ++s) {
+    INFO("output of step ", s);
+    CHECK(got.outputs[s] == want.outputs[s]);  // bit for bit (a NaN fails)
+  }
+  REQUIRE(got.grads.size() == want.grads.size());
+  for (std::size_t k = 0; k < want.grads.size(); ++k) {
+    INFO("gradient ", k);
+    CHECK(got.grads[k] == want.grads[k]);
+  }
+  REQUIRE(got.params.size() == want.params.size());
+  for (std::size_t k = 0; k < want.params.size(); ++k) {
+    INFO("parameter ", k);
+    CHECK(got.params[k] == want.params[k]);
+  }
+}
+
+constexpr int kSteps = 3;
+
+// Each recomputed variant against its plain model, on one mesh.
+template <class Cfg, class PlainModel, class... RecomputedModels>
+void check_recompute(const std::array<int, Cfg::M>& shape, const char* what) {
+  int n = 1;
+  for (int s : shape) n *= s;
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<Cfg::M> mesh(comm, shape);
+    INFO(std::string(what), " on ", mesh.to_string(), ", rank ", comm.rank());
+    auto plain = make<PlainModel, Cfg>(mesh);
+    const Run want = train<Cfg>(plain, mesh, kSteps);
+    CHECK(want.off_plan == 0);
+    (
+        [&] {
+          auto model = make<RecomputedModels, Cfg>(mesh);
+          check_bitwise(train<Cfg>(model, mesh, kSteps), want);
+        }(),
+        ...);
+  });
+}
+
+TEST_CASE("recompute: an MLP with dropout trains bit for bit as without, on DP and DP x TP") {
+  for (int n : {1, 2, 3, 4}) check_recompute<Cfg1, Plain<Cfg1>, Recomputed<Cfg1>>({n}, "DP");
+  for (auto shape : {std::array<int, 2>{1, 2}, {2, 2}, {3, 1}})
+    check_recompute<Cfg2, Plain<Cfg2>, Recomputed<Cfg2>>(shape, "DP x TP");
+}
+
+TEST_CASE("recompute: nests with FullyShard either way, both reshard modes, bit for bit") {
+  for (int n : {2, 3}) {
+    check_recompute<Cfg1, ShardedPlain<Cfg1, true>, RecomputeOfShard<Cfg1, true>, ShardOfRecompute<Cfg1, true>>(
+        {n}, "FSDP, reshard after forward");
+    check_recompute<Cfg1, ShardedPlain<Cfg1, false>, RecomputeOfShard<Cfg1, false>, ShardOfRecompute<Cfg1, false>>(
+        {n}, "FSDP, kept to the backward");
+  }
+  check_recompute<Cfg2, ShardedPlain<Cfg2, true>, RecomputeOfShard<Cfg2, true>, ShardOfRecompute<Cfg2, true>>(
+      {2, 2}, "FSDP x TP");
+}
+
+TEST_CASE("recompute: explain lists the recomputed forward's collectives before the block's backward") {
+  const std::string text = Recomputed<Cfg2>::explain(kRecomputedPlan, kBatch, {2, 2});
+  const auto at = text.find("backward (recomputed forward): layer 0 (recompute): all_reduce on mesh dim 1");
+  CHECK(at != std::string::npos);
+  CHECK(at < text.find("backward: layer 0 (recompute): all_reduce on mesh dim 1"));
+  MESSAGE(text);
+}
+
+TEST_CASE("recompute: a backward without a forward is refused by name") {
+  on_one_rank<1>([&](const DeviceMesh<1>& mesh) {
+    Recompute<Block<Cfg1>> r(make_block<Cfg1>(mesh, 1));
+    const auto dy = normal_rows<typename Block<Cfg1>::OutputT>({kBatch, kIn}, mesh, 5);
+    CHECK_THROWS_WITH_AS(r.backward<true>(dy), doctest::Contains("Recompute: backward without a forward"),
+                         InvalidArgument);
+  });
+}
+
+// The host memory a step holds at its peak, one rank: a wide block (8 x 256 hidden
+// values of 8 bytes, four activations of it saved per block) recomputed holds its
+// input only between its forward and its backward.
+using WideCfg = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
+constexpr int64_t kWideIn = 16, kWideHidden = 512, kWideBatch = 64;
+using WideBlock = nn::Sequential<nn::Linear<WideCfg, kWideIn, kWideHidden>, nn::GELU<WideCfg>,
+                                 nn::Dropout<WideCfg>, nn::Linear<WideCfg, kWideHidden, kWideIn>>;
+
+template <class Model>
+int64_t step_peak(Model& model, const DeviceMesh<1>& mesh) {
+  nn::MSELoss<WideCfg> loss;
+  const auto x = normal_rows<typename Model::InputT>({kWideBatch, kWideIn}, mesh, 1);
+  const auto target = normal_rows<typename Model::OutputT>({kWideBatch, kWideIn}, mesh, 2);
+  model.zero_grad();
+  const int64_t before = host_memory_in_use();
+  reset_host_memory_peak();
+  const auto y = model.forward(x);
+  (void)loss.forward(y, target);
+  model.backward(loss.backward(y));
+  return host_memory_peak() - before;
+}
+
+TEST_CASE("recompute: a step's host memory peak drops by the recomputed blocks' activations") {
+  on_one_rank<1>([&](const DeviceMesh<1>& mesh) {
+    auto block = [&](uint64_t seed) {
+      return WideBlock(nn::Linear<WideCfg, kWideIn, kWideHidden>(mesh, {seed}), nn::GELU<WideCfg>(),
+                       nn::Dropout<WideCfg>(0.2, seed), nn::Linear<WideCfg, kWideHidden, kWideIn>(mesh, {seed + 1}));
+    };
+    constexpr int kBlocks = 4;
+    nn::Sequential<WideBlock, WideBlock, WideBlock, WideBlock> plain(block(1), block(3), block(5), block(7));
+    nn::Sequential<Recompute<WideBlock>, Recompute<WideBlock>, Recompute<WideBlock>, Recompute<WideBlock>> recomputed(
+        Recompute<WideBlock>(block(1)), Recompute<WideBlock>(block(3)), Recompute<WideBlock>(block(5)),
+        Recompute<WideBlock>(block(7)));
+    const int64_t hidden = kWideBatch * kWideHidden * int64_t(sizeof(double));
+    const int64_t input = kWideBatch * kWideIn * int64_t(sizeof(double));
+    (void)step_peak(plain, mesh);  // the first step allocates the optimizer-free buffers once
+    (void)step_peak(recomputed, mesh);
+    const int64_t p = step_peak(plain, mesh), r = step_peak(recomputed, mesh);
+    MESSAGE("host memory peak of a step: ", p, " bytes plain, ", r, " recomputed");
+    // Each plain block holds three hidden-sized activations (the GELU's input, the
+    // dropout mask, the second Linear's input) to its backward; recomputed, one block's
+    // at a time.
+    CHECK(p - r >= (kBlocks - 1) * 3 * hidden - kBlocks * input);
+  });
+}
+
+}  // namespace
+}  // namespace dtensor::test
