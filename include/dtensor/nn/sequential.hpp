@@ -537,16 +537,30 @@ class Model {
   bool syncing() const { return sync_; }
 
  private:
+  // Each layer's output lives until the next layer's forward has run (and kept what
+  // its backward needs): a model's forward holds its layers' saved activations and the
+  // one in flight, not every layer's output (what the memory plan counts).
   template <int I, class X>
-  auto forward_from(const X& x) {
+  auto forward_from(const X& x) {  // x: the caller's
+    auto y = layer_forward<I>(x);
+    if constexpr (I + 1 < N) return forward_owned<I + 1>(std::move(y));
+    else return y;
+  }
+  template <int I, class X>
+  auto forward_owned(X x) {  // x: the previous layer's output, freed once this layer has run
+    auto y = layer_forward<I>(x);
+    { const X done(std::move(x)); }
+    if constexpr (I + 1 < N) return forward_owned<I + 1>(std::move(y));
+    else return y;
+  }
+  template <int I, class X>
+  auto layer_forward(const X& x) {
     const auto& xi = redistribute_as<placements_t<flow.in[I]>>(x);
     // A fully sharded layer's parameters gathered, then the next layer's gather
     // started: it overlaps this layer's compute (nn/unshard.hpp).
     nn::unshard(std::get<I>(layers_));
     prefetch_forward_from<I + 1>();
-    auto y = std::get<I>(layers_).forward(xi);
-    if constexpr (I + 1 < N) return forward_from<I + 1>(y);
-    else return y;
+    return std::get<I>(layers_).forward(xi);
   }
 
   // Starts the gather of the first layer from J on (forward) or from J down (backward)
@@ -575,20 +589,37 @@ class Model {
     }
   }
 
+  // As the forward: each gradient between two layers lives until the layer below has
+  // taken it.
   template <int I, bool InputGrad, class G0, bool Reduce, class G>
-  auto backward_from(const G& dy) {
+  auto backward_from(const G& dy) {  // dy: the caller's
+    return backward_next<I, InputGrad, G0, Reduce>(layer_backward_at<I, InputGrad, G0, Reduce>(dy));
+  }
+  template <int I, bool InputGrad, class G0, bool Reduce, class G>
+  auto backward_owned(G dy) {  // dy: the layer above's input gradient, freed once this layer's backward ran
+    auto dx = layer_backward_at<I, InputGrad, G0, Reduce>(dy);
+    { const G done(std::move(dy)); }
+    return backward_next<I, InputGrad, G0, Reduce>(std::move(dx));
+  }
+  template <int I, bool InputGrad, class G0, bool Reduce, class G>
+  auto layer_backward_at(const G& dy) {
     constexpr bool need = I > 0 || InputGrad;
     nn::unshard(std::get<I>(layers_));
     prefetch_backward_from<I - 1>();
     auto dx = layer_backward<need>(std::get<I>(layers_), dy);
     finish_reduction_from<I + 1>();  // the previous fully sharded layer's reduce-scatter, overlapped with this one
     if constexpr (Reduce) reducer_.ready(reduction_plan<G0>, I);  // this layer's gradients are complete: their buckets may start
+    return dx;
+  }
+  template <int I, bool InputGrad, class G0, bool Reduce, class DX>
+  auto backward_next(DX dx) {
+    constexpr bool need = I > 0 || InputGrad;
     if constexpr (!need) {
       return;
     } else {
       auto da = redistribute_backward_as<placements_t<flow.arriving[I]>>(std::move(dx));
       if constexpr (I == 0) return da;
-      else return backward_from<I - 1, InputGrad, G0, Reduce>(da);
+      else return backward_owned<I - 1, InputGrad, G0, Reduce>(std::move(da));
     }
   }
 
