@@ -10,6 +10,7 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 
 namespace dtensor::nn {
 
@@ -49,6 +50,14 @@ class Activation : public KeepsPlacements<Cfg, Takes::Values> {
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
+
+  // What it holds over a step (nn/memory_plan.hpp): its input saved, its output.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.save(x);
+    m.out = x;
+    return m;
+  }
 
  private:
   // Only the local block is kept: dx = f'(x) dy is local, and the placements of the

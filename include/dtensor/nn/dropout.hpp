@@ -12,6 +12,7 @@
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 
 namespace dtensor::nn {
 
@@ -74,6 +75,15 @@ class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
   // The draw counter: a recomputed forward draws the same mask (nn/saved_state.hpp).
   uint64_t replay_state() const { return step_; }
   void set_replay_state(uint64_t step) { step_ = step; }
+
+  // What it holds over a training step (nn/memory_plan.hpp): the scaled mask saved,
+  // its output.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.save(x);
+    m.out = x;
+    return m;
+  }
 
  private:
   double p_;

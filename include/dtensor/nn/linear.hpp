@@ -17,6 +17,7 @@
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
@@ -125,7 +126,11 @@ class Linear {
     detail::matmul(y.device(), xc.local().data(), false, w.local().data(), false, y.data(), rows, ls[F],
                    xc.local().shape()[F]);
     Product z(x.mesh(), std::move(layout), std::move(y));
-    OutputT out = redistribute_as<placements_t<Rule::output()>>(z);
+    // The product is the output where they are placed alike (moved, not copied).
+    OutputT out = [&]() -> OutputT {
+      if constexpr (Rule::product() == Rule::output()) return std::move(z);
+      else return redistribute_as<placements_t<Rule::output()>>(z);
+    }();
     if constexpr (Bias) {
       if (!dtensor::detail::holds_zero_term(Rule::output(), x.mesh().coords())) {
         auto& o = out.local();
@@ -174,7 +179,7 @@ class Linear {
       using GradCompute = dtensor_t<T, Rank, placements_t<gci>>;
       GradCompute dxc(xc.mesh(), xc.layout(), std::move(dx));
       saved_.reset();
-      return redistribute_backward_as<placements_t<Rule::input()>>(dxc);
+      return redistribute_backward_as<placements_t<Rule::input()>>(std::move(dxc));  // moved through where placed alike
     } else {
       saved_.reset();
       return 0;
@@ -183,6 +188,22 @@ class Linear {
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
+
+  // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: the
+  // multiplied input saved (a copy, or the gathered input under sequence parallel); the
+  // output, beside the product where that is reduced or scattered into it (else the
+  // product is the output); in the backward the input's gradient as
+  // multiplied (before its reduction or scatter, where the input is placed otherwise)
+  // and, rowwise, the product's gradient.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.save(x.placed(Rule::compute_input()));
+    m.out = x.with_last(Out).placed(Rule::output());
+    if (Rule::product() != Rule::output()) m.forward_temporary(x.with_last(Out).placed(Rule::product()));
+    if constexpr (Rule::rowwise) m.backward_temporary(x.with_last(Out).placed(Rule::product()));
+    if (Rule::compute_input() != Rule::input()) m.backward_temporary(x.placed(Rule::compute_input()));
+    return m;
+  }
 
  private:
   template <class DT>

@@ -15,6 +15,7 @@
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/model_plan.hpp"
 
 namespace dtensor::nn {
@@ -61,6 +62,18 @@ class MSELoss {
     sum[0] = owner ? detail::sum_of_squares(*diff_) : 0.0;
     detail::checked_sums(sum, "MSELoss", y.shape(), [&](auto&& f) { f(mesh.comm(), -1); });
     return static_cast<A>(sum[0] / static_cast<double>(numel_));
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp), for the model's output y: the
+  // difference y - t saved (in A), then the gradient: the difference itself, scaled in
+  // place, where A is T; else a conversion beside it.
+  template <std::size_t MM>
+  static constexpr LayerMemory<MM> memory(const PlannedTensor<MM>& y) {
+    LayerMemory<MM> m;
+    m.save(y.template as<A>());
+    m.out = y;
+    m.out_reuses_saved = std::is_same_v<A, T>;
+    return m;
   }
 
   // The gradient of the last forward's loss, placed like its y.

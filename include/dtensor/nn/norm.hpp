@@ -35,6 +35,7 @@
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
@@ -218,6 +219,21 @@ class Norm {
   void release_saved() {
     xhat_.reset();
     inv_ = {};
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp): the normalized input and each
+  // row's inverse deviation (doubles) saved, the row statistics while it runs, its
+  // output; in the backward the gradient of the normalized input beside dx.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.save(x);
+    const PlannedTensor<M> rows = x.with_last(1).template as<double>();
+    m.save(rows);
+    m.out = x;
+    m.forward_temporary(x.with_last(kStats).template as<double>());
+    m.backward_temporary(x);
+    m.backward_temporary(x.with_last(kStats + 2).template as<double>());
+    return m;
   }
 
  private:

@@ -79,6 +79,9 @@ struct SGDOptions {
 // w -= lr * (nesterov ? g + momentum * b : b).
 class SGD {
  public:
+  // The momentum buffer per parameter (the memory plan counts it whether or not
+  // momentum is on: never under).
+  static constexpr int kStatesPerParameter = 1;
   explicit SGD(SGDOptions o) : o_(o) {}
 
   template <class Model>
@@ -119,6 +122,8 @@ struct AdamWOptions {
 // AdamW (Loshchilov and Hutter; PyTorch's update order and bias corrections).
 class AdamW {
  public:
+  // The two moments per parameter, in its element type (the memory plan's count).
+  static constexpr int kStatesPerParameter = 2;
   explicit AdamW(AdamWOptions o) : o_(o) {}
 
   int steps() const { return t_; }

@@ -90,6 +90,39 @@ class Recompute {
       }
   }
 
+  // --- the memory plan (nn/memory_plan.hpp) ---
+  // The block's slots, and one for the input kept.
+  static constexpr int kMemoryGroups = nn::memory_groups<Block>() + 1;
+  template <std::size_t MM>
+  static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
+    return nn::memory_output<Block>(x);
+  }
+  // The block's forward as without recompute (its peak is the same), then what its
+  // layers saved dropped and a copy of the input kept.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_forward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                    const PlannedTensor<MM>& x) {
+    PlannedTensor<MM> y = nn::memory_forward<Block>(p, layer, group, x);
+    for (int g = group; g < group + nn::memory_groups<Block>(); ++g) p.free_group(p.forward_phase, layer, g);
+    PlannedTensor<MM> kept = x;
+    p.allocate(p.forward_phase, layer, MemoryUse::Saved, kept, group + nn::memory_groups<Block>());
+    return y;
+  }
+  // The block's forward again (in the backward phase: its saved tensors back, its output
+  // dropped), the input kept freed, then the block's backward.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                     const PlannedTensor<MM>& x, const PlannedTensor<MM>& dy,
+                                                     const State& grad_in, bool input_grad) {
+    const Phase was = p.forward_phase;
+    p.forward_phase = Phase::Backward;
+    const PlannedTensor<MM> y = nn::memory_forward<Block>(p, layer, group, x);
+    p.forward_phase = was;
+    p.free(Phase::Backward, layer, y);
+    p.free_group(Phase::Backward, layer, group + nn::memory_groups<Block>());
+    return nn::memory_backward<Block>(p, layer, group, x, dy, grad_in, input_grad);
+  }
+
   // The block's parameters, reached through it.
   struct BlockPart {
     static Block& get(Recompute& r) { return r.block_; }

@@ -26,6 +26,7 @@
 
 #include "dtensor/compute/local.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/nn/unshard.hpp"
@@ -145,6 +146,51 @@ class Residual {
     if constexpr (kProjected)
       p.adjoint(Phase::Backward, layer, in_placements, Projection::grad_input(shortcut_in, g_short), features, true);
     p.redistribution(Phase::Backward, layer, shortcut_grad(grad_out), branch_grad(grad_out), features, true);
+  }
+
+  // --- the memory plan (nn/memory_plan.hpp) ---
+  static constexpr int kMemoryGroups = nn::memory_groups<Block>() + (kProjected ? nn::memory_groups<ProjectionT>() : 0);
+  template <std::size_t MM>
+  static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
+    return nn::memory_output<Block>(x.placed(in_placements));
+  }
+  // The block's forward; the shortcut (the projection's forward, its output added and
+  // freed; a redistributed shortcut a temporary) added into the block's output.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_forward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                    const PlannedTensor<MM>& x) {
+    PlannedTensor<MM> y = nn::memory_forward<Block>(p, layer, group, x.placed(in_placements));
+    if constexpr (kProjected) {
+      PlannedTensor<MM> sx = x.placed(shortcut_in);
+      if (shortcut_in != in_placements) p.allocate(p.forward_phase, layer, MemoryUse::Temporary, sx);
+      PlannedTensor<MM> s =
+          nn::memory_forward<ProjectionT>(p, layer, group + nn::memory_groups<Block>(), sx);
+      if (shortcut_in != in_placements) p.free(p.forward_phase, layer, sx);
+      if (shortcut_out != Block::output(in_placements)) p.temporary(p.forward_phase, layer, s.placed(y.placements));
+      p.free(p.forward_phase, layer, s);
+    } else if (in_placements != Block::output(in_placements)) {
+      p.temporary(p.forward_phase, layer, x.placed(Block::output(in_placements)));
+    }
+    return y;
+  }
+  // The block's backward (its input's gradient), then the shortcut's, added into it.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                     const PlannedTensor<MM>& x, const PlannedTensor<MM>& dy,
+                                                     const State&, bool input_grad) {
+    const PlannedTensor<MM> xin = x.placed(in_placements);
+    PlannedTensor<MM> dx =
+        nn::memory_backward<Block>(p, layer, group, xin, dy, branch_grad(dy.placements), input_grad);
+    if constexpr (kProjected) {
+      const State g_short = redistribute_backward_placements(shortcut_out, dy.placements);
+      PlannedTensor<MM> ds = nn::memory_backward<ProjectionT>(p, layer, group + nn::memory_groups<Block>(),
+                                                              x.placed(shortcut_in), dy.placed(g_short),
+                                                              ProjectionT::grad_input(shortcut_in, g_short), input_grad);
+      if (input_grad) p.free(Phase::Backward, layer, ds);
+    } else if (input_grad && shortcut_grad(dy.placements) != branch_grad(dy.placements)) {
+      p.temporary(Phase::Backward, layer, xin.placed(branch_grad(dy.placements)));
+    }
+    return dx;
   }
 
   // The block's parameters (for dy as it reaches the block), then the projection's

@@ -30,6 +30,7 @@
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/grad_reducer.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/unshard.hpp"
@@ -369,6 +370,129 @@ class Model {
     ModelPlan<M, C> p = plan<C>(LossT::grad_input(output_placements), in_features);
     LossT::plan(p, output_placements);
     return p;
+  }
+
+  // --- the memory plan (nn/memory_plan.hpp) ---
+  static constexpr int kMemoryGroups = (nn::memory_groups<L>() + ... + 0);
+  static constexpr std::array<int, N + 1> memory_group_offsets = [] {
+    std::array<int, N + 1> o{};
+    int i = 0;
+    ((o[i + 1] = o[i] + nn::memory_groups<L>(), ++i), ...);
+    return o;
+  }();
+  // Each layer's input, placed as it takes it, for the model's input x.
+  template <std::size_t MM>
+  static constexpr std::array<PlannedTensor<MM>, N + 1> memory_inputs(const PlannedTensor<MM>& x) {
+    std::array<PlannedTensor<MM>, N + 1> in{};
+    PlannedTensor<MM> cur = x;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((in[I] = cur.placed(flow.in[I]), cur = nn::memory_output<layer_t<I>>(in[I])), ...);
+    }(std::make_index_sequence<N>{});
+    in[N] = cur.placed(output_placements);
+    return in;
+  }
+  template <std::size_t MM>
+  static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
+    return memory_inputs(x)[N];
+  }
+  // The forward on the timeline: as forward_owned runs it, each layer's output freed once
+  // the next layer has run. `layer` < 0: the outermost model, which numbers its layers;
+  // else every event is layer `layer`'s of the model around.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_forward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                    const PlannedTensor<MM>& x) {
+    PlannedTensor<MM> cur = x;
+    bool owned = false;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            const int who = layer < 0 ? static_cast<int>(I) : layer;
+            PlannedTensor<MM> xi = cur.placed(flow.in[I]);
+            const bool moved = flow.arriving[I] != flow.in[I];
+            if (moved) p.allocate(p.forward_phase, who, MemoryUse::Temporary, xi);
+            PlannedTensor<MM> out = nn::memory_forward<layer_t<I>>(p, who, group + memory_group_offsets[I], xi);
+            if (moved) p.free(p.forward_phase, who, xi);
+            if (owned) p.free(p.forward_phase, who, cur);
+            cur = out;
+            owned = true;
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return cur;
+  }
+  // The backward on the timeline, from dy (the caller's): each gradient between layers
+  // freed once the layer below has taken it.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                     const PlannedTensor<MM>& x, const PlannedTensor<MM>& dy,
+                                                     const State&, bool input_grad) {
+    const auto in = memory_inputs(x.placed(flow.arriving[0]));
+    const GradFlow g = backward_flow(dy.placements);
+    PlannedTensor<MM> cur = dy;
+    bool owned = false;
+    [&]<std::size_t... K>(std::index_sequence<K...>) {
+      (
+          [&] {
+            constexpr int I = N - 1 - static_cast<int>(K);
+            const int who = layer < 0 ? I : layer;
+            const bool need = I > 0 || input_grad;
+            PlannedTensor<MM> dx = nn::memory_backward<layer_t<I>>(
+                p, who, group + memory_group_offsets[I], in[I], cur, g.grad_in[I], need);
+            if (owned) p.free(Phase::Backward, who, cur);
+            owned = false;
+            if (need) {
+              cur = dx;
+              owned = true;
+              if (g.grad_in[I] != g.grad_arriving[I]) {  // the adjoint of a redistribution: a new tensor
+                PlannedTensor<MM> da = dx.placed(g.grad_arriving[I]);
+                p.allocate(Phase::Backward, who, MemoryUse::Activation, da);
+                p.free(Phase::Backward, who, dx);
+                cur = da;
+              }
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+    return cur;
+  }
+
+  // The memory plan of a training step (nn/memory_plan.hpp) with loss LossT and
+  // optimizer Opt, for an input of global `extents` on a mesh of `mesh_shape`: every
+  // rank's bytes over the step, as a constant expression.
+  template <class LossT, class Opt, int C = 512>
+  static constexpr MemoryPlan<M, C> memory_plan(const std::array<int64_t, InputT::rank>& extents,
+                                                const std::array<int, M>& mesh_shape) {
+    MemoryPlan<M, C> p;
+    p.mesh_shape = mesh_shape;
+    const State gout = LossT::grad_input(output_placements);
+    nn::memory_parameters<Model>(p, gout, nn::optimizer_states<Opt>());
+    // The input, the output and the loss's gradient are the training loop's: held
+    // until the step ends.
+    PlannedTensor<M> x = PlannedTensor<M>::template of<typename InputT::value_type>(extents, input_placements);
+    p.allocate(Phase::Forward, -1, MemoryUse::Activation, x);
+    PlannedTensor<M> y = memory_forward(p, -1, 0, x);
+    const LayerMemory<M> loss = LossT::memory(y);
+    std::array<PlannedTensor<M>, LayerMemory<M>::kMax> kept{};
+    for (int i = 0; i < loss.nsaved; ++i) {
+      kept[static_cast<std::size_t>(i)] = loss.saved[static_cast<std::size_t>(i)];
+      p.allocate(Phase::Forward, -1, MemoryUse::Saved, kept[static_cast<std::size_t>(i)], kMemoryGroups);
+    }
+    PlannedTensor<M> dy = loss.out;
+    if (loss.out_reuses_saved) {
+      dy.id = kept[0].id;  // held to the end of the step, as the loss's gradient
+    } else {
+      p.allocate(Phase::Backward, -1, MemoryUse::Activation, dy);
+      p.free_group(Phase::Backward, -1, kMemoryGroups);
+    }
+    memory_backward(p, -1, 0, x, dy, input_placements, false);
+    return p;
+  }
+  template <std::size_t MM, int C>
+  static std::string explain(const MemoryPlan<MM, C>& p, const std::array<int, MM>& coords = {}) {
+    static_assert(N <= 64, "dtensor::nn::Sequential::explain names up to 64 layers");
+    std::array<std::string, 64> names{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) { ((names[I] = layer_t<I>::name), ...); }(std::make_index_sequence<N>{});
+    return to_string(p, coords, names);
   }
 
   // A plan as text, with the layers' names.

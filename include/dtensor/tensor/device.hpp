@@ -62,7 +62,12 @@ class HostBlockCache {
     static HostBlockCache* cache = new HostBlockCache;  // never destroyed: blocks may be freed at exit
     return *cache;
   }
-  static std::size_t size_class(std::size_t bytes) { return std::bit_ceil(bytes); }
+  static constexpr std::size_t size_class(std::size_t bytes) { return std::bit_ceil(bytes); }
+  // The bytes a block of `bytes` holds: its size class where cached, else itself (what
+  // host_memory_in_use counts, and the memory plan, nn/memory_plan.hpp).
+  static constexpr std::size_t held_bytes(std::size_t bytes) {
+    return bytes >= kMinCached ? size_class(bytes) : bytes;
+  }
 
   void* allocate(std::size_t bytes) {
     const std::size_t c = size_class(bytes);

@@ -1,0 +1,444 @@
+#pragma once
+// The memory plan of a model: what each rank holds over one training step, as a
+// constant expression, before the program runs.
+//
+//   constexpr auto mem = Model::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({batch, seq, hidden}, {dp, tp});
+//   static_assert(mem.peak_bytes() <= 80_GiB);   // the largest rank's peak
+//   mem.peak(rank)                               // a rank's: bytes, and where (phase, layer)
+//
+// The plan is a timeline of allocations and frees, in the order a step makes them: the
+// parameters, their gradients and the optimizer's state (held throughout); then the
+// forward, layer by layer (what each layer saves for its backward, its output, the
+// redistributions between layers, its temporaries; the activation arriving at a layer
+// is freed once the layer has run, nn/sequential.hpp); the loss; the backward from the
+// last layer (each gradient between layers, the layer's temporaries, and what the
+// layer saved, freed by its backward). A rank's peak is the running sum's maximum.
+//
+// Each tensor is its global extents and placements, so a rank's bytes are its block's by
+// the chunk rule, exactly, on uneven shards too (an empty block is 0 bytes); the largest
+// rank is the one at coordinate 0 of every mesh dim, whose blocks the chunk rule makes
+// the largest.
+//
+// Layers say what they hold (nn/layer.hpp): a layer declares
+//   static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x);
+// for an input x (placed as the layer takes it): its output, what its forward saves for
+// its backward, and the temporaries of its forward and of its backward. A block
+// (Sequential, Residual, Recompute) places its layers' on the timeline itself
+// (memory_forward and memory_backward). A layer that declares neither is refused by
+// name when a memory plan is asked of a model holding it, never counted as nothing.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "dtensor/nn/model_plan.hpp"
+#include "dtensor/nn/parameters.hpp"
+#include "dtensor/placement/shard_layout.hpp"
+#include "dtensor/tensor/device.hpp"
+#include "dtensor/util/error.hpp"
+
+namespace dtensor::nn {
+
+// A tensor as the memory plan follows it: global extents, placements, element size,
+// and, once on the timeline, the event that allocated it.
+template <std::size_t M>
+struct PlannedTensor {
+  static constexpr int kMaxRank = 6;
+  std::array<int64_t, kMaxRank> global{};
+  int rank = 0;
+  PlacementState<M> placements{};
+  int64_t element_bytes = 0;
+  int id = -1;  // the allocation on the timeline (-1: not allocated by the plan)
+
+  template <class T, class Extents>
+  static constexpr PlannedTensor of(const Extents& extents, const PlacementState<M>& p) {
+    PlannedTensor t;
+    t.rank = static_cast<int>(extents.size());
+    for (int d = 0; d < t.rank; ++d) t.global[static_cast<std::size_t>(d)] = extents[static_cast<std::size_t>(d)];
+    t.placements = p;
+    t.element_bytes = static_cast<int64_t>(sizeof(T));
+    return t;
+  }
+  // The bytes of the block the rank at `coords` holds of it (a chunk of a chunk where
+  // two mesh dims shard one dim; a Partial or Replicate dim is whole), as the host
+  // allocator holds them (a block of 64 KiB or more in its power-of-two size class,
+  // tensor/device.hpp: up to twice its size).
+  constexpr int64_t bytes(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
+    return static_cast<int64_t>(
+        dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(block_bytes(mesh_shape, coords))));
+  }
+  // The block's own bytes.
+  constexpr int64_t block_bytes(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
+    int64_t e = element_bytes;
+    for (int d = 0; d < rank; ++d) {
+      int64_t n = global[static_cast<std::size_t>(d)];
+      for (std::size_t m = 0; m < M; ++m)
+        if (placements[m].is_shard(d)) n = chunk_size(n, mesh_shape[m], coords[m]);
+      e *= n;
+    }
+    return e;
+  }
+  constexpr int64_t elements() const {
+    int64_t e = 1;
+    for (int d = 0; d < rank; ++d) e *= global[static_cast<std::size_t>(d)];
+    return e;
+  }
+  // The same extents placed `p` (a redistribution's result, a gradient), not allocated.
+  constexpr PlannedTensor placed(const PlacementState<M>& p) const {
+    PlannedTensor t = *this;
+    t.placements = p;
+    t.id = -1;
+    return t;
+  }
+  // The last extent changed (a layer that maps features), not allocated.
+  constexpr PlannedTensor with_last(int64_t n) const {
+    PlannedTensor t = *this;
+    t.global[static_cast<std::size_t>(rank - 1)] = n;
+    t.id = -1;
+    return t;
+  }
+  template <class U>
+  constexpr PlannedTensor as() const {  // another element type
+    PlannedTensor t = *this;
+    t.element_bytes = static_cast<int64_t>(sizeof(U));
+    t.id = -1;
+    return t;
+  }
+};
+
+// What a layer holds, for an input x placed as it takes it: its output, what its
+// forward saves for its backward, and temporaries (allocated and freed inside its
+// forward, or its backward). The input's gradient is x's extents placed as the
+// layer's grad_input rule says; the model adds it.
+template <std::size_t M>
+struct LayerMemory {
+  static constexpr int kMax = 8;
+  PlannedTensor<M> out{};
+  // A loss whose gradient takes over its first saved tensor's storage (MSE's difference
+  // scaled in place): no allocation of its own.
+  bool out_reuses_saved = false;
+  int nsaved = 0, nforward = 0, nbackward = 0;
+  std::array<PlannedTensor<M>, kMax> saved{}, forward_temporaries{}, backward_temporaries{};
+  constexpr void save(const PlannedTensor<M>& t) { saved[static_cast<std::size_t>(nsaved++)] = t; }
+  constexpr void forward_temporary(const PlannedTensor<M>& t) {
+    forward_temporaries[static_cast<std::size_t>(nforward++)] = t;
+  }
+  constexpr void backward_temporary(const PlannedTensor<M>& t) {
+    backward_temporaries[static_cast<std::size_t>(nbackward++)] = t;
+  }
+};
+
+// What an allocation holds (explain's columns).
+enum class MemoryUse : std::uint8_t {
+  Parameters,
+  Gradients,
+  OptimizerState,
+  Activation,  // a layer's output, a gradient between layers, in flight
+  Saved,       // kept by a layer's forward for its backward
+  Temporary,   // inside one layer's forward or backward, a redistribution's result
+};
+constexpr const char* name(MemoryUse u) {
+  constexpr const char* names[] = {"parameters", "gradients", "optimizer state", "activations", "saved", "temporary"};
+  return names[static_cast<int>(u)];
+}
+inline constexpr int kMemoryUses = 6;
+
+template <std::size_t M>
+struct MemoryEvent {
+  Phase phase = Phase::Forward;
+  int layer = -1;  // -1: the model's (parameters, the loss)
+  MemoryUse use = MemoryUse::Temporary;
+  bool allocate = true;
+  int frees = -1;  // a free: the event that allocated what it frees
+  int group = -1;  // Saved: the layer's slot, which its backward frees
+  PlannedTensor<M> tensor{};
+};
+
+// Where a rank's peak is, and how much.
+struct MemoryPeak {
+  int64_t bytes = 0;
+  Phase phase = Phase::Forward;
+  int layer = -1;
+};
+
+template <std::size_t M, int Capacity = 512>
+struct MemoryPlan {
+  std::array<int, M> mesh_shape{};
+  int size = 0;
+  std::array<MemoryEvent<M>, Capacity> events{};
+  // The phase a forward's events are tagged with: the backward while nn::Recompute
+  // runs a block's forward again.
+  Phase forward_phase = Phase::Forward;
+
+  // --- building it (the models' memory_forward / memory_backward) ---
+  constexpr int allocate(Phase phase, int layer, MemoryUse use, PlannedTensor<M>& t, int group = -1) {
+    if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
+    t.id = size;
+    events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, group, t};
+    return size++;
+  }
+  constexpr void free(Phase phase, int layer, const PlannedTensor<M>& t) {
+    if (t.id < 0) return;
+    if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
+    const auto& a = events[static_cast<std::size_t>(t.id)];
+    events[static_cast<std::size_t>(size++)] = {phase, layer, a.use, false, t.id, a.group, a.tensor};
+  }
+  constexpr void temporary(Phase phase, int layer, PlannedTensor<M> t) {
+    allocate(phase, layer, MemoryUse::Temporary, t);
+    free(phase, layer, t);
+  }
+  // Frees what group `group` saved and still holds (a layer's backward; a recomputed
+  // block's forward dropping its layers').
+  constexpr void free_group(Phase phase, int layer, int group) {
+    const int n = size;
+    for (int e = 0; e < n; ++e) {
+      const auto& a = events[static_cast<std::size_t>(e)];
+      if (a.allocate && a.group == group && live(e, n)) free(phase, layer, a.tensor);
+    }
+  }
+  // Whether allocation `e` is not freed among the first `n` events.
+  constexpr bool live(int e, int n) const {
+    for (int k = e + 1; k < n; ++k)
+      if (!events[static_cast<std::size_t>(k)].allocate && events[static_cast<std::size_t>(k)].frees == e) return false;
+    return true;
+  }
+
+  // --- reading it ---
+  // A rank's coordinates from its index (row-major, as DeviceMesh numbers them).
+  constexpr std::array<int, M> coords_of(int rank) const {
+    std::array<int, M> c{};
+    for (int m = static_cast<int>(M) - 1; m >= 0; --m) {
+      c[static_cast<std::size_t>(m)] = rank % mesh_shape[static_cast<std::size_t>(m)];
+      rank /= mesh_shape[static_cast<std::size_t>(m)];
+    }
+    return c;
+  }
+  constexpr int ranks() const {
+    int n = 1;
+    for (int s : mesh_shape) n *= s;
+    return n;
+  }
+  // The rank's peak over the step, and the first event where it is reached.
+  constexpr MemoryPeak peak_at(const std::array<int, M>& coords) const {
+    MemoryPeak p;
+    int64_t held = 0;
+    for (int e = 0; e < size; ++e) {
+      const auto& ev = events[static_cast<std::size_t>(e)];
+      const int64_t b = ev.tensor.bytes(mesh_shape, coords);
+      held += ev.allocate ? b : -b;
+      if (held > p.bytes) p = {held, ev.phase, ev.layer};
+    }
+    return p;
+  }
+  constexpr MemoryPeak peak(int rank) const { return peak_at(coords_of(rank)); }
+  // The largest rank's (coordinate 0 everywhere: the chunk rule's largest blocks).
+  constexpr MemoryPeak peak() const { return peak_at(std::array<int, M>{}); }
+  constexpr int64_t peak_bytes() const { return peak().bytes; }
+  constexpr int64_t peak_bytes(int rank) const { return peak(rank).bytes; }
+
+  // The index of the first event after the forward (the loss's gradient on).
+  constexpr int forward_end() const {
+    for (int e = 0; e < size; ++e)
+      if (events[static_cast<std::size_t>(e)].phase != Phase::Forward) return e;
+    return size;
+  }
+  // Bytes the rank at `coords` holds for one use: Parameters, Gradients and
+  // OptimizerState throughout the step; Saved at the end of the forward (what the
+  // forward keeps for the backward, the loss's included).
+  constexpr int64_t bytes(MemoryUse use, const std::array<int, M>& coords = {}) const {
+    return held_at_forward_end(use, -2, coords);
+  }
+  // What layer `layer`'s forward keeps for its backward, on the rank at `coords`.
+  constexpr int64_t saved_bytes(int layer, const std::array<int, M>& coords = {}) const {
+    return held_at_forward_end(MemoryUse::Saved, layer, coords);
+  }
+  // The layers' count (the largest layer index + 1).
+  constexpr int layers() const {
+    int n = 0;
+    for (int e = 0; e < size; ++e) n = events[static_cast<std::size_t>(e)].layer + 1 > n ? events[static_cast<std::size_t>(e)].layer + 1 : n;
+    return n;
+  }
+  // The rank's peak while layer `layer` runs in phase `phase`.
+  constexpr int64_t layer_peak(Phase phase, int layer, const std::array<int, M>& coords = {}) const {
+    int64_t held = 0, worst = 0;
+    for (int e = 0; e < size; ++e) {
+      const auto& ev = events[static_cast<std::size_t>(e)];
+      const int64_t b = ev.tensor.bytes(mesh_shape, coords);
+      held += ev.allocate ? b : -b;
+      if (ev.phase == phase && ev.layer == layer && held > worst) worst = held;
+    }
+    return worst;
+  }
+
+ private:
+  // Bytes of `use` (of layer `layer`; -2: any) held when the forward ends.
+  constexpr int64_t held_at_forward_end(MemoryUse use, int layer, const std::array<int, M>& coords) const {
+    const int end = forward_end();
+    int64_t b = 0;
+    for (int e = 0; e < end; ++e) {
+      const auto& ev = events[static_cast<std::size_t>(e)];
+      if (ev.allocate && ev.use == use && (layer == -2 || ev.layer == layer) && live(e, end))
+        b += ev.tensor.bytes(mesh_shape, coords);
+    }
+    return b;
+  }
+};
+
+namespace detail {
+// Instantiated with the layer's type, so that "In instantiation of check_layer_memory<...>",
+// printed above the message, names it.
+template <class L, bool Declared>
+struct check_layer_memory {
+  static_assert(Declared,
+                "dtensor::nn memory plan: the layer named in the instantiation line above does not say what it "
+                "holds over a training step: give it `static constexpr LayerMemory<M> memory(const "
+                "PlannedTensor<M>& x)` (its output, what its forward saves, its temporaries; nn/memory_plan.hpp)");
+  static constexpr bool ok = true;
+};
+}  // namespace detail
+
+// How many saved-tensor slots a layer's forward uses (a block: its layers').
+template <class L>
+constexpr int memory_groups() {
+  if constexpr (requires { L::kMemoryGroups; }) return L::kMemoryGroups;
+  else return 1;
+}
+
+// A layer's output for an input x placed as it takes it (nothing on the timeline).
+template <class L, std::size_t M>
+constexpr PlannedTensor<M> memory_output(const PlannedTensor<M>& x) {
+  if constexpr (requires { L::memory_output(x); }) {
+    return L::memory_output(x);
+  } else {
+    static_assert(detail::check_layer_memory<L, requires { L::memory(x); }>::ok);
+    if constexpr (requires { L::memory(x); }) return L::memory(x).out;
+    else return x;
+  }
+}
+
+// Layer `layer`'s forward on the timeline, its input x (placed as it takes it) already
+// there: what it saves (slots from `group`), its temporaries, its output (returned,
+// allocated).
+template <class L, std::size_t M, int C>
+constexpr PlannedTensor<M> memory_forward(MemoryPlan<M, C>& p, int layer, int group, const PlannedTensor<M>& x) {
+  if constexpr (requires { L::memory_forward(p, layer, group, x); }) {
+    return L::memory_forward(p, layer, group, x);
+  } else {
+    static_assert(detail::check_layer_memory<L, requires { L::memory(x); }>::ok);
+    if constexpr (requires { L::memory(x); }) {
+      // The output before the temporaries: they may live beside it (never under-counted).
+      LayerMemory<M> m = L::memory(x);
+      const Phase ph = p.forward_phase;
+      for (int i = 0; i < m.nsaved; ++i)
+        p.allocate(ph, layer, MemoryUse::Saved, m.saved[static_cast<std::size_t>(i)], group);
+      p.allocate(ph, layer, MemoryUse::Activation, m.out);
+      for (int i = 0; i < m.nforward; ++i) p.temporary(ph, layer, m.forward_temporaries[static_cast<std::size_t>(i)]);
+      return m.out;
+    } else {
+      return x;
+    }
+  }
+}
+
+// Layer `layer`'s backward on the timeline, its output's gradient dy already there:
+// its temporaries, its input's gradient (returned, allocated, where input_grad: x's
+// extents placed as grad_in), and what its forward saved, freed.
+template <class L, std::size_t M, int C>
+constexpr PlannedTensor<M> memory_backward(MemoryPlan<M, C>& p, int layer, int group, const PlannedTensor<M>& x,
+                                           const PlannedTensor<M>& dy, const PlacementState<M>& grad_in,
+                                           bool input_grad) {
+  if constexpr (requires { L::memory_backward(p, layer, group, x, dy, grad_in, input_grad); }) {
+    return L::memory_backward(p, layer, group, x, dy, grad_in, input_grad);
+  } else if constexpr (requires { L::memory(x); }) {
+    // dx before the temporaries, which may live beside it; what was saved is freed last.
+    const LayerMemory<M> m = L::memory(x);
+    PlannedTensor<M> dx = x.placed(grad_in);
+    if (input_grad) p.allocate(Phase::Backward, layer, MemoryUse::Activation, dx);
+    for (int i = 0; i < m.nbackward; ++i)
+      p.temporary(Phase::Backward, layer, m.backward_temporaries[static_cast<std::size_t>(i)]);
+    p.free_group(Phase::Backward, layer, group);
+    return dx;
+  } else {
+    return x;
+  }
+}
+
+// The bytes of a layer's (or block's) parameters, as declared (nn/parameters.hpp),
+// allocated on the timeline with their gradients and `states` optimizer states each
+// (before the forward: held throughout).
+namespace detail {
+template <std::size_t M, int C, class D>
+constexpr void memory_parameter(MemoryPlan<M, C>& p, const D& d, int states) {
+  if constexpr (D::enabled) {
+    using V = typename D::parameter::value_type;
+    const std::array<int64_t, 2> dims{d.shape.dims[0], d.shape.dims[1]};
+    PlannedTensor<M> t = PlannedTensor<M>::template of<V>(dims, d.value);
+    t.rank = d.shape.ndim;
+    PlannedTensor<M> g = t, s = t;
+    p.allocate(Phase::Forward, -1, MemoryUse::Parameters, t);
+    p.allocate(Phase::Forward, -1, MemoryUse::Gradients, g);
+    for (int k = 0; k < states; ++k) {
+      s.id = -1;
+      p.allocate(Phase::Forward, -1, MemoryUse::OptimizerState, s);
+    }
+  }
+}
+template <std::size_t M, int C, class List, std::size_t... I>
+constexpr void memory_parameters(MemoryPlan<M, C>& p, const List& list, int states, std::index_sequence<I...>) {
+  (memory_parameter(p, std::get<I>(list), states), ...);
+}
+}  // namespace detail
+
+template <class L, std::size_t M, int C>
+constexpr void memory_parameters(MemoryPlan<M, C>& p, const PlacementState<M>& grad_out, int states) {
+  const auto list = parameter_list<L>(grad_out);
+  detail::memory_parameters(p, list, states, std::make_index_sequence<std::tuple_size_v<decltype(list)>>{});
+}
+
+// How many tensors of a parameter's size an optimizer keeps per parameter (AdamW's two
+// moments, SGD's momentum: counted whether or not momentum is on, never under).
+template <class Optimizer>
+constexpr int optimizer_states() {
+  if constexpr (requires { Optimizer::kStatesPerParameter; }) return Optimizer::kStatesPerParameter;
+  else static_assert(sizeof(Optimizer) == 0, "dtensor::nn memory plan: the optimizer does not say how many states "
+                                             "it keeps per parameter (static constexpr int kStatesPerParameter)");
+  return 0;
+}
+
+// The plan as text: the persistent bytes, one row per layer (what it saves, its peak
+// forward and backward), and the peak, for the rank at `coords`.
+template <std::size_t M, int C>
+std::string to_string(const MemoryPlan<M, C>& p, const std::array<int, M>& coords,
+                      const std::array<std::string, 64>& layer_names = {}) {
+  auto mib = [](int64_t b) {  // one decimal in the largest unit, and the exact bytes
+    const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    int64_t scale = 1;
+    while (u < 4 && b >= scale * 1024) scale *= 1024, ++u;
+    const int64_t tenths = (b * 10 + scale / 2) / scale;
+    std::string s = std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " " + units[u];
+    return u == 0 ? std::to_string(b) + " B" : s + " (" + std::to_string(b) + " B)";
+  };
+  std::string s = "memory per rank at (";
+  for (std::size_t m = 0; m < M; ++m) s += (m ? ", " : "") + std::to_string(coords[m]);
+  s += "):\n";
+  for (MemoryUse u : {MemoryUse::Parameters, MemoryUse::Gradients, MemoryUse::OptimizerState})
+    s += std::string("  ") + name(u) + ": " + mib(p.bytes(u, coords)) + "\n";
+  s += "  saved for the backward: " + mib(p.bytes(MemoryUse::Saved, coords)) + "\n";
+  for (int l = 0; l < p.layers(); ++l) {
+    std::string who = "layer " + std::to_string(l);
+    if (l < 64 && !layer_names[static_cast<std::size_t>(l)].empty()) who += " (" + layer_names[static_cast<std::size_t>(l)] + ")";
+    s += "  " + who + ": saves " + mib(p.saved_bytes(l, coords)) + ", peak forward " +
+         mib(p.layer_peak(Phase::Forward, l, coords)) + ", backward " + mib(p.layer_peak(Phase::Backward, l, coords)) +
+         "\n";
+  }
+  const MemoryPeak pk = p.peak_at(coords);
+  std::string where = pk.layer < 0 ? std::string("the loss or the parameters") : "layer " + std::to_string(pk.layer);
+  if (pk.layer >= 0 && pk.layer < 64 && !layer_names[static_cast<std::size_t>(pk.layer)].empty())
+    where += " (" + layer_names[static_cast<std::size_t>(pk.layer)] + ")";
+  s += "  peak: " + mib(pk.bytes) + ", in the " + name(pk.phase) + " of " + where + "\n";
+  return s;
+}
+
+}  // namespace dtensor::nn

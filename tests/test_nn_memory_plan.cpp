@@ -1,0 +1,176 @@
+// The memory plan (nn/memory_plan.hpp): a two-layer model on a 2x2 DP x TP mesh worked
+// by hand (parameters, gradients, AdamW's state, each layer's saved activations, the
+// peak and where it is), on uneven shards for two ranks; recompute's plan; and the
+// plan's peak against the host allocator's measured peak over a training step, for an
+// MLP with and without recompute, on one rank and, under mpirun, on every process of
+// 1-D and 2-D meshes (each process counts its own allocations).
+// Runs in-process and, through test_nn_memory_plan_mpi, under mpirun on 1-4 processes.
+#include <cstdint>
+#include <dtensor/nn.hpp>
+#include <string>
+
+#include "nn_support.hpp"
+
+namespace dtensor::test {
+namespace {
+
+using nn::MemoryUse;
+using nn::Phase;
+
+// --- by hand: Linear(6 -> 10, colwise), GELU, Linear(10 -> 6, rowwise), MSE, AdamW ---
+using Cfg = nn::Config<double, 2, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
+using Two = nn::Sequential<nn::Linear<Cfg, 6, 10, nn::Colwise>, nn::GELU<Cfg>, nn::Linear<Cfg, 10, 6, nn::Rowwise>>;
+constexpr auto kTwo = Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({7, 6}, {2, 2});
+
+// Rank (0, 0), 8-byte elements. Parameters: W1 [6, 10] columns over TP: 6 x 5 = 30;
+// b1 [10] over TP: 5; W2 [10, 6] rows over TP: 5 x 6 = 30; b2 [6] replicated: 6. 71.
+static_assert(kTwo.bytes(MemoryUse::Parameters) == 8 * 71);
+static_assert(kTwo.bytes(MemoryUse::Gradients) == 8 * 71);
+static_assert(kTwo.bytes(MemoryUse::OptimizerState) == 2 * 8 * 71);  // AdamW's two moments
+// Activations: x [7, 6], rows over DP: 4 of 7 here, all 6 features: 24 values. The
+// hidden [7, 10]: 4 rows x 5 columns (TP): 20. Saved: the first Linear its input (24),
+// the GELU its input (20), the second Linear its input (20), the loss y - t (24).
+static_assert(kTwo.saved_bytes(0) == 8 * 24 && kTwo.saved_bytes(1) == 8 * 20 && kTwo.saved_bytes(2) == 8 * 20);
+static_assert(kTwo.bytes(MemoryUse::Saved) == 8 * (24 + 20 + 20 + 24));
+// The timeline, in values (x 8 bytes): parameters, gradients, moments 284; x 24 (308).
+// Forward: linear 1 saves 24 (332), its output 20 (352), its product 20 beside it (372,
+// then 352); GELU saves 20 (372), output 20 (392), linear 1's output freed (372);
+// linear 2 saves 20 (392), output 24 (416), its Partial product 24 (440, then 416); the
+// GELU's output freed (396); the loss saves 24 (420). Backward: dy 24 (444), the loss's
+// saved freed (420); linear 2's dx 20 (440) and its product's gradient 24 beside it
+// (464: the peak), freed (440), its input freed (420); ...
+static_assert(kTwo.peak_bytes() == 8 * 464);
+static_assert(kTwo.peak().phase == Phase::Backward && kTwo.peak().layer == 2);
+// Rank (1, 1) holds 3 of the 7 rows: activations 3/4 of rank (0, 0)'s, parameters the
+// same (the even TP split): 284 + 3/4 of 180.
+// At the peak: x, the three layers' saved inputs, y, dy, linear 2's dx and product
+// gradient: 24 + 24 + 20 + 20 + 24 + 24 + 20 + 24 = 180 values on (0, 0), 135 on (1, 1).
+static_assert(kTwo.peak_bytes(3) == 8 * (284 + 135));
+static_assert(kTwo.peak(3).bytes < kTwo.peak_bytes());  // the largest rank is (0, 0)
+
+// Recomputing the MLP: the forward keeps the input only (24 values), the backward
+// recomputes it first.
+constexpr auto kTwoRecomputed =
+    nn::Sequential<nn::Recompute<Two>>::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({7, 6}, {2, 2});
+static_assert(kTwoRecomputed.saved_bytes(0) == 8 * 24);
+static_assert(kTwoRecomputed.bytes(MemoryUse::Saved) == 8 * (24 + 24));
+static_assert(kTwoRecomputed.bytes(MemoryUse::Parameters) == kTwo.bytes(MemoryUse::Parameters));
+
+// --- against the allocator ---
+// A wide MLP (the measured bytes are well above the allocator's small objects): blocks of
+// Linear, GELU, Dropout, Linear.
+constexpr int64_t kIn = 64, kHidden = 768, kBatch = 150;
+template <class C>
+using Up = nn::Linear<C, kIn, kHidden, std::conditional_t<C::tp >= 0, nn::Colwise, nn::NoParallel>>;
+template <class C>
+using Down = nn::Linear<C, kHidden, kIn, std::conditional_t<C::tp >= 0, nn::Rowwise, nn::NoParallel>>;
+template <class C>
+using Block = nn::Sequential<Up<C>, nn::GELU<C>, nn::Dropout<C>, Down<C>>;
+template <class C>
+using Plain = nn::Sequential<Block<C>, Block<C>, Block<C>>;
+template <class C>
+using Recomputed = nn::Sequential<nn::Recompute<Block<C>>, nn::Recompute<Block<C>>, nn::Recompute<Block<C>>>;
+
+template <class C>
+Block<C> make_block(const DeviceMesh<C::M>& mesh, uint64_t seed) {
+  return Block<C>(Up<C>(mesh, {seed}), nn::GELU<C>(), nn::Dropout<C>(0.1, seed), Down<C>(mesh, {seed + 1}));
+}
+template <class Model, class C>
+Model make(const DeviceMesh<C::M>& mesh) {
+  if constexpr (std::is_same_v<Model, Plain<C>>)
+    return Model(make_block<C>(mesh, 1), make_block<C>(mesh, 3), make_block<C>(mesh, 5));
+  else
+    return Model(nn::Recompute<Block<C>>(make_block<C>(mesh, 1)), nn::Recompute<Block<C>>(make_block<C>(mesh, 3)),
+                 nn::Recompute<Block<C>>(make_block<C>(mesh, 5)));
+}
+
+// The bytes a step allocates above what is held before it (parameters, gradients,
+// optimizer state and the input, all in the plan's first events), measured and planned.
+struct Peaks {
+  int64_t measured = 0, planned = 0;
+};
+template <class C, class Model>
+Peaks step_peaks(const DeviceMesh<C::M>& mesh) {
+  const auto plan = Model::template memory_plan<nn::MSELoss<C>, nn::AdamW>({kBatch, kIn}, mesh.shape());
+  auto model = make<Model, C>(mesh);
+  nn::MSELoss<C> loss;
+  nn::AdamW opt({.lr = 1e-3});
+  Peaks p;
+  for (int step = 0; step < 2; ++step) {  // the second: the optimizer's state exists, as in the plan
+    const auto x = normal_rows<typename Model::InputT>({kBatch, kIn}, mesh, 1 + step);
+    const auto target = normal_rows<typename Model::OutputT>({kBatch, kIn}, mesh, 3 + step);
+    model.zero_grad();
+    const int64_t before = host_memory_in_use();
+    reset_host_memory_peak();
+    const auto y = model.forward(x);
+    (void)loss.forward(y, target);
+    model.backward(loss.backward(y));
+    p.measured = host_memory_peak() - before;
+    opt.step(model);
+  }
+  const auto coords = mesh.coords();
+  const int64_t held = plan.bytes(MemoryUse::Parameters, coords) + plan.bytes(MemoryUse::Gradients, coords) +
+                       plan.bytes(MemoryUse::OptimizerState, coords) +
+                       nn::PlannedTensor<C::M>::template of<double>(std::array<int64_t, 2>{kBatch, kIn},
+                                                                     Model::input_placements)
+                           .bytes(plan.mesh_shape, coords);
+  p.planned = plan.peak_at(coords).bytes - held;
+  return p;
+}
+
+// The plan never under-counts, and over-counts by at most 10%.
+void check_peaks(const Peaks& p, const std::string& what) {
+  INFO(what, ": measured ", p.measured, " B, planned ", p.planned, " B");
+  CHECK(p.measured > 0);
+  CHECK(p.planned >= p.measured);
+  CHECK(p.planned <= p.measured * 11 / 10);
+}
+
+TEST_CASE("memory plan: a step's peak on one rank against the allocator's, with and without recompute") {
+  on_one_rank<1>([&](const DeviceMesh<1>& mesh) {
+    using C1 = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
+    const Peaks plain = step_peaks<C1, Plain<C1>>(mesh);
+    const Peaks recomputed = step_peaks<C1, Recomputed<C1>>(mesh);
+    MESSAGE("one rank: plain measured ", plain.measured, " planned ", plain.planned, "; recomputed measured ",
+            recomputed.measured, " planned ", recomputed.planned);
+    check_peaks(plain, "plain");
+    check_peaks(recomputed, "recomputed");
+    CHECK(recomputed.measured < plain.measured);
+  });
+}
+
+// Each process counts its own allocations: only under mpirun (in-process ranks share
+// one allocator count).
+template <class C>
+void check_on_mesh(const std::array<int, C::M>& shape) {
+  int n = 1;
+  for (int s : shape) n *= s;
+  if (!under_mpi()) {
+    skip_under_mpi("in-process ranks share one allocator count");  // records nothing in-process
+    return;
+  }
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<C::M> mesh(comm, shape);
+    const std::string where = mesh.to_string() + ", rank " + std::to_string(comm.rank());
+    check_peaks(step_peaks<C, Plain<C>>(mesh), "plain on " + where);
+    check_peaks(step_peaks<C, Recomputed<C>>(mesh), "recomputed on " + where);
+  });
+}
+
+TEST_CASE("memory plan: every process's peak against its allocator's, 1-D DP and 2-D DP x TP, uneven rows") {
+  using C1 = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
+  using C2 = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
+  for (int n : {2, 3, 4}) check_on_mesh<C1>({n});  // 150 rows: 38 | 38 | 37 | 37 on 4
+  check_on_mesh<C2>({2, 2});
+  check_on_mesh<C2>({1, 3});
+  check_on_mesh<C2>({2, 1});
+}
+
+TEST_CASE("memory plan: explain prints the table") {
+  const std::string text = Two::explain(kTwo);
+  CHECK(text.find("peak: 3.6 KiB (3712 B), in the backward of layer 2 (linear(rowwise))") != std::string::npos);
+  MESSAGE(text);
+}
+
+}  // namespace
+}  // namespace dtensor::test
