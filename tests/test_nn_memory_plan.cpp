@@ -174,3 +174,30 @@ TEST_CASE("memory plan: explain prints the table") {
 
 }  // namespace
 }  // namespace dtensor::test
+
+namespace dtensor::test {
+namespace {
+using namespace nn::literals;
+// The largest batch that fits, and the smallest mesh: the plans on either side of the
+// answer say so.
+constexpr int64_t kBudget = 10_KiB;
+constexpr int64_t kLargest =
+    nn::largest_fitting_extent<Two, nn::MSELoss<Cfg>, nn::AdamW>(std::array<int64_t, 2>{1000, 6}, {2, 2}, kBudget);
+static_assert(kLargest > 7);
+static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({kLargest, 6}, {2, 2}).peak_bytes() <= kBudget);
+static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({kLargest + 1, 6}, {2, 2}).peak_bytes() > kBudget);
+// 100 rows do not fit a 1x1 or 1x2 mesh in 12 KiB: the smallest that does.
+constexpr auto kMesh = nn::smallest_fitting_mesh<Two, nn::MSELoss<Cfg>, nn::AdamW>(std::array<int64_t, 2>{100, 6},
+                                                                                      12_KiB, 16);
+static_assert(kMesh[0] * kMesh[1] > 0);
+static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({100, 6}, kMesh).peak_bytes() <= 12_KiB);
+TEST_CASE("memory plan: the largest batch and the smallest mesh that fit a budget") {
+  MESSAGE("largest batch in 10 KiB on 2x2: ", kLargest, "; smallest mesh for 100 rows in 12 KiB: ", kMesh[0], "x",
+          kMesh[1]);
+  // Every mesh of fewer ranks is over the budget.
+  for (int n = 1; n < kMesh[0] * kMesh[1]; ++n)
+    for (int a = 1; a <= n; ++a)
+      if (n % a == 0) CHECK(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({100, 6}, {a, n / a}).peak_bytes() > 12_KiB);
+}
+}  // namespace
+}  // namespace dtensor::test

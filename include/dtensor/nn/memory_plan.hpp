@@ -441,4 +441,57 @@ std::string to_string(const MemoryPlan<M, C>& p, const std::array<int, M>& coord
   return s;
 }
 
+// --- what users ask before submitting a job ---
+
+// The largest extent of input dim `dim` (the batch, a sequence length, an image side) for
+// which a training step's peak on the largest rank is at most `budget` bytes, the other
+// extents as given: 0 where not even 1 fits. Searched up to extents[dim] (the peak grows
+// with the extent); a constant expression.
+template <class Model, class Loss, class Opt, std::size_t R>
+constexpr int64_t largest_fitting_extent(std::array<int64_t, R> extents, const std::array<int, Model::M>& mesh_shape,
+                                         int64_t budget, int dim = 0) {
+  auto fits = [&](int64_t n) {
+    extents[static_cast<std::size_t>(dim)] = n;
+    return Model::template memory_plan<Loss, Opt>(extents, mesh_shape).peak_bytes() <= budget;
+  };
+  int64_t lo = 0, hi = extents[static_cast<std::size_t>(dim)];
+  while (lo < hi) {  // the largest n in [0, hi] that fits (0 fits: nothing to hold)
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// The mesh of the fewest ranks (at most max_ranks) on which a training step fits
+// `budget` bytes on every rank, among the shapes whose dims divide that count (the
+// first such shape in row-major order where several fit); all zeros where none does.
+template <class Model, class Loss, class Opt, std::size_t R>
+constexpr std::array<int, Model::M> smallest_fitting_mesh(const std::array<int64_t, R>& extents, int64_t budget,
+                                                          int max_ranks) {
+  constexpr std::size_t M = Model::M;
+  for (int n = 1; n <= max_ranks; ++n) {
+    std::array<int, M> shape{};
+    shape.fill(1);
+    // Every shape of product n, the last dim counting fastest.
+    while (true) {
+      int product = 1;
+      for (int s : shape) product *= s;
+      if (product == n && Model::template memory_plan<Loss, Opt>(extents, shape).peak_bytes() <= budget) return shape;
+      int m = static_cast<int>(M) - 1;
+      while (m >= 0 && shape[static_cast<std::size_t>(m)] == n) shape[static_cast<std::size_t>(m--)] = 1;
+      if (m < 0) break;
+      ++shape[static_cast<std::size_t>(m)];
+    }
+  }
+  return {};
+}
+
+// Byte counts that read as budgets: static_assert(plan.peak_bytes() <= 80_GiB).
+namespace literals {
+constexpr int64_t operator""_KiB(unsigned long long n) { return static_cast<int64_t>(n) << 10; }
+constexpr int64_t operator""_MiB(unsigned long long n) { return static_cast<int64_t>(n) << 20; }
+constexpr int64_t operator""_GiB(unsigned long long n) { return static_cast<int64_t>(n) << 30; }
+}  // namespace literals
+
 }  // namespace dtensor::nn
