@@ -343,3 +343,23 @@ TEST_CASE("windows that reach no ghost read the block in place: one rank, the ba
     CHECK(wh.padded_shape()[3] == 9);                         // W: its padding implicit
   });
 }
+
+TEST_CASE("release_saved drops the kept input: the backward then asks for a forward") {
+  spmd(2, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {2});
+    using X = DTensor<float, 4, Shard<2>>;
+    const auto xg = pattern<float, 4>({1, 2, 8, 5}, 1);
+    for (const auto& spec : {nn::ConvSpec<2>::square(3, 1, 1), nn::ConvSpec<2>::square(1)}) {  // ghosts, none
+      nn::ConvOp<float, 2> op(spec, 2, 2, "conv");
+      const auto wg = pattern<float, 4>(op.weight_shape(), 2);
+      const X x = scatter<X>(xg, mesh, {});
+      const X y = op.forward(x, wg, nullptr);
+      op.release_saved();
+      Tensor<float, 4> dw(wg.shape());
+      CHECK_THROWS_WITH_AS(op.backward<true>(y, wg, dw, nullptr), doctest::Contains("backward without a forward"),
+                           InvalidArgument);
+      (void)op.forward(x, wg, nullptr);  // and a forward keeps it again
+      CHECK_NOTHROW(op.backward<false>(y, wg, dw, nullptr));
+    }
+  });
+}

@@ -142,6 +142,13 @@ class ConvOp {
     return X(x.mesh(), wh.out_layout(cout_), std::move(y));
   }
 
+  // Drops what the forward kept for the backward (the input's copy or padded block);
+  // a backward then needs a forward first (nn::Recompute's protocol, release_saved).
+  void release_saved() {
+    win_.release();
+    saved_ = false;
+  }
+
   // From dy (placed like the output, or as an accepted gradient of it): adds this
   // rank's terms of dW and db (nullptr: no bias) into their blocks and returns dx,
   // placed like dy (the convolution is linear in x and the same on every rank of a
@@ -256,6 +263,9 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
   InputT forward(const InputT& x) {
     return op_.forward(x, weight_.value().local(), Bias ? bias_.value().local().data() : nullptr);
   }
+
+  // Drops the input the forward kept for the backward.
+  void release_saved() { op_.release_saved(); }
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {

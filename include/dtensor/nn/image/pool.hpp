@@ -140,6 +140,13 @@ class PoolOp {
     return X(x.mesh(), wh.out_layout(channels), std::move(y));
   }
 
+  // Drops what the forward kept for the backward (max pooling's input); a backward
+  // then needs a forward first (nn::Recompute's protocol, release_saved).
+  void release_saved() {
+    win_.release();
+    saved_ = false;
+  }
+
   // dy placed like the output (or as an accepted gradient of it); dx placed like dy,
   // in the input's blocks (or nothing when NeedDx is false).
   template <bool NeedDx, class G>
@@ -201,6 +208,8 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
 
   PoolOp<T, S>& op() { return op_; }
   InputT forward(const InputT& x) { return op_.forward(x); }
+  // Drops the input the forward kept for the backward.
+  void release_saved() { op_.release_saved(); }
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
