@@ -3,6 +3,9 @@
 (forward, backward data, backward weight) and a step's four, best of 5 per round, CPU
 time of the thread as bench_conv_cpu takes it. --dtype bfloat16 or float16: the tensors
 in that type (what autocast runs conv2d on), as bench_conv_float16 times dtensor's.
+Then the layers, as bench_conv_cpu's layer cases: nn.Conv2d forward and forward +
+backward, nn.MaxPool2d forward and forward + backward, the input requiring its gradient
+(as inside a network: the forward saves it, the backward computes dx).
 
     python3 bench/conv_torch.py [--dtype float32|bfloat16|float16] [rounds]
 
@@ -76,6 +79,35 @@ def main():
             f()  # warm
             for r in range(rounds):
                 print(f"{name:28s} {label:9s} {r + 1:5d} {best_ms(f):10.3f}")
+
+    print(f"\nlayer: nn.Conv2d / nn.MaxPool2d, input requiring its gradient")
+    print(f"{'shape':30s} {'pass':9s} {'round':>5s} {'torch ms':>10s}")
+    layers = []
+    for name, n, c, k, size, ks, stride in SHAPES:
+        conv = torch.nn.Conv2d(c, k, ks, stride=stride, padding=(ks - 1) // 2).to(dtype)
+        layers.append((name, conv, (n, c, size, size)))
+    for name, n, c, size, ks, stride, pad in POOLS:
+        layers.append((name, torch.nn.MaxPool2d(ks, stride, pad), (n, c, size, size)))
+    for name, layer, shape in layers:
+        x = (torch.rand(*shape) - 0.5).to(dtype).requires_grad_()
+        dy = torch.rand_like(layer(x)) - 0.5
+
+        def fwd():
+            layer(x)
+
+        def step():
+            layer(x).backward(dy)
+
+        for label, f in [("fwd", fwd), ("fwd+bwd", step)]:
+            f()  # warm
+            for r in range(rounds):
+                print(f"{name:30s} {label:9s} {r + 1:5d} {best_ms(f):10.3f}")
+
+
+POOLS = [  # name, batch, channels, size, kernel, stride, padding (as bench_conv_cpu.cpp's pool_layers)
+    ("max 2x2 s2, N8 C64 56x56", 8, 64, 56, 2, 2, 0),
+    ("max 3x3 s2 p1, N8 C64 112x112", 8, 64, 112, 3, 2, 1),
+]
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
 // and over batch and H; a 3-D convolution on a 2x2 mesh over D and H; explicit
 // uneven blocks, a block thinner than the halo and an empty one. The input's
 // gradient keeps the input's placements and blocks.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -102,8 +104,11 @@ Tensor<T, R> summed(const Tensor<T, R>& block, const DeviceMesh<M>& mesh) {
 }
 
 // One distributed convolution against the reference. X: the input's DTensor type.
+// The input's block is overwritten between the forward and the backward (a layer's
+// input may be gone by then: dW must come from what the forward kept). Returns
+// whether the halo had ghosts (the padded path) or the block was read in place.
 template <class X, int S>
-void check_conv(const typename X::Mesh& mesh, const nn::ConvSpec<S>& spec, int64_t n, int64_t ci, int64_t co,
+bool check_conv(const typename X::Mesh& mesh, const nn::ConvSpec<S>& spec, int64_t n, int64_t ci, int64_t co,
                 const std::array<int64_t, S>& image, const Splits<X::rank>& splits, double tol,
                 bool overlap = true) {
   using T = typename X::value_type;
@@ -116,11 +121,12 @@ void check_conv(const typename X::Mesh& mesh, const nn::ConvSpec<S>& spec, int64
 
   const auto xg = pattern<T, R>(xs, 1), wg = pattern<T, R>(ws, 2), dyg = pattern<T, R>(ys, 4);
   const auto bg = pattern<T, 1>({co}, 3);
-  const X x = scatter<X>(xg, mesh, splits);
+  X x = scatter<X>(xg, mesh, splits);
 
   nn::ConvOp<T, S> op(spec, ci, co, "conv");
   op.set_overlap(overlap);
   const X y = op.forward(x, wg, bg.data());
+  std::fill_n(x.local().data(), x.local().numel(), std::numeric_limits<T>::quiet_NaN());
   // The output is sharded like the input, in the blocks each rank owns.
   const X dy = scatter<X>(dyg, mesh, y.layout().blocks);
   auto dw = Tensor<T, R>(ws);
@@ -158,6 +164,7 @@ void check_conv(const typename X::Mesh& mesh, const nn::ConvSpec<S>& spec, int64
   CHECK(rel_diff(dxf.data(), dxr) < tol);
   CHECK(rel_diff(dws.data(), dwr) < tol);
   CHECK(rel_diff(dbs.data(), dbr) < tol);
+  return op.halo().has_ghosts();
 }
 
 }  // namespace
@@ -281,5 +288,78 @@ TEST_CASE("an op fed the same layout under other placements plans its halo again
     nn::ConvOp<double, 2> fresh(nn::ConvSpec<2>::square_same(3), 1, 1, "conv2d");
     const auto yf = fresh.forward(scatter<B>(xg, mesh, {}), w, nullptr).full_tensor();
     CHECK(max_abs_diff(yb, yf) == 0);
+  });
+}
+
+TEST_CASE("windows that reach no ghost read the block in place: one rank, the batch sharded, 1x1 kernels") {
+  // Padding on a dim that is not split (no dim split, a mesh dim of one rank, or only
+  // the batch sharded) is implicit; a 1x1 kernel (any stride) reads no neighbour's
+  // cell. Float goes through oneDNN's padding, double through dtensor's own loops;
+  // uneven batch and H blocks; 1-D and 2-D meshes.
+  const auto k3 = nn::ConvSpec<2>::square(3, 1, 1), k5s2 = nn::ConvSpec<2>::square(5, 2, 2),
+             k3same = nn::ConvSpec<2>::square_same(3), k1s2 = nn::ConvSpec<2>::square(1, 2, 0);
+  spmd(1, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {1});
+    for (const auto& spec : {k3, k5s2, k3same, k1s2}) {
+      CHECK_FALSE(check_conv<DTensor<float, 4, Shard<2>>, 2>(mesh, spec, 2, 3, 16, {15, 9}, {}, 1e-5));
+      CHECK_FALSE(check_conv<DTensor<double, 4, Replicate>, 2>(mesh, spec, 2, 3, 4, {15, 9}, {}, 1e-12));
+    }
+    CHECK_FALSE(check_conv<DTensor<float, 3, Shard<2>>, 1>(mesh, nn::ConvSpec<1>::square(3, 1, 1), 2, 16, 16, {17},
+                                                           {}, 1e-5));
+  });
+  for (int ranks : {2, 3})
+    spmd(ranks, [&](Comm& comm) {
+      DeviceMesh<1> mesh(comm, {ranks});
+      Splits<4> batch{}, rows{};
+      batch[0] = ranks == 2 ? std::vector<int64_t>{4, 1} : std::vector<int64_t>{2, 0, 3};
+      rows[2] = ranks == 2 ? std::vector<int64_t>{9, 6} : std::vector<int64_t>{7, 1, 7};
+      for (const auto& spec : {k3, k5s2, k3same}) {
+        CHECK_FALSE(check_conv<DTensor<float, 4, Shard<0>>, 2>(mesh, spec, 5, 3, 16, {15, 9}, batch, 1e-5));
+        CHECK_FALSE(check_conv<DTensor<double, 4, Shard<0>>, 2>(mesh, spec, 5, 2, 3, {15, 9}, {}, 1e-12));
+      }
+      // 1x1 over split rows: even with stride 2 on uneven blocks, no window leaves its block.
+      CHECK_FALSE(check_conv<DTensor<float, 4, Shard<2>>, 2>(mesh, nn::ConvSpec<2>::square(1), 2, 16, 16, {15, 9},
+                                                             rows, 1e-5));
+      CHECK_FALSE(check_conv<DTensor<double, 4, Shard<2>>, 2>(mesh, k1s2, 2, 3, 4, {15, 9}, rows, 1e-12));
+      // And the padded path beside it, on the same blocks.
+      CHECK(check_conv<DTensor<float, 4, Shard<2>>, 2>(mesh, k3, 2, 16, 16, {15, 9}, rows, 1e-5));
+    });
+  spmd(4, [&](Comm& comm) {
+    // 2x2 over batch and W; 4x1 over H and W (W's mesh dim of one rank: H padded only).
+    DeviceMesh<2> mesh(comm, {2, 2});
+    for (const auto& spec : {k3, k5s2}) {
+      CHECK_FALSE(check_conv<DTensor<float, 4, Shard<0>, Shard<0>>, 2>(mesh, spec, 5, 3, 16, {15, 9}, {}, 1e-5));
+      CHECK(check_conv<DTensor<float, 4, Shard<0>, Shard<3>>, 2>(mesh, spec, 5, 3, 16, {15, 9}, {}, 1e-5));
+    }
+    CHECK_FALSE(check_conv<DTensor<double, 4, Shard<2>, Shard<3>>, 2>(mesh, k1s2, 2, 3, 4, {15, 9}, {}, 1e-12));
+    DeviceMesh<2> column(comm, {4, 1});
+    using XC = DTensor<float, 4, Shard<2>, Shard<3>>;
+    for (const auto& spec : {k3, k5s2, k3same})
+      CHECK(check_conv<XC, 2>(column, spec, 2, 3, 16, {15, 9}, {}, 1e-5));
+    const XC x = scatter<XC>(pattern<float, 4>({2, 3, 15, 9}, 1), column, {});
+    const WindowDim w3{3, 1, 1, 1, 1};
+    const WindowHalo<float, 4> wh(column, XC::placement_state, x.layout(), {w3, w3}, "conv2d");
+    CHECK(wh.padded_shape()[2] == x.local().shape()[2] + 2);  // H: a ghost row each side
+    CHECK(wh.padded_shape()[3] == 9);                         // W: its padding implicit
+  });
+}
+
+TEST_CASE("release_saved drops the kept input: the backward then asks for a forward") {
+  spmd(2, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {2});
+    using X = DTensor<float, 4, Shard<2>>;
+    const auto xg = pattern<float, 4>({1, 2, 8, 5}, 1);
+    for (const auto& spec : {nn::ConvSpec<2>::square(3, 1, 1), nn::ConvSpec<2>::square(1)}) {  // ghosts, none
+      nn::ConvOp<float, 2> op(spec, 2, 2, "conv");
+      const auto wg = pattern<float, 4>(op.weight_shape(), 2);
+      const X x = scatter<X>(xg, mesh, {});
+      const X y = op.forward(x, wg, nullptr);
+      op.release_saved();
+      Tensor<float, 4> dw(wg.shape());
+      CHECK_THROWS_WITH_AS(op.backward<true>(y, wg, dw, nullptr), doctest::Contains("backward without a forward"),
+                           InvalidArgument);
+      (void)op.forward(x, wg, nullptr);  // and a forward keeps it again
+      CHECK_NOTHROW(op.backward<false>(y, wg, dw, nullptr));
+    }
   });
 }

@@ -6,7 +6,9 @@
 // reduction. Meshes: 1-D of 1 to 4 ranks over H, 2x2 over H and W, DP x H; image
 // sizes 16, 15, 9; chunk-rule and explicit uneven blocks with an empty one; float to
 // 1e-5 and double to 1e-12 relative.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -278,8 +280,9 @@ int64_t pool_out_extent(int64_t n, int64_t k, int64_t s, int64_t pad, int64_t di
 // image; max skips the padding, average divides by the window's cells up to the
 // padding's end (count_include_pad; all of them but where ceil_mode's last window
 // reaches past it) or by the taps inside the image.
+// Returns whether the halo had ghosts (the padded path) or the block was read in place.
 template <class T, int S>
-void check_pool(const auto& mesh, PoolMode mode, const nn::PoolOptions<S>& opt, const Shape<2 + S>& shape,
+bool check_pool(const auto& mesh, PoolMode mode, const nn::PoolOptions<S>& opt, const Shape<2 + S>& shape,
                 const Splits<2 + S>& splits, bool overlap, auto tag) {
   using X = typename decltype(tag)::type;
   constexpr int R = 2 + S;
@@ -340,10 +343,12 @@ void check_pool(const auto& mesh, PoolMode mode, const nn::PoolOptions<S>& opt, 
             }
       });
 
-  const X x = scatter<X>(xg, mesh, splits);
+  X x = scatter<X>(xg, mesh, splits);
   nn::PoolOp<T, S> op(mode, opt, "pool");
   op.set_overlap(overlap);
   const X y = op.forward(x);
+  // The backward reads what the forward kept, never the caller's block.
+  std::fill_n(x.local().data(), x.local().numel(), std::numeric_limits<T>::quiet_NaN());
   const X dy = scatter<X>(dyg, mesh, y.layout().blocks);
   const X dx = op.template backward<true>(dy);
   CHECK(dx.layout().global == x.layout().global);
@@ -353,6 +358,7 @@ void check_pool(const auto& mesh, PoolMode mode, const nn::PoolOptions<S>& opt, 
        ", out blocks ", str(y.layout().blocks[2]));
   CHECK(rel_diff(y.full_tensor(), yr) < tolerance<T>());
   CHECK(rel_diff(dx.full_tensor(), dxr) < tolerance<T>());
+  return op.halo().has_ghosts();
 }
 
 // --- nearest and (bi)linear upsampling ---
@@ -623,6 +629,47 @@ TEST_CASE("pooling on 2x2 meshes over H and W and over batch and H; explicit, th
       for (const auto& opt : {nn::PoolOptions<2>::square(5, 1, 2), nn::PoolOptions<2>::square(3, 2, 1), k2, k3s2c})
         for (const auto& sp : {thin, empty})
           check_pool<double, 2>(mesh, mode, opt, {2, 2, 16, 6}, sp, true, as<DTensor<double, 4, Shard<2>>>);
+  });
+}
+
+TEST_CASE("pooling windows that reach no ghost read the block in place: one rank, the batch sharded, even blocks") {
+  // No dim split (or a mesh dim of one rank), the batch sharded on uneven blocks, or
+  // H split on even blocks under a 2x2 stride-2 window: no ghost, the block pooled in
+  // place (max keeps one copy for its backward, average none). Beside them the padded
+  // path on the same meshes.
+  const nn::PoolOptions<2> k2 = nn::PoolOptions<2>::square(2), k3s2 = nn::PoolOptions<2>::square(3, 2, 1);
+  nn::PoolOptions<2> k3s2c = k3s2, k3x = nn::PoolOptions<2>::square(3, 1, 1);
+  k3s2c.ceil_mode = true;
+  k3x.count_include_pad = false;
+  spmd(1, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {1});
+    for (PoolMode mode : {PoolMode::Max, PoolMode::Average})
+      for (const auto& opt : {k2, k3s2, k3s2c, k3x}) {
+        CHECK_FALSE(check_pool<float, 2>(mesh, mode, opt, {2, 3, 15, 9}, {}, true,
+                                         as<DTensor<float, 4, Shard<2>>>));
+        CHECK_FALSE(check_pool<double, 2>(mesh, mode, opt, {2, 3, 15, 9}, {}, true, as<DTensor<double, 4, Replicate>>));
+      }
+  });
+  spmd(3, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {3});
+    Splits<4> batch{}, even{};
+    batch[0] = {2, 0, 3};
+    even[2] = {6, 2, 8};  // even blocks: a 2x2 stride-2 window never crosses one
+    for (PoolMode mode : {PoolMode::Max, PoolMode::Average}) {
+      for (const auto& opt : {k2, k3s2, k3s2c, k3x})
+        CHECK_FALSE(check_pool<float, 2>(mesh, mode, opt, {5, 3, 15, 9}, batch, true,
+                                         as<DTensor<float, 4, Shard<0>>>));
+      CHECK_FALSE(check_pool<double, 2>(mesh, mode, k2, {2, 3, 16, 9}, even, true, as<DTensor<double, 4, Shard<2>>>));
+      CHECK(check_pool<double, 2>(mesh, mode, k3s2, {2, 3, 16, 9}, even, true, as<DTensor<double, 4, Shard<2>>>));
+    }
+  });
+  spmd(4, [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    for (PoolMode mode : {PoolMode::Max, PoolMode::Average}) {
+      CHECK_FALSE(check_pool<float, 2>(mesh, mode, k2, {2, 3, 16, 8}, {}, true,
+                                       as<DTensor<float, 4, Shard<2>, Shard<3>>>));
+      CHECK(check_pool<float, 2>(mesh, mode, k3s2, {2, 3, 16, 8}, {}, true, as<DTensor<float, 4, Shard<2>, Shard<3>>>));
+    }
   });
 }
 

@@ -249,7 +249,8 @@ void pool_forward(Device d, const PoolDims& dims, const T* x, T* y, OutBox box =
 
 // dx = the gradient of pool_forward (over all of y) in x, recomputed from x: max
 // gives each window's dy to its first largest valid tap, average shares it among the
-// valid taps (dy / divisor each). Every cell of dx is written.
+// valid taps (dy / divisor each). Every cell of dx is written. Only max pooling reads
+// x (average pooling may pass nullptr).
 template <class T>
 void pool_backward(Device d, const PoolDims& dims, const T* x, const T* dy, T* dx) {
   detail::conv::check_type<T>();

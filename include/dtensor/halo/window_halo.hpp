@@ -5,11 +5,13 @@
 // and the halo exchange that fills the block's ghosts (forward) or adds the ghosts'
 // gradients into their owners (reverse).
 //
-// Tensors are [batch, channels, spatial...] (Rank = 2 + spatial dims). Only sharded
-// spatial dims get ghosts (window_geometry.hpp gives their widths and which outputs
-// each rank computes); an unsharded spatial dim is read whole, its padding implicit
-// (ConvDims::in_start < 0). The batch may be sharded too (data parallelism); the
-// channels may not (every output reads all of a group's channels).
+// Tensors are [batch, channels, spatial...] (Rank = 2 + spatial dims). Only spatial
+// dims split into two or more blocks get ghosts (window_geometry.hpp gives their
+// widths and which outputs each rank computes); any other spatial dim (not sharded,
+// or sharded over mesh dims of size 1, as a data-parallel config's spatial mesh dim on
+// one rank) is read whole, its padding implicit (ConvDims::in_start < 0), so that its
+// padding costs no storage and no copy. The batch may be sharded too (data
+// parallelism); the channels may not (every output reads all of a group's channels).
 //
 //   WindowHalo<float, 4> wh(mesh, placements, x.layout(), {WindowDim{3, 1, 1, 1, 1}, WindowDim{3, 1, 1, 1, 1}}, "conv2d");
 //   auto xp = Tensor<float, 4>::uninitialized(wh.padded_shape(), dev);
@@ -74,14 +76,16 @@ class WindowHalo {
     out_layout_ = in;
     for (int i = 0; i < S; ++i) {
       const int d = 2 + i;
-      sharded_[i] = !in.blocks[d].empty();
+      // One block (a mesh dim of one rank) holds the whole dim: no neighbour, no ghost.
+      sharded_[i] = in.blocks[d].size() > 1;
       const std::vector<int64_t> sizes = sharded_[i] ? in.blocks[d] : std::vector<int64_t>{in.global[d]};
       split_[i] = split_windows(windows[i], sizes, what + ": spatial dim " + std::to_string(i));
       block_[i] = sharded_[i]
                       ? static_cast<int>(detail::block_index(detail::sharding_mesh_dims(ps, d), mesh.shape(), mesh.coords()))
                       : 0;
       out_layout_.global[d] = split_[i].out_extent;
-      out_layout_.blocks[d] = sharded_[i] ? split_[i].out_sizes() : std::vector<int64_t>{};
+      // The output keeps the input's form of layout: explicit blocks where it has them.
+      out_layout_.blocks[d] = in.blocks[d].empty() ? std::vector<int64_t>{} : split_[i].out_sizes();
       if (sharded_[i]) spec.widths.lo[d] = split_[i].ghost_lo, spec.widths.hi[d] = split_[i].ghost_hi;
       ghosts_ = ghosts_ || spec.widths.any(d);
     }
@@ -230,7 +234,7 @@ class WindowHalo {
   HaloPlanKey<Rank> key_;
   std::array<WindowDim, S> windows_{};
   std::array<WindowSplit, S> split_{};
-  std::array<bool, S> sharded_{};
+  std::array<bool, S> sharded_{};  // split into two or more blocks: ghosts
   std::array<int, S> block_{};
   bool ghosts_ = false;
   Device device_{};

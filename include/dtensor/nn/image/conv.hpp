@@ -4,11 +4,15 @@
 // a halo exchange that brings the neighbours' cells its windows reach.
 //
 //   forward    copy the block into its padded storage; start the exchange; convolve
-//              the outputs that read no ghost; finish it; convolve the boundary strips
+//              the outputs that read no ghost; finish it; convolve the boundary strips.
+//              Where no window reaches a ghost (one rank, the batch or only unsharded
+//              dims sharded, a 1x1 kernel), convolve the block in place, its padding
+//              implicit, and keep one copy of it for dW (halo/windowed_op.hpp)
 //   backward   dx: the local transposed convolution of dy into a padded block, whose
 //              ghosts are then added into their owners (the exchange's reverse, SUM:
 //              the exact adjoint of the forward's fill, for any stride); while those
-//              messages travel, dW and db from the saved padded input and dy
+//              messages travel, dW and db from the saved padded input and dy. Without
+//              ghosts, dx is written straight into the returned block
 //
 // The output is sharded like the input, in the blocks of outputs each rank owns (a
 // stride-2 output of an input split 8 | 7 is split 4 | 4). dW and db are sums over
@@ -129,13 +133,20 @@ class ConvOp {
     const auto& wh = win_.halo();
     const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);
     auto y = Tensor<T, Rank>::uninitialized(wh.local_out_shape(cout_), dev);
-    const T* xp = win_.padded_input();
+    const T* xp = win_.input();
     win_.forward(
         wh.interior_box().empty(dims),
         [&](const OutBox& b) { compute::conv_forward(dev, dims, xp, w.data(), bias, y.data(), b); },
         [&] { compute::conv_forward(dev, dims, xp, w.data(), bias, y.data()); });
     saved_ = true;
     return X(x.mesh(), wh.out_layout(cout_), std::move(y));
+  }
+
+  // Drops what the forward kept for the backward (the input's copy or padded block);
+  // a backward then needs a forward first (nn::Recompute's protocol, release_saved).
+  void release_saved() {
+    win_.release();
+    saved_ = false;
   }
 
   // From dy (placed like the output, or as an accepted gradient of it): adds this
@@ -162,6 +173,7 @@ class ConvOp {
       return DX(dy.mesh(), wh.in_layout(), std::move(dx));
     } else {
       weight_terms(dims, dy, dw, db);
+      win_.release();
       return 0;
     }
   }
@@ -170,7 +182,7 @@ class ConvOp {
   template <class G>
   void weight_terms(const ConvDims& dims, const G& dy, Tensor<T, Rank>& dw, T* db) {
     const Device dev = dy.local().device();
-    compute::conv_backward_weight(dev, dims, win_.padded_input(), dy.local().data(), dw.data(), true);
+    compute::conv_backward_weight(dev, dims, win_.saved_input(), dy.local().data(), dw.data(), true);
     if (db) compute::conv_backward_bias(dev, dims, dy.local().data(), db, true);
   }
 
@@ -178,7 +190,7 @@ class ConvOp {
   int64_t cin_, cout_;
   std::string name_;
   bool saved_ = false;
-  WindowedOp<T, Rank> win_;  // the halo, the padded input kept for the backward
+  WindowedOp<T, Rank> win_;  // the halo, the input kept for the backward
 };
 
 // The placement rule of a convolution (and of any layer that is linear in its input
@@ -251,6 +263,9 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
   InputT forward(const InputT& x) {
     return op_.forward(x, weight_.value().local(), Bias ? bias_.value().local().data() : nullptr);
   }
+
+  // Drops the input the forward kept for the backward.
+  void release_saved() { op_.release_saved(); }
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {

@@ -6,12 +6,17 @@
 //
 //   forward    copy the block into its padded storage; start the halo exchange; pool
 //              the outputs that read no ghost; finish it; pool the boundary strips.
+//              Where no window reaches a ghost (one rank, only the batch sharded, a
+//              2x2 stride-2 pool on even blocks), pool the block in place; max pooling
+//              keeps one copy of it for the backward, average pooling none (its
+//              gradient does not read x; halo/windowed_op.hpp).
 //              Cells beyond the image are padding (max skips them; average counts
 //              them as zeros with count_include_pad, up to the padding's end where
 //              ceil_mode's last window reaches past it, else leaves them out)
 //   backward   local pooling gradient into a padded block, recomputed from the saved
 //              padded input (max: each window's dy to its first largest tap); its
-//              ghosts are then added into their owners (the reverse exchange, SUM)
+//              ghosts are then added into their owners (the reverse exchange, SUM).
+//              Without ghosts, straight into the returned block
 //
 // The output is sharded like the input, in the blocks of outputs each rank owns
 // (window_geometry.hpp: a stride-2 output of an input split 8 | 7 is split 4 | 4).
@@ -120,19 +125,26 @@ class PoolOp {
   template <class X>
   X forward(const X& x) {
     static_assert(X::rank == Rank, "dtensor::nn::PoolOp: the input's rank is not 2 + the spatial dims");
-    win_.prepare(x, [&](int i, int64_t n) { return options_.window(i, n); }, name_);
+    win_.prepare(x, [&](int i, int64_t n) { return options_.window(i, n); }, name_, mode_ == PoolMode::Max);
     const Device dev = x.local().device();
     const auto& wh = win_.halo();
     const int64_t channels = x.shape()[1];
     const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad, options_.padding);
     auto y = Tensor<T, Rank>::uninitialized(wh.local_out_shape(channels), dev);
-    const T* xp = win_.padded_input();
+    const T* xp = win_.input();
     win_.forward(
         wh.interior_box().empty(dims.window),
         [&](const OutBox& b) { compute::pool_forward(dev, dims, xp, y.data(), b); },
         [&] { compute::pool_forward(dev, dims, xp, y.data()); });
     saved_ = true;
     return X(x.mesh(), wh.out_layout(channels), std::move(y));
+  }
+
+  // Drops what the forward kept for the backward (max pooling's input); a backward
+  // then needs a forward first (nn::Recompute's protocol, release_saved).
+  void release_saved() {
+    win_.release();
+    saved_ = false;
   }
 
   // dy placed like the output (or as an accepted gradient of it); dx placed like dy,
@@ -145,12 +157,15 @@ class PoolOp {
     const int64_t channels = wh.local_shape()[1];
     require_gradient_layout(name_, dy.layout(), wh.out_layout(channels));  // before the reverse exchange
     if constexpr (!NeedDx) {
+      win_.release();
       return 0;
     } else {
       const Device dev = dy.local().device();
       const PoolDims dims = wh.pool_dims(mode_, options_.count_include_pad, options_.padding);
+      // Average pooling's gradient reads no x, and none was kept.
+      const T* x = mode_ == PoolMode::Max ? win_.saved_input() : nullptr;
       auto dx = win_.input_gradient(
-          dev, [&](T* dxp) { compute::pool_backward(dev, dims, win_.padded_input(), dy.local().data(), dxp); }, [] {});
+          dev, [&](T* dxp) { compute::pool_backward(dev, dims, x, dy.local().data(), dxp); }, [] {});
       using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
       return DX(dy.mesh(), wh.in_layout(), std::move(dx));
     }
@@ -161,7 +176,7 @@ class PoolOp {
   PoolOptions<S> options_;
   std::string name_;
   bool saved_ = false;
-  WindowedOp<T, Rank> win_;  // the halo, the padded input kept for the backward
+  WindowedOp<T, Rank> win_;  // the halo, the input kept for max pooling's backward
 };
 
 namespace detail {
@@ -193,6 +208,8 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
 
   PoolOp<T, S>& op() { return op_; }
   InputT forward(const InputT& x) { return op_.forward(x); }
+  // Drops the input the forward kept for the backward.
+  void release_saved() { op_.release_saved(); }
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
