@@ -75,13 +75,28 @@ template <class C>
 Block<C> make_block(const DeviceMesh<C::M>& mesh, uint64_t seed) {
   return Block<C>(Up<C>(mesh, {seed}), nn::GELU<C>(), nn::Dropout<C>(0.1, seed), Down<C>(mesh, {seed + 1}));
 }
+// Fully sharded: each block, or each block recomputed, or recomputed blocks sharded.
+template <class C, bool R = true>
+using Sharded = nn::Sequential<nn::FullyShard<Block<C>, R>, nn::FullyShard<Block<C>, R>, nn::FullyShard<Block<C>, R>>;
+template <class C>
+using ShardedRecomputed = nn::Sequential<nn::FullyShard<nn::Recompute<Block<C>>>, nn::FullyShard<nn::Recompute<Block<C>>>,
+                                         nn::FullyShard<nn::Recompute<Block<C>>>>;
+template <class C>
+using RecomputedSharded = nn::Sequential<nn::Recompute<nn::FullyShard<Block<C>>>, nn::Recompute<nn::FullyShard<Block<C>>>,
+                                         nn::Recompute<nn::FullyShard<Block<C>>>>;
+
+// Any of them from its blocks (each wrapper from what it wraps).
+template <class L, class C>
+L make_layer(const DeviceMesh<C::M>& mesh, uint64_t seed) {
+  if constexpr (std::is_same_v<L, Block<C>>) return make_block<C>(mesh, seed);
+  else if constexpr (requires { typename L::block_type; }) return L(make_layer<typename L::block_type, C>(mesh, seed));
+  else return L(make_layer<typename L::inner_type, C>(mesh, seed));
+}
 template <class Model, class C>
 Model make(const DeviceMesh<C::M>& mesh) {
-  if constexpr (std::is_same_v<Model, Plain<C>>)
-    return Model(make_block<C>(mesh, 1), make_block<C>(mesh, 3), make_block<C>(mesh, 5));
-  else
-    return Model(nn::Recompute<Block<C>>(make_block<C>(mesh, 1)), nn::Recompute<Block<C>>(make_block<C>(mesh, 3)),
-                 nn::Recompute<Block<C>>(make_block<C>(mesh, 5)));
+  return Model(make_layer<typename Model::template layer_t<0>, C>(mesh, 1),
+               make_layer<typename Model::template layer_t<1>, C>(mesh, 3),
+               make_layer<typename Model::template layer_t<2>, C>(mesh, 5));
 }
 
 // The bytes a step allocates above what is held before it (parameters, gradients,
@@ -126,7 +141,7 @@ void check_peaks(const Peaks& p, const std::string& what) {
   CHECK(p.planned <= p.measured * 11 / 10);
 }
 
-TEST_CASE("memory plan: a step's peak on one rank against the allocator's, with and without recompute") {
+TEST_CASE("memory plan: a step's peak on one rank against the allocator's, with and without recompute and FSDP") {
   on_one_rank<1>([&](const DeviceMesh<1>& mesh) {
     using C1 = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
     const Peaks plain = step_peaks<C1, Plain<C1>>(mesh);
@@ -136,6 +151,10 @@ TEST_CASE("memory plan: a step's peak on one rank against the allocator's, with 
     check_peaks(plain, "plain");
     check_peaks(recomputed, "recomputed");
     CHECK(recomputed.measured < plain.measured);
+    check_peaks(step_peaks<C1, Sharded<C1>>(mesh), "fully sharded");
+    check_peaks(step_peaks<C1, Sharded<C1, false>>(mesh), "fully sharded, kept to the backward");
+    check_peaks(step_peaks<C1, ShardedRecomputed<C1>>(mesh), "fully sharded, recomputed inside");
+    check_peaks(step_peaks<C1, RecomputedSharded<C1>>(mesh), "recomputed, fully sharded inside");
   });
 }
 
@@ -154,6 +173,10 @@ void check_on_mesh(const std::array<int, C::M>& shape) {
     const std::string where = mesh.to_string() + ", rank " + std::to_string(comm.rank());
     check_peaks(step_peaks<C, Plain<C>>(mesh), "plain on " + where);
     check_peaks(step_peaks<C, Recomputed<C>>(mesh), "recomputed on " + where);
+    check_peaks(step_peaks<C, Sharded<C>>(mesh), "fully sharded on " + where);
+    check_peaks(step_peaks<C, Sharded<C, false>>(mesh), "fully sharded, kept, on " + where);
+    check_peaks(step_peaks<C, ShardedRecomputed<C>>(mesh), "fully sharded, recomputed inside, on " + where);
+    check_peaks(step_peaks<C, RecomputedSharded<C>>(mesh), "recomputed, fully sharded inside, on " + where);
   });
 }
 
@@ -199,5 +222,21 @@ TEST_CASE("memory plan: the largest batch and the smallest mesh that fit a budge
     for (int a = 1; a <= n; ++a)
       if (n % a == 0) CHECK(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({100, 6}, {a, n / a}).peak_bytes() > 12_KiB);
 }
+}  // namespace
+}  // namespace dtensor::test
+
+namespace dtensor::test {
+namespace {
+// Fully sharded layers by hand (test_nn_fsdp's model: Linear 5 -> 7, GELU, Linear 7 -> 3,
+// each FullyShard) on 4 DP ranks, rank 0: the shards are its chunks, weight [5, 7] rows
+// 2 of 5 (14), bias 2 of 7, weight [7, 3] rows 2 of 7 (6), bias 1 of 3: 23 values, with
+// as many gradient values and twice as many AdamW moments; gathered, the first layer
+// holds its 42 values and 42 gradient values while it runs.
+using Dp = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
+using Fsdp = nn::Sequential<nn::FullyShard<nn::Linear<Dp, 5, 7>>, nn::GELU<Dp>, nn::FullyShard<nn::Linear<Dp, 7, 3>>>;
+constexpr auto kFsdp = Fsdp::memory_plan<nn::MSELoss<Dp>, nn::AdamW>({6, 5}, {4});
+static_assert(kFsdp.bytes(MemoryUse::Parameters) == 8 * 23 && kFsdp.bytes(MemoryUse::Gradients) == 8 * 23 &&
+              kFsdp.bytes(MemoryUse::OptimizerState) == 2 * 8 * 23);
+static_assert(kFsdp.layer_peak(Phase::Forward, 0) >= kFsdp.bytes(MemoryUse::Parameters) * 4 + 8 * 2 * 42);
 }  // namespace
 }  // namespace dtensor::test

@@ -80,6 +80,7 @@
 #include "dtensor/distributed/start_reduce_scatter.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
@@ -326,6 +327,146 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
     }
     scatter.gradient_sync = true;  // skipped inside no_sync()
     p.add(scatter);                // after it
+  }
+
+  // --- the memory plan (nn/memory_plan.hpp), as the run time below allocates ---
+  // L's slots, and one for this layer's gathers and reduce-scatters.
+  static constexpr int kMemoryGroups = nn::memory_groups<L>() + 1;
+  template <std::size_t MM>
+  static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
+    return nn::memory_output<L>(x);
+  }
+  // The shards (in Master) with their gradients and optimizer states.
+  template <std::size_t MM, int C>
+  static constexpr void memory_parameters(MemoryPlan<MM, C>& p, const State&, int states) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (detail::declared_at<L, I>::enabled) {
+              PlannedTensor<MM> t = parameter_tensor<MM, Master, I>(detail::shard_of<L, I>::state), g = t;
+              p.allocate(Phase::Forward, -1, MemoryUse::Parameters, t);
+              p.allocate(Phase::Forward, -1, MemoryUse::Gradients, g);
+              for (int k = 0; k < states; ++k) {
+                PlannedTensor<MM> s = t;
+                p.allocate(Phase::Forward, -1, MemoryUse::OptimizerState, s);
+              }
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<declared>{});
+  }
+  // A gather started: this rank's shards packed (send) and every DP rank's (recv, the
+  // sharded parameters' blocks whole over DP), in T.
+  template <std::size_t MM, int C>
+  static constexpr void memory_prefetch(MemoryPlan<MM, C>& p, Phase phase, int layer, int group, bool) {
+    auto& slot = p.slot(group + nn::memory_groups<L>());
+    if (!any_sharded || slot.gathered || slot.send >= 0) return;  // prefetch() is a no-op then
+    PackedTensors<MM> send, recv;
+    each<true>([&](auto i) {
+      send.add(parameter_tensor<MM, T, i()>(detail::shard_of<L, i()>::state));
+      recv.add(parameter_tensor<MM, T, i()>(std::get<i()>(detail::declared_list<L>()).value));
+    });
+    slot.send = p.allocate_packed(phase, layer, MemoryUse::Buffers, send);
+    slot.recv = p.allocate_packed(phase, layer, MemoryUse::Buffers, recv);
+  }
+  // gather(): the buffers (unless prefetched), each parameter's full block and a zero
+  // gradient of it, the buffers freed.
+  template <std::size_t MM, int C>
+  static constexpr void memory_unshard(MemoryPlan<MM, C>& p, Phase phase, int layer, int group) {
+    auto& slot = p.slot(group + nn::memory_groups<L>());
+    if (slot.gathered) return;
+    if (any_sharded) memory_prefetch(p, phase, layer, group, true);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (detail::declared_at<L, I>::enabled) {
+              PlannedTensor<MM> v = parameter_tensor<MM, T, I>(std::get<I>(detail::declared_list<L>()).value),
+                                g = v;
+              p.allocate(phase, layer, MemoryUse::Gathered, v);
+              p.allocate(phase, layer, MemoryUse::Gathered, g);
+              if (slot.n + 2 > MemoryPlan<MM, C>::kSlotTensors)
+                throw InvalidArgument("dtensor::nn::MemoryPlan: a fully sharded layer with more parameters than it holds");
+              slot.held[static_cast<std::size_t>(slot.n++)] = v.id;
+              slot.held[static_cast<std::size_t>(slot.n++)] = g.id;
+            }
+          }(),
+          ...);
+    }(std::make_index_sequence<declared>{});
+    p.free_event(phase, layer, slot.send);
+    p.free_event(phase, layer, slot.recv);
+    slot.send = slot.recv = -1;
+    slot.gathered = true;
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_release(MemoryPlan<MM, C>& p, Phase phase, int layer, int group) {
+    auto& slot = p.slot(group + nn::memory_groups<L>());
+    for (int k = 0; k < slot.n; ++k) p.free_event(phase, layer, slot.held[static_cast<std::size_t>(k)]);
+    slot.n = 0;
+    slot.gathered = false;
+  }
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_forward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                    const PlannedTensor<MM>& x) {
+    memory_unshard(p, p.forward_phase, layer, group);
+    const PlannedTensor<MM> y = nn::memory_forward<L>(p, layer, group, x);
+    if constexpr (ReshardAfterForward) memory_release(p, p.forward_phase, layer, group);
+    return y;
+  }
+  // The backward on the gathered parameters, then the gradients packed by destination
+  // (send, in Reduce) and this rank's pieces (recv): reduce-scattered at once, or held
+  // until the model finishes the reduction (deferred: inside a model, unless a shard's
+  // gradient is all-reduced over another mesh dim next); the parameters released.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                     const PlannedTensor<MM>& x, const PlannedTensor<MM>& dy,
+                                                     const State& grad_in, bool input_grad) {
+    memory_unshard(p, Phase::Backward, layer, group);
+    const PlannedTensor<MM> dx = nn::memory_backward<L>(p, layer, group, x, dy, grad_in, input_grad);
+    if (any_sharded) {
+      auto& slot = p.slot(group + nn::memory_groups<L>());
+      PackedTensors<MM> send, recv;
+      bool elsewhere = false;
+      const auto list = nn::parameter_list<L>(dy.placements);
+      each<true>([&](auto i) {
+        send.add(parameter_tensor<MM, Reduce, i()>(std::get<i()>(detail::declared_list<L>()).value));
+        recv.add(parameter_tensor<MM, Reduce, i()>(detail::shard_of<L, i()>::state));
+        for (int m = 0; m < M; ++m)
+          elsewhere = elsewhere || (m != dp && std::get<i()>(list).grad[static_cast<std::size_t>(m)].is_partial());
+      });
+      slot.reduce_send = p.allocate_packed(Phase::Backward, layer, MemoryUse::Buffers, send);
+      slot.reduce_recv = p.allocate_packed(Phase::Backward, layer, MemoryUse::Buffers, recv);
+      if (elsewhere) {
+        memory_finish_reduction(p, layer, group);
+      } else {  // started: every DP rank's piece for this rank in a slot of its own (start_reduce_scatter)
+        PackedTensors<MM> staging = recv;
+        staging.times_mesh_dim = dp;
+        slot.reduce_staging = p.allocate_packed(Phase::Backward, layer, MemoryUse::Buffers, staging);
+      }
+    }
+    memory_release(p, Phase::Backward, layer, group);
+    return dx;
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_finish_reduction(MemoryPlan<MM, C>& p, int layer, int group) {
+    auto& slot = p.slot(group + nn::memory_groups<L>());
+    p.free_event(Phase::Backward, layer, slot.reduce_staging);
+    p.free_event(Phase::Backward, layer, slot.reduce_send);
+    p.free_event(Phase::Backward, layer, slot.reduce_recv);
+    slot.reduce_send = slot.reduce_recv = slot.reduce_staging = -1;
+  }
+  // release_saved(): L's saved tensors, and the parameters kept from the forward.
+  template <std::size_t MM, int C>
+  static constexpr void memory_release_saved(MemoryPlan<MM, C>& p, int layer, int group) {
+    nn::memory_release_saved<L>(p, layer, group);
+    if constexpr (!ReshardAfterForward) memory_release(p, p.forward_phase, layer, group);
+  }
+  // Parameter I's global extents, placed `s`, in element type U.
+  template <std::size_t MM, class U, std::size_t I>
+  static constexpr PlannedTensor<MM> parameter_tensor(const PlacementState<MM>& s) {
+    const auto& d = std::get<I>(detail::declared_list<L>());
+    PlannedTensor<MM> t = PlannedTensor<MM>::template of<U>(std::array<int64_t, 2>{d.shape.dims[0], d.shape.dims[1]}, s);
+    t.rank = d.shape.ndim;
+    return t;
   }
 
   // --- run time ---

@@ -137,12 +137,29 @@ enum class MemoryUse : std::uint8_t {
   Activation,  // a layer's output, a gradient between layers, in flight
   Saved,       // kept by a layer's forward for its backward
   Temporary,   // inside one layer's forward or backward, a redistribution's result
+  Gathered,    // nn::FullyShard: a layer's parameters gathered whole, and their gradients
+  Buffers,     // nn::FullyShard: a gather's or a reduce-scatter's packed buffers
 };
 constexpr const char* name(MemoryUse u) {
-  constexpr const char* names[] = {"parameters", "gradients", "optimizer state", "activations", "saved", "temporary"};
+  constexpr const char* names[] = {"parameters", "gradients",  "optimizer state", "activations",
+                                   "saved",      "temporary", "gathered",        "buffers"};
   return names[static_cast<int>(u)];
 }
-inline constexpr int kMemoryUses = 6;
+inline constexpr int kMemoryUses = 8;
+
+// Several tensors packed into one buffer (nn::FullyShard's gather and reduce-scatter):
+// one allocation of their blocks' bytes together.
+template <std::size_t M>
+struct PackedTensors {
+  static constexpr int kMax = PlannedCollective<M>::kMaxParts;
+  int n = 0;
+  std::array<PlannedTensor<M>, kMax> parts{};
+  int times_mesh_dim = -1;  // >= 0: this many copies as that mesh dim has ranks (a staging buffer's slots)
+  constexpr void add(const PlannedTensor<M>& t) {
+    if (n == kMax) throw InvalidArgument("dtensor::nn::MemoryPlan: more tensors packed together than it holds");
+    parts[static_cast<std::size_t>(n++)] = t;
+  }
+};
 
 template <std::size_t M>
 struct MemoryEvent {
@@ -152,6 +169,7 @@ struct MemoryEvent {
   bool allocate = true;
   int frees = -1;  // a free: the event that allocated what it frees
   int group = -1;  // Saved: the layer's slot, which its backward frees
+  int pack = -1;   // a packed buffer: its index among the plan's packs (tensor unused)
   PlannedTensor<M> tensor{};
 };
 
@@ -170,19 +188,57 @@ struct MemoryPlan {
   // The phase a forward's events are tagged with: the backward while nn::Recompute
   // runs a block's forward again.
   Phase forward_phase = Phase::Forward;
+  static constexpr int kPacks = 64;
+  int npacks = 0;
+  std::array<PackedTensors<M>, kPacks> packs{};
+  // What a fully sharded layer (by its slot) holds between events: its gathered
+  // parameters and gradients, its gather's buffers while in flight (prefetched), its
+  // reduce-scatter's while deferred (nn::FullyShard's memory rules).
+  static constexpr int kSlots = 64, kSlotTensors = 2 * PlannedCollective<M>::kMaxParts;
+  struct Slot {
+    bool gathered = false;
+    int send = -1, recv = -1;            // a gather in flight
+    int reduce_send = -1, reduce_recv = -1, reduce_staging = -1;  // a reduce-scatter in flight
+    int n = 0;
+    std::array<int, kSlotTensors> held{};  // the gathered values and gradients
+  };
+  std::array<Slot, kSlots> slots{};
+  constexpr Slot& slot(int group) {
+    if (group < 0 || group >= kSlots) throw InvalidArgument("dtensor::nn::MemoryPlan: more layer slots than it holds");
+    return slots[static_cast<std::size_t>(group)];
+  }
 
   // --- building it (the models' memory_forward / memory_backward) ---
   constexpr int allocate(Phase phase, int layer, MemoryUse use, PlannedTensor<M>& t, int group = -1) {
     if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
     t.id = size;
-    events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, group, t};
+    events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, group, -1, t};
     return size++;
   }
-  constexpr void free(Phase phase, int layer, const PlannedTensor<M>& t) {
-    if (t.id < 0) return;
+  // One allocation of several tensors packed together; returns its event.
+  constexpr int allocate_packed(Phase phase, int layer, MemoryUse use, const PackedTensors<M>& pk) {
     if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
-    const auto& a = events[static_cast<std::size_t>(t.id)];
-    events[static_cast<std::size_t>(size++)] = {phase, layer, a.use, false, t.id, a.group, a.tensor};
+    if (npacks == kPacks) throw InvalidArgument("dtensor::nn::MemoryPlan: more packed buffers than it holds");
+    packs[static_cast<std::size_t>(npacks)] = pk;
+    events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, -1, npacks++, {}};
+    return size++;
+  }
+  constexpr void free(Phase phase, int layer, const PlannedTensor<M>& t) { free_event(phase, layer, t.id); }
+  constexpr void free_event(Phase phase, int layer, int id) {
+    if (id < 0) return;
+    if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
+    const auto& a = events[static_cast<std::size_t>(id)];
+    events[static_cast<std::size_t>(size++)] = {phase, layer, a.use, false, id, a.group, a.pack, a.tensor};
+  }
+  // The bytes event e allocates or frees on the rank at `coords`.
+  constexpr int64_t event_bytes(int e, const std::array<int, M>& coords) const {
+    const auto& ev = events[static_cast<std::size_t>(e)];
+    if (ev.pack < 0) return ev.tensor.bytes(mesh_shape, coords);
+    const auto& pk = packs[static_cast<std::size_t>(ev.pack)];
+    int64_t b = 0;
+    for (int i = 0; i < pk.n; ++i) b += pk.parts[static_cast<std::size_t>(i)].block_bytes(mesh_shape, coords);
+    if (pk.times_mesh_dim >= 0) b *= mesh_shape[static_cast<std::size_t>(pk.times_mesh_dim)];
+    return static_cast<int64_t>(dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(b)));
   }
   constexpr void temporary(Phase phase, int layer, PlannedTensor<M> t) {
     allocate(phase, layer, MemoryUse::Temporary, t);
@@ -225,7 +281,7 @@ struct MemoryPlan {
     int64_t held = 0;
     for (int e = 0; e < size; ++e) {
       const auto& ev = events[static_cast<std::size_t>(e)];
-      const int64_t b = ev.tensor.bytes(mesh_shape, coords);
+      const int64_t b = event_bytes(e, coords);
       held += ev.allocate ? b : -b;
       if (held > p.bytes) p = {held, ev.phase, ev.layer};
     }
@@ -264,7 +320,7 @@ struct MemoryPlan {
     int64_t held = 0, worst = 0;
     for (int e = 0; e < size; ++e) {
       const auto& ev = events[static_cast<std::size_t>(e)];
-      const int64_t b = ev.tensor.bytes(mesh_shape, coords);
+      const int64_t b = event_bytes(e, coords);
       held += ev.allocate ? b : -b;
       if (ev.phase == phase && ev.layer == layer && held > worst) worst = held;
     }
@@ -279,7 +335,7 @@ struct MemoryPlan {
     for (int e = 0; e < end; ++e) {
       const auto& ev = events[static_cast<std::size_t>(e)];
       if (ev.allocate && ev.use == use && (layer == -2 || ev.layer == layer) && live(e, end))
-        b += ev.tensor.bytes(mesh_shape, coords);
+        b += event_bytes(e, coords);
     }
     return b;
   }
@@ -367,6 +423,35 @@ constexpr PlannedTensor<M> memory_backward(MemoryPlan<M, C>& p, int layer, int g
 // The bytes of a layer's (or block's) parameters, as declared (nn/parameters.hpp),
 // allocated on the timeline with their gradients and `states` optimizer states each
 // (before the forward: held throughout).
+// The protocol of fully sharded layers (nn/unshard.hpp) on the timeline: a layer that
+// gathers parameters gathers them when the model unshards it (memory_unshard), starts
+// the next one's gather early (memory_prefetch: its buffers), and holds its gradients'
+// reduce-scatter buffers until the model finishes it (memory_finish_reduction). A layer
+// that gathers nothing has none of these; a block passes them on.
+template <class L, std::size_t M, int C>
+constexpr void memory_unshard(MemoryPlan<M, C>& p, Phase phase, int layer, int group) {
+  if constexpr (requires { L::memory_unshard(p, phase, layer, group); }) L::memory_unshard(p, phase, layer, group);
+}
+template <class L, std::size_t M, int C>
+constexpr void memory_prefetch(MemoryPlan<M, C>& p, Phase phase, int layer, int group, bool forward) {
+  if constexpr (requires { L::memory_prefetch(p, phase, layer, group, forward); })
+    L::memory_prefetch(p, phase, layer, group, forward);
+}
+template <class L, std::size_t M, int C>
+constexpr void memory_finish_reduction(MemoryPlan<M, C>& p, int layer, int group) {
+  if constexpr (requires { L::memory_finish_reduction(p, layer, group); }) L::memory_finish_reduction(p, layer, group);
+}
+// What release_saved() drops (nn/saved_state.hpp): every tensor the layer's slots saved
+// (a fully sharded layer's parameters kept for its backward too).
+template <class L, std::size_t M, int C>
+constexpr void memory_release_saved(MemoryPlan<M, C>& p, int layer, int group) {
+  if constexpr (requires { L::memory_release_saved(p, layer, group); }) {
+    L::memory_release_saved(p, layer, group);
+  } else {
+    for (int g = group; g < group + memory_groups<L>(); ++g) p.free_group(p.forward_phase, layer, g);
+  }
+}
+
 namespace detail {
 template <std::size_t M, int C, class D>
 constexpr void memory_parameter(MemoryPlan<M, C>& p, const D& d, int states) {
@@ -392,8 +477,12 @@ constexpr void memory_parameters(MemoryPlan<M, C>& p, const List& list, int stat
 
 template <class L, std::size_t M, int C>
 constexpr void memory_parameters(MemoryPlan<M, C>& p, const PlacementState<M>& grad_out, int states) {
-  const auto list = parameter_list<L>(grad_out);
-  detail::memory_parameters(p, list, states, std::make_index_sequence<std::tuple_size_v<decltype(list)>>{});
+  if constexpr (requires { L::memory_parameters(p, grad_out, states); }) {
+    L::memory_parameters(p, grad_out, states);  // a block of layers, a fully sharded layer
+  } else {
+    const auto list = parameter_list<L>(grad_out);
+    detail::memory_parameters(p, list, states, std::make_index_sequence<std::tuple_size_v<decltype(list)>>{});
+  }
 }
 
 // How many tensors of a parameter's size an optimizer keeps per parameter (AdamW's two

@@ -103,7 +103,7 @@ class Recompute {
   static constexpr PlannedTensor<MM> memory_forward(MemoryPlan<MM, C>& p, int layer, int group,
                                                     const PlannedTensor<MM>& x) {
     PlannedTensor<MM> y = nn::memory_forward<Block>(p, layer, group, x);
-    for (int g = group; g < group + nn::memory_groups<Block>(); ++g) p.free_group(p.forward_phase, layer, g);
+    nn::memory_release_saved<Block>(p, layer, group);
     PlannedTensor<MM> kept = x;
     p.allocate(p.forward_phase, layer, MemoryUse::Saved, kept, group + nn::memory_groups<Block>());
     return y;
@@ -121,6 +121,23 @@ class Recompute {
     p.free(Phase::Backward, layer, y);
     p.free_group(Phase::Backward, layer, group + nn::memory_groups<Block>());
     return nn::memory_backward<Block>(p, layer, group, x, dy, grad_in, input_grad);
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_parameters(MemoryPlan<MM, C>& p, const State& grad_out, int states) {
+    nn::memory_parameters<Block>(p, grad_out, states);
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_prefetch(MemoryPlan<MM, C>& p, Phase phase, int layer, int group, bool) {
+    nn::memory_prefetch<Block>(p, phase, layer, group, true);  // what runs first, both ways: a forward
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_finish_reduction(MemoryPlan<MM, C>& p, int layer, int group) {
+    nn::memory_finish_reduction<Block>(p, layer, group);
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_release_saved(MemoryPlan<MM, C>& p, int layer, int group) {
+    nn::memory_release_saved<Block>(p, layer, group);
+    p.free_group(p.forward_phase, layer, group + nn::memory_groups<Block>());
   }
 
   // The block's parameters, reached through it.

@@ -193,6 +193,29 @@ class Residual {
     return dx;
   }
 
+  template <std::size_t MM, int C>
+  static constexpr void memory_parameters(MemoryPlan<MM, C>& p, const State& grad_out, int states) {
+    nn::memory_parameters<Block>(p, grad_out, states);
+    if constexpr (kProjected)
+      nn::memory_parameters<ProjectionT>(p, redistribute_backward_placements(shortcut_out, grad_out), states);
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_prefetch(MemoryPlan<MM, C>& p, Phase phase, int layer, int group, bool forward) {
+    if constexpr (nn::gathers_parameters<Block>()) nn::memory_prefetch<Block>(p, phase, layer, group, forward);
+    else if constexpr (kProjected)
+      nn::memory_prefetch<ProjectionT>(p, phase, layer, group + nn::memory_groups<Block>(), forward);
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_finish_reduction(MemoryPlan<MM, C>& p, int layer, int group) {
+    nn::memory_finish_reduction<Block>(p, layer, group);
+    if constexpr (kProjected) nn::memory_finish_reduction<ProjectionT>(p, layer, group + nn::memory_groups<Block>());
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_release_saved(MemoryPlan<MM, C>& p, int layer, int group) {
+    nn::memory_release_saved<Block>(p, layer, group);
+    if constexpr (kProjected) nn::memory_release_saved<ProjectionT>(p, layer, group + nn::memory_groups<Block>());
+  }
+
   // The block's parameters (for dy as it reaches the block), then the projection's
   // (for dy brought to the shortcut's output), each reached through its part.
   struct BlockPart {

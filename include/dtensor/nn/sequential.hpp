@@ -410,6 +410,9 @@ class Model {
             PlannedTensor<MM> xi = cur.placed(flow.in[I]);
             const bool moved = flow.arriving[I] != flow.in[I];
             if (moved) p.allocate(p.forward_phase, who, MemoryUse::Temporary, xi);
+            // As layer_forward: this layer's gather, the next gathering layer's started.
+            nn::memory_unshard<layer_t<I>>(p, p.forward_phase, who, group + memory_group_offsets[I]);
+            memory_prefetch_from<I + 1>(p, p.forward_phase, layer, group, true);
             PlannedTensor<MM> out = nn::memory_forward<layer_t<I>>(p, who, group + memory_group_offsets[I], xi);
             if (moved) p.free(p.forward_phase, who, xi);
             if (owned) p.free(p.forward_phase, who, cur);
@@ -436,8 +439,14 @@ class Model {
             constexpr int I = N - 1 - static_cast<int>(K);
             const int who = layer < 0 ? I : layer;
             const bool need = I > 0 || input_grad;
+            // As layer_backward_at: this layer's gather, the one below started, this
+            // layer's backward, then the reduce-scatter of the gathering layer above
+            // finished (it overlapped this backward).
+            nn::memory_unshard<layer_t<I>>(p, Phase::Backward, who, group + memory_group_offsets[I]);
+            memory_prefetch_below<I - 1>(p, layer, group);
             PlannedTensor<MM> dx = nn::memory_backward<layer_t<I>>(
                 p, who, group + memory_group_offsets[I], in[I], cur, g.grad_in[I], need);
+            memory_finish_from<I + 1>(p, layer, group);
             if (owned) p.free(Phase::Backward, who, cur);
             owned = false;
             if (need) {
@@ -455,6 +464,62 @@ class Model {
     }(std::make_index_sequence<N>{});
     return cur;
   }
+  // The parameters of each layer, for the gradient that reaches it.
+  template <std::size_t MM, int C>
+  static constexpr void memory_parameters(MemoryPlan<MM, C>& p, const State& grad_out, int states) {
+    const GradFlow g = backward_flow(grad_out);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (nn::memory_parameters<layer_t<I>>(p, g.grad_out[I], states), ...);
+    }(std::make_index_sequence<N>{});
+  }
+  // As a block: the prefetch into its first gathering layer (forward) or its last
+  // (backward), the reductions of each, what each saved.
+  template <std::size_t MM, int C>
+  static constexpr void memory_prefetch(MemoryPlan<MM, C>& p, Phase phase, int layer, int group, bool forward) {
+    if (forward) memory_prefetch_from<0>(p, phase, layer, group, true);
+    else memory_prefetch_below<N - 1>(p, layer, group);
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_finish_reduction(MemoryPlan<MM, C>& p, int layer, int group) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (nn::memory_finish_reduction<layer_t<I>>(p, layer < 0 ? static_cast<int>(I) : layer,
+                                                 group + memory_group_offsets[I]),
+       ...);
+    }(std::make_index_sequence<N>{});
+  }
+  template <std::size_t MM, int C>
+  static constexpr void memory_release_saved(MemoryPlan<MM, C>& p, int layer, int group) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (nn::memory_release_saved<layer_t<I>>(p, layer < 0 ? static_cast<int>(I) : layer,
+                                              group + memory_group_offsets[I]),
+       ...);
+    }(std::make_index_sequence<N>{});
+  }
+  template <int J, std::size_t MM, int C>
+  static constexpr void memory_prefetch_from(MemoryPlan<MM, C>& p, Phase phase, int layer, int group, bool forward) {
+    if constexpr (J < N) {
+      if constexpr (nn::gathers_parameters<layer_t<J>>())
+        nn::memory_prefetch<layer_t<J>>(p, phase, layer < 0 ? J : layer, group + memory_group_offsets[J], forward);
+      else memory_prefetch_from<J + 1>(p, phase, layer, group, forward);
+    }
+  }
+  template <int J, std::size_t MM, int C>
+  static constexpr void memory_prefetch_below(MemoryPlan<MM, C>& p, int layer, int group) {
+    if constexpr (J >= 0) {
+      if constexpr (nn::gathers_parameters<layer_t<J>>())
+        nn::memory_prefetch<layer_t<J>>(p, Phase::Backward, layer < 0 ? J : layer, group + memory_group_offsets[J],
+                                        false);
+      else memory_prefetch_below<J - 1>(p, layer, group);
+    }
+  }
+  template <int J, std::size_t MM, int C>
+  static constexpr void memory_finish_from(MemoryPlan<MM, C>& p, int layer, int group) {
+    if constexpr (J < N) {
+      if constexpr (nn::gathers_parameters<layer_t<J>>())
+        nn::memory_finish_reduction<layer_t<J>>(p, layer < 0 ? J : layer, group + memory_group_offsets[J]);
+      else memory_finish_from<J + 1>(p, layer, group);
+    }
+  }
 
   // The memory plan of a training step (nn/memory_plan.hpp) with loss LossT and
   // optimizer Opt, for an input of global `extents` on a mesh of `mesh_shape`: every
@@ -465,7 +530,7 @@ class Model {
     MemoryPlan<M, C> p;
     p.mesh_shape = mesh_shape;
     const State gout = LossT::grad_input(output_placements);
-    nn::memory_parameters<Model>(p, gout, nn::optimizer_states<Opt>());
+    memory_parameters(p, gout, nn::optimizer_states<Opt>());
     // The input, the output and the loss's gradient are the training loop's: held
     // until the step ends.
     PlannedTensor<M> x = PlannedTensor<M>::template of<typename InputT::value_type>(extents, input_placements);
@@ -485,6 +550,7 @@ class Model {
       p.free_group(Phase::Backward, -1, kMemoryGroups);
     }
     memory_backward(p, -1, 0, x, dy, input_placements, false);
+    memory_finish_reduction(p, -1, 0);  // what backward's end completes
     return p;
   }
   template <std::size_t MM, int C>
