@@ -240,3 +240,99 @@ static_assert(kFsdp.bytes(MemoryUse::Parameters) == 8 * 23 && kFsdp.bytes(Memory
 static_assert(kFsdp.layer_peak(Phase::Forward, 0) >= kFsdp.bytes(MemoryUse::Parameters) * 4 + 8 * 2 * 42);
 }  // namespace
 }  // namespace dtensor::test
+
+// --- a GPT: embeddings, attention (TP, SP, ring CP), feed-forward, loss parallel ---
+namespace dtensor::test {
+namespace {
+constexpr int64_t kVocab = 384, kLen = 48, kHid = 64, kFfn = 256, kSeqs = 5;
+constexpr nn::AttentionShape kAttn{.hidden = kHid, .heads = 4, .kv_heads = 2};
+using GDpTp = nn::Config<float, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
+using GTpCp = nn::Config<float, 3, nn::Axes<2, nn::kNone, /*tp*/ 0, /*cp*/ 1>>;
+template <class S>
+using SeqOnTP = std::conditional_t<std::is_same_v<S, nn::HeadParallel<Shard<1>>>, Shard<1>, Replicate>;
+// Wrap: the blocks as they are, recomputed, or fully sharded.
+template <class Cfg, class Style, template <class> class Wrap>
+struct Gpt {
+  using Block = nn::TransformerBlock<Cfg, kAttn, kFfn, Style>;
+  using Model = nn::Sequential<nn::Embedding<Cfg, kVocab, kHid, nn::RowwiseParallel<SeqOnTP<Style>>>,
+                               nn::PositionEmbedding<Cfg, kLen, kHid>, Wrap<Block>, Wrap<Block>,
+                               nn::LayerNorm<Cfg, kHid, typename nn::detail::block_styles<Style>::norm>,
+                               nn::Linear<Cfg, kHid, kVocab, nn::ColwiseParallel<SeqOnTP<Style>>, false>>;
+  using Targets = dtensor_t<int64_t, 2, placements_t<Cfg::activation()>>;
+  static Model make(const DeviceMesh<2>& mesh) {
+    const nn::AttentionOptions a{.causal = true, .rope_base = 10000, .dropout = 0.1, .tile = 16};
+    return Model(typename Model::template layer_t<0>(mesh, 1), nn::PositionEmbedding<Cfg, kLen, kHid>(mesh, 2),
+                 Wrap<Block>(Block(mesh, a, 3)), Wrap<Block>(Block(mesh, a, 4)),
+                 typename Model::template layer_t<4>(mesh), typename Model::template layer_t<5>(mesh, {5}));
+  }
+};
+template <class B>
+using AsIs = B;
+template <class B>
+using RecomputedBlock = nn::Recompute<B>;
+template <class B>
+using ShardedBlock = nn::FullyShard<B>;
+
+template <class G>
+Peaks gpt_peaks(const DeviceMesh<2>& mesh) {
+  using Model = typename G::Model;
+  using Cfg = typename Model::config;
+  const auto plan = Model::template memory_plan<nn::CrossEntropy<Cfg>, nn::AdamW>({kSeqs, kLen}, mesh.shape());
+  auto model = G::make(mesh);
+  nn::CrossEntropy<Cfg> loss;
+  nn::AdamW opt({.lr = 1e-3});
+  Peaks p;
+  for (int step = 0; step < 2; ++step) {
+    const auto ids = dtensor::detail::generate<typename Model::InputT>(
+        {kSeqs, kLen}, mesh, {}, [&](uint64_t i) { return static_cast<int64_t>((7 * i + 3 + step) % kVocab); });
+    const auto targets = dtensor::detail::generate<typename G::Targets>(
+        {kSeqs, kLen}, mesh, {}, [&](uint64_t i) { return static_cast<int64_t>((5 * i + 1) % kVocab); });
+    model.zero_grad();
+    const int64_t before = host_memory_in_use();
+    reset_host_memory_peak();
+    const auto logits = model.forward(ids);
+    (void)loss.forward(logits, targets);
+    model.backward(loss.backward());
+    p.measured = host_memory_peak() - before;
+    opt.step(model);
+  }
+  const auto coords = mesh.coords();
+  const int64_t held = plan.bytes(MemoryUse::Parameters, coords) + plan.bytes(MemoryUse::Gradients, coords) +
+                       plan.bytes(MemoryUse::OptimizerState, coords) +
+                       nn::PlannedTensor<2>::template of<int64_t>(std::array<int64_t, 2>{kSeqs, kLen},
+                                                                  Model::input_placements)
+                           .bytes(plan.mesh_shape, coords);
+  p.planned = plan.peak_at(coords).bytes - held;
+  return p;
+}
+
+template <class Cfg, class Style>
+void check_gpt(const std::array<int, 2>& shape, const char* what) {
+  auto run = [&](const DeviceMesh<2>& mesh, const std::string& where) {
+    check_peaks(gpt_peaks<Gpt<Cfg, Style, AsIs>>(mesh), std::string(what) + " on " + where);
+    check_peaks(gpt_peaks<Gpt<Cfg, Style, RecomputedBlock>>(mesh), std::string(what) + ", recomputed, on " + where);
+    if constexpr (Cfg::dp >= 0)
+      check_peaks(gpt_peaks<Gpt<Cfg, Style, ShardedBlock>>(mesh), std::string(what) + ", fully sharded, on " + where);
+  };
+  if (shape[0] * shape[1] == 1) {
+    on_one_rank<2>([&](const DeviceMesh<2>& mesh) { run(mesh, "one rank"); });
+    return;
+  }
+  if (!under_mpi()) return;  // in-process ranks share one allocator count
+  spmd(shape[0] * shape[1], [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, shape);
+    run(mesh, mesh.to_string() + ", rank " + std::to_string(comm.rank()));
+  });
+}
+
+TEST_CASE("memory plan: a GPT's step against the allocator, plain, recomputed and fully sharded") {
+  check_gpt<GDpTp, nn::HeadParallel<>>({1, 1}, "DP x TP");
+  check_gpt<GTpCp, nn::HeadParallel<>>({1, 1}, "TP x CP");
+  check_gpt<GDpTp, nn::HeadParallel<>>({2, 2}, "DP x TP");
+  check_gpt<GDpTp, nn::HeadParallel<Shard<1>>>({2, 2}, "sequence parallel");
+  check_gpt<GDpTp, nn::HeadParallel<>>({3, 1}, "DP");
+  check_gpt<GTpCp, nn::HeadParallel<>>({2, 2}, "TP x CP (ring)");
+  check_gpt<GTpCp, nn::HeadParallel<>>({1, 3}, "CP (ring)");
+}
+}  // namespace
+}  // namespace dtensor::test

@@ -254,5 +254,15 @@ decltype(auto) redistribute_as(const DTensor<T, Rank, P...>& x) {
   else
     return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x); }(PList{});
 }
+// An rvalue (a layer's product that is also its output) is moved through where it
+// already has those placements: a value, never a copy and never a reference to a
+// temporary.
+template <class PList, class T, int Rank, class... P>
+auto redistribute_as(DTensor<T, Rank, P...>&& x) {
+  if constexpr (std::is_same_v<PList, Placements<P...>>)
+    return DTensor<T, Rank, P...>(std::move(x));
+  else
+    return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x); }(PList{});
+}
 
 }  // namespace dtensor

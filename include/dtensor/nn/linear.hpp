@@ -126,11 +126,7 @@ class Linear {
     detail::matmul(y.device(), xc.local().data(), false, w.local().data(), false, y.data(), rows, ls[F],
                    xc.local().shape()[F]);
     Product z(x.mesh(), std::move(layout), std::move(y));
-    // The product is the output where they are placed alike (moved, not copied).
-    OutputT out = [&]() -> OutputT {
-      if constexpr (Rule::product() == Rule::output()) return std::move(z);
-      else return redistribute_as<placements_t<Rule::output()>>(z);
-    }();
+    OutputT out = redistribute_as<placements_t<Rule::output()>>(std::move(z));  // moved where placed alike
     if constexpr (Bias) {
       if (!dtensor::detail::holds_zero_term(Rule::output(), x.mesh().coords())) {
         auto& o = out.local();

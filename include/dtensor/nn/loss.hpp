@@ -52,6 +52,7 @@
 #include "dtensor/nn/channel_stats.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/ops/cast.hpp"
 #include "dtensor/util/error.hpp"
@@ -122,6 +123,19 @@ class CrossEntropy {
              (total_columns + static_cast<int64_t>(kAgreementValues)) * detail::stat_units<T>, total});
       total[m] = replicate();
     }
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp), for the logits z: the shifted
+  // exponentials (z's size) and the targets saved; a class-weighted sum's terms in the
+  // forward; then the logits' gradient.
+  template <std::size_t MM>
+  static constexpr LayerMemory<MM> memory(const PlannedTensor<MM>& z) {
+    LayerMemory<MM> m;
+    m.save(z);
+    m.save(z.with_last(1).template as<int64_t>());
+    m.forward_temporary(z);
+    m.out = z;
+    return m;
   }
 
   // class_weights: one weight per class (all of them, on every rank), or empty for none.
@@ -360,6 +374,17 @@ class CrossEntropy<Cfg, OnTP> {
       e.elements *= kUnits, e.fixed *= kUnits;
       p.add(e);
     }
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp): the float loss's, on the logits
+  // converted to float (held with it), then the gradient converted back.
+  template <std::size_t MM>
+  static constexpr LayerMemory<MM> memory(const PlannedTensor<MM>& z) {
+    LayerMemory<MM> m = Float::memory(z.template as<float>());
+    m.save(z.template as<float>());
+    m.out = z;
+    m.forward_temporary(z.template as<float>());
+    return m;
   }
 
   explicit CrossEntropy(CrossEntropyOptions o = {}, const std::vector<T>& class_weights = {})

@@ -50,6 +50,9 @@ struct PlannedTensor {
   PlacementState<M> placements{};
   int64_t element_bytes = 0;
   int id = -1;  // the allocation on the timeline (-1: not allocated by the plan)
+  // Bit m set: the block of the rank at coordinate 0 of mesh dim m, the largest there,
+  // whatever this rank's (a buffer sized for any rank's block: ring attention's).
+  std::uint32_t largest_on = 0;
 
   template <class T, class Extents>
   static constexpr PlannedTensor of(const Extents& extents, const PlacementState<M>& p) {
@@ -74,10 +77,25 @@ struct PlannedTensor {
     for (int d = 0; d < rank; ++d) {
       int64_t n = global[static_cast<std::size_t>(d)];
       for (std::size_t m = 0; m < M; ++m)
-        if (placements[m].is_shard(d)) n = chunk_size(n, mesh_shape[m], coords[m]);
+        if (placements[m].is_shard(d)) n = chunk_size(n, mesh_shape[m], (largest_on >> m) & 1u ? 0 : coords[m]);
       e *= n;
     }
     return e;
+  }
+  // The largest block over mesh dim m (not allocated).
+  constexpr PlannedTensor largest_over(int m) const {
+    PlannedTensor t = *this;
+    t.largest_on |= 1u << m;
+    t.id = -1;
+    return t;
+  }
+  // Other extents, the same placements per mesh dim (not allocated).
+  template <class Extents>
+  constexpr PlannedTensor reshaped(const Extents& extents, const PlacementState<M>& p) const {
+    PlannedTensor t = of<char>(extents, p);
+    t.element_bytes = element_bytes;
+    t.largest_on = largest_on;
+    return t;
   }
   constexpr int64_t elements() const {
     int64_t e = 1;
@@ -113,7 +131,7 @@ struct PlannedTensor {
 // layer's grad_input rule says; the model adds it.
 template <std::size_t M>
 struct LayerMemory {
-  static constexpr int kMax = 8;
+  static constexpr int kMax = 24;
   PlannedTensor<M> out{};
   // A loss whose gradient takes over its first saved tensor's storage (MSE's difference
   // scaled in place): no allocation of its own.
@@ -180,7 +198,7 @@ struct MemoryPeak {
   int layer = -1;
 };
 
-template <std::size_t M, int Capacity = 512>
+template <std::size_t M, int Capacity = 2048>
 struct MemoryPlan {
   std::array<int, M> mesh_shape{};
   int size = 0;
@@ -243,6 +261,13 @@ struct MemoryPlan {
   constexpr void temporary(Phase phase, int layer, PlannedTensor<M> t) {
     allocate(phase, layer, MemoryUse::Temporary, t);
     free(phase, layer, t);
+  }
+  // Temporaries alive together (a layer's, whose scopes the plan does not follow: never
+  // under-counted), then freed.
+  template <std::size_t K>
+  constexpr void temporaries(Phase phase, int layer, std::array<PlannedTensor<M>, K> ts, int n) {
+    for (int i = 0; i < n; ++i) allocate(phase, layer, MemoryUse::Temporary, ts[static_cast<std::size_t>(i)]);
+    for (int i = 0; i < n; ++i) free(phase, layer, ts[static_cast<std::size_t>(i)]);
   }
   // Frees what group `group` saved and still holds (a layer's backward; a recomputed
   // block's forward dropping its layers').
@@ -389,7 +414,7 @@ constexpr PlannedTensor<M> memory_forward(MemoryPlan<M, C>& p, int layer, int gr
       for (int i = 0; i < m.nsaved; ++i)
         p.allocate(ph, layer, MemoryUse::Saved, m.saved[static_cast<std::size_t>(i)], group);
       p.allocate(ph, layer, MemoryUse::Activation, m.out);
-      for (int i = 0; i < m.nforward; ++i) p.temporary(ph, layer, m.forward_temporaries[static_cast<std::size_t>(i)]);
+      p.temporaries(ph, layer, m.forward_temporaries, m.nforward);
       return m.out;
     } else {
       return x;
@@ -411,8 +436,7 @@ constexpr PlannedTensor<M> memory_backward(MemoryPlan<M, C>& p, int layer, int g
     const LayerMemory<M> m = L::memory(x);
     PlannedTensor<M> dx = x.placed(grad_in);
     if (input_grad) p.allocate(Phase::Backward, layer, MemoryUse::Activation, dx);
-    for (int i = 0; i < m.nbackward; ++i)
-      p.temporary(Phase::Backward, layer, m.backward_temporaries[static_cast<std::size_t>(i)]);
+    p.temporaries(Phase::Backward, layer, m.backward_temporaries, m.nbackward);
     p.free_group(Phase::Backward, layer, group);
     return dx;
   } else {

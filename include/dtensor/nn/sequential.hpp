@@ -524,7 +524,7 @@ class Model {
   // The memory plan of a training step (nn/memory_plan.hpp) with loss LossT and
   // optimizer Opt, for an input of global `extents` on a mesh of `mesh_shape`: every
   // rank's bytes over the step, as a constant expression.
-  template <class LossT, class Opt, int C = 512>
+  template <class LossT, class Opt, int C = 2048>
   static constexpr MemoryPlan<M, C> memory_plan(const std::array<int64_t, InputT::rank>& extents,
                                                 const std::array<int, M>& mesh_shape) {
     MemoryPlan<M, C> p;

@@ -57,6 +57,7 @@
 #include "dtensor/distributed/ring_attention.hpp"
 #include "dtensor/distributed/ulysses_attention.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
@@ -404,11 +405,64 @@ class MultiHeadAttention {
       constexpr State gci = Rule::grad_compute_input(G::placement_state);
       dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
       saved_.reset();
-      return redistribute_backward_as<placements_t<Q::input()>>(dxc);
+      return redistribute_backward_as<placements_t<Q::input()>>(std::move(dxc));
     } else {
       saved_.reset();
       return 0;
     }
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: saved,
+  // the multiplied input and q, k, v, o and the log-sum-exp in the core's type; in the
+  // forward the projections before their split into heads, o merged back and the
+  // product; in the backward o merged, its gradient, dq, dk, dv and the projections'
+  // merged gradients, all counted alive together; the ring's k/v buffers (sized for the
+  // longest block of the ring) with it.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    static_assert(!kBalanced && !kAllToAll,
+                  "dtensor::nn memory plan: attention with ContextParallel::RingBalanced or AllToAll does not yet say "
+                  "what it holds (their relayout and all-to-all buffers); plan with ContextParallel::Ring");
+    LayerMemory<M> m;
+    const PlannedTensor<M> xc = x.placed(Q::compute_input());
+    const int64_t batch = xc.global[0], len = xc.global[1];
+    // [B, S, F] -> heads [B, H, S, D]: the batch stays dim 0, the sequence moves to dim 2,
+    // TP takes whole heads (dim 1); merged [B, S, H D]: TP takes the features.
+    State heads{}, merged = xc.placements;
+    for (std::size_t mm = 0; mm < static_cast<std::size_t>(M); ++mm) {
+      if (xc.placements[mm].is_shard(0)) heads[mm] = shard(0);
+      else if (xc.placements[mm].is_shard(1)) heads[mm] = shard(2);
+    }
+    if constexpr (kParallel && Cfg::tp >= 0) {
+      heads[static_cast<std::size_t>(Cfg::tp)] = shard(1);
+      merged[static_cast<std::size_t>(Cfg::tp)] = shard(2);
+    }
+    const PlannedTensor<M> core = xc.template as<C>();
+    auto in_heads = [&](int64_t n) { return core.reshaped(std::array<int64_t, 4>{batch, n, len, kDim}, heads); };
+    const PlannedTensor<M> q = in_heads(kHeads), kv = in_heads(kKV);
+    const PlannedTensor<M> lse = core.reshaped(std::array<int64_t, 3>{batch, kHeads, len}, heads);
+    const PlannedTensor<M> qm = xc.reshaped(std::array<int64_t, 3>{batch, len, kHeads * kDim}, merged);
+    const PlannedTensor<M> kvm = xc.reshaped(std::array<int64_t, 3>{batch, len, kKV * kDim}, merged);
+    m.save(xc);
+    m.save(q), m.save(kv), m.save(kv), m.save(q), m.save(lse);
+    m.out = x.placed(O::output());
+    m.forward_temporary(qm);  // a projection before its split (the largest: q's)
+    m.forward_temporary(qm);  // o merged
+    if (O::product() != O::output()) m.forward_temporary(x.placed(O::product()));
+    if constexpr (kRing) {
+      for (int i = 0; i < 4; ++i) m.forward_temporary(kv.largest_over(Cfg::cp));
+      m.forward_temporary(q), m.forward_temporary(lse);
+    }
+    if constexpr (kParallel) m.backward_temporary(x.placed(O::product()));
+    m.backward_temporary(qm), m.backward_temporary(qm);  // o merged, its gradient
+    m.backward_temporary(q);                             // in heads
+    m.backward_temporary(q), m.backward_temporary(kv), m.backward_temporary(kv);  // dq, dk, dv
+    m.backward_temporary(qm), m.backward_temporary(kvm);  // a projection's merged gradient
+    if (Q::compute_input() != Q::input()) m.backward_temporary(xc);
+    if constexpr (kRing) {
+      for (int i = 0; i < 12; ++i) m.backward_temporary(kv.largest_over(Cfg::cp));
+      m.backward_temporary(q);
+    }
+    return m;
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).

@@ -21,6 +21,7 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
@@ -143,7 +144,7 @@ class Embedding {
     compute::gather_rows(dev, t.local().data(), t.local().shape()[0], cols, ids_->data(), rows, lo, y.data());
     using Product = dtensor_t<T, Rank, placements_t<product()>>;
     Product z(ids.mesh(), std::move(layout), std::move(y));
-    return redistribute_as<placements_t<out_state()>>(z);
+    return redistribute_as<placements_t<out_state()>>(std::move(z));  // moved where placed alike
   }
 
   template <bool NeedInputGrad = false, class G>
@@ -165,6 +166,22 @@ class Embedding {
     table_.accumulate(g);
     ids_.reset();
     return 0;
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp), for the token ids x: the ids saved,
+  // the rows looked up (the product, reduced or scattered into the output where they
+  // differ); in the backward the table's gradient block and, rowwise, the product's
+  // gradient.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& ids) {
+    LayerMemory<M> m;
+    m.save(ids);
+    const PlannedTensor<M> rows = ids.template as<T>().reshaped(
+        std::array<int64_t, 3>{ids.global[0], ids.global[1], Dim}, product());
+    m.out = rows.placed(out_state());
+    if (product() != out_state()) m.forward_temporary(rows);
+    if constexpr (rowwise) m.backward_temporary(rows);
+    m.backward_temporary(PlannedTensor<M>::template of<T>(std::array<int64_t, 2>{Vocab, Dim}, TableT::placement_state));
+    return m;
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).

@@ -17,6 +17,7 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/local_math.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
@@ -135,11 +136,28 @@ class GatedMlp {
       constexpr State gci = Rule::grad_compute_input(G::placement_state);
       dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
       saved_.reset();
-      return redistribute_backward_as<placements_t<Up::input()>>(dxc);
+      return redistribute_backward_as<placements_t<Up::input()>>(std::move(dxc));
     } else {
       saved_.reset();
       return 0;
     }
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp): the multiplied input and x Wg, x Wu
+  // saved; the gated product h and the down product in the forward; in the backward h,
+  // dh and SiLU(a) beside dx (and, rowwise, the product's gradient).
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    const PlannedTensor<M> xc = x.placed(Up::compute_input());
+    const PlannedTensor<M> inner = xc.with_last(Inner).placed(Up::output());
+    m.save(xc), m.save(inner), m.save(inner);
+    m.out = x.with_last(Hidden).placed(Down::output());
+    m.forward_temporary(inner);  // h
+    if (Down::product() != Down::output()) m.forward_temporary(x.with_last(Hidden).placed(Down::product()));
+    if constexpr (kParallel) m.backward_temporary(x.with_last(Hidden).placed(Down::product()));
+    m.backward_temporary(inner), m.backward_temporary(inner), m.backward_temporary(inner);  // h, dh, SiLU(a)
+    if (Up::compute_input() != Up::input()) m.backward_temporary(xc);
+    return m;
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).

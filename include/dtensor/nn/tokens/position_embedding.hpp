@@ -16,6 +16,7 @@
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/tokens/embedding.hpp"  // EmbeddingInit
@@ -97,6 +98,14 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
         table, rows);
     if constexpr (NeedInputGrad) return dy;
     else return 0;
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp): nothing saved; its output a copy
+  // of its input with the positions added; dx a copy of dy.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.out = x;
+    return m;
   }
 
   // Its forward saves one number (the first row's position): nothing to drop.
