@@ -45,7 +45,16 @@ static_assert(kTwo.peak().phase == Phase::Backward && kTwo.peak().layer == 2);
 // same (the even TP split): 284 + 3/4 of 180.
 // At the peak: x, the three layers' saved inputs, y, dy, linear 2's dx and product
 // gradient: 24 + 24 + 20 + 20 + 24 + 24 + 20 + 24 = 180 values on (0, 0), 135 on (1, 1).
-static_assert(kTwo.peak_bytes(3) == 8 * (284 + 135));
+// That is the in-process runtime's peak there. Under MPI (the plan's default) the
+// data-parallel bucket's gradients, every one below 64 KiB, are packed into one buffer
+// while they are all-reduced: 71 values, at the end of the backward, beside x, y, dy
+// and the GELU's dx (18 + 18 + 18 + 15): 284 + 69 + 71 = 424, above 419.
+constexpr auto kTwoInProcess = Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>(
+    {7, 6}, {2, 2}, {.runtime = nn::MemoryOptions::Runtime::InProcess});
+static_assert(kTwoInProcess.peak_bytes(3) == 8 * (284 + 135));
+static_assert(kTwo.peak_bytes(3) == 8 * (284 + 69 + 71));
+static_assert(kTwo.peak(3).phase == Phase::Backward && kTwo.peak(3).layer == 0);
+static_assert(kTwoInProcess.peak_bytes() == kTwo.peak_bytes());  // (0, 0): the same peak, mid-backward
 static_assert(kTwo.peak(3).bytes < kTwo.peak_bytes());  // the largest rank is (0, 0)
 
 // Recomputing the MLP: the forward keeps the input only (24 values), the backward
@@ -99,6 +108,11 @@ Model make(const DeviceMesh<C::M>& mesh) {
                make_layer<typename Model::template layer_t<2>, C>(mesh, 5));
 }
 
+// What the plan assumes of the runtime measured: MPI packs a bucket's small gradients.
+nn::MemoryOptions runtime() {
+  return {.runtime = under_mpi() ? nn::MemoryOptions::Runtime::Mpi : nn::MemoryOptions::Runtime::InProcess};
+}
+
 // The bytes a step allocates above what is held before it (parameters, gradients,
 // optimizer state and the input, all in the plan's first events), measured and planned.
 struct Peaks {
@@ -106,7 +120,7 @@ struct Peaks {
 };
 template <class C, class Model>
 Peaks step_peaks(const DeviceMesh<C::M>& mesh) {
-  const auto plan = Model::template memory_plan<nn::MSELoss<C>, nn::AdamW>({kBatch, kIn}, mesh.shape());
+  const auto plan = Model::template memory_plan<nn::MSELoss<C>, nn::AdamW>({kBatch, kIn}, mesh.shape(), runtime());
   auto model = make<Model, C>(mesh);
   nn::MSELoss<C> loss;
   nn::AdamW opt({.lr = 1e-3});
@@ -277,7 +291,7 @@ template <class G>
 Peaks gpt_peaks(const DeviceMesh<2>& mesh) {
   using Model = typename G::Model;
   using Cfg = typename Model::config;
-  const auto plan = Model::template memory_plan<nn::CrossEntropy<Cfg>, nn::AdamW>({kSeqs, kLen}, mesh.shape());
+  const auto plan = Model::template memory_plan<nn::CrossEntropy<Cfg>, nn::AdamW>({kSeqs, kLen}, mesh.shape(), runtime());
   auto model = G::make(mesh);
   nn::CrossEntropy<Cfg> loss;
   nn::AdamW opt({.lr = 1e-3});

@@ -29,6 +29,12 @@ struct Segment {
 // that relies on it compares each segment's count across ranks.
 enum class SegmentCuts { MayDiffer, Same };
 
+// Segments at least this large are reduced in place where a runtime can (MPI, with the
+// same cuts on every rank); smaller ones are packed together into one buffer: below it,
+// the copies of packing cost less than an all-reduce call of their own. The memory plan
+// counts that buffer (nn/memory_plan.hpp).
+inline constexpr std::size_t kInPlaceSegmentBytes = std::size_t{64} << 10;
+
 inline std::size_t total_count(std::span<const Segment> segments) {
   std::size_t n = 0;
   for (const Segment& s : segments) n += s.count;

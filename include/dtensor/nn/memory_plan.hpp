@@ -32,6 +32,8 @@
 #include <tuple>
 #include <utility>
 
+#include "dtensor/comm/segments.hpp"
+#include "dtensor/nn/bucket_rule.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/placement/shard_layout.hpp"
@@ -189,6 +191,7 @@ struct MemoryEvent {
   int group = -1;  // Saved: the layer's slot, which its backward frees
   int pack = -1;   // a packed buffer: its index among the plan's packs (tensor unused)
   PlannedTensor<M> tensor{};
+  int bucket = -1, bucket_dim = -1;  // a gradient bucket's packed small gradients (tensor unused)
 };
 
 // Where a rank's peak is, and how much.
@@ -196,6 +199,16 @@ struct MemoryPeak {
   int64_t bytes = 0;
   Phase phase = Phase::Forward;
   int layer = -1;
+};
+
+// What a plan assumes of the run: the runtime (MPI packs a gradient bucket's small
+// gradients into one buffer while it is reduced, comm/segments.hpp; the in-process
+// runtime reduces them in place) and the data-parallel bucket size (Sequential's
+// set_bucket_bytes). The default is the runtime that holds more (never under).
+struct MemoryOptions {
+  enum class Runtime : std::uint8_t { InProcess, Mpi };
+  Runtime runtime = Runtime::Mpi;
+  std::size_t bucket_bytes = std::size_t{4} << 20;  // nn::GradBuckets::kDefaultBucketBytes
 };
 
 template <std::size_t M, int Capacity = 2048>
@@ -221,6 +234,63 @@ struct MemoryPlan {
     std::array<int, kSlotTensors> held{};  // the gathered values and gradients
   };
   std::array<Slot, kSlots> slots{};
+  // The gradients reduced over each mesh dim, in the order the model registers them
+  // (last layer first), with their layers: the buckets (nn/bucket_rule.hpp), formed per
+  // rank from its blocks' bytes, and what a runtime packs of each.
+  static constexpr int kMaxReduced = 160;
+  struct Reduced {
+    int n = 0;
+    std::array<PlannedTensor<M>, kMaxReduced> grads{};
+    std::array<int, kMaxReduced> layer{};
+  };
+  std::array<Reduced, M> reduced{};
+  MemoryOptions options{};
+  int first_dim = -1;  // the mesh dim whose buckets overlap the backward (the DP dim where it reduces)
+  std::array<int, M> nbuckets{};
+  std::array<std::array<int, kMaxReduced>, M> completed_by{}, bucket_event{};
+  // The gradient reductions of `plan` (a model's, nn/model_plan.hpp) as the model's
+  // reducer registers them (nn/grad_reducer.hpp), their gradients in U.
+  template <class U, int C2>
+  constexpr void add_reductions(const ModelPlan<M, C2>& plan, int layers, int dp) {
+    for (int m = 0; m < static_cast<int>(M); ++m) {
+      auto& r = reduced[static_cast<std::size_t>(m)];
+      for (int l = layers - 1; l >= 0; --l)
+        for (int k = 0; k < 4 * PlannedCollective<M>::kMaxParts; ++k)
+          for (int e = 0; e < plan.size; ++e) {
+            const auto& c = plan.entries[e];
+            if (c.phase != Phase::GradReduce || c.layer != l || c.parameter != k || c.mesh_dim != m) continue;
+            if (r.n == kMaxReduced)
+              throw InvalidArgument("dtensor::nn::MemoryPlan: more reduced gradients than it holds");
+            PlannedTensor<M> g = PlannedTensor<M>::template of<U>(c.shape, c.before);
+            g.rank = c.ndim;
+            r.grads[static_cast<std::size_t>(r.n)] = g;
+            r.layer[static_cast<std::size_t>(r.n++)] = l;
+          }
+      if (r.n > 0 && (first_dim < 0 || m == dp)) first_dim = m;
+      nbuckets[static_cast<std::size_t>(m)] = buckets(m, completed_by[static_cast<std::size_t>(m)]);
+    }
+  }
+  // After layer `layer`'s backward: the overlapping dim's buckets it completes start.
+  constexpr void start_buckets_after(int layer) {
+    if (first_dim < 0) return;
+    const auto f = static_cast<std::size_t>(first_dim);
+    for (int b = 0; b < nbuckets[f]; ++b)
+      if (completed_by[f][static_cast<std::size_t>(b)] == layer)
+        bucket_event[f][static_cast<std::size_t>(b)] = allocate_bucket(Phase::Backward, layer, first_dim, b);
+  }
+  // The reducer's finish: the overlapping dim's buckets completed, then each other
+  // dim's started and completed together.
+  constexpr void finish_buckets() {
+    if (first_dim < 0) return;
+    const auto f = static_cast<std::size_t>(first_dim);
+    for (int b = 0; b < nbuckets[f]; ++b) free_event(Phase::GradReduce, -1, bucket_event[f][static_cast<std::size_t>(b)]);
+    for (int m = 0; m < static_cast<int>(M); ++m) {
+      if (m == first_dim) continue;
+      const auto mm = static_cast<std::size_t>(m);
+      for (int b = 0; b < nbuckets[mm]; ++b) bucket_event[mm][static_cast<std::size_t>(b)] = allocate_bucket(Phase::GradReduce, -1, m, b);
+      for (int b = 0; b < nbuckets[mm]; ++b) free_event(Phase::GradReduce, -1, bucket_event[mm][static_cast<std::size_t>(b)]);
+    }
+  }
   constexpr Slot& slot(int group) {
     if (group < 0 || group >= kSlots) throw InvalidArgument("dtensor::nn::MemoryPlan: more layer slots than it holds");
     return slots[static_cast<std::size_t>(group)];
@@ -245,12 +315,49 @@ struct MemoryPlan {
   constexpr void free_event(Phase phase, int layer, int id) {
     if (id < 0) return;
     if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
-    const auto& a = events[static_cast<std::size_t>(id)];
-    events[static_cast<std::size_t>(size++)] = {phase, layer, a.use, false, id, a.group, a.pack, a.tensor};
+    MemoryEvent<M> f = events[static_cast<std::size_t>(id)];
+    f.phase = phase, f.layer = layer, f.allocate = false, f.frees = id;
+    events[static_cast<std::size_t>(size++)] = f;
   }
+  // A bucket's packed buffer: from its allocation to its free (a bucket of mesh dim m).
+  constexpr int allocate_bucket(Phase phase, int layer, int m, int bucket) {
+    if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
+    MemoryEvent<M> ev{phase, layer, MemoryUse::Buffers, true};
+    ev.bucket = bucket, ev.bucket_dim = m;
+    events[static_cast<std::size_t>(size)] = ev;
+    return size++;
+  }
+  // Bucket b of mesh dim m on the rank at `coords`: its small gradients' bytes, packed
+  // where the runtime packs them.
+  constexpr int64_t bucket_pack_bytes(int m, int b, const std::array<int, M>& coords) const {
+    if (options.runtime == MemoryOptions::Runtime::InProcess) return 0;
+    const auto& r = reduced[static_cast<std::size_t>(m)];
+    BucketRule rule(options.bucket_bytes);
+    int64_t packed = 0;
+    for (int i = 0; i < r.n; ++i) {
+      const int64_t bytes = r.grads[static_cast<std::size_t>(i)].block_bytes(mesh_shape, coords);
+      if (rule.place(static_cast<std::size_t>(bytes), 0) == b && bytes > 0 &&
+          static_cast<std::size_t>(bytes) < kInPlaceSegmentBytes)
+        packed += bytes;
+    }
+    return static_cast<int64_t>(dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(packed)));
+  }
+  // The buckets of mesh dim m, and for each the last layer whose gradients complete it
+  // (the largest rank's: ranks whose blocks differ may cut them elsewhere).
+  constexpr int buckets(int m, std::array<int, kMaxReduced>& completed_by) const {
+    const auto& r = reduced[static_cast<std::size_t>(m)];
+    BucketRule rule(options.bucket_bytes);
+    for (int i = 0; i < r.n; ++i) {
+      const int b = rule.place(static_cast<std::size_t>(r.grads[static_cast<std::size_t>(i)].block_bytes(mesh_shape, {})), 0);
+      completed_by[static_cast<std::size_t>(b)] = r.layer[static_cast<std::size_t>(i)];
+    }
+    return rule.buckets();
+  }
+
   // The bytes event e allocates or frees on the rank at `coords`.
   constexpr int64_t event_bytes(int e, const std::array<int, M>& coords) const {
     const auto& ev = events[static_cast<std::size_t>(e)];
+    if (ev.bucket >= 0) return bucket_pack_bytes(ev.bucket_dim, ev.bucket, coords);
     if (ev.pack < 0) return ev.tensor.bytes(mesh_shape, coords);
     const auto& pk = packs[static_cast<std::size_t>(ev.pack)];
     int64_t b = 0;

@@ -447,6 +447,7 @@ class Model {
             PlannedTensor<MM> dx = nn::memory_backward<layer_t<I>>(
                 p, who, group + memory_group_offsets[I], in[I], cur, g.grad_in[I], need);
             memory_finish_from<I + 1>(p, layer, group);
+            if (layer < 0) p.start_buckets_after(I);  // the outermost model's gradient buckets
             if (owned) p.free(Phase::Backward, who, cur);
             owned = false;
             if (need) {
@@ -526,10 +527,13 @@ class Model {
   // rank's bytes over the step, as a constant expression.
   template <class LossT, class Opt, int C = 2048>
   static constexpr MemoryPlan<M, C> memory_plan(const std::array<int64_t, InputT::rank>& extents,
-                                                const std::array<int, M>& mesh_shape) {
+                                                const std::array<int, M>& mesh_shape,
+                                                const MemoryOptions& options = {}) {
     MemoryPlan<M, C> p;
     p.mesh_shape = mesh_shape;
+    p.options = options;
     const State gout = LossT::grad_input(output_placements);
+    p.template add_reductions<T>(plan<kPlanCapacity>(gout, 1), N, config::dp);
     memory_parameters(p, gout, nn::optimizer_states<Opt>());
     // The input, the output and the loss's gradient are the training loop's: held
     // until the step ends.
@@ -551,6 +555,7 @@ class Model {
     }
     memory_backward(p, -1, 0, x, dy, input_placements, false);
     memory_finish_reduction(p, -1, 0);  // what backward's end completes
+    p.finish_buckets();
     return p;
   }
   template <std::size_t MM, int C>

@@ -152,9 +152,9 @@ class MpiComm final : public Comm {
                                                           send, recv, n, t, op, *staging_));
   }
 
-  // Segments at least this large are reduced in place (with SegmentCuts::Same): below
-  // it, the copies of packing cost less than an all-reduce call of their own.
-  static constexpr std::size_t kInPlaceSegmentBytes = std::size_t{64} << 10;
+  // Segments of dtensor::kInPlaceSegmentBytes or more (comm/segments.hpp) are reduced in
+  // place (with SegmentCuts::Same), the smaller ones packed.
+  static constexpr std::size_t kInPlaceSegmentBytes = dtensor::kInPlaceSegmentBytes;
 
   // Segmented: packed into one buffer where the ranks may cut differently (Comm's);
   // with the same cuts, large segments in place and the small ones packed together,
