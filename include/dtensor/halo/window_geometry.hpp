@@ -56,7 +56,7 @@ struct WindowDim {
 };
 
 // Padding "same" (see above) for an input of n cells.
-inline WindowDim same_padding(WindowDim w, int64_t n) {
+constexpr WindowDim same_padding(WindowDim w, int64_t n) {
   const int64_t out = (n + w.stride - 1) / w.stride;
   const int64_t total = std::max<int64_t>(0, (out - 1) * w.stride + w.span() - n);
   w.pad_lo = total / 2;

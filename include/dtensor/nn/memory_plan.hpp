@@ -26,6 +26,7 @@
 // (Sequential, Residual, Recompute) places its layers' on the timeline itself
 // (memory_forward and memory_backward). A layer that declares neither is refused by
 // name when a memory plan is asked of a model holding it, never counted as nothing.
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -33,6 +34,7 @@
 #include <utility>
 
 #include "dtensor/comm/segments.hpp"
+#include "dtensor/halo/window_geometry.hpp"
 #include "dtensor/nn/bucket_rule.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/parameters.hpp"
@@ -56,6 +58,27 @@ struct PlannedTensor {
   // whatever this rank's (a buffer sized for any rank's block: ring attention's).
   std::uint32_t largest_on = 0;
 
+  // Blocks of an image that a window op or an upsampling has moved (nn/image/): a dim
+  // sharded by the chunk rule at extent `n` of its first step, whose block boundaries
+  // then went through each step: a window's (its outputs' blocks follow the window
+  // centres, halo/window_geometry.hpp) or a factor's (a transposed convolution's k).
+  struct BlockStep {
+    int dim = -1;
+    int64_t n = 0;       // the dim's global extent before the step
+    int64_t factor = 0;  // > 0: every boundary times factor; else the window's
+    WindowDim window{};
+  };
+  static constexpr int kMaxSteps = 8;
+  int nsteps = 0;
+  std::array<BlockStep, kMaxSteps> steps{};
+  // A padded block (a window op's storage): on each dim with a window here and split
+  // into two or more blocks, the window's ghost cells on either side, the largest
+  // reach of any block's windows (halo/window_halo.hpp: uniform widths).
+  enum class Pad : std::uint8_t { None, Always, OnlyWithGhosts };  // OnlyWithGhosts: 0 bytes without any ghost
+  Pad pad = Pad::None;
+  std::array<bool, kMaxRank> padded{};
+  std::array<WindowDim, kMaxRank> pad_window{};
+
   template <class T, class Extents>
   static constexpr PlannedTensor of(const Extents& extents, const PlacementState<M>& p) {
     PlannedTensor t;
@@ -73,16 +96,145 @@ struct PlannedTensor {
     return static_cast<int64_t>(
         dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(block_bytes(mesh_shape, coords))));
   }
-  // The block's own bytes.
+  // The block's own bytes (its ghost cells included where padded).
   constexpr int64_t block_bytes(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
     int64_t e = element_bytes;
+    bool ghosts = false;
     for (int d = 0; d < rank; ++d) {
-      int64_t n = global[static_cast<std::size_t>(d)];
-      for (std::size_t m = 0; m < M; ++m)
-        if (placements[m].is_shard(d)) n = chunk_size(n, mesh_shape[m], (largest_on >> m) & 1u ? 0 : coords[m]);
+      const auto [lo, hi] = block_range(d, mesh_shape, coords);
+      int64_t n = hi - lo;
+      if (pad != Pad::None && padded[static_cast<std::size_t>(d)]) {
+        const auto [glo, ghi] = ghost_widths(d, mesh_shape);
+        n += glo + ghi;
+        ghosts = ghosts || glo + ghi > 0;
+      }
       e *= n;
     }
-    return e;
+    return pad == Pad::OnlyWithGhosts && !ghosts ? 0 : e;
+  }
+  // Dim d's block at `coords`: [lo, hi) of its global extent (the chunk rule, a chunk
+  // of a chunk where two mesh dims shard it, then the block steps).
+  constexpr std::array<int64_t, 2> block_range(int d, const std::array<int, M>& mesh_shape,
+                                               const std::array<int, M>& coords) const {
+    int64_t n = global[static_cast<std::size_t>(d)];
+    for (int k = 0; k < nsteps; ++k)
+      if (steps[static_cast<std::size_t>(k)].dim == d) {
+        n = steps[static_cast<std::size_t>(k)].n;  // the extent the chunk rule cut
+        break;
+      }
+    int64_t lo = 0;
+    for (std::size_t m = 0; m < M; ++m)
+      if (placements[m].is_shard(d)) {
+        const int at = (largest_on >> m) & 1u ? 0 : coords[m];  // largest_over(m): coordinate 0's block
+        const int64_t c = mesh_shape[m] > 0 ? (n + mesh_shape[m] - 1) / mesh_shape[m] : 0;
+        lo += std::min<int64_t>(n, at * c);
+        n = chunk_size(n, mesh_shape[m], at);
+      }
+    return {moved(d, lo), moved(d, lo + n)};
+  }
+  // A block boundary (a global index on dim d at the first step) through the steps.
+  constexpr int64_t moved(int d, int64_t x) const {
+    for (int k = 0; k < nsteps; ++k) {
+      const BlockStep& s = steps[static_cast<std::size_t>(k)];
+      if (s.dim != d) continue;
+      x = s.factor > 0 ? x * s.factor : s.window.outputs_before(x, s.n);
+    }
+    return x;
+  }
+  // The blocks dim d is cut into, and the coordinates of block b (row-major over the
+  // mesh dims that shard it, outermost first; the others 0).
+  constexpr int blocks(int d, const std::array<int, M>& mesh_shape) const {
+    int nb = 1;
+    for (std::size_t m = 0; m < M; ++m)
+      if (placements[m].is_shard(d)) nb *= mesh_shape[m];
+    return nb;
+  }
+  // The ghost widths (lo, hi) of pad_window[d] on dim d: 0 unless split into 2+ blocks.
+  constexpr std::array<int64_t, 2> ghost_widths(int d, const std::array<int, M>& mesh_shape) const {
+    const int nb = blocks(d, mesh_shape);
+    if (nb < 2) return {0, 0};
+    const WindowDim& w = pad_window[static_cast<std::size_t>(d)];
+    const int64_t n = global[static_cast<std::size_t>(d)];
+    int64_t glo = 0, ghi = 0;
+    for (int b = 0; b < nb; ++b) {
+      std::array<int, M> c{};
+      for (int m = static_cast<int>(M) - 1, r = b; m >= 0; --m)
+        if (placements[static_cast<std::size_t>(m)].is_shard(d)) {
+          c[static_cast<std::size_t>(m)] = r % mesh_shape[static_cast<std::size_t>(m)];
+          r /= mesh_shape[static_cast<std::size_t>(m)];
+        }
+      const auto [lo, hi] = block_range(d, mesh_shape, c);
+      const int64_t olo = w.outputs_before(lo, n), ohi = w.outputs_before(hi, n);
+      if (ohi <= olo) continue;
+      glo = std::max(glo, lo - w.first(olo));
+      ghi = std::max(ghi, w.last(ohi - 1) - (hi - 1));
+    }
+    return {glo, ghi};
+  }
+  // Dim d after a window op (its output: extent and blocks), not allocated.
+  constexpr PlannedTensor windowed(int d, const WindowDim& w) const {
+    PlannedTensor t = unpadded();
+    t.add_step({d, global[static_cast<std::size_t>(d)], 0, w});
+    t.global[static_cast<std::size_t>(d)] = w.out_extent(global[static_cast<std::size_t>(d)]);
+    return t;
+  }
+  // Dim d scaled by `factor`, each block with it (a transposed convolution), not allocated.
+  constexpr PlannedTensor scaled(int d, int64_t factor) const {
+    PlannedTensor t = unpadded();
+    t.add_step({d, global[static_cast<std::size_t>(d)], factor, {}});
+    t.global[static_cast<std::size_t>(d)] *= factor;
+    return t;
+  }
+  // This tensor's block with the ghosts of window w on dim d (for each d given), as a
+  // window op stores it; `only_with_ghosts`: nothing where no dim has a ghost.
+  constexpr PlannedTensor padded_for(int d, const WindowDim& w, bool only_with_ghosts = false) const {
+    PlannedTensor t = *this;
+    t.id = -1;
+    t.pad = only_with_ghosts ? Pad::OnlyWithGhosts : Pad::Always;
+    t.padded[static_cast<std::size_t>(d)] = true;
+    t.pad_window[static_cast<std::size_t>(d)] = w;
+    return t;
+  }
+  constexpr PlannedTensor unpadded() const {
+    PlannedTensor t = *this;
+    t.id = -1;
+    t.pad = Pad::None;
+    t.padded = {};
+    return t;
+  }
+  // The same global extents and blocks on every dim (the steps compared by their effect).
+  constexpr bool same_blocks(const PlannedTensor& o, const std::array<int, M>& mesh_shape) const {
+    for (int d = 0; d < rank; ++d) {
+      if (global[static_cast<std::size_t>(d)] != o.global[static_cast<std::size_t>(d)]) return false;
+      const int nb = blocks(d, mesh_shape);
+      if (nb < 2 || nb != o.blocks(d, mesh_shape)) continue;
+      for (int b = 0; b < nb; ++b) {
+        std::array<int, M> c{};
+        for (int m = static_cast<int>(M) - 1, r = b; m >= 0; --m)
+          if (placements[static_cast<std::size_t>(m)].is_shard(d)) {
+            c[static_cast<std::size_t>(m)] = r % mesh_shape[static_cast<std::size_t>(m)];
+            r /= mesh_shape[static_cast<std::size_t>(m)];
+          }
+        if (block_range(d, mesh_shape, c) != o.block_range(d, mesh_shape, c)) return false;
+      }
+    }
+    return true;
+  }
+  // Another rank (a [N, C] after a global pooling): the block steps and padding dropped.
+  constexpr PlannedTensor reshaped(int new_rank) const {
+    PlannedTensor t = unpadded();
+    t.rank = new_rank;
+    t.nsteps = 0;
+    t.steps = {};
+    return t;
+  }
+  constexpr void add_step(const BlockStep& s) {
+    // A stride-1 window centred on its cells ("same") keeps every boundary: no step.
+    const WindowDim& w = s.window;
+    if (s.factor == 0 && w.stride == 1 && w.pad_lo == (w.span() - 1) / 2 && w.pad_lo + w.pad_hi == w.span() - 1) return;
+    if (s.factor == 1) return;
+    if (nsteps == kMaxSteps) throw InvalidArgument("dtensor::nn::PlannedTensor: more block steps than it holds");
+    steps[static_cast<std::size_t>(nsteps++)] = s;
   }
   // The largest block over mesh dim m (not allocated).
   constexpr PlannedTensor largest_over(int m) const {
@@ -138,14 +290,19 @@ struct LayerMemory {
   // A loss whose gradient takes over its first saved tensor's storage (MSE's difference
   // scaled in place): no allocation of its own.
   bool out_reuses_saved = false;
-  int nsaved = 0, nforward = 0, nbackward = 0;
-  std::array<PlannedTensor<M>, kMax> saved{}, forward_temporaries{}, backward_temporaries{};
+  int nsaved = 0, nforward = 0, nbackward = 0, ninput_grad = 0;
+  // input_grad_temporaries: the backward's only where the input's gradient is asked
+  // for (a window op's padded gradient block), after the other temporaries.
+  std::array<PlannedTensor<M>, kMax> saved{}, forward_temporaries{}, backward_temporaries{}, input_grad_temporaries{};
   constexpr void save(const PlannedTensor<M>& t) { saved[static_cast<std::size_t>(nsaved++)] = t; }
   constexpr void forward_temporary(const PlannedTensor<M>& t) {
     forward_temporaries[static_cast<std::size_t>(nforward++)] = t;
   }
   constexpr void backward_temporary(const PlannedTensor<M>& t) {
     backward_temporaries[static_cast<std::size_t>(nbackward++)] = t;
+  }
+  constexpr void input_grad_temporary(const PlannedTensor<M>& t) {
+    input_grad_temporaries[static_cast<std::size_t>(ninput_grad++)] = t;
   }
 };
 
@@ -543,7 +700,14 @@ constexpr PlannedTensor<M> memory_backward(MemoryPlan<M, C>& p, int layer, int g
     const LayerMemory<M> m = L::memory(x);
     PlannedTensor<M> dx = x.placed(grad_in);
     if (input_grad) p.allocate(Phase::Backward, layer, MemoryUse::Activation, dx);
-    p.temporaries(Phase::Backward, layer, m.backward_temporaries, m.nbackward);
+    // The backward's temporaries (and those it makes only for dx) alive together.
+    auto ts = m.backward_temporaries;
+    int n = m.nbackward;
+    for (int i = 0; input_grad && i < m.ninput_grad; ++i) {
+      if (n == LayerMemory<M>::kMax) throw InvalidArgument("dtensor::nn::MemoryPlan: more temporaries than a layer holds");
+      ts[static_cast<std::size_t>(n++)] = m.input_grad_temporaries[static_cast<std::size_t>(i)];
+    }
+    p.temporaries(Phase::Backward, layer, ts, n);
     p.free_group(Phase::Backward, layer, group);
     return dx;
   } else {

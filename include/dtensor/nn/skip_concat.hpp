@@ -36,6 +36,7 @@
 #include "dtensor/distributed/realign.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/sequential.hpp"
 #include "dtensor/nn/unshard.hpp"
@@ -138,6 +139,79 @@ class SkipConcat {
     // dy's x part to x's placements, then to the block's input gradient's for the sum
     p.adjoint(Phase::Backward, layer, in_placements, grad_out, features, true);
     p.redistribution(Phase::Backward, layer, skip_grad(grad_out), branch_grad(grad_out), features, true);
+  }
+
+  // --- the memory plan (nn/memory_plan.hpp) ---
+  static constexpr int kMemoryGroups = nn::memory_groups<Block>();
+  template <std::size_t MM>
+  static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
+    const PlannedTensor<MM> xin = x.placed(in_placements).unpadded();
+    PlannedTensor<MM> y = xin;
+    y.global[kFeatureDim] += nn::memory_output<Block>(xin).global[kFeatureDim];
+    return y;
+  }
+  // f(x) in x's blocks (what the join reads: x's blocks, f's features), and whether the
+  // realignment copies it there (the blocks differ: a global fact of the mesh shape).
+  template <std::size_t MM>
+  static constexpr PlannedTensor<MM> in_x_blocks(const PlannedTensor<MM>& x, const PlannedTensor<MM>& f) {
+    PlannedTensor<MM> t = x.placed(f.placements).unpadded();
+    t.global[kFeatureDim] = f.global[kFeatureDim];
+    return t;
+  }
+  // The block's forward (its output f allocated); f redistributed to x's placements
+  // where they differ, realigned to x's blocks where those differ (each a temporary
+  // beside the join); the join allocated; then f and the temporaries freed.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_forward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                    const PlannedTensor<MM>& x) {
+    const PlannedTensor<MM> xin = x.placed(in_placements);
+    PlannedTensor<MM> f = nn::memory_forward<Block>(p, layer, group, xin);
+    const Phase ph = p.forward_phase;
+    PlannedTensor<MM> fr = f.placed(in_placements);
+    const bool moved = block_out != in_placements;
+    if (moved) p.allocate(ph, layer, MemoryUse::Temporary, fr);
+    PlannedTensor<MM> r = in_x_blocks(xin, fr);
+    const bool realigned = !r.same_blocks(fr, p.mesh_shape);
+    if (realigned) p.allocate(ph, layer, MemoryUse::Temporary, r);
+    PlannedTensor<MM> y = memory_output(x);
+    p.allocate(ph, layer, MemoryUse::Activation, y);
+    if (realigned) p.free(ph, layer, r);
+    if (moved) p.free(ph, layer, fr);
+    p.free(ph, layer, f);
+    return y;
+  }
+  // dy's f(x) part copied out (and realigned back to f's blocks where they differ, both
+  // held to the end); the block's backward; then dy's x part copied out, added into the
+  // block's input gradient (redistributed first where the placements differ).
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                     const PlannedTensor<MM>& x, const PlannedTensor<MM>& dy,
+                                                     const State&, bool input_grad) {
+    const PlannedTensor<MM> xin = x.placed(in_placements);
+    const PlannedTensor<MM> f = nn::memory_output<Block>(xin);
+    const PlannedTensor<MM> fr = f.placed(in_placements);
+    PlannedTensor<MM> dyf = in_x_blocks(xin, fr).placed(dy.placements);
+    p.allocate(Phase::Backward, layer, MemoryUse::Activation, dyf);
+    PlannedTensor<MM> dyb = fr.unpadded().placed(dy.placements);
+    const bool realigned = !in_x_blocks(xin, fr).same_blocks(fr, p.mesh_shape);
+    if (realigned) p.allocate(Phase::Backward, layer, MemoryUse::Activation, dyb);
+    const State gb = block_grad_out(dy.placements);
+    PlannedTensor<MM> dyg = dyb.placed(gb);
+    if (gb != dy.placements) p.allocate(Phase::Backward, layer, MemoryUse::Temporary, dyg);
+    PlannedTensor<MM> dx =
+        nn::memory_backward<Block>(p, layer, group, xin, dyg, branch_grad(dy.placements), input_grad);
+    if (gb != dy.placements) p.free(Phase::Backward, layer, dyg);
+    if (input_grad) {
+      PlannedTensor<MM> dyx = xin.unpadded().placed(dy.placements);
+      p.allocate(Phase::Backward, layer, MemoryUse::Temporary, dyx);
+      if (skip_grad(dy.placements) != dy.placements) p.temporary(Phase::Backward, layer, dyx.placed(skip_grad(dy.placements)));
+      if (skip_grad(dy.placements) != branch_grad(dy.placements))
+        p.temporary(Phase::Backward, layer, dyx.placed(branch_grad(dy.placements)));
+      p.free(Phase::Backward, layer, dyx);
+    }
+    if (realigned) p.free(Phase::Backward, layer, dyb);
+    p.free(Phase::Backward, layer, dyf);
+    return dx;
   }
 
   // The block's parameters, for dy's f(x) part as it reaches the block.

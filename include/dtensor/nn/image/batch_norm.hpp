@@ -49,6 +49,7 @@
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 
@@ -229,6 +230,20 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
                           blk.cells, dx.data());
       return G(dy.mesh(), dy.layout(), std::move(dx));
     }
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp): the normalized input saved, its
+  // output; while the forward runs, a running statistic's new values beside the old
+  // (C values), and in the backward each parameter's gradient term before it is added
+  // (C values). The per-channel and per-row statistics are host vectors, not blocks.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.save(x.unpadded());
+    m.out = x.unpadded();
+    const PlannedTensor<M> channels = PlannedTensor<M>::template of<T>(std::array<int64_t, 1>{C}, State{});
+    m.forward_temporary(channels);
+    m.backward_temporary(channels);
+    return m;
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).

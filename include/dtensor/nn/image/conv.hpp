@@ -35,6 +35,7 @@
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 
@@ -75,7 +76,7 @@ struct ConvSpec {
     return n;
   }
   // The window of spatial dim i over an input of n cells.
-  WindowDim window(int i, int64_t n) const {
+  constexpr WindowDim window(int i, int64_t n) const {
     WindowDim w{kernel[i], stride[i], dilation[i], padding[i], padding[i]};
     return same ? same_padding(w, n) : w;
   }
@@ -193,6 +194,28 @@ class ConvOp {
   WindowedOp<T, Rank> win_;  // the halo, the input kept for the backward
 };
 
+namespace detail {
+// A window op's tensors in the memory plan (halo/windowed_op.hpp), x [N, C, spatial...]
+// and window_of(i, n) the window of spatial dim i over n cells: its output (c
+// channels, its blocks the window centres'), and its padded input block (the ghosts
+// of every spatial dim split into two or more blocks; `only_with_ghosts`: nothing
+// where no dim has one).
+template <int S, std::size_t M, class WindowOf>
+constexpr PlannedTensor<M> window_output(const PlannedTensor<M>& x, WindowOf&& window_of, int64_t channels) {
+  PlannedTensor<M> y = x.unpadded();
+  for (int i = 0; i < S; ++i) y = y.windowed(2 + i, window_of(i, x.global[static_cast<std::size_t>(2 + i)]));
+  y.global[1] = channels;
+  return y;
+}
+template <int S, std::size_t M, class WindowOf>
+constexpr PlannedTensor<M> window_padded(const PlannedTensor<M>& x, WindowOf&& window_of, bool only_with_ghosts) {
+  PlannedTensor<M> t = x.unpadded();
+  for (int i = 0; i < S; ++i)
+    t = t.padded_for(2 + i, window_of(i, x.global[static_cast<std::size_t>(2 + i)]), only_with_ghosts);
+  return t;
+}
+}  // namespace detail
+
 // The placement rule of a convolution (and of any layer that is linear in its input
 // and reduces its parameters' gradients over the batch and space): the input is an
 // activation of Cfg; the output is placed like it; dx like dy; a parameter's
@@ -266,6 +289,19 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
 
   // Drops the input the forward kept for the backward.
   void release_saved() { op_.release_saved(); }
+
+  // What it holds over a step (nn/memory_plan.hpp), for x [N, Cin, spatial...]: its
+  // padded input block saved for dW (x's block copied where no window reaches a
+  // ghost); its output, in the blocks of the window centres; in the backward, where
+  // dx is asked for and there are ghosts, the padded block of dx (beside dx).
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    constexpr auto window = [](int i, int64_t n) { return Spec.window(i, n); };
+    LayerMemory<M> m;
+    m.save(detail::window_padded<S>(x, window, false));
+    m.out = detail::window_output<S>(x, window, Cout);
+    m.input_grad_temporary(detail::window_padded<S>(x, window, true));
+    return m;
+  }
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {

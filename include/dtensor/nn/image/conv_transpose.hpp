@@ -25,6 +25,7 @@
 #include "dtensor/compute/conv.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/image/conv.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
@@ -238,6 +239,18 @@ class ConvTranspose : public KeepsPlacements<Cfg, Takes::Activation> {
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { op_.release_saved(); }
+
+  // What it holds over a step (nn/memory_plan.hpp), for x [N, Cin, spatial...]: a copy
+  // of x's block saved for dW; its output, k times x's extents and blocks.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.save(x.unpadded());
+    PlannedTensor<M> y = x.unpadded();
+    for (int i = 0; i < S; ++i) y = y.scaled(2 + i, Spec.kernel[static_cast<std::size_t>(i)]);
+    y.global[1] = Cout;
+    m.out = y;
+    return m;
+  }
 
  private:
   static Shape<Rank> weight_shape() {

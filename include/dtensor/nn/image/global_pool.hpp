@@ -23,6 +23,7 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 
 namespace dtensor::nn {
 
@@ -111,6 +112,16 @@ class GlobalAvgPool {
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
+
+  // What it holds over a step (nn/memory_plan.hpp), for x [N, C, spatial...]: its
+  // output [N, C] (the batch's blocks; nothing saved but the shapes); in the backward,
+  // where dx is asked for, dy scaled by 1 / positions beside dx.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.out = x.reshaped(2).placed(output(State{}));
+    m.input_grad_temporary(m.out);
+    return m;
+  }
 
  private:
   // [N, C] in the input's batch blocks (the channels are never sharded here).

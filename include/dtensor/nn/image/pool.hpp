@@ -73,6 +73,7 @@ struct PoolOptions {
     w.pad_hi += std::max<int64_t>(0, (outs - 1) * w.stride + w.span() - (n + 2 * padding[i]));
     return w;
   }
+  friend constexpr bool operator==(const PoolOptions&, const PoolOptions&) = default;
 };
 
 template <int S>
@@ -187,11 +188,13 @@ constexpr const char* pool_name(PoolMode mode, int spatial) {
 }
 }  // namespace detail
 
-// A pooling layer; options at run time (no parameters, so nothing of them is in the
-// model's plan).
+// A pooling layer. Options: the pooling the memory plan counts (its output's extents
+// and blocks, its ghosts), and the one built by default; options given at run time
+// (no parameters, so nothing of them is in the model's plan) must be the same for
+// the memory plan to hold: write them in the type,
 //   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
-//   nn::MaxPool<Img> pool(nn::PoolOptions<2>::square(3, 2, 1));   // kernel 3, stride 2, padding 1
-template <class Cfg, PoolMode Mode>
+//   nn::MaxPool<Img, nn::PoolOptions<2>::square(3, 2, 1)> pool;   // kernel 3, stride 2, padding 1
+template <class Cfg, PoolMode Mode, PoolOptions<Cfg::spatial> Options = PoolOptions<Cfg::spatial>{}>
 class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
   static constexpr int S = Cfg::spatial;
 
@@ -204,12 +207,27 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
   // (linear in dy; max pooling's choice of tap comes from x, which is the same on the
   // ranks of a replicated dim).
 
-  explicit Pool(PoolOptions<S> options = {}) : op_(Mode, options, name) {}
+  explicit Pool(PoolOptions<S> options = Options) : op_(Mode, options, name) {}
 
   PoolOp<T, S>& op() { return op_; }
   InputT forward(const InputT& x) { return op_.forward(x); }
   // Drops the input the forward kept for the backward.
   void release_saved() { op_.release_saved(); }
+
+  // What it holds over a step (nn/memory_plan.hpp), for x [N, C, spatial...] pooled by
+  // Options: max pooling saves its padded input block (x's block copied where no window
+  // reaches a ghost); average pooling saves none, its padded block a temporary of the
+  // forward where there are ghosts; the output in the blocks of the window centres; in
+  // the backward, where dx is asked for and there are ghosts, dx's padded block.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    constexpr auto window = [](int i, int64_t n) { return Options.window(i, n); };
+    LayerMemory<M> m;
+    if constexpr (Mode == PoolMode::Max) m.save(detail::window_padded<S>(x, window, false));
+    m.out = detail::window_output<S>(x, window, x.global[1]);
+    if constexpr (Mode != PoolMode::Max) m.forward_temporary(detail::window_padded<S>(x, window, true));
+    m.input_grad_temporary(detail::window_padded<S>(x, window, true));
+    return m;
+  }
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
@@ -222,9 +240,9 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
   PoolOp<T, S> op_;
 };
 
-template <class Cfg>
-using MaxPool = Pool<Cfg, PoolMode::Max>;
-template <class Cfg>
-using AvgPool = Pool<Cfg, PoolMode::Average>;
+template <class Cfg, PoolOptions<Cfg::spatial> Options = PoolOptions<Cfg::spatial>{}>
+using MaxPool = Pool<Cfg, PoolMode::Max, Options>;
+template <class Cfg, PoolOptions<Cfg::spatial> Options = PoolOptions<Cfg::spatial>{}>
+using AvgPool = Pool<Cfg, PoolMode::Average, Options>;
 
 }  // namespace dtensor::nn

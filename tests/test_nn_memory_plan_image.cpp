@@ -1,0 +1,153 @@
+// The memory plan (nn/memory_plan.hpp) of image models: one convolution's saved padded
+// block on a 2-rank spatial mesh worked by hand; a CNN (conv - batch norm - ReLU - max
+// pool blocks, global pooling, a linear head) and the U-Net of examples/unet.hpp, the
+// plan's peak against the host allocator's measured peak over a training step (the
+// second: the optimizer's state exists), on one rank in-process and, under mpirun, on
+// every process of DP, spatial (H sharded, halos) and DP x H meshes with uneven blocks.
+// Runs in-process and, through test_nn_memory_plan_image_mpi, under mpirun on 1-4 processes.
+#include <cstdint>
+#include <dtensor/cnn.hpp>
+#include <dtensor/nn.hpp>
+#include <string>
+
+#include "../examples/unet.hpp"
+#include "nn_support.hpp"
+
+namespace dtensor::test {
+namespace {
+
+using nn::MemoryUse;
+using nn::Phase;
+
+// Images [N, C, H, W]: the batch over mesh dim 0, H over mesh dim 1.
+template <class T>
+using DpH = nn::ImageConfig<T, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
+constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
+constexpr auto k3s2 = nn::ConvSpec<2>::square(3, 2, 1);
+
+// --- by hand: conv 3x3 stride 2 pad 1 (2 -> 4 channels), x [2, 2, 9, 5] on 1 x 2 (H: 5 | 4) ---
+using One = nn::Sequential<nn::Conv<DpH<double>, 2, 4, k3s2>>;
+constexpr auto kOne = One::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>({2, 2, 9, 5}, {1, 2});
+// Outputs 0..4 of H (9 cells, stride 2, padding 1): output j's window centre is cell
+// 2j, so rank 0 (cells 0-4) computes outputs 0, 1, 2 and rank 1 (cells 5-8) 3, 4. Rank
+// 0's windows read cells -1 (padding) to 5, rank 1's 5 to 9 (padding): one cell beyond
+// the block on either side, and the widths are uniform, padding cells stored as ghosts
+// (zeros): the padded block saved for dW is [2, 2, 1 + 5 + 1, 5] on rank 0 and
+// [2, 2, 1 + 4 + 1, 5] on rank 1.
+static_assert(kOne.saved_bytes(0, {0, 0}) == 8 * 2 * 2 * 7 * 5);
+static_assert(kOne.saved_bytes(0, {0, 1}) == 8 * 2 * 2 * 6 * 5);
+// Its output [2, 4, 5, 3]: rows 3 | 2 by the window centres (the chunk rule's too here).
+constexpr auto kOut = nn::memory_output<One>(
+    nn::PlannedTensor<2>::of<double>(std::array<int64_t, 4>{2, 2, 9, 5}, One::input_placements));
+static_assert(kOut.global[2] == 5 && kOut.global[3] == 3 && kOut.global[1] == 4);
+static_assert(kOut.block_bytes({1, 2}, {0, 0}) == 8 * 2 * 4 * 3 * 3);
+static_assert(kOut.block_bytes({1, 2}, {0, 1}) == 8 * 2 * 4 * 2 * 3);
+// On one rank: no ghost; the block copied for dW; the backward holds no padded dx.
+constexpr auto kOneRank = One::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>({2, 2, 9, 5}, {1, 1});
+static_assert(kOneRank.saved_bytes(0) == 8 * 2 * 2 * 9 * 5);
+// A max pool 2 of 13 rows split 7 | 6 gives 4 | 2 rows (window centres), not 3 | 3.
+constexpr auto kPooled = nn::memory_output<nn::MaxPool<DpH<double>>>(
+    nn::PlannedTensor<2>::of<double>(std::array<int64_t, 4>{1, 1, 13, 2}, One::input_placements));
+static_assert(kPooled.block_bytes({1, 2}, {0, 0}) == 8 * 4 && kPooled.block_bytes({1, 2}, {0, 1}) == 8 * 2);
+
+// --- the CNN: two conv - batch norm - ReLU - max pool blocks, global pooling, linear ---
+template <class Img>
+struct CNN {
+  using Head = typename nn::GlobalAvgPool<Img>::out_config;
+  using Model = nn::Sequential<nn::Conv<Img, 3, 8, k3>, nn::BatchNorm<Img, 8>, nn::ReLU<Img>, nn::MaxPool<Img>,
+                               nn::Conv<Img, 8, 16, k3>, nn::BatchNorm<Img, 16>, nn::ReLU<Img>, nn::MaxPool<Img>,
+                               nn::GlobalAvgPool<Img>, nn::Linear<Head, 16, 10>>;
+  using Loss = nn::MSELoss<Head>;
+  static Model make(const DeviceMesh<2>& mesh) {
+    return Model(nn::Conv<Img, 3, 8, k3>(mesh, {1}), nn::BatchNorm<Img, 8>(mesh), nn::ReLU<Img>(),
+                 nn::MaxPool<Img>(), nn::Conv<Img, 8, 16, k3>(mesh, {2}), nn::BatchNorm<Img, 16>(mesh),
+                 nn::ReLU<Img>(), nn::MaxPool<Img>(), nn::GlobalAvgPool<Img>(), nn::Linear<Head, 16, 10>(mesh, {3}));
+  }
+  static constexpr std::array<int64_t, 4> in{3, 3, 50, 42};  // a block of 8 channels: 100 KiB on one rank
+  static constexpr Shape<2> out{3, 10};
+};
+// The U-Net of examples/unet.hpp (float): 1 -> 8 -> 16 -> 32 channels and back.
+struct UNet : examples::UNet<DpH<float>> {
+  using Loss = nn::MSELoss<DpH<float>>;
+  static constexpr std::array<int64_t, 4> in{3, 1, 44, 40};  // 8 channels: 165 KiB on one rank
+  static constexpr Shape<4> out{3, 1, 44, 40};
+};
+
+// The bytes a step allocates above what is held before it (parameters, gradients,
+// optimizer state, the input; the plan's first events), measured and planned.
+struct Peaks {
+  int64_t measured = 0, planned = 0;
+};
+template <class Net>
+Peaks step_peaks(const DeviceMesh<2>& mesh) {
+  using Model = typename Net::Model;
+  using Loss = typename Net::Loss;
+  const auto plan = Model::template memory_plan<Loss, nn::SGD>(Net::in, mesh.shape());
+  auto model = Net::make(mesh);
+  Loss loss;
+  nn::SGD opt({.lr = 1e-3, .momentum = 0.9});
+  Peaks p;
+  const Shape<4> in{Net::in[0], Net::in[1], Net::in[2], Net::in[3]};
+  for (int step = 0; step < 2; ++step) {  // the second: the optimizer's state exists, as in the plan
+    const auto x = normal_rows<typename Model::InputT>(in, mesh, 1 + step);
+    const auto target = normal_rows<typename Model::OutputT>(Net::out, mesh, 3 + step);
+    model.zero_grad();
+    const int64_t before = host_memory_in_use();
+    reset_host_memory_peak();
+    const auto y = model.forward(x);
+    (void)loss.forward(y, target);
+    model.backward(loss.backward(y));
+    p.measured = host_memory_peak() - before;
+    opt.step(model);
+  }
+  const auto coords = mesh.coords();
+  const int64_t held =
+      plan.bytes(MemoryUse::Parameters, coords) + plan.bytes(MemoryUse::Gradients, coords) +
+      plan.bytes(MemoryUse::OptimizerState, coords) +
+      nn::PlannedTensor<2>::template of<typename Model::InputT::value_type>(Net::in, Model::input_placements)
+          .bytes(plan.mesh_shape, coords);
+  p.planned = plan.peak_at(coords).bytes - held;
+  return p;
+}
+
+// The plan never under-counts, and over-counts by at most 10%.
+void check_peaks(const Peaks& p, const std::string& what) {
+  INFO(what, ": measured ", p.measured, " B, planned ", p.planned, " B");
+  MESSAGE(what, ": measured ", p.measured, " B, planned ", p.planned, " B");
+  CHECK(p.measured > 0);
+  CHECK(p.planned >= p.measured);
+  CHECK(p.planned <= p.measured * 11 / 10);
+}
+
+TEST_CASE("image memory plan: a step's peak on one rank against the allocator's, CNN and U-Net") {
+  on_one_rank<2>([&](const DeviceMesh<2>& mesh) {
+    check_peaks(step_peaks<CNN<DpH<double>>>(mesh), "CNN on one rank");
+    check_peaks(step_peaks<UNet>(mesh), "U-Net on one rank");
+  });
+}
+
+// Each process counts its own allocations: only under mpirun (in-process ranks share
+// one allocator count).
+void check_on_mesh(const std::array<int, 2>& shape) {
+  if (!under_mpi()) {
+    skip_under_mpi("in-process ranks share one allocator count");
+    return;
+  }
+  spmd(shape[0] * shape[1], [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, shape);
+    const std::string where = mesh.to_string() + ", rank " + std::to_string(comm.rank());
+    check_peaks(step_peaks<CNN<DpH<double>>>(mesh), "CNN on " + where);
+    check_peaks(step_peaks<UNet>(mesh), "U-Net on " + where);
+  });
+}
+
+TEST_CASE("image memory plan: every process's peak against its allocator's, DP, H with halos, DP x H, uneven") {
+  check_on_mesh({2, 1});  // DP: 3 images 2 | 1
+  check_on_mesh({3, 1});
+  check_on_mesh({1, 2});  // H: 50 rows 25 | 25, pooled 13 | 12, 7 | 5; the U-Net's 44: 22 | 22
+  check_on_mesh({1, 3});  // H: 17 | 17 | 16; the U-Net's 15 | 15 | 14, realigned on the way up
+  check_on_mesh({2, 2});  // DP x H
+}
+
+}  // namespace
+}  // namespace dtensor::test
