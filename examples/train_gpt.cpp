@@ -26,14 +26,22 @@
 // block, the rings, the gradient reductions), and each run counts its collectives and
 // point-to-point shifts against it.
 //
+// With -recompute, the DP x TP model with each transformer block recomputed
+// (nn::Recompute<TransformerBlock>: a block keeps only its input from its forward to
+// its backward, which runs its forward again first). The memory plan, a constant
+// expression, says before the program runs that the plain model does not fit a
+// per-rank budget of 1600 KiB and the recomputed one does (static_assert below;
+// tests/compile_fail/memory_over_budget.cpp is the plain model's refusal); both are
+// printed, and the recomputed run trains like the single-rank run.
+//
 // With -bf16, mixed precision instead (FSDP2's MixedPrecisionPolicy, torchtitan's
 // default): FSDP x TP with every layer fully sharded under nn::Precision<float,
 // bfloat16>: float shards, AdamW state and gradient reduce-scatters, the forward and
 // backward in bfloat16 (the attention core, norms' statistics and the loss in float).
 //
 // Usage:
-//   build/examples/train_gpt [-bf16]                      4 in-process ranks (threads)
-//   mpirun -np 4 build/examples/train_gpt_mpi [-bf16]     4 processes
+//   build/examples/train_gpt [-bf16|-recompute]                  4 in-process ranks (threads)
+//   mpirun -np 4 build/examples/train_gpt_mpi [-bf16|-recompute] 4 processes
 // Exits 1 if a loss differs from the single-rank run's by more than 1e-5 relative
 // (-bf16: 1.6e-2, PyTorch's bfloat16 rtol, and 5e-2 from the float FSDP x TP run's),
 // or if the collectives or shifts counted differ from the plan.
@@ -66,14 +74,15 @@ using TpCp = nn::Config<float, 3, nn::Axes<2, nn::kNone, /*tp*/ 0, /*cp*/ 1>>;
 
 // Style: nn::HeadParallel<> (TP) or nn::HeadParallel<Shard<1>> (TP with sequence
 // parallel); Sharded: each block fully sharded over the DP mesh dim.
-template <class Cfg, class Style, bool Sharded = false>
+template <class Cfg, class Style, bool Sharded = false, bool Recomputed = false>
 struct Gpt {
   using SeqOnTP = std::conditional_t<std::is_same_v<Style, nn::HeadParallel<>>, Replicate, Shard<1>>;
   using Embed = nn::Embedding<Cfg, kVocab, kHidden, nn::RowwiseParallel<SeqOnTP>>;
   using Positions = nn::PositionEmbedding<Cfg, kLen, kHidden>;
   static constexpr nn::AttentionShape kAttention = Cfg::cp >= 0 ? kBalanced : kPlain;
   using Block = nn::TransformerBlock<Cfg, kAttention, kFfn, Style>;
-  using Layer = std::conditional_t<Sharded, nn::FullyShard<Block>, Block>;
+  using Layer = std::conditional_t<Sharded, nn::FullyShard<Block>,
+                                   std::conditional_t<Recomputed, nn::Recompute<Block>, Block>>;
   using Norm = nn::LayerNorm<Cfg, kHidden, typename nn::detail::block_styles<Style>::norm>;
   using Head = nn::Linear<Cfg, kHidden, kVocab, nn::ColwiseParallel<SeqOnTP>, false>;
   using Model = nn::Sequential<Embed, Positions, Layer, Layer, Norm, Head>;
@@ -98,6 +107,18 @@ using Tp = Gpt<DpTp, nn::HeadParallel<>>;
 using Fs = Gpt<DpTp, nn::HeadParallel<>, true>;
 using Sp = Gpt<DpTp, nn::HeadParallel<Shard<1>>>;
 using Cp = Gpt<TpCp, nn::HeadParallel<>>;
+using Rc = Gpt<DpTp, nn::HeadParallel<>, false, true>;
+
+// What a rank holds over a training step, before the program runs (nn/memory_plan.hpp):
+// with AdamW, batch 8 x 32 tokens on 2x2 (the largest rank). Without recompute a
+// step's peak (1.7 MiB, the second block's forward) is over the budget; with it, the
+// blocks' activations live one block at a time (1.5 MiB).
+using namespace nn::literals;
+constexpr int64_t kBudget = 1600_KiB;
+static_assert(Rc::Model::memory_plan<Rc::Loss, nn::AdamW>({kBatch, kLen}, {2, 2}).peak_bytes() <= kBudget,
+              "train_gpt: the recomputed model does not fit its per-rank budget");
+static_assert(Tp::Model::memory_plan<Tp::Loss, nn::AdamW>({kBatch, kLen}, {2, 2}).peak_bytes() > kBudget,
+              "train_gpt: the plain model fits the budget, so recompute is not needed to show it");
 
 // -bf16: the FSDP x TP model in bfloat16, every layer with parameters fully sharded
 // under one policy (the embedding, positions, blocks, norm and head).
@@ -214,7 +235,11 @@ bool compare(Comm& comm, const char* what, double limit = 1e-5, std::vector<floa
 int main(int argc, char** argv) {
   std::atomic<int> failed = 0;  // written by every rank's thread in-process
   bool bf16 = false;
-  for (int i = 1; i < argc; ++i) bf16 = bf16 || std::string(argv[i]) == "-bf16";
+  bool recompute = false;
+  for (int i = 1; i < argc; ++i) {
+    bf16 = bf16 || std::string(argv[i]) == "-bf16";
+    recompute = recompute || std::string(argv[i]) == "-recompute";
+  }
   auto mixed = [&](Comm& comm) {
     std::vector<float> f32, b16;
     const bool fs = compare<Fs>(comm, "FSDP x TP in float (the reference of the bfloat16 run)", 1e-5, &f32);
@@ -228,8 +253,19 @@ int main(int argc, char** argv) {
                   worst, fs && mp && near ? "OK" : "FAILED");
     if (!(fs && mp && near)) failed = 1;
   };
+  auto recomputed = [&](Comm& comm) {
+    if (comm.rank() == 0) {
+      const auto plain = Tp::Model::memory_plan<Tp::Loss, nn::AdamW>({kBatch, kLen}, {2, 2});
+      const auto rc = Rc::Model::memory_plan<Rc::Loss, nn::AdamW>({kBatch, kLen}, {2, 2});
+      std::printf("== the memory plan of one step, budget %lld bytes per rank\nwithout recompute:\n%s\nwith each "
+                  "block recomputed:\n%s\n",
+                  static_cast<long long>(kBudget), Tp::Model::explain(plain).c_str(), Rc::Model::explain(rc).c_str());
+    }
+    if (!compare<Rc>(comm, "DP x TP, each transformer block recomputed (nn::Recompute)")) failed = 1;
+  };
   auto program = [&](Comm& comm) {
     if (bf16) return mixed(comm);
+    if (recompute) return recomputed(comm);
     const bool tp = compare<Tp>(comm, "DP x TP: batch over mesh dim 0, heads and MLP features over mesh dim 1");
     const bool fs = compare<Fs>(comm, "FSDP x TP: DP x TP, each transformer block fully sharded over mesh dim 0");
     const bool sp = compare<Sp>(comm, "DP x TP with sequence parallelism over mesh dim 1");

@@ -67,6 +67,7 @@ struct PlannedTensor {
     int64_t n = 0;       // the dim's global extent before the step
     int64_t factor = 0;  // > 0: every boundary times factor; else the window's
     WindowDim window{};
+    friend constexpr bool operator==(const BlockStep&, const BlockStep&) = default;
   };
   static constexpr int kMaxSteps = 8;
   int nsteps = 0;
@@ -78,6 +79,22 @@ struct PlannedTensor {
   Pad pad = Pad::None;
   std::array<bool, kMaxRank> padded{};
   std::array<WindowDim, kMaxRank> pad_window{};
+
+  // The block steps and padding: what a plan keeps once per distinct value (MemoryPlan
+  // interns them), not per event.
+  struct Extension {
+    int nsteps = 0;
+    std::array<BlockStep, kMaxSteps> steps{};
+    Pad pad = Pad::None;
+    std::array<bool, kMaxRank> padded{};
+    std::array<WindowDim, kMaxRank> pad_window{};
+    friend constexpr bool operator==(const Extension&, const Extension&) = default;
+  };
+  constexpr bool extended() const { return nsteps > 0 || pad != Pad::None; }
+  constexpr Extension extension() const { return {nsteps, steps, pad, padded, pad_window}; }
+  constexpr void extend(const Extension& e) {
+    nsteps = e.nsteps, steps = e.steps, pad = e.pad, padded = e.padded, pad_window = e.pad_window;
+  }
 
   template <class T, class Extents>
   static constexpr PlannedTensor of(const Extents& extents, const PlacementState<M>& p) {
@@ -279,6 +296,29 @@ struct PlannedTensor {
   }
 };
 
+// What a plan keeps of a PlannedTensor per event: its extents, placements and element
+// size, its block steps and padding by their index in the plan's table (-1: none).
+template <std::size_t M>
+struct TensorRecord {
+  std::array<int64_t, PlannedTensor<M>::kMaxRank> global{};
+  int rank = 0;
+  PlacementState<M> placements{};
+  int64_t element_bytes = 0;
+  std::uint32_t largest_on = 0;
+  int extension = -1;
+  friend constexpr bool operator==(const TensorRecord&, const TensorRecord&) = default;
+
+  static constexpr TensorRecord of(const PlannedTensor<M>& t, int extension) {
+    return {t.global, t.rank, t.placements, t.element_bytes, t.largest_on, extension};
+  }
+  constexpr PlannedTensor<M> tensor() const {  // without its extension
+    PlannedTensor<M> t;
+    t.global = global, t.rank = rank, t.placements = placements, t.element_bytes = element_bytes;
+    t.largest_on = largest_on;
+    return t;
+  }
+};
+
 // What a layer holds, for an input x placed as it takes it: its output, what its
 // forward saves for its backward, and temporaries (allocated and freed inside its
 // forward, or its backward). The input's gradient is x's extents placed as the
@@ -330,12 +370,13 @@ template <std::size_t M>
 struct PackedTensors {
   static constexpr int kMax = PlannedCollective<M>::kMaxParts;
   int n = 0;
-  std::array<PlannedTensor<M>, kMax> parts{};
+  std::array<TensorRecord<M>, kMax> parts{};
   int times_mesh_dim = -1;  // >= 0: this many copies as that mesh dim has ranks (a staging buffer's slots)
-  constexpr void add(const PlannedTensor<M>& t) {
+  constexpr void add(const PlannedTensor<M>& t) {  // a parameter's block: no steps, no padding
     if (n == kMax) throw InvalidArgument("dtensor::nn::MemoryPlan: more tensors packed together than it holds");
-    parts[static_cast<std::size_t>(n++)] = t;
+    parts[static_cast<std::size_t>(n++)] = TensorRecord<M>::of(t, -1);
   }
+  friend constexpr bool operator==(const PackedTensors&, const PackedTensors&) = default;
 };
 
 template <std::size_t M>
@@ -347,7 +388,7 @@ struct MemoryEvent {
   int frees = -1;  // a free: the event that allocated what it frees
   int group = -1;  // Saved: the layer's slot, which its backward frees
   int pack = -1;   // a packed buffer: its index among the plan's packs (tensor unused)
-  PlannedTensor<M> tensor{};
+  TensorRecord<M> tensor{};
   int bucket = -1, bucket_dim = -1;  // a gradient bucket's packed small gradients (tensor unused)
 };
 
@@ -376,9 +417,27 @@ struct MemoryPlan {
   // The phase a forward's events are tagged with: the backward while nn::Recompute
   // runs a block's forward again.
   Phase forward_phase = Phase::Forward;
-  static constexpr int kPacks = 64;
-  int npacks = 0;
+  // Packed buffers and tensors' extensions, each distinct one once (a model's layers
+  // of one shape gather the same pack; an image's blocks go through few steps).
+  static constexpr int kPacks = 32, kExtensions = 48;
+  int npacks = 0, nextensions = 0;
   std::array<PackedTensors<M>, kPacks> packs{};
+  std::array<typename PlannedTensor<M>::Extension, kExtensions> extensions{};
+  constexpr TensorRecord<M> record(const PlannedTensor<M>& t) {
+    if (!t.extended()) return TensorRecord<M>::of(t, -1);
+    const auto e = t.extension();
+    for (int i = 0; i < nextensions; ++i)
+      if (extensions[static_cast<std::size_t>(i)] == e) return TensorRecord<M>::of(t, i);
+    if (nextensions == kExtensions)
+      throw InvalidArgument("dtensor::nn::MemoryPlan: more distinct block layouts than it holds");
+    extensions[static_cast<std::size_t>(nextensions)] = e;
+    return TensorRecord<M>::of(t, nextensions++);
+  }
+  constexpr PlannedTensor<M> tensor_of(const TensorRecord<M>& r) const {
+    PlannedTensor<M> t = r.tensor();
+    if (r.extension >= 0) t.extend(extensions[static_cast<std::size_t>(r.extension)]);
+    return t;
+  }
   // What a fully sharded layer (by its slot) holds between events: its gathered
   // parameters and gradients, its gather's buffers while in flight (prefetched), its
   // reduce-scatter's while deferred (nn::FullyShard's memory rules).
@@ -397,7 +456,7 @@ struct MemoryPlan {
   static constexpr int kMaxReduced = 160;
   struct Reduced {
     int n = 0;
-    std::array<PlannedTensor<M>, kMaxReduced> grads{};
+    std::array<TensorRecord<M>, kMaxReduced> grads{};
     std::array<int, kMaxReduced> layer{};
   };
   std::array<Reduced, M> reduced{};
@@ -420,7 +479,7 @@ struct MemoryPlan {
               throw InvalidArgument("dtensor::nn::MemoryPlan: more reduced gradients than it holds");
             PlannedTensor<M> g = PlannedTensor<M>::template of<U>(c.shape, c.before);
             g.rank = c.ndim;
-            r.grads[static_cast<std::size_t>(r.n)] = g;
+            r.grads[static_cast<std::size_t>(r.n)] = TensorRecord<M>::of(g, -1);
             r.layer[static_cast<std::size_t>(r.n++)] = l;
           }
       if (r.n > 0 && (first_dim < 0 || m == dp)) first_dim = m;
@@ -457,15 +516,19 @@ struct MemoryPlan {
   constexpr int allocate(Phase phase, int layer, MemoryUse use, PlannedTensor<M>& t, int group = -1) {
     if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
     t.id = size;
-    events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, group, -1, t};
+    events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, group, -1, record(t)};
     return size++;
   }
   // One allocation of several tensors packed together; returns its event.
   constexpr int allocate_packed(Phase phase, int layer, MemoryUse use, const PackedTensors<M>& pk) {
     if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
-    if (npacks == kPacks) throw InvalidArgument("dtensor::nn::MemoryPlan: more packed buffers than it holds");
-    packs[static_cast<std::size_t>(npacks)] = pk;
-    events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, -1, npacks++, {}};
+    int index = 0;
+    while (index < npacks && !(packs[static_cast<std::size_t>(index)] == pk)) ++index;
+    if (index == npacks) {
+      if (npacks == kPacks) throw InvalidArgument("dtensor::nn::MemoryPlan: more distinct packed buffers than it holds");
+      packs[static_cast<std::size_t>(npacks++)] = pk;
+    }
+    events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, -1, index, {}};
     return size++;
   }
   constexpr void free(Phase phase, int layer, const PlannedTensor<M>& t) { free_event(phase, layer, t.id); }
@@ -492,7 +555,7 @@ struct MemoryPlan {
     BucketRule rule(options.bucket_bytes);
     int64_t packed = 0;
     for (int i = 0; i < r.n; ++i) {
-      const int64_t bytes = r.grads[static_cast<std::size_t>(i)].block_bytes(mesh_shape, coords);
+      const int64_t bytes = r.grads[static_cast<std::size_t>(i)].tensor().block_bytes(mesh_shape, coords);
       if (rule.place(static_cast<std::size_t>(bytes), 0) == b && bytes > 0 &&
           static_cast<std::size_t>(bytes) < kInPlaceSegmentBytes)
         packed += bytes;
@@ -505,7 +568,7 @@ struct MemoryPlan {
     const auto& r = reduced[static_cast<std::size_t>(m)];
     BucketRule rule(options.bucket_bytes);
     for (int i = 0; i < r.n; ++i) {
-      const int b = rule.place(static_cast<std::size_t>(r.grads[static_cast<std::size_t>(i)].block_bytes(mesh_shape, {})), 0);
+      const int b = rule.place(static_cast<std::size_t>(r.grads[static_cast<std::size_t>(i)].tensor().block_bytes(mesh_shape, {})), 0);
       completed_by[static_cast<std::size_t>(b)] = r.layer[static_cast<std::size_t>(i)];
     }
     return rule.buckets();
@@ -515,10 +578,10 @@ struct MemoryPlan {
   constexpr int64_t event_bytes(int e, const std::array<int, M>& coords) const {
     const auto& ev = events[static_cast<std::size_t>(e)];
     if (ev.bucket >= 0) return bucket_pack_bytes(ev.bucket_dim, ev.bucket, coords);
-    if (ev.pack < 0) return ev.tensor.bytes(mesh_shape, coords);
+    if (ev.pack < 0) return tensor_of(ev.tensor).bytes(mesh_shape, coords);
     const auto& pk = packs[static_cast<std::size_t>(ev.pack)];
     int64_t b = 0;
-    for (int i = 0; i < pk.n; ++i) b += pk.parts[static_cast<std::size_t>(i)].block_bytes(mesh_shape, coords);
+    for (int i = 0; i < pk.n; ++i) b += pk.parts[static_cast<std::size_t>(i)].tensor().block_bytes(mesh_shape, coords);
     if (pk.times_mesh_dim >= 0) b *= mesh_shape[static_cast<std::size_t>(pk.times_mesh_dim)];
     return static_cast<int64_t>(dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(b)));
   }
@@ -539,7 +602,7 @@ struct MemoryPlan {
     const int n = size;
     for (int e = 0; e < n; ++e) {
       const auto& a = events[static_cast<std::size_t>(e)];
-      if (a.allocate && a.group == group && live(e, n)) free(phase, layer, a.tensor);
+      if (a.allocate && a.group == group && live(e, n)) free_event(phase, layer, e);
     }
   }
   // Whether allocation `e` is not freed among the first `n` events.
