@@ -390,6 +390,7 @@ struct MemoryEvent {
   int pack = -1;   // a packed buffer: its index among the plan's packs (tensor unused)
   TensorRecord<M> tensor{};
   int bucket = -1, bucket_dim = -1;  // a gradient bucket's packed small gradients (tensor unused)
+  int freed_at = -1;                 // an allocation: the event that frees it (-1: none)
 };
 
 // Where a rank's peak is, and how much.
@@ -470,18 +471,24 @@ struct MemoryPlan {
   constexpr void add_reductions(const ModelPlan<M, C2>& plan, int layers, int dp) {
     for (int m = 0; m < static_cast<int>(M); ++m) {
       auto& r = reduced[static_cast<std::size_t>(m)];
-      for (int l = layers - 1; l >= 0; --l)
-        for (int k = 0; k < 4 * PlannedCollective<M>::kMaxParts; ++k)
-          for (int e = 0; e < plan.size; ++e) {
-            const auto& c = plan.entries[e];
-            if (c.phase != Phase::GradReduce || c.layer != l || c.parameter != k || c.mesh_dim != m) continue;
-            if (r.n == kMaxReduced)
-              throw InvalidArgument("dtensor::nn::MemoryPlan: more reduced gradients than it holds");
-            PlannedTensor<M> g = PlannedTensor<M>::template of<U>(c.shape, c.before);
-            g.rank = c.ndim;
-            r.grads[static_cast<std::size_t>(r.n)] = TensorRecord<M>::of(g, -1);
-            r.layer[static_cast<std::size_t>(r.n++)] = l;
+      for (int l = layers - 1; l >= 0; --l) {
+        const int first = r.n;  // this layer's, then in parameter order (one pass over the plan)
+        for (int e = 0; e < plan.size; ++e) {
+          const auto& c = plan.entries[e];
+          if (c.phase != Phase::GradReduce || c.layer != l || c.mesh_dim != m) continue;
+          if (r.n == kMaxReduced) throw InvalidArgument("dtensor::nn::MemoryPlan: more reduced gradients than it holds");
+          PlannedTensor<M> g = PlannedTensor<M>::template of<U>(c.shape, c.before);
+          g.rank = c.ndim;
+          int at = r.n++;
+          for (; at > first && r.layer[static_cast<std::size_t>(at - 1)] > c.parameter; --at) {
+            r.grads[static_cast<std::size_t>(at)] = r.grads[static_cast<std::size_t>(at - 1)];
+            r.layer[static_cast<std::size_t>(at)] = r.layer[static_cast<std::size_t>(at - 1)];
           }
+          r.grads[static_cast<std::size_t>(at)] = TensorRecord<M>::of(g, -1);
+          r.layer[static_cast<std::size_t>(at)] = c.parameter;  // the parameter while sorting; the layer below
+        }
+        for (int i = first; i < r.n; ++i) r.layer[static_cast<std::size_t>(i)] = l;
+      }
       if (r.n > 0 && (first_dim < 0 || m == dp)) first_dim = m;
       nbuckets[static_cast<std::size_t>(m)] = buckets(m, completed_by[static_cast<std::size_t>(m)]);
     }
@@ -536,7 +543,8 @@ struct MemoryPlan {
     if (id < 0) return;
     if (size == Capacity) throw InvalidArgument("dtensor::nn::MemoryPlan: more events than its capacity");
     MemoryEvent<M> f = events[static_cast<std::size_t>(id)];
-    f.phase = phase, f.layer = layer, f.allocate = false, f.frees = id;
+    f.phase = phase, f.layer = layer, f.allocate = false, f.frees = id, f.freed_at = -1;
+    events[static_cast<std::size_t>(id)].freed_at = size;
     events[static_cast<std::size_t>(size++)] = f;
   }
   // A bucket's packed buffer: from its allocation to its free (a bucket of mesh dim m).
@@ -607,9 +615,8 @@ struct MemoryPlan {
   }
   // Whether allocation `e` is not freed among the first `n` events.
   constexpr bool live(int e, int n) const {
-    for (int k = e + 1; k < n; ++k)
-      if (!events[static_cast<std::size_t>(k)].allocate && events[static_cast<std::size_t>(k)].frees == e) return false;
-    return true;
+    const int f = events[static_cast<std::size_t>(e)].freed_at;
+    return f < 0 || f >= n;
   }
 
   // --- reading it ---
