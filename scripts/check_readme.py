@@ -176,9 +176,29 @@ def main():
             f.write(translation_unit(first, code, directives, readme))
         jobs.append((first, tu, directives.get("fails", [None])[0]))
 
+    # The fragments' headers (dtensor.hpp, iostream, the umbrellas: what every fragment
+    # without an #include of its own starts with) precompiled once with the same flags:
+    # each such block then parses none of them (about half of this check's time). Blocks
+    # with their own #include lines are compiled exactly as written. Where the header
+    # cannot be precompiled the blocks parse it as text, as before.
+    fragment_headers = ["#include <dtensor/dtensor.hpp>", "#include <iostream>"] + \
+        [f"#include <{h}>" for h in UMBRELLAS]
+    pch = os.path.join(work, "readme_fragments.hpp")
+    with open(pch, "w") as f:
+        f.write("\n".join(fragment_headers) + "\n")
+    pch_flags = [x for x in flags if x != "-fsyntax-only"]
+    have_pch = subprocess.run([args.cxx] + pch_flags + ["-x", "c++-header", pch, "-o", pch + ".gch"],
+                              capture_output=True, text=True).returncode == 0
+
+    def is_fragment(tu):
+        with open(tu) as f:
+            head = f.read().split("\nusing namespace dtensor;", 1)[0].splitlines()
+        return head[:len(fragment_headers)] == fragment_headers and not any("#line" in l for l in head)
+
     def compile_one(job):
         first, tu, fails = job
-        run = subprocess.run([args.cxx] + flags + [tu], capture_output=True, text=True)
+        pre = ["-include", pch] if have_pch and is_fragment(tu) else []
+        run = subprocess.run([args.cxx] + flags + pre + [tu], capture_output=True, text=True)
         errors = [l for l in run.stderr.splitlines() if "error:" in l]
         if fails is not None:
             if run.returncode == 0:

@@ -172,6 +172,45 @@ TEST_CASE("memory plan: a step's peak on one rank against the allocator's, with 
   });
 }
 
+// The plan never under-counts: a step trains with the process capped (set_host_memory_limit)
+// at exactly what it held before the step plus the plan's peak above that, and a cap one
+// byte lower stops it with OutOfMemory (the plan is exact here, so it is also tight).
+template <class C, class Model>
+void check_trains_within_plan(const DeviceMesh<C::M>& mesh, const std::string& what) {
+  INFO(what);
+  const Peaks planned = step_peaks<C, Model>(mesh);  // the planned increment (and a measured one)
+  auto model = make<Model, C>(mesh);
+  nn::MSELoss<C> loss;
+  nn::AdamW opt({.lr = 1e-3});
+  auto rest = [&](int s, int64_t cap) {
+    const auto x = normal_rows<typename Model::InputT>({kBatch, kIn}, mesh, 1 + s);
+    const auto target = normal_rows<typename Model::OutputT>({kBatch, kIn}, mesh, 3 + s);
+    model.zero_grad();
+    set_host_memory_limit(host_memory_in_use() + cap);
+    struct Unlimit {
+      ~Unlimit() { set_host_memory_limit(0); }
+    } unlimit;
+    const auto y = model.forward(x);
+    (void)loss.forward(y, target);
+    model.backward(loss.backward(y));
+  };
+  rest(0, int64_t{1} << 40);  // a first step: the optimizer's state
+  opt.step(model);
+  CHECK_NOTHROW(rest(1, planned.planned));
+  opt.step(model);
+  CHECK_THROWS_AS(rest(2, planned.planned - 1), OutOfMemory);
+}
+
+TEST_CASE("memory plan: a step trains within exactly its planned peak; one byte less is out of memory") {
+  on_one_rank<1>([&](const DeviceMesh<1>& mesh) {
+    using C1 = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
+    check_trains_within_plan<C1, Plain<C1>>(mesh, "plain");
+    check_trains_within_plan<C1, Recomputed<C1>>(mesh, "recomputed");
+    check_trains_within_plan<C1, Sharded<C1>>(mesh, "fully sharded");
+    check_trains_within_plan<C1, RecomputedSharded<C1>>(mesh, "recomputed, fully sharded inside");
+  });
+}
+
 // Each process counts its own allocations: only under mpirun (in-process ranks share
 // one allocator count).
 template <class C>

@@ -1,12 +1,14 @@
 // Activation recompute (nn/recompute.hpp): a model with recomputed blocks trains bit for
 // bit as the same model without (outputs, every gradient, the parameters after 3 AdamW
 // steps), with dropout drawing in the recomputed blocks, on DP and DP x TP meshes with
-// uneven shards, with FullyShard inside and outside the recomputed block (both
-// reshard modes); the recomputed forward's collectives are in the plan (backward
+// uneven shards, a small language model on TP, SP and ring CP, a domain-parallel CNN
+// (halos, batch norm's running statistics left as one forward leaves them), with
+// FullyShard inside and outside the recomputed block (both reshard modes); the recomputed forward's collectives are in the plan (backward
 // phase, marked) and CommCounter counts what the plan says; the host memory peak of a
 // step is lower by the activations recompute drops.
 // Runs in-process and, through test_nn_recompute_mpi, under mpirun on 1-4 processes.
 #include <cstdint>
+#include <dtensor/cnn.hpp>
 #include <dtensor/nn.hpp>
 #include <string>
 #include <vector>
@@ -320,5 +322,77 @@ TEST_CASE("recompute: a step's host memory peak drops by the recomputed blocks' 
   });
 }
 
+}  // namespace
+}  // namespace dtensor::test
+
+// --- a domain-parallel CNN: convolutions with halos, batch norm's running statistics ---
+
+namespace dtensor::test {
+namespace {
+template <class T>
+using Img = nn::ImageConfig<T, 2, nn::DomainAxes<2, /*batch*/ 0, /*H*/ 1, nn::kNone>>;
+constexpr auto kSame3 = nn::ConvSpec<2>::square_same(3);
+using I = Img<double>;
+using ConvBlock = nn::Sequential<nn::Conv<I, 3, 6, kSame3>, nn::BatchNorm<I, 6>, nn::ReLU<I>, nn::Dropout<I>,
+                                 nn::MaxPool<I>>;
+using Head = typename nn::GlobalAvgPool<I>::out_config;
+template <class B>
+using Cnn = nn::Sequential<B, nn::Conv<I, 6, 8, kSame3>, nn::GlobalAvgPool<I>, nn::Linear<Head, 8, 4>>;
+
+template <class B>
+Cnn<B> make_cnn(const DeviceMesh<2>& mesh) {
+  ConvBlock block(nn::Conv<I, 3, 6, kSame3>(mesh, {1}), nn::BatchNorm<I, 6>(mesh), nn::ReLU<I>(),
+                  nn::Dropout<I>(0.2, 7), nn::MaxPool<I>());
+  return Cnn<B>(B(std::move(block)), nn::Conv<I, 6, 8, kSame3>(mesh, {2}), nn::GlobalAvgPool<I>(),
+                nn::Linear<Head, 8, 4>(mesh, {3}));
+}
+
+template <class Model>
+Run train_cnn(Model& model, const DeviceMesh<2>& mesh) {
+  static constexpr auto plan = Model::template training_plan<nn::MSELoss<Head>>(3);
+  nn::MSELoss<Head> loss;
+  nn::AdamW opt({.lr = 0.02});
+  Run r;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto x = normal_rows<typename Model::InputT>({3, 3, 17, 10}, mesh, 80 + step);  // 17 rows: uneven
+    const auto target = normal_rows<typename Model::OutputT>({3, 4}, mesh, 90 + step);
+    CommCounter counted;
+    model.zero_grad();
+    const auto y = model.forward(x);
+    (void)loss.forward(y, target);
+    model.backward(loss.backward(y));
+    if (counted.count() != plan.step_collectives(model.bucket_bytes(), sizeof(double), mesh.shape(), mesh.coords()))
+      ++r.off_plan;
+    r.outputs.push_back(flat(y.full_tensor()));
+    model.for_each_parameter([&](auto& p) { r.grads.push_back(flat(p.gradient().full_tensor())); });
+    opt.step(model);
+  }
+  r.params = gathered_parameters(model);
+  // batch norm's running statistics after the steps: the recomputed forward must leave
+  // them as one forward does
+  auto& bn = model.template layer<0>();
+  if constexpr (requires { bn.block(); }) {
+    r.params.push_back(flat(bn.block().template layer<1>().running_mean().full_tensor()));
+    r.params.push_back(flat(bn.block().template layer<1>().running_var().full_tensor()));
+  } else {
+    r.params.push_back(flat(bn.template layer<1>().running_mean().full_tensor()));
+    r.params.push_back(flat(bn.template layer<1>().running_var().full_tensor()));
+  }
+  return r;
+}
+
+TEST_CASE("recompute: a domain-parallel CNN (halos, batch norm, dropout) trains bit for bit as without") {
+  for (auto shape : {std::array<int, 2>{1, 1}, {1, 2}, {2, 2}, {1, 3}}) {
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      INFO("CNN on ", mesh.to_string(), ", rank ", comm.rank());
+      auto plain = make_cnn<ConvBlock>(mesh);
+      const Run want = train_cnn(plain, mesh);
+      CHECK(want.off_plan == 0);
+      auto recomputed = make_cnn<Recompute<ConvBlock>>(mesh);
+      check_bitwise(train_cnn(recomputed, mesh), want);
+    });
+  }
+}
 }  // namespace
 }  // namespace dtensor::test

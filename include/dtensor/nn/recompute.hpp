@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/saved_state.hpp"

@@ -110,12 +110,21 @@ class HostBlockCache {
 // for reuse not counted (host_memory_in_use() and host_memory_peak() below).
 struct HostMemoryCounter {
   std::atomic<int64_t> live{0}, peak{0};
+  std::atomic<int64_t> limit{0};  // 0: none (set_host_memory_limit)
   static HostMemoryCounter& instance() {
     static HostMemoryCounter c;
     return c;
   }
+  // Counts a block about to be allocated; over the limit, it is not allocated.
   void add(int64_t b) {
     const int64_t now = live.fetch_add(b, std::memory_order_relaxed) + b;
+    const int64_t cap = limit.load(std::memory_order_relaxed);
+    if (cap > 0 && now > cap) {
+      live.fetch_sub(b, std::memory_order_relaxed);
+      throw OutOfMemory("dtensor: a host tensor block of " + std::to_string(b) + " bytes would bring this process's "
+                        "tensors to " + std::to_string(now) + " bytes, over the limit of " + std::to_string(cap) +
+                        " set by set_host_memory_limit");
+    }
     int64_t p = peak.load(std::memory_order_relaxed);
     while (now > p && !peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
     }
@@ -179,6 +188,13 @@ inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src
 // rank's tensors cost, measured (bench_fsdp). In-process ranks share one count.
 inline int64_t host_memory_in_use() { return detail::HostMemoryCounter::instance().live.load(); }
 inline int64_t host_memory_peak() { return detail::HostMemoryCounter::instance().peak.load(); }
+// A cap on the bytes this process's host tensors hold (as host_memory_in_use counts
+// them), 0 for none: an allocation past it throws OutOfMemory instead (PyTorch's
+// set_per_process_memory_fraction, for the host). What a memory plan's budget means on
+// a machine that has more (nn/memory_plan.hpp; tests/test_nn_memory_plan.cpp trains
+// within exactly its peak).
+inline void set_host_memory_limit(int64_t bytes) { detail::HostMemoryCounter::instance().limit.store(bytes); }
+inline int64_t host_memory_limit() { return detail::HostMemoryCounter::instance().limit.load(); }
 inline void reset_host_memory_peak() {
   auto& c = detail::HostMemoryCounter::instance();
   c.peak.store(c.live.load());

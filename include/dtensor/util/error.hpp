@@ -20,6 +20,13 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// A host tensor would bring this process's tensors over the limit set by
+// set_host_memory_limit (tensor/device.hpp).
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
 // A collective could not complete: peer failure, timeout, mismatched calls.
 class CommError : public Error {
  public:
