@@ -12,19 +12,24 @@
 // redistributions between layers, its temporaries; the activation arriving at a layer
 // is freed once the layer has run, nn/sequential.hpp); the loss; the backward from the
 // last layer (each gradient between layers, the layer's temporaries, and what the
-// layer saved, freed by its backward). A rank's peak is the running sum's maximum.
+// layer saved, freed by its backward); fully sharded layers' gathers and reduce-scatters
+// with their buffers where the model's prefetch and deferral put them; the data-parallel
+// gradient buckets (MemoryOptions: the runtime, the bucket size). A rank's peak is the
+// running sum's maximum. Bytes are counted as the host allocator holds them (its size
+// classes, tensor/device.hpp), so the plan is what host_memory_peak() measures
+// (tests/test_nn_memory_plan*.cpp), and set_host_memory_limit can hold a run to it.
 //
 // Each tensor is its global extents and placements, so a rank's bytes are its block's by
 // the chunk rule, exactly, on uneven shards too (an empty block is 0 bytes); the largest
 // rank is the one at coordinate 0 of every mesh dim, whose blocks the chunk rule makes
 // the largest.
 //
-// Layers say what they hold (nn/layer.hpp): a layer declares
+// Layers say what they hold, beside the code that allocates it: a layer declares
 //   static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x);
 // for an input x (placed as the layer takes it): its output, what its forward saves for
 // its backward, and the temporaries of its forward and of its backward. A block
-// (Sequential, Residual, Recompute) places its layers' on the timeline itself
-// (memory_forward and memory_backward). A layer that declares neither is refused by
+// (Sequential, Residual, SkipConcat, Recompute, FullyShard) places its layers' on the
+// timeline itself (memory_forward and memory_backward). A layer that declares neither is refused by
 // name when a memory plan is asked of a model holding it, never counted as nothing.
 #include <algorithm>
 #include <array>
