@@ -389,3 +389,20 @@ TEST_CASE("memory plan: a GPT's step against the allocator, plain, recomputed an
 }
 }  // namespace
 }  // namespace dtensor::test
+
+namespace dtensor::test {
+namespace {
+// A deep model: two fully sharded blocks of 48 layers each (6 linear layers among
+// activations, 12 parameters: what one gather holds); the second's slot numbers run past
+// the plan's count of fully sharded layers, which it keeps per layer, not per slot.
+using Pairs = nn::Sequential<nn::Linear<Dp, 4, 4>, nn::GELU<Dp>, nn::GELU<Dp>, nn::GELU<Dp>, nn::GELU<Dp>,
+                             nn::GELU<Dp>, nn::GELU<Dp>, nn::GELU<Dp>>;
+using Deep = nn::Sequential<Pairs, Pairs, Pairs, Pairs, Pairs, Pairs>;
+using DeepSharded = nn::Sequential<nn::FullyShard<Deep>, nn::FullyShard<Deep>>;
+static_assert(nn::memory_groups<DeepSharded>() > 64);
+constexpr auto kDeep = DeepSharded::memory_plan<nn::MSELoss<Dp>, nn::SGD>({6, 4}, {2});
+// Per linear layer the rank-0 shards of weight [4, 4] (2 rows) and bias [4] (2): 10 values.
+static_assert(kDeep.bytes(MemoryUse::Parameters) == 8 * 2 * 6 * 10);
+}  // namespace
+}  // namespace dtensor::test
+

@@ -449,6 +449,7 @@ struct MemoryPlan {
   // reduce-scatter's while deferred (nn::FullyShard's memory rules).
   static constexpr int kSlots = 64, kSlotTensors = 2 * PlannedCollective<M>::kMaxParts;
   struct Slot {
+    int group = -1;  // the fully sharded layer's slot number (memory_groups order)
     bool gathered = false;
     int send = -1, recv = -1;            // a gather in flight
     int reduce_send = -1, reduce_recv = -1, reduce_staging = -1;  // a reduce-scatter in flight
@@ -519,9 +520,17 @@ struct MemoryPlan {
       for (int b = 0; b < nbuckets[mm]; ++b) free_event(Phase::GradReduce, -1, bucket_event[mm][static_cast<std::size_t>(b)]);
     }
   }
+  // The state of the fully sharded layer at slot `group` (one entry per such layer, found
+  // by its slot number: a model of many layers has few fully sharded ones).
   constexpr Slot& slot(int group) {
-    if (group < 0 || group >= kSlots) throw InvalidArgument("dtensor::nn::MemoryPlan: more layer slots than it holds");
-    return slots[static_cast<std::size_t>(group)];
+    for (auto& s : slots)
+      if (s.group == group) return s;
+    for (auto& s : slots)
+      if (s.group < 0) {
+        s.group = group;
+        return s;
+      }
+    throw InvalidArgument("dtensor::nn::MemoryPlan: more fully sharded layers than it holds");
   }
 
   // --- building it (the models' memory_forward / memory_backward) ---
