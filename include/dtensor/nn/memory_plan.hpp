@@ -179,13 +179,7 @@ struct PlannedTensor {
     const int64_t n = global[static_cast<std::size_t>(d)];
     int64_t glo = 0, ghi = 0;
     for (int b = 0; b < nb; ++b) {
-      std::array<int, M> c{};
-      for (int m = static_cast<int>(M) - 1, r = b; m >= 0; --m)
-        if (placements[static_cast<std::size_t>(m)].is_shard(d)) {
-          c[static_cast<std::size_t>(m)] = r % mesh_shape[static_cast<std::size_t>(m)];
-          r /= mesh_shape[static_cast<std::size_t>(m)];
-        }
-      const auto [lo, hi] = block_range(d, mesh_shape, c);
+      const auto [lo, hi] = block_range(d, mesh_shape, block_coords(d, b, mesh_shape));
       const int64_t olo = w.outputs_before(lo, n), ohi = w.outputs_before(hi, n);
       if (ohi <= olo) continue;
       glo = std::max(glo, lo - w.first(olo));
@@ -225,18 +219,24 @@ struct PlannedTensor {
     return t;
   }
   // The same global extents and blocks on every dim (the steps compared by their effect).
+  // The coordinates of block b of dim d (row-major over the mesh dims that shard it; the
+  // others 0), as blocks() counts them.
+  constexpr std::array<int, M> block_coords(int d, int b, const std::array<int, M>& mesh_shape) const {
+    std::array<int, M> c{};
+    for (int m = static_cast<int>(M) - 1, r = b; m >= 0; --m)
+      if (placements[static_cast<std::size_t>(m)].is_shard(d)) {
+        c[static_cast<std::size_t>(m)] = r % mesh_shape[static_cast<std::size_t>(m)];
+        r /= mesh_shape[static_cast<std::size_t>(m)];
+      }
+    return c;
+  }
   constexpr bool same_blocks(const PlannedTensor& o, const std::array<int, M>& mesh_shape) const {
     for (int d = 0; d < rank; ++d) {
       if (global[static_cast<std::size_t>(d)] != o.global[static_cast<std::size_t>(d)]) return false;
       const int nb = blocks(d, mesh_shape);
       if (nb < 2 || nb != o.blocks(d, mesh_shape)) continue;
       for (int b = 0; b < nb; ++b) {
-        std::array<int, M> c{};
-        for (int m = static_cast<int>(M) - 1, r = b; m >= 0; --m)
-          if (placements[static_cast<std::size_t>(m)].is_shard(d)) {
-            c[static_cast<std::size_t>(m)] = r % mesh_shape[static_cast<std::size_t>(m)];
-            r /= mesh_shape[static_cast<std::size_t>(m)];
-          }
+        const std::array<int, M> c = block_coords(d, b, mesh_shape);
         if (block_range(d, mesh_shape, c) != o.block_range(d, mesh_shape, c)) return false;
       }
     }
