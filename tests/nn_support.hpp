@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -167,6 +168,16 @@ void check_against_one_rank(const std::array<int, M>& shape, Make make, const Sh
     Model model = make(mesh);
     check_same(model_step(model, mesh, in, out), want, tol);
   });
+}
+
+// A layer L built around a leaf block: L is the block (make_block(seed)), or a wrapper
+// (nn::Recompute's block_type, nn::FullyShard's inner_type) built from what it wraps.
+template <class L, class Leaf, class MakeBlock>
+L wrapped_layer(MakeBlock&& make_block, uint64_t seed) {
+  if constexpr (std::is_same_v<L, Leaf>) return make_block(seed);
+  else if constexpr (requires { typename L::block_type; })
+    return L(wrapped_layer<typename L::block_type, Leaf>(make_block, seed));
+  else return L(wrapped_layer<typename L::inner_type, Leaf>(make_block, seed));
 }
 
 // Every parameter of a model, gathered whole, in for_each_parameter's order.

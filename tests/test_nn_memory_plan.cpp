@@ -95,17 +95,12 @@ using RecomputedSharded = nn::Sequential<nn::Recompute<nn::FullyShard<Block<C>>>
                                          nn::Recompute<nn::FullyShard<Block<C>>>>;
 
 // Any of them from its blocks (each wrapper from what it wraps).
-template <class L, class C>
-L make_layer(const DeviceMesh<C::M>& mesh, uint64_t seed) {
-  if constexpr (std::is_same_v<L, Block<C>>) return make_block<C>(mesh, seed);
-  else if constexpr (requires { typename L::block_type; }) return L(make_layer<typename L::block_type, C>(mesh, seed));
-  else return L(make_layer<typename L::inner_type, C>(mesh, seed));
-}
 template <class Model, class C>
 Model make(const DeviceMesh<C::M>& mesh) {
-  return Model(make_layer<typename Model::template layer_t<0>, C>(mesh, 1),
-               make_layer<typename Model::template layer_t<1>, C>(mesh, 3),
-               make_layer<typename Model::template layer_t<2>, C>(mesh, 5));
+  auto block = [&](uint64_t seed) { return make_block<C>(mesh, seed); };
+  return Model(wrapped_layer<typename Model::template layer_t<0>, Block<C>>(block, 1),
+               wrapped_layer<typename Model::template layer_t<1>, Block<C>>(block, 3),
+               wrapped_layer<typename Model::template layer_t<2>, Block<C>>(block, 5));
 }
 
 // What the plan assumes of the runtime measured: MPI packs a bucket's small gradients.

@@ -55,16 +55,11 @@ template <class Cfg, bool R>
 using ShardOfRecompute = nn::Sequential<FullyShard<Recompute<Block<Cfg>>, R>, FullyShard<Recompute<Block<Cfg>>, R>>;
 
 // Builds any of them from the two blocks (each wrapper from what it wraps).
-template <class L, class Cfg>
-L make_layer(const DeviceMesh<Cfg::M>& mesh, uint64_t seed) {
-  if constexpr (std::is_same_v<L, Block<Cfg>>) return make_block<Cfg>(mesh, seed);
-  else if constexpr (requires { typename L::block_type; }) return L(make_layer<typename L::block_type, Cfg>(mesh, seed));
-  else return L(make_layer<typename L::inner_type, Cfg>(mesh, seed));
-}
 template <class Model, class Cfg>
 Model make(const DeviceMesh<Cfg::M>& mesh) {
-  return Model(make_layer<typename Model::template layer_t<0>, Cfg>(mesh, 1),
-               make_layer<typename Model::template layer_t<1>, Cfg>(mesh, 3));
+  auto block = [&](uint64_t seed) { return make_block<Cfg>(mesh, seed); };
+  return Model(wrapped_layer<typename Model::template layer_t<0>, Block<Cfg>>(block, 1),
+               wrapped_layer<typename Model::template layer_t<1>, Block<Cfg>>(block, 3));
 }
 
 // The plan of a recomputed model: the forward's collectives again in the backward.
