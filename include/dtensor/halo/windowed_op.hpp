@@ -32,6 +32,8 @@
 // storage between steps.
 #include <optional>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "dtensor/halo/window_halo.hpp"
 
@@ -141,6 +143,19 @@ class WindowedOp {
     wh.store(dx_padded.data(), dx.data());
     release();
     return dx;
+  }
+
+  // What a forward leaves for its backward (the plan for its input's layout, the saved
+  // input), moved out and later back: a pipeline stage's later micro-batches run their
+  // forwards in between (nn/saved_state.hpp). The overlap setting stays.
+  auto take_saved() {
+    input_ = nullptr;
+    return std::make_tuple(std::exchange(kept_, false), std::exchange(halo_, std::nullopt),
+                           std::exchange(x_padded_, Tensor<T, Rank>()));
+  }
+  template <class Saved>
+  void put_saved(Saved&& saved) {
+    std::tie(kept_, halo_, x_padded_) = std::move(saved);
   }
 
   // Drops the saved input (a backward that needs no input gradient calls it after

@@ -11,6 +11,7 @@
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/memory_plan.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -49,6 +50,7 @@ class Activation : public KeepsPlacements<Cfg, Takes::Values> {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_)
   void release_saved() { saved_.reset(); }
 
   // What it holds over a step (nn/memory_plan.hpp): its input saved, its output.

@@ -13,6 +13,7 @@
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/memory_plan.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -71,6 +72,7 @@ class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(mask_)
   void release_saved() { mask_.reset(); }
   // The draw counter: a recomputed forward draws the same mask (nn/saved_state.hpp).
   uint64_t replay_state() const { return step_; }

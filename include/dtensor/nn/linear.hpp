@@ -21,6 +21,7 @@
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -183,6 +184,7 @@ class Linear {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_)
   void release_saved() { saved_.reset(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: the

@@ -39,6 +39,7 @@
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -216,6 +217,7 @@ class Norm {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(xhat_, inv_)
   void release_saved() {
     xhat_.reset();
     inv_ = {};

@@ -205,6 +205,7 @@ class Recompute {
   }
 
   // Inside another recomputed block: the input this one keeps, and what its block saved.
+  DTENSOR_SAVED_STATE(rerun_, before_)
   void release_saved() {
     rerun_ = nullptr;
     nn::release_saved(block_);

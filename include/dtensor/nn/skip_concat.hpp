@@ -237,6 +237,7 @@ class SkipConcat {
     f(block_);
   }
   // Drops what its layers saved for their backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(block_layout_, out_layout_, realigned_)
   void release_saved() {
     for_each_layer([](auto& l) { nn::release_saved(l); });
   }

@@ -52,6 +52,7 @@
 #include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -247,6 +248,7 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_training_, count_, mean_, inv_, xhat_, layout_)
   void release_saved() {
     xhat_.reset();
     mean_ = {};

@@ -38,6 +38,7 @@
 #include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -145,6 +146,7 @@ class ConvOp {
 
   // Drops what the forward kept for the backward (the input's copy or padded block);
   // a backward then needs a forward first (nn::Recompute's protocol, release_saved).
+  DTENSOR_SAVED_STATE(saved_, win_)
   void release_saved() {
     win_.release();
     saved_ = false;
@@ -288,6 +290,7 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
   }
 
   // Drops the input the forward kept for the backward.
+  DTENSOR_SAVED_STATE(op_)
   void release_saved() { op_.release_saved(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x [N, Cin, spatial...]: its

@@ -31,6 +31,7 @@
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -120,6 +121,7 @@ class ConvTransposeOp {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_, in_layout_, out_layout_)
   void release_saved() { saved_.reset(); }
 
  private:
@@ -238,6 +240,7 @@ class ConvTranspose : public KeepsPlacements<Cfg, Takes::Activation> {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(op_)
   void release_saved() { op_.release_saved(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x [N, Cin, spatial...]: a copy

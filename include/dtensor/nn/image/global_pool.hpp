@@ -24,6 +24,7 @@
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/memory_plan.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -111,6 +112,7 @@ class GlobalAvgPool {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_)
   void release_saved() { saved_.reset(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x [N, C, spatial...]: its

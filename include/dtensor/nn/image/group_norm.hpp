@@ -34,6 +34,7 @@
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -174,6 +175,7 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(count_, inv_, xhat_, layout_)
   void release_saved() {
     xhat_.reset();
     inv_ = {};

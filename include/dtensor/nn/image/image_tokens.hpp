@@ -18,6 +18,7 @@
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -72,6 +73,7 @@ class ImageTokens {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(layout_)
   void release_saved() { layout_.reset(); }
 
  private:

@@ -33,6 +33,7 @@
 #include "dtensor/nn/image/conv.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -143,6 +144,7 @@ class PoolOp {
 
   // Drops what the forward kept for the backward (max pooling's input); a backward
   // then needs a forward first (nn::Recompute's protocol, release_saved).
+  DTENSOR_SAVED_STATE(saved_, win_)
   void release_saved() {
     win_.release();
     saved_ = false;
@@ -212,6 +214,7 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
   PoolOp<T, S>& op() { return op_; }
   InputT forward(const InputT& x) { return op_.forward(x); }
   // Drops the input the forward kept for the backward.
+  DTENSOR_SAVED_STATE(op_)
   void release_saved() { op_.release_saved(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x [N, C, spatial...] pooled by

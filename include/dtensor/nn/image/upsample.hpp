@@ -28,6 +28,7 @@
 #include "dtensor/nn/image/conv.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -110,6 +111,7 @@ class UpsampleOp {
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
   // The padded and compacted blocks too: kept as workspace from one forward to the
   // next, they hold an activation's worth of memory.
+  DTENSOR_SAVED_STATE(saved_, plan_, padded_, compact_)
   void release_saved() {
     saved_ = false;
     padded_ = Tensor<T, Rank>();
@@ -249,6 +251,7 @@ class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(op_)
   void release_saved() { op_.release_saved(); }
 
  private:

@@ -63,6 +63,7 @@
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
 #include "dtensor/nn/tokens/pair_rule.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -466,6 +467,7 @@ class MultiHeadAttention {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_)
   void release_saved() { saved_.reset(); }
   // The dropout draw counter: a recomputed forward draws the same weights' mask.
   uint64_t replay_state() const { return step_; }

@@ -23,6 +23,7 @@
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/styles.hpp"
 #include "dtensor/nn/tokens/pair_rule.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -161,6 +162,7 @@ class GatedMlp {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_)
   void release_saved() { saved_.reset(); }
 
  private:

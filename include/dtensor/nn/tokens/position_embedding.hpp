@@ -21,6 +21,7 @@
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/tokens/embedding.hpp"  // EmbeddingInit
 #include "dtensor/tensor/movement.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -109,6 +110,7 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
   }
 
   // Its forward saves one number (the first row's position): nothing to drop.
+  DTENSOR_SAVED_STATE(first_)
   void release_saved() {}
 
  private:

@@ -17,6 +17,7 @@
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/tensor/movement.hpp"
+#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -87,6 +88,7 @@ class TokenMeanPool {
   }
 
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_)
   void release_saved() { saved_.reset(); }
 
  private:

@@ -1,0 +1,553 @@
+#pragma once
+// nn::Pipeline: a model cut into stages over a pipeline mesh dim, micro-batches flowing
+// through them by a schedule the compiler has checked (plan/pipeline_check.hpp).
+//
+//   using PP = nn::PipelineConfig</*mesh dims*/ 3, /*pp dim*/ 0, pipeline::OneFOneB, /*micro-batches*/ 8>;
+//   using Model = nn::Pipeline<PP, Stage0, Stage1, Stage2, Stage3>;   // each stage an nn::Sequential
+//   Model model(mesh, [](auto stage, const auto& stage_mesh) { return make_stage<stage>(stage_mesh); });
+//   model.zero_grad();
+//   T loss = model.step(x, targets, loss_fn);   // forwards, loss, backwards, reductions
+//   adam.step(model);                            // each rank's own stages
+//
+// The stages. Stage s lives on pipeline rank s % ranks (the schedule's placement); each
+// rank builds only its own, on the mesh without the pipeline dim (the stage mesh: the
+// ranks with this rank's pipeline coordinate; a 1-rank 1-D mesh when the pipeline dim is
+// the only one), so a stage's Config names that mesh's dims (DP, TP, CP as in any
+// model). The ranks of one pipeline coordinate hold their stage's parameters sharded
+// as the stage says; nothing is replicated over the pipeline dim.
+//
+// Micro-batches. x and the targets are the whole batch (every rank passes them; the
+// first stage reads x, the last the targets). Each rank cuts its own block of the batch
+// dim into M consecutive pieces (the first rows % M one row longer), as a data-parallel
+// replica of PyTorch's pipeline does: micro-batch k is the union of every data-parallel
+// rank's k-th piece, so every rank works on every micro-batch. Its loss gradient is
+// scaled by its rows over the batch's: the gradients after a step are those of the
+// batch's loss (a mean over rows), uneven micro-batches included; the loss returned,
+// on every rank, is that mean. (A loss whose mean is not over rows, cross-entropy with
+// ignored targets or class weights, is weighted by rows as well: as PyTorch does.)
+//
+// A step runs this rank's row of the schedule: each forward on its input (the
+// micro-batch, or the activation received from the stage before), its output sent on
+// (or, on the last stage, the loss's forward and backward at once, its gradient kept);
+// each backward on the gradient received from the stage after. Messages are
+// point-to-point on the pipeline dim's communicator, each rank to the rank of the
+// same stage-mesh coordinates: a sharded activation moves shard to shard. A message
+// is a header (the layout: global shape and block sizes) then the block; sends are
+// posted and completed at the end of the step; every header receive is posted at the
+// start, and each block's receive as soon as its header is in, so transfers overlap
+// the compute. What a stage's forward saved for its backward is set aside for each
+// micro-batch (nn::SavedStash) and put back before its backward. The gradients
+// accumulate over micro-batches; each stage's data-parallel reductions run with its
+// last backward (the earlier ones inside no_sync).
+//
+// Schedules: GPipe, OneFOneB, Interleaved1F1B<V> (V stages per rank) and a user's
+// table (pipeline::Custom<table>). ZeroBubbleH1 needs backwards split into input and
+// weight gradients, which the layers do not offer: it is refused by name.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dtensor/distributed/dtensor.hpp"
+#include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/nn/saved_state.hpp"
+#include "dtensor/plan/pipeline_timeline.hpp"
+#include "dtensor/tensor/device.hpp"
+#include "dtensor/util/error.hpp"
+
+namespace dtensor::nn {
+
+template <int MeshDims, int PP, class ScheduleKind, int Microbatches>
+struct PipelineConfig {
+  static_assert(MeshDims >= 1 && MeshDims <= 8, "dtensor::nn::PipelineConfig<MeshDims, PP, ...>: a mesh has 1 to 8 dims");
+  static_assert(PP >= 0 && PP < MeshDims,
+                "dtensor::nn::PipelineConfig<MeshDims, PP, ...>: PP, the pipeline dim, is one of the mesh's dims");
+  static_assert(Microbatches >= 1, "dtensor::nn::PipelineConfig: a step has at least one micro-batch");
+  static constexpr int mesh_dims = MeshDims;
+  static constexpr int pp = PP;
+  static constexpr int microbatches = Microbatches;
+  // The stages' mesh: the others dims; a one-rank 1-D mesh when PP is the only dim.
+  static constexpr int stage_mesh_dims = MeshDims > 1 ? MeshDims - 1 : 1;
+  using schedule = ScheduleKind;
+};
+
+namespace detail {
+
+template <class K, int Stages, int Microbatches>
+constexpr auto pipeline_table() {
+  if constexpr (requires { K::table; }) {
+    static_assert(K::table.stages == Stages && K::table.microbatches == Microbatches,
+                  "dtensor::nn::Pipeline: the custom schedule's table has another number of stages or micro-batches "
+                  "than the model and its PipelineConfig");
+    return K::table;
+  } else {
+    static_assert(Stages % K::stages_per_rank == 0,
+                  "dtensor::nn::Pipeline: the stage count must be a multiple of the schedule's stages per rank");
+    return pipeline::make_schedule<K, Stages / K::stages_per_rank, Microbatches>();
+  }
+}
+
+// A stage: a model that reduces its gradients and accumulates them over backwards.
+template <class L>
+concept AccumulatingModel = requires(L& s) {
+  s.zero_grad();
+  s.no_sync();
+};
+
+// Two stages chain when one's output is the next one's input, placements included.
+template <int I, class Out, class In>
+struct check_stages_chain {
+  static_assert(std::is_same_v<Out, In>,
+                "dtensor::nn::Pipeline: the stage named by the index in the instantiation line above gives an output "
+                "(the first type) that the next stage does not take as its input (the second): the shape, element "
+                "type or placements differ; end the stage with the layer the next one starts from");
+  static constexpr bool ok = true;
+};
+
+// Micro-batch k of m of a block of n rows: n / m rows, one more for the first n % m.
+constexpr int64_t microbatch_rows(int64_t n, int m, int k) { return n / m + (k < n % m ? 1 : 0); }
+constexpr int64_t microbatch_first(int64_t n, int m, int k) { return k * (n / m) + (k < n % m ? k : n % m); }
+
+// Micro-batch k of m of x, whose dim 0 is the batch: this rank's piece of its block,
+// the layout's blocks of dim 0 each cut alike.
+template <class DT>
+DT microbatch(const DT& x, int m, int k) {
+  ShardLayout<DT::rank> layout = x.layout();
+  if (layout.blocks[0].empty()) {
+    layout.global[0] = microbatch_rows(x.shape()[0], m, k);
+  } else {
+    int64_t rows = 0;
+    for (int64_t& b : layout.blocks[0]) rows += (b = microbatch_rows(b, m, k));
+    layout.global[0] = rows;
+  }
+  const auto& block = x.local();
+  const int64_t n = block.shape()[0];
+  Shape<DT::rank> shape = block.shape();
+  shape[0] = microbatch_rows(n, m, k);
+  auto piece = Tensor<typename DT::value_type, DT::rank>::uninitialized(shape, block.device());
+  const std::size_t row_bytes = n > 0 ? block.bytes() / static_cast<std::size_t>(n) : 0;
+  if (piece.bytes() > 0)
+    dtensor::detail::copy_bytes(piece.data(), block.device(),
+                                reinterpret_cast<const char*>(block.data()) +
+                                    static_cast<std::size_t>(microbatch_first(n, m, k)) * row_bytes,
+                                block.device(), piece.bytes());
+  return DT(x.mesh(), std::move(layout), std::move(piece));
+}
+
+}  // namespace detail
+
+template <class PC, class... Stages>
+class Pipeline {
+ public:
+  static constexpr int S = sizeof...(Stages);
+  static_assert(S >= 1, "dtensor::nn::Pipeline: give at least one stage");
+  template <int I>
+  using stage_t = std::tuple_element_t<I, std::tuple<Stages...>>;
+  using config = typename stage_t<0>::config;
+  using T = typename config::value_type;
+  using InputT = typename stage_t<0>::InputT;
+  using OutputT = typename stage_t<S - 1>::OutputT;
+  using Mesh = DeviceMesh<PC::mesh_dims>;
+  using StageMesh = DeviceMesh<PC::stage_mesh_dims>;
+  static_assert(((Stages::config::M == PC::stage_mesh_dims) && ...),
+                "dtensor::nn::Pipeline: a stage's Config must name the dims of the stage mesh, the pipeline's mesh "
+                "without its PP dim (MeshDims - 1 of them; one, of one rank, when PP is the mesh's only dim)");
+  static_assert((detail::AccumulatingModel<Stages> && ...),
+                "dtensor::nn::Pipeline: each stage is a model (nn::Sequential<...>): it reduces its gradients and "
+                "accumulates them over micro-batches");
+  static constexpr bool stages_chain = []<std::size_t... I>(std::index_sequence<I...>) {
+    return (true && ... &&
+            detail::check_stages_chain<static_cast<int>(I), typename stage_t<static_cast<int>(I)>::OutputT,
+                                       typename stage_t<static_cast<int>(I) + 1>::InputT>::ok);
+  }(std::make_index_sequence<static_cast<std::size_t>(S - 1)>{});
+  static_assert(stages_chain);
+
+  // The schedule, checked: a table that cannot run is a compile error naming where.
+  static constexpr auto schedule_table = detail::pipeline_table<typename PC::schedule, S, PC::microbatches>();
+  static constexpr pipeline::Fault schedule_fault = pipeline::check(schedule_table);
+  static_assert(pipeline::schedule_fault<schedule_fault.problem, schedule_fault.rank, schedule_fault.step,
+                                         schedule_fault.action.stage, schedule_fault.action.op,
+                                         schedule_fault.action.microbatch>::ok);
+  static_assert(!schedule_table.split_backward,
+                "dtensor::nn::Pipeline: this schedule splits each backward into its input and weight gradients (I and "
+                "W, zero-bubble schedules), which dtensor's layers do not offer yet: use pipeline::OneFOneB or "
+                "pipeline::Interleaved1F1B<V>");
+  static constexpr int ranks = decltype(schedule_table)::ranks;
+  static constexpr int M = PC::microbatches;
+  static constexpr auto timeline = pipeline::timeline(schedule_table);
+
+  // make(std::integral_constant<int, s>{}, stage_mesh) returns stage s; called for this
+  // rank's stages only. Collective over the mesh.
+  template <class Make>
+  Pipeline(const Mesh& mesh, Make&& make) : mesh_(mesh), stage_mesh_(stage_mesh_of(mesh, own_comm_)) {
+    DTENSOR_CHECK(mesh.size(PC::pp) == ranks, InvalidArgument, "nn::Pipeline: ", S, " stages at ",
+                  S / ranks, " per rank need ", ranks, " ranks on the pipeline dim; mesh dim ", PC::pp, " of ",
+                  mesh.to_string(), " has ", mesh.size(PC::pp));
+    pp_rank_ = mesh.coord(PC::pp);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((holds(static_cast<int>(I)) ? (void)std::get<I>(stages_).emplace(
+                                          make(std::integral_constant<int, static_cast<int>(I)>{}, stage_mesh_))
+                                   : (void)0),
+       ...);
+    }(std::make_index_sequence<S>{});
+  }
+
+  const Mesh& mesh() const { return mesh_; }
+  const StageMesh& stage_mesh() const { return stage_mesh_; }
+  int pipeline_rank() const { return pp_rank_; }
+  bool holds(int stage) const { return schedule_table.rank_of(stage) == pp_rank_; }
+  template <int I>
+  stage_t<I>& stage() {
+    DTENSOR_CHECK(std::get<I>(stages_).has_value(), InvalidArgument, "nn::Pipeline: stage ", I,
+                  " lives on pipeline rank ", schedule_table.rank_of(I), ", not on this one (", pp_rank_, ")");
+    return *std::get<I>(stages_);
+  }
+
+  // f(parameter) for every parameter of this rank's stages, first stage first.
+  template <class Fn>
+  void for_each_parameter(Fn&& f) {
+    for_each_stage([&](auto& s) { s.for_each_parameter(f); });
+  }
+  void zero_grad() {
+    for_each_stage([](auto& s) { s.zero_grad(); });
+  }
+
+  // The schedule as a table (ranks x time units, with unit costs) and its bubble.
+  static std::string explain() {
+    return "pipeline: " + std::to_string(S) + " stages on " + std::to_string(ranks) + " ranks, " +
+           std::to_string(M) + " micro-batches\n" + pipeline::to_string(schedule_table);
+  }
+
+  // One training step over the batch x (InputT, on the stage mesh) and its targets:
+  // every micro-batch's forward and backward as this rank's row of the schedule says.
+  // Returns the batch's loss on every rank. The gradients are added to what the
+  // parameters hold (zero_grad before, as for a Sequential).
+  template <class Target, class Loss>
+  T step(const InputT& x, const Target& target, Loss& loss) {
+    Run<Target, Loss> run(*this, x, target, loss);
+    return run.go();
+  }
+
+ private:
+  template <class Fn>
+  void for_each_stage(Fn&& f) {
+    std::apply([&](auto&... s) { ((s ? f(*s) : void()), ...); }, stages_);
+  }
+
+  static StageMesh stage_mesh_of(const Mesh& mesh, std::shared_ptr<Comm>& own) {
+    if constexpr (PC::mesh_dims == 1) {
+      own = mesh.comm().split(mesh.rank(), 0);  // each rank alone
+      return StageMesh(*own, {1});
+    } else {
+      std::array<int, PC::stage_mesh_dims> dims{};
+      for (int d = 0, i = 0; d < PC::mesh_dims; ++d)
+        if (d != PC::pp) dims[i++] = d;
+      return mesh.template submesh<PC::stage_mesh_dims>(dims);
+    }
+  }
+
+  // With stage s as a compile-time index: f(std::integral_constant<int, s>{}).
+  template <class Fn>
+  static void with_stage(int s, Fn&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((s == static_cast<int>(I) ? (void)f(std::integral_constant<int, static_cast<int>(I)>{}) : (void)0), ...);
+    }(std::make_index_sequence<S>{});
+  }
+
+  // The step's state and its actions.
+  template <class Target, class Loss>
+  class Run {
+   public:
+    Run(Pipeline& p, const InputT& x, const Target& target, Loss& loss)
+        : p_(p), x_(x), target_(target), loss_(loss), comm_(p.mesh_.comm(PC::pp)) {}
+
+    T go() {
+      batch_rows_ = x_.shape()[0];
+      DTENSOR_CHECK(batch_rows_ >= M, InvalidArgument, "nn::Pipeline::step: a batch of ", batch_rows_,
+                    " rows cannot make ", M, " micro-batches");
+      // A layout of up to 8 dims, each with up to one block per rank of the stage mesh.
+      header_len_ = 1 + 8 + 8 * (1 + p_.stage_mesh_.size());
+      const auto& row = schedule_table.row[p_.pp_rank_];
+      const int n = schedule_table.length[p_.pp_rank_];
+      try {
+        // Every header of the step, posted now: a block's receive is posted once its
+        // header is in (progress()), so its transfer runs while this rank computes.
+        for (int i = 0; i < n; ++i)
+          if (pipeline::receives(row[i].op)) post_header(row[i]);
+        for (int i = 0; i < n; ++i) {
+          progress();
+          run(row[i], i);
+        }
+        for (auto& s : sends_) {
+          s.header_request.wait();
+          s.request.wait();
+        }
+      } catch (...) {
+        abandon();
+        throw;
+      }
+      sends_.clear();
+      // The loss, from the last stage's ranks to every rank.
+      double total = p_.holds(S - 1) ? loss_sum_ : 0.0;
+      p_.mesh_.comm(PC::pp).all_reduce(&total, &total, 1, dtype_of<double>(), ReduceOp::Sum);
+      return static_cast<T>(total);
+    }
+
+   private:
+    static auto loss_backward(Loss& l, const OutputT& y) {
+      if constexpr (requires { l.backward(); }) return l.backward();
+      else return l.backward(y);
+    }
+
+    using GradLast = std::decay_t<decltype(loss_backward(std::declval<Loss&>(), std::declval<const OutputT&>()))>;
+    // The gradient arriving at stage I's output (GradLast at the last stage's).
+    template <int I>
+    struct grad_at {
+      using type = std::decay_t<decltype(std::declval<stage_t<I + 1>&>().template backward<true>(
+          std::declval<const typename grad_at<I + 1>::type&>()))>;
+    };
+    template <int I>
+      requires(I == S - 1)
+    struct grad_at<I> {
+      using type = GradLast;
+    };
+
+    // One header or block in flight.
+    struct Incoming {
+      int stage = -1, microbatch = -1;
+      bool gradient = false;
+      std::vector<int64_t> header;
+      Request header_request;
+      bool posted_block = false;
+      std::shared_ptr<void> block;  // the Tensor being received into
+      Request block_request;
+    };
+    struct Outgoing {
+      std::vector<int64_t> header;
+      std::shared_ptr<void> value;  // keeps the sent DTensor alive
+      Request header_request, request;
+    };
+
+    // Tags on the pipeline dim's communicator: (kind, stage, micro-batch).
+    int tag(int kind, int stage, int microbatch) const { return (kind * S + stage) * M + microbatch; }
+
+    void post_header(const pipeline::Action& a) {
+      Incoming in;
+      in.stage = a.stage, in.microbatch = a.microbatch, in.gradient = a.op == pipeline::Op::RecvGradient;
+      in.header.assign(static_cast<std::size_t>(header_len_), 0);
+      const int from = schedule_table.rank_of(in.gradient ? a.stage + 1 : a.stage - 1);
+      const int message_stage = in.gradient ? a.stage + 1 : a.stage - 1;
+      in.header_request = comm_.irecv(in.header.data(), Region::contiguous(0, header_len_), dtype_of<int64_t>(), from,
+                                      tag(in.gradient ? 2 : 0, message_stage, a.microbatch));
+      incoming_.push_back(std::move(in));
+    }
+
+    // The block receives whose headers are in.
+    void progress() {
+      for (Incoming& in : incoming_)
+        if (!in.posted_block && in.header_request.test()) post_block(in);
+    }
+    void post_block(Incoming& in) {
+      in.posted_block = true;
+      const int message_stage = in.gradient ? in.stage + 1 : in.stage - 1;
+      const int from = schedule_table.rank_of(message_stage);
+      auto post = [&](auto type_tag) {
+        using DT = typename decltype(type_tag)::type;
+        const ShardLayout<DT::rank> layout = unpack<DT::rank>(in.header);
+        const Shape<DT::rank> local = layout.local_shape(DT::placement_state, p_.stage_mesh_.shape(), p_.stage_mesh_.coords());
+        auto t = std::make_shared<Tensor<typename DT::value_type, DT::rank>>(
+            Tensor<typename DT::value_type, DT::rank>::uninitialized(local, p_.stage_mesh_.device()));
+        in.block_request = comm_.irecv(t->data(), Region::contiguous(0, t->numel()), dtype_of<typename DT::value_type>(),
+                                       from, tag(in.gradient ? 3 : 1, message_stage, in.microbatch));
+        in.block = t;
+      };
+      with_stage(in.stage, [&](auto I) {
+        if (in.gradient) {
+          if constexpr (I() < S - 1) post(std::type_identity<typename grad_at<I()>::type>{});
+        } else {
+          post(std::type_identity<typename stage_t<I()>::InputT>{});
+        }
+      });
+    }
+    // The value of a receive, once complete.
+    template <class DT>
+    DT take(int stage, int microbatch, bool gradient) {
+      for (auto it = incoming_.begin(); it != incoming_.end(); ++it) {
+        if (it->stage != stage || it->microbatch != microbatch || it->gradient != gradient) continue;
+        if (!it->posted_block) {
+          it->header_request.wait();
+          post_block(*it);
+        }
+        it->block_request.wait();
+        using Local = Tensor<typename DT::value_type, DT::rank>;
+        DT value(p_.stage_mesh_, unpack<DT::rank>(it->header), std::move(*std::static_pointer_cast<Local>(it->block)));
+        incoming_.erase(it);
+        return value;
+      }
+      DTENSOR_CHECK(false, InvalidArgument, "nn::Pipeline: no receive posted for stage ", stage, " micro-batch ", microbatch);
+      std::abort();  // not reached
+    }
+
+    template <class DT>
+    void send(std::shared_ptr<DT> value, int to_stage, int from_stage, int microbatch, bool gradient) {
+      Outgoing out;
+      out.header = pack(value->layout());
+      const int to = schedule_table.rank_of(to_stage);
+      out.header_request = comm_.isend(out.header.data(), Region::contiguous(0, header_len_), dtype_of<int64_t>(), to,
+                                       tag(gradient ? 2 : 0, from_stage, microbatch));
+      const auto& local = value->local();
+      out.request = comm_.isend(local.data(), Region::contiguous(0, local.numel()),
+                                dtype_of<typename DT::value_type>(), to, tag(gradient ? 3 : 1, from_stage, microbatch));
+      out.value = std::move(value);
+      sends_.push_back(std::move(out));
+    }
+
+    template <int Rank>
+    std::vector<int64_t> pack(const ShardLayout<Rank>& l) const {
+      std::vector<int64_t> h(static_cast<std::size_t>(header_len_), 0);
+      std::size_t i = 0;
+      h[i++] = Rank;
+      for (int d = 0; d < Rank; ++d) h[i++] = l.global[d];
+      for (int d = 0; d < Rank; ++d) {
+        DTENSOR_CHECK(i + 1 + l.blocks[d].size() <= h.size(), InvalidArgument,
+                      "nn::Pipeline: a layout with more blocks than a header holds");
+        h[i++] = static_cast<int64_t>(l.blocks[d].size());
+        for (int64_t b : l.blocks[d]) h[i++] = b;
+      }
+      return h;
+    }
+    template <int Rank>
+    static ShardLayout<Rank> unpack(const std::vector<int64_t>& h) {
+      DTENSOR_CHECK(h[0] == Rank, InvalidArgument, "nn::Pipeline: a message of a rank-", h[0],
+                    " tensor where the stage takes rank ", Rank);
+      ShardLayout<Rank> l;
+      std::size_t i = 1;
+      for (int d = 0; d < Rank; ++d) l.global[d] = h[i++];
+      for (int d = 0; d < Rank; ++d) {
+        const auto n = static_cast<std::size_t>(h[i++]);
+        l.blocks[d].assign(h.begin() + static_cast<std::ptrdiff_t>(i), h.begin() + static_cast<std::ptrdiff_t>(i + n));
+        i += n;
+      }
+      return l;
+    }
+
+    void run(const pipeline::Action& a, int step) {
+      using pipeline::Op;
+      if (a.op == Op::Forward) return with_stage(a.stage, [&](auto I) { forward<I()>(a.microbatch); });
+      if (a.op == Op::Backward) return with_stage(a.stage, [&](auto I) { backward<I()>(a.microbatch, step); });
+      // Sends go out with the compute that makes them; receives are taken by it.
+    }
+
+    template <int I>
+    void forward(int mb) {
+      auto& stage = *std::get<I>(p_.stages_);
+      using In = typename stage_t<I>::InputT;
+      std::optional<In> input;
+      if constexpr (I == 0) input.emplace(detail::microbatch(x_, M, mb));
+      else if (p_.holds(I - 1)) input.emplace(std::move(*std::get<I - 1>(local_out_)[mb]));
+      else input.emplace(take<In>(I, mb, false));
+      auto y = stage.forward(*input);
+      input.reset();
+      stashes_[I].resize(M);
+      stashes_[I][mb] = SavedStash::take(stage);
+      if constexpr (I == S - 1) {
+        // The loss at once: its backward's gradient waits for this micro-batch's backward.
+        const auto t = detail::microbatch(target_, M, mb);
+        const double rows = static_cast<double>(y.shape()[0]);
+        loss_sum_ += static_cast<double>(loss_.forward(y, t)) * rows / static_cast<double>(batch_rows_);
+        auto dy = loss_backward(loss_, y);
+        scale(dy.local(), static_cast<T>(rows / static_cast<double>(batch_rows_)));
+        std::get<S - 1>(grads_).resize(M);
+        std::get<S - 1>(grads_)[mb].emplace(std::move(dy));
+      } else if (p_.holds(I + 1)) {
+        std::get<I>(local_out_).resize(M);
+        std::get<I>(local_out_)[mb].emplace(std::move(y));
+      } else {
+        send(std::make_shared<decltype(y)>(std::move(y)), I + 1, I, mb, false);
+      }
+    }
+
+    template <int I>
+    void backward(int mb, int step) {
+      auto& stage = *std::get<I>(p_.stages_);
+      using G = typename grad_at<I>::type;
+      std::optional<G> dy;
+      if constexpr (I == S - 1) dy.emplace(std::move(*std::get<I>(grads_)[mb]));
+      else if (p_.holds(I + 1)) dy.emplace(std::move(*std::get<I>(grads_)[mb]));
+      else dy.emplace(take<G>(I, mb, true));
+      stashes_[I][mb].put_back(stage);
+      // Data-parallel reductions with the stage's last backward of the step only.
+      const bool last = step == last_backward(I, p_.pp_rank_);
+      auto run_backward = [&] {
+        if constexpr (I == 0) {
+          stage.template backward<false>(*dy);
+        } else {
+          auto dx = stage.template backward<true>(*dy);
+          dy.reset();
+          if (p_.holds(I - 1)) {
+            std::get<I - 1>(grads_).resize(M);
+            std::get<I - 1>(grads_)[mb].emplace(std::move(dx));
+          } else {
+            send(std::make_shared<decltype(dx)>(std::move(dx)), I - 1, I, mb, true);
+          }
+        }
+      };
+      if (last) {
+        run_backward();
+      } else {
+        auto quiet = stage.no_sync();
+        run_backward();
+      }
+    }
+
+    static constexpr int last_backward(int stage, int rank) {
+      int last = -1;
+      for (int i = 0; i < schedule_table.length[rank]; ++i)
+        if (schedule_table.row[rank][i].stage == stage && pipeline::makes_input_gradient(schedule_table.row[rank][i].op))
+          last = i;
+      return last;
+    }
+
+    static void scale(Tensor<T, OutputT::rank>& t, T factor) {
+      DTENSOR_CHECK(t.device().is_host(), InvalidArgument, "nn::Pipeline: the loss gradient's scale runs on the host");
+      T* p = t.data();
+      for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] *= factor;
+    }
+
+    void abandon() {
+      incoming_.clear();
+      sends_.clear();
+    }
+
+    Pipeline& p_;
+    const InputT& x_;
+    const Target& target_;
+    Loss& loss_;
+    Comm& comm_;
+    int64_t batch_rows_ = 0;
+    int header_len_ = 0;
+    double loss_sum_ = 0;
+    std::vector<Incoming> incoming_;
+    std::vector<Outgoing> sends_;
+    // Per stage: what each micro-batch's forward saved; the outputs handed to a stage
+    // on this rank; the gradients arriving at each stage's output.
+    std::array<std::vector<SavedStash>, S> stashes_{};
+    std::tuple<std::vector<std::optional<typename Stages::OutputT>>...> local_out_{};
+    decltype([]<std::size_t... I>(std::index_sequence<I...>) {
+      return std::tuple<std::vector<std::optional<typename grad_at<static_cast<int>(I)>::type>>...>{};
+    }(std::make_index_sequence<S>{})) grads_{};
+  };
+
+  Mesh mesh_;
+  std::shared_ptr<Comm> own_comm_;  // the stage mesh's communicator when PP is the only dim
+  StageMesh stage_mesh_;
+  int pp_rank_ = 0;
+  std::tuple<std::optional<Stages>...> stages_;
+};
+
+}  // namespace dtensor::nn

@@ -1,0 +1,198 @@
+// nn::Pipeline: a model cut into stages over a pipeline mesh dim trains as the same
+// layers do on one rank in one pass over the whole batch: the loss of every step, every
+// gradient after the first step and every parameter after three AdamW steps, to float64
+// rounding. GPipe, 1F1B and interleaved 1F1B on 2-4 pipeline ranks; micro-batch counts
+// below, at and above the stage count; uneven micro-batches (batches of 7 and 9 rows);
+// PP alone on a 1-D mesh, DP x PP (the pipeline dim second), PP x TP, PP x DP x TP.
+#include <array>
+#include <cmath>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <dtensor/nn.hpp>
+#include <dtensor/nn/pipeline.hpp>
+
+#include "compare.hpp"
+#include "spmd.hpp"
+
+using namespace dtensor;
+using namespace dtensor::test;
+
+namespace {
+
+constexpr int64_t kIn = 5, kWidth = 6, kHidden = 4, kOut = 3;
+
+template <class Cfg>
+using First = std::conditional_t<(Cfg::tp >= 0), nn::Colwise, nn::NoParallel>;
+template <class Cfg>
+using Second = std::conditional_t<(Cfg::tp >= 0), nn::Rowwise, nn::NoParallel>;
+
+// Stage I of S: Linear -> GELU -> Linear (column- then row-parallel where there is TP).
+template <class Cfg, int I, int S>
+using Stage = nn::Sequential<nn::Linear<Cfg, I == 0 ? kIn : kWidth, kHidden, First<Cfg>>, nn::GELU<Cfg>,
+                             nn::Linear<Cfg, kHidden, I == S - 1 ? kOut : kWidth, Second<Cfg>>>;
+
+template <class Cfg, int I, int S, class Mesh>
+Stage<Cfg, I, S> make_stage(const Mesh& mesh) {
+  using L = Stage<Cfg, I, S>;
+  return L(typename L::template layer_t<0>(mesh, {.seed = 100u + 10u * I}), nn::GELU<Cfg>(),
+           typename L::template layer_t<2>(mesh, {.seed = 101u + 10u * I}));
+}
+
+template <class Cfg, int S, class Seq = std::make_integer_sequence<int, S>>
+struct Stages;
+template <class Cfg, int S, int... I>
+struct Stages<Cfg, S, std::integer_sequence<int, I...>> {
+  template <class PC>
+  using pipeline = nn::Pipeline<PC, Stage<Cfg, I, S>...>;
+  using reference = nn::Sequential<Stage<Cfg, I, S>...>;
+  template <class Mesh>
+  static reference make_reference(const Mesh& mesh) {
+    return reference(make_stage<Cfg, I, S>(mesh)...);
+  }
+};
+
+template <class DT>
+DT batch_values(Shape<DT::rank> shape, const typename DT::Mesh& mesh, uint64_t seed) {
+  return dtensor::detail::generate<DT>(shape, mesh, {}, [&](uint64_t i) {
+    return dtensor::detail::normal_value<double>(seed, i);
+  });
+}
+
+// Every parameter of stage I, gathered whole.
+template <class StageT>
+std::vector<std::vector<double>> gathered(StageT& stage, bool gradients) {
+  std::vector<std::vector<double>> out;
+  stage.for_each_parameter([&](auto& p) {
+    const auto g = gradients ? p.gradient().full_tensor() : p.value().full_tensor();
+    out.emplace_back(g.data(), g.data() + g.numel());
+  });
+  return out;
+}
+
+struct Trace {
+  std::vector<double> losses;
+  std::vector<std::vector<std::vector<double>>> grads, params;  // per stage
+};
+
+constexpr int kSteps = 3;
+
+// The reference: the stages' layers as one Sequential on one rank, one pass per step.
+template <class Cfg, int S>
+Trace reference(int64_t batch) {
+  Trace t;
+  run_threads(1, [&](Comm& comm) {
+    std::array<int, Cfg::M> ones{};
+    ones.fill(1);
+    DeviceMesh<Cfg::M> mesh(comm, ones);
+    auto model = Stages<Cfg, S>::make_reference(mesh);
+    using Model = decltype(model);
+    nn::MSELoss<Cfg> mse;
+    nn::AdamW adam({.lr = 1e-2, .weight_decay = 0.01});
+    for (int step = 0; step < kSteps; ++step) {
+      const auto x = batch_values<typename Model::InputT>({batch, kIn}, mesh, 7 + step);
+      const auto target = batch_values<typename Model::OutputT>({batch, kOut}, mesh, 17 + step);
+      model.zero_grad();
+      const auto y = model.forward(x);
+      t.losses.push_back(mse.forward(y, target));
+      model.backward(mse.backward(y));
+      if (step == 0)
+        [&]<int... I>(std::integer_sequence<int, I...>) {
+          (t.grads.push_back(gathered(model.template layer<I>(), true)), ...);
+        }(std::make_integer_sequence<int, S>{});
+      adam.step(model);
+    }
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      (t.params.push_back(gathered(model.template layer<I>(), false)), ...);
+    }(std::make_integer_sequence<int, S>{});
+  });
+  return t;
+}
+
+void check_close(const std::vector<std::vector<double>>& a, const std::vector<std::vector<double>>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(a[i].size() == b[i].size());
+    for (std::size_t j = 0; j < a[i].size(); ++j) {
+      CAPTURE(i);
+      CAPTURE(j);
+      CHECK(a[i][j] == doctest::Approx(b[i][j]).epsilon(1e-11).scale(1));
+    }
+  }
+}
+
+// The pipeline on `shape` (the pipeline dim PC::pp among them), checked against the reference.
+template <class Cfg, int S, class PC>
+void check_pipeline(std::array<int, PC::mesh_dims> shape, int64_t batch) {
+  using Model = typename Stages<Cfg, S>::template pipeline<PC>;
+  CAPTURE(Model::explain());
+  const Trace want = reference<Cfg, S>(batch);
+  int n = 1;
+  for (int e : shape) n *= e;
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<PC::mesh_dims> mesh(comm, shape);
+    Model model(mesh, [](auto stage, const auto& stage_mesh) {
+      return make_stage<Cfg, decltype(stage)::value, S>(stage_mesh);
+    });
+    nn::MSELoss<Cfg> mse;
+    nn::AdamW adam({.lr = 1e-2, .weight_decay = 0.01});
+    for (int step = 0; step < kSteps; ++step) {
+      const auto x = batch_values<typename Model::InputT>({batch, kIn}, model.stage_mesh(), 7 + step);
+      const auto target = batch_values<typename Model::OutputT>({batch, kOut}, model.stage_mesh(), 17 + step);
+      model.zero_grad();
+      const double loss = model.step(x, target, mse);
+      CHECK(loss == doctest::Approx(want.losses[step]).epsilon(1e-12));
+      if (step == 0)
+        [&]<int... I>(std::integer_sequence<int, I...>) {
+          ((model.holds(I) ? check_close(gathered(model.template stage<I>(), true), want.grads[I]) : void()), ...);
+        }(std::make_integer_sequence<int, S>{});
+      adam.step(model);
+    }
+    [&]<int... I>(std::integer_sequence<int, I...>) {
+      ((model.holds(I) ? check_close(gathered(model.template stage<I>(), false), want.params[I]) : void()), ...);
+    }(std::make_integer_sequence<int, S>{});
+  });
+}
+
+using Plain = nn::Config<double, 2, nn::Axes<1, nn::kNone, nn::kNone>>;  // a stage alone on its rank
+using Dp = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;              // the batch over stage-mesh dim 0
+using Tp = nn::Config<double, 2, nn::Axes<1, nn::kNone, 0>>;              // features over stage-mesh dim 0
+using DpTp = nn::Config<double, 2, nn::Axes<2, 0, 1>>;
+
+template <class Kind, int M>
+using OnLine = nn::PipelineConfig<1, 0, Kind, M>;  // PP is the mesh's only dim
+
+}  // namespace
+
+TEST_CASE("pipeline: GPipe and 1F1B on a 1-D mesh of 2-4 stages, fewer, as many and more micro-batches") {
+  check_pipeline<Plain, 2, OnLine<pipeline::GPipe, 1>>({2}, 6);
+  check_pipeline<Plain, 2, OnLine<pipeline::OneFOneB, 3>>({2}, 7);
+  check_pipeline<Plain, 3, OnLine<pipeline::GPipe, 4>>({3}, 9);
+  check_pipeline<Plain, 4, OnLine<pipeline::OneFOneB, 2>>({4}, 7);  // fewer micro-batches than stages
+  check_pipeline<Plain, 4, OnLine<pipeline::OneFOneB, 4>>({4}, 9);
+  check_pipeline<Plain, 4, OnLine<pipeline::OneFOneB, 8>>({4}, 9);  // one row short of two per micro-batch
+}
+
+TEST_CASE("pipeline: interleaved 1F1B, two stages per rank") {
+  check_pipeline<Plain, 4, OnLine<pipeline::Interleaved1F1B<2>, 2>>({2}, 7);
+  check_pipeline<Plain, 4, OnLine<pipeline::Interleaved1F1B<2>, 4>>({2}, 9);
+  check_pipeline<Plain, 6, OnLine<pipeline::Interleaved1F1B<2>, 3>>({3}, 8);
+}
+
+TEST_CASE("pipeline: with data and tensor parallelism, the pipeline dim first or second") {
+  // DP x PP: mesh dim 0 data parallel, dim 1 the pipeline; the batch of 7 rows is 4 and 3 per rank.
+  check_pipeline<Dp, 2, nn::PipelineConfig<2, 1, pipeline::OneFOneB, 3>>({2, 2}, 7);
+  // PP x TP, interleaved.
+  check_pipeline<Tp, 4, nn::PipelineConfig<2, 0, pipeline::Interleaved1F1B<2>, 2>>({2, 2}, 5);
+  // PP x DP x TP on 2x2x2.
+  check_pipeline<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::OneFOneB, 4>>({2, 2, 2}, 9);
+}
+
+TEST_CASE("pipeline: a mesh whose pipeline dim does not fit the stages is refused on every rank") {
+  using Model = Stages<Plain, 4>::pipeline<OnLine<pipeline::OneFOneB, 2>>;
+  spmd(2, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {2});
+    CHECK_THROWS_WITH_AS(Model(mesh, [](auto stage, const auto& m) { return make_stage<Plain, decltype(stage)::value, 4>(m); }),
+                         doctest::Contains("need 4 ranks on the pipeline dim"), InvalidArgument);
+  });
+}
