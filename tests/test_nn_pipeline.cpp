@@ -188,6 +188,121 @@ TEST_CASE("pipeline: with data and tensor parallelism, the pipeline dim first or
   check_pipeline<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::OneFOneB, 4>>({2, 2, 2}, 9);
 }
 
+// --- a small GPT in two stages: embedding + block, block + norm + head; cross-entropy ---
+constexpr int64_t kVocab = 11;
+constexpr nn::AttentionShape kGqa{.hidden = 16, .heads = 4, .kv_heads = 2};
+constexpr nn::AttentionOptions kAttention{.causal = true, .rope_base = 10000, .tile = 4};
+template <class Cfg, class B>
+using GptHead = nn::Sequential<nn::Embedding<Cfg, kVocab, kGqa.hidden, nn::RowwiseParallel<Replicate>>, B>;
+template <class Cfg, class B>
+using GptTail = nn::Sequential<B, nn::LayerNorm<Cfg, kGqa.hidden, nn::NormReplicated>,
+                               nn::Linear<Cfg, kGqa.hidden, kVocab, nn::ColwiseParallel<Replicate>, false>>;
+template <class Cfg>
+using TBlock = nn::TransformerBlock<Cfg, kGqa, 24, nn::HeadParallel<>>;
+
+template <class Cfg, class B, int I, class Mesh>
+auto make_gpt_stage(const Mesh& mesh) {
+  auto block = [&](uint64_t seed) {
+    if constexpr (std::is_same_v<B, TBlock<Cfg>>) return B(mesh, kAttention, seed);
+    else return B(TBlock<Cfg>(mesh, kAttention, seed));  // FullyShard<TBlock>
+  };
+  if constexpr (I == 0) {
+    using H = GptHead<Cfg, B>;
+    return H(typename H::template layer_t<0>(mesh, 1), block(3));
+  } else {
+    using L = GptTail<Cfg, B>;
+    return L(block(4), typename L::template layer_t<1>(mesh), typename L::template layer_t<2>(mesh, {5}));
+  }
+}
+
+template <class Cfg>
+using Tokens = dtensor_t<int64_t, 2, placements_t<Cfg::activation()>>;
+
+template <class Cfg>
+Tokens<Cfg> tokens(int64_t batch, int64_t len, const DeviceMesh<Cfg::M>& mesh, int step, int shift) {
+  return dtensor::detail::generate<Tokens<Cfg>>({batch, len}, mesh, {}, [&](uint64_t i) {
+    return static_cast<int64_t>((7 * i + 3 + step + shift) % kVocab);
+  });
+}
+
+// The two stages over PC's mesh against their layers on one rank.
+template <class Cfg, class B, class PC>
+void check_gpt_pipeline(std::array<int, PC::mesh_dims> shape, int64_t batch, int64_t len) {
+  using Model = nn::Pipeline<PC, GptHead<Cfg, B>, GptTail<Cfg, B>>;
+  Trace want;
+  run_threads(1, [&](Comm& comm) {
+    std::array<int, Cfg::M> ones{};
+    ones.fill(1);
+    DeviceMesh<Cfg::M> mesh(comm, ones);
+    nn::Sequential<GptHead<Cfg, B>, GptTail<Cfg, B>> model(make_gpt_stage<Cfg, B, 0>(mesh), make_gpt_stage<Cfg, B, 1>(mesh));
+    nn::CrossEntropy<Cfg> ce;
+    nn::AdamW adam({.lr = 0.02});
+    for (int step = 0; step < kSteps; ++step) {
+      model.zero_grad();
+      const auto logits = model.forward(tokens<Cfg>(batch, len, mesh, step, 0));
+      want.losses.push_back(ce.forward(logits, tokens<Cfg>(batch, len, mesh, step, 1)));
+      model.backward(ce.backward());
+      if (step == 0) {
+        want.grads.push_back(gathered(model.template layer<0>(), true));
+        want.grads.push_back(gathered(model.template layer<1>(), true));
+      }
+      adam.step(model);
+    }
+    want.params.push_back(gathered(model.template layer<0>(), false));
+    want.params.push_back(gathered(model.template layer<1>(), false));
+  });
+  int n = 1;
+  for (int e : shape) n *= e;
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<PC::mesh_dims> mesh(comm, shape);
+    Model model(mesh, [](auto stage, const auto& m) { return make_gpt_stage<Cfg, B, decltype(stage)::value>(m); });
+    nn::CrossEntropy<Cfg> ce;
+    nn::AdamW adam({.lr = 0.02});
+    for (int step = 0; step < kSteps; ++step) {
+      model.zero_grad();
+      const double loss = model.step(tokens<Cfg>(batch, len, model.stage_mesh(), step, 0),
+                                     tokens<Cfg>(batch, len, model.stage_mesh(), step, 1), ce);
+      CHECK(loss == doctest::Approx(want.losses[step]).epsilon(1e-12));
+      if (step == 0) {
+        if (model.holds(0)) check_close(gathered(model.template stage<0>(), true), want.grads[0]);
+        if (model.holds(1)) check_close(gathered(model.template stage<1>(), true), want.grads[1]);
+      }
+      adam.step(model);
+    }
+    if (model.holds(0)) check_close(gathered(model.template stage<0>(), false), want.params[0]);
+    if (model.holds(1)) check_close(gathered(model.template stage<1>(), false), want.params[1]);
+  });
+}
+
+using TpCp = nn::Config<double, 3, nn::Axes<2, nn::kNone, 0, 1>>;  // heads over 0, the sequence over 1 (ring)
+using DpTp3 = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
+using Cp = nn::Config<double, 3, nn::Axes<1, nn::kNone, nn::kNone, 0>>;
+
+TEST_CASE("pipeline: a GPT in two stages, PP x CP, PP x TP x CP (ring attention), FSDP x TP stages") {
+  check_gpt_pipeline<Cp, TBlock<Cp>, nn::PipelineConfig<2, 1, pipeline::OneFOneB, 3>>({3, 2}, 5, 7);
+  check_gpt_pipeline<TpCp, TBlock<TpCp>, nn::PipelineConfig<3, 0, pipeline::GPipe, 2>>({2, 2, 2}, 3, 7);
+  check_gpt_pipeline<DpTp3, nn::FullyShard<TBlock<DpTp3>>, nn::PipelineConfig<3, 0, pipeline::OneFOneB, 2>>(
+      {2, 2, 2}, 5, 6);
+}
+
+TEST_CASE("pipeline: a rank failing in one stage ends every rank with its error, none waits on a receive") {
+  if (skip_under_mpi("a failing rank ends an MPI job")) return;
+  using Model = nn::Pipeline<nn::PipelineConfig<2, 1, pipeline::OneFOneB, 3>, GptHead<Cp, TBlock<Cp>>, GptTail<Cp, TBlock<Cp>>>;
+  // The last stage's loss refuses targets outside the vocabulary, at its first forward:
+  // the first stage's ranks are waiting for that micro-batch's gradient by then.
+  CHECK_THROWS_WITH(spmd(4, [&](Comm& comm) {
+                      DeviceMesh<2> mesh(comm, {2, 2});
+                      Model model(mesh, [](auto stage, const auto& m) {
+                        return make_gpt_stage<Cp, TBlock<Cp>, decltype(stage)::value>(m);
+                      });
+                      nn::CrossEntropy<Cp> ce;
+                      auto bad = tokens<Cp>(5, 6, model.stage_mesh(), 0, 0);
+                      bad.local().fill(kVocab + 2);
+                      (void)model.step(tokens<Cp>(5, 6, model.stage_mesh(), 0, 0), bad, ce);
+                    }),
+                    doctest::Contains("outside"));
+}
+
 TEST_CASE("pipeline: a mesh whose pipeline dim does not fit the stages is refused on every rank") {
   using Model = Stages<Plain, 4>::pipeline<OnLine<pipeline::OneFOneB, 2>>;
   spmd(2, [&](Comm& comm) {
