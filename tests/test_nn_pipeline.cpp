@@ -140,8 +140,10 @@ void check_pipeline(std::array<int, PC::mesh_dims> shape, int64_t batch) {
       const auto x = batch_values<typename Model::InputT>({batch, kIn}, model.stage_mesh(), 7 + step);
       const auto target = batch_values<typename Model::OutputT>({batch, kOut}, model.stage_mesh(), 17 + step);
       model.zero_grad();
+      CommCounter counter;
       const double loss = model.step(x, target, mse);
       CHECK(loss == doctest::Approx(want.losses[step]).epsilon(1e-12));
+      CHECK(counter.messages() == Model::messages_sent(model.pipeline_rank()));
       if (step == 0)
         [&]<int... I>(std::integer_sequence<int, I...>) {
           ((model.holds(I) ? check_close(gathered(model.template stage<I>(), true), want.grads[I]) : void()), ...);
@@ -301,6 +303,18 @@ TEST_CASE("pipeline: a rank failing in one stage ends every rank with its error,
                       (void)model.step(tokens<Cp>(5, 6, model.stage_mesh(), 0, 0), bad, ce);
                     }),
                     doctest::Contains("outside"));
+}
+
+TEST_CASE("pipeline: explain prints the schedule as ranks x time, and the bubble and memory are constants") {
+  using Model = Stages<Plain, 4>::pipeline<OnLine<pipeline::OneFOneB, 4>>;
+  static_assert(Model::bubble() == 9.0 * 4 / (4 * 21));  // (p-1)/(M+p-1) = 3/7
+  static_assert(Model::held_microbatches(0) == 4 && Model::held_microbatches(3) == 1);
+  static_assert(Model::messages_sent(0) == 4 && Model::messages_sent(1) == 8 && Model::messages_sent(3) == 4);
+  const std::string e = Model::explain();
+  CHECK(e.find("pipeline: 4 stages on 4 ranks, 4 micro-batches\n") == 0);
+  CHECK(e.find("rank 0 | 0F0 0F1 0F2 0F3   .   .   .   .   .   . 0B0 0B0   . 0B1 0B1") != std::string::npos);
+  CHECK(e.find("rank 3 |   .   .   . 3F0 3B0 3B0 3F1 3B1 3B1 3F2") != std::string::npos);
+  CHECK(e.find("bubble: 36 of 84 rank-units idle") != std::string::npos);
 }
 
 TEST_CASE("pipeline: a mesh whose pipeline dim does not fit the stages is refused on every rank") {

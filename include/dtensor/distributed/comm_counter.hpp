@@ -46,6 +46,10 @@ class CommCounter {
   // bytes it sends. Not collectives: count() leaves them out.
   int exchanges() const { return exchanges_; }
   std::size_t exchange_bytes() const { return exchange_bytes_; }
+  // Point-to-point messages between pipeline stages (nn/pipeline.hpp): each activation
+  // or gradient a rank sends, with its bytes (its layout header aside).
+  int messages() const { return messages_; }
+  std::size_t message_bytes() const { return message_bytes_; }
   std::string summary() const {
     std::string s;
     for (const auto& r : records_)
@@ -61,6 +65,9 @@ class CommCounter {
   static void record_exchange(std::size_t bytes) {
     for (CommCounter* c : active()) ++c->exchanges_, c->exchange_bytes_ += bytes;
   }
+  static void record_message(std::size_t bytes) {
+    for (CommCounter* c : active()) ++c->messages_, c->message_bytes_ += bytes;
+  }
 
  private:
   static std::vector<CommCounter*>& active() {
@@ -70,6 +77,8 @@ class CommCounter {
   std::vector<CollectiveRecord> records_;
   int exchanges_ = 0;
   std::size_t exchange_bytes_ = 0;
+  int messages_ = 0;
+  std::size_t message_bytes_ = 0;
 };
 
 }  // namespace dtensor

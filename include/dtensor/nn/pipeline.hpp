@@ -53,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/saved_state.hpp"
@@ -216,6 +217,17 @@ class Pipeline {
   void zero_grad() {
     for_each_stage([](auto& s) { s.zero_grad(); });
   }
+
+  // The activations and gradients pipeline rank r sends in a step (CommCounter's
+  // messages()): one per micro-batch and stage boundary it sits on, each way.
+  static constexpr int messages_sent(int rank) {
+    return schedule_table.count(rank, pipeline::Op::SendActivation) +
+           schedule_table.count(rank, pipeline::Op::SendGradient);
+  }
+  // The schedule's bubble with unit costs (F = 1, B = 2): idle over wall time.
+  static constexpr double bubble() { return timeline.bubble(); }
+  // The most micro-batches a stage holds activations for at once (its memory).
+  static constexpr int held_microbatches(int stage) { return pipeline::held_microbatches(schedule_table, stage); }
 
   // The schedule as a table (ranks x time units, with unit costs) and its bubble.
   static std::string explain() {
@@ -403,6 +415,7 @@ class Pipeline {
       const auto& local = value->local();
       out.request = comm_.isend(local.data(), Region::contiguous(0, local.numel()),
                                 dtype_of<typename DT::value_type>(), to, tag(gradient ? 3 : 1, from_stage, microbatch));
+      CommCounter::record_message(local.bytes());
       out.value = std::move(value);
       sends_.push_back(std::move(out));
     }
