@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "common.hpp"
+#include "gpt_tokens.hpp"
 
 using namespace dtensor;
 
@@ -169,16 +170,6 @@ static_assert(Cp::plan.count(nn::Phase::Forward, StepKind::AllReduce, 0) == 5 + 
               "TP x CP: DP x TP's all-reduces on mesh dim 0, a ring per attention each way on mesh dim 1, and the "
               "loss's sum over the sequence's shards");
 
-// Sequence n of step s: a start and a stride from (s, n) only, whatever the mesh.
-uint64_t draw(int step, int64_t n, int what) {
-  return dtensor::detail::mix64(static_cast<uint64_t>((step * 1000 + n) * 4 + what));
-}
-int64_t token(int step, int64_t n, int64_t position) {
-  const auto start = static_cast<int64_t>(draw(step, n, 0) % kVocab);
-  const auto stride = static_cast<int64_t>(1 + draw(step, n, 1) % 3);
-  return (start + stride * position) % kVocab;
-}
-
 template <class G>
 std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
   auto model = G::make(mesh);
@@ -187,13 +178,8 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
     // ids [batch, len]; targets the next token, the last position ignored
-    auto ids = dtensor::detail::generate<typename G::Model::InputT>({kBatch, kLen}, mesh, {}, [&](uint64_t i) {
-      return token(step, static_cast<int64_t>(i) / kLen, static_cast<int64_t>(i) % kLen);
-    });
-    auto targets = dtensor::detail::generate<typename G::Targets>({kBatch, kLen}, mesh, {}, [&](uint64_t i) {
-      const auto n = static_cast<int64_t>(i) / kLen, s = static_cast<int64_t>(i) % kLen;
-      return s + 1 < kLen ? token(step, n, s + 1) : int64_t{-100};
-    });
+    const auto ids = examples::token_ids<typename G::Model::InputT>(step, kBatch, kLen, kVocab, mesh);
+    const auto targets = examples::next_tokens<typename G::Targets>(step, kBatch, kLen, kVocab, mesh);
     CommCounter counted;
     model.zero_grad();
     auto logits = model.forward(ids);

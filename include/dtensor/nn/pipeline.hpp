@@ -44,6 +44,7 @@
 // table (pipeline::Custom<table>). ZeroBubbleH1 needs backwards split into input and
 // weight gradients, which the layers do not offer: it is refused by name.
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -241,9 +242,19 @@ class Pipeline {
   // parameters hold (zero_grad before, as for a Sequential).
   template <class Target, class Loss>
   T step(const InputT& x, const Target& target, Loss& loss) {
+    const auto start = Clock::now();
     Run<Target, Loss> run(*this, x, target, loss);
-    return run.go();
+    const T l = run.go();
+    last_step_ = {seconds_since(start), run.busy_seconds()};
+    return l;
   }
+
+  // The last step on this rank: its wall time, and the time spent in the stages'
+  // forwards, backwards and the loss (the rest waited for messages: the bubble).
+  struct StepTime {
+    double wall_s = 0, busy_s = 0;
+  };
+  const StepTime& last_step() const { return last_step_; }
 
  private:
   template <class Fn>
@@ -464,6 +475,7 @@ class Pipeline {
       if constexpr (I == 0) input.emplace(detail::microbatch(x_, M, mb));
       else if (p_.holds(I - 1)) input.emplace(std::move(*std::get<I - 1>(local_out_)[mb]));
       else input.emplace(take<In>(I, mb, false));
+      const auto start = Clock::now();
       auto y = stage.forward(*input);
       input.reset();
       stashes_[I].resize(M);
@@ -477,10 +489,13 @@ class Pipeline {
         scale(dy.local(), static_cast<T>(rows / static_cast<double>(batch_rows_)));
         std::get<S - 1>(grads_).resize(M);
         std::get<S - 1>(grads_)[mb].emplace(std::move(dy));
+        busy_ += seconds_since(start);
       } else if (p_.holds(I + 1)) {
+        busy_ += seconds_since(start);
         std::get<I>(local_out_).resize(M);
         std::get<I>(local_out_)[mb].emplace(std::move(y));
       } else {
+        busy_ += seconds_since(start);
         send(std::make_shared<decltype(y)>(std::move(y)), I + 1, I, mb, false);
       }
     }
@@ -498,9 +513,13 @@ class Pipeline {
       const bool last = step == last_backward(I, p_.pp_rank_);
       auto run_backward = [&] {
         if constexpr (I == 0) {
+          const auto start = Clock::now();
           stage.template backward<false>(*dy);
+          busy_ += seconds_since(start);
         } else {
+            const auto start = Clock::now();
           auto dx = stage.template backward<true>(*dy);
+          busy_ += seconds_since(start);
           dy.reset();
           if (p_.holds(I - 1)) {
             std::get<I - 1>(grads_).resize(M);
@@ -537,6 +556,10 @@ class Pipeline {
       sends_.clear();
     }
 
+   public:
+    double busy_seconds() const { return busy_; }
+
+   private:
     Pipeline& p_;
     const InputT& x_;
     const Target& target_;
@@ -545,6 +568,7 @@ class Pipeline {
     int64_t batch_rows_ = 0;
     int header_len_ = 0;
     double loss_sum_ = 0;
+    double busy_ = 0;
     std::vector<Incoming> incoming_;
     std::vector<Outgoing> sends_;
     // Per stage: what each micro-batch's forward saved; the outputs handed to a stage
@@ -556,7 +580,11 @@ class Pipeline {
     }(std::make_index_sequence<S>{})) grads_{};
   };
 
+  using Clock = std::chrono::steady_clock;
+  static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
   Mesh mesh_;
+  StepTime last_step_;
   std::shared_ptr<Comm> own_comm_;  // the stage mesh's communicator when PP is the only dim
   StageMesh stage_mesh_;
   int pp_rank_ = 0;
