@@ -71,7 +71,7 @@ std::vector<std::vector<double>> gathered(StageT& stage, bool gradients) {
 }
 
 struct Trace {
-  std::vector<double> losses;
+  std::vector<double> losses, norms;
   std::vector<std::vector<std::vector<double>>> grads, params;  // per stage
 };
 
@@ -96,6 +96,7 @@ Trace reference(int64_t batch) {
       const auto y = model.forward(x);
       t.losses.push_back(mse.forward(y, target));
       model.backward(mse.backward(y));
+      t.norms.push_back(nn::clip_grad_norm(model, 0.05));  // the gradients scaled (the norm is ~0.1-1)
       if (step == 0)
         [&]<int... I>(std::integer_sequence<int, I...>) {
           (t.grads.push_back(gathered(model.template layer<I>(), true)), ...);
@@ -144,6 +145,8 @@ void check_pipeline(std::array<int, PC::mesh_dims> shape, int64_t batch) {
       const double loss = model.step(x, target, mse);
       CHECK(loss == doctest::Approx(want.losses[step]).epsilon(1e-12));
       CHECK(counter.messages() == Model::messages_sent(model.pipeline_rank()));
+      // The norm over every stage's gradients, as the reference's.
+      CHECK(nn::clip_grad_norm(model, 0.05) == doctest::Approx(want.norms[step]).epsilon(1e-11));
       if (step == 0)
         [&]<int... I>(std::integer_sequence<int, I...>) {
           ((model.holds(I) ? check_close(gathered(model.template stage<I>(), true), want.grads[I]) : void()), ...);

@@ -7,6 +7,7 @@
 // The update runs where the block lives (compute/optimizer_update.hpp: Eigen on the
 // host, one fused kernel per parameter on a GPU), and so does the optimizer's state.
 #include <cmath>
+#include <concepts>
 #include <string>
 #include <vector>
 
@@ -176,10 +177,14 @@ class AdamW {
 template <class Model>
 double clip_grad_norm(Model& model, double max_norm) {
   double local = 0;
+  // The ranks the sum runs over: those of the parameters' mesh, or a model's own where
+  // its parameters live on several meshes (a pipeline's stages: model.comm()).
   Comm* world = nullptr;
+  constexpr bool own_comm = requires { { model.comm() } -> std::same_as<Comm&>; };
+  if constexpr (own_comm) world = &model.comm();
   model.for_each_parameter([&](auto& p) {
     const auto& mesh = p.value().mesh();
-    world = &mesh.comm();
+    if (!own_comm) world = &mesh.comm();
     bool owner = true;
     for (int m = 0; m < static_cast<int>(p.placement_state.size()); ++m)
       if (!p.placement_state[m].is_shard()) owner = owner && mesh.coord(m) == 0;

@@ -200,6 +200,8 @@ class Pipeline {
   }
 
   const Mesh& mesh() const { return mesh_; }
+  // Every rank of the model, all stages (nn::clip_grad_norm sums over it).
+  Comm& comm() const { return mesh_.comm(); }
   const StageMesh& stage_mesh() const { return stage_mesh_; }
   int pipeline_rank() const { return pp_rank_; }
   bool holds(int stage) const { return schedule_table.rank_of(stage) == pp_rank_; }
