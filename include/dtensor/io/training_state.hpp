@@ -12,7 +12,9 @@
 // a block's "<layer>.<its layer>. ... .<name>" (a transformer block's first norm
 // scale "1.0.0.0.scale": block 1, its attention branch, the branch's block, its
 // norm; nn::for_each_named_parameter), a fully sharded layer's as its inner layer's
-// (a model without layer<I>() numbers its parameters instead). The optimizer's
+// (a model without layer<I>() numbers its parameters instead; a pipeline numbers its
+// stages' layers as one Sequential of all of them, so a checkpoint moves between stage
+// counts). The optimizer's
 // buffers are laid out like their parameters, so a checkpoint saved on one mesh
 // resumes on another: each buffer is resharded with its parameter. An optimizer
 // takes part through two members (nn/optim.hpp):
@@ -35,10 +37,12 @@ namespace detail {
 // f(key, parameter) for every parameter of `model`, in for_each_parameter order.
 template <class Model, class F>
 void for_each_named_parameter(Model& model, F&& f) {
-  if constexpr (requires {
-                  Model::N;
-                  model.template layer<0>();
-                }) {
+  if constexpr (requires { model.for_each_named_parameter(std::string(), f); }) {
+    model.for_each_named_parameter("", f);  // a model that names its own (nn::Pipeline)
+  } else if constexpr (requires {
+                         Model::N;
+                         model.template layer<0>();
+                       }) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (nn::for_each_named_parameter(model.template layer<I>(), std::to_string(I) + ".", f), ...);
     }

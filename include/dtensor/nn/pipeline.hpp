@@ -57,6 +57,7 @@
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
+#include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/saved_state.hpp"
 #include "dtensor/plan/pipeline_timeline.hpp"
 #include "dtensor/tensor/device.hpp"
@@ -217,6 +218,16 @@ class Pipeline {
   void for_each_parameter(Fn&& f) {
     for_each_stage([&](auto& s) { s.for_each_parameter(f); });
   }
+  // f(key, parameter) for this rank's stages' parameters, keyed as in one Sequential of
+  // every stage's layers ("<layer>.<name>", the layers numbered across stages): a
+  // checkpoint saved with one cut into stages loads into another, or onto one rank
+  // (io::add_model; ranks register their own stages' keys).
+  template <class F>
+  void for_each_named_parameter(const std::string& prefix, F&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (named_parameters_of<static_cast<int>(I)>(prefix, f), ...);
+    }(std::make_index_sequence<S>{});
+  }
   void zero_grad() {
     for_each_stage([](auto& s) { s.zero_grad(); });
   }
@@ -262,6 +273,24 @@ class Pipeline {
   template <class Fn>
   void for_each_stage(Fn&& f) {
     std::apply([&](auto&... s) { ((s ? f(*s) : void()), ...); }, stages_);
+  }
+
+  // The layers of the stages before stage I.
+  template <int I>
+  static constexpr int layers_before() {
+    return []<std::size_t... J>(std::index_sequence<J...>) {
+      return (0 + ... + stage_t<static_cast<int>(J)>::N);
+    }(std::make_index_sequence<static_cast<std::size_t>(I)>{});
+  }
+  template <int I, class F>
+  void named_parameters_of(const std::string& prefix, F& f) {
+    auto& stage = std::get<I>(stages_);
+    if (!stage) return;
+    [&]<std::size_t... J>(std::index_sequence<J...>) {
+      (nn::for_each_named_parameter(stage->template layer<static_cast<int>(J)>(),
+                                    prefix + std::to_string(layers_before<I>() + static_cast<int>(J)) + ".", f),
+       ...);
+    }(std::make_index_sequence<static_cast<std::size_t>(stage_t<I>::N)>{});
   }
 
   static StageMesh stage_mesh_of(const Mesh& mesh, std::shared_ptr<Comm>& own) {
