@@ -432,6 +432,7 @@ TEST_CASE("hdf5: h5py interop (tests/hdf5_interop.py)") {
     io::write_hdf5(out, "u", make_field<DTensor<float, 2, Shard<0>, Shard<1>>>(mesh, {5, 3}),
                    {.mode = io::FileMode::Replace});
     io::write_hdf5(out, "d", make_field<DTensor<double, 2, Partial<Sum>, Shard<0>>>(mesh, {3, 4}));
+    check_field(io::read_hdf5<DTensor<double, 2, Replicate, Replicate>>(out, "d", mesh));
     io::write_hdf5(out, "i", make_field<DTensor<int64_t, 1, Shard<0>>>(line, {6}));
     io::write_hdf5(out, "h", make_field<DTensor<float16, 2, Shard<1>, Replicate>>(mesh, {3, 5}));
     io::write_hdf5(out, "b", make_field<DTensor<bfloat16, 2, Shard<1>, Replicate>>(mesh, {3, 5}));
