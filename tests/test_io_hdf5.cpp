@@ -390,6 +390,13 @@ TEST_CASE("hdf5: bad input raises Hdf5Error on every rank, naming the problem") 
       check_error([&] { io::write_hdf5(file, "new", make_field<F2>(line, {5, 3}), {.offset = {1, 0}}); },
                   {"has no dataset /new", "give the extents to create it"});
       check_error([&] { io::write_hdf5(file, "g", make_field<F2>(line, {5, 3})); }, {"/g in", "is a group"});
+      // Ranks that disagree on the call (a collective HDF5 call that a rank would miss).
+      if (n > 1) {
+        const std::string mine = comm.rank() == 1 ? "g/cube" : "u";
+        check_error([&] { io::read_hdf5<F2>(file, mine, line); }, {"rank 1 passed another file, dataset"});
+        check_error([&] { io::write_hdf5(file, mine, make_field<F2>(line, {5, 3})); },
+                    {"rank 1 passed another file, dataset"});
+      }
       // What HDF5 itself refuses: its message is carried.
       check_error([&] { io::write_hdf5(dir / "no/such/dir.h5", "u", make_field<F2>(line, {5, 3})); },
                   {"cannot create", "dir.h5", "(HDF5: "});

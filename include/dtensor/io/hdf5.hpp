@@ -48,7 +48,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -146,6 +148,19 @@ void step(Comm& comm, const std::string& context, F&& f) {
   if (!failed.empty()) throw Hdf5Error(dtensor::detail::cat("dtensor: hdf5: ", context, ": ", strip_prefix(failed)));
 }
 
+// "" where every rank passed the same request (file, dataset, options, tensor), else
+// which rank differs from rank 0: ranks that disagree would make different collective
+// HDF5 calls, which hangs. One all-gather of a hash. Collective.
+inline std::string same_request(Comm& comm, const std::string& request) {
+  const auto h = static_cast<int64_t>(std::hash<std::string>{}(request));
+  const std::vector<int64_t> all = all_gather_values(comm, &h, 1);
+  for (std::size_t r = 1; r < all.size(); ++r)
+    if (all[r] != all[0])
+      return dtensor::detail::cat("rank ", r, " passed another file, dataset, tensor shape or options than rank 0 ",
+                                  "(every rank must make the same call)");
+  return "";
+}
+
 inline std::string strip_hdf5(const std::string& s) {
   const std::string p = "hdf5: ";
   return s.rfind(p, 0) == 0 ? s.substr(p.size()) : s;
@@ -237,7 +252,12 @@ void write_hdf5(const fs::path& file, const std::string& name, const DTensor<T, 
   // the file and the dataset are made or opened.
   std::vector<int64_t> ds_shape = o.dataset_shape, offset = o.offset;
   bool create_file = o.mode == FileMode::Replace, create_dataset = true;
+  const std::string differs = detail::same_request(
+      comm, dtensor::detail::cat(file.string(), '\n', path, '\n', static_cast<int>(o.mode), o.mpi_io,
+                                 detail::extents_string(o.offset), detail::extents_string(o.dataset_shape),
+                                 detail::extents_string(shape), DT::placements_string(), detail::element_name<T>()));
   detail::step(comm, context, [&] {
+    if (!differs.empty()) throw InvalidArgument(differs);
     if (offset.empty() && ds_shape.empty()) ds_shape = shape;
     if (offset.empty()) offset.assign(ds_shape.size(), 0);
     DTENSOR_CHECK(!ds_shape.empty() || o.mode == FileMode::Update, InvalidArgument,
@@ -401,12 +421,17 @@ DT read_hdf5(const fs::path& file, const std::string& name, const typename DT::M
   Comm& comm = mesh.comm();
   const std::string path = detail::dataset_path(name);
   const std::string context = dtensor::detail::cat("reading ", file.string(), ":", path);
+  const std::string differs = detail::same_request(
+      comm, dtensor::detail::cat(file.string(), '\n', path, '\n', o.mpi_io, detail::extents_string(o.offset),
+                                 detail::extents_string(o.shape), DT::placements_string(), R,
+                                 detail::element_name<T>()));
   const detail::Probe p = detail::shared_probe<T>(comm, file, path);
 
   // The request against what rank 0 found, on every rank; then the tensor.
   std::optional<DT> x;
   std::vector<int64_t> offset = o.offset;
   detail::step(comm, context, [&] {
+    if (!differs.empty()) throw Hdf5Error(differs);
     const std::string why = detail::unreadable<T>(p, file, path);
     if (!why.empty()) throw Hdf5Error(why);
     const std::size_t d = p.shape.size();
