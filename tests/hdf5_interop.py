@@ -13,7 +13,7 @@ Usage: hdf5_interop.py TEST_IO_HDF5_BINARY
    wrote (the same formula as tests/test_io_hdf5.cpp's value_at), bit for bit: float32,
    a reduced Partial in float64, int64, float16, bfloat16 (dtensor's 2-byte float type:
    h5py cannot name it, so its raw 16-bit words are read and widened to float32),
-   a dataset written sample by sample; and the dtensor_placements / dtensor_mesh
+   a dataset written sample by sample, a chunked + gzip one; and the dtensor_placements / dtensor_mesh
    attributes.
 4. Parses grid.xmf and series.xmf with xml.etree: the topology (3DRectMesh /
    2DRectMesh, point counts slowest first), the geometry (VXVYVZ / VXVY arrays of the
@@ -100,6 +100,9 @@ def check_dtensor_file(path):
         same("i", values((6,), np.int64))
         same("h", values((3, 5), np.float16))
         same("series/x", values((3, 2, 4), np.float32))
+        same("zc", values((5, 3), np.float32))
+        check(f["zc"].compression == "gzip" and f["zc"].chunks == (2, 3) and f["zc"].shuffle,
+              f"zc: compression {f['zc'].compression}, chunks {f['zc'].chunks}, shuffle {f['zc'].shuffle}")
         # bfloat16: dtensor's own 2-byte float; its stored words, as numpy cannot hold it.
         b = f["b"]
         btype = b.id.get_type()

@@ -4,7 +4,8 @@
 // and placement and read on another, bit for bit against values computed from the
 // global index; Partial sources (reduced once) and targets; float, double, int64,
 // float16 and bfloat16; slices of a larger dataset, written and read; a chunked and
-// deflate-compressed dataset made with HDF5's C API read on every mesh; under MPI, the
+// deflate-compressed dataset made with HDF5's C API read on every mesh, and
+// compressed datasets written by dtensor (whole and slice by slice); under MPI, the
 // transfer collective (and the serialized path across processes too); every bad input
 // raising Hdf5Error on every rank with a message naming the problem; XDMF that refuses
 // datasets of the wrong extents. tests/hdf5_interop.py runs the "h5py" case to check
@@ -298,7 +299,7 @@ TEST_CASE("hdf5: slices of a larger dataset: samples of [N, C, H, W] written and
   }
 }
 
-TEST_CASE("hdf5: a chunked, deflate-compressed dataset reads on every mesh") {
+TEST_CASE("hdf5: chunked, deflate-compressed datasets: another program's read, dtensor's written, on every mesh") {
   for (int n : {1, 2, 4, 6}) {
     spmd(n, [&](Comm& comm) {
       Scratch dir(comm);
@@ -328,6 +329,38 @@ TEST_CASE("hdf5: a chunked, deflate-compressed dataset reads on every mesh") {
       for (const auto& ms : meshes_2d(n)) {
         DeviceMesh<2> mesh(comm, ms);
         check_field(io::read_hdf5<DTensor<float, 2, Shard<1>, Shard<0>>>(file, "z", mesh));
+        // dtensor's own compressed writes: explicit chunks, and the default ones.
+        using A = DTensor<double, 2, Shard<0>, Shard<1>>;
+        std::string how;
+        io::write_hdf5(file, "c1", make_field<A>(mesh, {7, 9}), {.chunk = {2, 4}, .deflate = 4, .transfer = &how});
+        CHECK(how == expected_transfer());
+        io::write_hdf5(file, "c2", make_field<A>(mesh, {7, 9}), {.deflate = 1});
+        for (const char* c : {"c1", "c2"}) {
+          CHECK(io::inspect_hdf5(file, c, comm).chunked);
+          check_field(io::read_hdf5<DTensor<double, 2, Shard<1>, Replicate>>(file, c, mesh));
+        }
+        // Slices written into a compressed dataset, one sample at a time.
+        using S = DTensor<float, 2, Shard<1>, Shard<0>>;
+        for (int64_t k = 0; k < 3; ++k)
+          io::write_hdf5(file, "cs", make_field<S>(mesh, {4, 5}, {}, {3, 4, 5}, {k, 0, 0}),
+                         {.offset = {k, 0, 0}, .dataset_shape = k == 0 ? std::vector<int64_t>{3, 4, 5} : std::vector<int64_t>{},
+                          .chunk = {1, 3, 5}, .deflate = 6});
+        check_field(io::read_hdf5<DTensor<float, 3, Shard<2>, Shard<1>>>(file, "cs", mesh), {3, 4, 5});
+        if (comm.rank() == 0) {  // they are compressed: the stored bytes are fewer than the data's
+          io::detail::Hdf5Lock lock;
+          const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+          const hid_t d = H5Dopen2(f, "c1", H5P_DEFAULT);
+          CHECK(H5Dget_storage_size(d) < 7 * 9 * sizeof(double));
+          H5Dclose(d), H5Fclose(f);
+        }
+        comm.barrier();
+        if (comm.rank() == 0) {  // the next mesh writes them anew
+          io::detail::Hdf5Lock lock;
+          const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+          for (const char* c : {"c1", "c2", "cs"}) H5Ldelete(f, c, H5P_DEFAULT);
+          H5Fclose(f);
+        }
+        comm.barrier();
       }
     });
   }
@@ -390,6 +423,10 @@ TEST_CASE("hdf5: bad input raises Hdf5Error on every rank, naming the problem") 
       check_error([&] { io::write_hdf5(file, "new", make_field<F2>(line, {5, 3}), {.offset = {1, 0}}); },
                   {"has no dataset /new", "give the extents to create it"});
       check_error([&] { io::write_hdf5(file, "g", make_field<F2>(line, {5, 3})); }, {"/g in", "is a group"});
+      check_error([&] { io::write_hdf5(file, "k", make_field<F2>(line, {5, 3}), {.chunk = {2}}); },
+                  {"Hdf5WriteOptions::chunk [2] has 1 extents but the dataset has 2 dims"});
+      check_error([&] { io::write_hdf5(file, "k", make_field<F2>(line, {5, 3}), {.deflate = 12}); },
+                  {"Hdf5WriteOptions::deflate is 12"});
       // Ranks that disagree on the call (a collective HDF5 call that a rank would miss).
       if (n > 1) {
         const std::string mine = comm.rank() == 1 ? "g/cube" : "u";
@@ -441,6 +478,8 @@ TEST_CASE("hdf5: h5py interop (tests/hdf5_interop.py)") {
     io::write_hdf5(out, "d", make_field<DTensor<double, 2, Partial<Sum>, Shard<0>>>(mesh, {3, 4}));
     check_field(io::read_hdf5<DTensor<double, 2, Replicate, Replicate>>(out, "d", mesh));
     io::write_hdf5(out, "i", make_field<DTensor<int64_t, 1, Shard<0>>>(line, {6}));
+    io::write_hdf5(out, "zc", make_field<DTensor<float, 2, Shard<0>, Shard<1>>>(mesh, {5, 3}),
+                   {.chunk = {2, 3}, .deflate = 5});
     io::write_hdf5(out, "h", make_field<DTensor<float16, 2, Shard<1>, Replicate>>(mesh, {3, 5}));
     io::write_hdf5(out, "b", make_field<DTensor<bfloat16, 2, Shard<1>, Replicate>>(mesh, {3, 5}));
     for (int64_t s = 0; s < 3; ++s)

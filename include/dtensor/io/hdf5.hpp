@@ -33,7 +33,8 @@
 // that index (a sample n of [N, C, H, W] is offset {n, 0, 0, 0} and the tensor
 // [1, C, H, W] or [C, H, W]). Element types: float, double, float16, bfloat16 and
 // integers (io/hdf5_types.hpp: how the 16-bit floats are stored). Contiguous, chunked
-// and compressed (deflate, ...) datasets read alike; dtensor writes contiguous ones.
+// and compressed (deflate, ...) datasets read alike; dtensor writes contiguous ones,
+// or chunked and deflate-compressed ones (Hdf5WriteOptions::chunk, ::deflate).
 // A written dataset gets the attributes dtensor_placements and dtensor_mesh (how the
 // writer held it), which no read needs: any mesh reads any file, h5py's too.
 //
@@ -85,6 +86,12 @@ struct Hdf5WriteOptions {
   std::vector<int64_t> dataset_shape{};
   // Record the writer's placements and mesh as attributes of the dataset.
   bool record_layout = true;
+  // Where this write creates the dataset: chunked (one extent per dataset dim; empty:
+  // contiguous, or, with deflate, chunks of whole trailing dims up to 1 MiB), and
+  // deflate-compressed at this level (1-9, after byte shuffling; 0: not compressed).
+  // Under MPI-IO a compressed dataset is written collectively (HDF5's parallel filters).
+  std::vector<int64_t> chunk{};
+  int deflate = 0;
   // MPI-IO where the mesh is on MPI (false: the default driver, in turns).
   bool mpi_io = true;
   // Where set: how the data moved ("collective", "independent (why)", "serialized").
@@ -255,7 +262,7 @@ void write_hdf5(const fs::path& file, const std::string& name, const DTensor<T, 
   const std::string differs = detail::same_request(
       comm, dtensor::detail::cat(file.string(), '\n', path, '\n', static_cast<int>(o.mode), o.mpi_io,
                                  detail::extents_string(o.offset), detail::extents_string(o.dataset_shape),
-                                 detail::extents_string(shape), DT::placements_string(), detail::element_name<T>()));
+                                 detail::extents_string(o.chunk), o.deflate, detail::extents_string(shape), DT::placements_string(), detail::element_name<T>()));
   detail::step(comm, context, [&] {
     if (!differs.empty()) throw InvalidArgument(differs);
     if (offset.empty() && ds_shape.empty()) ds_shape = shape;
@@ -265,7 +272,15 @@ void write_hdf5(const fs::path& file, const std::string& name, const DTensor<T, 
                   "a new file; give the dataset's extents");
     DTENSOR_CHECK(ds_shape.empty() || ds_shape.size() >= shape.size(), InvalidArgument, "a ", R,
                   "-D tensor cannot lie in a dataset of ", ds_shape.size(), " dims ", detail::extents_string(ds_shape));
+    DTENSOR_CHECK(o.deflate >= 0 && o.deflate <= 9, InvalidArgument, "Hdf5WriteOptions::deflate is ", o.deflate,
+                  "; give a level from 1 (fast) to 9 (small), or 0 for none");
+    for (int64_t c : o.chunk)
+      DTENSOR_CHECK(c > 0, InvalidArgument, "Hdf5WriteOptions::chunk ", detail::extents_string(o.chunk),
+                    " holds an extent below 1");
     if (!ds_shape.empty()) {
+      DTENSOR_CHECK(o.chunk.empty() || o.chunk.size() == ds_shape.size(), InvalidArgument,
+                    "Hdf5WriteOptions::chunk ", detail::extents_string(o.chunk), " has ", o.chunk.size(),
+                    " extents but the dataset has ", ds_shape.size(), " dims");
       const std::string e = detail::slice_error(offset, shape, ds_shape, "the dataset");
       DTENSOR_CHECK(e.empty(), InvalidArgument, e);
     }
@@ -340,7 +355,9 @@ void write_hdf5(const fs::path& file, const std::string& name, const DTensor<T, 
     open(f, create_file);
     if (create_dataset) {
       detail::Handle type = detail::memory_type<T>();
-      d = detail::create_dataset(f.get(), path, type.get(), ds_shape);
+      std::vector<int64_t> chunk = o.chunk;
+      if (chunk.empty() && o.deflate > 0) chunk = detail::default_chunk(ds_shape, sizeof(T));
+      d = detail::create_dataset(f.get(), path, type.get(), ds_shape, chunk, o.deflate);
     } else {
       d = detail::checked(H5Dopen2(f.get(), path.c_str(), H5P_DEFAULT), H5Dclose, "cannot open dataset " + path);
     }

@@ -5,6 +5,7 @@
 // one rank's block as a hyperslab.
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <sstream>
@@ -246,15 +247,43 @@ inline Selection select_block(hid_t dataset, const std::vector<int64_t>& at, con
 }
 
 // Creates the dataset at `path` (and the groups above it) of element type `type`
-// and the given extents, contiguous.
-inline Handle create_dataset(hid_t file, const std::string& path, hid_t type, const std::vector<int64_t>& shape) {
+// and the given extents: contiguous, or, with `chunk` (one extent per dim), chunked,
+// deflate-compressed at level `deflate` (1-9; 0: not compressed) after byte shuffling.
+inline Handle create_dataset(hid_t file, const std::string& path, hid_t type, const std::vector<int64_t>& shape,
+                             const std::vector<int64_t>& chunk = {}, int deflate = 0) {
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   Handle space = checked(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose,
                          "cannot make the dataspace " + extents_string(shape));
   Handle lcpl = checked(H5Pcreate(H5P_LINK_CREATE), H5Pclose, "cannot make a link property list");
   check_hdf5(H5Pset_create_intermediate_group(lcpl.get(), 1), "cannot ask for intermediate groups");
-  return checked(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT), H5Dclose,
+  Handle dcpl = checked(H5Pcreate(H5P_DATASET_CREATE), H5Pclose, "cannot make a dataset property list");
+  if (!chunk.empty()) {
+    const std::vector<hsize_t> c(chunk.begin(), chunk.end());
+    check_hdf5(H5Pset_chunk(dcpl.get(), static_cast<int>(c.size()), c.data()),
+               "cannot use chunks of " + extents_string(chunk));
+    if (deflate > 0) {
+      check_hdf5(H5Pset_shuffle(dcpl.get()), "cannot add the shuffle filter");
+      check_hdf5(H5Pset_deflate(dcpl.get(), static_cast<unsigned>(deflate)), "cannot add the deflate filter");
+    }
+  }
+  return checked(H5Dcreate2(file, path.c_str(), type, space.get(), lcpl.get(), dcpl.get(), H5P_DEFAULT), H5Dclose,
                  "cannot create dataset " + path);
+}
+
+// Chunks for a dataset of `shape` with elements of `bytes`: whole trailing dims, the
+// leading ones halved until a chunk holds at most 1 MiB (HDF5 caps a chunk at 4 GiB,
+// and a reader decompresses whole chunks).
+inline std::vector<int64_t> default_chunk(const std::vector<int64_t>& shape, std::size_t bytes) {
+  std::vector<int64_t> c(shape);
+  for (auto& e : c) e = std::max<int64_t>(e, 1);
+  auto size = [&] {
+    int64_t n = static_cast<int64_t>(bytes);
+    for (int64_t e : c) n *= e;
+    return n;
+  };
+  for (std::size_t d = 0; d < c.size() && size() > (int64_t{1} << 20); ++d)
+    while (c[d] > 1 && size() > (int64_t{1} << 20)) c[d] = (c[d] + 1) / 2;
+  return c;
 }
 
 // Attributes (replaced where they exist): a string, and a 1-D int64 array.
