@@ -7,11 +7,12 @@
 // against) is not thread-safe (H5_HAVE_THREADSAFE is undefined: no call may overlap
 // another, in any thread, even on another file), and the in-process runtime runs its
 // ranks as threads of one process. So every sequence of HDF5 calls runs under
-// hdf5_lock(), one process-wide recursive mutex; the in-process ranks take turns.
+// an Hdf5Lock (one process-wide recursive mutex); the in-process ranks take turns.
 // An MPI process is one rank, so there the lock is never contended. (Checked: with
 // the lock made a no-op, test_io_hdf5's in-process cases crashed with SIGSEGV in 4
-// runs of 5, 2026-11-29.) Debian's serial libhdf5 is thread-safe, but it serializes
-// every call behind its own global lock just the same, and has no MPI-IO.
+// runs of 5, 2026-11-29.) Debian's serial libhdf5 is built thread-safe but has no
+// MPI-IO; built against it (H5_HAVE_PARALLEL undefined), every runtime would take the
+// serialized path (not built here: only the parallel build is installed).
 //
 // Why the error stack is silenced: by default HDF5 prints its stack of errors to
 // stderr from the failing call, on every rank. dtensor turns each failure into an
