@@ -64,13 +64,16 @@ int main(int argc, char** argv) {
     const fs::path raw = fs::path(dir) / ("dtensor-bench-raw-" + tag + ".bin");
     const Shape<3> shape{n, n, n};
     const double bytes = static_cast<double>(n * n * n) * sizeof(float);
-    Field x = dtensor::detail::generate<Field>(shape, mesh, {}, [](uint64_t g) { return static_cast<float>(g % 1000); });
+    Field x =
+        dtensor::detail::generate<Field>(shape, mesh, {}, [](uint64_t g) { return static_cast<float>(g % 1000); });
     std::vector<float> whole(comm.rank() == 0 ? static_cast<std::size_t>(n * n * n) : 0, 1.0f);
 
     std::vector<double> w, r, pw, pr, root;
     std::string how_w, how_r;
     for (int it = 0; it < reps; ++it) {
-      w.push_back(timed(comm, [&] { io::write_hdf5(h5, "u", x, {.mode = io::FileMode::Replace, .transfer = &how_w}); }));
+      w.push_back(timed(comm, [&] {
+        io::write_hdf5(h5, "u", x, {.mode = io::FileMode::Replace, .transfer = &how_w});
+      }));
       pw.push_back(timed(comm, [&] {
         if (comm.rank() != 0) return;
         std::FILE* f = std::fopen(raw.c_str(), "wb");

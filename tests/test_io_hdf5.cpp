@@ -81,7 +81,8 @@ DT make_field(const typename DT::Mesh& mesh, const Shape<DT::rank>& shape, const
   constexpr int R = DT::rank;
   if (dims.empty()) dims.assign(shape.begin(), shape.end());
   if (at.empty()) at.assign(dims.size(), 0);
-  DT x = dtensor::detail::make_dtensor<DT>(mesh, ShardLayout<R>::make(shape, DT::placement_state, mesh.shape(), splits));
+  DT x = dtensor::detail::make_dtensor<DT>(mesh,
+                                           ShardLayout<R>::make(shape, DT::placement_state, mesh.shape(), splits));
   int64_t others = 0;  // Partial<Sum> terms other than this rank's, on the dims where it is at 0
   bool zero = false;
   for (std::size_t m = 0; m < DT::placement_state.size(); ++m) {
@@ -341,10 +342,11 @@ TEST_CASE("hdf5: chunked, deflate-compressed datasets: another program's read, d
         }
         // Slices written into a compressed dataset, one sample at a time.
         using S = DTensor<float, 2, Shard<1>, Shard<0>>;
-        for (int64_t k = 0; k < 3; ++k)
+        for (int64_t k = 0; k < 3; ++k) {
+          const std::vector<int64_t> create = k == 0 ? std::vector<int64_t>{3, 4, 5} : std::vector<int64_t>{};
           io::write_hdf5(file, "cs", make_field<S>(mesh, {4, 5}, {}, {3, 4, 5}, {k, 0, 0}),
-                         {.offset = {k, 0, 0}, .dataset_shape = k == 0 ? std::vector<int64_t>{3, 4, 5} : std::vector<int64_t>{},
-                          .chunk = {1, 3, 5}, .deflate = 6});
+                         {.offset = {k, 0, 0}, .dataset_shape = create, .chunk = {1, 3, 5}, .deflate = 6});
+        }
         check_field(io::read_hdf5<DTensor<float, 3, Shard<2>, Shard<1>>>(file, "cs", mesh), {3, 4, 5});
         if (comm.rank() == 0) {  // they are compressed: the stored bytes are fewer than the data's
           io::detail::Hdf5Lock lock;
@@ -483,7 +485,8 @@ TEST_CASE("hdf5: h5py interop (tests/hdf5_interop.py)") {
     io::write_hdf5(out, "h", make_field<DTensor<float16, 2, Shard<1>, Replicate>>(mesh, {3, 5}));
     io::write_hdf5(out, "b", make_field<DTensor<bfloat16, 2, Shard<1>, Replicate>>(mesh, {3, 5}));
     for (int64_t s = 0; s < 3; ++s)
-      io::write_hdf5(out, "series/x", make_field<DTensor<float, 2, Shard<0>, Shard<1>>>(mesh, {2, 4}, {}, {3, 2, 4}, {s, 0, 0}),
+      io::write_hdf5(out, "series/x",
+                     make_field<DTensor<float, 2, Shard<0>, Shard<1>>>(mesh, {2, 4}, {}, {3, 2, 4}, {s, 0, 0}),
                      {.offset = {s, 0, 0}, .dataset_shape = {3, 2, 4}});
 
     // A 3-D grid of 4x5x6 points (z, y, x) with a node and a cell field; a 2-D series.

@@ -224,6 +224,81 @@ inline std::string slice_error(const std::vector<int64_t>& offset, const std::ve
   return "";
 }
 
+// What a write does to the file, decided by rank 0 from its look at the file and
+// sent to the others as text: make the file or open it, make the dataset or write into
+// the one there (whose extents it takes where the request gives none); or why not.
+struct WritePlan {
+  bool create_file = false, create_dataset = false;
+  std::vector<int64_t> dataset_shape;
+  std::string error;
+
+  std::string to_text() const {
+    if (!error.empty()) return "-" + error;
+    std::string t = dtensor::detail::cat(create_file, ' ', create_dataset, ' ', dataset_shape.size());
+    for (int64_t d : dataset_shape) t += " " + std::to_string(d);
+    return t;
+  }
+  static WritePlan from_text(const std::string& t) {
+    WritePlan p;
+    if (!t.empty() && t[0] == '-') {
+      p.error = t.substr(1);
+      return p;
+    }
+    std::istringstream s(t);
+    std::size_t n = 0;
+    s >> p.create_file >> p.create_dataset >> n;
+    p.dataset_shape.resize(n);
+    for (auto& d : p.dataset_shape) s >> d;
+    return p;
+  }
+};
+
+// Rank 0: the plan of a write of a tensor of extents `shape` at `offset` into dataset
+// `path` of `file` (of extents `ds_shape`, or, empty, those of the dataset there).
+template <class T>
+WritePlan plan_write(const fs::path& file, const std::string& path, FileMode mode, std::vector<int64_t> ds_shape,
+                     const std::vector<int64_t>& offset, const std::vector<int64_t>& shape) {
+  WritePlan plan;
+  Probe p;
+  if (mode == FileMode::Update) {
+    Hdf5Lock lock;
+    try {
+      Handle mem = memory_type<T>();
+      p = probe(file, path, mem.get());
+    } catch (const std::exception& e) {
+      p.error = e.what();
+    }
+  }
+  const std::string again = "; write it under another name, or with FileMode::Replace (a new file)";
+  std::string& error = plan.error;
+  if (p.exists && !p.hdf5) {
+    error = file.string() + " exists and is not an HDF5 file; remove it, or write with FileMode::Replace";
+  } else if (!p.error.empty()) {
+    error = strip_hdf5(strip_prefix(p.error));
+  } else if (p.found && !p.is_dataset) {
+    error = dtensor::detail::cat(path, " in ", file.string(), " is ", p.kind);
+  } else if (p.found) {
+    const bool given = !ds_shape.empty();
+    if (!given) ds_shape = p.shape;
+    if (!p.holds)
+      error = dtensor::detail::cat("dataset ", path, " exists and holds ", p.type, ", not the tensor's ",
+                                   element_name<T>(), again);
+    else if (given && p.shape != ds_shape)
+      error = dtensor::detail::cat("dataset ", path, " exists with extents ", extents_string(p.shape), ", not ",
+                                   extents_string(ds_shape), again);
+    else
+      error = slice_error(offset.empty() ? std::vector<int64_t>(ds_shape.size(), 0) : offset, shape, ds_shape,
+                          "dataset " + path);
+  } else if (ds_shape.empty()) {
+    error = dtensor::detail::cat(file.string(), p.exists ? " has no dataset " + path : std::string(" does not exist"),
+                                 ", and Hdf5WriteOptions::dataset_shape is empty; give the extents to create it");
+  }
+  plan.create_file = !p.exists || mode == FileMode::Replace;
+  plan.create_dataset = !p.found;
+  plan.dataset_shape = ds_shape;
+  return plan;
+}
+
 }  // namespace detail
 
 // Dataset `name` of `file` (its extents, element type, layout), as rank 0 finds it.
@@ -258,11 +333,11 @@ void write_hdf5(const fs::path& file, const std::string& name, const DTensor<T, 
   // The request, checked on every rank; rank 0's look at the file decides whether
   // the file and the dataset are made or opened.
   std::vector<int64_t> ds_shape = o.dataset_shape, offset = o.offset;
-  bool create_file = o.mode == FileMode::Replace, create_dataset = true;
   const std::string differs = detail::same_request(
       comm, dtensor::detail::cat(file.string(), '\n', path, '\n', static_cast<int>(o.mode), o.mpi_io,
                                  detail::extents_string(o.offset), detail::extents_string(o.dataset_shape),
-                                 detail::extents_string(o.chunk), o.deflate, detail::extents_string(shape), DT::placements_string(), detail::element_name<T>()));
+                                 detail::extents_string(o.chunk), o.deflate, detail::extents_string(shape),
+                                 DT::placements_string(), detail::element_name<T>()));
   detail::step(comm, context, [&] {
     if (!differs.empty()) throw InvalidArgument(differs);
     if (offset.empty() && ds_shape.empty()) ds_shape = shape;
@@ -285,59 +360,12 @@ void write_hdf5(const fs::path& file, const std::string& name, const DTensor<T, 
       DTENSOR_CHECK(e.empty(), InvalidArgument, e);
     }
   });
-  std::string decision;
-  if (comm.rank() == 0) {
-    std::string error;
-    detail::Probe p;
-    if (o.mode == FileMode::Update) {
-      detail::Hdf5Lock lock;
-      try {
-        detail::Handle mem = detail::memory_type<T>();
-        p = detail::probe(file, path, mem.get());
-      } catch (const std::exception& e) {
-        p.error = e.what();
-      }
-    }
-    if (p.exists && !p.hdf5)
-      error = file.string() + " exists and is not an HDF5 file; remove it, or write with FileMode::Replace";
-    else if (!p.error.empty()) error = detail::strip_hdf5(detail::strip_prefix(p.error));
-    else if (p.found && !p.is_dataset) error = dtensor::detail::cat(path, " in ", file.string(), " is ", p.kind);
-    else if (p.found) {
-      const bool given = !ds_shape.empty();
-      if (!given) ds_shape = p.shape;
-      if (!p.holds)
-        error = dtensor::detail::cat("dataset ", path, " exists and holds ", p.type, ", not the tensor's ",
-                                     detail::element_name<T>(),
-                                     "; write it under another name, or with FileMode::Replace (a new file)");
-      else if (given && p.shape != ds_shape)
-        error = dtensor::detail::cat("dataset ", path, " exists with extents ", detail::extents_string(p.shape),
-                                     ", not ", detail::extents_string(ds_shape),
-                                     "; write it under another name, or with FileMode::Replace (a new file)");
-      else
-        error = detail::slice_error(offset, shape, ds_shape, "dataset " + path);
-    } else if (ds_shape.empty()) {
-      error = dtensor::detail::cat(p.exists ? file.string() + " has no dataset " + path : file.string() + " does not exist",
-                                   ", and Hdf5WriteOptions::dataset_shape is empty; give the extents to create it");
-    }
-    if (error.empty()) {
-      create_file = !p.exists || o.mode == FileMode::Replace;
-      create_dataset = !p.found;
-      decision = dtensor::detail::cat(create_file, ' ', create_dataset, ' ', ds_shape.size());
-      for (int64_t d : ds_shape) decision += " " + std::to_string(d);
-    } else {
-      decision = "-" + error;
-    }
-  }
-  decision = detail::broadcast_string(comm, decision, 0);
-  if (decision[0] == '-') throw Hdf5Error(dtensor::detail::cat("dtensor: hdf5: ", context, ": ", decision.substr(1)));
-  {
-    std::istringstream s(decision);
-    std::size_t n = 0;
-    s >> create_file >> create_dataset >> n;
-    ds_shape.resize(n);
-    for (auto& d : ds_shape) s >> d;
-    if (offset.empty()) offset.assign(n, 0);
-  }
+  detail::WritePlan plan;
+  if (comm.rank() == 0) plan = detail::plan_write<T>(file, path, o.mode, ds_shape, offset, shape);
+  plan = detail::WritePlan::from_text(detail::broadcast_string(comm, plan.to_text(), 0));
+  if (!plan.error.empty()) throw Hdf5Error(dtensor::detail::cat("dtensor: hdf5: ", context, ": ", plan.error));
+  ds_shape = plan.dataset_shape;
+  if (offset.empty()) offset.assign(ds_shape.size(), 0);
 
   // Makes or opens the file and the dataset, and records the layout: on every rank
   // under MPI-IO (collective calls), on rank 0 otherwise.
@@ -352,8 +380,8 @@ void write_hdf5(const fs::path& file, const std::string& name, const DTensor<T, 
                           "cannot open " + file.string() + " for writing");
   };
   auto prepare = [&](detail::Handle& f, detail::Handle& d) {
-    open(f, create_file);
-    if (create_dataset) {
+    open(f, plan.create_file);
+    if (plan.create_dataset) {
       detail::Handle type = detail::memory_type<T>();
       std::vector<int64_t> chunk = o.chunk;
       if (chunk.empty() && o.deflate > 0) chunk = detail::default_chunk(ds_shape, sizeof(T));

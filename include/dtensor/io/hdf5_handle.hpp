@@ -19,7 +19,9 @@
 // Hdf5Error whose message names what dtensor was doing and carries HDF5's own
 // descriptions (innermost first), and prints nothing.
 #if !__has_include(<hdf5.h>)
-#error "dtensor/io/hdf5.hpp needs parallel HDF5: install libhdf5-openmpi-dev (scripts/setup.sh) and add its include path (pkg-config --cflags hdf5-openmpi), or link dtensor::hdf5 in CMake"
+// Without HDF5 the header refuses at once, saying what to install.
+#error "dtensor/io/hdf5.hpp needs parallel HDF5: install libhdf5-openmpi-dev (scripts/setup.sh), \
+and compile with `pkg-config --cflags --libs hdf5-openmpi` or link dtensor::hdf5 in CMake"
 #endif
 #include <hdf5.h>
 

@@ -45,10 +45,14 @@ Handle memory_type() {
   else if constexpr (std::is_same_v<T, bfloat16>) return float16_type(8, 7, 127);
   else if constexpr (std::is_same_v<T, bool>)
     static_assert(sizeof(T) == 0, "dtensor::io::write_hdf5: bool has no HDF5 type; store it as uint8_t");
-  else if constexpr (std::is_integral_v<T> && sizeof(T) == 1) return copy(std::is_signed_v<T> ? H5T_NATIVE_INT8 : H5T_NATIVE_UINT8);
-  else if constexpr (std::is_integral_v<T> && sizeof(T) == 2) return copy(std::is_signed_v<T> ? H5T_NATIVE_INT16 : H5T_NATIVE_UINT16);
-  else if constexpr (std::is_integral_v<T> && sizeof(T) == 4) return copy(std::is_signed_v<T> ? H5T_NATIVE_INT32 : H5T_NATIVE_UINT32);
-  else if constexpr (std::is_integral_v<T> && sizeof(T) == 8) return copy(std::is_signed_v<T> ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64);
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 1)
+    return copy(std::is_signed_v<T> ? H5T_NATIVE_INT8 : H5T_NATIVE_UINT8);
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 2)
+    return copy(std::is_signed_v<T> ? H5T_NATIVE_INT16 : H5T_NATIVE_UINT16);
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 4)
+    return copy(std::is_signed_v<T> ? H5T_NATIVE_INT32 : H5T_NATIVE_UINT32);
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 8)
+    return copy(std::is_signed_v<T> ? H5T_NATIVE_INT64 : H5T_NATIVE_UINT64);
   else
     static_assert(sizeof(T) == 0,
                   "dtensor::io: this element type has no HDF5 type here; use float, double, float16, bfloat16 or "
