@@ -17,6 +17,8 @@ packages=(
   nlohmann-json3-dev        # checkpoints' JSON (dtensor/io.hpp; optional at configure time)
   libxxhash-dev             # checkpoints' checksums (dtensor/io.hpp; optional at configure time)
   python3-numpy             # the Python interop test of checkpoints (tests/checkpoint_read.py)
+  libhdf5-openmpi-dev pkg-config  # parallel HDF5 for dtensor/io/hdf5.hpp (optional at configure time)
+  python3-h5py              # the HDF5 interop and XDMF tests (tests/hdf5_interop.py; skipped without it)
   ccache                    # compiler cache, used by CMake where found (rebuilds after a pull)
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib petsc-dev pkg-config); fi
