@@ -16,6 +16,7 @@
 #include "dtensor/nn/norm.hpp"
 #include "dtensor/nn/optim.hpp"
 #include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/pipeline.hpp"
 #include "dtensor/nn/precision.hpp"
 #include "dtensor/nn/recompute.hpp"
 #include "dtensor/nn/residual.hpp"
