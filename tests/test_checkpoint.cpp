@@ -9,7 +9,7 @@
 // mid-save, truncated, bit-flipped and missing files, wrong dtype or shape, a corrupt
 // index), each raising the same error on every rank; and training state: a resumed
 // MLP continues with bit-identical losses on the same mesh, and equal to rounding on
-// another; a pipeline's checkpoint saved from four stages resumes on two and on one.
+// another. (A pipeline's checkpoint across stage counts: test_nn_pipeline.cpp.)
 //
 // The round trips run on one world: the in-process one of 6 ranks, or the MPI world
 // of any size (layouts that need more ranks are skipped there); each layout runs on a
@@ -17,7 +17,6 @@
 #include <dtensor/io.hpp>
 #include <dtensor/nn.hpp>
 #include <dtensor/nn/fully_shard.hpp>
-#include <dtensor/nn/pipeline.hpp>
 
 #include <doctest/doctest.h>
 
@@ -1158,107 +1157,6 @@ TEST_CASE("optimizer state before the first step: nothing saved, and loading it 
 // case with --no-skip and DTENSOR_CHECKPOINT_PY_DIR naming a directory, then reads
 // and checks what it wrote with safetensors and numpy. Skipped in a plain run, and
 // reported so.
-// --- a pipeline's checkpoint moves between stage counts ---
-// An MLP of 4 blocks (Linear 5 -> 4, GELU, Linear 4 -> 6, ..., the last to 3), its
-// layers numbered 0-11; Layers<A, B> is the stage of layers A .. B-1.
-using PipeCfg = nn::Config<double, 2, nn::Axes<1, nn::kNone, nn::kNone>>;
-constexpr int kPipeLayers = 12;
-template <int K>
-using PipeLayer = std::conditional_t<
-    K % 3 == 1, nn::GELU<PipeCfg>,
-    nn::Linear<PipeCfg, (K % 3 == 0 ? (K == 0 ? 5 : 6) : 4), (K % 3 == 0 ? 4 : (K == kPipeLayers - 1 ? 3 : 6))>>;
-template <int K, class Mesh>
-PipeLayer<K> make_pipe_layer(const Mesh& mesh) {
-  if constexpr (K % 3 == 1) return {};
-  else return PipeLayer<K>(mesh, {.seed = static_cast<uint64_t>(100 + K)});
-}
-template <int A, int B, class Seq = std::make_integer_sequence<int, B - A>>
-struct PipeRange;
-template <int A, int B, int... J>
-struct PipeRange<A, B, std::integer_sequence<int, J...>> {
-  using type = nn::Sequential<PipeLayer<A + J>...>;
-  template <class Mesh>
-  static type make(const Mesh& mesh) {
-    return type(make_pipe_layer<A + J>(mesh)...);
-  }
-};
-template <class Kind, int... Cuts>  // stage boundaries: 0, cuts..., 12
-struct PipeModel {
-  static constexpr std::array<int, sizeof...(Cuts) + 2> edges{0, Cuts..., kPipeLayers};
-  template <std::size_t... I>
-  static auto stages(std::index_sequence<I...>)
-      -> nn::Pipeline<nn::PipelineConfig<1, 0, Kind, 2>, typename PipeRange<edges[I], edges[I + 1]>::type...>;
-  using type = decltype(stages(std::make_index_sequence<sizeof...(Cuts) + 1>{}));
-  static type make(const DeviceMesh<1>& mesh) {
-    return type(mesh, [](auto s, const auto& m) {
-      constexpr int I = decltype(s)::value;
-      return PipeRange<edges[I], edges[I + 1]>::make(m);
-    });
-  }
-};
-
-// Two steps of `model` (data of steps `first`, first + 1): their losses.
-template <class Model>
-std::vector<double> pipe_steps(Model& model, nn::AdamW& adam, int first, int steps) {
-  std::vector<double> losses;
-  nn::MSELoss<PipeCfg> mse;
-  for (int step = first; step < first + steps; ++step) {
-    auto values = [&](auto type, int64_t cols, uint64_t seed) {
-      using DT = typename decltype(type)::type;
-      return dtensor::detail::generate<DT>({7, cols}, model.stage_mesh(), {}, [&](uint64_t i) {
-        return dtensor::detail::normal_value<double>(seed, i);
-      });
-    };
-    model.zero_grad();
-    losses.push_back(model.step(values(std::type_identity<typename Model::InputT>{}, 5, 10 + step),
-                                values(std::type_identity<typename Model::OutputT>{}, 3, 20 + step), mse));
-    adam.step(model);
-  }
-  return losses;
-}
-
-TEST_CASE("pipelines: a checkpoint of four stages resumes on two stages (cut elsewhere) and on one rank") {
-  spmd(4, [&](Comm& world) {
-    ScratchDir scratch(world);
-    const auto dir = scratch / "pipeline";
-    std::vector<double> want;
-    {
-      DeviceMesh<1> mesh(world, {4});
-      auto model = PipeModel<pipeline::OneFOneB, 3, 6, 9>::make(mesh);
-      nn::AdamW adam({.lr = 1e-2});
-      (void)pipe_steps(model, adam, 0, 1);
-      io::StateDict sd;
-      io::add_model(sd, model);
-      io::add_optimizer(sd, adam, model);
-      io::save(sd, dir, world);
-      want = pipe_steps(model, adam, 1, 2);
-    }
-    auto resume = [&](auto& model, Comm& comm) {
-      nn::AdamW adam({.lr = 1e-2});
-      io::StateDict sd;
-      io::add_model(sd, model);
-      io::add_optimizer(sd, adam, model);
-      io::load(sd, dir, comm);
-      const auto got = pipe_steps(model, adam, 1, 2);
-      REQUIRE(got.size() == want.size());
-      for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-12));
-    };
-    {
-      // Two stages of six layers on two ranks (both halves of the world load at once).
-      auto half = world.split(world.rank() / 2, world.rank() % 2);
-      DeviceMesh<1> mesh(*half, {2});
-      auto model = PipeModel<pipeline::GPipe, 6>::make(mesh);
-      resume(model, *half);
-    }
-    {
-      auto alone = world.split(world.rank(), 0);
-      DeviceMesh<1> mesh(*alone, {1});
-      auto model = PipeModel<pipeline::GPipe>::make(mesh);
-      resume(model, *alone);
-    }
-  });
-}
-
 TEST_CASE("python interop: write the checkpoint that checkpoint_read.py checks" * doctest::skip()) {
   const char* out = std::getenv("DTENSOR_CHECKPOINT_PY_DIR");
   REQUIRE_MESSAGE(out != nullptr, "run by tests/checkpoint_read.py, which sets DTENSOR_CHECKPOINT_PY_DIR");

@@ -7,6 +7,7 @@
 // is refused, naming the rank, the step and the action; a hand-worked 1F1B table.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <string>
 #include <utility>
 
@@ -34,44 +35,66 @@ void check_every_removal_refused(const S& table) {
     }
 }
 
+// What a schedule's table says, computed by the compiler (one plain checker below reads
+// it, so the 60 schedules cost the compiler constant evaluation, not code).
+struct Numbers {
+  pp::Kind kind{};
+  int ranks = 0, microbatches = 0, stages_per_rank = 0, stages = 0;
+  int makespan = 0, idle = 0, sends = 0, receives = 0;
+  std::array<int, 16> work{}, held{}, held_weight_inputs{};
+};
+
 template <class Kind, int P, int M>
-void check_schedule() {
-  CAPTURE(P);
-  CAPTURE(M);
+constexpr Numbers numbers() {
   constexpr auto s = pp::make_schedule<Kind, P, M>();
-  constexpr pp::Fault fault = pp::check(s);
-  static_assert(fault.ok(), "a built-in schedule passes its own check");
-  constexpr auto t = pp::timeline(s);
-  constexpr int v = Kind::stages_per_rank;
-  CHECK(s.stages == v * P);
-  // The work is the same for every schedule: 3 units per micro-batch and stage.
-  for (int r = 0; r < P; ++r) CHECK(t.work[r] == 3 * v * M);
-  if constexpr (Kind::kind == pp::Kind::GPipe || Kind::kind == pp::Kind::OneFOneB) {
-    CHECK(t.makespan == 3 * (M + P - 1));  // idle / wall = (p-1)/(M+p-1)
-    CHECK(t.idle() * (M + P - 1) == 3 * P * (M + P - 1) * (P - 1));
-  } else if constexpr (Kind::kind == pp::Kind::Interleaved1F1B) {
-    CHECK(t.makespan == 3 * v * M + 3 * (P - 1));  // idle / work = (p-1)/(V M)
-  } else if constexpr (Kind::kind == pp::Kind::ZeroBubbleH1) {
-    if (M >= P) CHECK(t.makespan == 3 * M + (P - 1));  // idle / work = (p-1)/(3M)
-    CHECK(t.makespan <= 3 * (M + P - 1));               // never worse than 1F1B
+  static_assert(pp::check(s).ok(), "a built-in schedule passes its own check");
+  const auto t = pp::timeline(s);
+  Numbers n{Kind::kind, P, M, Kind::stages_per_rank, s.stages, t.makespan, t.idle()};
+  for (int r = 0; r < P; ++r) {
+    n.work[r] = t.work[r];
+    n.sends += s.count(r, Op::SendActivation) + s.count(r, Op::SendGradient);
+    n.receives += s.count(r, Op::RecvActivation) + s.count(r, Op::RecvGradient);
   }
   for (int stage = 0; stage < s.stages; ++stage) {
-    const int r = s.rank_of(stage);
-    const int held = pp::held_microbatches(s, stage);
-    if constexpr (Kind::kind == pp::Kind::GPipe) CHECK(held == M);
-    if constexpr (Kind::kind == pp::Kind::OneFOneB || Kind::kind == pp::Kind::ZeroBubbleH1)
-      CHECK(held == (M < P - r ? M : P - r));
-    CHECK(pp::held_microbatches(s, stage, pp::Held::WeightInputs) >= held);
+    n.held[stage] = pp::held_microbatches(s, stage);
+    n.held_weight_inputs[stage] = pp::held_microbatches(s, stage, pp::Held::WeightInputs);
+  }
+  return n;
+}
+
+void check_numbers(const Numbers& n) {
+  const int P = n.ranks, M = n.microbatches, v = n.stages_per_rank;
+  CAPTURE(P);
+  CAPTURE(M);
+  CHECK(n.stages == v * P);
+  // The work is the same for every schedule: 3 units per micro-batch and stage.
+  for (int r = 0; r < P; ++r) CHECK(n.work[r] == 3 * v * M);
+  if (n.kind == pp::Kind::GPipe || n.kind == pp::Kind::OneFOneB) {
+    CHECK(n.makespan == 3 * (M + P - 1));  // idle / wall = (p-1)/(M+p-1)
+    CHECK(n.idle * (M + P - 1) == 3 * P * (M + P - 1) * (P - 1));
+  } else if (n.kind == pp::Kind::Interleaved1F1B) {
+    CHECK(n.makespan == 3 * v * M + 3 * (P - 1));  // idle / work = (p-1)/(V M)
+  } else if (n.kind == pp::Kind::ZeroBubbleH1) {
+    if (M >= P) CHECK(n.makespan == 3 * M + (P - 1));  // idle / work = (p-1)/(3M)
+    CHECK(n.makespan <= 3 * (M + P - 1));               // never worse than 1F1B
+  }
+  for (int stage = 0; stage < n.stages; ++stage) {
+    const int r = stage % P;
+    if (n.kind == pp::Kind::GPipe) CHECK(n.held[stage] == M);
+    if (n.kind == pp::Kind::OneFOneB || n.kind == pp::Kind::ZeroBubbleH1)
+      CHECK(n.held[stage] == (M < P - r ? M : P - r));
+    CHECK(n.held_weight_inputs[stage] >= n.held[stage]);
   }
   // The messages: one send and one receive per micro-batch and stage boundary in each direction.
-  int sends = 0, receives = 0;
-  for (int r = 0; r < P; ++r) {
-    sends += s.count(r, Op::SendActivation) + s.count(r, Op::SendGradient);
-    receives += s.count(r, Op::RecvActivation) + s.count(r, Op::RecvGradient);
-  }
-  const int boundaries = P > 1 ? s.stages - 1 : 0;
-  CHECK(sends == 2 * boundaries * M);
-  CHECK(receives == sends);
+  const int boundaries = P > 1 ? n.stages - 1 : 0;
+  CHECK(n.sends == 2 * boundaries * M);
+  CHECK(n.receives == n.sends);
+}
+
+template <class Kind, int P, int M>
+void check_schedule() {
+  static constexpr Numbers n = numbers<Kind, P, M>();
+  check_numbers(n);
 }
 
 template <class Kind, int P, int... M>

@@ -32,10 +32,11 @@
 // each backward on the gradient received from the stage after. Messages are
 // point-to-point on the pipeline dim's communicator, each rank to the rank of the
 // same stage-mesh coordinates: a sharded activation moves shard to shard. A message
-// is a header (the layout: global shape and block sizes) then the block; sends are
-// posted and completed at the end of the step; every header receive is posted at the
-// start, and each block's receive as soon as its header is in, so transfers overlap
-// the compute. What a stage's forward saved for its backward is set aside for each
+// is a header (the layout: global shape and block sizes) then the block; a send is
+// posted and never waited for until the step's end (its value freed as soon as it is
+// taken, checked before each compute); every header receive is posted at the start,
+// and each block's receive as soon as its header is in, so transfers overlap the
+// compute. What a stage's forward saved for its backward is set aside for each
 // micro-batch (nn::SavedStash) and put back before its backward. The gradients
 // accumulate over micro-batches; each stage's data-parallel reductions run with its
 // last backward (the earlier ones inside no_sync).
@@ -324,6 +325,18 @@ class Pipeline {
       batch_rows_ = x_.shape()[0];
       DTENSOR_CHECK(batch_rows_ >= M, InvalidArgument, "nn::Pipeline::step: a batch of ", batch_rows_,
                     " rows cannot make ", M, " micro-batches");
+      // Each rank cuts its own block: a micro-batch is empty where every block is
+      // shorter than its index (a loss over no rows has no mean). Every rank sees the
+      // same layout, so every rank throws.
+      const auto& blocks = x_.layout().blocks[0];
+      for (int k = 0; k < M; ++k) {
+        int64_t rows = blocks.empty() ? detail::microbatch_rows(batch_rows_, M, k) : 0;
+        for (int64_t b : blocks) rows += detail::microbatch_rows(b, M, k);
+        DTENSOR_CHECK(rows > 0, InvalidArgument, "nn::Pipeline::step: micro-batch ", k, " of ", M,
+                      " has no rows: each data-parallel rank cuts its own block of the batch's ", batch_rows_,
+                      " rows into ", M, " pieces, and no block has more than ", k,
+                      " rows; give each data-parallel rank at least ", M, " rows");
+      }
       // A layout of up to 8 dims, each with up to one block per rank of the stage mesh.
       header_len_ = 1 + 8 + 8 * (1 + p_.stage_mesh_.size());
       const auto& row = schedule_table.row[p_.pp_rank_];
@@ -401,10 +414,12 @@ class Pipeline {
       incoming_.push_back(std::move(in));
     }
 
-    // The block receives whose headers are in.
+    // The block receives whose headers are in; the sends that completed, whose values
+    // are freed (a stage holds its sent outputs only until they are taken).
     void progress() {
       for (Incoming& in : incoming_)
         if (!in.posted_block && in.header_request.test()) post_block(in);
+      std::erase_if(sends_, [](Outgoing& out) { return out.header_request.test() && out.request.test(); });
     }
     void post_block(Incoming& in) {
       in.posted_block = true;
