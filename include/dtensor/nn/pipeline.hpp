@@ -183,6 +183,8 @@ class Pipeline {
                 "pipeline::Interleaved1F1B<V>");
   static constexpr int ranks = decltype(schedule_table)::ranks;
   static constexpr int M = PC::microbatches;
+  static_assert(4 * S * M <= 32767, "dtensor::nn::Pipeline: each message has its own tag, 4 x stages x micro-batches "
+                                    "of them, and MPI guarantees tags up to 32767 only: fewer stages or micro-batches");
   static constexpr auto timeline = pipeline::timeline(schedule_table);
 
   // make(std::integral_constant<int, s>{}, stage_mesh) returns stage s; called for this
