@@ -49,8 +49,10 @@ class Activation : public KeepsPlacements<Cfg, Takes::Values> {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
 
   // What it holds over a step (nn/memory_plan.hpp): its input saved, its output.

@@ -71,8 +71,10 @@ class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(mask_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { mask_.reset(); }
   // The draw counter: a recomputed forward draws the same mask (nn/saved_state.hpp).
   uint64_t replay_state() const { return step_; }

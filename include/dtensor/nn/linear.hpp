@@ -20,8 +20,8 @@
 #include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
-#include "dtensor/nn/styles.hpp"
 #include "dtensor/nn/saved_state.hpp"
+#include "dtensor/nn/styles.hpp"
 
 namespace dtensor::nn {
 
@@ -183,8 +183,10 @@ class Linear {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: the

@@ -38,8 +38,8 @@
 #include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
-#include "dtensor/nn/styles.hpp"
 #include "dtensor/nn/saved_state.hpp"
+#include "dtensor/nn/styles.hpp"
 
 namespace dtensor::nn {
 
@@ -216,8 +216,10 @@ class Norm {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(xhat_, inv_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() {
     xhat_.reset();
     inv_ = {};

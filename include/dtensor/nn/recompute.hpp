@@ -204,8 +204,10 @@ class Recompute {
     return layer_backward<NeedInputGrad>(block_, dy);
   }
 
-  // Inside another recomputed block: the input this one keeps, and what its block saved.
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(rerun_, before_)
+  // Inside another recomputed block: the input this one keeps, and what its block saved.
   void release_saved() {
     rerun_ = nullptr;
     nn::release_saved(block_);

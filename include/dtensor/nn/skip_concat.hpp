@@ -236,8 +236,10 @@ class SkipConcat {
   void for_each_layer(Fn&& f) {
     f(block_);
   }
-  // Drops what its layers saved for their backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(block_layout_, out_layout_, realigned_)
+  // Drops what its layers saved for their backward (nn/saved_state.hpp).
   void release_saved() {
     for_each_layer([](auto& l) { nn::release_saved(l); });
   }

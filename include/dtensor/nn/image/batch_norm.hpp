@@ -247,8 +247,10 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
     return m;
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_training_, count_, mean_, inv_, xhat_, layout_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() {
     xhat_.reset();
     mean_ = {};

@@ -144,9 +144,11 @@ class ConvOp {
     return X(x.mesh(), wh.out_layout(cout_), std::move(y));
   }
 
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_, win_)
   // Drops what the forward kept for the backward (the input's copy or padded block);
   // a backward then needs a forward first (nn::Recompute's protocol, release_saved).
-  DTENSOR_SAVED_STATE(saved_, win_)
   void release_saved() {
     win_.release();
     saved_ = false;
@@ -289,8 +291,10 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
     return op_.forward(x, weight_.value().local(), Bias ? bias_.value().local().data() : nullptr);
   }
 
-  // Drops the input the forward kept for the backward.
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(op_)
+  // Drops the input the forward kept for the backward.
   void release_saved() { op_.release_saved(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x [N, Cin, spatial...]: its

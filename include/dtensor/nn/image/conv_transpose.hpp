@@ -25,10 +25,10 @@
 #include "dtensor/compute/conv.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
-#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/image/conv.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/saved_state.hpp"
@@ -120,8 +120,10 @@ class ConvTransposeOp {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_, in_layout_, out_layout_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
 
  private:
@@ -239,8 +241,10 @@ class ConvTranspose : public KeepsPlacements<Cfg, Takes::Activation> {
                                                 Bias ? bias_.grad().data() : nullptr);
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(op_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { op_.release_saved(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x [N, Cin, spatial...]: a copy

@@ -111,8 +111,10 @@ class GlobalAvgPool {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x [N, C, spatial...]: its

@@ -174,8 +174,10 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(count_, inv_, xhat_, layout_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() {
     xhat_.reset();
     inv_ = {};

@@ -72,8 +72,10 @@ class ImageTokens {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(layout_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { layout_.reset(); }
 
  private:

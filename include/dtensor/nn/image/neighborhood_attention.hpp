@@ -139,8 +139,10 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     else return 0;
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
 
  private:

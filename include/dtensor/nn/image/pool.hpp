@@ -142,9 +142,11 @@ class PoolOp {
     return X(x.mesh(), wh.out_layout(channels), std::move(y));
   }
 
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_, win_)
   // Drops what the forward kept for the backward (max pooling's input); a backward
   // then needs a forward first (nn::Recompute's protocol, release_saved).
-  DTENSOR_SAVED_STATE(saved_, win_)
   void release_saved() {
     win_.release();
     saved_ = false;
@@ -213,8 +215,10 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
 
   PoolOp<T, S>& op() { return op_; }
   InputT forward(const InputT& x) { return op_.forward(x); }
-  // Drops the input the forward kept for the backward.
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(op_)
+  // Drops the input the forward kept for the backward.
   void release_saved() { op_.release_saved(); }
 
   // What it holds over a step (nn/memory_plan.hpp), for x [N, C, spatial...] pooled by

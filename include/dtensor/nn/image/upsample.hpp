@@ -108,10 +108,12 @@ class UpsampleOp {
     }
   }
 
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_, plan_, padded_, compact_)
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
   // The padded and compacted blocks too: kept as workspace from one forward to the
   // next, they hold an activation's worth of memory.
-  DTENSOR_SAVED_STATE(saved_, plan_, padded_, compact_)
   void release_saved() {
     saved_ = false;
     padded_ = Tensor<T, Rank>();
@@ -250,8 +252,10 @@ class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
     return op_.template backward<NeedInputGrad>(dy);
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(op_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { op_.release_saved(); }
 
  private:

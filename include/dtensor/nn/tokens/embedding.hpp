@@ -21,12 +21,12 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
-#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
-#include "dtensor/nn/styles.hpp"
 #include "dtensor/nn/saved_state.hpp"
+#include "dtensor/nn/styles.hpp"
 
 namespace dtensor::nn {
 
@@ -185,8 +185,10 @@ class Embedding {
     return m;
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(ids_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { ids_.reset(); }
 
  private:

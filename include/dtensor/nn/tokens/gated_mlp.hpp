@@ -17,13 +17,13 @@
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
 #include "dtensor/nn/layer.hpp"
-#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/styles.hpp"
 #include "dtensor/nn/tokens/pair_rule.hpp"
-#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -161,8 +161,10 @@ class GatedMlp {
     return m;
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
 
  private:

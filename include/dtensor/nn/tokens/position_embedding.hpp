@@ -19,9 +19,9 @@
 #include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/tokens/embedding.hpp"  // EmbeddingInit
 #include "dtensor/tensor/movement.hpp"
-#include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
@@ -109,8 +109,10 @@ class PositionEmbedding : public KeepsPlacements<Cfg, Takes::Values> {
     return m;
   }
 
-  // Its forward saves one number (the first row's position): nothing to drop.
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(first_)
+  // Its forward saves one number (the first row's position): nothing to drop.
   void release_saved() {}
 
  private:

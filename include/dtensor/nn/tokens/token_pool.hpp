@@ -16,8 +16,8 @@
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
-#include "dtensor/tensor/movement.hpp"
 #include "dtensor/nn/saved_state.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor::nn {
 
@@ -87,8 +87,10 @@ class TokenMeanPool {
     }
   }
 
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
+  // What the forward leaves for the backward, which a pipeline stage sets aside per
+  // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_)
+  // Drops what the forward saved for the backward (nn/saved_state.hpp).
   void release_saved() { saved_.reset(); }
 
  private:
