@@ -174,14 +174,7 @@ void add_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t n) 
 }  // namespace detail
 
 namespace detail {
-// L's input_type and out_config, where it has them (an embedding's token ids).
-template <class L>
-struct forwarded_input {};
-template <class L>
-  requires requires { typename L::input_type; }
-struct forwarded_input<L> {
-  using input_type = typename L::input_type;
-};
+// L's out_config, where it has one (its input_type: forwarded_input, nn/layer.hpp).
 template <class L>
 struct forwarded_out_config {};
 template <class L>

@@ -73,6 +73,17 @@ struct protocol_input<L> {
   using type = typename L::input_type;
 };
 
+// A wrapper or block that takes what L takes declares L's input_type too, where L has
+// one (an embedding's token ids), by deriving from this: nn::FullyShard of an
+// embedding, a Sequential that starts with one (as a pipeline stage's first layer).
+template <class L>
+struct forwarded_input {};
+template <class L>
+  requires requires { typename L::input_type; }
+struct forwarded_input<L> {
+  using input_type = typename L::input_type;
+};
+
 // The gradient of a tensor of type Y, in the canonical placements (placement/gradient.hpp).
 template <class Y>
 using gradient_type = dtensor_t<typename Y::value_type, Y::rank, placements_t<grad_placements(Y::placement_state)>>;

@@ -165,20 +165,12 @@ template <class First, class Default>
 struct model_input<First, Default> {
   using type = typename First::input_type;
 };
-// A model whose first layer takes its own input type (token ids for an embedding)
-// declares it too, so that as the first layer of a bigger model (a pipeline's stages
-// on one rank) it is taken the same way.
-template <class First>
-struct forwards_input_type {};
-template <class First>
-  requires requires { typename First::input_type; }
-struct forwards_input_type<First> {
-  using input_type = typename First::input_type;
-};
 }  // namespace detail
 
+// A model whose first layer takes its own input type (token ids) declares it too, so
+// that as the first layer of a bigger model it is taken the same way.
 template <CommPolicy Policy, class... L>
-class Model : public detail::forwards_input_type<std::tuple_element_t<0, std::tuple<L..., void>>> {
+class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<L..., void>>> {
   static_assert(sizeof...(L) >= 1, "dtensor::nn::Sequential: give at least one layer");
   // One readable error per missing piece of a layer's protocol (nn/layer.hpp); the
   // forward and backward below are compiled only when every layer is complete.
