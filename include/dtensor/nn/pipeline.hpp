@@ -55,6 +55,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/compute/local.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
@@ -534,7 +535,7 @@ class Pipeline {
         const double rows = static_cast<double>(y.shape()[0]);
         loss_sum_ += static_cast<double>(loss_.forward(y, t)) * rows / static_cast<double>(batch_rows_);
         auto dy = loss_backward(loss_, y);
-        scale(dy.local(), static_cast<T>(rows / static_cast<double>(batch_rows_)));
+        compute::binary_scalar(BinaryOp::Mul, dy.local(), rows / static_cast<double>(batch_rows_), dy.local());
         std::get<S - 1>(grads_).resize(M);
         std::get<S - 1>(grads_)[mb].emplace(std::move(dy));
         busy_ += seconds_since(start);
@@ -591,12 +592,6 @@ class Pipeline {
         if (schedule_table.row[rank][i].stage == stage && pipeline::makes_input_gradient(schedule_table.row[rank][i].op))
           last = i;
       return last;
-    }
-
-    static void scale(Tensor<T, OutputT::rank>& t, T factor) {
-      DTENSOR_CHECK(t.device().is_host(), InvalidArgument, "nn::Pipeline: the loss gradient's scale runs on the host");
-      T* p = t.data();
-      for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] *= factor;
     }
 
     void abandon() {
