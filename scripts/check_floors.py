@@ -26,7 +26,7 @@ FLOORS = [
     ["mesh"],                  # DeviceMesh
     ["plan"],                  # the redistribution planner
     ["distributed"],           # DTensor, redistribute, collectives on DTensors
-    ["ops", "halo"],           # operators, ghosts and halo exchanges
+    ["ops", "halo", "spectral"],  # operators, ghosts and halo exchanges, Fourier transforms
     ["nn", "solvers", "io"],   # layers and models, solvers, checkpoints
     ["cuda"],                  # the CUDA backend and NCCL
 ]

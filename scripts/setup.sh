@@ -19,9 +19,10 @@ packages=(
   python3-numpy             # the Python interop test of checkpoints (tests/checkpoint_read.py)
   libhdf5-openmpi-dev pkg-config  # parallel HDF5 for dtensor/io/hdf5.hpp (optional at configure time)
   python3-h5py              # the HDF5 interop and XDMF tests (tests/hdf5_interop.py; skipped without it)
+  libfftw3-dev              # local transforms of dtensor/spectral.hpp (optional at configure time)
   ccache                    # compiler cache, used by CMake where found (rebuilds after a pull)
 )
-if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib petsc-dev pkg-config); fi
+if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib petsc-dev pkg-config libfftw3-mpi-dev); fi
 
 # safetensors and xxhash are not packaged by Debian (bookworm): pip installs them,
 # with numpy, for the python3 that ctest runs. Failure is not fatal: without numpy or

@@ -8,7 +8,8 @@
 # Flags come from the targets a user would link (dtensor::dtensor, ::mpi, ::cuda),
 # so the check sees what a user's TU sees. Headers of optional backends are checked
 # where the backend is, as the rest of the build does: comm/mpi/ and mpi.hpp with
-# MPI; io/hdf5*.hpp and io/xdmf.hpp with parallel HDF5; cuda/ and cuda.hpp with
+# MPI; io/hdf5*.hpp and io/xdmf.hpp with parallel HDF5; spectral/, spectral.hpp and
+# the headers built on FFTW with FFTW; cuda/ and cuda.hpp with
 # the CUDA toolkit; cuda/nccl_*.hpp with NCCL, and
 # nccl_mpi.hpp with NCCL and MPI.
 file(GLOB_RECURSE dtensor_public_headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}/include
@@ -45,6 +46,11 @@ foreach(h IN LISTS dtensor_public_headers)
       continue()
     endif()
     set(targets dtensor_cuda)
+  elseif(h MATCHES "^dtensor/(spectral/|spectral\\.hpp$|compute/fftw|solvers/spectral|nn/spectral)")
+    if(NOT DTENSOR_HAVE_FFTW)
+      continue()  # FFTW (libfftw3-dev)
+    endif()
+    set(targets dtensor_fftw)
   elseif(h MATCHES "^dtensor/io/(hdf5|xdmf)")
     if(NOT DTENSOR_HAVE_HDF5)
       continue()  # parallel HDF5 (hdf5-openmpi)

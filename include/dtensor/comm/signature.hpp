@@ -59,8 +59,7 @@ inline const char* kind_name(int64_t kind) {
   return name(static_cast<Collective>(kind));
 }
 inline const char* dtype_name(int64_t t) {
-  // DType::Float16 is the last entry (dtype.hpp: new ones go at the end).
-  return t >= 0 && t <= static_cast<int64_t>(DType::Float16) ? name(static_cast<DType>(t)) : "an unknown type";
+  return t >= 0 && t <= static_cast<int64_t>(kLastDType) ? name(static_cast<DType>(t)) : "an unknown type";
 }
 inline const char* op_name(int64_t op) {
   if (op < 0 || op > static_cast<int64_t>(ReduceOp::Min)) return "an unknown reduction";

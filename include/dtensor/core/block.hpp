@@ -73,6 +73,14 @@ inline void copy_block(const void* src, const StridedBlock& sb, void* dst, const
   });
 }
 
+// Max and Min need an order: refused for complex elements before anything moves (a
+// DTensor of them cannot be Partial<Max|Min>; this catches a direct Comm call).
+inline void check_orderable(DType t, ReduceOp op, const char* who) {
+  DTENSOR_CHECK(!is_complex(t) || op == ReduceOp::Sum || op == ReduceOp::Avg, InvalidArgument, who, ": a ",
+                name(op), " of ", name(t), " elements: complex numbers have no order; reduce their magnitudes "
+                "(a real tensor) or use a sum");
+}
+
 // dst[db] (op)= src[sb], element by element in order.
 inline void reduce_block(DType t, ReduceOp op, const void* src, const StridedBlock& sb, void* dst,
                          const StridedBlock& db) {
@@ -102,6 +110,7 @@ inline void divide_block(DType t, void* dst, const StridedBlock& db, int terms) 
 // if it is source(0) with the same block.
 template <class SourceAt>
 inline void reduce_sources(DType t, ReduceOp op, int n, SourceAt&& source, void* dst, const StridedBlock& db) {
+  check_orderable(t, op, "reduction");
   if (n <= 0 || db.numel() == 0) return;
   if (!is_float16(t)) {
     const auto [src0, sb0] = source(0);

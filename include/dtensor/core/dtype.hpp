@@ -1,5 +1,6 @@
 #pragma once
 // Element types as run-time values: what crosses the type-erased Comm interface.
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -9,7 +10,16 @@
 namespace dtensor {
 
 // New entries go at the end: the numbers travel in agreement signatures and tags.
-enum class DType : std::uint8_t { Int8, UInt8, Int32, UInt32, Int64, UInt64, Float32, Float64, BFloat16, Float16 };
+enum class DType : std::uint8_t {
+  Int8, UInt8, Int32, UInt32, Int64, UInt64, Float32, Float64, BFloat16, Float16, Complex64, Complex128
+};
+// The last entry: readers of a DType number from a file or a peer check against it.
+inline constexpr DType kLastDType = DType::Complex128;
+
+template <class T>
+inline constexpr bool is_complex_v = false;
+template <class R>
+inline constexpr bool is_complex_v<std::complex<R>> = true;
 
 template <class T>
 constexpr DType dtype_of() {
@@ -17,6 +27,8 @@ constexpr DType dtype_of() {
   else if constexpr (std::is_same_v<T, double>) return DType::Float64;
   else if constexpr (std::is_same_v<T, bfloat16>) return DType::BFloat16;
   else if constexpr (std::is_same_v<T, float16>) return DType::Float16;
+  else if constexpr (std::is_same_v<T, std::complex<float>>) return DType::Complex64;
+  else if constexpr (std::is_same_v<T, std::complex<double>>) return DType::Complex128;
   else if constexpr (std::is_integral_v<T> && sizeof(T) == 1)
     return std::is_signed_v<T> ? DType::Int8 : DType::UInt8;
   else if constexpr (std::is_integral_v<T> && sizeof(T) == 4)
@@ -26,7 +38,7 @@ constexpr DType dtype_of() {
   else
     static_assert(sizeof(T) == 0,
                   "dtensor: this element type cannot cross a communicator; use float, double, "
-                  "bfloat16, float16 or a 1, 4 or 8 byte integer");
+                  "bfloat16, float16, std::complex<float>, std::complex<double> or a 1, 4 or 8 byte integer");
 }
 
 template <class T>
@@ -37,18 +49,20 @@ constexpr std::size_t size_of(DType t) {
     case DType::Int8: case DType::UInt8: return 1;
     case DType::BFloat16: case DType::Float16: return 2;
     case DType::Int32: case DType::UInt32: case DType::Float32: return 4;
+    case DType::Complex128: return 16;
     default: return 8;
   }
 }
 
 constexpr const char* name(DType t) {
-  constexpr const char* names[] = {"int8", "uint8", "int32", "uint32", "int64", "uint64", "float32", "float64", "bfloat16", "float16"};
+  constexpr const char* names[] = {"int8",    "uint8",   "int32",    "uint32",    "int64",     "uint64",
+                                   "float32", "float64", "bfloat16", "float16", "complex64", "complex128"};
   return names[static_cast<int>(t)];
 }
 
-// Calls f(T{}) with the C++ type of `t` for every type but the 16-bit floats: the
-// types device kernels compute in (the caller refuses a 16-bit type first; here it
-// would be taken for double).
+// Calls f(T{}) with the C++ type of `t` for every type but the 16-bit floats and the
+// complex types: the types device kernels compute in (the caller refuses the others
+// first; here they would be taken for double).
 template <class F>
 decltype(auto) visit_dtype_except_float16(DType t, F&& f) {
   switch (t) {
@@ -68,10 +82,14 @@ template <class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
   if (t == DType::BFloat16) return f(bfloat16{});
   if (t == DType::Float16) return f(float16{});
+  if (t == DType::Complex64) return f(std::complex<float>{});
+  if (t == DType::Complex128) return f(std::complex<double>{});
   return visit_dtype_except_float16(t, f);
 }
 
 constexpr bool is_float16(DType t) { return t == DType::BFloat16 || t == DType::Float16; }
+constexpr bool is_complex(DType t) { return t == DType::Complex64 || t == DType::Complex128; }
+// Real floating types (a complex type is neither floating nor ordered).
 constexpr bool is_floating(DType t) { return t == DType::Float32 || t == DType::Float64 || is_float16(t); }
 
 // The type a reduction of `t` accumulates in (accumulator_t as a value): float for the

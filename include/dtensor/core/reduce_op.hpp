@@ -40,10 +40,15 @@ inline void reduce_into(ReduceOp op, T* __restrict out, const T* __restrict in, 
       for (std::size_t i = 0; i < n; ++i) out[i] += in[i];
       break;
     case ReduceOp::Max:
-      for (std::size_t i = 0; i < n; ++i) out[i] = std::max(out[i], in[i]);
-      break;
     case ReduceOp::Min:
-      for (std::size_t i = 0; i < n; ++i) out[i] = std::min(out[i], in[i]);
+      // Complex numbers have no order: every communicator refuses Max and Min of them
+      // (check_orderable) before any element is reduced.
+      if constexpr (requires(T a, T b) { a < b; }) {
+        if (op == ReduceOp::Max)
+          for (std::size_t i = 0; i < n; ++i) out[i] = std::max(out[i], in[i]);
+        else
+          for (std::size_t i = 0; i < n; ++i) out[i] = std::min(out[i], in[i]);
+      }
       break;
   }
 }

@@ -26,10 +26,15 @@ double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel) {
   try {
     kernel(t, a, n, out, s);
     visit_dtype(t, [&](auto tag) {  // the kernel wrote one element of type t
-      decltype(tag) r{};
-      DTENSOR_CUDA(cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, s));
-      DTENSOR_CUDA(cudaStreamSynchronize(s));
-      v = static_cast<double>(r);
+      using T = decltype(tag);
+      if constexpr (is_complex_v<T>) {
+        throw InvalidArgument("dtensor: a reduction of complex elements on a device: complex tensors live on the host");
+      } else {
+        T r{};
+        DTENSOR_CUDA(cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, s));
+        DTENSOR_CUDA(cudaStreamSynchronize(s));
+        v = static_cast<double>(r);
+      }
     });
   } catch (...) {
     deallocate(out, 8, dev);

@@ -19,6 +19,11 @@
 namespace dtensor::cuda::detail {
 
 inline ncclDataType_t nccl_type(DType t) {
+  // NCCL has no complex type; moving them as pairs of reals needs every count doubled
+  // at the call sites, which device blocks of complex elements (not yet made: the
+  // spectral operators run on the host) will bring.
+  DTENSOR_CHECK(!is_complex(t), InvalidArgument, "NcclComm: ", name(t),
+                " elements: the NCCL runtime does not move complex tensors yet; keep spectral data on a host mesh");
   switch (t) {
     case DType::Int8: return ncclInt8;
     case DType::UInt8: return ncclUint8;

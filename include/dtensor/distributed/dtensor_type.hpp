@@ -41,6 +41,15 @@ constexpr bool partial_ops_commute() {
     return true;
   }
 }
+// Max and Min need an order, which complex numbers lack.
+template <class T, class... P>
+constexpr bool partial_ops_fit_type() {
+  if constexpr (is_complex_v<T> && (Placement<P> && ...)) {
+    for (const auto& p : describe_all<P...>())
+      if (p.is_partial() && (p.op == ReduceOp::Max || p.op == ReduceOp::Min)) return false;
+  }
+  return true;
+}
 }  // namespace detail
 
 template <class T, int Rank, class... P>
@@ -56,7 +65,12 @@ class DTensor {
                 "dtensor::DTensor: Partial<Max> or Partial<Min> cannot be mixed with a different reduction on "
                 "another mesh dim: the value would depend on the order of the reductions. Use one reduction "
                 "(Sum and Avg mix freely).");
-  static_assert(Element<T>, "dtensor::DTensor: T must be float, double or a 1, 4 or 8 byte integer");
+  static_assert(Element<T>,
+                "dtensor::DTensor: T must be float, double, bfloat16, float16, std::complex<float>, "
+                "std::complex<double> or a 1, 4 or 8 byte integer");
+  static_assert(detail::partial_ops_fit_type<T, P...>(),
+                "dtensor::DTensor: Partial<Max> or Partial<Min> of complex elements: complex numbers have no "
+                "order. Reduce the magnitudes (a real tensor) or use Partial<Sum>.");
 
  public:
   using value_type = T;

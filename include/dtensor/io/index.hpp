@@ -52,11 +52,11 @@ struct IndexLimits {
 // safetensors' names of the element types (by DType's order), and the index's:
 // dtensor's own (name(DType): "float32", "bfloat16", ...). Either is read.
 inline const char* safetensors_dtype(DType t) {
-  constexpr const char* names[] = {"I8", "U8", "I32", "U32", "I64", "U64", "F32", "F64", "BF16", "F16"};
+  constexpr const char* names[] = {"I8", "U8", "I32", "U32", "I64", "U64", "F32", "F64", "BF16", "F16", "C64", "C128"};
   return names[static_cast<int>(t)];
 }
 inline std::optional<DType> dtype_from_name(std::string_view s) {
-  for (int i = 0; i <= static_cast<int>(DType::Float16); ++i) {
+  for (int i = 0; i <= static_cast<int>(kLastDType); ++i) {
     const auto t = static_cast<DType>(i);
     if (s == name(t) || s == safetensors_dtype(t)) return t;
   }

@@ -124,6 +124,7 @@ class MpiComm final : public Comm {
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    detail::check_orderable(t, op, "MpiComm::all_reduce");
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     const auto watched = enter(Collective::AllReduce, t, op, 0, n);
     if (is_float16(t)) {  // through float, rounded once
@@ -146,6 +147,7 @@ class MpiComm final : public Comm {
   // comes first and is a synchronisation: the call returns once every rank has
   // posted it (a mismatch is then a CommError on every rank, before MPI sees it).
   Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    detail::check_orderable(t, op, "MpiComm::start_all_reduce");
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // polled against the deadline: not watched
     return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
@@ -164,6 +166,7 @@ class MpiComm final : public Comm {
   // concatenation, widened from the segments and rounded back into them, whatever the
   // cuts (the staging buffer is the packing).
   Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op, SegmentCuts cuts) override {
+    detail::check_orderable(t, op, "MpiComm::start_all_reduce");
     if (is_float16(t)) {
       const int n = detail::mpi_count(static_cast<int64_t>(total_count(segments)), "all_reduce");
       (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // as start_all_reduce's
@@ -222,6 +225,7 @@ class MpiComm final : public Comm {
 
   void do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
                          StridedBlock recv_block, DType t, ReduceOp op) override {
+    detail::check_orderable(t, op, "MpiComm::reduce_scatter");
     const auto watched = enter(Collective::ReduceScatter, t, op, 0, -1);
     const std::size_t elem = size_of(t);
     std::vector<int> counts(size_);

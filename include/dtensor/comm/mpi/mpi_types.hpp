@@ -46,6 +46,10 @@ inline MPI_Datatype mpi_type(DType t) {
     // Moved as bits. Never reduced as such (MPI_SUM would add the bit patterns as
     // integers): every reduction of them goes through float (mpi_float_staging.hpp).
     case DType::BFloat16: case DType::Float16: return MPI_UINT16_T;
+    // MPI's C types: layout-compatible with std::complex (two reals, real first), and
+    // MPI_SUM adds them as complex numbers; Max and Min are refused before (check_orderable).
+    case DType::Complex64: return MPI_C_FLOAT_COMPLEX;
+    case DType::Complex128: return MPI_C_DOUBLE_COMPLEX;
     default: return MPI_DOUBLE;
   }
 }

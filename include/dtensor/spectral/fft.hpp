@@ -1,0 +1,375 @@
+#pragma once
+// Fourier transforms of DTensors over 1 or more chosen dims, any placements, any
+// extents (uneven and empty blocks), with numpy's and PyTorch's conventions:
+//
+//   auto X = spectral::rfft<Dims<1, 2>>(u);                        // real -> complex, n/2+1 on dim 2
+//   auto u2 = spectral::irfft<Dims<1, 2>>(X, {.n = u.shape()[2]});  // back; odd n needs .n
+//   auto Y = spectral::fft<Dims<0>, Out::AsInput>(z, {.norm = Norm::Ortho});
+//   auto dz = spectral::fft_backward<Dims<0>, Out::AsInput>(dY, z.layout(), {.norm = Norm::Ortho});
+//
+// fft (e^{-2 pi i jk/n}) and ifft (e^{+...}) take complex tensors, rfft real ones
+// (float, double: cast bfloat16 to float first, as PyTorch's CPU does), irfft complex
+// ones whose last transformed dim holds n/2+1 bins (n from IrfftOptions::n, else
+// 2(m-1)). `norm` as numpy (spectral/norm.hpp).
+//
+// The plan (spectral/fft_plan.hpp) is the compiler's: which placements the tensor takes
+// before each local transform; the collectives between them are redistribute's, so a
+// slab (one sharded dim) costs one all-to-all and pencils (two) two, and explain()
+// prints them. The result is placed as the plan leaves it (Out::Transposed, the default:
+// FFTW-MPI's transposed-out layout) or as the input was (Out::AsInput). Local
+// transforms are FFTW's (compute/fftw.hpp), on host blocks.
+//
+// Block sizes: every redistribution gets explicit target sizes, so the layout at each
+// stage is a function of the input's layout alone: a dim sharded by the same mesh dims
+// as in the input, with its extent unchanged, keeps the input's (possibly uneven)
+// blocks; any other sharded dim takes the chunk rule. Out::AsInput therefore returns
+// the input's own layout, and each backward, given the input's layout, retraces the
+// forward's layouts and returns a gradient laid out as the input.
+//
+// Backward passes (the adjoints, PyTorch's convention for complex gradients: the
+// gradient of a real loss L with respect to z = a + ib is dL/da + i dL/db):
+//   fft_backward    = ifft with the dual norm (the adjoint of the DFT matrix is its
+//                     conjugate transpose)
+//   ifft_backward   = fft with the dual norm
+//   rfft_backward   = the real part of the zero-padded conjugate transform: a c2r with
+//                     the bins that stand for two frequencies (0 < k, 2k != n) halved
+//   irfft_backward  = an r2c with those bins doubled (c2r counts them twice)
+// each placed as the gradient of its input (placement/gradient.hpp).
+#include <array>
+#include <complex>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "dtensor/compute/fftw.hpp"
+#include "dtensor/distributed/redistribute.hpp"
+#include "dtensor/distributed/redistribute_backward.hpp"
+#include "dtensor/placement/gradient.hpp"
+#include "dtensor/spectral/fft_plan.hpp"
+#include "dtensor/spectral/norm.hpp"
+
+namespace dtensor::spectral {
+
+struct FftOptions {
+  Norm norm = Norm::Backward;
+};
+struct IrfftOptions {
+  Norm norm = Norm::Backward;
+  int64_t n = -1;  // the real length of the last transformed dim; -1: 2 (m - 1) for m bins
+};
+
+enum class Transform { Fft, Ifft, Rfft, Irfft };
+
+namespace detail {
+
+template <class T>
+struct real_of {
+  using type = T;
+};
+template <class R>
+struct real_of<std::complex<R>> {
+  using type = R;
+};
+
+template <class D, int Rank>
+constexpr bool dims_valid() {
+  if (D::count < 1 || D::count > FftPlan<1>::kMaxStages) return false;
+  for (int i = 0; i < D::count; ++i) {
+    if (D::list[i] < 0 || D::list[i] >= Rank) return false;
+    for (int j = 0; j < i; ++j)
+      if (D::list[i] == D::list[j]) return false;
+  }
+  return true;
+}
+
+// The order the local transforms run in: the last listed dim first, except irfft's,
+// whose complex-to-real step on the last listed dim comes last.
+template <class D>
+constexpr std::array<int, D::count> execution_order(bool listed_order) {
+  std::array<int, D::count> o{};
+  for (int i = 0; i < D::count; ++i) o[i] = listed_order ? D::list[i] : D::list[D::count - 1 - i];
+  return o;
+}
+
+template <Transform Tr, class D, Out O, int Rank, std::size_t M>
+constexpr FftPlan<M> plan_of(const PlacementState<M>& in) {
+  const bool inverse_real = Tr == Transform::Irfft;
+  return plan_fft(in, Rank, execution_order<D>(inverse_real), Tr == Transform::Rfft ? Local::R2C : Local::C2C,
+                  inverse_real ? Local::C2R : Local::C2C, O);
+}
+
+// The layout the input had, which every stage's block sizes derive from.
+template <int Rank, std::size_t M>
+struct Origin {
+  ShardLayout<Rank> layout;
+  PlacementState<M> state;
+};
+
+// The block sizes of a tensor of `global` shape placed `state`: the origin's where the
+// dim is sharded as in the origin and has its extent, the chunk rule elsewhere.
+template <int Rank, std::size_t M, class MeshShape>
+Splits<Rank> stage_splits(const Origin<Rank, M>& o, const std::type_identity_t<Shape<Rank>>& global,
+                          const std::type_identity_t<PlacementState<M>>& state,
+                          const MeshShape& mesh_shape) {
+  const auto chunked = ShardLayout<Rank>::make(global, state, mesh_shape);
+  Splits<Rank> s{};
+  for (int d = 0; d < Rank; ++d) {
+    const auto g = dtensor::detail::sharding_mesh_dims(state, d);
+    if (g.n == 0) continue;
+    const bool as_origin = g == dtensor::detail::sharding_mesh_dims(o.state, d) && global[d] == o.layout.global[d];
+    s[d] = as_origin ? o.layout.blocks[d] : chunked.blocks[d];
+  }
+  return s;
+}
+
+template <auto State, class T, int Rank, class... P, std::size_t M>
+decltype(auto) move_to(const DTensor<T, Rank, P...>& x, const Origin<Rank, M>& o) {
+  if constexpr (State == DTensor<T, Rank, P...>::placement_state) {
+    return (x);
+  } else {
+    const auto target = stage_splits(o, x.shape(), State, x.mesh().shape());
+    return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x, target); }(placements_t<State>{});
+  }
+}
+
+// What one call computes at run time: the exponent's sign, the normalization (a
+// factor per transformed dim), the real length of a c2r, and the weight of the bins
+// that stand for two frequencies (after an r2c, before a c2r; 1: none).
+struct Math {
+  compute::Sign sign = compute::Sign::Forward;
+  Norm norm = Norm::Backward;
+  bool inverse_factor = false;  // inverse_scale(norm, n) rather than forward_scale
+  int64_t c2r_length = -1;
+  double paired_bin_weight = 1.0;
+  double scale(int64_t n) const { return inverse_factor ? inverse_scale(norm, n) : forward_scale(norm, n); }
+};
+
+// Multiplies the bins k of a half spectrum along `dim` (real length n) with 0 < k and
+// 2k != n by w: the ones c2r counts twice.
+template <class C, int Rank>
+void weight_paired_bins(Tensor<C, Rank>& t, int dim, int64_t n, double w) {
+  const auto& s = t.shape();
+  int64_t outer = 1, inner = 1;
+  for (int d = 0; d < dim; ++d) outer *= s[d];
+  for (int d = dim + 1; d < Rank; ++d) inner *= s[d];
+  const int64_t m = s[dim];
+  using R = typename real_of<C>::type;
+  C* p = t.data();
+  for (int64_t a = 0; a < outer; ++a)
+    for (int64_t k = 1; k < m; ++k) {
+      if (2 * k == n) continue;
+      C* row = p + (a * m + k) * inner;
+      for (int64_t i = 0; i < inner; ++i) row[i] *= R(w);
+    }
+}
+
+// One local transform along `dim`, whole on every rank under these placements.
+template <Local K, class T, int Rank, class... P>
+auto local_stage(const DTensor<T, Rank, P...>& x, int dim, const Math& m) {
+  using R = typename real_of<T>::type;
+  using C = std::complex<R>;
+  using U = std::conditional_t<K == Local::C2R, R, C>;
+  DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument,
+                "spectral: Fourier transforms run on host blocks (FFTW); this tensor is on a device");
+  ShardLayout<Rank> layout = x.layout();
+  const int64_t n = K == Local::C2R ? m.c2r_length : x.shape()[dim];  // the real-space length
+  const int64_t out_extent = K == Local::R2C ? n / 2 + 1 : n;
+  layout.global[dim] = out_extent;
+  Shape<Rank> out_shape = x.local().shape();
+  out_shape[dim] = out_extent;
+  auto y = Tensor<U, Rank>::uninitialized(out_shape);
+  const R scale = static_cast<R>(m.scale(n));
+  if constexpr (K == Local::C2C) {
+    compute::fft_c2c(x.local().data(), y.data(), x.local().shape(), dim, m.sign, scale);
+  } else if constexpr (K == Local::R2C) {
+    compute::fft_r2c(x.local().data(), y.data(), x.local().shape(), dim, scale);
+    if (m.paired_bin_weight != 1.0) weight_paired_bins(y, dim, n, m.paired_bin_weight);
+  } else if (m.paired_bin_weight != 1.0) {
+    Tensor<C, Rank> w = x.local();  // a copy: the weights go on it
+    weight_paired_bins(w, dim, n, m.paired_bin_weight);
+    compute::fft_c2r(w.data(), y.data(), out_shape, dim, scale);
+  } else {
+    compute::fft_c2r(x.local().data(), y.data(), out_shape, dim, scale);
+  }
+  return DTensor<U, Rank, P...>(x.mesh(), std::move(layout), std::move(y));
+}
+
+// Stage S onwards; x is the previous stage's result (a temporary, moved through).
+template <auto Plan, int S, class X, int Rank, std::size_t M>
+auto run_stages(X&& x, const Math& m, const Origin<Rank, M>& o) {
+  using XT = std::remove_cvref_t<X>;
+  if constexpr (S == Plan.stages) {
+    if constexpr (Plan.out == XT::placement_state) return XT(std::forward<X>(x));
+    else return move_to<Plan.out>(x, o);
+  } else {
+    const auto& xs = move_to<Plan.before[S]>(x, o);
+    return run_stages<Plan, S + 1>(local_stage<Plan.local[S]>(xs, Plan.dim[S], m), m, o);
+  }
+}
+// The type run_stages returns ends with the result's placements.
+template <auto Plan, class T, int Rank, class... P, std::size_t M>
+auto run(const DTensor<T, Rank, P...>& x, const Math& m, const Origin<Rank, M>& o) {
+  const auto& x0 = move_to<Plan.start>(x, o);
+  return run_stages<Plan, 0>(x0, m, o);
+}
+
+template <class D, class T, int Rank>
+void check_extents(const char* op, const Shape<Rank>& global) {
+  for (int d : D::list)
+    DTENSOR_CHECK(global[d] > 0, InvalidArgument, "spectral::", op, ": tensor dim ", d, " has extent 0 in ",
+                  dtensor::to_string(global), "; a Fourier transform needs at least one sample");
+}
+
+template <class D, int Rank, class T>
+constexpr void check_call() {
+  static_assert(dims_valid<D, Rank>(),
+                "dtensor::spectral: Dims<...> must list 1 to 8 distinct dims of the tensor (each less than its Rank)");
+}
+
+// The result c2r gives for m bins: n, or 2(m - 1) by default; m must be n/2 + 1.
+inline int64_t c2r_length(const char* op, int64_t bins, int64_t n) {
+  const int64_t len = n < 0 ? 2 * (bins - 1) : n;
+  DTENSOR_CHECK(len > 0, InvalidArgument, "spectral::", op, ": the last transformed dim holds ", bins,
+                " bins, which make no real signal; pass IrfftOptions::n");
+  DTENSOR_CHECK(len / 2 + 1 == bins, InvalidArgument, "spectral::", op, ": a real length of ", len, " needs ",
+                len / 2 + 1, " bins on the last transformed dim, which holds ", bins,
+                " (trim or pad the spectrum first)");
+  return len;
+}
+
+template <Transform Tr, class D, Out O, class T, int Rank, class... P>
+auto transform(const DTensor<T, Rank, P...>& x, const Math& m, const Origin<Rank, sizeof...(P)>& o) {
+  constexpr auto plan = plan_of<Tr, D, O, Rank>(DTensor<T, Rank, P...>::placement_state);
+  return run<plan>(x, m, o);
+}
+
+template <class T, int Rank, class... P>
+Origin<Rank, sizeof...(P)> origin_of(const DTensor<T, Rank, P...>& x) {
+  return {x.layout(), DTensor<T, Rank, P...>::placement_state};
+}
+
+// The gradient, computed placed `G`, moved to a gradient placement of an input
+// placed `In` (whose layout the origin holds), through the reduction the forward ran
+// first (Partial<Avg|Max|Min> -> Replicate) when it ran one.
+template <class InPlacements, class T, int Rank, class... G, std::size_t M>
+auto finish_gradient(DTensor<T, Rank, G...> g, const Origin<Rank, M>& o) {
+  constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
+  constexpr auto start = plan_fft(in, Rank, std::array<int, 0>{}, Local::C2C, Local::C2C, Out::AsInput).start;
+  constexpr auto target = grad_targets(start, DTensor<T, Rank, G...>::placement_state);
+  if constexpr (start == in && DTensor<T, Rank, G...>::placement_state == target) {
+    return g;
+  } else if constexpr (start == in) {
+    return move_to<target>(g, o);
+  } else {
+    const auto& gs = move_to<target>(g, o);
+    return redistribute_backward_from<InPlacements, placements_t<start>>(gs, o.layout.blocks);
+  }
+}
+
+}  // namespace detail
+
+// The plan a transform of x runs, as a constant (static_assert on it) and as text.
+template <Transform Tr, class D, Out O = Out::Transposed, class T, int Rank, class... P>
+constexpr auto plan(const DTensor<T, Rank, P...>&) {
+  detail::check_call<D, Rank, T>();
+  return detail::plan_of<Tr, D, O, Rank>(DTensor<T, Rank, P...>::placement_state);
+}
+template <Transform Tr, class D, Out O = Out::Transposed, class T, int Rank, class... P>
+std::string explain(const DTensor<T, Rank, P...>& x) {
+  const auto p = plan<Tr, D, O>(x);
+  return std::string(Tr == Transform::Fft ? "fft" : Tr == Transform::Ifft ? "ifft" : Tr == Transform::Rfft ? "rfft" : "irfft") +
+         " over dims" + [] { std::string s; for (int d : D::list) s += " " + std::to_string(d); return s; }() + " of " +
+         dtensor::to_string(x.shape()) + " on " + x.mesh().to_string() + ", " + std::to_string(p.redistributions()) +
+         " redistribution(s):\n" + to_string(p);
+}
+
+template <class D, Out O = Out::Transposed, class R, int Rank, class... P>
+auto fft(const DTensor<std::complex<R>, Rank, P...>& x, const FftOptions& opt = {}) {
+  detail::check_call<D, Rank, R>();
+  detail::check_extents<D, R, Rank>("fft", x.shape());
+  return detail::transform<Transform::Fft, D, O>(x, {.sign = compute::Sign::Forward, .norm = opt.norm},
+                                                 detail::origin_of(x));
+}
+
+template <class D, Out O = Out::Transposed, class R, int Rank, class... P>
+auto ifft(const DTensor<std::complex<R>, Rank, P...>& x, const FftOptions& opt = {}) {
+  detail::check_call<D, Rank, R>();
+  detail::check_extents<D, R, Rank>("ifft", x.shape());
+  return detail::transform<Transform::Ifft, D, O>(
+      x, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = true}, detail::origin_of(x));
+}
+
+template <class D, Out O = Out::Transposed, class T, int Rank, class... P>
+auto rfft(const DTensor<T, Rank, P...>& x, const FftOptions& opt = {}) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "dtensor::spectral::rfft: the input must be real float or double (cast<float> a 16-bit tensor; "
+                "fft takes complex ones)");
+  detail::check_call<D, Rank, T>();
+  detail::check_extents<D, T, Rank>("rfft", x.shape());
+  return detail::transform<Transform::Rfft, D, O>(x, {.sign = compute::Sign::Forward, .norm = opt.norm},
+                                                  detail::origin_of(x));
+}
+
+template <class D, Out O = Out::Transposed, class R, int Rank, class... P>
+auto irfft(const DTensor<std::complex<R>, Rank, P...>& x, const IrfftOptions& opt = {}) {
+  detail::check_call<D, Rank, R>();
+  detail::check_extents<D, R, Rank>("irfft", x.shape());
+  constexpr int last = D::list[D::count - 1];
+  const int64_t n = detail::c2r_length("irfft", x.shape()[last], opt.n);
+  return detail::transform<Transform::Irfft, D, O>(
+      x, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = true, .c2r_length = n},
+      detail::origin_of(x));
+}
+
+// Backward passes. `dy` is the gradient of the transform's result (laid out as the
+// result was); `x_layout` the input's layout; the gradient comes back laid out as the
+// input, placed as its gradient. InPlacements defaults to x's placements through
+// the overloads taking the input itself.
+template <class D, class InPlacements, class R, int Rank, class... G>
+auto fft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLayout<Rank>& x_layout,
+                  const FftOptions& opt = {}) {
+  detail::check_call<D, Rank, R>();
+  constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
+  const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
+  auto g = detail::transform<Transform::Ifft, D, Out::Transposed>(
+      dy, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = false}, o);
+  return detail::finish_gradient<InPlacements>(g, o);
+}
+template <class D, class InPlacements, class R, int Rank, class... G>
+auto ifft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLayout<Rank>& x_layout,
+                   const FftOptions& opt = {}) {
+  detail::check_call<D, Rank, R>();
+  constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
+  const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
+  auto g = detail::transform<Transform::Fft, D, Out::Transposed>(
+      dy, {.sign = compute::Sign::Forward, .norm = opt.norm, .inverse_factor = true}, o);
+  return detail::finish_gradient<InPlacements>(g, o);
+}
+template <class D, class InPlacements, class R, int Rank, class... G>
+auto rfft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLayout<Rank>& x_layout,
+                   const FftOptions& opt = {}) {
+  detail::check_call<D, Rank, R>();
+  constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
+  const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
+  constexpr int last = D::list[D::count - 1];
+  const int64_t n = detail::c2r_length("rfft_backward", dy.shape()[last], x_layout.global[last]);
+  auto g = detail::transform<Transform::Irfft, D, Out::Transposed>(
+      dy,
+      {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = false, .c2r_length = n,
+       .paired_bin_weight = 0.5},
+      o);
+  return detail::finish_gradient<InPlacements>(g, o);
+}
+template <class D, class InPlacements, class R, int Rank, class... G>
+auto irfft_backward(const DTensor<R, Rank, G...>& dy, const ShardLayout<Rank>& x_layout,
+                    const IrfftOptions& opt = {}) {
+  detail::check_call<D, Rank, R>();
+  constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
+  const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
+  auto g = detail::transform<Transform::Rfft, D, Out::Transposed>(
+      dy, {.sign = compute::Sign::Forward, .norm = opt.norm, .inverse_factor = true, .paired_bin_weight = 2.0}, o);
+  return detail::finish_gradient<InPlacements>(g, o);
+}
+
+}  // namespace dtensor::spectral
