@@ -39,13 +39,15 @@
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::compute {
-
 // The sign of the exponent: Forward is e^{-2 pi i jk/n} (FFTW_FORWARD), Backward +.
 enum class Sign { Forward = FFTW_FORWARD, Backward = FFTW_BACKWARD };
 
 enum class FftPlanning { Estimate, Measure };
+}  // namespace dtensor::compute
 
-namespace detail::fftw {
+// (In dtensor::detail: a compute::detail would hide dtensor::detail from compute/ code.)
+namespace dtensor::detail::fftw {
+using compute::FftPlanning;
 
 inline std::atomic<FftPlanning>& planning() {
   static std::atomic<FftPlanning> p{FftPlanning::Estimate};
@@ -188,7 +190,9 @@ void scale_all(T* p, int64_t n, Real s) {
   for (int64_t i = 0; i < n; ++i) p[i] *= s;
 }
 
-}  // namespace detail::fftw
+}  // namespace dtensor::detail::fftw
+
+namespace dtensor::compute {
 
 // How hard FFTW plans (process-wide; set before the first transform of a shape).
 inline void set_fft_planning(FftPlanning p) { detail::fftw::planning().store(p); }

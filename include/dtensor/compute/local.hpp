@@ -66,7 +66,7 @@ template <class T, int R>
 void binary_scalar(BinaryOp k, const Tensor<T, R>& a, std::type_identity_t<accumulator_t<T>> s, Tensor<T, R>& out) {
   if (!a.device().is_host())
     return detail::device_backend(a.device())
-        .binary_scalar(dtype_of<T>(), k, a.data(), Scalar::of(s), out.data(), a.numel());
+        .binary_scalar(dtype_of<T>(), k, a.data(), dtensor::detail::device_scalar(s), out.data(), a.numel());
   if constexpr (is_float16_v<T>)
     return map_float16(a.data(), out.data(), a.numel(), [k, y = float(s)](float x) {
       float o = 0;
@@ -77,10 +77,27 @@ void binary_scalar(BinaryOp k, const Tensor<T, R>& a, std::type_identity_t<accum
     assign_binary(k, as_eigen_array(out), as_eigen_array(a), s);
 }
 
+template <class T, int R>
+void unary_real(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out);
+
 // out = f(a) elementwise; out may alias a. Integer tensors take Neg, Abs and Relu only
 // (takes_integers), which wrap like the kernels: -lowest is lowest.
 template <class T, int R>
 void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
+  if constexpr (is_complex_v<T>) {  // neg and exp: the complex functions the operators offer
+    DTENSOR_CHECK(a.device().is_host(), InvalidArgument, "complex tensors live on the host");
+    DTENSOR_CHECK(f == UnaryFn::Neg || f == UnaryFn::Exp, InvalidArgument, "the elementwise function ", name(f),
+                  " is not defined for ", name(dtype_of<T>()), " tensors");
+    const T* x = a.data();
+    T* o = out.data();
+    for (int64_t i = 0; i < a.numel(); ++i) o[i] = f == UnaryFn::Neg ? -x[i] : std::exp(x[i]);
+  } else {
+    unary_real(f, a, out);
+  }
+}
+
+template <class T, int R>
+void unary_real(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
   if constexpr (!FloatingElement<T>)
     DTENSOR_CHECK(takes_integers(f), InvalidArgument, "the elementwise function ", name(f),
                   " needs a floating-point tensor, not ", name(dtype_of<T>()));
@@ -120,7 +137,7 @@ void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
 // alias x or dy.
 template <class T, int R>
 void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Tensor<T, R>& dx) {
-  static_assert(FloatingElement<T>,
+  static_assert(FloatingElement<T> || is_complex_v<T>,
                 "compute::unary_backward: derivatives are defined for floating-point tensors only");
   movement::require_same_device(x, dy, "unary_backward");
   movement::require_same_device(x, dx, "unary_backward");
@@ -136,6 +153,13 @@ void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Te
   const T* gp = dy.data();
   T* op = dx.data();
   const int64_t n = x.numel();
+  if constexpr (is_complex_v<T>) {
+    // PyTorch's convention for a holomorphic f: dx = conj(f'(x)) dy.
+    DTENSOR_CHECK(f == UnaryFn::Neg || f == UnaryFn::Exp, InvalidArgument, "the elementwise function ", name(f),
+                  " is not defined for ", name(dtype_of<T>()), " tensors");
+    for (int64_t i = 0; i < n; ++i) op[i] = f == UnaryFn::Neg ? -gp[i] : std::conj(std::exp(xp[i])) * gp[i];
+    return;
+  } else {
   if constexpr (std::is_same_v<T, float>)
     if (f == UnaryFn::Gelu) return detail::gelu::backward(xp, gp, op, n);
   visit_unary(f, [&](auto k) {
@@ -145,6 +169,17 @@ void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Te
     else
       for (int64_t i = 0; i < n; ++i) op[i] = M::derivative(xp[i]) * gp[i];
   });
+  }
+}
+
+// out = conj(a) elementwise (host; out may alias a): the factor complex gradients take.
+template <class T, int R>
+void conj(const Tensor<T, R>& a, Tensor<T, R>& out) {
+  DTENSOR_CHECK(a.device().is_host(), InvalidArgument, "conj: complex tensors live on the host");
+  if constexpr (is_complex_v<T>)
+    for (int64_t i = 0; i < a.numel(); ++i) out.data()[i] = std::conj(a.data()[i]);
+  else if (out.data() != a.data())
+    std::copy_n(a.data(), a.numel(), out.data());
 }
 
 // out = m + v, v broadcast along the rows (v(j) added to row i) or the columns.
@@ -192,10 +227,13 @@ template <ReduceOp R, class T>
 void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64_t inner,
                 std::type_identity_t<accumulator_t<T>> scale = 1) {
   static_assert(R == ReduceOp::Sum || R == ReduceOp::Avg || R == ReduceOp::Max || R == ReduceOp::Min);
+  if constexpr (is_complex_v<T>)
+    DTENSOR_CHECK(R == ReduceOp::Sum || R == ReduceOp::Avg, InvalidArgument, "a ", name(R), " of ",
+                  name(dtype_of<T>()), " elements: complex numbers have no order");
   if (!d.is_host()) {
     detail::device_backend(d).reduce_dim(dtype_of<T>(), R, in, out, outer, len, inner);
-    if (scale != 1)
-      detail::device_backend(d).binary_scalar(dtype_of<T>(), BinaryOp::Mul, out, Scalar::of(scale), out, outer * inner);
+    if (scale != decltype(scale)(1))
+      detail::device_backend(d).binary_scalar(dtype_of<T>(), BinaryOp::Mul, out, dtensor::detail::device_scalar(scale), out, outer * inner);
     return;
   }
   if constexpr (is_float16_v<T>) {
@@ -220,12 +258,12 @@ void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64
     for (int64_t j = 0; j < len; ++j) {
       const T* src = in + (o * len + j) * inner;
       for (int64_t i = 0; i < inner; ++i) {
-        if constexpr (R == ReduceOp::Max) dst[i] = std::max(dst[i], src[i]);
-        else if constexpr (R == ReduceOp::Min) dst[i] = std::min(dst[i], src[i]);
+        if constexpr (R == ReduceOp::Max && !is_complex_v<T>) dst[i] = std::max(dst[i], src[i]);
+        else if constexpr (R == ReduceOp::Min && !is_complex_v<T>) dst[i] = std::min(dst[i], src[i]);
         else dst[i] += src[i];
       }
     }
-    if (scale != 1)
+    if (scale != decltype(scale)(1))
       for (int64_t i = 0; i < inner; ++i) dst[i] *= scale;
   }
 }

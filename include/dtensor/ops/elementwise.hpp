@@ -152,6 +152,9 @@ struct unary_op_name {};
 // F applied to every element; only negation keeps Partial<Sum|Avg> (it is linear).
 template <UnaryFn F, class Policy, class T, int Rank, class... P>
 auto unary(const DTensor<T, Rank, P...>& x) {
+  static_assert(!is_complex_v<T> || F == UnaryFn::Neg || F == UnaryFn::Exp,
+                "dtensor: this elementwise function is defined for real tensors only; complex tensors take neg, "
+                "exp, +, -, * and / (take the real part or the magnitude first)");
   static constexpr auto targets = unary_targets<sizeof...(P)>(describe_all<P...>(), F == UnaryFn::Neg);
   const auto& [x2] = operands_at<Policy, unary_op_name<F>, kNoOwnCollective, placements_t<targets>>(x);
   auto out = Tensor<T, Rank>::uninitialized(x2.local().shape(), x2.local().device());

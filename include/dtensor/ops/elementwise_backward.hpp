@@ -64,7 +64,8 @@ auto operand_gradient(const DeviceMesh<M>& mesh, const ShardLayout<Rank>& layout
 template <BinaryOp K, class T, int Rank, class... PA, class... PB, class... G>
 auto binary_backward(const DTensor<T, Rank, PA...>& a, const DTensor<T, Rank, PB...>& b,
                      const DTensor<T, Rank, G...>& dc) {
-  static_assert(std::is_floating_point_v<T>, "dtensor: gradients are defined for float and double tensors");
+  static_assert(std::is_floating_point_v<T> || is_complex_v<T>,
+                "dtensor: gradients are defined for float, double and complex tensors");
   constexpr std::size_t M = sizeof...(PA);
   static_assert(sizeof...(PB) == M && sizeof...(G) == M, "dtensor elementwise backward: one mesh for all operands");
   static constexpr auto plan = detail::binary_plan<M>(K, describe_all<PA...>(), describe_all<PB...>());
@@ -84,6 +85,21 @@ auto binary_backward(const DTensor<T, Rank, PA...>& a, const DTensor<T, Rank, PB
   if constexpr (K == BinaryOp::Add || K == BinaryOp::Sub) {
     compute::binary_scalar(BinaryOp::Mul, g, T(1), ga);
     compute::binary_scalar(BinaryOp::Mul, g, K == BinaryOp::Add ? T(1) : T(-1), gb);
+  } else if constexpr (is_complex_v<T>) {
+    // PyTorch's convention: the gradient of a holomorphic product or quotient takes the
+    // conjugate of its derivative, da = g conj(dc/da).
+    Tensor<T, Rank> ca = a2.local(), cb = b2.local();
+    compute::conj(ca, ca);
+    compute::conj(cb, cb);
+    if constexpr (K == BinaryOp::Mul) {
+      compute::binary(BinaryOp::Mul, g, cb, ga);
+      compute::binary(BinaryOp::Mul, g, ca, gb);
+    } else {  // da = g / conj(b), db = -g conj(a) / conj(b)^2
+      compute::binary(BinaryOp::Div, g, cb, ga);
+      compute::binary(BinaryOp::Mul, ga, ca, gb);
+      compute::binary(BinaryOp::Div, gb, cb, gb);
+      compute::binary_scalar(BinaryOp::Mul, gb, T(-1), gb);
+    }
   } else if constexpr (K == BinaryOp::Mul) {  // d(ab) = b da + a db
     compute::binary(BinaryOp::Mul, g, b2.local(), ga);
     compute::binary(BinaryOp::Mul, g, a2.local(), gb);
@@ -110,7 +126,8 @@ auto div_backward(const X& a, const Y& b, const G& dc) { return binary_backward<
 // dx for c = x (K) s with a scalar s (held fixed).
 template <BinaryOp K, class T, int Rank, class... P, class... G>
 auto binary_scalar_backward(const DTensor<T, Rank, P...>& x, T s, const DTensor<T, Rank, G...>& dc) {
-  static_assert(std::is_floating_point_v<T>, "dtensor: gradients are defined for float and double tensors");
+  static_assert(std::is_floating_point_v<T> || is_complex_v<T>,
+                "dtensor: gradients are defined for float, double and complex tensors");
   constexpr std::size_t M = sizeof...(P);
   static constexpr auto plan = detail::binary_plan<M>(K, describe_all<P...>(), PlacementState<M>{});
   static_assert(is_gradient_of(describe_all<G...>(), plan.out),
@@ -119,7 +136,8 @@ auto binary_scalar_backward(const DTensor<T, Rank, P...>& x, T s, const DTensor<
   const auto& x2 = redistribute_as<placements_t<plan.a>>(x);
   detail::check_same_blocks(x2.layout(), dc.layout(), "elementwise backward");
   auto g = Tensor<T, Rank>::uninitialized(dc.local().shape(), dc.local().device());
-  const T scale = K == BinaryOp::Mul ? s : K == BinaryOp::Div ? T(1) / s : T(1);
+  T scale = K == BinaryOp::Mul ? s : K == BinaryOp::Div ? T(1) / s : T(1);
+  if constexpr (is_complex_v<T>) scale = std::conj(scale);  // PyTorch's convention: g conj(dc/dx)
   compute::binary_scalar(BinaryOp::Mul, dc.local(), scale, g);
   return detail::operand_gradient<plan.a, describe_all<G...>(), P...>(x.mesh(), x2.layout(), std::move(g),
                                                               x.layout().blocks);
@@ -128,7 +146,8 @@ auto binary_scalar_backward(const DTensor<T, Rank, P...>& x, T s, const DTensor<
 // dx for y = f(x): f'(x) dy, on the placements the forward computed on.
 template <UnaryFn F, class T, int Rank, class... P, class... G>
 auto unary_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank, G...>& dy) {
-  static_assert(std::is_floating_point_v<T>, "dtensor: gradients are defined for float and double tensors");
+  static_assert(std::is_floating_point_v<T> || (is_complex_v<T> && (F == UnaryFn::Neg || F == UnaryFn::Exp)),
+                "dtensor: gradients are defined for float and double tensors (and neg and exp of complex ones)");
   static constexpr auto targets = detail::unary_targets<sizeof...(P)>(describe_all<P...>(), F == UnaryFn::Neg);
   static_assert(is_gradient_of(describe_all<G...>(), targets),
                 "dtensor elementwise backward: dy is not placed as a gradient of the function's result; "

@@ -106,19 +106,24 @@ struct Origin {
   PlacementState<M> state;
 };
 
-// The block sizes of a tensor of `global` shape placed `state`: the origin's where the
-// dim is sharded as in the origin and has its extent, the chunk rule elsewhere.
+// The block sizes of a tensor of `global` shape placed `state`: the input's blocks
+// regrouped as redistribute regroups them (placement/shard_layout.hpp: kept where the
+// dim is sharded by the same mesh dims, summed where inner mesh dims left it, cut by the
+// chunk rule where inner ones joined), and the chunk rule for a dim whose extent the
+// transforms changed. A function of the input's layout and `state` alone, so the
+// backward passes meet the forward's layouts whatever path they take.
 template <int Rank, std::size_t M, class MeshShape>
 Splits<Rank> stage_splits(const Origin<Rank, M>& o, const std::type_identity_t<Shape<Rank>>& global,
-                          const std::type_identity_t<PlacementState<M>>& state,
-                          const MeshShape& mesh_shape) {
-  const auto chunked = ShardLayout<Rank>::make(global, state, mesh_shape);
+                          const std::type_identity_t<PlacementState<M>>& state, const MeshShape& mesh_shape) {
+  std::array<int, M> ms{};
+  for (std::size_t m = 0; m < M; ++m) ms[m] = static_cast<int>(mesh_shape[m]);
   Splits<Rank> s{};
   for (int d = 0; d < Rank; ++d) {
     const auto g = dtensor::detail::sharding_mesh_dims(state, d);
     if (g.n == 0) continue;
-    const bool as_origin = g == dtensor::detail::sharding_mesh_dims(o.state, d) && global[d] == o.layout.global[d];
-    s[d] = as_origin ? o.layout.blocks[d] : chunked.blocks[d];
+    const bool kept = global[d] == o.layout.global[d];
+    const auto from = kept ? dtensor::detail::sharding_mesh_dims(o.state, d) : dtensor::detail::MeshDimList{};
+    s[d] = dtensor::detail::regroup(global[d], from, kept ? o.layout.blocks[d] : std::vector<int64_t>{}, g, ms);
   }
   return s;
 }
@@ -269,15 +274,17 @@ auto finish_gradient(DTensor<T, Rank, G...> g, const Origin<Rank, M>& o) {
 
 }  // namespace detail
 
-// The plan a transform of x runs, as a constant (static_assert on it) and as text.
-template <Transform Tr, class D, Out O = Out::Transposed, class T, int Rank, class... P>
-constexpr auto plan(const DTensor<T, Rank, P...>&) {
-  detail::check_call<D, Rank, T>();
-  return detail::plan_of<Tr, D, O, Rank>(DTensor<T, Rank, P...>::placement_state);
+// The plan a transform of a tensor of type X runs, as a constant (static_assert on
+// it), and as text for a tensor x.
+//   static_assert(spectral::plan<Transform::Rfft, Dims<0, 1, 2>, X>().redistributions() == 2);
+template <Transform Tr, class D, class X, Out O = Out::Transposed>
+constexpr auto plan() {
+  detail::check_call<D, X::rank, typename X::value_type>();
+  return detail::plan_of<Tr, D, O, X::rank>(X::placement_state);
 }
 template <Transform Tr, class D, Out O = Out::Transposed, class T, int Rank, class... P>
 std::string explain(const DTensor<T, Rank, P...>& x) {
-  const auto p = plan<Tr, D, O>(x);
+  constexpr auto p = plan<Tr, D, DTensor<T, Rank, P...>, O>();
   return std::string(Tr == Transform::Fft ? "fft" : Tr == Transform::Ifft ? "ifft" : Tr == Transform::Rfft ? "rfft" : "irfft") +
          " over dims" + [] { std::string s; for (int d : D::list) s += " " + std::to_string(d); return s; }() + " of " +
          dtensor::to_string(x.shape()) + " on " + x.mesh().to_string() + ", " + std::to_string(p.redistributions()) +

@@ -128,7 +128,7 @@ constexpr FftPlan<M> plan_fft(const PlacementState<M>& in, int rank, const std::
       at[m] = target >= 0 ? shard(target) : replicate();
     }
     p.dim[s] = d;
-    p.local[s] = s == 0 ? first : s + 1 == K ? last : Local::C2C;
+    p.local[s] = s + 1 == K && last != Local::C2C ? last : s == 0 ? first : Local::C2C;
     p.before[s] = at;
     done[ndone++] = d;
   }

@@ -1,0 +1,7 @@
+#pragma once
+// Spectral operators on sharded grids (needs FFTW: libfftw3-dev, the CMake target
+// dtensor::fftw): distributed fft, ifft, rfft, irfft with their backward passes
+// (spectral/fft.hpp), planned at compile time (spectral/fft_plan.hpp).
+// Not included by dtensor.hpp: FFTW is optional.
+#include "dtensor/dtensor.hpp"
+#include "dtensor/spectral/fft.hpp"
