@@ -103,7 +103,10 @@ class Loader {
     try {
       shape_ = source_->template open<T>(mesh.comm());
     } catch (const std::exception& e) {
-      throw LoaderError(what + detail::strip_prefix(e.what()));
+      std::string why = detail::strip_prefix(e.what());
+      for (const char* p : {"npy: ", "hdf5: "})
+        if (why.rfind(p, 0) == 0) why = why.substr(std::char_traits<char>::length(p));
+      throw LoaderError(what + why);
     }
     // The same facts on every rank (rank 0's look at the file): every rank decides alike.
     auto sample = [&] { return std::vector<int64_t>(shape_.begin() + 1, shape_.end()); };
@@ -206,7 +209,7 @@ class Loader {
     } catch (const std::bad_alloc&) {
       f.error = "out of memory";
     } catch (const std::exception& e) {
-      f.error = e.what();
+      f.error = detail::strip_prefix(e.what());
     }
     return f;
   }

@@ -330,23 +330,24 @@ class NpyFile {
 
   void classify() {
     const std::string& d = h_.descr;
-    if (d.size() < 3 || d.size() > 4) fail("has the element type '" + d + "', which dtensor does not read");
+    const auto unread = [&] { fail("has the element type '" + d + "', which dtensor does not read"); };
+    if (d.size() < 2) unread();
     const char order = d[0], kind = d[1];
-    int size = 0;
-    for (std::size_t i = 2; i < d.size(); ++i) {
-      if (d[i] < '0' || d[i] > '9') fail("has the element type '" + d + "', which dtensor does not read");
-      size = size * 10 + (d[i] - '0');
-    }
     if (kind != 'f' && kind != 'i' && kind != 'u')
       fail("has the element type '" + d + "' (" +
            (kind == 'O' ? "Python objects, a pickle" : kind == 'b' ? "booleans" : "not a number") +
            "); dtensor reads floating-point and integer arrays");
+    if (d.size() < 3 || d.size() > 4) unread();
+    int size = 0;
+    for (std::size_t i = 2; i < d.size(); ++i) {
+      if (d[i] < '0' || d[i] > '9') unread();
+      size = size * 10 + (d[i] - '0');
+    }
     const bool ok = kind == 'f' ? (size == 2 || size == 4 || size == 8) : (size == 1 || size == 2 || size == 4 || size == 8);
-    if (!ok) fail("has the element type '" + d + "', which dtensor does not read");
+    if (!ok) unread();
     if (order == '>' && size > 1)
       fail("holds big-endian elements ('" + d + "'); convert them in numpy (a.astype('<" + d.substr(1) + "'))");
-    if (order != '<' && order != '|' && !(order == '=' && std::endian::native == std::endian::little))
-      fail("has the element type '" + d + "', which dtensor does not read");
+    if (order != '<' && order != '|' && order != '=') unread();  // '=': native, little-endian here
     if (order == '|' && size != 1) fail("has the element type '" + d + "' ('|' is for one-byte elements)");
     h_.kind = kind;
     h_.itemsize = size;
