@@ -34,14 +34,20 @@
 //             and after the coarse correction), -mg_lower (Chebyshev's interval starts
 //             at that fraction of λmax), -mg_coarse (nodes of the coarsest grid, at most),
 //             -mg_galerkin 1 (coarse operators R A P on every level, not only where needed)
+//   -out      out.h5: writes the solution on the finest grid of each stencil (datasets
+//             u_5, u_9, u_var), in parallel, and out.xmf beside it, which ParaView and
+//             VisIt open (needs parallel HDF5; scripts/plot_field.py draws it as a PNG)
 //
 // The P ranks form a near-square R x C mesh (4 -> 2x2, 6 -> 3x2, 3 -> 3x1); the grid
-// is sharded Shard<0> x Shard<1>, unevenly where n is not a multiple of R or C.
+// is sharded Shard<0> x Shard<1>, unevenly where n is not a multiple of R or C. Dim 0
+// is y and dim 1 is x (u(i, j) at y_i, x_j), the order of a C array, of the HDF5
+// dataset and of XDMF's extents, so that ParaView shows x across.
 // Examples:
 //   build/examples/poisson2d                                 default study, 4 threads, ~2 s on 2 cores
 //   build/examples/poisson2d -ranks 1 -n 1023 -levels 1      one big solve on one rank
 //   mpirun -np 3 build/examples/poisson2d_mpi -stencil var   3 processes on a 3x1 mesh
 //   build/examples/poisson2d -solver pcg-mg -levels 6         multigrid-preconditioned CG up to 2047 x 2047
+//   mpirun -np 4 build/examples/poisson2d_mpi -stencil var -levels 3 -out u.h5   u.h5 + u.xmf for ParaView
 #ifdef DTENSOR_WITH_MPI
 #include <dtensor/mpi.hpp>
 #else
@@ -54,8 +60,13 @@
 #include <dtensor/solvers.hpp>
 
 #include "poisson_options.hpp"
+#include <functional>
 #include <string>
 #include <vector>
+#ifdef DTENSOR_HAVE_HDF5
+#include <dtensor/io/hdf5.hpp>
+#include <dtensor/io/xdmf.hpp>
+#endif
 
 using namespace dtensor;
 
@@ -93,8 +104,10 @@ struct Level {
   SolveResult res;
 };
 
-// One solve on an n x n grid: the max error against the exact solution.
-Level solve(const std::string& stencil, int64_t n, const DeviceMesh<2>& mesh, const Args& args) {
+// One solve on an n x n grid: the max error against the exact solution; `keep` (where
+// set) receives the solution.
+Level solve(const std::string& stencil, int64_t n, const DeviceMesh<2>& mesh, const Args& args,
+            const std::function<void(const Vec&)>& keep = {}) {
   const double h = 1.0 / (n + 1);
   const bool variable = stencil == "var";
   // This rank's block of f, generated in place (no global array).
@@ -102,7 +115,7 @@ Level solve(const std::string& stencil, int64_t n, const DeviceMesh<2>& mesh, co
   Vec x = zeros<double, P0, P1>(Shape<2>{n, n}, mesh);
   const auto off = b.local_offset(), ls = b.local_shape();
   for (int64_t i = 0; i < ls[0]; ++i)
-    for (int64_t j = 0; j < ls[1]; ++j) b.local()(i, j) = rhs((off[0] + i + 1) * h, (off[1] + j + 1) * h, variable);
+    for (int64_t j = 0; j < ls[1]; ++j) b.local()(i, j) = rhs((off[1] + j + 1) * h, (off[0] + i + 1) * h, variable);
 
   SolveResult res;
   if (stencil == "5") {
@@ -115,16 +128,17 @@ Level solve(const std::string& stencil, int64_t n, const DeviceMesh<2>& mesh, co
     // k at every node of the block and at the boundary nodes around it.
     const VarCoeffLaplacian5<double, P0, P1> A(
         sample_coefficient<double, P0, P1>(
-            mesh, Shape<2>{n, n}, [&](std::array<int64_t, 2> g) { return kcoef((g[0] + 1) * h, (g[1] + 1) * h); }),
+            mesh, Shape<2>{n, n}, [&](std::array<int64_t, 2> g) { return kcoef((g[1] + 1) * h, (g[0] + 1) * h); }),
         h);
     res = poisson_example::solve_with(A, b, x, args);
   }
   double err = 0;
   for (int64_t i = 0; i < ls[0]; ++i)
     for (int64_t j = 0; j < ls[1]; ++j)
-      err = std::max(err, std::abs(x.local()(i, j) - exact((off[0] + i + 1) * h, (off[1] + j + 1) * h)));
+      err = std::max(err, std::abs(x.local()(i, j) - exact((off[1] + j + 1) * h, (off[0] + i + 1) * h)));
   std::vector<double> e{err};
   all_reduce<double>(mesh.comm(), e, ReduceOp::Max);
+  if (keep) keep(x);
   return {n, e[0], res};
 }
 
@@ -144,6 +158,10 @@ int main(int argc, char** argv) {
   auto program = [&](Comm& comm) {
     DeviceMesh<2> mesh(comm, mesh_shape(comm.size()));
     const bool root = comm.rank() == 0;
+#ifdef DTENSOR_HAVE_HDF5
+    std::vector<io::XdmfField> fields;
+    int64_t finest = 0;
+#endif
     for (const auto& s : stencils) {
       if (root)
         std::printf("\n%s, %s (%s, %s), %s mesh, %s runtime\n",
@@ -159,7 +177,18 @@ int main(int argc, char** argv) {
       std::vector<Level> levels;
       int64_t n = args.n;
       for (int l = 0; l < args.levels; ++l, n = 2 * n + 1) {
-        levels.push_back(solve(s, n, mesh, args));
+        std::function<void(const Vec&)> keep;
+#ifdef DTENSOR_HAVE_HDF5
+        // The finest solution, written in parallel: each rank its block (io/hdf5.hpp).
+        if (!args.out.empty() && l + 1 == args.levels)
+          keep = [&](const Vec& x) {
+            io::write_hdf5(args.out, "u_" + s, x,
+                           {.mode = &s == &stencils.front() ? io::FileMode::Replace : io::FileMode::Update});
+            fields.push_back({"u_" + s, "u_" + s, io::Center::Node});
+            finest = n;
+          };
+#endif
+        levels.push_back(solve(s, n, mesh, args, keep));
         const Level& L = levels.back();
         double ratio = 0, order = 0;
         if (l > 0) {
@@ -178,6 +207,16 @@ int main(int argc, char** argv) {
         }
       }
     }
+#ifdef DTENSOR_HAVE_HDF5
+    if (!args.out.empty()) {
+      // The n x n interior nodes (y, x) = ((i + 1) h, (j + 1) h).
+      const double h = 1.0 / double(finest + 1);
+      const std::string xmf = poisson_example::xmf_path(args.out);
+      io::write_xdmf(xmf, {.points = {finest, finest}, .origin = {h, h, 0}, .spacing = {h, h, 1}}, args.out, fields,
+                     comm);
+      if (root) std::printf("\nwrote %s and %s (open the .xmf in ParaView)\n", args.out.c_str(), xmf.c_str());
+    }
+#endif
     if (root)
       std::printf("\n%s\n", failed ? "FAILED: an observed order is below 1.8 (or the solver did not converge)"
                                    : "second-order convergence observed");

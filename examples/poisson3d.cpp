@@ -34,15 +34,20 @@
 //             and after the coarse correction), -mg_lower (Chebyshev's interval starts
 //             at that fraction of λmax), -mg_coarse (nodes of the coarsest grid, at most),
 //             -mg_galerkin 1 (coarse operators R A P on every level, not only where needed)
+//   -out      out.h5: writes the solution on the finest grid of each stencil (datasets
+//             u_7, u_27, u_var), in parallel, and out.xmf beside it, which ParaView and
+//             VisIt open (needs parallel HDF5; scripts/plot_field.py draws a slice as a PNG)
 //
 // The P ranks form a near-cubic A x B x C mesh (4 -> 2x2x1, 8 -> 2x2x2, 6 -> 3x2x1);
 // the grid is sharded Shard<0> x Shard<1> x Shard<2>, unevenly where n is not a
-// multiple of the mesh extents.
+// multiple of the mesh extents. Dims 0, 1, 2 are z, y, x (u(i, j, k) at z_i, y_j, x_k),
+// the order of a C array, of the HDF5 dataset and of XDMF's extents.
 // Examples:
 //   build/examples/poisson3d                                 default study, 4 threads, a few s on 2 cores
 //   build/examples/poisson3d -ranks 1 -n 127 -levels 1       one big solve on one rank
 //   mpirun -np 3 build/examples/poisson3d_mpi -stencil 27    3 processes on a 3x1x1 mesh
 //   build/examples/poisson3d -solver mg -levels 4            multigrid V-cycles up to 127^3
+//   mpirun -np 4 build/examples/poisson3d_mpi -stencil var -out u.h5   u.h5 + u.xmf for ParaView
 #ifdef DTENSOR_WITH_MPI
 #include <dtensor/mpi.hpp>
 #else
@@ -56,8 +61,13 @@
 #include <dtensor/solvers.hpp>
 
 #include "poisson_options.hpp"
+#include <functional>
 #include <string>
 #include <vector>
+#ifdef DTENSOR_HAVE_HDF5
+#include <dtensor/io/hdf5.hpp>
+#include <dtensor/io/xdmf.hpp>
+#endif
 
 using namespace dtensor;
 
@@ -103,8 +113,10 @@ struct Level {
   SolveResult res;
 };
 
-// One solve on an n x n x n grid: the max error against the exact solution.
-Level solve(const std::string& stencil, int64_t n, const DeviceMesh<3>& mesh, const Args& args) {
+// One solve on an n x n x n grid: the max error against the exact solution; `keep`
+// (where set) receives the solution.
+Level solve(const std::string& stencil, int64_t n, const DeviceMesh<3>& mesh, const Args& args,
+            const std::function<void(const Vec&)>& keep = {}) {
   const double h = 1.0 / (n + 1);
   const bool variable = stencil == "var";
   // This rank's block of f, generated in place (no global array).
@@ -114,7 +126,7 @@ Level solve(const std::string& stencil, int64_t n, const DeviceMesh<3>& mesh, co
   auto coord = [&](int d, int64_t i) { return (off[d] + i + 1) * h; };
   for (int64_t i = 0; i < ls[0]; ++i)
     for (int64_t j = 0; j < ls[1]; ++j)
-      for (int64_t k = 0; k < ls[2]; ++k) b.local()(i, j, k) = rhs(coord(0, i), coord(1, j), coord(2, k), variable);
+      for (int64_t k = 0; k < ls[2]; ++k) b.local()(i, j, k) = rhs(coord(2, k), coord(1, j), coord(0, i), variable);
 
   SolveResult res;
   if (stencil == "7") {
@@ -128,7 +140,7 @@ Level solve(const std::string& stencil, int64_t n, const DeviceMesh<3>& mesh, co
     const VarCoeffLaplacian7<double, P0, P1, P2> A(
         sample_coefficient<double, P0, P1, P2>(
             mesh, Shape<3>{n, n, n},
-            [&](std::array<int64_t, 3> g) { return kcoef((g[0] + 1) * h, (g[1] + 1) * h, (g[2] + 1) * h); }),
+            [&](std::array<int64_t, 3> g) { return kcoef((g[2] + 1) * h, (g[1] + 1) * h, (g[0] + 1) * h); }),
         h);
     res = poisson_example::solve_with(A, b, x, args);
   }
@@ -136,9 +148,10 @@ Level solve(const std::string& stencil, int64_t n, const DeviceMesh<3>& mesh, co
   for (int64_t i = 0; i < ls[0]; ++i)
     for (int64_t j = 0; j < ls[1]; ++j)
       for (int64_t k = 0; k < ls[2]; ++k)
-        err = std::max(err, std::abs(x.local()(i, j, k) - exact(coord(0, i), coord(1, j), coord(2, k))));
+        err = std::max(err, std::abs(x.local()(i, j, k) - exact(coord(2, k), coord(1, j), coord(0, i))));
   std::vector<double> e{err};
   all_reduce<double>(mesh.comm(), e, ReduceOp::Max);
+  if (keep) keep(x);
   return {n, e[0], res};
 }
 
@@ -158,6 +171,10 @@ int main(int argc, char** argv) {
   auto program = [&](Comm& comm) {
     DeviceMesh<3> mesh(comm, mesh_shape(comm.size()));
     const bool root = comm.rank() == 0;
+#ifdef DTENSOR_HAVE_HDF5
+    std::vector<io::XdmfField> fields;
+    int64_t finest = 0;
+#endif
     for (const auto& s : stencils) {
       if (root)
         std::printf("\n%s, %s (%s, %s), %s mesh, %s runtime\n",
@@ -173,7 +190,18 @@ int main(int argc, char** argv) {
       std::vector<Level> levels;
       int64_t n = args.n;
       for (int l = 0; l < args.levels; ++l, n = 2 * n + 1) {
-        levels.push_back(solve(s, n, mesh, args));
+        std::function<void(const Vec&)> keep;
+#ifdef DTENSOR_HAVE_HDF5
+        // The finest solution, written in parallel: each rank its block (io/hdf5.hpp).
+        if (!args.out.empty() && l + 1 == args.levels)
+          keep = [&](const Vec& x) {
+            io::write_hdf5(args.out, "u_" + s, x,
+                           {.mode = &s == &stencils.front() ? io::FileMode::Replace : io::FileMode::Update});
+            fields.push_back({"u_" + s, "u_" + s, io::Center::Node});
+            finest = n;
+          };
+#endif
+        levels.push_back(solve(s, n, mesh, args, keep));
         const Level& L = levels.back();
         double ratio = 0, order = 0;
         if (l > 0) {
@@ -192,6 +220,16 @@ int main(int argc, char** argv) {
         }
       }
     }
+#ifdef DTENSOR_HAVE_HDF5
+    if (!args.out.empty()) {
+      // The n^3 interior nodes (z, y, x) = ((i + 1) h, (j + 1) h, (k + 1) h).
+      const double h = 1.0 / double(finest + 1);
+      const std::string xmf = poisson_example::xmf_path(args.out);
+      io::write_xdmf(xmf, {.points = {finest, finest, finest}, .origin = {h, h, h}, .spacing = {h, h, h}}, args.out,
+                     fields, comm);
+      if (root) std::printf("\nwrote %s and %s (open the .xmf in ParaView)\n", args.out.c_str(), xmf.c_str());
+    }
+#endif
     if (root)
       std::printf("\n%s\n", failed ? "FAILED: an observed order is below 1.8 (or the solver did not converge)"
                                    : "second-order convergence observed");

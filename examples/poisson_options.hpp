@@ -19,6 +19,7 @@ struct Args {
   double rtol = 1e-10;
   std::string solver = "cg";  // cg | mg | pcg-mg
   dtensor::MgOptions mg{};
+  std::string out;  // -out file.h5: the finest solution of each stencil, HDF5 + XDMF (ParaView)
 };
 
 // Solves A x = b with the solver the options name: CG, multigrid V/W-cycles, or CG
@@ -97,6 +98,8 @@ inline Args parse(int argc, char** argv, const char* program, Args defaults) {
       a.mg.coarse = need() == "1" ? dtensor::MgCoarse::Galerkin : dtensor::MgCoarse::Rediscretize;
     else if (k == "-mg_coarse")
       a.mg.coarse_size = std::stoll(need());
+    else if (k == "-out")
+      a.out = need();
     else {
       std::fprintf(stderr, "%s: unknown option %s (see the comment at the top of examples/%s.cpp)\n", program,
                    k.c_str(), program);
@@ -107,7 +110,21 @@ inline Args parse(int argc, char** argv, const char* program, Args defaults) {
     std::fprintf(stderr, "%s: -solver must be cg, mg or pcg-mg, not %s\n", program, a.solver.c_str());
     std::exit(2);
   }
+#ifndef DTENSOR_HAVE_HDF5
+  if (!a.out.empty()) {
+    std::fprintf(stderr, "%s: -out needs parallel HDF5: this build has none (install libhdf5-openmpi-dev, "
+                 "scripts/setup.sh, and configure again)\n", program);
+    std::exit(2);
+  }
+#endif
   return a;
+}
+
+// The file beside `h5` that describes it for ParaView: out.h5 -> out.xmf.
+inline std::string xmf_path(const std::string& h5) {
+  const std::size_t dot = h5.rfind('.'), slash = h5.rfind('/');
+  const bool ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  return (ext ? h5.substr(0, dot) : h5) + ".xmf";
 }
 
 }  // namespace poisson_example
