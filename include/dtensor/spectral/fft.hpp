@@ -5,6 +5,7 @@
 //   auto X = spectral::rfft<Dims<1, 2>>(u);                        // real -> complex, n/2+1 on dim 2
 //   auto u2 = spectral::irfft<Dims<1, 2>>(X, {.n = u.shape()[2]});  // back; odd n needs .n
 //   auto Y = spectral::fft<Dims<0>, Out::AsInput>(z, {.norm = Norm::Ortho});
+//   auto f2 = spectral::irfft_like<Dims<1, 2>>(X, u);             // placed and laid out as u
 //   auto dz = spectral::fft_backward<Dims<0>, Out::AsInput>(dY, z.layout(), {.norm = Norm::Ortho});
 //
 // fft (e^{-2 pi i jk/n}) and ifft (e^{+...}) take complex tensors, rfft real ones
@@ -133,7 +134,13 @@ decltype(auto) move_to(const DTensor<T, Rank, P...>& x, const Origin<Rank, M>& o
   if constexpr (State == DTensor<T, Rank, P...>::placement_state) {
     return (x);
   } else {
-    const auto target = stage_splits(o, x.shape(), State, x.mesh().shape());
+    auto target = stage_splits(o, x.shape(), State, x.mesh().shape());
+    // A dim this move leaves alone keeps its blocks (a spectrum made elsewhere may have
+    // others; irfft_like says so at the end).
+    for (int d = 0; d < Rank; ++d)
+      if (dtensor::detail::sharding_mesh_dims(State, d) ==
+          dtensor::detail::sharding_mesh_dims(DTensor<T, Rank, P...>::placement_state, d))
+        target[d] = x.layout().blocks[d];
     return [&]<class... Q>(Placements<Q...>) { return redistribute<Q...>(x, target); }(placements_t<State>{});
   }
 }
@@ -327,6 +334,34 @@ auto irfft(const DTensor<std::complex<R>, Rank, P...>& x, const IrfftOptions& op
   return detail::transform<Transform::Irfft, D, O>(
       x, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = true, .c2r_length = n},
       detail::origin_of(x));
+}
+
+// irfft of a spectrum made by rfft<D>(like) (and changed elementwise: a filter, a
+// spectral solve), returned placed and laid out as `like` (its blocks too: the stages
+// derive their layouts from like's, as rfft's did).
+//   auto X = spectral::rfft<Dims<0, 1>>(f);  ... scale X ...;  auto u = spectral::irfft_like<Dims<0, 1>>(X, f);
+template <class D, class R, int Rank, class... Q, class... P>
+DTensor<R, Rank, P...> irfft_like(const DTensor<std::complex<R>, Rank, Q...>& x, const DTensor<R, Rank, P...>& like,
+                                  const FftOptions& opt = {}) {
+  detail::check_call<D, Rank, R>();
+  detail::check_extents<D, R, Rank>("irfft_like", x.shape());
+  constexpr int last = D::list[D::count - 1];
+  const int64_t n = detail::c2r_length("irfft_like", x.shape()[last], like.shape()[last]);
+  for (int d = 0; d < Rank; ++d)
+    DTENSOR_CHECK(d == last || x.shape()[d] == like.shape()[d], InvalidArgument, "spectral::irfft_like: the spectrum ",
+                  dtensor::to_string(x.shape()), " is not the rfft of a tensor shaped ", dtensor::to_string(like.shape()));
+  const auto o = detail::origin_of(like);
+  auto y = detail::transform<Transform::Irfft, D, Out::Transposed>(
+      x, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = true, .c2r_length = n}, o);
+  using Y = decltype(y);
+  DTensor<R, Rank, P...> out = [&]() -> DTensor<R, Rank, P...> {
+    if constexpr (Y::placement_state == DTensor<R, Rank, P...>::placement_state) return std::move(y);
+    else return detail::move_to<DTensor<R, Rank, P...>::placement_state>(y, o);
+  }();
+  DTENSOR_CHECK(out.layout().blocks == like.layout().blocks, InvalidArgument,
+                "spectral::irfft_like: the spectrum's blocks do not derive from the layout of `like` (was it made by "
+                "rfft of a tensor laid out as `like`?); use irfft and redistribute");
+  return out;
 }
 
 // Backward passes. `dy` is the gradient of the transform's result (laid out as the
