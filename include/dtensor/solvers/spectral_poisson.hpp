@@ -76,7 +76,7 @@ class SpectralPoisson {
                   "dtensor::solvers::SpectralPoisson: float or double fields");
     auto F = spectral::rfft<Dims>(f);
     divide_by_symbol(F, f.shape());
-    return spectral::irfft_like<Dims>(F, f);
+    return spectral::irfft_like<Dims>(std::move(F), f);  // F is scratch for the last transform
   }
 
   const Options& options() const { return opt_; }

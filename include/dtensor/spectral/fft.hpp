@@ -39,6 +39,7 @@
 #include <array>
 #include <complex>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -150,12 +151,18 @@ decltype(auto) move_to(const DTensor<T, Rank, P...>& x, const Origin<Rank, M>& o
 // that stand for two frequencies (after an r2c, before a c2r; 1: none).
 struct Math {
   compute::Sign sign = compute::Sign::Forward;
-  Norm norm = Norm::Backward;
-  bool inverse_factor = false;  // inverse_scale(norm, n) rather than forward_scale
+  double scale = 1.0;  // the product of every transformed dim's factor, applied once (last stage)
   int64_t c2r_length = -1;
   double paired_bin_weight = 1.0;
-  double scale(int64_t n) const { return inverse_factor ? inverse_scale(norm, n) : forward_scale(norm, n); }
 };
+
+// The product over D's dims of the normalization factors; `shape` in real space.
+template <class D, std::size_t Rank>
+double total_scale(Norm norm, bool inverse, const std::array<int64_t, Rank>& shape) {
+  double s = 1.0;
+  for (int d : D::list) s *= inverse ? inverse_scale(norm, shape[d]) : forward_scale(norm, shape[d]);
+  return s;
+}
 
 // Multiplies the bins k of a half spectrum along `dim` (real length n) with 0 < k and
 // 2k != n by w: the ones c2r counts twice.
@@ -176,54 +183,104 @@ void weight_paired_bins(Tensor<C, Rank>& t, int dim, int64_t n, double w) {
     }
 }
 
-// One local transform along `dim`, whole on every rank under these placements.
+// One local transform over `dims` (the halved one last), whole on every rank under
+// these placements; `last` applies the call's scale; `owned`: x is a temporary of this
+// call that the transform may overwrite (FFTW's c2r does).
 template <Local K, class T, int Rank, class... P>
-auto local_stage(const DTensor<T, Rank, P...>& x, int dim, const Math& m) {
+auto local_stage(const DTensor<T, Rank, P...>& x, std::span<const int> dims, const Math& m, bool last, bool owned) {
   using R = typename real_of<T>::type;
   using C = std::complex<R>;
   using U = std::conditional_t<K == Local::C2R, R, C>;
   DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument,
                 "spectral: Fourier transforms run on host blocks (FFTW); this tensor is on a device");
+  const int halved = dims.back();
   ShardLayout<Rank> layout = x.layout();
-  const int64_t n = K == Local::C2R ? m.c2r_length : x.shape()[dim];  // the real-space length
+  const int64_t n = K == Local::C2R ? m.c2r_length : x.shape()[halved];  // its real-space length
   const int64_t out_extent = K == Local::R2C ? n / 2 + 1 : n;
-  layout.global[dim] = out_extent;
+  layout.global[halved] = out_extent;
+  if (!layout.blocks[halved].empty()) layout.blocks[halved] = {out_extent};  // cut by mesh dims of one rank
+  Shape<Rank> real_shape = x.local().shape();  // the block in real space
+  real_shape[halved] = n;
   Shape<Rank> out_shape = x.local().shape();
-  out_shape[dim] = out_extent;
+  out_shape[halved] = out_extent;
   auto y = Tensor<U, Rank>::uninitialized(out_shape);
-  const R scale = static_cast<R>(m.scale(n));
+  const R scale = static_cast<R>(last ? m.scale : 1.0);
   if constexpr (K == Local::C2C) {
-    compute::fft_c2c(x.local().data(), y.data(), x.local().shape(), dim, m.sign, scale);
+    compute::fft_c2c(x.local().data(), y.data(), real_shape, dims, m.sign, scale);
   } else if constexpr (K == Local::R2C) {
-    compute::fft_r2c(x.local().data(), y.data(), x.local().shape(), dim, scale);
-    if (m.paired_bin_weight != 1.0) weight_paired_bins(y, dim, n, m.paired_bin_weight);
+    compute::fft_r2c(x.local().data(), y.data(), real_shape, dims, scale);
+    if (m.paired_bin_weight != 1.0) weight_paired_bins(y, halved, n, m.paired_bin_weight);
   } else if (m.paired_bin_weight != 1.0) {
     Tensor<C, Rank> w = x.local();  // a copy: the weights go on it
-    weight_paired_bins(w, dim, n, m.paired_bin_weight);
-    compute::fft_c2r(w.data(), y.data(), out_shape, dim, scale);
+    weight_paired_bins(w, halved, n, m.paired_bin_weight);
+    compute::fft_c2r(w.data(), y.data(), real_shape, dims, scale, /*may_destroy_input=*/true);
   } else {
-    compute::fft_c2r(x.local().data(), y.data(), out_shape, dim, scale);
+    compute::fft_c2r(x.local().data(), y.data(), real_shape, dims, scale, owned);
   }
   return DTensor<U, Rank, P...>(x.mesh(), std::move(layout), std::move(y));
 }
 
-// Stage S onwards; x is the previous stage's result (a temporary, moved through).
+// Stage S onwards. x is the previous stage's result (a temporary, moved through), or
+// the call's input when S = 0 (`owned` says whether the call made it).
 template <auto Plan, int S, class X, int Rank, std::size_t M>
-auto run_stages(X&& x, const Math& m, const Origin<Rank, M>& o) {
+auto run_stages(X&& x, const Math& m, const Origin<Rank, M>& o, bool owned) {
   using XT = std::remove_cvref_t<X>;
   if constexpr (S == Plan.stages) {
     if constexpr (Plan.out == XT::placement_state) return XT(std::forward<X>(x));
     else return move_to<Plan.out>(x, o);
   } else {
+    constexpr bool moves = !(Plan.before[S] == XT::placement_state);
     const auto& xs = move_to<Plan.before[S]>(x, o);
-    return run_stages<Plan, S + 1>(local_stage<Plan.local[S]>(xs, Plan.dim[S], m), m, o);
+    const std::span<const int> dims(Plan.dims[S].data(), static_cast<std::size_t>(Plan.ndims[S]));
+    return run_stages<Plan, S + 1>(local_stage<Plan.local[S]>(xs, dims, m, S + 1 == Plan.stages, owned || moves), m,
+                                   o, true);
   }
 }
 // The type run_stages returns ends with the result's placements.
+// The plan's local transforms, stage by stage, without its redistributions: what runs
+// when no transformed dim is cut (mesh dims of one rank: one process, say). The stages
+// stay (a slab's 2-D transform, then dim 0 in cache-sized pieces: faster than FFTW's
+// one-shot 3-D plan under FFTW_ESTIMATE, bench/bench_fft).
+template <auto Plan, int S, class X>
+auto run_local_stages(X&& x, const Math& m, bool owned) {
+  if constexpr (S == Plan.stages) {
+    return std::remove_cvref_t<X>(std::forward<X>(x));
+  } else {
+    const std::span<const int> dims(Plan.dims[S].data(), static_cast<std::size_t>(Plan.ndims[S]));
+    return run_local_stages<Plan, S + 1>(local_stage<Plan.local[S]>(x, dims, m, S + 1 == Plan.stages, owned), m, true);
+  }
+}
+
 template <auto Plan, class T, int Rank, class... P, std::size_t M>
-auto run(const DTensor<T, Rank, P...>& x, const Math& m, const Origin<Rank, M>& o) {
+auto run(const DTensor<T, Rank, P...>& x, const Math& m, const Origin<Rank, M>& o, bool owned) {
   const auto& x0 = move_to<Plan.start>(x, o);
-  return run_stages<Plan, 0>(x0, m, o);
+  const bool start_owned = owned || !(Plan.start == Plan.in);
+  using Result = decltype(run_stages<Plan, 0>(x0, m, o, start_owned));
+  if constexpr (Plan.stages > 1) {
+    // Where the mesh dims that cut the transformed dims have one rank each (one
+    // process, say), every transformed dim is already whole: the local transforms
+    // alone, then the placements the plan states.
+    // (Decided from the mesh's shape, the same on every rank.)
+    bool whole = true;
+    for (int s = 0; s < Plan.stages; ++s)
+      for (int k = 0; k < Plan.ndims[s]; ++k)
+        for (std::size_t md = 0; md < M; ++md)
+          whole = whole && (!Plan.start[md].is_shard(Plan.dims[s][k]) || x0.mesh().shape()[md] == 1);
+    if (whole) {
+      auto y = run_local_stages<Plan, 0>(x0, m, start_owned);
+      if constexpr (std::is_same_v<decltype(y), Result>) {
+        return Result(std::move(y));
+      } else {
+        // The placements change only on mesh dims of one rank, where a block is the
+        // whole dim either way: the same block under the stated placements, no copy.
+        const auto mesh = y.mesh();
+        auto layout = ShardLayout<Rank>::make(y.shape(), Plan.out, mesh.shape(),
+                                              stage_splits(o, y.shape(), Plan.out, mesh.shape()));
+        return Result(mesh, std::move(layout), std::move(y).to_local());
+      }
+    }
+  }
+  return run_stages<Plan, 0>(x0, m, o, start_owned);
 }
 
 template <class D, class T, int Rank>
@@ -250,10 +307,12 @@ inline int64_t c2r_length(const char* op, int64_t bins, int64_t n) {
   return len;
 }
 
+// `owned`: x is a temporary the caller gave up (an rvalue), which FFTW's c2r may overwrite.
 template <Transform Tr, class D, Out O, class T, int Rank, class... P>
-auto transform(const DTensor<T, Rank, P...>& x, const Math& m, const Origin<Rank, sizeof...(P)>& o) {
+auto transform(const DTensor<T, Rank, P...>& x, const Math& m, const Origin<Rank, sizeof...(P)>& o,
+               bool owned = false) {
   constexpr auto plan = plan_of<Tr, D, O, Rank>(DTensor<T, Rank, P...>::placement_state);
-  return run<plan>(x, m, o);
+  return run<plan>(x, m, o, owned);
 }
 
 template <class T, int Rank, class... P>
@@ -302,8 +361,8 @@ template <class D, Out O = Out::Transposed, class R, int Rank, class... P>
 auto fft(const DTensor<std::complex<R>, Rank, P...>& x, const FftOptions& opt = {}) {
   detail::check_call<D, Rank, R>();
   detail::check_extents<D, R, Rank>("fft", x.shape());
-  return detail::transform<Transform::Fft, D, O>(x, {.sign = compute::Sign::Forward, .norm = opt.norm},
-                                                 detail::origin_of(x));
+  return detail::transform<Transform::Fft, D, O>(x, {.sign = compute::Sign::Forward, .scale = detail::total_scale<D>(opt.norm, false, x.shape())},
+      detail::origin_of(x));
 }
 
 template <class D, Out O = Out::Transposed, class R, int Rank, class... P>
@@ -311,7 +370,8 @@ auto ifft(const DTensor<std::complex<R>, Rank, P...>& x, const FftOptions& opt =
   detail::check_call<D, Rank, R>();
   detail::check_extents<D, R, Rank>("ifft", x.shape());
   return detail::transform<Transform::Ifft, D, O>(
-      x, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = true}, detail::origin_of(x));
+      x, {.sign = compute::Sign::Backward, .scale = detail::total_scale<D>(opt.norm, true, x.shape())},
+      detail::origin_of(x));
 }
 
 template <class D, Out O = Out::Transposed, class T, int Rank, class... P>
@@ -321,28 +381,43 @@ auto rfft(const DTensor<T, Rank, P...>& x, const FftOptions& opt = {}) {
                 "fft takes complex ones)");
   detail::check_call<D, Rank, T>();
   detail::check_extents<D, T, Rank>("rfft", x.shape());
-  return detail::transform<Transform::Rfft, D, O>(x, {.sign = compute::Sign::Forward, .norm = opt.norm},
-                                                  detail::origin_of(x));
+  return detail::transform<Transform::Rfft, D, O>(x, {.sign = compute::Sign::Forward, .scale = detail::total_scale<D>(opt.norm, false, x.shape())},
+      detail::origin_of(x));
 }
 
+namespace detail {
+template <class D, Out O, class R, int Rank, class... P>
+auto irfft(const DTensor<std::complex<R>, Rank, P...>& x, const IrfftOptions& opt, bool owned) {
+  check_call<D, Rank, R>();
+  check_extents<D, R, Rank>("irfft", x.shape());
+  constexpr int last = D::list[D::count - 1];
+  const int64_t n = c2r_length("irfft", x.shape()[last], opt.n);
+  Shape<Rank> real = x.shape();
+  real[last] = n;
+  return transform<Transform::Irfft, D, O>(
+      x, {.sign = compute::Sign::Backward, .scale = total_scale<D>(opt.norm, true, real), .c2r_length = n},
+      origin_of(x), owned);
+}
+}  // namespace detail
+
+// (An rvalue spectrum is used as scratch: its last transform overwrites it.)
 template <class D, Out O = Out::Transposed, class R, int Rank, class... P>
 auto irfft(const DTensor<std::complex<R>, Rank, P...>& x, const IrfftOptions& opt = {}) {
-  detail::check_call<D, Rank, R>();
-  detail::check_extents<D, R, Rank>("irfft", x.shape());
-  constexpr int last = D::list[D::count - 1];
-  const int64_t n = detail::c2r_length("irfft", x.shape()[last], opt.n);
-  return detail::transform<Transform::Irfft, D, O>(
-      x, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = true, .c2r_length = n},
-      detail::origin_of(x));
+  return detail::irfft<D, O>(x, opt, false);
+}
+template <class D, Out O = Out::Transposed, class R, int Rank, class... P>
+auto irfft(DTensor<std::complex<R>, Rank, P...>&& x, const IrfftOptions& opt = {}) {
+  return detail::irfft<D, O>(x, opt, true);
 }
 
 // irfft of a spectrum made by rfft<D>(like) (and changed elementwise: a filter, a
 // spectral solve), returned placed and laid out as `like` (its blocks too: the stages
 // derive their layouts from like's, as rfft's did).
 //   auto X = spectral::rfft<Dims<0, 1>>(f);  ... scale X ...;  auto u = spectral::irfft_like<Dims<0, 1>>(X, f);
+namespace detail {
 template <class D, class R, int Rank, class... Q, class... P>
 DTensor<R, Rank, P...> irfft_like(const DTensor<std::complex<R>, Rank, Q...>& x, const DTensor<R, Rank, P...>& like,
-                                  const FftOptions& opt = {}) {
+                                  const FftOptions& opt, bool owned) {
   detail::check_call<D, Rank, R>();
   detail::check_extents<D, R, Rank>("irfft_like", x.shape());
   constexpr int last = D::list[D::count - 1];
@@ -352,7 +427,8 @@ DTensor<R, Rank, P...> irfft_like(const DTensor<std::complex<R>, Rank, Q...>& x,
                   dtensor::to_string(x.shape()), " is not the rfft of a tensor shaped ", dtensor::to_string(like.shape()));
   const auto o = detail::origin_of(like);
   auto y = detail::transform<Transform::Irfft, D, Out::Transposed>(
-      x, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = true, .c2r_length = n}, o);
+      x, {.sign = compute::Sign::Backward, .scale = detail::total_scale<D>(opt.norm, true, like.shape()), .c2r_length = n},
+      o, owned);
   using Y = decltype(y);
   DTensor<R, Rank, P...> out = [&]() -> DTensor<R, Rank, P...> {
     if constexpr (Y::placement_state == DTensor<R, Rank, P...>::placement_state) return std::move(y);
@@ -362,6 +438,18 @@ DTensor<R, Rank, P...> irfft_like(const DTensor<std::complex<R>, Rank, Q...>& x,
                 "spectral::irfft_like: the spectrum's blocks do not derive from the layout of `like` (was it made by "
                 "rfft of a tensor laid out as `like`?); use irfft and redistribute");
   return out;
+}
+}  // namespace detail
+
+template <class D, class R, int Rank, class... Q, class... P>
+DTensor<R, Rank, P...> irfft_like(const DTensor<std::complex<R>, Rank, Q...>& x, const DTensor<R, Rank, P...>& like,
+                                  const FftOptions& opt = {}) {
+  return detail::irfft_like<D>(x, like, opt, false);
+}
+template <class D, class R, int Rank, class... Q, class... P>
+DTensor<R, Rank, P...> irfft_like(DTensor<std::complex<R>, Rank, Q...>&& x, const DTensor<R, Rank, P...>& like,
+                                  const FftOptions& opt = {}) {
+  return detail::irfft_like<D>(x, like, opt, true);
 }
 
 // Backward passes. `dy` is the gradient of the transform's result (laid out as the
@@ -375,7 +463,7 @@ auto fft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLay
   constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
   const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
   auto g = detail::transform<Transform::Ifft, D, Out::Transposed>(
-      dy, {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = false}, o);
+      dy, {.sign = compute::Sign::Backward, .scale = detail::total_scale<D>(opt.norm, false, dy.shape())}, o);
   return detail::finish_gradient<InPlacements>(g, o);
 }
 template <class D, class InPlacements, class R, int Rank, class... G>
@@ -385,7 +473,7 @@ auto ifft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLa
   constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
   const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
   auto g = detail::transform<Transform::Fft, D, Out::Transposed>(
-      dy, {.sign = compute::Sign::Forward, .norm = opt.norm, .inverse_factor = true}, o);
+      dy, {.sign = compute::Sign::Forward, .scale = detail::total_scale<D>(opt.norm, true, dy.shape())}, o);
   return detail::finish_gradient<InPlacements>(g, o);
 }
 template <class D, class InPlacements, class R, int Rank, class... G>
@@ -398,8 +486,8 @@ auto rfft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLa
   const int64_t n = detail::c2r_length("rfft_backward", dy.shape()[last], x_layout.global[last]);
   auto g = detail::transform<Transform::Irfft, D, Out::Transposed>(
       dy,
-      {.sign = compute::Sign::Backward, .norm = opt.norm, .inverse_factor = false, .c2r_length = n,
-       .paired_bin_weight = 0.5},
+      {.sign = compute::Sign::Backward, .scale = detail::total_scale<D>(opt.norm, false, x_layout.global),
+       .c2r_length = n, .paired_bin_weight = 0.5},
       o);
   return detail::finish_gradient<InPlacements>(g, o);
 }
@@ -410,7 +498,10 @@ auto irfft_backward(const DTensor<R, Rank, G...>& dy, const ShardLayout<Rank>& x
   constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
   const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
   auto g = detail::transform<Transform::Rfft, D, Out::Transposed>(
-      dy, {.sign = compute::Sign::Forward, .norm = opt.norm, .inverse_factor = true, .paired_bin_weight = 2.0}, o);
+      dy,
+      {.sign = compute::Sign::Forward, .scale = detail::total_scale<D>(opt.norm, true, dy.shape()),
+       .paired_bin_weight = 2.0},
+      o);
   return detail::finish_gradient<InPlacements>(g, o);
 }
 

@@ -4,9 +4,10 @@
 // so that the transformed dim is whole on every rank. The collectives between them
 // are redistribute's (plan/planner.hpp), so each stage names its own (explain()).
 //
-// A transform over dims D1 ... Dk runs its local transforms one dim at a time, the
-// last listed dim first (where rfft's real-to-complex step happens; irfft runs them in
-// the listed order, its complex-to-real step last). Before transforming dim d, every
+// A transform over dims D1 ... Dk takes its dims one at a time, the last listed dim
+// first (where rfft's real-to-complex step happens; irfft takes them in the listed
+// order, its complex-to-real step last); dims whose placements need no change between
+// them form one stage, one local multi-dim transform. Before transforming dim d, every
 // mesh dim that shards d (outermost first) moves its shard to another dim e, chosen in
 // this order:
 //   1. a dim already transformed, the most recent first (FFTW-MPI's transposed layout:
@@ -55,10 +56,13 @@ struct FftPlan {
   PlacementState<M> in{};     // the input's placements
   PlacementState<M> start{};  // after reducing Partial<Avg|Max|Min>
   int stages = 0;
-  std::array<int, kMaxStages> dim{};                    // the dim each stage transforms
-  std::array<Local, kMaxStages> local{};                // and how
-  std::array<PlacementState<M>, kMaxStages> before{};  // the placements it transforms under
-  PlacementState<M> out{};                              // the result's
+  // Each stage's dims (one local FFTW plan over all of them, the halved dim of an r2c
+  // or c2r last), how it transforms them, and the placements it runs under.
+  std::array<std::array<int, kMaxStages>, kMaxStages> dims{};
+  std::array<int, kMaxStages> ndims{};
+  std::array<Local, kMaxStages> local{};
+  std::array<PlacementState<M>, kMaxStages> before{};
+  PlacementState<M> out{};  // the result's
 
   // Redistributions the plan runs (a stage whose placements equal the previous
   // ones runs none).
@@ -127,12 +131,29 @@ constexpr FftPlan<M> plan_fft(const PlacementState<M>& in, int rank, const std::
         if (detail::can_receive(at, m, order[i])) target = order[i];
       at[m] = target >= 0 ? shard(target) : replicate();
     }
-    p.dim[s] = d;
-    p.local[s] = s + 1 == K && last != Local::C2C ? last : s == 0 ? first : Local::C2C;
-    p.before[s] = at;
+    const Local kind = s + 1 == K && last != Local::C2C ? last : s == 0 ? first : Local::C2C;
+    // Dims whose placements do not change between them run as one stage (FFTW's
+    // multi-dim plan: the local part of a slab is one 2-D transform).
+    if (p.stages > 0 && p.before[p.stages - 1] == at) {
+      const int t = p.stages - 1;
+      if (kind == Local::C2C) {  // before the halved dim, which stays last
+        for (int i = p.ndims[t]; i > 0; --i) p.dims[t][i] = p.dims[t][i - 1];
+        p.dims[t][0] = d;
+      } else {
+        p.dims[t][p.ndims[t]] = d;
+        p.local[t] = kind;
+      }
+      ++p.ndims[t];
+    } else {
+      p.dims[p.stages] = {};
+      p.dims[p.stages][0] = d;
+      p.ndims[p.stages] = 1;
+      p.local[p.stages] = kind;
+      p.before[p.stages] = at;
+      ++p.stages;
+    }
     done[ndone++] = d;
   }
-  p.stages = static_cast<int>(K);
   p.out = out == Out::AsInput ? p.start : at;
   return p;
 }
@@ -149,7 +170,9 @@ std::string to_string(const FftPlan<M>& p) {
   move(p.start);
   for (int i = 0; i < p.stages; ++i) {
     move(p.before[i]);
-    s += std::string("  ") + name(p.local[i]) + " along dim " + std::to_string(p.dim[i]) + " (local)\n";
+    s += std::string("  ") + name(p.local[i]) + " along dim" + (p.ndims[i] > 1 ? "s" : "");
+    for (int k = 0; k < p.ndims[i]; ++k) s += " " + std::to_string(p.dims[i][k]);
+    s += " (local)\n";
   }
   move(p.out);
   return s;
