@@ -11,7 +11,7 @@ just above the block, which readers of the rendered page do not see:
     <!-- readme-check
     prelude: using Cfg = nn::Config<...>;         declarations before the block's, at namespace scope
     setup: DeviceMesh<2> mesh(comm, {1, 1});      statements before the block's own
-    needs: mpi | cuda                             skipped (and said so) where absent
+    needs: mpi | cuda | hdf5 | fftw               skipped (and said so) where absent
     program                                       the block is a whole program: as is
     fails: <text>                                 must not compile; the first error holds <text>
     -->
@@ -151,7 +151,7 @@ def main():
     ap.add_argument("readme", nargs="?", default=os.path.join(os.path.dirname(__file__), "..", "README.md"))
     ap.add_argument("--cxx", default=os.environ.get("CXX", "g++"))
     ap.add_argument("--flags", default="", help="compiler flags: -I, -D (one string)")
-    ap.add_argument("--features", default="", help="what this build has: mpi,cuda")
+    ap.add_argument("--features", default="", help="what this build has: mpi,cuda,hdf5,fftw")
     ap.add_argument("-j", type=int, default=2)
     ap.add_argument("--keep", help="write the translation units into this directory")
     argv = sys.argv[1:]
