@@ -415,28 +415,31 @@ auto irfft(DTensor<std::complex<R>, Rank, P...>&& x, const IrfftOptions& opt = {
 // derive their layouts from like's, as rfft's did).
 //   auto X = spectral::rfft<Dims<0, 1>>(f);  ... scale X ...;  auto u = spectral::irfft_like<Dims<0, 1>>(X, f);
 namespace detail {
-template <class D, class R, int Rank, class... Q, class... P>
-DTensor<R, Rank, P...> irfft_like(const DTensor<std::complex<R>, Rank, Q...>& x, const DTensor<R, Rank, P...>& like,
-                                  const FftOptions& opt, bool owned) {
-  detail::check_call<D, Rank, R>();
-  detail::check_extents<D, R, Rank>("irfft_like", x.shape());
+// Result: the result's type, DTensor<R, Rank, P...>.
+template <class D, class Result, class R, int Rank, class... Q>
+Result irfft_to(const DTensor<std::complex<R>, Rank, Q...>& x, const ShardLayout<Rank>& layout, const FftOptions& opt,
+             bool owned) {
+  static_assert(std::is_same_v<typename Result::value_type, R> && Result::rank == Rank);
+  check_call<D, Rank, R>();
+  check_extents<D, R, Rank>("irfft_like", x.shape());
   constexpr int last = D::list[D::count - 1];
-  const int64_t n = detail::c2r_length("irfft_like", x.shape()[last], like.shape()[last]);
+  const int64_t n = c2r_length("irfft_like", x.shape()[last], layout.global[last]);
   for (int d = 0; d < Rank; ++d)
-    DTENSOR_CHECK(d == last || x.shape()[d] == like.shape()[d], InvalidArgument, "spectral::irfft_like: the spectrum ",
-                  dtensor::to_string(x.shape()), " is not the rfft of a tensor shaped ", dtensor::to_string(like.shape()));
-  const auto o = detail::origin_of(like);
-  auto y = detail::transform<Transform::Irfft, D, Out::Transposed>(
-      x, {.sign = compute::Sign::Backward, .scale = detail::total_scale<D>(opt.norm, true, like.shape()), .c2r_length = n},
-      o, owned);
+    DTENSOR_CHECK(d == last || x.shape()[d] == layout.global[d], InvalidArgument, "spectral::irfft_like: the spectrum ",
+                  dtensor::to_string(x.shape()), " is not the rfft of a tensor shaped ",
+                  dtensor::to_string(layout.global));
+  const Origin<Rank, Result::mesh_dims> o{layout, Result::placement_state};
+  auto y = transform<Transform::Irfft, D, Out::Transposed>(
+      x, {.sign = compute::Sign::Backward, .scale = total_scale<D>(opt.norm, true, layout.global), .c2r_length = n}, o,
+      owned);
   using Y = decltype(y);
-  DTensor<R, Rank, P...> out = [&]() -> DTensor<R, Rank, P...> {
-    if constexpr (Y::placement_state == DTensor<R, Rank, P...>::placement_state) return std::move(y);
-    else return detail::move_to<DTensor<R, Rank, P...>::placement_state>(y, o);
+  Result out = [&]() -> Result {
+    if constexpr (Y::placement_state == Result::placement_state) return std::move(y);
+    else return move_to<Result::placement_state>(y, o);
   }();
-  DTENSOR_CHECK(out.layout().blocks == like.layout().blocks, InvalidArgument,
-                "spectral::irfft_like: the spectrum's blocks do not derive from the layout of `like` (was it made by "
-                "rfft of a tensor laid out as `like`?); use irfft and redistribute");
+  DTENSOR_CHECK(out.layout().blocks == layout.blocks, InvalidArgument,
+                "spectral::irfft_like: the spectrum's blocks do not derive from the layout asked for (was it made by "
+                "rfft of a tensor laid out so?); use irfft and redistribute");
   return out;
 }
 }  // namespace detail
@@ -444,12 +447,20 @@ DTensor<R, Rank, P...> irfft_like(const DTensor<std::complex<R>, Rank, Q...>& x,
 template <class D, class R, int Rank, class... Q, class... P>
 DTensor<R, Rank, P...> irfft_like(const DTensor<std::complex<R>, Rank, Q...>& x, const DTensor<R, Rank, P...>& like,
                                   const FftOptions& opt = {}) {
-  return detail::irfft_like<D>(x, like, opt, false);
+  return detail::irfft_to<D, DTensor<R, Rank, P...>>(x, like.layout(), opt, false);
 }
 template <class D, class R, int Rank, class... Q, class... P>
 DTensor<R, Rank, P...> irfft_like(DTensor<std::complex<R>, Rank, Q...>&& x, const DTensor<R, Rank, P...>& like,
                                   const FftOptions& opt = {}) {
-  return detail::irfft_like<D>(x, like, opt, true);
+  return detail::irfft_to<D, DTensor<R, Rank, P...>>(x, like.layout(), opt, true);
+}
+// The same for a real tensor placed PList and laid out as `layout` (one not made yet:
+// a layer's output with other channels than its input).
+template <class D, class PList, class R, int Rank, class... Q>
+auto irfft_to(DTensor<std::complex<R>, Rank, Q...>&& x, const ShardLayout<Rank>& layout, const FftOptions& opt = {}) {
+  return [&]<class... P>(Placements<P...>) {
+    return detail::irfft_to<D, DTensor<R, Rank, P...>>(x, layout, opt, true);
+  }(PList{});
 }
 
 // Backward passes. `dy` is the gradient of the transform's result (laid out as the

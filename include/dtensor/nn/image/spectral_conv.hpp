@@ -1,0 +1,287 @@
+#pragma once
+// SpectralConv<Cfg, Cin, Cout, Modes>: the Fourier layer of a Fourier neural operator
+// (Li et al. 2020; PhysicsNeMo's SpectralConv), on images sharded in batch and space
+// (the CNN layers' ImageConfig): y = irfft(W . rfft(x)) over the spatial dims, where
+// each retained frequency k has its own complex Cin x Cout matrix W_k and every other
+// frequency is dropped. Retained: the lowest Modes[d] frequencies at both ends of each
+// spatial dim but the last ([0, m) and [n - m, n): positive and negative), and the lowest
+// Modes[S-1] of the last (its half spectrum holds only non-negative ones); needs
+// 2 Modes[d] <= n_d and Modes[S-1] <= n/2 + 1 (an error on every rank otherwise).
+//
+//   using Img = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, kNone>>;   // [N, C, H, W] over a 2x2 mesh
+//   nn::SpectralConv<Img, 8, 8, std::array<int64_t, 2>{6, 4}> layer(mesh, {.seed = 1});
+//
+// Nothing is gathered: the spectrum stays where the transform's plan leaves it (the
+// spatial shards transposed among the spatial dims, spectral/fft_plan.hpp), each rank
+// mixes the channels of its own frequencies, and the inverse transform returns the
+// output to the input's placements and blocks. The weights are replicated (as every
+// convolution's are here): a rank reads the slice for its frequencies; their gradient
+// is Partial<Sum> over the mesh dims that shard the batch or space, reduced by the
+// model's gradient reduction like a convolution's. Stored as a real tensor
+// [2, Cin, Cout, modes...] (real and imaginary parts), so optimizers, FSDP and
+// checkpoints see a real parameter; initialized uniform in [0, 1) / (Cin Cout) as
+// PhysicsNeMo's.
+//
+// Backward: dy -> the adjoint of irfft (spectral::irfft_backward) -> per frequency
+// dX = dY conj(W)^T and dW += conj(X)^T dY (PyTorch's complex-gradient convention) ->
+// the adjoint of rfft. The forward keeps the input's spectrum for dW.
+#include <array>
+#include <complex>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+
+#include "dtensor/distributed/factory.hpp"
+#include "dtensor/nn/gradient_layout.hpp"
+#include "dtensor/nn/image/conv.hpp"
+#include "dtensor/nn/keeps_placements.hpp"
+#include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
+#include "dtensor/nn/parameter.hpp"
+#include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/saved_state.hpp"
+#include "dtensor/spectral/fft.hpp"
+
+namespace dtensor::nn {
+
+struct SpectralConvInit {
+  uint64_t seed = 0;
+};
+
+namespace detail {
+template <int First, class Seq>
+struct spatial_dims;
+template <int First, int... I>
+struct spatial_dims<First, std::integer_sequence<int, I...>> {
+  using type = spectral::Dims<(First + I)...>;
+};
+}  // namespace detail
+
+template <class Cfg, int64_t Cin, int64_t Cout, auto Modes>
+class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
+  static constexpr int S = Cfg::spatial;
+  static_assert(std::is_same_v<std::remove_cvref_t<decltype(Modes)>, std::array<int64_t, S>>,
+                "dtensor::nn::SpectralConv<Cfg, Cin, Cout, Modes>: Modes is a std::array<int64_t, S> of retained "
+                "frequencies per spatial dim (S the config's spatial dims)");
+  static_assert(Cin > 0 && Cout > 0, "dtensor::nn::SpectralConv: channel counts must be positive");
+  static_assert(std::is_same_v<typename Cfg::value_type, float> || std::is_same_v<typename Cfg::value_type, double>,
+                "dtensor::nn::SpectralConv: float or double activations (the spectrum is complex<float|double>)");
+
+ public:
+  DTENSOR_LAYER_TYPES(Cfg);
+  using Rule = SpatialRule<Cfg>;
+  using C = std::complex<T>;
+  using Dims = typename detail::spatial_dims<2, std::make_integer_sequence<int, S>>::type;
+  static constexpr const char* name = S == 1 ? "spectral_conv1d" : S == 2 ? "spectral_conv2d" : "spectral_conv3d";
+
+  // Frequencies kept per spatial dim in the weight: both ends but for the last dim.
+  static constexpr std::array<int64_t, S> weight_modes() {
+    std::array<int64_t, S> w{};
+    for (int d = 0; d < S; ++d) w[d] = d + 1 < S ? 2 * Modes[d] : Modes[d];
+    return w;
+  }
+  static constexpr int64_t mode_cells() {
+    int64_t n = 1;
+    for (int64_t m : weight_modes()) n *= m;
+    return n;
+  }
+  static_assert([] {
+    for (int64_t m : Modes)
+      if (m < 1) return false;
+    return true;
+  }(), "dtensor::nn::SpectralConv: every spatial dim keeps at least one frequency");
+
+  using WeightT = dtensor_t<T, 3 + S, placements_t<State{}>>;
+  using InputT = dtensor_t<T, Rank, placements_t<Rule::input()>>;
+  using Spectrum = decltype(spectral::rfft<Dims>(std::declval<const InputT&>()));
+  static_assert(![] {
+    for (const auto& p : Spectrum::placement_state)
+      if (p.is_shard(1)) return true;
+    return false;
+  }(), "dtensor::nn::SpectralConv: the transform's plan would shard the channels of the spectrum (a 1-D image "
+       "whose batch mesh dim comes after its spatial one); put the data-parallel mesh dim first");
+
+  static constexpr int64_t in_features = Cin;
+  static constexpr int64_t out_features(int64_t) { return Cout; }
+  static constexpr auto parameters(const State& grad_out) {
+    return std::tuple{
+        declare<&SpectralConv::weight_>(State{}, Rule::parameter_grad(grad_out), {Cin, 2 * Cout * mode_cells()})};
+  }
+
+  template <int GivenDims>
+    requires(GivenDims != Cfg::M)
+  explicit SpectralConv(const DeviceMesh<GivenDims>& mesh, SpectralConvInit init = {})
+      : SpectralConv(mesh_for_config<Cfg::M>(mesh), init) {}
+  explicit SpectralConv(const typename WeightT::Mesh& mesh, SpectralConvInit init = {})
+      : weight_("weight", initial_weight(mesh, init.seed)) {}
+
+  Parameter<WeightT>& weight() { return weight_; }
+
+  InputT forward(const InputT& x) {
+    DTENSOR_CHECK(x.shape()[1] == Cin, InvalidArgument, name, ": an input of ", x.shape()[1], " channels, expected ",
+                  Cin, " (input shape ", dtensor::to_string(x.shape()), ")");
+    for (int d = 0; d < S; ++d) {
+      const int64_t n = x.shape()[2 + d], m = Modes[d];
+      DTENSOR_CHECK(d + 1 < S ? 2 * m <= n : m <= n / 2 + 1, InvalidArgument, name, ": ", m,
+                    " frequencies kept along spatial dim ", d, " of extent ", n, ": at most ",
+                    d + 1 < S ? n / 2 : n / 2 + 1, " (", d + 1 < S ? "both ends" : "the half spectrum", ")");
+    }
+    auto X = spectral::rfft<Dims>(x);
+    ShardLayout<Rank> ylay = X.layout();
+    ylay.global[1] = Cout;
+    Shape<Rank> yshape = X.local().shape();
+    yshape[1] = Cout;
+    auto yl = Tensor<C, Rank>::uninitialized(yshape);
+    mix(X.local(), X.local_offset(), x.shape(), yl, /*conjugate=*/false);
+    Spectrum Y(X.mesh(), ylay, std::move(yl));
+    ShardLayout<Rank> out_layout = x.layout();
+    out_layout.global[1] = Cout;
+    saved_.emplace(Saved{x.layout(), Y.layout(), std::move(X)});
+    return spectral::irfft_to<Dims, typename InputT::placements>(std::move(Y), out_layout);
+  }
+
+  template <bool NeedInputGrad = true, class G>
+  auto backward(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, Rule::input()),
+                  "dtensor::nn::SpectralConv::backward: dy is not placed as a gradient of the layer's output");
+    DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
+    Saved s = std::move(*saved_);
+    saved_.reset();
+    ShardLayout<Rank> out_layout = s.x_layout;
+    out_layout.global[1] = Cout;
+    require_gradient_layout(name, dy.layout(), out_layout);
+    // The gradient of Y (the mixed spectrum), then of W and of X frequency by frequency.
+    const auto dY = spectral::irfft_backward<Dims, typename Spectrum::placements>(dy, s.y_layout);
+    weight_terms(s.X.local(), s.X.local_offset(), dY.local(), s.x_layout.global);
+    if constexpr (!NeedInputGrad) {
+      return 0;
+    } else {
+      Shape<Rank> xshape = dY.local().shape();
+      xshape[1] = Cin;
+      auto dxl = Tensor<C, Rank>::uninitialized(xshape);
+      mix(dY.local(), dY.local_offset(), s.x_layout.global, dxl, /*conjugate=*/true);
+      ShardLayout<Rank> dxlay = dY.layout();
+      dxlay.global[1] = Cin;
+      using DX = std::remove_cvref_t<decltype(dY)>;
+      return spectral::rfft_backward<Dims, typename InputT::placements>(DX(dY.mesh(), dxlay, std::move(dxl)),
+                                                                        s.x_layout);
+    }
+  }
+
+  DTENSOR_SAVED_STATE(saved_)
+  void release_saved() { saved_.reset(); }
+
+  // What it holds over a step (nn/memory_plan.hpp), roughly: the input's spectrum (saved
+  // for dW; complex, n/2 + 1 along the last spatial dim), the output, and in the
+  // backward the output's spectrum beside the input's.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    PlannedTensor<M> spec = x.unpadded();
+    spec.global[static_cast<std::size_t>(Rank - 1)] = spec.global[static_cast<std::size_t>(Rank - 1)] / 2 + 1;
+    spec.element_bytes *= 2;
+    m.save(spec);
+    m.out = x.unpadded();
+    m.out.global[1] = Cout;
+    m.input_grad_temporary(spec);
+    return m;
+  }
+
+ private:
+  // The weight's flat index of frequency `k` (global, per spatial dim) of a spectrum of
+  // real extents `n`, or -1 where the frequency is dropped.
+  static int64_t weight_cell(const std::array<int64_t, S>& k, const std::array<int64_t, S>& n) {
+    int64_t cell = 0;
+    constexpr auto wm = weight_modes();
+    for (int d = 0; d < S; ++d) {
+      int64_t j;
+      if (d + 1 == S) j = k[d] < Modes[d] ? k[d] : -1;
+      else if (k[d] < Modes[d]) j = k[d];
+      else if (k[d] >= n[d] - Modes[d]) j = Modes[d] + (k[d] - (n[d] - Modes[d]));
+      else j = -1;
+      if (j < 0) return -1;
+      cell = cell * wm[d] + j;
+    }
+    return cell;
+  }
+
+  // out[b, o, k] = sum_i in[b, i, k] W[i, o, k] (conjugate = false: the forward, in = X,
+  // out = Y), or out[b, i, k] = sum_o in[b, o, k] conj(W[i, o, k]) (conjugate = true:
+  // dX from dY), over this rank's block of the spectrum at global offset `off`; zero
+  // at dropped frequencies.
+  void mix(const Tensor<C, Rank>& in, const Shape<Rank>& off, const Shape<Rank>& real_global, Tensor<C, Rank>& out,
+           bool conjugate) const {
+    const auto& is = in.shape();
+    const int64_t batch = is[0], cin_local = is[1], cout_local = out.shape()[1];
+    int64_t cells = 1;
+    for (int d = 0; d < S; ++d) cells *= is[2 + d];
+    const T* w = weight_.value().local().data();
+    const int64_t plane = Cin * Cout * mode_cells();  // real parts, then imaginary
+    std::array<int64_t, S> n{};
+    for (int d = 0; d < S; ++d) n[d] = real_global[2 + d];
+    std::array<int64_t, S> k{};
+    for (int64_t c = 0; c < cells; ++c) {
+      int64_t rest = c;
+      for (int d = S - 1; d >= 0; --d) k[d] = off[2 + d] + rest % is[2 + d], rest /= is[2 + d];
+      const int64_t cell = weight_cell(k, n);
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t o = 0; o < cout_local; ++o) {
+          C acc{};
+          if (cell >= 0)
+            for (int64_t i = 0; i < cin_local; ++i) {
+              // W[ci, co, cell] with (ci, co) = (i, o) forward, (o, i) for dX.
+              const int64_t wi = conjugate ? (o * Cout + i) * mode_cells() + cell : (i * Cout + o) * mode_cells() + cell;
+              const C wv(w[wi], conjugate ? -w[plane + wi] : w[plane + wi]);
+              acc += in.data()[(b * cin_local + i) * cells + c] * wv;
+            }
+          out.data()[(b * cout_local + o) * cells + c] = acc;
+        }
+    }
+  }
+
+  // dW[i, o, k] += sum_b conj(X[b, i, k]) dY[b, o, k] over this rank's frequencies (the
+  // terms of a Partial<Sum> gradient), real and imaginary parts in their planes.
+  void weight_terms(const Tensor<C, Rank>& X, const Shape<Rank>& off, const Tensor<C, Rank>& dY,
+                    const Shape<Rank>& real_global) {
+    const auto& is = X.shape();
+    const int64_t batch = is[0];
+    int64_t cells = 1;
+    for (int d = 0; d < S; ++d) cells *= is[2 + d];
+    T* g = weight_.grad().data();
+    const int64_t plane = Cin * Cout * mode_cells();
+    std::array<int64_t, S> n{};
+    for (int d = 0; d < S; ++d) n[d] = real_global[2 + d];
+    std::array<int64_t, S> k{};
+    for (int64_t c = 0; c < cells; ++c) {
+      int64_t rest = c;
+      for (int d = S - 1; d >= 0; --d) k[d] = off[2 + d] + rest % is[2 + d], rest /= is[2 + d];
+      const int64_t cell = weight_cell(k, n);
+      if (cell < 0) continue;
+      for (int64_t i = 0; i < Cin; ++i)
+        for (int64_t o = 0; o < Cout; ++o) {
+          C acc{};
+          for (int64_t b = 0; b < batch; ++b)
+            acc += std::conj(X.data()[(b * Cin + i) * cells + c]) * dY.data()[(b * Cout + o) * cells + c];
+          const int64_t wi = (i * Cout + o) * mode_cells() + cell;
+          g[wi] += acc.real();
+          g[plane + wi] += acc.imag();
+        }
+    }
+  }
+
+  static WeightT initial_weight(const typename WeightT::Mesh& mesh, uint64_t seed) {
+    Shape<3 + S> shape{2, Cin, Cout};
+    for (int d = 0; d < S; ++d) shape[3 + d] = weight_modes()[d];
+    const T scale = T(1) / static_cast<T>(Cin * Cout);
+    return dtensor::detail::generate<WeightT>(
+        shape, mesh, {}, [&](uint64_t i) { return static_cast<T>(dtensor::detail::uniform01(seed, i)) * scale; });
+  }
+
+  struct Saved {
+    ShardLayout<Rank> x_layout, y_layout;
+    Spectrum X;
+  };
+  Parameter<WeightT> weight_;
+  std::optional<Saved> saved_;
+};
+
+}  // namespace dtensor::nn

@@ -1,0 +1,196 @@
+// The Fourier layer (include/dtensor/nn/image/spectral_conv.hpp) in a model
+// (SpectralConv -> GELU -> 1x1 Conv, an FNO layer's pieces): outputs, the input's
+// gradient and every parameter's gradient after the step's reductions against the same
+// model on one rank, on 1-D meshes over H, a 2x2 mesh over H and W, a DP x H mesh, and
+// an uneven one (extents that do not divide, a rank without rows); on one rank, the
+// layer's gradients against central differences of <dy, y>, and its output against a
+// direct computation (a DFT, the mode mixing, an inverse DFT) from the weights; bad
+// input (more frequencies than the extent) refused on every rank.
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include <doctest/doctest.h>
+#include <dtensor/nn.hpp>
+#include <dtensor/nn/image/conv.hpp>
+#include <dtensor/spectral.hpp>
+
+#include "compare.hpp"
+#include "nn_support.hpp"
+#include "spmd.hpp"
+
+using namespace dtensor;
+using namespace dtensor::test;
+
+namespace {
+
+constexpr std::array<int64_t, 2> kModes{2, 3};
+constexpr auto k1 = nn::ConvSpec<2>::square(1);
+
+template <class Img>
+using Spec = nn::SpectralConv<Img, 2, 3, kModes>;
+template <class Img>
+using Net = nn::Sequential<Spec<Img>, nn::GELU<Img>, nn::Conv<Img, 3, 2, k1>>;
+
+using HW = nn::ImageConfig<double, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
+using DpH = nn::ImageConfig<double, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
+using H1 = nn::ImageConfig<double, 2, nn::DomainAxes<1, nn::kNone, 0, nn::kNone>>;
+
+struct Result {
+  Tensor<double, 4> y, dx;
+  std::vector<Tensor<double, 4>> conv;
+  Tensor<double, 5> spectral;
+};
+
+template <class Img, int M>
+Result run(Comm& comm, const std::array<int, M>& shape, const Shape<4>& image) {
+  DeviceMesh<M> mesh(comm, shape);
+  using Model = Net<Img>;
+  Model model(Spec<Img>(mesh, {3}), nn::GELU<Img>(), nn::Conv<Img, 3, 2, k1>(mesh, {4}));
+  auto x = random<typename Model::InputT>(image, mesh, 11);
+  model.zero_grad();
+  auto y = model.forward(x);
+  auto dy = dtensor::detail::generate<typename Model::OutputT>(y.shape(), mesh, y.layout().blocks, [](uint64_t i) {
+    return dtensor::detail::normal_value<double>(12, i);
+  });
+  auto dx = model.template backward<true>(dy);
+  Result r{y.full_tensor(), dx.full_tensor(), {}, {}};
+  model.for_each_parameter([&](auto& p) {
+    if constexpr (std::decay_t<decltype(p)>::rank == 5) r.spectral = p.grad();
+    else if constexpr (std::decay_t<decltype(p)>::rank == 4) r.conv.push_back(p.grad());
+  });
+  return r;
+}
+
+void compare(const Result& r, const Result& ref) {
+  REQUIRE(r.y.shape() == ref.y.shape());
+  CHECK(max_abs_diff(r.y, ref.y) < 1e-12);
+  CHECK(max_abs_diff(r.dx, ref.dx) < 1e-12);
+  CHECK(max_abs_diff(r.spectral, ref.spectral) < 1e-11);
+  REQUIRE(r.conv.size() == ref.conv.size());
+  for (std::size_t i = 0; i < ref.conv.size(); ++i) CHECK(max_abs_diff(r.conv[i], ref.conv[i]) < 1e-11);
+}
+
+template <class Img>
+Result single_rank(const Shape<4>& image) {
+  Result ref;
+  dtensor::run_threads(1, [&](Comm& comm) {
+    if constexpr (Img::M == 1) ref = run<Img, 1>(comm, {1}, image);
+    else ref = run<Img, 2>(comm, {1, 1}, image);
+  });
+  return ref;
+}
+
+}  // namespace
+
+TEST_CASE("spectral conv model on 1-D meshes over H equals one rank") {
+  const Shape<4> image{2, 2, 9, 7};
+  const Result ref = single_rank<H1>(image);
+  CHECK(ref.spectral.numel() == 2 * 2 * 3 * 4 * 3);  // [re/im, Cin, Cout, 2 x 2, 3]
+  for (int n = 2; n <= 4; ++n)
+    spmd(n, [&](Comm& comm) { compare(run<H1, 1>(comm, {n}, image), ref); });
+}
+
+TEST_CASE("spectral conv model on 2x2 meshes over H and W, and over batch and H; uneven extents") {
+  for (const Shape<4>& image : {Shape<4>{3, 2, 8, 10}, Shape<4>{1, 2, 5, 7}}) {
+    const Result ref_hw = single_rank<HW>(image), ref_dp = single_rank<DpH>(image);
+    spmd(4, [&](Comm& comm) { compare(run<HW, 2>(comm, {2, 2}, image), ref_hw); });
+    spmd(4, [&](Comm& comm) { compare(run<DpH, 2>(comm, {2, 2}, image), ref_dp); });
+  }
+}
+
+TEST_CASE("spectral conv on one rank: the output from the weights directly, gradients by central differences") {
+  dtensor::run_threads(1, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {1});
+    using L = Spec<H1>;
+    L layer(mesh, {5});
+    const Shape<4> image{2, 2, 6, 7};
+    auto x = random<typename L::InputT>(image, mesh, 21);
+    auto y = layer.forward(x);
+    // Direct: X = DFT2(x); Y[b, o, k] = sum_i X[b, i, k] W[i, o, k] on kept k (rows 0, 1,
+    // 4, 5 of 6; columns 0..2 of the half spectrum), 0 elsewhere; y = Re IDFT2 of Y
+    // extended Hermitian (the half spectrum's columns 1..3 count twice).
+    const auto& xw = x.local();
+    const auto& w = layer.weight().value().local();
+    const int64_t H = 6, W = 7, Wh = 4;
+    auto weight = [&](int part, int64_t i, int64_t o, int64_t r, int64_t c) {
+      return w.data()[(((part * 2 + i) * 3 + o) * 4 + r) * 3 + c];
+    };
+    double worst = 0;
+    for (int64_t b = 0; b < 2; ++b) {
+      std::vector<std::complex<double>> Y(3 * H * Wh);
+      for (int64_t o = 0; o < 3; ++o)
+        for (int64_t kr = 0; kr < H; ++kr)
+          for (int64_t kc = 0; kc < 3; ++kc) {
+            const int64_t r = kr < 2 ? kr : kr >= H - 2 ? 2 + (kr - (H - 2)) : -1;
+            if (r < 0) continue;
+            std::complex<double> acc{};
+            for (int64_t i = 0; i < 2; ++i) {
+              std::complex<double> X{};
+              for (int64_t h = 0; h < H; ++h)
+                for (int64_t v = 0; v < W; ++v)
+                  X += xw.data()[((b * 2 + i) * H + h) * W + v] *
+                       std::polar(1.0, -2 * std::numbers::pi * (double(kr * h) / H + double(kc * v) / W));
+              acc += X * std::complex<double>(weight(0, i, o, r, kc), weight(1, i, o, r, kc));
+            }
+            Y[(o * H + kr) * Wh + kc] = acc;
+          }
+      for (int64_t o = 0; o < 3; ++o)
+        for (int64_t h = 0; h < H; ++h)
+          for (int64_t v = 0; v < W; ++v) {
+            double s = 0;
+            for (int64_t kr = 0; kr < H; ++kr)
+              for (int64_t kc = 0; kc < Wh; ++kc)
+                s += (kc == 0 ? 1.0 : 2.0) *
+                     (Y[(o * H + kr) * Wh + kc] *
+                      std::polar(1.0, 2 * std::numbers::pi * (double(kr * h) / H + double(kc * v) / W)))
+                         .real();
+            worst = worst_of(worst, std::abs(s / double(H * W) - y.local().data()[((b * 3 + o) * H + h) * W + v]));
+          }
+    }
+    CHECK_MESSAGE(worst < 1e-12, worst);
+
+    // L = <dy, y>: its gradient in x and in the weight against central differences.
+    auto dy = dtensor::detail::generate<typename L::InputT>(y.shape(), mesh, {}, [](uint64_t i) {
+      return dtensor::detail::normal_value<double>(22, i);
+    });
+    layer.weight().zero_grad();
+    auto dx = layer.backward<true>(dy);
+    auto loss = [&](const typename L::InputT& xin) {
+      auto yy = layer.forward(xin);
+      layer.release_saved();
+      double s = 0;
+      for (int64_t i = 0; i < yy.local().numel(); ++i) s += yy.local().data()[i] * dy.local().data()[i];
+      return s;
+    };
+    const double h = 1e-6;
+    double fd_x = 0, fd_w = 0;
+    for (int64_t probe : {0, 13, 57, 83}) {
+      auto xp = x, xm = x;
+      xp.local().data()[probe] += h, xm.local().data()[probe] -= h;
+      fd_x = worst_of(fd_x, std::abs((loss(xp) - loss(xm)) / (2 * h) - dx.local().data()[probe]));
+    }
+    for (int64_t probe : {0, 7, 40, 71, 143}) {
+      double& wv = layer.weight().value().local().data()[probe];
+      const double keep = wv;
+      wv = keep + h;
+      const double lp = loss(x);
+      wv = keep - h;
+      const double lm = loss(x);
+      wv = keep;
+      fd_w = worst_of(fd_w, std::abs((lp - lm) / (2 * h) - layer.weight().grad().data()[probe]));
+    }
+    CHECK_MESSAGE(fd_x < 1e-7, fd_x);
+    CHECK_MESSAGE(fd_w < 1e-7, fd_w);
+  });
+}
+
+TEST_CASE("spectral conv: more frequencies than the image holds is refused on every rank") {
+  spmd(2, [](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {2});
+    Spec<H1> layer(mesh, {1});
+    auto x = random<typename Spec<H1>::InputT>(Shape<4>{1, 2, 3, 7}, mesh, 1);  // 2 x 2 rows of 3
+    CHECK_THROWS_WITH_AS(layer.forward(x), doctest::Contains("2 frequencies kept along spatial dim 0 of extent 3"),
+                         InvalidArgument);
+  });
+}
