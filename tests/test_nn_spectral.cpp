@@ -99,6 +99,40 @@ TEST_CASE("spectral conv model on 2x2 meshes over H and W, and over batch and H;
   }
 }
 
+// A small FNO: lift (1x1), two FNO layers (nn::FnoBlock), project (1x1).
+template <class Img>
+using Fno = nn::Sequential<nn::Conv<Img, 2, 4, k1>, nn::FnoBlock<Img, 4, kModes>, nn::FnoBlock<Img, 4, kModes>,
+                           nn::Conv<Img, 4, 1, k1>>;
+
+template <class Img, int M>
+std::pair<Tensor<double, 4>, Tensor<double, 4>> run_fno(Comm& comm, const std::array<int, M>& shape,
+                                                        const Shape<4>& image) {
+  DeviceMesh<M> mesh(comm, shape);
+  using Model = Fno<Img>;
+  Model model(nn::Conv<Img, 2, 4, k1>(mesh, {1}), nn::make_fno_block<Img, 4, kModes>(mesh, 2),
+              nn::make_fno_block<Img, 4, kModes>(mesh, 4), nn::Conv<Img, 4, 1, k1>(mesh, {6}));
+  auto x = random<typename Model::InputT>(image, mesh, 31);
+  model.zero_grad();
+  auto y = model.forward(x);
+  auto dy = dtensor::detail::generate<typename Model::OutputT>(y.shape(), mesh, y.layout().blocks, [](uint64_t i) {
+    return dtensor::detail::normal_value<double>(32, i);
+  });
+  auto dx = model.template backward<true>(dy);
+  static_assert(Model::parameter_count == 2 + 2 * (1 + 2) + 2);  // lift, 2 x (spectral + 1x1 conv), project
+  return {y.full_tensor(), dx.full_tensor()};
+}
+
+TEST_CASE("an FNO (lift, two FnoBlocks, project) on a 2x2 mesh equals one rank") {
+  const Shape<4> image{2, 2, 9, 10};
+  std::pair<Tensor<double, 4>, Tensor<double, 4>> ref;
+  dtensor::run_threads(1, [&](Comm& comm) { ref = run_fno<HW, 2>(comm, {1, 1}, image); });
+  spmd(4, [&](Comm& comm) {
+    const auto got = run_fno<HW, 2>(comm, {2, 2}, image);
+    CHECK(max_abs_diff(got.first, ref.first) < 1e-12);
+    CHECK(max_abs_diff(got.second, ref.second) < 1e-12);
+  });
+}
+
 TEST_CASE("spectral conv on one rank: the output from the weights directly, gradients by central differences") {
   dtensor::run_threads(1, [&](Comm& comm) {
     DeviceMesh<1> mesh(comm, {1});

@@ -32,6 +32,7 @@
 #include <tuple>
 
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/nn/activation.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/image/conv.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
@@ -39,7 +40,9 @@
 #include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/residual.hpp"
 #include "dtensor/nn/saved_state.hpp"
+#include "dtensor/nn/sequential.hpp"
 #include "dtensor/spectral/fft.hpp"
 
 namespace dtensor::nn {
@@ -283,5 +286,26 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
   Parameter<WeightT> weight_;
   std::optional<Saved> saved_;
 };
+
+// A Fourier neural operator layer: act(K x + W x), K the spectral convolution of
+// `Width` channels keeping `Modes` frequencies, W a 1x1 convolution (the pointwise
+// path, here the residual block's projection); PhysicsNeMo's FNO drops the activation
+// of its last layer: use the Residual alone there. Built from the layers above, so
+// its plan, gradients and checkpoints are theirs:
+//   auto block = nn::make_fno_block<Img, 16, std::array<int64_t, 2>{8, 8}>(mesh, seed);
+template <class Cfg, int64_t Width, auto Modes, class Act = GELU<Cfg>>
+using FnoBlock = Sequential<Residual<SpectralConv<Cfg, Width, Width, Modes>,
+                                     Conv<Cfg, Width, Width, ConvSpec<Cfg::spatial>::square(1)>>,
+                            Act>;
+
+template <class Cfg, int64_t Width, auto Modes, class Act = GELU<Cfg>, int MeshDims>
+FnoBlock<Cfg, Width, Modes, Act> make_fno_block(const DeviceMesh<MeshDims>& mesh, uint64_t seed) {
+  using Block = Residual<SpectralConv<Cfg, Width, Width, Modes>,
+                         Conv<Cfg, Width, Width, ConvSpec<Cfg::spatial>::square(1)>>;
+  return FnoBlock<Cfg, Width, Modes, Act>(
+      Block(SpectralConv<Cfg, Width, Width, Modes>(mesh, {seed}),
+            Conv<Cfg, Width, Width, ConvSpec<Cfg::spatial>::square(1)>(mesh, {seed + 1})),
+      Act());
+}
 
 }  // namespace dtensor::nn
