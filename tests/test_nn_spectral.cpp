@@ -1,5 +1,6 @@
 // The Fourier layer (include/dtensor/nn/image/spectral_conv.hpp) in a model
-// (SpectralConv -> GELU -> 1x1 Conv, an FNO layer's pieces): outputs, the input's
+// (SpectralConv -> GELU -> 1x1 Conv, an FNO layer's pieces; a small FNO; a U-FNO with
+// FNO layers inside a U-Net skip connection): outputs, the input's
 // gradient and every parameter's gradient after the step's reductions against the same
 // model on one rank, on 1-D meshes over H, a 2x2 mesh over H and W, a DP x H mesh, and
 // an uneven one (extents that do not divide, a rank without rows); on one rank, the
@@ -12,7 +13,7 @@
 
 #include <doctest/doctest.h>
 #include <dtensor/nn.hpp>
-#include <dtensor/nn/image/conv.hpp>
+#include <dtensor/cnn.hpp>
 #include <dtensor/spectral.hpp>
 
 #include "compare.hpp"
@@ -130,6 +131,50 @@ TEST_CASE("an FNO (lift, two FnoBlocks, project) on a 2x2 mesh equals one rank")
     const auto got = run_fno<HW, 2>(comm, {2, 2}, image);
     CHECK(max_abs_diff(got.first, ref.first) < 1e-12);
     CHECK(max_abs_diff(got.second, ref.second) < 1e-12);
+  });
+}
+
+// A U-FNO: an FNO layer, then a skip connection around (max pool, an FNO layer on the
+// coarse grid, transposed conv back up), concatenated, projected: the FNO layers compose
+// with the U-Net's.
+template <class Img>
+using Down = nn::Sequential<nn::MaxPool<Img>, nn::FnoBlock<Img, 4, kModes>, nn::ConvTranspose<Img, 4, 4>>;
+template <class Img>
+using UFno = nn::Sequential<nn::Conv<Img, 2, 4, k1>, nn::FnoBlock<Img, 4, kModes>, nn::SkipConcat<Down<Img>>,
+                            nn::Conv<Img, 8, 1, k1>>;
+
+template <class Img, int M>
+std::pair<Tensor<double, 4>, Tensor<double, 4>> run_ufno(Comm& comm, const std::array<int, M>& shape,
+                                                         const Shape<4>& image) {
+  DeviceMesh<M> mesh(comm, shape);
+  using Model = UFno<Img>;
+  Down<Img> down(nn::MaxPool<Img>(), nn::make_fno_block<Img, 4, kModes>(mesh, 3), nn::ConvTranspose<Img, 4, 4>(mesh, {5}));
+  Model model(nn::Conv<Img, 2, 4, k1>(mesh, {1}), nn::make_fno_block<Img, 4, kModes>(mesh, 2),
+              nn::SkipConcat<Down<Img>>(std::move(down)), nn::Conv<Img, 8, 1, k1>(mesh, {6}));
+  auto x = random<typename Model::InputT>(image, mesh, 41);
+  model.zero_grad();
+  auto y = model.forward(x);
+  auto dy = dtensor::detail::generate<typename Model::OutputT>(y.shape(), mesh, y.layout().blocks, [](uint64_t i) {
+    return dtensor::detail::normal_value<double>(42, i);
+  });
+  auto dx = model.template backward<true>(dy);
+  return {y.full_tensor(), dx.full_tensor()};
+}
+
+TEST_CASE("a U-FNO (FNO layers inside a U-Net skip connection) on 2x2 meshes equals one rank") {
+  const Shape<4> image{2, 2, 12, 14};
+  std::pair<Tensor<double, 4>, Tensor<double, 4>> ref_hw, ref_dp;
+  dtensor::run_threads(1, [&](Comm& comm) {
+    ref_hw = run_ufno<HW, 2>(comm, {1, 1}, image);
+    ref_dp = run_ufno<DpH, 2>(comm, {1, 1}, image);
+  });
+  spmd(4, [&](Comm& comm) {
+    const auto hw = run_ufno<HW, 2>(comm, {2, 2}, image);
+    CHECK(max_abs_diff(hw.first, ref_hw.first) < 1e-12);
+    CHECK(max_abs_diff(hw.second, ref_hw.second) < 1e-12);
+    const auto dp = run_ufno<DpH, 2>(comm, {2, 2}, image);
+    CHECK(max_abs_diff(dp.first, ref_dp.first) < 1e-12);
+    CHECK(max_abs_diff(dp.second, ref_dp.second) < 1e-12);
   });
 }
 
