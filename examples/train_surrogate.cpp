@@ -100,8 +100,12 @@ Sample solve(const DeviceMesh<2>& mesh, int s) {
 Image batch(const std::vector<Sample>& data, int first, int count, bool target, double u_scale,
             const DeviceMesh<2>& mesh) {
   const int64_t C = target ? 1 : 3;
-  const auto layout = ShardLayout<4>::make(Shape<4>{count, C, kN, kN}, Image::placement_state, mesh.shape());
   const Grid& g0 = data[first].u;
+  // The grid's blocks of rows and columns, as the image's blocks of H and W.
+  Splits<4> blocks{};
+  blocks[2] = g0.layout().blocks[0];
+  blocks[3] = g0.layout().blocks[1];
+  const auto layout = ShardLayout<4>::make(Shape<4>{count, C, kN, kN}, Image::placement_state, mesh.shape(), blocks);
   const auto ls = g0.local_shape();
   const auto off = g0.local_offset();
   auto local = Tensor<float, 4>::uninitialized(Shape<4>{count, C, ls[0], ls[1]});

@@ -35,6 +35,29 @@ TEST_CASE("local transforms: FFTW's c2c, r2c and c2r along each dim against dire
       CHECK(rel_diff(array_of(back), array_of(r)) < kTol);
       CHECK(rel_diff(array_of(back), c2r(array_of(h), d, shape[d], 1.0 / double(shape[d]))) < kTol);
     }
+  // A first dim whose stride passes compute/fftw.hpp's kChunkStrideBytes: the block is
+  // transformed in pieces copied to a buffer (c2c over dim 0 and over dims 0 and 2; r2c
+  // and c2r over dim 0, halved there).
+  {
+    const std::array<int64_t, 3> big{3, 70, 70};
+    static_assert(70 * 70 * 16 >= dtensor::detail::fftw::kChunkStrideBytes);
+    Tensor<C, 3> z = Tensor<C, 3>::uninitialized(big), y = z, y2 = z;
+    for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = value_at<C>(4, i);
+    compute::fft_c2c(z.data(), y.data(), big, 0, compute::Sign::Forward, 1.0);
+    CHECK(rel_diff(array_of(y), dft(array_of(z), 0, -1, 1.0)) < kTol);
+    const int both[2] = {2, 0};
+    compute::fft_c2c(z.data(), y2.data(), big, std::span<const int>(both, 2), compute::Sign::Backward, 1.0);
+    CHECK(rel_diff(array_of(y2), dft(dft(array_of(z), 0, +1, 1.0), 2, +1, 1.0)) < kTol);
+    const std::array<int64_t, 3> real{5, 90, 100};
+    static_assert(90 * 100 * 8 >= dtensor::detail::fftw::kChunkStrideBytes);
+    Tensor<double, 3> r = Tensor<double, 3>::uninitialized(real), back = r;
+    for (int64_t i = 0; i < r.numel(); ++i) r.data()[i] = value_at<double>(5, i);
+    Tensor<C, 3> h = Tensor<C, 3>::uninitialized({3, 90, 100});
+    compute::fft_r2c(r.data(), h.data(), real, 0, 1.0);
+    CHECK(rel_diff(array_of(h), dft(array_of(r), 0, -1, 1.0, 3)) < kTol);
+    compute::fft_c2r(h.data(), back.data(), real, 0, 0.2);
+    CHECK(rel_diff(array_of(back), array_of(r)) < kTol);
+  }
   // float: the same plans' single-precision twins.
   std::array<int64_t, 2> shape{5, 6};
   Tensor<std::complex<float>, 2> z = Tensor<std::complex<float>, 2>::uninitialized(shape), y = z;

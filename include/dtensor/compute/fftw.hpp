@@ -22,9 +22,12 @@
 // dim a loop of the plan (howmany), so no dim is ever copied to be contiguous and a
 // multi-dim stage is one FFTW plan (FFTW's own multi-dim algorithm).
 //
-// Planning rigour (FFTW_ESTIMATE by default) is set once per process with
-// set_fft_planning(FftPlanning::Measure) before the first transform; a measured plan
+// Planning rigour (FFTW_ESTIMATE by default) is set per process with
+// set_fft_planning(FftPlanning::Measure) (plans are kept per rigour); a measured plan
 // is made on scratch arrays of the same alignment (FFTW_MEASURE overwrites its arrays).
+// Measured plans are chosen by timing, so two MPI processes may round differently:
+// where a transform's result is Replicate across processes, its copies may then differ
+// in the last bits. FFTW_ESTIMATE's choice is deterministic, hence the default.
 // c2r destroys its input in FFTW: fft_c2r copies it first into a scratch buffer,
 // unless the caller says the input may be destroyed.
 #include <fftw3.h>
@@ -37,6 +40,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -165,27 +169,39 @@ class PlanCache {
   // The plan for this geometry, kind and sign, for arrays aligned as in and out are.
   template <class In, class Out>
   typename A::plan get(const Geometry& g, int sign, In* in, Out* out) {
+    const unsigned flags = planner_flags();
     std::vector<int64_t> key = g.key;
     key.push_back(sign);
     key.push_back(alignment(in));
     key.push_back(alignment(out));
+    key.push_back(static_cast<int64_t>(flags));
     std::lock_guard lock(mutex_);
     if (auto it = plans_.find(key); it != plans_.end()) return it->second;
-    // Planned on scratch arrays with the same alignment (FFTW_MEASURE writes them; a
-    // plan for arrays of one alignment may use SIMD code another cannot run).
-    Scratch si(static_cast<std::size_t>(g.in_count) * sizeof(In) + 64),
-        so(static_cast<std::size_t>(g.out_count) * sizeof(Out) + 64);
-    auto* pi = reinterpret_cast<In*>(si.bytes + alignment(in));
-    auto* po = reinterpret_cast<Out*>(so.bytes + alignment(out));
+    // FFTW_ESTIMATE never touches the arrays: the call's own. FFTW_MEASURE writes them:
+    // scratch arrays with the same alignment (a plan for arrays of one alignment may use
+    // SIMD code another cannot run).
+    std::optional<Scratch> si, so;
+    In* pi = in;
+    Out* po = out;
+    if (flags != FFTW_ESTIMATE) {
+      si.emplace(static_cast<std::size_t>(g.in_count) * sizeof(In) + 64);
+      so.emplace(static_cast<std::size_t>(g.out_count) * sizeof(Out) + 64);
+      pi = reinterpret_cast<In*>(si->bytes + alignment(in));
+      po = reinterpret_cast<Out*>(so->bytes + alignment(out));
+    }
     const int rank = static_cast<int>(g.dims.size()), loops = static_cast<int>(g.loops.size());
-    const unsigned flags = planner_flags();
     typename A::plan p{};
     if constexpr (std::is_same_v<In, Out>) p = A::c2c(rank, g.dims.data(), loops, g.loops.data(), pi, po, sign, flags);
     else if constexpr (std::is_same_v<In, Real>) p = A::r2c(rank, g.dims.data(), loops, g.loops.data(), pi, po, flags);
     else p = A::c2r(rank, g.dims.data(), loops, g.loops.data(), pi, po, flags);
     DTENSOR_CHECK(p != nullptr, InvalidArgument, "fft: FFTW could not plan a transform of ", rank, " dims over ", loops,
                   " loops");
-    plans_.emplace(std::move(key), p);
+    try {
+      plans_.emplace(std::move(key), p);
+    } catch (...) {
+      A::destroy(p);
+      throw;
+    }
     return p;
   }
 

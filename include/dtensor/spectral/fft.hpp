@@ -6,7 +6,7 @@
 //   auto u2 = spectral::irfft<Dims<1, 2>>(X, {.n = u.shape()[2]});  // back; odd n needs .n
 //   auto Y = spectral::fft<Dims<0>, Out::AsInput>(z, {.norm = Norm::Ortho});
 //   auto f2 = spectral::irfft_like<Dims<1, 2>>(X, u);             // placed and laid out as u
-//   auto dz = spectral::fft_backward<Dims<0>, Out::AsInput>(dY, z.layout(), {.norm = Norm::Ortho});
+//   auto dz = spectral::fft_backward<Dims<0>, Z::placements>(dY, z.layout(), {.norm = Norm::Ortho});
 //
 // fft (e^{-2 pi i jk/n}) and ifft (e^{+...}) take complex tensors, rfft real ones
 // (float, double: cast bfloat16 to float first, as PyTorch's CPU does), irfft complex
@@ -298,6 +298,8 @@ constexpr void check_call() {
 
 // The result c2r gives for m bins: n, or 2(m - 1) by default; m must be n/2 + 1.
 inline int64_t c2r_length(const char* op, int64_t bins, int64_t n) {
+  DTENSOR_CHECK(n >= -1, InvalidArgument, "spectral::", op, ": a real length of ", n,
+                "; give a positive length, or -1 for 2 (m - 1)");
   const int64_t len = n < 0 ? 2 * (bins - 1) : n;
   DTENSOR_CHECK(len > 0, InvalidArgument, "spectral::", op, ": the last transformed dim holds ", bins,
                 " bins, which make no real signal; pass IrfftOptions::n");
@@ -463,16 +465,31 @@ auto irfft_to(DTensor<std::complex<R>, Rank, Q...>&& x, const ShardLayout<Rank>&
   }(PList{});
 }
 
+namespace detail {
+// A backward's dy against the input's layout: the same extents but along `halved`,
+// where the spectrum holds n/2 + 1 bins of the real length n (-1: no such dim).
+template <std::size_t Rank>
+void check_gradient_shape(const char* op, const std::array<int64_t, Rank>& dy, const std::array<int64_t, Rank>& x,
+                          int halved, bool x_is_real) {
+  for (int d = 0; d < static_cast<int>(Rank); ++d) {
+    const bool ok = d != halved ? dy[d] == x[d] : x_is_real ? dy[d] == x[d] / 2 + 1 : x[d] == dy[d] / 2 + 1;
+    DTENSOR_CHECK(ok, InvalidArgument, "spectral::", op, ": dy ", dtensor::to_string(dy),
+                  " is not shaped as the gradient of the transform of an input ", dtensor::to_string(x));
+  }
+}
+}  // namespace detail
+
 // Backward passes. `dy` is the gradient of the transform's result (laid out as the
 // result was); `x_layout` the input's layout; the gradient comes back laid out as the
-// input, placed as its gradient. InPlacements defaults to x's placements through
-// the overloads taking the input itself.
+// input, placed as its gradient. InPlacements are the input's placements
+// (`decltype(x)::placements`).
 template <class D, class InPlacements, class R, int Rank, class... G>
 auto fft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLayout<Rank>& x_layout,
                   const FftOptions& opt = {}) {
   detail::check_call<D, Rank, R>();
   constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
   const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
+  detail::check_gradient_shape("fft_backward", dy.shape(), x_layout.global, -1, false);
   auto g = detail::transform<Transform::Ifft, D, Out::Transposed>(
       dy, {.sign = compute::Sign::Backward, .scale = detail::total_scale<D>(opt.norm, false, dy.shape())}, o);
   return detail::finish_gradient<InPlacements>(g, o);
@@ -483,6 +500,7 @@ auto ifft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLa
   detail::check_call<D, Rank, R>();
   constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
   const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
+  detail::check_gradient_shape("ifft_backward", dy.shape(), x_layout.global, -1, false);
   auto g = detail::transform<Transform::Fft, D, Out::Transposed>(
       dy, {.sign = compute::Sign::Forward, .scale = detail::total_scale<D>(opt.norm, true, dy.shape())}, o);
   return detail::finish_gradient<InPlacements>(g, o);
@@ -494,6 +512,7 @@ auto rfft_backward(const DTensor<std::complex<R>, Rank, G...>& dy, const ShardLa
   constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
   const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
   constexpr int last = D::list[D::count - 1];
+  detail::check_gradient_shape("rfft_backward", dy.shape(), x_layout.global, last, true);
   const int64_t n = detail::c2r_length("rfft_backward", dy.shape()[last], x_layout.global[last]);
   auto g = detail::transform<Transform::Irfft, D, Out::Transposed>(
       dy,
@@ -508,6 +527,7 @@ auto irfft_backward(const DTensor<R, Rank, G...>& dy, const ShardLayout<Rank>& x
   detail::check_call<D, Rank, R>();
   constexpr auto in = []<class... P>(Placements<P...>) { return describe_all<P...>(); }(InPlacements{});
   const detail::Origin<Rank, sizeof...(G)> o{x_layout, in};
+  detail::check_gradient_shape("irfft_backward", dy.shape(), x_layout.global, D::list[D::count - 1], false);
   auto g = detail::transform<Transform::Rfft, D, Out::Transposed>(
       dy,
       {.sign = compute::Sign::Forward, .scale = detail::total_scale<D>(opt.norm, true, dy.shape()),

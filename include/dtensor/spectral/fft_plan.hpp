@@ -15,10 +15,12 @@
 //   2. a dim not transformed at all, the lowest first (the batch of an image, never
 //      its channels when there is a lower dim: spectral convolutions mix channels);
 //   3. a dim still to be transformed (it moves again later);
-// where e may already be sharded only by outer mesh dims (the shard nests inside,
-// which one all-to-all reaches). With no such dim (a 1-D tensor) the shard is
-// gathered (Replicate). Partial<Avg|Max|Min> is reduced to Replicate first (a
-// transform is linear, so Partial<Sum> terms are transformed as they are).
+// where e may already be sharded only by outer mesh dims (the shard nests inside them;
+// one all-to-all where the moving mesh dim is the innermost of d's, else the planner's
+// gather, all-to-all and slice). With no such dim the shard is gathered (Replicate):
+// a 1-D tensor, or a dim whose only other candidates are sharded by inner mesh dims;
+// every rank then holds that dim whole. Partial<Avg|Max|Min> is reduced to Replicate
+// first (a transform is linear, so Partial<Sum> terms are transformed as they are).
 //
 // The result keeps the placements of the last stage (Out::Transposed, FFTW_MPI_
 // TRANSPOSED_OUT's layout: no collective after the last transform) or is

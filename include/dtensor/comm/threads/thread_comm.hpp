@@ -57,6 +57,7 @@
 #include "dtensor/comm/threads/thread_all_reduce.hpp"
 #include "dtensor/comm/threads/thread_exchange.hpp"
 #include "dtensor/comm/threads/world.hpp"
+#include "dtensor/core/block.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/small_vector.hpp"
 #include "dtensor/util/compiled_runtime.hpp"
@@ -85,6 +86,7 @@ class ThreadComm final : public Comm {
   }
 
   void all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    detail::check_orderable(t, op, "ThreadComm::all_reduce");  // before the rendezvous: every rank throws
     collective([&] {
       auto& me = begin(Collective::AllReduce, [&](detail::Slot& s) {
         s.send = send, s.recv = recv, s.count = count, s.dtype = t, s.rop = op;
@@ -112,11 +114,13 @@ class ThreadComm final : public Comm {
   // collectives (which synchronise in place): the k-th start_all_reduce of every
   // rank is one all-reduce.
   Request start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) override {
+    detail::check_orderable(t, op, "ThreadComm::start_all_reduce");
     return start_all_reduce_({{send, recv, count}}, t, op);
   }
   // In place over the segments, without packing them, whatever the cuts: each piece
   // is reduced straight from the peers' segments into this rank's.
   Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op, SegmentCuts) override {
+    detail::check_orderable(t, op, "ThreadComm::start_all_reduce");
     std::vector<detail::NbAllReduce::Piece> pieces;
     pieces.reserve(segments.size());
     for (const Segment& s : segments) pieces.push_back({s.data, s.data, s.count});
@@ -150,6 +154,7 @@ class ThreadComm final : public Comm {
 
   void do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
                          StridedBlock recv_block, DType t, ReduceOp op) override {
+    detail::check_orderable(t, op, "ThreadComm::reduce_scatter");
     collective([&] {
       begin(Collective::ReduceScatter, [&](detail::Slot& s) {
         s.send = send, s.send_blocks = send_blocks.data(), s.dtype = t, s.rop = op;

@@ -139,8 +139,10 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
     Spectrum Y(X.mesh(), ylay, std::move(yl));
     ShardLayout<Rank> out_layout = x.layout();
     out_layout.global[1] = Cout;
-    saved_.emplace(Saved{x.layout(), Y.layout(), std::move(X)});
-    return spectral::irfft_to<Dims, typename InputT::placements>(std::move(Y), out_layout);
+    ShardLayout<Rank> y_layout = Y.layout();
+    auto y = spectral::irfft_to<Dims, typename InputT::placements>(std::move(Y), out_layout);
+    saved_.emplace(Saved{x.layout(), std::move(y_layout), std::move(X)});  // once the forward has succeeded
+    return y;
   }
 
   template <bool NeedInputGrad = true, class G>
@@ -155,6 +157,12 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
     require_gradient_layout(name, dy.layout(), out_layout);
     // The gradient of Y (the mixed spectrum), then of W and of X frequency by frequency.
     const auto dY = spectral::irfft_backward<Dims, typename Spectrum::placements>(dy, s.y_layout);
+    // dY and the saved X cover the same frequencies on this rank (the same plan from
+    // the same layouts); dW pairs them element by element.
+    for (int d = 0; d < Rank; ++d)
+      DTENSOR_CHECK(d == 1 || (dY.layout().blocks[d] == s.X.layout().blocks[d] &&
+                               dY.layout().global[d] == s.X.layout().global[d]),
+                    InvalidArgument, name, ": the output gradient's spectrum is laid out unlike the input's");
     weight_terms(s.X.local(), s.X.local_offset(), dY.local(), s.x_layout.global);
     if constexpr (!NeedInputGrad) {
       return 0;
