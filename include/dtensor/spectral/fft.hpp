@@ -21,11 +21,13 @@
 // transforms are FFTW's (compute/fftw.hpp), on host blocks.
 //
 // Block sizes: every redistribution gets explicit target sizes, so the layout at each
-// stage is a function of the input's layout alone: a dim sharded by the same mesh dims
-// as in the input, with its extent unchanged, keeps the input's (possibly uneven)
-// blocks; any other sharded dim takes the chunk rule. Out::AsInput therefore returns
-// the input's own layout, and each backward, given the input's layout, retraces the
-// forward's layouts and returns a gradient laid out as the input.
+// stage is a function of the input's layout alone: the input's (possibly uneven) blocks
+// regrouped as redistribute regroups them (kept where a dim is sharded by the same mesh
+// dims, summed or cut where mesh dims left or joined it), the chunk rule where a
+// transform changed the dim's extent. Out::AsInput therefore returns the input's own
+// layout, irfft_like / irfft_to the real tensor's, and each backward, given the input's
+// layout, retraces the forward's layouts and returns a gradient laid out as the input.
+// An rvalue spectrum given to irfft or irfft_like is the scratch of FFTW's c2r.
 //
 // Backward passes (the adjoints, PyTorch's convention for complex gradients: the
 // gradient of a real loss L with respect to z = a + ib is dL/da + i dL/db):
