@@ -24,10 +24,16 @@
 // held-out error is not below 0.1 after training (nor a third of the untrained one).
 // With -out DIR, rank 0 writes the first held-out sample as DIR/surrogate_{logk, u,
 // pred, error}.npy (float64, [31, 31], row y, column x); examples/plot_surrogate.py
-// draws them as DIR/surrogate.png.
+// draws them as DIR/surrogate.png. Where parallel HDF5 was found, every rank also
+// writes its blocks of the same fields to DIR/surrogate.h5, described by
+// DIR/surrogate.xmf (ParaView and VisIt open it).
 #include <dtensor/cnn.hpp>
 #include <dtensor/solvers.hpp>
 #include <dtensor/spectral.hpp>
+#ifdef DTENSOR_HAVE_HDF5
+#include <dtensor/io/hdf5.hpp>
+#include <dtensor/io/xdmf.hpp>
+#endif
 
 #include "common.hpp"
 
@@ -128,7 +134,7 @@ Image batch(const std::vector<Sample>& data, int first, int count, bool target, 
 
 // The held-out samples' relative L2 error: sqrt(sum (pred - u)^2 / sum u^2), averaged.
 double held_out_error(Model& model, const std::vector<Sample>& test, double u_scale, const DeviceMesh<2>& mesh,
-                      Tensor<float, 4>* first_prediction) {
+                      Tensor<float, 4>* first_prediction, Tensor<float, 4>* first_block = nullptr) {
   double total = 0;
   for (int s = 0; s < kTest; ++s) {
     const auto y = model.forward(batch(test, s, 1, false, u_scale, mesh));
@@ -142,6 +148,7 @@ double held_out_error(Model& model, const std::vector<Sample>& test, double u_sc
     }
     total += std::sqrt(num / den);
     if (s == 0 && first_prediction) *first_prediction = pred;
+    if (s == 0 && first_block) *first_block = y.local();
   }
   return total / kTest;
 }
@@ -193,8 +200,30 @@ std::vector<float> train(const DeviceMesh<2>& mesh, Outcome* out, const std::str
       model.backward(loss.backward(y));
       opt.step(model);
     }
-  Tensor<float, 4> pred;
-  out->after = held_out_error(model, test, u_scale, mesh, &pred);
+  Tensor<float, 4> pred, pred_block;
+  out->after = held_out_error(model, test, u_scale, mesh, &pred, &pred_block);
+#ifdef DTENSOR_HAVE_HDF5
+  if (write) {
+    // The same sample as fields ParaView opens: each rank writes its own blocks
+    // (io/hdf5.hpp), the prediction's block being the grid's.
+    const Grid& u = test[0].u;
+    Grid p(mesh, u.layout(), Tensor<double, 2>::uninitialized(u.local_shape()));
+    Grid e = p;
+    for (int64_t i = 0; i < p.local().numel(); ++i) {
+      p.local().data()[i] = pred_block.data()[i] / u_scale;
+      e.local().data()[i] = p.local().data()[i] - u.local().data()[i];
+    }
+    const std::string h5 = out_dir + "/surrogate.h5";
+    io::write_hdf5(h5, "logk", test[0].logk, {.mode = io::FileMode::Replace});
+    io::write_hdf5(h5, "u", u, {.mode = io::FileMode::Update});
+    io::write_hdf5(h5, "pred", p, {.mode = io::FileMode::Update});
+    io::write_hdf5(h5, "error", e, {.mode = io::FileMode::Update});
+    std::vector<io::XdmfField> fields;
+    for (const char* f : {"logk", "u", "pred", "error"}) fields.push_back({f, f, io::Center::Node});
+    io::write_xdmf(out_dir + "/surrogate.xmf", {.points = {kN, kN}, .origin = {kH, kH, 0}, .spacing = {kH, kH, 1}},
+                   h5, fields, mesh.comm());
+  }
+#endif
   if (write) {
     const auto u = test[0].u.full_tensor(), lk = test[0].logk.full_tensor();  // collective: every rank
     if (mesh.comm().rank() != 0) return losses;
