@@ -63,10 +63,6 @@
 #include <functional>
 #include <string>
 #include <vector>
-#ifdef DTENSOR_HAVE_HDF5
-#include <dtensor/io/hdf5.hpp>
-#include <dtensor/io/xdmf.hpp>
-#endif
 
 using namespace dtensor;
 
@@ -159,8 +155,7 @@ int main(int argc, char** argv) {
     DeviceMesh<2> mesh(comm, mesh_shape(comm.size()));
     const bool root = comm.rank() == 0;
 #ifdef DTENSOR_HAVE_HDF5
-    std::vector<io::XdmfField> fields;
-    int64_t finest = 0;
+    poisson_example::SolutionOutput<2, Vec> output(args);
 #endif
     for (const auto& s : stencils) {
       if (root)
@@ -179,14 +174,7 @@ int main(int argc, char** argv) {
       for (int l = 0; l < args.levels; ++l, n = 2 * n + 1) {
         std::function<void(const Vec&)> keep;
 #ifdef DTENSOR_HAVE_HDF5
-        // The finest solution, written in parallel: each rank its block (io/hdf5.hpp).
-        if (!args.out.empty() && l + 1 == args.levels)
-          keep = [&](const Vec& x) {
-            io::write_hdf5(args.out, "u_" + s, x,
-                           {.mode = &s == &stencils.front() ? io::FileMode::Replace : io::FileMode::Update});
-            fields.push_back({"u_" + s, "u_" + s, io::Center::Node});
-            finest = n;
-          };
+        keep = output.keep(s, l + 1 == args.levels, n);
 #endif
         levels.push_back(solve(s, n, mesh, args, keep));
         const Level& L = levels.back();
@@ -208,14 +196,7 @@ int main(int argc, char** argv) {
       }
     }
 #ifdef DTENSOR_HAVE_HDF5
-    if (!args.out.empty()) {
-      // The n x n interior nodes (y, x) = ((i + 1) h, (j + 1) h).
-      const double h = 1.0 / double(finest + 1);
-      const std::string xmf = poisson_example::xmf_path(args.out);
-      io::write_xdmf(xmf, {.points = {finest, finest}, .origin = {h, h, 0}, .spacing = {h, h, 1}}, args.out, fields,
-                     comm);
-      if (root) std::printf("\nwrote %s and %s (open the .xmf in ParaView)\n", args.out.c_str(), xmf.c_str());
-    }
+    output.finish(comm, root);
 #endif
     if (root)
       std::printf("\n%s\n", failed ? "FAILED: an observed order is below 1.8 (or the solver did not converge)"

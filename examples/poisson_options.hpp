@@ -6,6 +6,13 @@
 #include <string>
 
 #include <dtensor/solvers.hpp>
+#ifdef DTENSOR_HAVE_HDF5
+#include <functional>
+#include <vector>
+
+#include <dtensor/io/hdf5.hpp>
+#include <dtensor/io/xdmf.hpp>
+#endif
 
 namespace poisson_example {
 
@@ -126,5 +133,42 @@ inline std::string xmf_path(const std::string& h5) {
   const bool ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
   return (ext ? h5.substr(0, dot) : h5) + ".xmf";
 }
+
+#ifdef DTENSOR_HAVE_HDF5
+// -out: the finest solution of each stencil written in parallel (each rank its block,
+// io/hdf5.hpp) as dataset u_<stencil>, then one XDMF for them all on the D-dim grid of
+// interior nodes (i + 1) h (XDMF takes origin and spacing x first).
+template <int D, class Vec>
+class SolutionOutput {
+ public:
+  explicit SolutionOutput(const Args& a) : path_(a.out) {}
+  // What solve() calls with the solution of `stencil` on n nodes a side (nothing
+  // without -out, or on a grid that is not the finest).
+  std::function<void(const Vec&)> keep(const std::string& stencil, bool last_level, int64_t n) {
+    if (path_.empty() || !last_level) return {};
+    return [this, stencil, n](const Vec& x) {
+      dtensor::io::write_hdf5(path_, "u_" + stencil, x,
+                              {.mode = fields_.empty() ? dtensor::io::FileMode::Replace : dtensor::io::FileMode::Update});
+      fields_.push_back({"u_" + stencil, "u_" + stencil, dtensor::io::Center::Node});
+      finest_ = n;
+    };
+  }
+  // Collective; prints where it wrote on `root`.
+  void finish(dtensor::Comm& comm, bool root) const {
+    if (path_.empty()) return;
+    const double h = 1.0 / double(finest_ + 1);
+    dtensor::io::XdmfGrid grid{.points = std::vector<int64_t>(D, finest_), .origin = {h, h, D == 3 ? h : 0},
+                               .spacing = {h, h, D == 3 ? h : 1}};
+    const std::string xmf = xmf_path(path_);
+    dtensor::io::write_xdmf(xmf, grid, path_, fields_, comm);
+    if (root) std::printf("\nwrote %s and %s (open the .xmf in ParaView)\n", path_.c_str(), xmf.c_str());
+  }
+
+ private:
+  std::string path_;
+  std::vector<dtensor::io::XdmfField> fields_;
+  int64_t finest_ = 0;
+};
+#endif
 
 }  // namespace poisson_example

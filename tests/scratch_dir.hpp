@@ -1,9 +1,12 @@
 #pragma once
-// A scratch directory for checkpoint tests, the same on every rank.
+// A scratch directory for the I/O tests (checkpoints, HDF5, the loader), the same on
+// every rank. Only the two io/ headers it uses: the HDF5 tests build without the
+// checkpoints' dependencies.
 #include <unistd.h>
 
 #include <atomic>
-#include <dtensor/io.hpp>
+#include <dtensor/io/agreement.hpp>
+#include <dtensor/io/file.hpp>
 #include <filesystem>
 #include <string>
 

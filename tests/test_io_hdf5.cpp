@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "scratch_dir.hpp"
 #include "spmd.hpp"
 
 using namespace dtensor;
@@ -31,29 +32,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory, the same on every rank (rank 0 names it), removed at the end.
-class Scratch {
- public:
-  explicit Scratch(Comm& comm) : comm_(comm) {
-    static std::atomic<int> counter{0};
-    std::string name = "dtensor-hdf5-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    path_ = fs::temp_directory_path() / io::detail::broadcast_string(comm, name, 0);
-    if (comm.rank() == 0) fs::create_directories(path_);
-    comm.barrier();
-  }
-  ~Scratch() {
-    try {
-      comm_.barrier();
-      if (comm_.rank() == 0) fs::remove_all(path_);
-    } catch (...) {
-    }
-  }
-  fs::path operator/(const std::string& s) const { return path_ / s; }
-
- private:
-  Comm& comm_;
-  fs::path path_;
-};
+using Scratch = ScratchDir;  // tests/scratch_dir.hpp
 
 // Element g (row-major index in the dataset) of every test tensor: small integers,
 // exact in every type and under the Partial sums. tests/hdf5_interop.py computes the same.

@@ -27,6 +27,7 @@
 #include <fstream>
 #include <set>
 
+#include "scratch_dir.hpp"
 #include "spmd.hpp"
 
 using namespace dtensor;
@@ -35,29 +36,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory, the same on every rank (rank 0 names it), removed at the end.
-class Scratch {
- public:
-  explicit Scratch(Comm& comm) : comm_(comm) {
-    static std::atomic<int> counter{0};
-    std::string name = "dtensor-loader-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    path_ = fs::temp_directory_path() / io::detail::broadcast_string(comm, name, 0);
-    if (comm.rank() == 0) fs::create_directories(path_);
-    comm.barrier();
-  }
-  ~Scratch() {
-    try {
-      comm_.barrier();
-      if (comm_.rank() == 0) fs::remove_all(path_);
-    } catch (...) {
-    }
-  }
-  fs::path operator/(const std::string& s) const { return path_ / s; }
-
- private:
-  Comm& comm_;
-  fs::path path_;
-};
+using Scratch = ScratchDir;  // tests/scratch_dir.hpp
 
 // The data set: N samples [C, H, W]; element (n, c, h, w) holds n * 100 + its index in
 // the sample, so a batch's values say which samples it holds. tests/loader_npy.py
