@@ -12,12 +12,13 @@
 //
 //   mpirun -np P build-bench/bench/bench_fft [--n 128] [--reps 7] [--measure]
 #include <dtensor/mpi.hpp>
+
+#include "wall_time.hpp"
 #include <dtensor/spectral.hpp>
 
 #include <fftw3-mpi.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -27,25 +28,11 @@
 #include <vector>
 
 using namespace dtensor;
+using bench::median;
+using bench::timed;
 using spectral::Dims;
 
 namespace {
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-template <class F>
-double timed(Comm& comm, F&& f) {
-  comm.barrier();
-  const double t0 = now();
-  f();
-  comm.barrier();
-  return now() - t0;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double value_at(uint64_t i) { return std::sin(0.37 * double(i)) + 0.5 * std::cos(1.91 * double(i % 1013)); }
 

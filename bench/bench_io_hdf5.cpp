@@ -12,10 +12,11 @@
 #include <dtensor/io/hdf5.hpp>
 #include <dtensor/mpi.hpp>
 
+#include "wall_time.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -23,28 +24,9 @@
 #include <vector>
 
 using namespace dtensor;
+using bench::median;
+using bench::timed;
 namespace fs = std::filesystem;
-
-namespace {
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// Seconds `f` takes from a barrier until every rank is done.
-template <class F>
-double timed(Comm& comm, F&& f) {
-  comm.barrier();
-  const double t0 = now();
-  f();
-  comm.barrier();
-  return now() - t0;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   int64_t n = 256;

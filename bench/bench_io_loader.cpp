@@ -24,6 +24,8 @@
 #include <dtensor/io/loader.hpp>
 #include <dtensor/mpi.hpp>
 
+#include "wall_time.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,16 +36,11 @@
 #include <vector>
 
 using namespace dtensor;
+using bench::median;
+using bench::now;
 namespace fs = std::filesystem;
 
 namespace {
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // `convs` 3x3 convolutions C -> C (zero padding) of the block [B, C, H, W]; returns a
 // checksum so that the work is not optimized away.
