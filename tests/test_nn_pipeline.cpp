@@ -1,7 +1,7 @@
 // nn::Pipeline: a model cut into stages over a pipeline mesh dim trains as the same
 // layers do on one rank in one pass over the whole batch: the loss of every step, every
 // gradient after the first step and every parameter after three AdamW steps, to float64
-// rounding. GPipe, 1F1B and interleaved 1F1B on 2-4 pipeline ranks; micro-batch counts
+// rounding. GPipe, 1F1B, interleaved 1F1B and zero-bubble H1 on 2-4 pipeline ranks; micro-batch counts
 // below, at and above the stage count; uneven micro-batches (batches of 7 and 9 rows);
 // PP alone on a 1-D mesh, DP x PP (the pipeline dim second), PP x TP, PP x DP x TP;
 // a GPT's stages with CP and FSDP; a checkpoint of four stages resumed on two and on one.
@@ -188,6 +188,17 @@ TEST_CASE("pipeline: interleaved 1F1B, two stages per rank") {
   check_pipeline<Plain, 6, OnLine<pipeline::Interleaved1F1B<2>, 3>>({3}, 8);
 }
 
+TEST_CASE("pipeline: zero-bubble H1 (input and weight gradients as separate steps) on 2-4 stages") {
+  check_pipeline<Plain, 2, OnLine<pipeline::ZeroBubbleH1, 1>>({2}, 6);
+  check_pipeline<Plain, 2, OnLine<pipeline::ZeroBubbleH1, 3>>({2}, 7);
+  check_pipeline<Plain, 3, OnLine<pipeline::ZeroBubbleH1, 5>>({3}, 9);
+  check_pipeline<Plain, 4, OnLine<pipeline::ZeroBubbleH1, 2>>({4}, 7);  // fewer micro-batches than stages
+  check_pipeline<Plain, 4, OnLine<pipeline::ZeroBubbleH1, 8>>({4}, 9);
+  check_pipeline<Dp, 2, nn::PipelineConfig<2, 1, pipeline::ZeroBubbleH1, 3>>({2, 2}, 7);
+  check_pipeline<Tp, 2, nn::PipelineConfig<2, 0, pipeline::ZeroBubbleH1, 4>>({2, 3}, 7);
+  check_pipeline<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::ZeroBubbleH1, 4>>({2, 2, 2}, 9);
+}
+
 TEST_CASE("pipeline: with data and tensor parallelism, the pipeline dim first or second") {
   // DP x PP: mesh dim 0 data parallel, dim 1 the pipeline; the batch of 7 rows is 4 and 3 per rank.
   check_pipeline<Dp, 2, nn::PipelineConfig<2, 1, pipeline::OneFOneB, 3>>({2, 2}, 7);
@@ -292,6 +303,62 @@ TEST_CASE("pipeline: a GPT in two stages, PP x CP, PP x TP x CP (ring attention)
   check_gpt_pipeline<TpCp, TBlock<TpCp>, nn::PipelineConfig<3, 0, pipeline::GPipe, 2>>({2, 2, 2}, 3, 7);
   check_gpt_pipeline<DpTp3, nn::FullyShard<TBlock<DpTp3>>, nn::PipelineConfig<3, 0, pipeline::OneFOneB, 2>>(
       {2, 2, 2}, 5, 6);
+}
+
+TEST_CASE("pipeline: a GPT in two stages under zero-bubble H1 (the blocks' MLPs split their backward)") {
+  check_gpt_pipeline<Cp, TBlock<Cp>, nn::PipelineConfig<2, 1, pipeline::ZeroBubbleH1, 3>>({3, 2}, 5, 7);
+  check_gpt_pipeline<TpCp, TBlock<TpCp>, nn::PipelineConfig<3, 0, pipeline::ZeroBubbleH1, 2>>({2, 2, 2}, 3, 7);
+}
+
+namespace {
+// The split backward (backward_input, then backward_weight) against one backward of an
+// identical model: the input's gradient and every parameter's, bit for bit, on DP x TP
+// meshes with uneven batch blocks; a residual MLP block (sequence-parallel TP) and
+// Linears at the top level.
+using SpCfg = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
+using SpBlock = nn::Sequential<nn::LayerNorm<SpCfg, 8, nn::SequenceParallel>,
+                               nn::Linear<SpCfg, 8, 12, nn::ColwiseParallel<Shard<1>>>, nn::GELU<SpCfg>,
+                               nn::Linear<SpCfg, 12, 8, nn::RowwiseParallel<Shard<1>>>>;
+using SpMlp = nn::Residual<SpBlock>;
+using SplitModel = nn::Sequential<nn::Linear<SpCfg, 5, 8, nn::RowwiseParallel<Shard<1>>>, SpMlp,
+                                  nn::Linear<SpCfg, 8, 3, nn::Colwise>>;
+
+SplitModel make_split_model(const DeviceMesh<2>& mesh) {
+  return SplitModel(SplitModel::layer_t<0>(mesh, {.seed = 1}),
+                    SpMlp(SpBlock(SpBlock::layer_t<0>(mesh), SpBlock::layer_t<1>(mesh, {.seed = 2}), nn::GELU<SpCfg>(),
+                                  SpBlock::layer_t<3>(mesh, {.seed = 3}))),
+                    SplitModel::layer_t<2>(mesh, {.seed = 4}));
+}
+}  // namespace
+
+TEST_CASE("a split backward (input gradient, then weight gradient) is one backward, bit for bit") {
+  for (std::array<int, 2> shape : {std::array<int, 2>{1, 1}, {2, 2}, {3, 1}, {1, 3}}) {
+    CAPTURE(shape[0]);
+    CAPTURE(shape[1]);
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      auto whole = make_split_model(mesh);
+      auto split = make_split_model(mesh);
+      const auto x = batch_values<SplitModel::InputT>({5, 7, 5}, mesh, 3);
+      for (int pass = 0; pass < 2; ++pass) {  // the second adds to the first's gradients
+        const auto dy = batch_values<SplitModel::OutputT>({5, 7, 3}, mesh, 4 + pass);
+        (void)whole.forward(x);
+        const auto dx_whole = whole.backward<true>(dy).full_tensor();
+        (void)split.forward(x);
+        const auto dx_split = split.backward_input<true>(dy).full_tensor();
+        split.backward_weight<std::decay_t<decltype(dy)>>();
+        REQUIRE(dx_whole.numel() == dx_split.numel());
+        for (int64_t i = 0; i < dx_whole.numel(); ++i) REQUIRE(dx_whole.data()[i] == dx_split.data()[i]);
+      }
+      const auto a = gathered(whole, true), b = gathered(split, true);
+      REQUIRE(a.size() == b.size());
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(a[i].size() == b[i].size());
+        for (std::size_t j = 0; j < a[i].size(); ++j) CHECK(a[i][j] == b[i][j]);
+      }
+    });
+  }
 }
 
 TEST_CASE("pipeline: a rank failing in one stage ends every rank with its error, none waits on a receive") {

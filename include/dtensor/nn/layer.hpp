@@ -191,6 +191,36 @@ auto layer_backward(L& layer, const G& dy) {
     return layer.template backward<NeedInputGrad>(dy);
 }
 
+// A backward in two steps, for zero-bubble pipeline schedules (nn/pipeline.hpp): the
+// input's gradient first (on the critical path: the stage before waits for it), the
+// parameters' gradients later (filling what would be a bubble). A layer offers it with
+//
+//   template <bool NeedInputGrad, class G> auto backward_input(G&& dy);  // as backward's return
+//   void backward_weight();                                              // its parameters' gradients
+//
+// keeping in between what the weight gradient reads (a Linear: its input and dy; a
+// pipeline sets that aside per micro-batch, as the forward's saved state). A block
+// passes both on to its layers. A layer without the split runs its whole backward in
+// the first step: the gradients are the same, only that layer's weight work stays on the
+// critical path. Either way the sum is one backward's, bit for bit.
+template <class L>
+concept SplitsBackward = requires(L& l) { l.backward_weight(); } || requires(L& l) { l.backward_weight_unreduced(); };
+
+template <bool NeedInputGrad, class L, class G>
+auto layer_backward_input(L& layer, G&& dy) {
+  if constexpr (requires { layer.template backward_input_unreduced<NeedInputGrad>(std::forward<G>(dy)); })
+    return layer.template backward_input_unreduced<NeedInputGrad>(std::forward<G>(dy));
+  else if constexpr (requires { layer.template backward_input<NeedInputGrad>(std::forward<G>(dy)); })
+    return layer.template backward_input<NeedInputGrad>(std::forward<G>(dy));
+  else
+    return layer_backward<NeedInputGrad>(layer, std::as_const(dy));
+}
+template <class L>
+void layer_backward_weight(L& layer) {
+  if constexpr (requires { layer.backward_weight_unreduced(); }) layer.backward_weight_unreduced();
+  else if constexpr (requires { layer.backward_weight(); }) layer.backward_weight();
+}
+
 // redistribute_backward<P...>(dy) for a Placements<P...> list (an rvalue dy is moved
 // through, not copied, where the placements stay).
 template <class PList, class G>

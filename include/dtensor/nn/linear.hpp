@@ -143,51 +143,56 @@ class Linear {
   // is false (the first layer of a model, unless the input's gradient is asked for).
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
-    static_assert(is_gradient_of(G::placement_state, Rule::output()),
-                  "dtensor::nn::Linear::backward: dy is not placed as a gradient of the layer's output (see "
-                  "placement/gradient.hpp: Shard stays Shard, Replicate takes Partial<Sum> or Replicate)");
+    check_gradient<G>();
     DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
-    constexpr State gp = grad_product(G::placement_state);
-    const auto& dz = [&]() -> decltype(auto) {
-      if constexpr (Rule::rowwise) return redistribute_backward_as<placements_t<Rule::product()>>(dy);
-      else return (dy);
-    }();
-    static_assert(std::decay_t<decltype(dz)>::placement_state == gp);
-    const auto& xc = *saved_;
-    const auto& g = dz.local();
-    for (int d = 0; d < F; ++d)
-      DTENSOR_CHECK(g.shape()[d] == xc.local().shape()[d], InvalidArgument, name, ": the gradient's block ",
-                    dtensor::to_string(g.shape()), " does not match the input's rows ",
-                    dtensor::to_string(xc.local().shape()), "; backward takes the gradient of the last forward");
-    const Device dev = g.device();
-    const int64_t rows = detail::rows_of<Rank>(g.shape());
-    const int64_t kin = xc.local().shape()[F], nout = g.shape()[F];
-    // dW += x^T dz, db += column sums of dz, straight into the parameters' gradient
-    // blocks (GEMM with beta = 1): this rank's rows only (Partial over DP).
-    DTENSOR_CHECK(weight_.grad().shape() == (Shape<2>{kin, nout}), InvalidArgument, name, ": the gradient's ", nout,
-                  " output features do not match the weight's block ", dtensor::to_string(weight_.grad().shape()));
-    detail::matmul(dev, xc.local().data(), true, g.data(), false, weight_.grad().data(), kin, nout, rows, true);
-    if constexpr (Bias) detail::column_sums(dev, g.data(), bias_.grad().data(), rows, nout, true);
+    const auto& dz = product_gradient(dy);
+    check_rows(dz.local());
+    accumulate_parameter_gradients(dz.local());
     if constexpr (NeedInputGrad) {
-      constexpr State gci = grad_compute_input(G::placement_state);
-      Shape<Rank> ls = xc.local().shape();
-      auto dx = Tensor<T, Rank>::uninitialized(ls, dev);
-      detail::matmul(dev, g.data(), false, weight_.value().local().data(), true, dx.data(), rows, kin, nout);
-      using GradCompute = dtensor_t<T, Rank, placements_t<gci>>;
-      GradCompute dxc(xc.mesh(), xc.layout(), std::move(dx));
+      auto dx = input_gradient<G>(dz.local());
       saved_.reset();
-      return redistribute_backward_as<placements_t<Rule::input()>>(std::move(dxc));  // moved through where placed alike
+      return dx;
     } else {
       saved_.reset();
       return 0;
     }
   }
 
-  // What the forward leaves for the backward, which a pipeline stage sets aside per
-  // micro-batch (nn/saved_state.hpp).
-  DTENSOR_SAVED_STATE(saved_)
+  // The backward in two steps (nn/layer.hpp, zero-bubble pipelines): the input's
+  // gradient now; the product's gradient kept with the saved input until
+  // backward_weight() adds dW and db. The two make backward's sums bit for bit.
+  template <bool NeedInputGrad = true, class G>
+  auto backward_input(G&& dy) {
+    using GV = std::remove_cvref_t<G>;
+    check_gradient<GV>();
+    DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward_input without a forward");
+    auto dz = owned_product_gradient(std::forward<G>(dy));
+    check_rows(dz.local());
+    if constexpr (NeedInputGrad) {
+      auto dx = input_gradient<GV>(dz.local());
+      pending_.emplace(std::move(dz.local()));
+      return dx;
+    } else {
+      pending_.emplace(std::move(dz.local()));
+      return 0;
+    }
+  }
+  void backward_weight() {
+    DTENSOR_CHECK(pending_.has_value() && saved_.has_value(), InvalidArgument, name,
+                  ": backward_weight without a backward_input before it");
+    accumulate_parameter_gradients(*pending_);
+    pending_.reset();
+    saved_.reset();
+  }
+
+  // What the forward leaves for the backward (and backward_input for backward_weight),
+  // which a pipeline stage sets aside per micro-batch (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_, pending_)
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
-  void release_saved() { saved_.reset(); }
+  void release_saved() {
+    saved_.reset();
+    pending_.reset();
+  }
 
   // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: the
   // multiplied input saved (a copy, or the gathered input under sequence parallel); the
@@ -206,6 +211,61 @@ class Linear {
   }
 
  private:
+  template <class G>
+  static void check_gradient() {
+    static_assert(is_gradient_of(G::placement_state, Rule::output()),
+                  "dtensor::nn::Linear::backward: dy is not placed as a gradient of the layer's output (see "
+                  "placement/gradient.hpp: Shard stays Shard, Replicate takes Partial<Sum> or Replicate)");
+  }
+  // The product's gradient (rowwise: the adjoint of the product's reduction): a view
+  // of dy where nothing moves.
+  template <class G>
+  static decltype(auto) product_gradient(const G& dy) {
+    if constexpr (Rule::rowwise) return redistribute_backward_as<placements_t<Rule::product()>>(dy);
+    else return (dy);
+  }
+  // The same, owned (kept until backward_weight): dy moved in when given as an rvalue.
+  template <class G>
+  static auto owned_product_gradient(G&& dy) {
+    if constexpr (Rule::rowwise) {
+      using Z = std::remove_cvref_t<decltype(redistribute_backward_as<placements_t<Rule::product()>>(std::forward<G>(dy)))>;
+      return Z(redistribute_backward_as<placements_t<Rule::product()>>(std::forward<G>(dy)));
+    } else {
+      return std::remove_cvref_t<G>(std::forward<G>(dy));
+    }
+  }
+  void check_rows(const Tensor<T, Rank>& g) const {
+    const auto& xc = *saved_;
+    for (int d = 0; d < F; ++d)
+      DTENSOR_CHECK(g.shape()[d] == xc.local().shape()[d], InvalidArgument, name, ": the gradient's block ",
+                    dtensor::to_string(g.shape()), " does not match the input's rows ",
+                    dtensor::to_string(xc.local().shape()), "; backward takes the gradient of the last forward");
+  }
+  // dW += x^T dz, db += column sums of dz, straight into the parameters' gradient
+  // blocks (GEMM with beta = 1): this rank's rows only (Partial over DP).
+  void accumulate_parameter_gradients(const Tensor<T, Rank>& g) {
+    const auto& xc = *saved_;
+    const int64_t rows = detail::rows_of<Rank>(g.shape());
+    const int64_t kin = xc.local().shape()[F], nout = g.shape()[F];
+    DTENSOR_CHECK(weight_.grad().shape() == (Shape<2>{kin, nout}), InvalidArgument, name, ": the gradient's ", nout,
+                  " output features do not match the weight's block ", dtensor::to_string(weight_.grad().shape()));
+    detail::matmul(g.device(), xc.local().data(), true, g.data(), false, weight_.grad().data(), kin, nout, rows, true);
+    if constexpr (Bias) detail::column_sums(g.device(), g.data(), bias_.grad().data(), rows, nout, true);
+  }
+  // dx = dz W^T, placed as the multiplied input's gradient, then brought to the input's.
+  template <class G>
+  auto input_gradient(const Tensor<T, Rank>& g) const {
+    constexpr State gci = grad_compute_input(G::placement_state);
+    const auto& xc = *saved_;
+    const int64_t rows = detail::rows_of<Rank>(g.shape());
+    const int64_t kin = xc.local().shape()[F], nout = g.shape()[F];
+    auto dx = Tensor<T, Rank>::uninitialized(xc.local().shape(), g.device());
+    detail::matmul(g.device(), g.data(), false, weight_.value().local().data(), true, dx.data(), rows, kin, nout);
+    using GradCompute = dtensor_t<T, Rank, placements_t<gci>>;
+    GradCompute dxc(xc.mesh(), xc.layout(), std::move(dx));
+    return redistribute_backward_as<placements_t<Rule::input()>>(std::move(dxc));  // moved through where placed alike
+  }
+
   template <class DT>
   static DT uniform(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed) {
     const T bound = T(1) / std::sqrt(static_cast<T>(In));
@@ -217,6 +277,7 @@ class Linear {
   Parameter<WeightT> weight_;
   Parameter<BiasT> bias_;
   std::optional<dtensor_t<T, Rank, placements_t<Rule::compute_input()>>> saved_;
+  std::optional<Tensor<T, Rank>> pending_;  // the product's gradient, from backward_input to backward_weight
 };
 
 }  // namespace dtensor::nn

@@ -41,9 +41,13 @@
 // accumulate over micro-batches; each stage's data-parallel reductions run with its
 // last backward (the earlier ones inside no_sync).
 //
-// Schedules: GPipe, OneFOneB, Interleaved1F1B<V> (V stages per rank) and a user's
-// table (pipeline::Custom<table>). ZeroBubbleH1 needs backwards split into input and
-// weight gradients, which the layers do not offer: it is refused by name.
+// Schedules: GPipe, OneFOneB, Interleaved1F1B<V> (V stages per rank), ZeroBubbleH1 and
+// a user's table (pipeline::Custom<table>). A zero-bubble schedule runs each backward
+// in two steps (nn/layer.hpp's split: the input gradient, later the weight gradient):
+// Linear layers, and blocks of them (Sequential, Residual, transformer blocks' MLPs),
+// split theirs; any other layer does its whole backward in the first step (the same
+// gradients; its weight work stays on the critical path). Stages with fully sharded
+// layers are refused with it (their reduce-scatter follows their whole backward).
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -61,6 +65,7 @@
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/saved_state.hpp"
+#include "dtensor/nn/unshard.hpp"
 #include "dtensor/plan/pipeline_timeline.hpp"
 #include "dtensor/tensor/device.hpp"
 #include "dtensor/util/error.hpp"
@@ -178,10 +183,11 @@ class Pipeline {
   static_assert(pipeline::schedule_fault<schedule_fault.problem, schedule_fault.rank, schedule_fault.step,
                                          schedule_fault.action.stage, schedule_fault.action.op,
                                          schedule_fault.action.microbatch>::ok);
-  static_assert(!schedule_table.split_backward,
-                "dtensor::nn::Pipeline: this schedule splits each backward into its input and weight gradients (I and "
-                "W, zero-bubble schedules), which dtensor's layers do not offer yet: use pipeline::OneFOneB or "
-                "pipeline::Interleaved1F1B<V>");
+  static_assert(!schedule_table.split_backward || (!nn::gathers_parameters<Stages>() && ...),
+                "dtensor::nn::Pipeline: a zero-bubble schedule splits each backward into its input and weight "
+                "gradients, and a fully sharded layer's gradients are reduce-scattered as its whole backward ends: "
+                "keep FullyShard out of the stages (data parallelism inside a stage reduces after the last weight "
+                "gradient), or use pipeline::OneFOneB or pipeline::Interleaved1F1B<V>");
   static constexpr int ranks = decltype(schedule_table)::ranks;
   static constexpr int M = PC::microbatches;
   static_assert(4 * S * M <= 32767, "dtensor::nn::Pipeline: each message has its own tag, 4 x stages x micro-batches "
@@ -513,6 +519,12 @@ class Pipeline {
       using pipeline::Op;
       if (a.op == Op::Forward) return with_stage(a.stage, [&](auto I) { forward<I()>(a.microbatch); });
       if (a.op == Op::Backward) return with_stage(a.stage, [&](auto I) { backward<I()>(a.microbatch, step); });
+      if constexpr (schedule_table.split_backward) {  // else the stages need no split backward
+        if (a.op == Op::BackwardInput)
+          return with_stage(a.stage, [&](auto I) { backward_input<I()>(a.microbatch); });
+        if (a.op == Op::BackwardWeight)
+          return with_stage(a.stage, [&](auto I) { backward_weight<I()>(a.microbatch, step); });
+      }
       // Sends go out with the compute that makes them; receives are taken by it.
     }
 
@@ -552,30 +564,20 @@ class Pipeline {
     template <int I>
     void backward(int mb, int step) {
       auto& stage = *std::get<I>(p_.stages_);
-      using G = typename grad_at<I>::type;
-      std::optional<G> dy;
-      if constexpr (I == S - 1) dy.emplace(std::move(*std::get<I>(grads_)[mb]));
-      else if (p_.holds(I + 1)) dy.emplace(std::move(*std::get<I>(grads_)[mb]));
-      else dy.emplace(take<G>(I, mb, true));
+      auto dy = output_gradient<I>(mb);
       stashes_[I][mb].put_back(stage);
       // Data-parallel reductions with the stage's last backward of the step only.
-      const bool last = step == last_backward(I, p_.pp_rank_);
+      const bool last = step == last_gradient_step(I, p_.pp_rank_);
       auto run_backward = [&] {
+        const auto start = Clock::now();
         if constexpr (I == 0) {
-          const auto start = Clock::now();
-          stage.template backward<false>(*dy);
+          stage.template backward<false>(dy);
           busy_ += seconds_since(start);
         } else {
-            const auto start = Clock::now();
-          auto dx = stage.template backward<true>(*dy);
+          auto dx = stage.template backward<true>(dy);
           busy_ += seconds_since(start);
-          dy.reset();
-          if (p_.holds(I - 1)) {
-            std::get<I - 1>(grads_).resize(M);
-            std::get<I - 1>(grads_)[mb].emplace(std::move(dx));
-          } else {
-            send(std::make_shared<decltype(dx)>(std::move(dx)), I - 1, I, mb, true);
-          }
+          { const auto done(std::move(dy)); }
+          pass_input_gradient<I>(std::move(dx), mb);
         }
       };
       if (last) {
@@ -586,11 +588,70 @@ class Pipeline {
       }
     }
 
-    static constexpr int last_backward(int stage, int rank) {
+    // A zero-bubble schedule's two steps: the input's gradient (I), sent on at once;
+    // then, later, the parameters' (W), which reduces with the stage's last one. What
+    // the weight gradient reads is set aside per micro-batch in between, as the
+    // forward's saved state is.
+    template <int I>
+    void backward_input(int mb) {
+      auto& stage = *std::get<I>(p_.stages_);
+      auto dy = output_gradient<I>(mb);
+      stashes_[I][mb].put_back(stage);
+      const auto start = Clock::now();
+      if constexpr (I == 0) {
+        stage.template backward_input<false>(dy);
+        busy_ += seconds_since(start);
+      } else {
+        auto dx = stage.template backward_input<true>(dy);
+        busy_ += seconds_since(start);
+        { const auto done(std::move(dy)); }
+        pass_input_gradient<I>(std::move(dx), mb);
+      }
+      stashes_[I][mb] = SavedStash::take(stage);
+    }
+    template <int I>
+    void backward_weight(int mb, int step) {
+      auto& stage = *std::get<I>(p_.stages_);
+      stashes_[I][mb].put_back(stage);
+      const auto start = Clock::now();
+      if (step == last_gradient_step(I, p_.pp_rank_)) {
+        stage.template backward_weight<typename grad_at<I>::type>();
+      } else {
+        auto quiet = stage.no_sync();
+        stage.template backward_weight<typename grad_at<I>::type>();
+      }
+      busy_ += seconds_since(start);
+    }
+
+    // The gradient of stage I's output for micro-batch mb: the loss's, or one handed
+    // over on this rank, or received.
+    template <int I>
+    typename grad_at<I>::type output_gradient(int mb) {
+      using G = typename grad_at<I>::type;
+      if constexpr (I == S - 1) return std::move(*std::get<I>(grads_)[mb]);
+      else if (p_.holds(I + 1)) return std::move(*std::get<I>(grads_)[mb]);
+      else return take<G>(I, mb, true);
+    }
+    // Stage I's input gradient to stage I - 1: handed over on this rank, or sent.
+    template <int I, class DX>
+    void pass_input_gradient(DX dx, int mb) {
+      if (p_.holds(I - 1)) {
+        std::get<I - 1>(grads_).resize(M);
+        std::get<I - 1>(grads_)[mb].emplace(std::move(dx));
+      } else {
+        send(std::make_shared<DX>(std::move(dx)), I - 1, I, mb, true);
+      }
+    }
+
+    // The step at which a stage's gradients are complete on its rank: its last whole
+    // backward, or its last weight gradient (every input gradient is before it: each W
+    // follows its own I, and they run in micro-batch order).
+    static constexpr int last_gradient_step(int stage, int rank) {
       int last = -1;
-      for (int i = 0; i < schedule_table.length[rank]; ++i)
-        if (schedule_table.row[rank][i].stage == stage && pipeline::makes_input_gradient(schedule_table.row[rank][i].op))
-          last = i;
+      for (int i = 0; i < schedule_table.length[rank]; ++i) {
+        const auto& a = schedule_table.row[rank][i];
+        if (a.stage == stage && (a.op == pipeline::Op::Backward || a.op == pipeline::Op::BackwardWeight)) last = i;
+      }
       return last;
     }
 

@@ -296,13 +296,34 @@ class Residual {
   // layer_backward): the model holding this layer reduces them, as every layer's.
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
-    auto dx = layer_backward<NeedInputGrad>(block_, dy);
+    return backward_steps<NeedInputGrad, false>(dy);
+  }
+  // The backward in two steps (nn/layer.hpp): the block's and the projection's
+  // layers split theirs.
+  template <bool NeedInputGrad = true, class G>
+  auto backward_input(const G& dy) {
+    return backward_steps<NeedInputGrad, true>(dy);
+  }
+  void backward_weight() {
+    layer_backward_weight(block_);
+    if constexpr (kProjected) layer_backward_weight(projection_);
+  }
+
+ private:
+  template <bool Need, bool Split, class L, class G>
+  static auto part_backward(L& part, const G& dy) {
+    if constexpr (Split) return layer_backward_input<Need>(part, dy);
+    else return layer_backward<Need>(part, dy);
+  }
+  template <bool NeedInputGrad, bool Split, class G>
+  auto backward_steps(const G& dy) {
+    auto dx = part_backward<NeedInputGrad, Split>(block_, dy);
     if constexpr (!kProjected && !NeedInputGrad) {
       return 0;  // x's gradient is not asked for, and the shortcut has no parameters
     } else {
       const auto& ds_out = redistribute_backward_as<placements_t<shortcut_out>>(dy);
       if constexpr (kProjected) {
-        auto ds_in = layer_backward<NeedInputGrad>(projection_, ds_out);
+        auto ds_in = part_backward<NeedInputGrad, Split>(projection_, ds_out);
         if constexpr (!NeedInputGrad) return 0;
         else return add_shortcut(std::move(dx), ds_in);
       } else {
@@ -311,7 +332,6 @@ class Residual {
     }
   }
 
- private:
   // dx (the block's input gradient) += the shortcut's input gradient ds_in, brought
   // back to x's placements (the adjoint) and then to dx's.
   template <class DX, class DS>

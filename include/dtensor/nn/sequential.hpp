@@ -696,6 +696,71 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
     }
   }
 
+  // The backward in two steps (nn/layer.hpp; what a zero-bubble pipeline schedule
+  // runs): backward_input(dy) gives the input's gradient as backward does and leaves
+  // the parameters' gradients of the layers that split their backward (Linear, and
+  // blocks of them) for backward_weight<G>() (G: dy's type), which adds them and then
+  // reduces as backward would (inside no_sync(): nothing). The gradients equal one
+  // backward's bit for bit. Fully sharded layers (whose reduce-scatter follows their
+  // own backward) are refused.
+  template <bool InputGrad = false, class G>
+  auto backward_input(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, output_placements),
+                  "dtensor::nn::Sequential::backward_input: dy is not placed as a gradient of the model's output (see "
+                  "placement/gradient.hpp)");
+    static_assert(!prefetches,
+                  "dtensor::nn::Sequential::backward_input: a split backward (a zero-bubble pipeline schedule) of a "
+                  "model with fully sharded layers: their gradients are reduce-scattered as each one's backward "
+                  "ends, which a split backward has not; use a schedule with whole backwards (pipeline::OneFOneB)");
+    if constexpr (!kProtocolComplete) return;  // a layer's protocol check failed to compile
+    else {
+      // As backward: gradients reduced by an earlier pass kept once per reduction group
+      // before anything is added to them; what follows is unreduced until backward_weight.
+      constexpr auto& p = reduction_plan<G>;
+      if (!reducer_.prepared()) check_parameter_counts();
+      reducer_.prepare(p, N, config::dp, visit_layer());
+      if (reducer_.reduced()) reducer_.keep_reduced_once(p, N, visit_layer());
+      reducer_.skip();
+      return backward_from<N - 1, InputGrad, G, false, true>(dy);
+    }
+  }
+  template <class G>
+  void backward_weight() {
+    constexpr auto& p = reduction_plan<G>;
+    if constexpr (kProtocolComplete) {
+      reducer_.prepare(p, N, config::dp, visit_layer());
+      if (!sync_) {
+        reducer_.skip();
+        return weights_from<N - 1, G, false>();
+      }
+      try {
+        weights_from<N - 1, G, true>();
+        reducer_.finish(p, N);
+      } catch (...) {
+        reducer_.drop();
+        throw;
+      }
+    }
+  }
+  // The same as a block of a bigger model: the gradients stay unreduced.
+  template <bool InputGrad = true, class G>
+  auto backward_input_unreduced(const G& dy) {
+    static_assert(is_gradient_of(G::placement_state, output_placements),
+                  "dtensor::nn::Sequential::backward_input: dy is not placed as a gradient of the block's output (see "
+                  "placement/gradient.hpp)");
+    if constexpr (!kProtocolComplete) {
+      return 0;
+    } else if constexpr (InputGrad) {
+      return backward_from<N - 1, true, G, false, true>(dy);
+    } else {
+      backward_from<N - 1, false, G, false, true>(dy);
+      return 0;
+    }
+  }
+  void backward_weight_unreduced() {
+    if constexpr (kProtocolComplete) weights_from<N - 1, void, false>();
+  }
+
   // The size of the data-parallel gradient buckets (nn/grad_buckets.hpp), in bytes;
   // set before the first backward.
   void set_bucket_bytes(std::size_t bytes) { reducer_.set_bucket_bytes(bytes); }
@@ -787,28 +852,36 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
   }
 
   // As the forward: each gradient between two layers lives until the layer below has
-  // taken it.
-  template <int I, bool InputGrad, class G0, bool Reduce, class G>
+  // taken it. Split: each layer's input gradient only (layer_backward_input), the
+  // parameters' gradients left for backward_weight; the gradient between layers is
+  // handed down as an rvalue (a Linear keeps it for its weight gradient).
+  template <int I, bool InputGrad, class G0, bool Reduce, bool Split = false, class G>
   auto backward_from(const G& dy) {  // dy: the caller's
-    return backward_next<I, InputGrad, G0, Reduce>(layer_backward_at<I, InputGrad, G0, Reduce>(dy));
+    return backward_next<I, InputGrad, G0, Reduce, Split>(layer_backward_at<I, InputGrad, G0, Reduce, Split>(dy));
   }
-  template <int I, bool InputGrad, class G0, bool Reduce, class G>
+  template <int I, bool InputGrad, class G0, bool Reduce, bool Split, class G>
   auto backward_owned(G dy) {  // dy: the layer above's input gradient, freed once this layer's backward ran
-    auto dx = layer_backward_at<I, InputGrad, G0, Reduce>(dy);
+    auto dx = [&] {
+      if constexpr (Split) return layer_backward_at<I, InputGrad, G0, Reduce, Split>(std::move(dy));
+      else return layer_backward_at<I, InputGrad, G0, Reduce, Split>(std::as_const(dy));
+    }();
     { const G done(std::move(dy)); }
-    return backward_next<I, InputGrad, G0, Reduce>(std::move(dx));
+    return backward_next<I, InputGrad, G0, Reduce, Split>(std::move(dx));
   }
-  template <int I, bool InputGrad, class G0, bool Reduce, class G>
-  auto layer_backward_at(const G& dy) {
+  template <int I, bool InputGrad, class G0, bool Reduce, bool Split, class G>
+  auto layer_backward_at(G&& dy) {
     constexpr bool need = I > 0 || InputGrad;
     nn::unshard(std::get<I>(layers_));
     prefetch_backward_from<I - 1>();
-    auto dx = layer_backward<need>(std::get<I>(layers_), dy);
+    auto dx = [&] {
+      if constexpr (Split) return layer_backward_input<need>(std::get<I>(layers_), std::forward<G>(dy));
+      else return layer_backward<need>(std::get<I>(layers_), std::as_const(dy));
+    }();
     finish_reduction_from<I + 1>();  // the previous fully sharded layer's reduce-scatter, overlapped with this one
     if constexpr (Reduce) reducer_.ready(reduction_plan<G0>, I);  // this layer's gradients are complete: their buckets may start
     return dx;
   }
-  template <int I, bool InputGrad, class G0, bool Reduce, class DX>
+  template <int I, bool InputGrad, class G0, bool Reduce, bool Split, class DX>
   auto backward_next(DX dx) {
     constexpr bool need = I > 0 || InputGrad;
     if constexpr (!need) {
@@ -816,7 +889,17 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
     } else {
       auto da = redistribute_backward_as<placements_t<flow.arriving[I]>>(std::move(dx));
       if constexpr (I == 0) return da;
-      else return backward_owned<I - 1, InputGrad, G0, Reduce>(std::move(da));
+      else return backward_owned<I - 1, InputGrad, G0, Reduce, Split>(std::move(da));
+    }
+  }
+  // The parameters' gradients a split backward left, last layer first; each layer's
+  // buckets may start once its own are complete.
+  template <int I, class G0, bool Reduce>
+  void weights_from() {
+    if constexpr (I >= 0) {
+      layer_backward_weight(std::get<I>(layers_));
+      if constexpr (Reduce) reducer_.ready(reduction_plan<G0>, I);
+      weights_from<I - 1, G0, Reduce>();
     }
   }
 
