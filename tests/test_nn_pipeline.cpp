@@ -331,22 +331,26 @@ SplitModel make_split_model(const DeviceMesh<2>& mesh) {
 }
 }  // namespace
 
-TEST_CASE("a split backward (input gradient, then weight gradient) is one backward, bit for bit") {
-  for (std::array<int, 2> shape : {std::array<int, 2>{1, 1}, {2, 2}, {3, 1}, {1, 3}}) {
+// A transformer block (head-parallel attention, its MLP) on the same meshes.
+using SplitBlockCfg = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
+using SplitBlock = nn::Sequential<TBlock<SplitBlockCfg>>;
+
+template <class Model, class Make>
+void check_split_backward(Make make, Shape<3> in, Shape<3> out) {
+  for (std::array<int, 2> shape : {std::array<int, 2>{1, 1}, {2, 2}, {3, 1}, {1, 2}}) {
     CAPTURE(shape[0]);
     CAPTURE(shape[1]);
     spmd(shape[0] * shape[1], [&](Comm& comm) {
       DeviceMesh<2> mesh(comm, shape);
-      auto whole = make_split_model(mesh);
-      auto split = make_split_model(mesh);
-      const auto x = batch_values<SplitModel::InputT>({5, 7, 5}, mesh, 3);
+      Model whole = make(mesh), split = make(mesh);
+      const auto x = batch_values<typename Model::InputT>(in, mesh, 3);
       for (int pass = 0; pass < 2; ++pass) {  // the second adds to the first's gradients
-        const auto dy = batch_values<SplitModel::OutputT>({5, 7, 3}, mesh, 4 + pass);
+        const auto dy = batch_values<typename Model::OutputT>(out, mesh, 4 + pass);
         (void)whole.forward(x);
-        const auto dx_whole = whole.backward<true>(dy).full_tensor();
+        const auto dx_whole = whole.template backward<true>(dy).full_tensor();
         (void)split.forward(x);
-        const auto dx_split = split.backward_input<true>(dy).full_tensor();
-        split.backward_weight<std::decay_t<decltype(dy)>>();
+        const auto dx_split = split.template backward_input<true>(dy).full_tensor();
+        split.template backward_weight<std::decay_t<decltype(dy)>>();
         REQUIRE(dx_whole.numel() == dx_split.numel());
         for (int64_t i = 0; i < dx_whole.numel(); ++i) REQUIRE(dx_whole.data()[i] == dx_split.data()[i]);
       }
@@ -358,6 +362,17 @@ TEST_CASE("a split backward (input gradient, then weight gradient) is one backwa
         for (std::size_t j = 0; j < a[i].size(); ++j) CHECK(a[i][j] == b[i][j]);
       }
     });
+  }
+}
+
+TEST_CASE("a split backward (input gradient, then weight gradient) is one backward, bit for bit") {
+  SUBCASE("Linear layers and a residual sequence-parallel MLP") {
+    check_split_backward<SplitModel>(make_split_model, {5, 7, 5}, {5, 7, 3});
+  }
+  SUBCASE("a transformer block: attention's four projections and the MLP split") {
+    check_split_backward<SplitBlock>(
+        [](const DeviceMesh<2>& mesh) { return SplitBlock(TBlock<SplitBlockCfg>(mesh, kAttention, 9)); },
+        {5, 6, kGqa.hidden}, {5, 6, kGqa.hidden});
   }
 }
 

@@ -335,6 +335,47 @@ class MultiHeadAttention {
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
+    return backward_steps<NeedInputGrad, false>(dy);
+  }
+  // The backward in two steps (nn/layer.hpp, zero-bubble pipelines): the input's
+  // gradient now, the four projections' weight gradients at backward_weight(), from
+  // the input, o and the projections' gradients kept in between (bit for bit backward's).
+  template <bool NeedInputGrad = true, class G>
+  auto backward_input(const G& dy) {
+    return backward_steps<NeedInputGrad, true>(dy);
+  }
+  void backward_weight() {
+    DTENSOR_CHECK(pending_.has_value(), InvalidArgument, name, ": backward_weight without a backward_input before it");
+    Pending& w = *pending_;
+    const Device dev = w.dz.device();
+    const int64_t rows = detail::rows_of<Rank>(w.dz.shape());
+    output_projection_weight(dev, w.o, w.dz, rows);
+    input_projection_weight(dev, w.x, w.dq, wq_, bq_, rows);
+    input_projection_weight(dev, w.x, w.dk, wk_, bk_, rows);
+    input_projection_weight(dev, w.x, w.dv, wv_, bv_, rows);
+    pending_.reset();
+  }
+
+ private:
+  // What backward_input leaves for backward_weight: the multiplied input, o merged, the
+  // output product's gradient and the projections' merged gradients.
+  struct Pending {
+    Tensor<T, Rank> x, o, dz, dq, dk, dv;
+  };
+  void output_projection_weight(Device dev, const Tensor<T, Rank>& o, const Tensor<T, Rank>& g, int64_t rows) {
+    detail::matmul(dev, o.data(), true, g.data(), false, wo_.grad().data(), o.shape()[F], kHidden, rows, true);
+    if constexpr (Dims.bias) detail::column_sums(dev, g.data(), bo_.grad().data(), rows, kHidden, true);
+  }
+  template <class W, class B>
+  static void input_projection_weight(Device dev, const Tensor<T, Rank>& x, const Tensor<T, Rank>& d, W& w, B& bias,
+                                      int64_t rows) {
+    const int64_t cols = d.shape()[F];
+    detail::matmul(dev, x.data(), true, d.data(), false, w.grad().data(), kHidden, cols, rows, true);
+    if constexpr (Dims.bias) detail::column_sums(dev, d.data(), bias.grad().data(), rows, cols, true);
+  }
+
+  template <bool NeedInputGrad, bool Split, class G>
+  auto backward_steps(const G& dy) {
     static_assert(is_gradient_of(G::placement_state, O::output()),
                   "dtensor::nn::MultiHeadAttention::backward: dy is not placed as a gradient of the layer's output "
                   "(see placement/gradient.hpp)");
@@ -352,9 +393,10 @@ class MultiHeadAttention {
                   "]; backward takes the gradient of the last forward");
     const Device dev = g.device();  // where the blocks live: the host or a GPU
     // The output projection: dWo += o^T dz, dbo += column sums, do = dz Wo^T.
-    const Tensor<T, Rank> o = merged_from_core(s.o);
-    detail::matmul(dev, o.data(), true, g.data(), false, wo_.grad().data(), hq * kDim, kHidden, rows, true);
-    if constexpr (Dims.bias) detail::column_sums(dev, g.data(), bo_.grad().data(), rows, kHidden, true);
+    Tensor<T, Rank> o = merged_from_core(s.o);
+    std::optional<Pending> pending;
+    if constexpr (Split) pending.emplace(Pending{.o = std::move(o), .dz = g});
+    else output_projection_weight(dev, o, g, rows);
     auto d_o = Tensor<T, Rank>::uninitialized({b, len, hq * kDim}, dev);
     detail::matmul(dev, g.data(), false, wo_.value().local().data(), true, d_o.data(), rows, hq * kDim, kHidden);
     const Tensor<C, 4> do_heads = to_core(split(d_o, hq));
@@ -390,28 +432,32 @@ class MultiHeadAttention {
     // The three projections: their weights' gradients, and the sum of their input gradients.
     auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), dev);
     bool first = true;
-    auto projection_backward = [&](const Tensor<C, 4>& dh, auto& w, auto& bias) {
-      const Tensor<T, Rank> d = merged_from_core(dh);
+    auto projection_backward = [&](const Tensor<C, 4>& dh, auto& w, auto& bias, Tensor<T, Rank>* keep) {
+      Tensor<T, Rank> d = merged_from_core(dh);
       const int64_t cols = d.shape()[F];
-      detail::matmul(dev, xl.data(), true, d.data(), false, w.grad().data(), kHidden, cols, rows, true);
-      if constexpr (Dims.bias) detail::column_sums(dev, d.data(), bias.grad().data(), rows, cols, true);
+      if constexpr (!Split) input_projection_weight(dev, xl, d, w, bias, rows);
       if constexpr (NeedInputGrad)
         detail::matmul(dev, d.data(), false, w.value().local().data(), true, dx.data(), rows, kHidden, cols, !first);
       first = false;
+      if constexpr (Split) *keep = std::move(d);
     };
-    projection_backward(dq, wq_, bq_);
-    projection_backward(dk, wk_, bk_);
-    projection_backward(dv, wv_, bv_);
-    if constexpr (NeedInputGrad) {
+    projection_backward(dq, wq_, bq_, Split ? &pending->dq : nullptr);
+    projection_backward(dk, wk_, bk_, Split ? &pending->dk : nullptr);
+    projection_backward(dv, wv_, bv_, Split ? &pending->dv : nullptr);
+    auto dxc = [&] {
       constexpr State gci = Rule::grad_compute_input(G::placement_state);
-      dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
-      saved_.reset();
-      return redistribute_backward_as<placements_t<Q::input()>>(std::move(dxc));
-    } else {
-      saved_.reset();
-      return 0;
+      return dtensor_t<T, Rank, placements_t<gci>>(s.x.mesh(), s.x.layout(), std::move(dx));
+    }();
+    if constexpr (Split) {
+      pending->x = std::move(s.x.local());
+      pending_ = std::move(pending);
     }
+    saved_.reset();
+    if constexpr (NeedInputGrad) return redistribute_backward_as<placements_t<Q::input()>>(std::move(dxc));
+    else return 0;
   }
+
+ public:
 
   // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: saved,
   // the multiplied input and q, k, v, o and the log-sum-exp in the core's type; in the
@@ -468,9 +514,12 @@ class MultiHeadAttention {
 
   // What the forward leaves for the backward, which a pipeline stage sets aside per
   // micro-batch (nn/saved_state.hpp).
-  DTENSOR_SAVED_STATE(saved_)
+  DTENSOR_SAVED_STATE(saved_, pending_)
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
-  void release_saved() { saved_.reset(); }
+  void release_saved() {
+    saved_.reset();
+    pending_.reset();
+  }
   // The dropout draw counter: a recomputed forward draws the same weights' mask.
   uint64_t replay_state() const { return step_; }
   void set_replay_state(uint64_t step) { step_ = step; }
@@ -559,6 +608,7 @@ class MultiHeadAttention {
   bool training_ = true;
   uint64_t step_ = 0;
   std::optional<Saved> saved_;
+  std::optional<Pending> pending_;  // from backward_input to backward_weight
 };
 
 }  // namespace dtensor::nn
