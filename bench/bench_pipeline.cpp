@@ -1,14 +1,15 @@
 // Pipeline parallelism (nn::Pipeline): the step time of S stages on S ranks against
 // the same layers on one rank, and the bubble each rank measures (the share of the
 // step it waited for messages) against the schedule's constant (unit costs, F = 1,
-// B = 2).
+// B = 2, I = W = 1).
 //
 //   build-bench/bench/bench_pipeline [steps]                  in-process, 2 and 4 ranks
 //   mpirun -np 2 build-bench/bench/bench_pipeline_mpi [steps]   one rank per process
 //   mpirun -np 4 build-bench/bench/bench_pipeline_mpi [steps]
 //
 // The model: S stages of Linear(1024 -> 1024) + GELU + Linear(1024 -> 1024) + GELU,
-// float, a batch of 256 rows, MSE loss; GPipe and 1F1B with 4, 8 and 16 micro-batches.
+// float, a batch of 256 rows, MSE loss; GPipe and 1F1B with 4, 8 and 16 micro-batches,
+// ZB-H1 (each backward as an input-gradient and a weight-gradient step) with 4 and 8.
 // The one-rank reference is the S stages as one Sequential, one pass over the batch.
 // Ideal: T(1 rank) / S for the work, times (M + S - 1) / M for the bubble, so the
 // printed ratio T(S ranks) / (T(1 rank) / S) is to be read against (M + S - 1) / M.
@@ -127,6 +128,8 @@ void all_schedules(Comm& comm, int steps, double t1, const char* runtime) {
   report<pipeline::OneFOneB, S, 4>("1f1b", comm, steps, t1, runtime);
   report<pipeline::OneFOneB, S, 8>("1f1b", comm, steps, t1, runtime);
   report<pipeline::OneFOneB, S, 16>("1f1b", comm, steps, t1, runtime);
+  report<pipeline::ZeroBubbleH1, S, 4>("zb-h1", comm, steps, t1, runtime);
+  report<pipeline::ZeroBubbleH1, S, 8>("zb-h1", comm, steps, t1, runtime);
 }
 
 }  // namespace
