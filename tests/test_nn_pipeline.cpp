@@ -12,6 +12,7 @@
 #include <doctest/doctest.h>
 #include <dtensor/nn.hpp>
 #include <dtensor/nn/pipeline.hpp>
+#include <dtensor/tensor/device.hpp>
 
 #include "compare.hpp"
 #include "spmd.hpp"
@@ -404,6 +405,86 @@ TEST_CASE("pipeline: explain prints the schedule as ranks x time, and the bubble
   CHECK(e.find("rank 0 | 0F0 0F1 0F2 0F3   .   .   .   .   .   . 0B0 0B0   . 0B1 0B1") != std::string::npos);
   CHECK(e.find("rank 3 |   .   .   . 3F0 3B0 3B0 3F1 3B1 3B1 3F2") != std::string::npos);
   CHECK(e.find("bubble: 36 of 84 rank-units idle") != std::string::npos);
+}
+
+namespace {
+// One unit per activation, a hundred per gradient: what a rank holds between computes.
+constexpr auto unit_bytes = [](bool gradient, int) -> int64_t { return gradient ? 100 : 1; };
+}  // namespace
+
+TEST_CASE("pipeline: the values a rank holds between computes, worked by hand for 1F1B on two ranks") {
+  // Rank 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1. At F1, micro-batch 0's activation
+  // may not be taken yet and its gradient may be back already (rank 1 can run F0 and B0
+  // first): 1 + 100. At B0, F1's activation as yet untaken and B1's gradient: 1 + 100.
+  // Rank 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1. At F0 and B0 the second
+  // activation may be in (1); at F1 and B1 the first gradient may be untaken (100).
+  constexpr auto table = pipeline::make_schedule<pipeline::OneFOneB, 2, 2>();
+  static_assert(pipeline::held_between_computes(table, 0, unit_bytes) == 101);
+  static_assert(pipeline::held_between_computes(table, 1, unit_bytes) == 100);
+  // GPipe's last stage holds every loss gradient until its backward: at B0 those of
+  // micro-batches 1-3 (300); at B3 the three gradients it sent, which nothing tells it
+  // were taken (300); at F1 two activations may be in early and one loss gradient waits.
+  constexpr auto gpipe = pipeline::make_schedule<pipeline::GPipe, 2, 4>();
+  static_assert(pipeline::held_between_computes(gpipe, 1, unit_bytes) == 300);
+  // Its first stage: at F3 the three activations sent may be untaken (3); at B0 they are
+  // known taken (the gradient came after them), but the other three gradients may be in
+  // (300).
+  static_assert(pipeline::held_between_computes(gpipe, 0, unit_bytes) == 300);
+}
+
+// The plan of a pipeline step per rank bounds what the step allocates (measured per
+// process: under MPI only, in-process ranks share one allocator count).
+template <class Cfg, int S, class PC>
+void check_pipeline_memory(std::array<int, PC::mesh_dims> shape, int64_t batch) {
+  using Model = typename Stages<Cfg, S>::template pipeline<PC>;
+  int n = 1;
+  for (int e : shape) n *= e;
+  const auto plan = Model::template memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({batch, kIn}, shape);
+  spmd(n, [&](Comm& comm) {
+    DeviceMesh<PC::mesh_dims> mesh(comm, shape);
+    Model model(mesh, [](auto stage, const auto& m) { return make_stage<Cfg, decltype(stage)::value, S>(m); });
+    nn::MSELoss<Cfg> mse;
+    nn::AdamW adam({.lr = 1e-2});
+    int64_t measured = 0;
+    for (int step = 0; step < 2; ++step) {  // the second: the optimizer's state exists
+      const auto x = batch_values<typename Model::InputT>({batch, kIn}, model.stage_mesh(), 7 + step);
+      const auto target = batch_values<typename Model::OutputT>({batch, kOut}, model.stage_mesh(), 17 + step);
+      model.zero_grad();
+      const int64_t before = host_memory_in_use();
+      reset_host_memory_peak();
+      (void)model.step(x, target, mse);
+      measured = host_memory_peak() - before;
+      adam.step(model);
+    }
+    const int r = model.pipeline_rank();
+    int64_t persistent = 0;
+    for (int s = r; s < S; s += Model::ranks) persistent += plan.persistent[static_cast<std::size_t>(s)];
+    const int64_t planned = plan.peak_bytes(r) - persistent - plan.batch;
+    MESSAGE("pipeline rank ", r, ": a step allocates ", measured, " B, the plan's bound ", planned, " B");
+    CHECK(measured > 0);
+    CHECK(planned >= measured);
+  });
+}
+
+TEST_CASE("pipeline: the memory plan per rank bounds the allocator's peak over a step") {
+  // A constant expression: GPipe keeps all 4 micro-batches' activations on both stages,
+  // 1F1B two on the first and one on the last, and its bound is the smaller.
+  using GPipe = Stages<Plain, 2>::pipeline<OnLine<pipeline::GPipe, 4>>;
+  using OneF = Stages<Plain, 2>::pipeline<OnLine<pipeline::OneFOneB, 4>>;
+  constexpr auto gpipe = GPipe::memory_plan<nn::MSELoss<Plain>, nn::AdamW>({64, kIn}, {2});
+  constexpr auto onef = OneF::memory_plan<nn::MSELoss<Plain>, nn::AdamW>({64, kIn}, {2});
+  static_assert(gpipe.held[0] == 4 && gpipe.held[1] == 4 && onef.held[0] == 2 && onef.held[1] == 1);
+  static_assert(onef.saved[0] > 0 && onef.peak_bytes() < gpipe.peak_bytes());
+  static_assert(gpipe.persistent == onef.persistent && gpipe.batch == onef.batch);
+  if (!under_mpi()) {  // reported as a message: the mpirun entries of this suite run it
+    MESSAGE("skipped in-process (its ranks share one allocator count): each process measures its own under mpirun");
+    return;
+  }
+  check_pipeline_memory<Plain, 2, OnLine<pipeline::OneFOneB, 3>>({2}, 64);
+  check_pipeline_memory<Plain, 2, OnLine<pipeline::GPipe, 4>>({2}, 63);
+  check_pipeline_memory<Plain, 4, OnLine<pipeline::Interleaved1F1B<2>, 2>>({2}, 64);
+  check_pipeline_memory<Dp, 2, nn::PipelineConfig<2, 1, pipeline::OneFOneB, 4>>({2, 2}, 67);
+  check_pipeline_memory<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::OneFOneB, 4>>({2, 2, 2}, 67);
 }
 
 TEST_CASE("pipeline: a batch too small for its micro-batches is refused on every rank") {

@@ -64,8 +64,10 @@
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/mesh/device_mesh.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/pipeline_memory.hpp"
 #include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/unshard.hpp"
+#include "dtensor/plan/pipeline_messages.hpp"
 #include "dtensor/plan/pipeline_timeline.hpp"
 #include "dtensor/tensor/device.hpp"
 #include "dtensor/util/error.hpp"
@@ -253,7 +255,79 @@ class Pipeline {
   // The most micro-batches a stage holds activations for at once (its memory).
   static constexpr int held_microbatches(int stage) { return pipeline::held_microbatches(schedule_table, stage); }
 
-  // The schedule as a table (ranks x time units, with unit costs) and its bubble.
+  // The memory of a step on each pipeline rank, a constant expression
+  // (nn/pipeline_memory.hpp): for a batch of global `extents` (the input's), on a
+  // pipeline mesh of `mesh_shape`, with loss LossT, optimizer Opt and targets of type
+  // Target (the loss's; their extents the output's leading ones).
+  template <class LossT, class Opt, class Target = OutputT, int C = 2048>
+  static constexpr PipelineMemoryPlan<S, ranks> memory_plan(const std::array<int64_t, InputT::rank>& extents,
+                                                           const std::array<int, PC::mesh_dims>& mesh_shape,
+                                                           const MemoryOptions& options = {}) {
+    static_assert(!schedule_table.split_backward,
+                  "dtensor::nn::Pipeline::memory_plan: a zero-bubble schedule keeps, between each backward's input "
+                  "and weight steps, what the weight gradients read, which the memory plan does not count yet: "
+                  "plan with pipeline::OneFOneB (the same stages and micro-batches) for the activations' bound");
+    constexpr std::size_t SM = static_cast<std::size_t>(PC::stage_mesh_dims);
+    std::array<int, SM> stage_shape{};
+    stage_shape.fill(1);
+    if constexpr (PC::mesh_dims > 1)
+      for (int d = 0, i = 0; d < PC::mesh_dims; ++d)
+        if (d != PC::pp) stage_shape[static_cast<std::size_t>(i++)] = mesh_shape[static_cast<std::size_t>(d)];
+    const std::array<int, SM> largest{};  // coordinate 0 everywhere: the chunk rule's largest blocks
+    PipelineMemoryPlan<S, ranks> plan;
+    // The largest micro-batch: each data-parallel block of the batch dim cut into M,
+    // the first piece the longest (ceil(ceil(B / D) / M) rows on every block).
+    int64_t dp = 1;
+    for (std::size_t m = 0; m < SM; ++m)
+      if (InputT::placement_state[m].is_shard(0)) dp *= stage_shape[m];
+    const int64_t block = (extents[0] + dp - 1) / dp;
+    std::array<int64_t, InputT::rank> mb = extents;
+    mb[0] = dp * ((block + M - 1) / M);
+    // The batch and the targets, whole, as every rank is given them.
+    using TargetT = std::remove_cvref_t<Target>;
+    const auto out_extents = [&] {
+      const auto y = stage_t<S - 1>::memory_output(
+          chain_input<S - 1>(PlannedTensor<SM>::template of<typename InputT::value_type>(extents, InputT::placement_state)));
+      std::array<int64_t, TargetT::rank> e{};
+      for (int d = 0; d < TargetT::rank; ++d) e[static_cast<std::size_t>(d)] = y.global[static_cast<std::size_t>(d)];
+      return e;
+    };
+    const auto mb_out_extents = [&] {
+      auto e = out_extents();
+      e[0] = mb[0];
+      return e;
+    };
+    plan.batch = PlannedTensor<SM>::template of<typename InputT::value_type>(extents, InputT::placement_state)
+                     .bytes(stage_shape, largest) +
+                 PlannedTensor<SM>::template of<typename TargetT::value_type>(out_extents(), TargetT::placement_state)
+                     .bytes(stage_shape, largest);
+    // Each stage's input and the gradient placements at each boundary.
+    const PlannedTensor<SM> x0 = PlannedTensor<SM>::template of<typename InputT::value_type>(mb, InputT::placement_state);
+    std::array<PlannedTensor<SM>, S + 1> at{};  // at[s]: stage s's input; at[S]: the output
+    std::array<PlacementState<SM>, S> grad{};   // the gradient of stage s's output
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((at[I + 1] = stage_t<static_cast<int>(I)>::memory_output(I == 0 ? x0 : at[I])), ...);
+    }(std::make_index_sequence<S>{});
+    at[0] = x0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((grad[I] = output_gradient_placements<static_cast<int>(I), LossT>()), ...);
+      // Each stage's own step.
+      (stage_memory<static_cast<int>(I), LossT, Opt, C>(plan, at[I], stage_shape, largest, options), ...);
+    }(std::make_index_sequence<S>{});
+    plan.step_peak[S - 1] +=
+        PlannedTensor<SM>::template of<typename TargetT::value_type>(mb_out_extents(), TargetT::placement_state)
+            .bytes(stage_shape, largest);  // the micro-batch's targets
+    // Between computes, per pipeline rank.
+    for (int r = 0; r < ranks; ++r)
+      plan.between[static_cast<std::size_t>(r)] = pipeline::held_between_computes(
+          schedule_table, r, [&](bool gradient, int boundary) {
+            const PlannedTensor<SM>& y = at[static_cast<std::size_t>(boundary + 1)];
+            return (gradient ? y.placed(grad[static_cast<std::size_t>(boundary)]) : y).bytes(stage_shape, largest);
+          });
+    return plan;
+  }
+
+  // The schedule as a table (ranks x time units, with unit costs) and its bubble.  // The schedule as a table (ranks x time units, with unit costs) and its bubble.
   static std::string explain() {
     return "pipeline: " + std::to_string(S) + " stages on " + std::to_string(ranks) + " ranks, " +
            std::to_string(M) + " micro-batches\n" + pipeline::to_string(schedule_table);
@@ -280,6 +354,41 @@ class Pipeline {
   const StepTime& last_step() const { return last_step_; }
 
  private:
+  // Stage I's input for the pipeline's input x (every stage before it on the way).
+  template <int I, std::size_t SM>
+  static constexpr PlannedTensor<SM> chain_input(const PlannedTensor<SM>& x) {
+    if constexpr (I == 0) return x;
+    else return stage_t<I - 1>::memory_output(chain_input<I - 1>(x));
+  }
+  // The placements of the gradient of stage I's output, from the loss's back.
+  template <int I, class LossT>
+  static constexpr auto output_gradient_placements() {
+    if constexpr (I == S - 1) return LossT::grad_input(stage_t<S - 1>::output_placements);
+    else return stage_t<I + 1>::grad_input(stage_t<I + 1>::input_placements, output_gradient_placements<I + 1, LossT>());
+  }
+  // Stage I's own plan (one micro-batch) into the pipeline's.
+  template <int I, class LossT, class Opt, int C, std::size_t SM>
+  static constexpr void stage_memory(PipelineMemoryPlan<S, ranks>& plan, const PlannedTensor<SM>& x,
+                                     const std::array<int, SM>& shape, const std::array<int, SM>& largest,
+                                     const MemoryOptions& options) {
+    using St = stage_t<I>;
+    std::array<int64_t, St::InputT::rank> e{};
+    for (int d = 0; d < St::InputT::rank; ++d) e[static_cast<std::size_t>(d)] = x.global[static_cast<std::size_t>(d)];
+    auto one = [&] {
+      if constexpr (I == S - 1) return St::template memory_plan<LossT, Opt, C>(e, shape, options, I > 0);
+      else
+        return St::template memory_plan<detail::ArrivingGradient<output_gradient_placements<I, LossT>()>, Opt, C>(
+            e, shape, options, I > 0);
+    };
+    const auto p = one();
+    const auto i = static_cast<std::size_t>(I);
+    plan.persistent[i] = p.bytes(MemoryUse::Parameters, largest) + p.bytes(MemoryUse::Gradients, largest) +
+                         p.bytes(MemoryUse::OptimizerState, largest);
+    plan.saved[i] = p.bytes(MemoryUse::Saved, largest);
+    plan.step_peak[i] = p.peak_at(largest).bytes;
+    plan.held[i] = held_microbatches(I);
+  }
+
   template <class Fn>
   void for_each_stage(Fn&& f) {
     std::apply([&](auto&... s) { ((s ? f(*s) : void()), ...); }, stages_);

@@ -526,11 +526,12 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
 
   // The memory plan of a training step (nn/memory_plan.hpp) with loss LossT and
   // optimizer Opt, for an input of global `extents` on a mesh of `mesh_shape`: every
-  // rank's bytes over the step, as a constant expression.
+  // rank's bytes over the step, as a constant expression. input_gradient: the backward
+  // also makes the input's gradient (a pipeline stage after the first).
   template <class LossT, class Opt, int C = 2048>
   static constexpr MemoryPlan<M, C> memory_plan(const std::array<int64_t, InputT::rank>& extents,
                                                 const std::array<int, M>& mesh_shape,
-                                                const MemoryOptions& options = {}) {
+                                                const MemoryOptions& options = {}, bool input_gradient = false) {
     MemoryPlan<M, C> p;
     p.mesh_shape = mesh_shape;
     p.options = options;
@@ -555,7 +556,7 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
       p.allocate(Phase::Backward, -1, MemoryUse::Activation, dy);
       p.free_group(Phase::Backward, -1, kMemoryGroups);
     }
-    memory_backward(p, -1, 0, x, dy, input_placements, false);
+    memory_backward(p, -1, 0, x, dy, input_placements, input_gradient);
     memory_finish_reduction(p, -1, 0);  // what backward's end completes
     p.finish_buckets();
     return p;

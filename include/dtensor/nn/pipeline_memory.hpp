@@ -1,0 +1,84 @@
+#pragma once
+// The memory of a pipeline step per pipeline rank, as a constant expression
+// (nn::Pipeline::memory_plan; nn/memory_plan.hpp for one model's):
+//
+//   constexpr auto mp = Model::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({256, 1024}, {4, 2});
+//   static_assert(mp.peak_bytes() <= 80_GiB);
+//
+// Each stage's own plan is one micro-batch's training step on the stage mesh (the
+// largest micro-batch, on the rank with the largest blocks; after the first stage with
+// its input's gradient, before the last with the gradient arriving from the next stage
+// in place of a loss). A pipeline rank then holds, at most:
+//
+//   its stages' parameters, gradients and optimizer state
+//   + for each of its stages, what one forward saves times the micro-batches the
+//     schedule keeps in flight there (held_microbatches: a constant of the table)
+//   + the largest of its stages' one-step excess over those (temporaries, activations
+//     and gradients in flight inside the stage, the loss's targets)
+//   + the values between computes: messages received early or not yet known taken,
+//     values handed between two of its stages, loss gradients waiting for their backward
+//     (plan/pipeline_messages.hpp: a bound over every timing, from vector clocks)
+//   + the batch and the targets every rank is given (their blocks).
+//
+// A bound: each term at its largest, whether or not they coincide; never under what the
+// step allocates (nn/memory_plan.hpp's size classes throughout). Measured under mpirun
+// (tests/test_nn_pipeline.cpp) a step allocates 0.53-0.93 of it. A zero-bubble schedule
+// is refused for now: what waits between its I and W steps is not counted yet.
+#include <array>
+#include <cstdint>
+
+#include "dtensor/nn/memory_plan.hpp"
+
+namespace dtensor::nn {
+
+template <int S, int Ranks>
+struct PipelineMemoryPlan {
+  // Per stage, on its stage mesh's largest rank, for the largest micro-batch.
+  std::array<int64_t, S> persistent{};  // parameters, gradients, optimizer state
+  std::array<int64_t, S> saved{};       // what one micro-batch's forward keeps
+  std::array<int64_t, S> step_peak{};   // the stage's own plan's peak (one micro-batch)
+  std::array<int, S> held{};            // micro-batches in flight on the stage
+  std::array<int64_t, Ranks> between{};  // per pipeline rank: values between computes
+  int64_t batch = 0;                    // the batch and the targets passed to step()
+
+  static constexpr int stages = S, ranks = Ranks;
+  // Pipeline rank r's bound (the largest rank of its stage mesh).
+  constexpr int64_t peak_bytes(int pipeline_rank) const {
+    int64_t held_bytes = 0, excess = 0;
+    for (int s = pipeline_rank; s < S; s += Ranks) {
+      const auto i = static_cast<std::size_t>(s);
+      held_bytes += persistent[i] + held[i] * saved[i];
+      const int64_t e = step_peak[i] - persistent[i] - saved[i];
+      if (e > excess) excess = e;
+    }
+    return held_bytes + excess + between[static_cast<std::size_t>(pipeline_rank)] + batch;
+  }
+  // The largest over the pipeline ranks, and which.
+  constexpr int peak_rank() const {
+    int worst = 0;
+    for (int r = 1; r < Ranks; ++r)
+      if (peak_bytes(r) > peak_bytes(worst)) worst = r;
+    return worst;
+  }
+  constexpr int64_t peak_bytes() const { return peak_bytes(peak_rank()); }
+};
+
+namespace detail {
+// A stage before the last: its backward starts from the gradient the next stage sends,
+// placed `Grad`, which the stage's plan counts as a loss's gradient would be.
+template <auto Grad>
+struct ArrivingGradient {
+  template <class State>
+  static constexpr auto grad_input(const State&) {
+    return Grad;
+  }
+  template <std::size_t MM>
+  static constexpr LayerMemory<MM> memory(const PlannedTensor<MM>& y) {
+    LayerMemory<MM> m;
+    m.out = y.placed(Grad);
+    return m;
+  }
+};
+}  // namespace detail
+
+}  // namespace dtensor::nn
