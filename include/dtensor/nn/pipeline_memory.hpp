@@ -22,7 +22,7 @@
 //
 // A bound: each term at its largest, whether or not they coincide; never under what the
 // step allocates (nn/memory_plan.hpp's size classes throughout). Measured under mpirun
-// (tests/test_nn_pipeline.cpp) a step allocates 0.53-0.93 of it. A zero-bubble schedule
+// (tests/test_nn_pipeline.cpp) a step allocates 0.57-0.93 of it. A zero-bubble schedule
 // is refused for now: what waits between its I and W steps is not counted yet.
 #include <array>
 #include <cstdint>
