@@ -152,6 +152,9 @@ void check_pipeline(std::array<int, PC::mesh_dims> shape, int64_t batch) {
       const double loss = model.step(x, target, mse);
       CHECK(loss == doctest::Approx(want.losses[step]).epsilon(1e-12));
       CHECK(counter.messages() == Model::messages_sent(model.pipeline_rank()));
+      CHECK(counter.count() == Model::template step_collectives<nn::MSELoss<Cfg>>(
+                                   model.pipeline_rank(), nn::GradBuckets::kDefaultBucketBytes, sizeof(double),
+                                   model.stage_mesh().shape(), model.stage_mesh().coords()));
       // The norm over every stage's gradients, as the reference's.
       CHECK(nn::clip_grad_norm(model, 0.05) == doctest::Approx(want.norms[step]).epsilon(1e-11));
       if (step == 0)
@@ -281,9 +284,17 @@ void check_gpt_pipeline(std::array<int, PC::mesh_dims> shape, int64_t batch, int
     nn::AdamW adam({.lr = 0.02});
     for (int step = 0; step < kSteps; ++step) {
       model.zero_grad();
+      CommCounter counter;
       const double loss = model.step(tokens<Cfg>(batch, len, model.stage_mesh(), step, 0),
                                      tokens<Cfg>(batch, len, model.stage_mesh(), step, 1), ce);
       CHECK(loss == doctest::Approx(want.losses[step]).epsilon(1e-12));
+      // Every collective and ring exchange of the stages, as their plans times the
+      // micro-batches, and the reductions once.
+      CHECK(counter.count() == Model::template step_collectives<nn::CrossEntropy<Cfg>>(
+                                   model.pipeline_rank(), nn::GradBuckets::kDefaultBucketBytes, sizeof(double),
+                                   model.stage_mesh().shape(), model.stage_mesh().coords()));
+      CHECK(counter.exchanges() ==
+            Model::template step_exchanges<nn::CrossEntropy<Cfg>>(model.pipeline_rank(), model.stage_mesh().shape()));
       if (step == 0) {
         if (model.holds(0)) check_close(gathered(model.template stage<0>(), true), want.grads[0]);
         if (model.holds(1)) check_close(gathered(model.template stage<1>(), true), want.grads[1]);
@@ -370,6 +381,33 @@ TEST_CASE("a split backward (input gradient, then weight gradient) is one backwa
   SUBCASE("Linear layers and a residual sequence-parallel MLP") {
     check_split_backward<SplitModel>(make_split_model, {5, 7, 5}, {5, 7, 3});
   }
+  SUBCASE("misuse is refused on every rank: a forward between the steps, a second reducing weight step") {
+    spmd(2, [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, {2, 1});  // DP 2: the weight step reduces
+      auto model = make_split_model(mesh);
+      const auto x = batch_values<SplitModel::InputT>({5, 7, 5}, mesh, 3);
+      const auto dy = batch_values<SplitModel::OutputT>({5, 7, 3}, mesh, 4);
+      using DY = std::decay_t<decltype(dy)>;
+      (void)model.forward(x);
+      (void)model.backward_input<true>(dy);
+      CHECK_THROWS_WITH_AS((void)model.forward(x), doctest::Contains("a forward between backward_input and backward_weight"),
+                           InvalidArgument);
+      model.backward_weight<DY>();
+      // Two micro-batches' input steps (their state set aside, as a pipeline does), then
+      // both weight steps reducing: the second would add to reduced sums.
+      (void)model.forward(x);
+      auto first = nn::SavedStash::take(model);
+      (void)model.forward(x);
+      (void)model.backward_input<true>(dy);
+      auto second = nn::SavedStash::take(model);
+      first.put_back(model);
+      (void)model.backward_input<true>(dy);
+      model.backward_weight<DY>();
+      second.put_back(model);
+      CHECK_THROWS_WITH_AS(model.backward_weight<DY>(), doctest::Contains("run every weight step but the last inside no_sync"),
+                           InvalidArgument);
+    });
+  }
   SUBCASE("a transformer block: attention's four projections and the MLP split") {
     check_split_backward<SplitBlock>(
         [](const DeviceMesh<2>& mesh) { return SplitBlock(TBlock<SplitBlockCfg>(mesh, kAttention, 9)); },
@@ -413,23 +451,24 @@ constexpr auto unit_bytes = [](bool gradient, int) -> int64_t { return gradient 
 }  // namespace
 
 TEST_CASE("pipeline: the values a rank holds between computes, worked by hand for 1F1B on two ranks") {
-  // Rank 0: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 RECV_B1 B1. At F1, micro-batch 0's activation
-  // may not be taken yet and its gradient may be back already (rank 1 can run F0 and B0
-  // first): 1 + 100. At B0, F1's activation as yet untaken and B1's gradient: 1 + 100.
-  // Rank 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1. At F0 and B0 the second
-  // activation may be in (1); at F1 and B1 the first gradient may be untaken (100).
+  // 1F1B, M = 2. Rank 0 computes F0 F1 B0 B1, rank 1 F0 B0 F1 B1. A sent value is known
+  // taken only through what this rank took by its previous compute; a value may be in
+  // early unless its maker waited for this compute. Rank 0: at F1, the first activation
+  // sent (1) and the first gradient, which rank 1 can send after F0 alone (100); at B0,
+  // both activations (nothing taken since tells it) and the second gradient: 102; at B1,
+  // the second activation only. Rank 1: at F0 and B0 the second activation may be in
+  // (1); at F1 and B1 the first gradient sent is not known taken (100).
   constexpr auto table = pipeline::make_schedule<pipeline::OneFOneB, 2, 2>();
-  static_assert(pipeline::held_between_computes(table, 0, unit_bytes) == 101);
+  static_assert(pipeline::held_between_computes(table, 0, unit_bytes) == 102);
   static_assert(pipeline::held_between_computes(table, 1, unit_bytes) == 100);
-  // GPipe's last stage holds every loss gradient until its backward: at B0 those of
-  // micro-batches 1-3 (300); at B3 the three gradients it sent, which nothing tells it
-  // were taken (300); at F1 two activations may be in early and one loss gradient waits.
+  // GPipe, M = 4. The last stage holds every loss gradient until its backward: at B0
+  // those of micro-batches 1-3 (300); later the gradients sent, not known taken, and the
+  // loss gradients still waiting (300 throughout). The first stage at B0: all four
+  // activations (it has taken nothing since the first was sent) and three gradients that
+  // may be in early: 304.
   constexpr auto gpipe = pipeline::make_schedule<pipeline::GPipe, 2, 4>();
   static_assert(pipeline::held_between_computes(gpipe, 1, unit_bytes) == 300);
-  // Its first stage: at F3 the three activations sent may be untaken (3); at B0 they are
-  // known taken (the gradient came after them), but the other three gradients may be in
-  // (300).
-  static_assert(pipeline::held_between_computes(gpipe, 0, unit_bytes) == 300);
+  static_assert(pipeline::held_between_computes(gpipe, 0, unit_bytes) == 304);
 }
 
 // The plan of a pipeline step per rank bounds what the step allocates (measured per
@@ -476,6 +515,15 @@ TEST_CASE("pipeline: the memory plan per rank bounds the allocator's peak over a
   static_assert(gpipe.held[0] == 4 && gpipe.held[1] == 4 && onef.held[0] == 2 && onef.held[1] == 1);
   static_assert(onef.saved[0] > 0 && onef.peak_bytes() < gpipe.peak_bytes());
   static_assert(gpipe.persistent == onef.persistent && gpipe.batch == onef.batch);
+  // ZB-H1 keeps, from a backward's I to its W, each Linear's output gradient besides:
+  // on the first stage a Linear to 4 features and one to 6, 2 x (4 + 6) doubles per row
+  // of a 32-row micro-batch.
+  using Zb = Stages<Plain, 2>::pipeline<OnLine<pipeline::ZeroBubbleH1, 2>>;
+  constexpr auto zb = Zb::memory_plan<nn::MSELoss<Plain>, nn::AdamW>({64, kIn}, {2});
+  static_assert(zb.pending[0] == 32 * (kHidden + kWidth) * 8 && zb.pending[1] == 32 * (kHidden + kOut) * 8);
+  // Counted from the forward to the W step: the last stage defers its W steps into the
+  // bubble, so it too holds both micro-batches (1F1B's holds one).
+  static_assert(zb.held[0] == 2 && zb.held[1] == 2 && onef.pending[0] == 0);
   if (!under_mpi()) {  // reported as a message: the mpirun entries of this suite run it
     MESSAGE("skipped in-process (its ranks share one allocator count): each process measures its own under mpirun");
     return;
@@ -485,6 +533,9 @@ TEST_CASE("pipeline: the memory plan per rank bounds the allocator's peak over a
   check_pipeline_memory<Plain, 4, OnLine<pipeline::Interleaved1F1B<2>, 2>>({2}, 64);
   check_pipeline_memory<Dp, 2, nn::PipelineConfig<2, 1, pipeline::OneFOneB, 4>>({2, 2}, 67);
   check_pipeline_memory<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::OneFOneB, 4>>({2, 2, 2}, 67);
+  check_pipeline_memory<Plain, 2, OnLine<pipeline::ZeroBubbleH1, 4>>({2}, 64);
+  check_pipeline_memory<Plain, 4, OnLine<pipeline::ZeroBubbleH1, 6>>({4}, 61);
+  check_pipeline_memory<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::ZeroBubbleH1, 4>>({2, 2, 2}, 67);
 }
 
 TEST_CASE("pipeline: a batch too small for its micro-batches is refused on every rank") {

@@ -203,9 +203,6 @@ auto layer_backward(L& layer, const G& dy) {
 // passes both on to its layers. A layer without the split runs its whole backward in
 // the first step: the gradients are the same, only that layer's weight work stays on the
 // critical path. Either way the sum is one backward's, bit for bit.
-template <class L>
-concept SplitsBackward = requires(L& l) { l.backward_weight(); } || requires(L& l) { l.backward_weight_unreduced(); };
-
 template <bool NeedInputGrad, class L, class G>
 auto layer_backward_input(L& layer, G&& dy) {
   if constexpr (requires { layer.template backward_input_unreduced<NeedInputGrad>(std::forward<G>(dy)); })

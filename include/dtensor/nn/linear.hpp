@@ -107,6 +107,9 @@ class Linear {
   Parameter<BiasT>& bias() { return bias_; }
 
   OutputT forward(const InputT& x) {
+    DTENSOR_CHECK(!pending_.has_value(), InvalidArgument, name,
+                  ": a forward between backward_input and backward_weight; run the weight step first (a pipeline "
+                  "sets it aside per micro-batch)");
     DTENSOR_CHECK(x.shape()[F] == In, InvalidArgument, name, ": an input of ", x.shape()[F], " features, expected ",
                   In, " (input shape ", dtensor::to_string(x.shape()), ")");
     saved_.emplace(redistribute_as<placements_t<Rule::compute_input()>>(x));
@@ -147,7 +150,7 @@ class Linear {
     DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
     const auto& dz = product_gradient(dy);
     check_rows(dz.local());
-    accumulate_parameter_gradients(dz.local());
+    accumulate_parameter_gradients(saved_->local(), dz.local());
     if constexpr (NeedInputGrad) {
       auto dx = input_gradient<G>(dz.local());
       saved_.reset();
@@ -168,21 +171,24 @@ class Linear {
     DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward_input without a forward");
     auto dz = owned_product_gradient(std::forward<G>(dy));
     check_rows(dz.local());
+    // What the weight step reads moves out of saved_: a forward before it cannot
+    // replace the input it multiplies.
+    auto keep = [&] { pending_.emplace(Pending{std::move(saved_->local()), std::move(dz.local())}); };
     if constexpr (NeedInputGrad) {
       auto dx = input_gradient<GV>(dz.local());
-      pending_.emplace(std::move(dz.local()));
+      keep();
+      saved_.reset();
       return dx;
     } else {
-      pending_.emplace(std::move(dz.local()));
+      keep();
+      saved_.reset();
       return 0;
     }
   }
   void backward_weight() {
-    DTENSOR_CHECK(pending_.has_value() && saved_.has_value(), InvalidArgument, name,
-                  ": backward_weight without a backward_input before it");
-    accumulate_parameter_gradients(*pending_);
+    DTENSOR_CHECK(pending_.has_value(), InvalidArgument, name, ": backward_weight without a backward_input before it");
+    accumulate_parameter_gradients(pending_->x, pending_->dz);
     pending_.reset();
-    saved_.reset();
   }
 
   // What the forward leaves for the backward (and backward_input for backward_weight),
@@ -192,6 +198,14 @@ class Linear {
   void release_saved() {
     saved_.reset();
     pending_.reset();
+  }
+
+  // From its input step to its weight step (a split backward): the product's gradient
+  // (the multiplied input moves over from what the forward saved).
+  template <std::size_t MM>
+  static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
+                                          const std::array<int, MM>& coords) {
+    return x.with_last(Out).placed(Rule::product()).bytes(mesh_shape, coords);
   }
 
   // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: the
@@ -243,13 +257,12 @@ class Linear {
   }
   // dW += x^T dz, db += column sums of dz, straight into the parameters' gradient
   // blocks (GEMM with beta = 1): this rank's rows only (Partial over DP).
-  void accumulate_parameter_gradients(const Tensor<T, Rank>& g) {
-    const auto& xc = *saved_;
+  void accumulate_parameter_gradients(const Tensor<T, Rank>& x, const Tensor<T, Rank>& g) {
     const int64_t rows = detail::rows_of<Rank>(g.shape());
-    const int64_t kin = xc.local().shape()[F], nout = g.shape()[F];
+    const int64_t kin = x.shape()[F], nout = g.shape()[F];
     DTENSOR_CHECK(weight_.grad().shape() == (Shape<2>{kin, nout}), InvalidArgument, name, ": the gradient's ", nout,
                   " output features do not match the weight's block ", dtensor::to_string(weight_.grad().shape()));
-    detail::matmul(g.device(), xc.local().data(), true, g.data(), false, weight_.grad().data(), kin, nout, rows, true);
+    detail::matmul(g.device(), x.data(), true, g.data(), false, weight_.grad().data(), kin, nout, rows, true);
     if constexpr (Bias) detail::column_sums(g.device(), g.data(), bias_.grad().data(), rows, nout, true);
   }
   // dx = dz W^T, placed as the multiplied input's gradient, then brought to the input's.
@@ -277,7 +290,11 @@ class Linear {
   Parameter<WeightT> weight_;
   Parameter<BiasT> bias_;
   std::optional<dtensor_t<T, Rank, placements_t<Rule::compute_input()>>> saved_;
-  std::optional<Tensor<T, Rank>> pending_;  // the product's gradient, from backward_input to backward_weight
+  // From backward_input to backward_weight: the multiplied input and the product's gradient.
+  struct Pending {
+    Tensor<T, Rank> x, dz;
+  };
+  std::optional<Pending> pending_;
 };
 
 }  // namespace dtensor::nn

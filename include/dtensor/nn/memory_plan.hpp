@@ -734,6 +734,18 @@ constexpr int memory_groups() {
   else return 1;
 }
 
+// What a layer keeps from its backward's input step to its weight step (the split
+// backward of zero-bubble pipelines, nn/layer.hpp) beyond what its forward saved, for an
+// input x placed as it takes it: bytes on the rank at `coords`. A layer that splits its
+// backward says so with `memory_pending`; a block sums its layers'; any other layer
+// runs whole in the input step and keeps nothing.
+template <class L, std::size_t M>
+constexpr int64_t memory_pending(const PlannedTensor<M>& x, const std::array<int, M>& mesh_shape,
+                                 const std::array<int, M>& coords) {
+  if constexpr (requires { L::memory_pending(x, mesh_shape, coords); }) return L::memory_pending(x, mesh_shape, coords);
+  else return 0;
+}
+
 // A layer's output for an input x placed as it takes it (nothing on the timeline).
 template <class L, std::size_t M>
 constexpr PlannedTensor<M> memory_output(const PlannedTensor<M>& x) {

@@ -44,8 +44,9 @@
 // Schedules: GPipe, OneFOneB, Interleaved1F1B<V> (V stages per rank), ZeroBubbleH1 and
 // a user's table (pipeline::Custom<table>). A zero-bubble schedule runs each backward
 // in two steps (nn/layer.hpp's split: the input gradient, later the weight gradient):
-// Linear layers, and blocks of them (Sequential, Residual, transformer blocks' MLPs),
-// split theirs; any other layer does its whole backward in the first step (the same
+// Linear and attention layers, and blocks of them (Sequential, Residual, a transformer
+// block with the GELU MLP), split theirs; any other layer (norms, embeddings, SwiGLU's
+// gated MLP, convolutions) does its whole backward in the first step (the same
 // gradients; its weight work stays on the critical path). Stages with fully sharded
 // layers are refused with it (their reduce-scatter follows their whole backward).
 #include <array>
@@ -252,8 +253,73 @@ class Pipeline {
   }
   // The schedule's bubble with unit costs (F = 1, B = 2): idle over wall time.
   static constexpr double bubble() { return timeline.bubble(); }
-  // The most micro-batches a stage holds activations for at once (its memory).
+  // The most micro-batches a stage holds activations for at once, from a forward to the
+  // backward step that makes its input gradient (B, or I under a zero-bubble schedule,
+  // whose W steps keep what the weight gradients read a while longer).
   static constexpr int held_microbatches(int stage) { return pipeline::held_microbatches(schedule_table, stage); }
+
+  // The collectives of one step on pipeline rank r's stages (what CommCounter::count()
+  // records there; the point-to-point messages are messages_sent's), for the rank at
+  // `coords` of a stage mesh of `stage_shape`: each stage's forward and backward
+  // collectives once per micro-batch (the last stage's with its loss's: its
+  // training_plan), and its gradient reductions (and FSDP's reduce-scatters) once, with
+  // the stage's last backward,
+  // in buckets of `bucket_bytes` (Sequential::bucket_bytes()) of elements of
+  // `elem_bytes`. Ring attention's exchanges (CommCounter::exchanges()): step_exchanges.
+  template <class LossT>
+  static constexpr int step_collectives(int pipeline_rank, std::size_t bucket_bytes, std::size_t elem_bytes,
+                                        const std::array<int, PC::stage_mesh_dims>& stage_shape,
+                                        const std::array<int, PC::stage_mesh_dims>& coords) {
+    int n = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((n += schedule_table.rank_of(static_cast<int>(I)) != pipeline_rank
+                 ? 0
+                 : [&] {
+                     const auto p = stage_plan<static_cast<int>(I), LossT>();  // evaluated where called
+                     // A fully sharded layer's reduce-scatter (gradient_sync) runs with the
+                     // last backward only, as the reductions do.
+                     int synced = 0;
+                     for (int e = 0; e < p.size; ++e)
+                       synced += p.entries[e].phase == Phase::Backward && p.entries[e].gradient_sync;
+                     int k = M * (p.count(Phase::Forward) + p.count(Phase::Backward) - synced) + synced;
+                     for (int m = 0; m < PC::stage_mesh_dims; ++m)
+                       k += p.buckets(m, bucket_bytes, elem_bytes, stage_shape, coords);
+                     return k;
+                   }()),
+       ...);
+    }(std::make_index_sequence<S>{});
+    return n;
+  }
+  template <class LossT>
+  static constexpr int step_exchanges(int pipeline_rank, const std::array<int, PC::stage_mesh_dims>& stage_shape) {
+    int n = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((n += schedule_table.rank_of(static_cast<int>(I)) != pipeline_rank
+                 ? 0
+                 : [&] {
+                     const auto p = stage_plan<static_cast<int>(I), LossT>();  // evaluated where called
+                     return M * (p.ring_exchanges(Phase::Forward, stage_shape) +
+                                 p.ring_exchanges(Phase::Backward, stage_shape));
+                   }()),
+       ...);
+    }(std::make_index_sequence<S>{});
+    return n;
+  }
+  // Stage I's plan of one micro-batch: with the loss on the last stage; with its
+  // input's gradient after the first.
+  template <int I, class LossT>
+  static constexpr auto stage_plan() {
+    using St = stage_t<I>;
+    if constexpr (I == S - 1 && I == 0) {
+      return St::template training_plan<LossT>(1);
+    } else if constexpr (I == S - 1) {
+      auto p = St::plan(output_gradient_placements<I, LossT>(), 1, true);
+      LossT::plan(p, St::output_placements);
+      return p;
+    } else {
+      return St::plan(output_gradient_placements<I, LossT>(), 1, I > 0);
+    }
+  }
 
   // The memory of a step on each pipeline rank, a constant expression
   // (nn/pipeline_memory.hpp): for a batch of global `extents` (the input's), on a
@@ -263,10 +329,6 @@ class Pipeline {
   static constexpr PipelineMemoryPlan<S, ranks> memory_plan(const std::array<int64_t, InputT::rank>& extents,
                                                            const std::array<int, PC::mesh_dims>& mesh_shape,
                                                            const MemoryOptions& options = {}) {
-    static_assert(!schedule_table.split_backward,
-                  "dtensor::nn::Pipeline::memory_plan: a zero-bubble schedule keeps, between each backward's input "
-                  "and weight steps, what the weight gradients read, which the memory plan does not count yet: "
-                  "plan with pipeline::OneFOneB (the same stages and micro-batches) for the activations' bound");
     constexpr std::size_t SM = static_cast<std::size_t>(PC::stage_mesh_dims);
     std::array<int, SM> stage_shape{};
     stage_shape.fill(1);
@@ -276,7 +338,8 @@ class Pipeline {
     const std::array<int, SM> largest{};  // coordinate 0 everywhere: the chunk rule's largest blocks
     PipelineMemoryPlan<S, ranks> plan;
     // The largest micro-batch: each data-parallel block of the batch dim cut into M,
-    // the first piece the longest (ceil(ceil(B / D) / M) rows on every block).
+    // the first piece the longest (ceil(ceil(B / D) / M) rows on every block: a batch
+    // in the chunk rule's blocks, as the factories make it; other blocks can be larger).
     int64_t dp = 1;
     for (std::size_t m = 0; m < SM; ++m)
       if (InputT::placement_state[m].is_shard(0)) dp *= stage_shape[m];
@@ -386,7 +449,11 @@ class Pipeline {
                          p.bytes(MemoryUse::OptimizerState, largest);
     plan.saved[i] = p.bytes(MemoryUse::Saved, largest);
     plan.step_peak[i] = p.peak_at(largest).bytes;
-    plan.held[i] = held_microbatches(I);
+    // Micro-batches from a forward to the end of their backward (a zero-bubble
+    // schedule's W); between its I and W steps a micro-batch keeps, of what the forward
+    // saved, at most all, plus what the split layers keep for their weight gradients.
+    plan.held[i] = pipeline::held_microbatches(schedule_table, I, pipeline::Held::WeightInputs);
+    if constexpr (schedule_table.split_backward) plan.pending[i] = St::memory_pending(x, shape, largest);
   }
 
   template <class Fn>

@@ -12,7 +12,9 @@
 //
 //   its stages' parameters, gradients and optimizer state
 //   + for each of its stages, what one forward saves times the micro-batches the
-//     schedule keeps in flight there (held_microbatches: a constant of the table)
+//     schedule keeps in flight there (held_microbatches: a constant of the table; under
+//     a zero-bubble schedule from the forward to the weight step, each with what the
+//     split layers keep between the input and weight steps besides: memory_pending)
 //   + the largest of its stages' one-step excess over those (temporaries, activations
 //     and gradients in flight inside the stage, the loss's targets)
 //   + the values between computes: messages received early or not yet known taken,
@@ -22,8 +24,7 @@
 //
 // A bound: each term at its largest, whether or not they coincide; never under what the
 // step allocates (nn/memory_plan.hpp's size classes throughout). Measured under mpirun
-// (tests/test_nn_pipeline.cpp) a step allocates 0.57-0.93 of it. A zero-bubble schedule
-// is refused for now: what waits between its I and W steps is not counted yet.
+// (tests/test_nn_pipeline.cpp) a step allocates 0.50-0.83 of it.
 #include <array>
 #include <cstdint>
 
@@ -37,7 +38,8 @@ struct PipelineMemoryPlan {
   std::array<int64_t, S> persistent{};  // parameters, gradients, optimizer state
   std::array<int64_t, S> saved{};       // what one micro-batch's forward keeps
   std::array<int64_t, S> step_peak{};   // the stage's own plan's peak (one micro-batch)
-  std::array<int, S> held{};            // micro-batches in flight on the stage
+  std::array<int64_t, S> pending{};     // a zero-bubble schedule: kept from a backward's I to its W
+  std::array<int, S> held{};            // micro-batches in flight on the stage (forward to W)
   std::array<int64_t, Ranks> between{};  // per pipeline rank: values between computes
   int64_t batch = 0;                    // the batch and the targets passed to step()
 
@@ -47,7 +49,7 @@ struct PipelineMemoryPlan {
     int64_t held_bytes = 0, excess = 0;
     for (int s = pipeline_rank; s < S; s += Ranks) {
       const auto i = static_cast<std::size_t>(s);
-      held_bytes += persistent[i] + held[i] * saved[i];
+      held_bytes += persistent[i] + held[i] * (saved[i] + pending[i]);
       const int64_t e = step_peak[i] - persistent[i] - saved[i];
       if (e > excess) excess = e;
     }

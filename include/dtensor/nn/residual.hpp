@@ -173,6 +173,14 @@ class Residual {
     }
     return y;
   }
+  // What the block and the projection keep between a split backward's two steps.
+  template <std::size_t MM>
+  static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
+                                          const std::array<int, MM>& coords) {
+    int64_t b = nn::memory_pending<Block>(x.placed(in_placements), mesh_shape, coords);
+    if constexpr (kProjected) b += nn::memory_pending<ProjectionT>(x.placed(shortcut_in), mesh_shape, coords);
+    return b;
+  }
   // The block's backward (its input's gradient), then the shortcut's, added into it.
   template <std::size_t MM, int C>
   static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, C>& p, int layer, int group,

@@ -425,6 +425,17 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
     }(std::make_index_sequence<N>{});
     return cur;
   }
+  // What its layers keep between a split backward's two steps (nn/memory_plan.hpp).
+  template <std::size_t MM>
+  static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
+                                          const std::array<int, MM>& coords) {
+    const auto in = memory_inputs(x.placed(flow.arriving[0]));
+    int64_t b = 0;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((b += nn::memory_pending<layer_t<I>>(in[I], mesh_shape, coords)), ...);
+    }(std::make_index_sequence<N>{});
+    return b;
+  }
   // The backward on the timeline, from dy (the caller's): each gradient between layers
   // freed once the layer below has taken it.
   template <std::size_t MM, int C>
@@ -701,7 +712,8 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
   // runs): backward_input(dy) gives the input's gradient as backward does and leaves
   // the parameters' gradients of the layers that split their backward (Linear, and
   // blocks of them) for backward_weight<G>() (G: dy's type), which adds them and then
-  // reduces as backward would (inside no_sync(): nothing). The gradients equal one
+  // reduces as backward would (inside no_sync(): nothing; several input steps before
+  // their weight steps: only the last weight step may reduce). The gradients equal one
   // backward's bit for bit. Fully sharded layers (whose reduce-scatter follows their
   // own backward) are refused.
   template <bool InputGrad = false, class G>
@@ -729,6 +741,11 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
   void backward_weight() {
     constexpr auto& p = reduction_plan<G>;
     if constexpr (kProtocolComplete) {
+      // The gradients reduced by a weight step since the last input step would count
+      // once per rank if more were added (I, I, W, W with the first W reducing).
+      DTENSOR_CHECK(!reducer_.reduced(), InvalidArgument,
+                    "Sequential::backward_weight: the gradients were reduced by an earlier weight step and no "
+                    "backward_input came since; run every weight step but the last inside no_sync()");
       reducer_.prepare(p, N, config::dp, visit_layer());
       if (!sync_) {
         reducer_.skip();

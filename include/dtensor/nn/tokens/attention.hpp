@@ -257,6 +257,9 @@ class MultiHeadAttention {
   void train(bool on) { training_ = on; }
 
   OutputT forward(const InputT& x) {
+    DTENSOR_CHECK(!pending_.has_value(), InvalidArgument, name,
+                  ": a forward between backward_input and backward_weight; run the weight step first (a pipeline "
+                  "sets it aside per micro-batch)");
     DTENSOR_CHECK(x.shape()[F] == kHidden, InvalidArgument, name, ": an input of ", x.shape()[F],
                   " features, expected ", kHidden, " (input shape ", dtensor::to_string(x.shape()), ")");
     Saved s{redistribute_as<placements_t<Q::compute_input()>>(x)};
@@ -458,6 +461,21 @@ class MultiHeadAttention {
   }
 
  public:
+
+  // From its input step to its weight step (a split backward): o merged, the output
+  // product's gradient and the three projections' merged gradients (the multiplied input
+  // moves over from what the forward saved), in T.
+  template <std::size_t MM>
+  static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
+                                          const std::array<int, MM>& coords) {
+    const PlannedTensor<MM> xc = x.placed(Q::compute_input());
+    State merged = xc.placements;
+    if constexpr (kParallel && Cfg::tp >= 0) merged[static_cast<std::size_t>(Cfg::tp)] = shard(2);
+    const int64_t batch = xc.global[0], len = xc.global[1];
+    const auto qm = xc.reshaped(std::array<int64_t, 3>{batch, len, kHeads * kDim}, merged).bytes(mesh_shape, coords);
+    const auto kvm = xc.reshaped(std::array<int64_t, 3>{batch, len, kKV * kDim}, merged).bytes(mesh_shape, coords);
+    return 2 * qm + 2 * kvm + x.placed(O::product()).bytes(mesh_shape, coords);
+  }
 
   // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: saved,
   // the multiplied input and q, k, v, o and the log-sum-exp in the core's type; in the
