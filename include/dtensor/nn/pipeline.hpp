@@ -390,7 +390,7 @@ class Pipeline {
     return plan;
   }
 
-  // The schedule as a table (ranks x time units, with unit costs) and its bubble.  // The schedule as a table (ranks x time units, with unit costs) and its bubble.
+  // The schedule as a table (ranks x time units, with unit costs) and its bubble.
   static std::string explain() {
     return "pipeline: " + std::to_string(S) + " stages on " + std::to_string(ranks) + " ranks, " +
            std::to_string(M) + " micro-batches\n" + pipeline::to_string(schedule_table);
@@ -821,7 +821,7 @@ class Pipeline {
 
     // The step at which a stage's gradients are complete on its rank: its last whole
     // backward, or its last weight gradient (every input gradient is before it: each W
-    // follows its own I, and they run in micro-batch order).
+    // follows its own I, which pipeline::check makes sure of).
     static constexpr int last_gradient_step(int stage, int rank) {
       int last = -1;
       for (int i = 0; i < schedule_table.length[rank]; ++i) {
