@@ -775,12 +775,11 @@ class Pipeline {
       stashes_[I][mb].put_back(stage);
       const auto start = Clock::now();
       if constexpr (I == 0) {
-        stage.template backward_input<false>(dy);
+        stage.template backward_input<false>(std::move(dy));  // moved in: a Linear keeps it for W
         busy_ += seconds_since(start);
       } else {
-        auto dx = stage.template backward_input<true>(dy);
+        auto dx = stage.template backward_input<true>(std::move(dy));
         busy_ += seconds_since(start);
-        { const auto done(std::move(dy)); }
         pass_input_gradient<I>(std::move(dx), mb);
       }
       stashes_[I][mb] = SavedStash::take(stage);

@@ -717,8 +717,9 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
   // backward's bit for bit. Fully sharded layers (whose reduce-scatter follows their
   // own backward) are refused.
   template <bool InputGrad = false, class G>
-  auto backward_input(const G& dy) {
-    static_assert(is_gradient_of(G::placement_state, output_placements),
+  auto backward_input(G&& dy) {  // an rvalue dy is moved in (a Linear at the top keeps it)
+    using GV = std::remove_cvref_t<G>;
+    static_assert(is_gradient_of(GV::placement_state, output_placements),
                   "dtensor::nn::Sequential::backward_input: dy is not placed as a gradient of the model's output (see "
                   "placement/gradient.hpp)");
     static_assert(!prefetches,
@@ -729,12 +730,13 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
     else {
       // As backward: gradients reduced by an earlier pass kept once per reduction group
       // before anything is added to them; what follows is unreduced until backward_weight.
-      constexpr auto& p = reduction_plan<G>;
+      constexpr auto& p = reduction_plan<GV>;
       if (!reducer_.prepared()) check_parameter_counts();
       reducer_.prepare(p, N, config::dp, visit_layer());
       if (reducer_.reduced()) reducer_.keep_reduced_once(p, N, visit_layer());
       reducer_.skip();
-      return backward_from<N - 1, InputGrad, G, false, true>(dy);
+      if constexpr (std::is_lvalue_reference_v<G>) return backward_from<N - 1, InputGrad, GV, false, true>(dy);
+      else return backward_owned<N - 1, InputGrad, GV, false, true>(GV(std::move(dy)));
     }
   }
   template <class G>
