@@ -270,37 +270,28 @@ class Pipeline {
   static constexpr int step_collectives(int pipeline_rank, std::size_t bucket_bytes, std::size_t elem_bytes,
                                         const std::array<int, PC::stage_mesh_dims>& stage_shape,
                                         const std::array<int, PC::stage_mesh_dims>& coords) {
-    int n = 0;
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((n += schedule_table.rank_of(static_cast<int>(I)) != pipeline_rank
-                 ? 0
-                 : [&] {
-                     const auto p = stage_plan<static_cast<int>(I), LossT>();  // evaluated where called
-                     // A fully sharded layer's reduce-scatter (gradient_sync) runs with the
-                     // last backward only, as the reductions do.
-                     int synced = 0;
-                     for (int e = 0; e < p.size; ++e)
-                       synced += p.entries[e].phase == Phase::Backward && p.entries[e].gradient_sync;
-                     int k = M * (p.count(Phase::Forward) + p.count(Phase::Backward) - synced) + synced;
-                     for (int m = 0; m < PC::stage_mesh_dims; ++m)
-                       k += p.buckets(m, bucket_bytes, elem_bytes, stage_shape, coords);
-                     return k;
-                   }()),
-       ...);
-    }(std::make_index_sequence<S>{});
-    return n;
+    return sum_over_stage_plans<LossT>(pipeline_rank, [&](const auto& p) {
+      // A fully sharded layer's reduce-scatter (gradient_sync) runs with the last
+      // backward only, as the reductions do.
+      int synced = 0;
+      for (int e = 0; e < p.size; ++e) synced += p.entries[e].phase == Phase::Backward && p.entries[e].gradient_sync;
+      int k = M * (p.count(Phase::Forward) + p.count(Phase::Backward) - synced) + synced;
+      for (int m = 0; m < PC::stage_mesh_dims; ++m) k += p.buckets(m, bucket_bytes, elem_bytes, stage_shape, coords);
+      return k;
+    });
   }
   template <class LossT>
   static constexpr int step_exchanges(int pipeline_rank, const std::array<int, PC::stage_mesh_dims>& stage_shape) {
+    return sum_over_stage_plans<LossT>(pipeline_rank, [&](const auto& p) {
+      return M * (p.ring_exchanges(Phase::Forward, stage_shape) + p.ring_exchanges(Phase::Backward, stage_shape));
+    });
+  }
+  // f(plan) summed over the plans of pipeline rank r's stages (each evaluated where called).
+  template <class LossT, class F>
+  static constexpr int sum_over_stage_plans(int pipeline_rank, F&& f) {
     int n = 0;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((n += schedule_table.rank_of(static_cast<int>(I)) != pipeline_rank
-                 ? 0
-                 : [&] {
-                     const auto p = stage_plan<static_cast<int>(I), LossT>();  // evaluated where called
-                     return M * (p.ring_exchanges(Phase::Forward, stage_shape) +
-                                 p.ring_exchanges(Phase::Backward, stage_shape));
-                   }()),
+      ((n += schedule_table.rank_of(static_cast<int>(I)) == pipeline_rank ? f(stage_plan<static_cast<int>(I), LossT>()) : 0),
        ...);
     }(std::make_index_sequence<S>{});
     return n;
