@@ -1,11 +1,14 @@
 // The memory plan (nn/memory_plan.hpp) of image models: one convolution's saved padded
-// block on a 2-rank spatial mesh worked by hand; a CNN (conv - batch norm - ReLU - max
+// block, group norm, pixels as tokens and upsampling on a 2-rank spatial mesh worked by
+// hand; a decoder (group norms, nearest and bilinear upsampling), pixels as tokens
+// through a context-parallel transformer block, a CNN (conv - batch norm - ReLU - max
 // pool blocks, global pooling, a linear head) and the U-Net of examples/unet.hpp, the
 // plan's peak against the host allocator's measured peak over a training step (the
 // second: the optimizer's state exists), on one rank in-process and, under mpirun, on
 // every process of DP, spatial (H sharded, halos) and DP x H meshes with uneven blocks.
 // Runs in-process and, through test_nn_memory_plan_image_mpi, under mpirun on 1-4 processes.
 #include <cstdint>
+#include <optional>
 #include <dtensor/cnn.hpp>
 #include <dtensor/nn.hpp>
 #include <string>
@@ -50,6 +53,37 @@ constexpr auto kPooled = nn::memory_output<nn::MaxPool<DpH<double>>>(
     nn::PlannedTensor<2>::of<double>(std::array<int64_t, 4>{1, 1, 13, 2}, One::input_placements));
 static_assert(kPooled.block_bytes({1, 2}, {0, 0}) == 8 * 4 && kPooled.block_bytes({1, 2}, {0, 1}) == 8 * 2);
 
+// --- by hand: group norm, pixels as tokens, upsampling, on a 1 x 2 mesh (H split) ---
+// Group norm saves the normalized input: x [2, 4, 9, 5], rows 5 | 4.
+using GN = nn::Sequential<nn::GroupNorm<DpH<double>, 4, 2>>;
+constexpr auto kGN = GN::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>({2, 4, 9, 5}, {1, 2});
+static_assert(kGN.saved_bytes(0, {0, 0}) == 8 * 2 * 4 * 5 * 5 && kGN.saved_bytes(0, {0, 1}) == 8 * 2 * 4 * 4 * 5);
+// Tokens [N, H * W, C]: a rank's run is its rows times W, not the chunk rule of H * W:
+// 5 rows of 4 split 3 | 2 give 12 | 8 tokens (the chunk rule of 20: 10 | 10).
+using Tok = nn::ImageTokens<DpH<double>>;
+constexpr auto kTokens = nn::memory_output<Tok>(
+    nn::PlannedTensor<2>::of<double>(std::array<int64_t, 4>{1, 2, 5, 4}, Tok::input(Tok::State{})));
+static_assert(kTokens.rank == 3 && kTokens.global[1] == 20 && kTokens.global[2] == 2);
+static_assert(kTokens.block_bytes({1, 2}, {0, 0}) == 8 * 12 * 2 && kTokens.block_bytes({1, 2}, {0, 1}) == 8 * 8 * 2);
+// After the stride-2 convolution above (H 9 -> 5 outputs in blocks 3 | 2, W 3): 9 | 6
+// tokens of 4 channels (the chunk rule of 15: 8 | 7).
+constexpr auto kStridedTokens = nn::memory_output<Tok>(kOut);
+static_assert(kStridedTokens.block_bytes({1, 2}, {0, 0}) == 8 * 2 * 9 * 4);
+static_assert(kStridedTokens.block_bytes({1, 2}, {0, 1}) == 8 * 2 * 6 * 4);
+// Bilinear 2x of x [1, 1, 5, 3], rows 3 | 2: outputs 6 | 4 rows of 6; the padded block
+// holds one ghost row each side (rank 0 reads row 3 of rank 1, rank 1 row 2 of rank 0),
+// saved with the compacted copy the outputs read (counted at the padded block's size:
+// rank 0 reads 4 rows of its 5, never under-counted).
+using Up = nn::Upsample<DpH<double>, UpsampleMode::Bilinear, 2, 2>;
+constexpr auto kUpIn = nn::PlannedTensor<2>::of<double>(std::array<int64_t, 4>{1, 1, 5, 3}, Up::input(Up::State{}));
+constexpr auto kUp = Up::memory(kUpIn);
+static_assert(kUp.out.global[2] == 10 && kUp.out.global[3] == 6);
+static_assert(kUp.out.block_bytes({1, 2}, {0, 0}) == 8 * 6 * 6 && kUp.out.block_bytes({1, 2}, {0, 1}) == 8 * 4 * 6);
+static_assert(kUp.nsaved == 2 && kUp.saved[0].block_bytes({1, 2}, {0, 0}) == 8 * 5 * 3 &&
+              kUp.saved[0].block_bytes({1, 2}, {0, 1}) == 8 * 4 * 3);
+static_assert(kUp.saved[0].block_bytes({1, 1}, {0, 0}) == 0);  // one block: no ghosts, nothing padded
+static_assert(nn::Upsample<DpH<double>, UpsampleMode::Nearest, 2, 2>::memory(kUpIn).nsaved == 0);
+
 // --- the CNN: two conv - batch norm - ReLU - max pool blocks, global pooling, linear ---
 template <class Img>
 struct CNN {
@@ -73,6 +107,48 @@ struct UNet : examples::UNet<DpH<float>> {
   static constexpr Shape<4> out{3, 1, 44, 40};
 };
 
+// A decoder: convolutions, group norms and SiLU, nearest and bilinear upsampling
+// (ghosts where H is split). Its output's blocks are the input's times 4 (not the
+// chunk rule's of the output's extent): the target is placed as the first output.
+template <class Img>
+struct Decoder {
+  using Model = nn::Sequential<nn::Conv<Img, 3, 8, k3>, nn::GroupNorm<Img, 8, 4>, nn::SiLU<Img>,
+                               nn::Upsample<Img, UpsampleMode::Nearest, 2, 2>, nn::Conv<Img, 8, 8, k3>,
+                               nn::GroupNorm<Img, 8, 2>, nn::SiLU<Img>,
+                               nn::Upsample<Img, UpsampleMode::Bilinear, 2, 2>, nn::Conv<Img, 8, 1, k3>>;
+  using Loss = nn::MSELoss<Img>;
+  static Model make(const DeviceMesh<2>& mesh) {
+    return Model(nn::Conv<Img, 3, 8, k3>(mesh, {1}), nn::GroupNorm<Img, 8, 4>(mesh), nn::SiLU<Img>(),
+                 nn::Upsample<Img, UpsampleMode::Nearest, 2, 2>(), nn::Conv<Img, 8, 8, k3>(mesh, {2}),
+                 nn::GroupNorm<Img, 8, 2>(mesh), nn::SiLU<Img>(), nn::Upsample<Img, UpsampleMode::Bilinear, 2, 2>(),
+                 nn::Conv<Img, 8, 1, k3>(mesh, {3}));
+  }
+  static constexpr std::array<int64_t, 4> in{3, 3, 13, 10};  // 8 channels of 52 x 40 at the top: 390 KiB
+  static constexpr bool target_like_output = true;
+};
+// Pixels as tokens: a patch convolution, the tokens (sequence sharded as H's rows), a
+// context-parallel transformer block (ring attention over H's mesh dim), the mean over
+// tokens, a linear head.
+struct Vit {
+  using Img = DpH<double>;
+  static constexpr auto kPatch = nn::ConvSpec<2>::square(2, 2, 0);
+  using Tokens = nn::ImageTokens<Img>;
+  using Tok = typename Tokens::out_config;
+  using Pool = nn::TokenMeanPool<Tok>;
+  using Head = typename Pool::out_config;
+  static constexpr nn::AttentionShape kAttn{.hidden = 16, .heads = 2};
+  using Block = nn::TransformerBlock<Tok, kAttn, 64>;  // the MLP 4x the hidden size
+  using Model = nn::Sequential<nn::Conv<Img, 3, 16, kPatch>, Tokens, nn::PositionEmbedding<Tok, 128, 16>, Block, Pool,
+                               nn::Linear<Head, 16, 10>>;
+  using Loss = nn::MSELoss<Head>;
+  static Model make(const DeviceMesh<2>& mesh) {
+    return Model(nn::Conv<Img, 3, 16, kPatch>(mesh, {1}), Tokens(), nn::PositionEmbedding<Tok, 128, 16>(mesh, 2),
+                 Block(mesh, {}, 3), Pool(), nn::Linear<Head, 16, 10>(mesh, {4}));
+  }
+  static constexpr std::array<int64_t, 4> in{3, 3, 22, 18};  // 11 x 9 = 99 tokens of 16
+  static constexpr Shape<2> out{3, 10};
+};
+
 // The bytes a step allocates above what is held before it (parameters, gradients,
 // optimizer state, the input; the plan's first events), measured and planned.
 struct Peaks {
@@ -88,14 +164,18 @@ Peaks step_peaks(const DeviceMesh<2>& mesh) {
   nn::SGD opt({.lr = 1e-3, .momentum = 0.9});
   Peaks p;
   const Shape<4> in{Net::in[0], Net::in[1], Net::in[2], Net::in[3]};
+  constexpr bool like_output = requires { Net::target_like_output; };
+  std::optional<typename Model::OutputT> target;
   for (int step = 0; step < 2; ++step) {  // the second: the optimizer's state exists, as in the plan
     const auto x = normal_rows<typename Model::InputT>(in, mesh, 1 + step);
-    const auto target = normal_rows<typename Model::OutputT>(Net::out, mesh, 3 + step);
+    if constexpr (!like_output) target.emplace(normal_rows<typename Model::OutputT>(Net::out, mesh, 3 + step));
     model.zero_grad();
     const int64_t before = host_memory_in_use();
     reset_host_memory_peak();
     const auto y = model.forward(x);
-    (void)loss.forward(y, target);
+    if constexpr (like_output)
+      if (!target) target.emplace(y);  // the first step's output, held from the second step on
+    (void)loss.forward(y, *target);
     model.backward(loss.backward(y));
     p.measured = host_memory_peak() - before;
     opt.step(model);
@@ -107,6 +187,7 @@ Peaks step_peaks(const DeviceMesh<2>& mesh) {
       nn::PlannedTensor<2>::template of<typename Model::InputT::value_type>(Net::in, Model::input_placements)
           .bytes(plan.mesh_shape, coords);
   p.planned = plan.peak_at(coords).bytes - held;
+
   return p;
 }
 
@@ -123,7 +204,15 @@ TEST_CASE("image memory plan: a step's peak on one rank against the allocator's,
   on_one_rank<2>([&](const DeviceMesh<2>& mesh) {
     check_peaks(step_peaks<CNN<DpH<double>>>(mesh), "CNN on one rank");
     check_peaks(step_peaks<UNet>(mesh), "U-Net on one rank");
+    check_peaks(step_peaks<Decoder<DpH<double>>>(mesh), "decoder (group norm, upsampling) on one rank");
+    check_peaks(step_peaks<Vit>(mesh), "pixels as tokens, a transformer block, the mean over tokens, on one rank");
   });
+}
+
+TEST_CASE("image memory plan: an upsampling's factors in the type and given to the constructor must agree") {
+  using Up23 = nn::Upsample<DpH<double>, UpsampleMode::Nearest, 2, 3>;
+  CHECK_NOTHROW(Up23({2, 3}));
+  CHECK_THROWS_WITH_AS(Up23({2, 2}), doctest::Contains("the type says"), InvalidArgument);
 }
 
 // Each process counts its own allocations: only under mpirun (in-process ranks share
@@ -138,6 +227,8 @@ void check_on_mesh(const std::array<int, 2>& shape) {
     const std::string where = mesh.to_string() + ", rank " + std::to_string(comm.rank());
     check_peaks(step_peaks<CNN<DpH<double>>>(mesh), "CNN on " + where);
     check_peaks(step_peaks<UNet>(mesh), "U-Net on " + where);
+    check_peaks(step_peaks<Decoder<DpH<double>>>(mesh), "decoder on " + where);
+    check_peaks(step_peaks<Vit>(mesh), "pixels as tokens on " + where);
   });
 }
 

@@ -273,6 +273,19 @@ struct PlannedTensor {
     t.largest_on = largest_on;
     return t;
   }
+  // Dim `from`'s block steps of `src` carried to this tensor's dim `to` (a reshape that
+  // moves a dim: the sequence of [B, S, F] as dim 2 of heads [B, H, S, D]), so that its
+  // blocks stay where a window op or a tokenized image put them, not the chunk rule's.
+  constexpr PlannedTensor with_steps_of(const PlannedTensor& src, int from, int to) const {
+    PlannedTensor t = *this;
+    for (int k = 0; k < src.nsteps; ++k)
+      if (src.steps[static_cast<std::size_t>(k)].dim == from) {
+        BlockStep step = src.steps[static_cast<std::size_t>(k)];
+        step.dim = to;
+        t.add_step(step);
+      }
+    return t;
+  }
   constexpr int64_t elements() const {
     int64_t e = 1;
     for (int d = 0; d < rank; ++d) e *= global[static_cast<std::size_t>(d)];

@@ -21,6 +21,7 @@
 // device: the sums and the normalization are compute/row_stats.hpp's, the per-group
 // and per-channel values are worked on the host (as in nn/image/batch_norm.hpp).
 // Counts are global (C/G x the global spatial cells), exact on uneven shards.
+#include <array>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -32,6 +33,7 @@
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/saved_state.hpp"
@@ -172,6 +174,17 @@ class GroupNorm : public KeepsPlacements<Cfg, Takes::Activation> {
                           blk.cells, dx.data());
       return Gr(dy.mesh(), dy.layout(), std::move(dx));
     }
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp): the normalized input saved, its
+  // output; in the backward each parameter's gradient term before it is added (C
+  // values). The per-(sample, group) statistics are host vectors, not blocks.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.save(x.unpadded());
+    m.out = x.unpadded();
+    m.backward_temporary(PlannedTensor<M>::template of<T>(std::array<int64_t, 1>{C}, State{}));
+    return m;
   }
 
   // What the forward leaves for the backward, which a pipeline stage sets aside per

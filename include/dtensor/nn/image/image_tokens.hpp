@@ -12,12 +12,15 @@
 //
 //   using Img = nn::ImageConfig<float, 2, nn::DomainAxes<2, /*dp*/ 0, /*H*/ 1, nn::kNone>>;
 //   using Tokens = nn::ImageTokens<Img>;     // out_config: Config<float, 3, Axes<2, 0, kNone, 1>>
+#include <array>
+#include <cstdint>
 #include <optional>
 
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
@@ -70,6 +73,20 @@ class ImageTokens {
       transpose(g.device(), g.data(), dx.data(), n, ls[2] * ls[3], c, false);
       return InputT(dy.mesh(), in, std::move(dx));
     }
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp): its output only, the tokens
+  // [N, H * W, C], each rank's run of the sequence its rows times W (H's blocks, after
+  // whatever window steps moved them, scaled by W: not the chunk rule of H * W).
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    const PlannedTensor<M> image = x.unpadded();
+    const PlannedTensor<M> rows =
+        image.reshaped(std::array<int64_t, 3>{image.global[0], image.global[2], image.global[1]},
+                       out_config::activation())
+            .with_steps_of(image, 2, 1);  // H's block steps, now on dim 1
+    LayerMemory<M> m;
+    m.out = rows.scaled(1, image.global[3]);
+    return m;
   }
 
   // What the forward leaves for the backward, which a pipeline stage sets aside per

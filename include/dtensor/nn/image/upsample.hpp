@@ -18,6 +18,7 @@
 // the layer.
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -28,6 +29,7 @@
 #include "dtensor/nn/image/conv.hpp"
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
@@ -85,6 +87,13 @@ class UpsampleOp {
     saved_ = false;
     Plan& p = *plan_;
     require_gradient_layout(name_, dy.layout(), p.out_layout);  // before the reverse exchange
+    // The padded and compacted blocks are freed once the backward has read them (a
+    // forward makes new ones): held from one step to the next they would be memory
+    // the plan does not count.
+    struct FreeBlocks {
+      UpsampleOp* op;
+      ~FreeBlocks() { op->padded_ = Tensor<T, Rank>(), op->compact_ = Tensor<T, Rank>(); }
+    } free_blocks{this};
     if constexpr (!NeedDx) {
       return 0;
     } else {
@@ -111,9 +120,8 @@ class UpsampleOp {
   // What the forward leaves for the backward, which a pipeline stage sets aside per
   // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_, plan_, padded_, compact_)
-  // Drops what the forward saved for the backward (nn/saved_state.hpp).
-  // The padded and compacted blocks too: kept as workspace from one forward to the
-  // next, they hold an activation's worth of memory.
+  // Drops what the forward saved for the backward (nn/saved_state.hpp): the padded
+  // and compacted blocks the backward reads.
   void release_saved() {
     saved_ = false;
     padded_ = Tensor<T, Rank>();
@@ -212,7 +220,6 @@ class UpsampleOp {
     }
     if (p.ghosts) p.halo = HaloExchange<T, Rank>(mesh, ps, x.layout(), spec);
     plan_.emplace(std::move(p));
-    if (plan_->compact) compact_ = Tensor<T, Rank>::uninitialized(plan_->read_shape, mesh.device());
   }
 
   UpsampleMode mode_;
@@ -223,12 +230,24 @@ class UpsampleOp {
   Tensor<T, Rank> padded_, compact_;
 };
 
-// An upsampling layer: integer factors per spatial dim, fixed at construction.
+// An upsampling layer: integer factors per spatial dim, fixed at construction, or in
+// the type (Factors, one per spatial dim), which a memory plan needs: the output's
+// extents are the input's times them.
 //   nn::Upsample<Img> up;                                    // nearest, 2x
 //   nn::Upsample<Img, UpsampleMode::Bilinear> up({2, 4});    // bilinear, 2x in H, 4x in W
-template <class Cfg, UpsampleMode Mode = UpsampleMode::Nearest>
+//   nn::Upsample<Img, UpsampleMode::Bilinear, 2, 4> up;      // the same, the factors in the type
+template <class Cfg, UpsampleMode Mode = UpsampleMode::Nearest, int64_t... Factors>
 class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
   static constexpr int S = Cfg::spatial;
+  static_assert(sizeof...(Factors) == 0 || sizeof...(Factors) == S,
+                "dtensor::nn::Upsample<Cfg, Mode, Factors...>: give one factor per spatial dim, or none (then the "
+                "constructor's, 2 by default)");
+  static_assert(((Factors >= 1) && ...), "dtensor::nn::Upsample<Cfg, Mode, Factors...>: factors are integers of 1 or more");
+  static constexpr bool kTypedFactors = sizeof...(Factors) > 0;
+  static constexpr std::array<int64_t, S> default_scale() {
+    if constexpr (kTypedFactors) return {Factors...};
+    else return filled<S>(2);
+  }
 
  public:
   DTENSOR_LAYER_TYPES(Cfg);
@@ -240,7 +259,36 @@ class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
 
   // The rule (KeepsPlacements): linear in x, so dx is placed like dy.
 
-  explicit Upsample(std::array<int64_t, S> scale = filled<S>(2)) : op_(Mode, scale, name) {}
+  explicit Upsample(std::array<int64_t, S> scale = default_scale()) : op_(Mode, scale, name) {
+    if constexpr (kTypedFactors)
+      DTENSOR_CHECK(scale == default_scale(), InvalidArgument, name, ": factors ", dtensor::to_string(scale),
+                    " given, but the type says ", dtensor::to_string(default_scale()),
+                    "; give them in one place (the type's are what a memory plan counts)");
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp), for x [N, C, spatial...]: its
+  // output, each spatial dim and its blocks times the factor. Linear modes on a dim
+  // split into two or more blocks read one cell of each neighbour: the padded block
+  // (ghosts of at most one cell each side) and the compacted copy the outputs read
+  // (at most the padded block) are saved for the backward, which reuses them.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    static_assert(kTypedFactors,
+                  "dtensor::nn::Upsample: a memory plan needs the factors in the type, e.g. "
+                  "nn::Upsample<Img, UpsampleMode::Nearest, 2, 2> (the output's extents are the input's times them; "
+                  "factors given to the constructor are known only when it runs)");
+    LayerMemory<M> m;
+    PlannedTensor<M> y = x.unpadded();
+    for (int i = 0; i < S; ++i) y = y.scaled(2 + i, default_scale()[static_cast<std::size_t>(i)]);
+    m.out = y;
+    if constexpr (Mode != UpsampleMode::Nearest) {
+      constexpr WindowDim kOneEachSide{.kernel = 3, .stride = 1, .dilation = 1, .pad_lo = 1, .pad_hi = 1};
+      PlannedTensor<M> padded = x.unpadded();
+      for (int i = 0; i < S; ++i) padded = padded.padded_for(2 + i, kOneEachSide, /*only_with_ghosts*/ true);
+      m.save(padded);
+      m.save(padded);
+    }
+    return m;
+  }
 
   UpsampleOp<T, S>& op() { return op_; }
   InputT forward(const InputT& x) { return op_.forward(x); }

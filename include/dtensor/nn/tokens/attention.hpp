@@ -462,72 +462,113 @@ class MultiHeadAttention {
 
  public:
 
+  // The tensors of its memory rules (nn/memory_plan.hpp), for x placed as it takes it:
+  // the multiplied input xc; q and k/v in heads [B, H, S, D] and the log-sum-exp in the
+  // core's type; qm and kvm merged [B, S, H D]; the sequence's blocks where x has them
+  // (a tokenized image's rows times W, not the chunk rule's).
+  struct MemoryTensors {
+    PlannedTensor<M> xc, q, kv, lse, qm, kvm;
+  };
+  template <std::size_t MM>
+  static constexpr MemoryTensors memory_tensors(const PlannedTensor<MM>& x) {
+    static_assert(!kBalanced && !kAllToAll,
+                  "dtensor::nn memory plan: attention with ContextParallel::RingBalanced or AllToAll does not yet say "
+                  "what it holds (their relayout and all-to-all buffers); plan with ContextParallel::Ring");
+    MemoryTensors t;
+    t.xc = x.placed(Q::compute_input());
+    const int64_t batch = t.xc.global[0], len = t.xc.global[1];
+    // [B, S, F] -> heads [B, H, S, D]: the batch stays dim 0, the sequence moves to dim 2,
+    // TP takes whole heads (dim 1); merged [B, S, H D]: TP takes the features.
+    State heads{}, merged = t.xc.placements;
+    for (std::size_t mm = 0; mm < static_cast<std::size_t>(M); ++mm) {
+      if (t.xc.placements[mm].is_shard(0)) heads[mm] = shard(0);
+      else if (t.xc.placements[mm].is_shard(1)) heads[mm] = shard(2);
+    }
+    if constexpr (kParallel && Cfg::tp >= 0) {
+      heads[static_cast<std::size_t>(Cfg::tp)] = shard(1);
+      merged[static_cast<std::size_t>(Cfg::tp)] = shard(2);
+    }
+    const PlannedTensor<M> core = t.xc.template as<C>();
+    auto in_heads = [&](int64_t n) {
+      return core.reshaped(std::array<int64_t, 4>{batch, n, len, kDim}, heads).with_steps_of(t.xc, 1, 2);
+    };
+    t.q = in_heads(kHeads), t.kv = in_heads(kKV);
+    t.lse = core.reshaped(std::array<int64_t, 3>{batch, kHeads, len}, heads).with_steps_of(t.xc, 1, 2);
+    t.qm = t.xc.reshaped(std::array<int64_t, 3>{batch, len, kHeads * kDim}, merged).with_steps_of(t.xc, 1, 1);
+    t.kvm = t.xc.reshaped(std::array<int64_t, 3>{batch, len, kKV * kDim}, merged).with_steps_of(t.xc, 1, 1);
+    return t;
+  }
+
   // From its input step to its weight step (a split backward): o merged, the output
   // product's gradient and the three projections' merged gradients (the multiplied input
   // moves over from what the forward saved), in T.
   template <std::size_t MM>
   static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
                                           const std::array<int, MM>& coords) {
-    const PlannedTensor<MM> xc = x.placed(Q::compute_input());
-    State merged = xc.placements;
-    if constexpr (kParallel && Cfg::tp >= 0) merged[static_cast<std::size_t>(Cfg::tp)] = shard(2);
-    const int64_t batch = xc.global[0], len = xc.global[1];
-    const auto qm = xc.reshaped(std::array<int64_t, 3>{batch, len, kHeads * kDim}, merged).bytes(mesh_shape, coords);
-    const auto kvm = xc.reshaped(std::array<int64_t, 3>{batch, len, kKV * kDim}, merged).bytes(mesh_shape, coords);
-    return 2 * qm + 2 * kvm + x.placed(O::product()).bytes(mesh_shape, coords);
+    const MemoryTensors t = memory_tensors(x);
+    return 2 * t.qm.bytes(mesh_shape, coords) + 2 * t.kvm.bytes(mesh_shape, coords) +
+           x.placed(O::product()).bytes(mesh_shape, coords);
   }
 
-  // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: saved,
-  // the multiplied input and q, k, v, o and the log-sum-exp in the core's type; in the
-  // forward the projections before their split into heads, o merged back and the
-  // product; in the backward o merged, its gradient, dq, dk, dv and the projections'
-  // merged gradients, all counted alive together; the ring's k/v buffers (sized for the
-  // longest block of the ring) with it.
+  // What its forward holds (nn/memory_plan.hpp), for x placed as it takes it: saved, the
+  // multiplied input and q, k, v, o and the log-sum-exp; its output; while it runs, the
+  // projections before their split into heads, o merged back, the product, and the
+  // ring's k/v buffers (sized for the longest block of the ring) with its partial o and
+  // log-sum-exp.
   static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
-    static_assert(!kBalanced && !kAllToAll,
-                  "dtensor::nn memory plan: attention with ContextParallel::RingBalanced or AllToAll does not yet say "
-                  "what it holds (their relayout and all-to-all buffers); plan with ContextParallel::Ring");
+    const MemoryTensors t = memory_tensors(x);
     LayerMemory<M> m;
-    const PlannedTensor<M> xc = x.placed(Q::compute_input());
-    const int64_t batch = xc.global[0], len = xc.global[1];
-    // [B, S, F] -> heads [B, H, S, D]: the batch stays dim 0, the sequence moves to dim 2,
-    // TP takes whole heads (dim 1); merged [B, S, H D]: TP takes the features.
-    State heads{}, merged = xc.placements;
-    for (std::size_t mm = 0; mm < static_cast<std::size_t>(M); ++mm) {
-      if (xc.placements[mm].is_shard(0)) heads[mm] = shard(0);
-      else if (xc.placements[mm].is_shard(1)) heads[mm] = shard(2);
-    }
-    if constexpr (kParallel && Cfg::tp >= 0) {
-      heads[static_cast<std::size_t>(Cfg::tp)] = shard(1);
-      merged[static_cast<std::size_t>(Cfg::tp)] = shard(2);
-    }
-    const PlannedTensor<M> core = xc.template as<C>();
-    auto in_heads = [&](int64_t n) { return core.reshaped(std::array<int64_t, 4>{batch, n, len, kDim}, heads); };
-    const PlannedTensor<M> q = in_heads(kHeads), kv = in_heads(kKV);
-    const PlannedTensor<M> lse = core.reshaped(std::array<int64_t, 3>{batch, kHeads, len}, heads);
-    const PlannedTensor<M> qm = xc.reshaped(std::array<int64_t, 3>{batch, len, kHeads * kDim}, merged);
-    const PlannedTensor<M> kvm = xc.reshaped(std::array<int64_t, 3>{batch, len, kKV * kDim}, merged);
-    m.save(xc);
-    m.save(q), m.save(kv), m.save(kv), m.save(q), m.save(lse);
+    m.save(t.xc);
+    m.save(t.q), m.save(t.kv), m.save(t.kv), m.save(t.q), m.save(t.lse);
     m.out = x.placed(O::output());
-    m.forward_temporary(qm);  // a projection before its split (the largest: q's)
-    m.forward_temporary(qm);  // o merged
+    m.forward_temporary(t.qm);  // a projection before its split (the largest: q's)
+    m.forward_temporary(t.qm);  // o merged
     if (O::product() != O::output()) m.forward_temporary(x.placed(O::product()));
     if constexpr (kRing) {
-      for (int i = 0; i < 4; ++i) m.forward_temporary(kv.largest_over(Cfg::cp));
-      m.forward_temporary(q), m.forward_temporary(lse);
-    }
-    if constexpr (kParallel) m.backward_temporary(x.placed(O::product()));
-    m.backward_temporary(qm), m.backward_temporary(qm);  // o merged, its gradient
-    m.backward_temporary(q);                             // in heads
-    m.backward_temporary(q), m.backward_temporary(kv), m.backward_temporary(kv);  // dq, dk, dv
-    m.backward_temporary(qm), m.backward_temporary(kvm);  // a projection's merged gradient
-    if (Q::compute_input() != Q::input()) m.backward_temporary(xc);
-    if constexpr (kRing) {
-      for (int i = 0; i < 12; ++i) m.backward_temporary(kv.largest_over(Cfg::cp));
-      m.backward_temporary(q);
+      for (int i = 0; i < 4; ++i) m.forward_temporary(t.kv.largest_over(Cfg::cp));
+      m.forward_temporary(t.q), m.forward_temporary(t.lse);
     }
     return m;
+  }
+
+  // Its backward on the timeline, in the order backward_steps allocates: the output
+  // product's gradient (TP), o merged, its gradient, that in heads, dq, dk and dv, held
+  // to the end; the ring's buffers while the core's backward runs (twelve k/v blocks of
+  // the longest block and one dq); then the input's gradient and each projection's
+  // merged gradient in turn (the largest, q's, counted); what the forward saved freed;
+  // under sequence parallelism the reduce-scatter's result beside the gradient it
+  // scatters.
+  template <std::size_t MM, int CC>
+  static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, CC>& p, int layer, int group,
+                                                     const PlannedTensor<MM>& x, const PlannedTensor<MM>& dy,
+                                                     const State& grad_in, bool input_grad) {
+    const MemoryTensors t = memory_tensors(x);
+    constexpr Phase B = Phase::Backward;
+    std::array<PlannedTensor<M>, 7> held{};
+    int n = 0;
+    if constexpr (kParallel)
+      if (O::product() != O::output()) held[static_cast<std::size_t>(n++)] = x.placed(O::product());
+    for (const auto& h : {t.qm, t.qm, t.q, t.q, t.kv, t.kv}) held[static_cast<std::size_t>(n++)] = h;
+    for (int i = 0; i < n; ++i) p.allocate(B, layer, MemoryUse::Temporary, held[static_cast<std::size_t>(i)]);
+    if constexpr (kRing) {
+      std::array<PlannedTensor<M>, 13> ring{};
+      for (int i = 0; i < 12; ++i) ring[static_cast<std::size_t>(i)] = t.kv.largest_over(Cfg::cp);
+      ring[12] = t.q;
+      p.temporaries(B, layer, ring, 13);
+    }
+    constexpr bool kGathered = Q::compute_input() != Q::input();  // sequence parallel: reduce-scattered back
+    PlannedTensor<M> dxc = t.xc.placed(Rule::grad_compute_input(dy.placements));
+    p.allocate(B, layer, input_grad && !kGathered ? MemoryUse::Activation : MemoryUse::Temporary, dxc);
+    p.temporary(B, layer, t.qm);
+    p.free_group(B, layer, group);
+    PlannedTensor<M> dx = dxc;
+    if (input_grad && kGathered) {
+      dx = x.placed(grad_in);
+      p.allocate(B, layer, MemoryUse::Activation, dx);
+    }
+    if (!input_grad || kGathered) p.free(B, layer, dxc);
+    for (int i = 0; i < n; ++i) p.free(B, layer, held[static_cast<std::size_t>(i)]);
+    return dx;
   }
 
   // What the forward leaves for the backward, which a pipeline stage sets aside per

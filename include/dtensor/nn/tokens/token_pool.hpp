@@ -10,12 +10,15 @@
 //
 //   backward   dx[n, s, c] = dy[n, c] / S on every token of the rank's block; dy is
 //              Replicate over the CP dim (the gradient of a Partial<Sum> value).
+#include <array>
+#include <cstdint>
 #include <optional>
 
 #include "dtensor/compute/local.hpp"
 #include "dtensor/nn/config.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/layer.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/saved_state.hpp"
 #include "dtensor/tensor/movement.hpp"
 
@@ -85,6 +88,15 @@ class TokenMeanPool {
       using DX = dtensor_t<T, 3, placements_t<grad_input(State{}, G::placement_state)>>;
       return DX(dy.mesh(), s.layout, std::move(dx));
     }
+  }
+
+  // What it holds over a step (nn/memory_plan.hpp): its output [N, C]; in the
+  // backward, dy scaled by 1 / tokens before it is repeated into dx.
+  static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
+    LayerMemory<M> m;
+    m.out = x.reshaped(std::array<int64_t, 2>{x.global[0], x.global[2]}, output(State{}));
+    m.backward_temporary(m.out);
+    return m;
   }
 
   // What the forward leaves for the backward, which a pipeline stage sets aside per
