@@ -298,10 +298,27 @@ using GDpTp = nn::Config<float, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
 using GTpCp = nn::Config<float, 3, nn::Axes<2, nn::kNone, /*tp*/ 0, /*cp*/ 1>>;
 template <class S>
 using SeqOnTP = std::conditional_t<std::is_same_v<S, nn::HeadParallel<Shard<1>>>, Shard<1>, Replicate>;
+// The balanced ring's layout by hand: 10 positions over 2 ranks in 4 chunks by the chunk
+// rule, 3, 3, 3, 1: rank 0 holds chunks 0 and 3 (4), rank 1 chunks 1 and 2 (6); 11 over 3
+// ranks in 6 chunks 2, 2, 2, 2, 2, 1: pairs 3, 4, 4. The longest (the ring's buffers)
+// is not rank 0's.
+constexpr auto kPairs2 = nn::PlannedTensor<1>::of<char>(std::array<int64_t, 1>{10}, PlacementState<1>{shard(0)}).balanced_over(0);
+static_assert(kPairs2.block_bytes({2}, {0}) == 4 && kPairs2.block_bytes({2}, {1}) == 6);
+static_assert(kPairs2.largest_over(0).block_bytes({2}, {0}) == 6);
+constexpr auto kPairs3 = nn::PlannedTensor<1>::of<char>(std::array<int64_t, 1>{11}, PlacementState<1>{shard(0)}).balanced_over(0);
+static_assert(kPairs3.block_bytes({3}, {0}) == 3 && kPairs3.block_bytes({3}, {1}) == 4 &&
+              kPairs3.block_bytes({3}, {2}) == 4);
+static_assert(kPairs3.largest_over(0).block_bytes({3}, {0}) == 4);
+
+// The context-parallel schemes' attention shapes (kAttn: the ring).
+constexpr nn::AttentionShape kBalancedAttn{
+    .hidden = kHid, .heads = 4, .kv_heads = 2, .context = nn::ContextParallel::RingBalanced};
+constexpr nn::AttentionShape kAllToAllAttn{
+    .hidden = kHid, .heads = 4, .kv_heads = 2, .context = nn::ContextParallel::AllToAll};
 // Wrap: the blocks as they are, recomputed, or fully sharded.
-template <class Cfg, class Style, template <class> class Wrap>
+template <class Cfg, class Style, template <class> class Wrap, nn::AttentionShape A = kAttn>
 struct Gpt {
-  using Block = nn::TransformerBlock<Cfg, kAttn, kFfn, Style>;
+  using Block = nn::TransformerBlock<Cfg, A, kFfn, Style>;
   using Model = nn::Sequential<nn::Embedding<Cfg, kVocab, kHid, nn::RowwiseParallel<SeqOnTP<Style>>>,
                                nn::PositionEmbedding<Cfg, kLen, kHid>, Wrap<Block>, Wrap<Block>,
                                nn::LayerNorm<Cfg, kHid, typename nn::detail::block_styles<Style>::norm>,
@@ -354,13 +371,13 @@ Peaks gpt_peaks(const DeviceMesh<2>& mesh) {
   return p;
 }
 
-template <class Cfg, class Style>
+template <class Cfg, class Style, nn::AttentionShape A = kAttn>
 void check_gpt(const std::array<int, 2>& shape, const char* what) {
   auto run = [&](const DeviceMesh<2>& mesh, const std::string& where) {
-    check_peaks(gpt_peaks<Gpt<Cfg, Style, AsIs>>(mesh), std::string(what) + " on " + where);
-    check_peaks(gpt_peaks<Gpt<Cfg, Style, RecomputedBlock>>(mesh), std::string(what) + ", recomputed, on " + where);
+    check_peaks(gpt_peaks<Gpt<Cfg, Style, AsIs, A>>(mesh), std::string(what) + " on " + where);
+    check_peaks(gpt_peaks<Gpt<Cfg, Style, RecomputedBlock, A>>(mesh), std::string(what) + ", recomputed, on " + where);
     if constexpr (Cfg::dp >= 0)
-      check_peaks(gpt_peaks<Gpt<Cfg, Style, ShardedBlock>>(mesh), std::string(what) + ", fully sharded, on " + where);
+      check_peaks(gpt_peaks<Gpt<Cfg, Style, ShardedBlock, A>>(mesh), std::string(what) + ", fully sharded, on " + where);
   };
   if (shape[0] * shape[1] == 1) {
     on_one_rank<2>([&](const DeviceMesh<2>& mesh) { run(mesh, "one rank"); });
@@ -381,6 +398,12 @@ TEST_CASE("memory plan: a GPT's step against the allocator, plain, recomputed an
   check_gpt<GDpTp, nn::HeadParallel<>>({3, 1}, "DP");
   check_gpt<GTpCp, nn::HeadParallel<>>({2, 2}, "TP x CP (ring)");
   check_gpt<GTpCp, nn::HeadParallel<>>({1, 3}, "CP (ring)");
+  // The balanced ring: q, k, v, o, lse also in its chunk pairs (48 positions in 4 | 6
+  // chunks: pairs of 24 | 16, 16, 16); all-to-all: the head-split tensors over the whole
+  // sequence (the heads and key/value heads split over 2 CP ranks).
+  check_gpt<GTpCp, nn::HeadParallel<>, kBalancedAttn>({2, 2}, "TP x CP (balanced ring)");
+  check_gpt<GTpCp, nn::HeadParallel<>, kBalancedAttn>({1, 3}, "CP (balanced ring)");
+  check_gpt<GTpCp, nn::HeadParallel<>, kAllToAllAttn>({1, 2}, "CP (all-to-all)");
 }
 }  // namespace
 }  // namespace dtensor::test

@@ -62,6 +62,10 @@ struct PlannedTensor {
   // Bit m set: the block of the rank at coordinate 0 of mesh dim m, the largest there,
   // whatever this rank's (a buffer sized for any rank's block: ring attention's).
   std::uint32_t largest_on = 0;
+  // Bit m set: the dim mesh dim m shards is in the balanced ring's layout (a load-
+  // balanced causal ring, distributed/ring_attention.hpp): cut into 2 P chunks, coordinate
+  // c holding chunks c and 2 P - 1 - c; with largest_on, the longest such pair.
+  std::uint32_t balanced_on = 0;
 
   // Blocks of an image that a window op or an upsampling has moved (nn/image/): a dim
   // sharded by the chunk rule at extent `n` of its first step, whose block boundaries
@@ -146,7 +150,16 @@ struct PlannedTensor {
       }
     int64_t lo = 0;
     for (std::size_t m = 0; m < M; ++m)
-      if (placements[m].is_shard(d)) {
+      if (placements[m].is_shard(d) && (balanced_on >> m) & 1u) {
+        const int p = mesh_shape[m];
+        const auto pair = [&](int c) { return chunk_size(n, 2 * p, c) + chunk_size(n, 2 * p, 2 * p - 1 - c); };
+        int at = coords[m];
+        if ((largest_on >> m) & 1u)
+          for (int c = 0; c < p; ++c) at = pair(c) > pair(at) ? c : at;
+        const int64_t c0 = p > 0 ? (n + 2 * p - 1) / (2 * p) : 0;
+        lo += std::min<int64_t>(n, at * c0);  // its first chunk's start (the blocks are not contiguous)
+        n = pair(at);
+      } else if (placements[m].is_shard(d)) {
         const int at = (largest_on >> m) & 1u ? 0 : coords[m];  // largest_over(m): coordinate 0's block
         const int64_t c = mesh_shape[m] > 0 ? (n + mesh_shape[m] - 1) / mesh_shape[m] : 0;
         lo += std::min<int64_t>(n, at * c);
@@ -259,6 +272,13 @@ struct PlannedTensor {
     steps[static_cast<std::size_t>(nsteps++)] = s;
   }
   // The largest block over mesh dim m (not allocated).
+  // In the balanced ring's layout over mesh dim m (not allocated).
+  constexpr PlannedTensor balanced_over(int m) const {
+    PlannedTensor t = *this;
+    t.balanced_on |= 1u << m;
+    t.id = -1;
+    return t;
+  }
   constexpr PlannedTensor largest_over(int m) const {
     PlannedTensor t = *this;
     t.largest_on |= 1u << m;
@@ -271,6 +291,7 @@ struct PlannedTensor {
     PlannedTensor t = of<char>(extents, p);
     t.element_bytes = element_bytes;
     t.largest_on = largest_on;
+    t.balanced_on = balanced_on;
     return t;
   }
   // Dim `from`'s block steps of `src` carried to this tensor's dim `to` (a reshape that
@@ -322,17 +343,18 @@ struct TensorRecord {
   int rank = 0;
   PlacementState<M> placements{};
   int64_t element_bytes = 0;
-  std::uint32_t largest_on = 0;
+  std::uint32_t largest_on = 0, balanced_on = 0;
   int extension = -1;
   friend constexpr bool operator==(const TensorRecord&, const TensorRecord&) = default;
 
   static constexpr TensorRecord of(const PlannedTensor<M>& t, int extension) {
-    return {t.global, t.rank, t.placements, t.element_bytes, t.largest_on, extension};
+    return {t.global, t.rank, t.placements, t.element_bytes, t.largest_on, t.balanced_on, extension};
   }
   constexpr PlannedTensor<M> tensor() const {  // without its extension
     PlannedTensor<M> t;
     t.global = global, t.rank = rank, t.placements = placements, t.element_bytes = element_bytes;
     t.largest_on = largest_on;
+    t.balanced_on = balanced_on;
     return t;
   }
 };

@@ -465,15 +465,14 @@ class MultiHeadAttention {
   // The tensors of its memory rules (nn/memory_plan.hpp), for x placed as it takes it:
   // the multiplied input xc; q and k/v in heads [B, H, S, D] and the log-sum-exp in the
   // core's type; qm and kvm merged [B, S, H D]; the sequence's blocks where x has them
-  // (a tokenized image's rows times W, not the chunk rule's).
+  // (a tokenized image's rows times W, not the chunk rule's). The core's layout (`qc`,
+  // `kvc`, `lsec`): the balanced ring's, the sequence in its chunk pairs; all-to-all's,
+  // the whole sequence and the heads split over the CP ranks; else q's own.
   struct MemoryTensors {
-    PlannedTensor<M> xc, q, kv, lse, qm, kvm;
+    PlannedTensor<M> xc, q, kv, lse, qm, kvm, qc, kvc, lsec;
   };
   template <std::size_t MM>
   static constexpr MemoryTensors memory_tensors(const PlannedTensor<MM>& x) {
-    static_assert(!kBalanced && !kAllToAll,
-                  "dtensor::nn memory plan: attention with ContextParallel::RingBalanced or AllToAll does not yet say "
-                  "what it holds (their relayout and all-to-all buffers); plan with ContextParallel::Ring");
     MemoryTensors t;
     t.xc = x.placed(Q::compute_input());
     const int64_t batch = t.xc.global[0], len = t.xc.global[1];
@@ -496,6 +495,20 @@ class MultiHeadAttention {
     t.lse = core.reshaped(std::array<int64_t, 3>{batch, kHeads, len}, heads).with_steps_of(t.xc, 1, 2);
     t.qm = t.xc.reshaped(std::array<int64_t, 3>{batch, len, kHeads * kDim}, merged).with_steps_of(t.xc, 1, 1);
     t.kvm = t.xc.reshaped(std::array<int64_t, 3>{batch, len, kKV * kDim}, merged).with_steps_of(t.xc, 1, 1);
+    t.qc = t.q, t.kvc = t.kv, t.lsec = t.lse;
+    if constexpr (kBalanced || kAllToAll) {
+      State core_heads = heads;
+      constexpr auto cp = static_cast<std::size_t>(Cfg::cp);
+      if constexpr (kAllToAll) core_heads[cp] = shard(1);  // heads split, after TP's
+      const auto laid = [&](int64_t n) {
+        PlannedTensor<M> w = core.reshaped(std::array<int64_t, 4>{batch, n, len, kDim}, core_heads);
+        if constexpr (kBalanced) w = w.balanced_over(Cfg::cp);
+        return w;
+      };
+      t.qc = laid(kHeads), t.kvc = laid(kKV);
+      t.lsec = core.reshaped(std::array<int64_t, 3>{batch, kHeads, len}, core_heads);
+      if constexpr (kBalanced) t.lsec = t.lsec.balanced_over(Cfg::cp);
+    }
     return t;
   }
 
@@ -511,30 +524,40 @@ class MultiHeadAttention {
   }
 
   // What its forward holds (nn/memory_plan.hpp), for x placed as it takes it: saved, the
-  // multiplied input and q, k, v, o and the log-sum-exp; its output; while it runs, the
-  // projections before their split into heads, o merged back, the product, and the
-  // ring's k/v buffers (sized for the longest block of the ring) with its partial o and
-  // log-sum-exp.
+  // multiplied input and q, k, v, o and the log-sum-exp (the balanced ring: q, k, v, o
+  // and lse in its layout too; all-to-all: the head-split q, k, v, o, lse too); its
+  // output; while it runs, the projections before their split into heads, o merged back,
+  // the product, and the ring's k/v buffers (sized for the longest block of the ring)
+  // with its partial o and log-sum-exp.
   static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
     const MemoryTensors t = memory_tensors(x);
     LayerMemory<M> m;
     m.save(t.xc);
-    m.save(t.q), m.save(t.kv), m.save(t.kv), m.save(t.q), m.save(t.lse);
+    // q, k, v (in the core's layout where the balanced ring keeps them there), o, lse
+    if constexpr (kBalanced) m.save(t.qc), m.save(t.kvc), m.save(t.kvc);
+    else m.save(t.q), m.save(t.kv), m.save(t.kv);
+    m.save(t.q), m.save(t.lse);
+    if constexpr (kBalanced) m.save(t.qc), m.save(t.lsec);  // o and lse in the balanced layout
+    if constexpr (kAllToAll)  // the head-split q, k, v, o, lse over the whole sequence
+      m.save(t.qc), m.save(t.kvc), m.save(t.kvc), m.save(t.qc), m.save(t.lsec);
     m.out = x.placed(O::output());
     m.forward_temporary(t.qm);  // a projection before its split (the largest: q's)
     m.forward_temporary(t.qm);  // o merged
     if (O::product() != O::output()) m.forward_temporary(x.placed(O::product()));
+    if constexpr (kBalanced)  // q, k, v in the sequence's blocks until relaid
+      m.forward_temporary(t.q), m.forward_temporary(t.kv), m.forward_temporary(t.kv);
     if constexpr (kRing) {
-      for (int i = 0; i < 4; ++i) m.forward_temporary(t.kv.largest_over(Cfg::cp));
-      m.forward_temporary(t.q), m.forward_temporary(t.lse);
+      for (int i = 0; i < 4; ++i) m.forward_temporary(t.kvc.largest_over(Cfg::cp));
+      m.forward_temporary(t.qc), m.forward_temporary(t.lsec);
     }
     return m;
   }
 
   // Its backward on the timeline, in the order backward_steps allocates: the output
   // product's gradient (TP), o merged, its gradient, that in heads, dq, dk and dv, held
-  // to the end; the ring's buffers while the core's backward runs (twelve k/v blocks of
-  // the longest block and one dq); then the input's gradient and each projection's
+  // to the end; while the core's backward runs, the ring's buffers (twelve k/v blocks of
+  // the longest block and one dq; the balanced ring's do, dq, dk, dv relaid beside them)
+  // or all-to-all's head-split do, dq, dk, dv; then the input's gradient and each projection's
   // merged gradient in turn (the largest, q's, counted); what the forward saved freed;
   // under sequence parallelism the reduce-scatter's result beside the gradient it
   // scatters.
@@ -550,11 +573,18 @@ class MultiHeadAttention {
       if (O::product() != O::output()) held[static_cast<std::size_t>(n++)] = x.placed(O::product());
     for (const auto& h : {t.qm, t.qm, t.q, t.q, t.kv, t.kv}) held[static_cast<std::size_t>(n++)] = h;
     for (int i = 0; i < n; ++i) p.allocate(B, layer, MemoryUse::Temporary, held[static_cast<std::size_t>(i)]);
-    if constexpr (kRing) {
-      std::array<PlannedTensor<M>, 13> ring{};
-      for (int i = 0; i < 12; ++i) ring[static_cast<std::size_t>(i)] = t.kv.largest_over(Cfg::cp);
-      ring[12] = t.q;
-      p.temporaries(B, layer, ring, 13);
+    if constexpr (kRing) {  // the balanced ring's do, dq, dk, dv relaid beside its buffers
+      std::array<PlannedTensor<M>, 17> ring{};
+      int r = 0;
+      if constexpr (kBalanced)
+        for (const auto& h : {t.qc, t.qc, t.kvc, t.kvc}) ring[static_cast<std::size_t>(r++)] = h;
+      for (int i = 0; i < 12; ++i) ring[static_cast<std::size_t>(r++)] = t.kvc.largest_over(Cfg::cp);
+      ring[static_cast<std::size_t>(r++)] = t.qc;
+      p.temporaries(B, layer, ring, r);
+    }
+    if constexpr (kAllToAll) {  // do, dq, dk, dv split by heads
+      std::array<PlannedTensor<M>, 4> split{t.qc, t.qc, t.kvc, t.kvc};
+      p.temporaries(B, layer, split, 4);
     }
     constexpr bool kGathered = Q::compute_input() != Q::input();  // sequence parallel: reduce-scattered back
     PlannedTensor<M> dxc = t.xc.placed(Rule::grad_compute_input(dy.placements));
