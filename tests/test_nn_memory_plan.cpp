@@ -80,6 +80,16 @@ using Plain = nn::Sequential<Block<C>, Block<C>, Block<C>>;
 template <class C>
 using Recomputed = nn::Sequential<nn::Recompute<Block<C>>, nn::Recompute<Block<C>>, nn::Recompute<Block<C>>>;
 
+// Selective: each block keeps its products' outputs and drops GELU's input, the
+// dropout mask and the second product's input.
+template <class B>
+using Selective = nn::Recompute<B, nn::RecomputePolicy::Selective>;
+template <class C>
+using SelectiveBlocks = nn::Sequential<Selective<Block<C>>, Selective<Block<C>>, Selective<Block<C>>>;
+template <class C>
+using ShardedSelective = nn::Sequential<nn::FullyShard<Selective<Block<C>>>, nn::FullyShard<Selective<Block<C>>>,
+                                        nn::FullyShard<Selective<Block<C>>>>;
+
 template <class C>
 Block<C> make_block(const DeviceMesh<C::M>& mesh, uint64_t seed) {
   return Block<C>(Up<C>(mesh, {seed}), nn::GELU<C>(), nn::Dropout<C>(0.1, seed), Down<C>(mesh, {seed + 1}));
@@ -160,6 +170,12 @@ TEST_CASE("memory plan: a step's peak on one rank against the allocator's, with 
     check_peaks(plain, "plain");
     check_peaks(recomputed, "recomputed");
     CHECK(recomputed.measured < plain.measured);
+    const Peaks selective = step_peaks<C1, SelectiveBlocks<C1>>(mesh);
+    MESSAGE("one rank: selective measured ", selective.measured, " planned ", selective.planned);
+    check_peaks(selective, "selective recompute");
+    CHECK(selective.measured < plain.measured);
+    CHECK(selective.measured > recomputed.measured);
+    check_peaks(step_peaks<C1, ShardedSelective<C1>>(mesh), "fully sharded, selective recompute inside");
     check_peaks(step_peaks<C1, Sharded<C1>>(mesh), "fully sharded");
     check_peaks(step_peaks<C1, Sharded<C1, false>>(mesh), "fully sharded, kept to the backward");
     check_peaks(step_peaks<C1, ShardedRecomputed<C1>>(mesh), "fully sharded, recomputed inside");
@@ -201,6 +217,7 @@ TEST_CASE("memory plan: a step trains within exactly its planned peak; one byte 
     using C1 = nn::Config<double, 2, nn::Axes<1, 0, nn::kNone>>;
     check_trains_within_plan<C1, Plain<C1>>(mesh, "plain");
     check_trains_within_plan<C1, Recomputed<C1>>(mesh, "recomputed");
+    check_trains_within_plan<C1, SelectiveBlocks<C1>>(mesh, "selective recompute");
     check_trains_within_plan<C1, Sharded<C1>>(mesh, "fully sharded");
     check_trains_within_plan<C1, RecomputedSharded<C1>>(mesh, "recomputed, fully sharded inside");
   });
@@ -221,6 +238,7 @@ void check_on_mesh(const std::array<int, C::M>& shape) {
     const std::string where = mesh.to_string() + ", rank " + std::to_string(comm.rank());
     check_peaks(step_peaks<C, Plain<C>>(mesh), "plain on " + where);
     check_peaks(step_peaks<C, Recomputed<C>>(mesh), "recomputed on " + where);
+    check_peaks(step_peaks<C, SelectiveBlocks<C>>(mesh), "selective recompute on " + where);
     check_peaks(step_peaks<C, Sharded<C>>(mesh), "fully sharded on " + where);
     check_peaks(step_peaks<C, Sharded<C, false>>(mesh), "fully sharded, kept, on " + where);
     check_peaks(step_peaks<C, ShardedRecomputed<C>>(mesh), "fully sharded, recomputed inside, on " + where);
@@ -337,6 +355,8 @@ template <class B>
 using RecomputedBlock = nn::Recompute<B>;
 template <class B>
 using ShardedBlock = nn::FullyShard<B>;
+template <class B>
+using SelectiveBlock = nn::Recompute<B, nn::RecomputePolicy::Selective>;
 
 template <class G>
 Peaks gpt_peaks(const DeviceMesh<2>& mesh) {
@@ -376,6 +396,7 @@ void check_gpt(const std::array<int, 2>& shape, const char* what) {
   auto run = [&](const DeviceMesh<2>& mesh, const std::string& where) {
     check_peaks(gpt_peaks<Gpt<Cfg, Style, AsIs, A>>(mesh), std::string(what) + " on " + where);
     check_peaks(gpt_peaks<Gpt<Cfg, Style, RecomputedBlock, A>>(mesh), std::string(what) + ", recomputed, on " + where);
+    check_peaks(gpt_peaks<Gpt<Cfg, Style, SelectiveBlock, A>>(mesh), std::string(what) + ", selective, on " + where);
     if constexpr (Cfg::dp >= 0)
       check_peaks(gpt_peaks<Gpt<Cfg, Style, ShardedBlock, A>>(mesh), std::string(what) + ", fully sharded, on " + where);
   };

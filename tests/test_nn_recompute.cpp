@@ -3,7 +3,9 @@
 // steps), with dropout drawing in the recomputed blocks, on DP and DP x TP meshes with
 // uneven shards, a small language model on TP, SP and ring CP, a domain-parallel CNN
 // (halos, batch norm's running statistics left as one forward leaves them), with
-// FullyShard inside and outside the recomputed block (both reshard modes); the recomputed forward's collectives are in the plan (backward
+// FullyShard inside and outside the recomputed block (both reshard modes), and each with
+// a selective recompute (products' and attention's outputs kept, pointwise layers,
+// dropout and norms run again); the recomputed forward's collectives are in the plan (backward
 // phase, marked) and CommCounter counts what the plan says; the host memory peak of a
 // step is lower by the activations recompute drops.
 // Runs in-process and, through test_nn_recompute_mpi, under mpirun on 1-4 processes.
@@ -47,6 +49,12 @@ template <class Cfg>
 using Plain = nn::Sequential<Block<Cfg>, Block<Cfg>>;
 template <class Cfg>
 using Recomputed = nn::Sequential<Recompute<Block<Cfg>>, Recompute<Block<Cfg>>>;
+template <class B>
+using Selective = Recompute<B, nn::RecomputePolicy::Selective>;
+template <class Cfg>
+using Selected = nn::Sequential<Selective<Block<Cfg>>, Selective<Block<Cfg>>>;
+template <class Cfg, bool R>
+using ShardOfSelective = nn::Sequential<FullyShard<Selective<Block<Cfg>>, R>, FullyShard<Selective<Block<Cfg>>, R>>;
 template <class Cfg, bool R>
 using ShardedPlain = nn::Sequential<FullyShard<Block<Cfg>, R>, FullyShard<Block<Cfg>, R>>;
 template <class Cfg, bool R>
@@ -72,6 +80,12 @@ static_assert(kRecomputedPlan.count(nn::Phase::Backward) ==
 static_assert(kRecomputedPlan.count(nn::Phase::Backward, StepKind::AllReduce, 1) ==
               kPlainPlan.count(nn::Phase::Backward, StepKind::AllReduce, 1) + 2);
 static_assert(kRecomputedPlan.count(nn::Phase::GradReduce) == kPlainPlan.count(nn::Phase::GradReduce));
+// Selective: the rowwise product's all-reduce is not run again (its output is kept);
+// the replay's GELU and dropout need no collective, the products' inputs are placed as
+// they take them: nothing is added.
+constexpr auto kSelectedPlan = Selected<Cfg2>::training_plan<nn::MSELoss<Cfg2>>(kIn);
+static_assert(kSelectedPlan.count(nn::Phase::Backward) == kPlainPlan.count(nn::Phase::Backward));
+static_assert(kSelectedPlan.count(nn::Phase::Forward) == kPlainPlan.count(nn::Phase::Forward));
 // FullyShard<B, true> inside: the recomputed forward gathers again (3 gathers a step per
 // block); FullyShard<B, false>: the gather kept from the forward is dropped with the
 // activations and gathered again for the recomputed forward, which the backward then
@@ -158,15 +172,15 @@ void check_recompute(const std::array<int, Cfg::M>& shape, const char* what) {
 }
 
 TEST_CASE("recompute: an MLP with dropout trains bit for bit as without, on DP and DP x TP") {
-  for (int n : {1, 2, 3, 4}) check_recompute<Cfg1, Plain<Cfg1>, Recomputed<Cfg1>>({n}, "DP");
+  for (int n : {1, 2, 3, 4}) check_recompute<Cfg1, Plain<Cfg1>, Recomputed<Cfg1>, Selected<Cfg1>>({n}, "DP");
   for (auto shape : {std::array<int, 2>{1, 2}, {2, 2}, {3, 1}})
-    check_recompute<Cfg2, Plain<Cfg2>, Recomputed<Cfg2>>(shape, "DP x TP");
+    check_recompute<Cfg2, Plain<Cfg2>, Recomputed<Cfg2>, Selected<Cfg2>>(shape, "DP x TP");
 }
 
 TEST_CASE("recompute: nests with FullyShard either way, both reshard modes, bit for bit") {
   for (int n : {2, 3}) {
-    check_recompute<Cfg1, ShardedPlain<Cfg1, true>, RecomputeOfShard<Cfg1, true>, ShardOfRecompute<Cfg1, true>>(
-        {n}, "FSDP, reshard after forward");
+    check_recompute<Cfg1, ShardedPlain<Cfg1, true>, RecomputeOfShard<Cfg1, true>, ShardOfRecompute<Cfg1, true>,
+                    ShardOfSelective<Cfg1, true>>({n}, "FSDP, reshard after forward");
     check_recompute<Cfg1, ShardedPlain<Cfg1, false>, RecomputeOfShard<Cfg1, false>, ShardOfRecompute<Cfg1, false>>(
         {n}, "FSDP, kept to the backward");
   }
@@ -253,6 +267,8 @@ void check_gpt_recompute(const std::array<int, 2>& shape, int64_t batch, int64_t
     CHECK(want.off_plan == 0);
     auto recomputed = make_gpt<Cfg, Style, Recompute<TBlock<Cfg, Style>>>(mesh);
     check_bitwise(train_gpt(recomputed, mesh, batch, len), want);
+    auto selective = make_gpt<Cfg, Style, Selective<TBlock<Cfg, Style>>>(mesh);
+    check_bitwise(train_gpt(selective, mesh, batch, len), want);
   });
 }
 
@@ -386,6 +402,8 @@ TEST_CASE("recompute: a domain-parallel CNN (halos, batch norm, dropout) trains 
       CHECK(want.off_plan == 0);
       auto recomputed = make_cnn<Recompute<ConvBlock>>(mesh);
       check_bitwise(train_cnn(recomputed, mesh), want);
+      auto selective = make_cnn<Selective<ConvBlock>>(mesh);
+      check_bitwise(train_cnn(selective, mesh), want);
     });
   }
 }

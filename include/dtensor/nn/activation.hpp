@@ -20,6 +20,8 @@ class Activation : public KeepsPlacements<Cfg, Takes::Values> {
  public:
   DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = UnaryMath<Fn>::name;
+  // Run again rather than kept under a selective recompute (nn/recompute.hpp).
+  static constexpr bool recompute_cheaply = true;
 
 
   template <class X>

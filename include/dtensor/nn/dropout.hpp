@@ -22,6 +22,8 @@ class Dropout : public KeepsPlacements<Cfg, Takes::AsArriving> {
  public:
   DTENSOR_LAYER_TYPES(Cfg);
   static constexpr const char* name = "dropout";
+  // Run again rather than kept under a selective recompute (nn/recompute.hpp).
+  static constexpr bool recompute_cheaply = true;
 
 
   Dropout(double p, uint64_t seed) : p_(p), seed_(seed) {

@@ -141,6 +141,19 @@ class Linear {
     return out;
   }
 
+  // Under a selective recompute (nn/recompute.hpp) its output is kept and its input is
+  // not: the replay saves the input again, as forward does, without the product.
+  static constexpr bool resaves_input = true;
+  void resave_input(const InputT& x) {
+    DTENSOR_CHECK(!pending_.has_value(), InvalidArgument, name,
+                  ": a forward between backward_input and backward_weight; run the weight step first");
+    saved_.emplace(redistribute_as<placements_t<Rule::compute_input()>>(x));
+  }
+  template <int C>
+  static constexpr void resave_plan(ModelPlan<M, C>& p, int layer) {
+    p.redistribution(Phase::Forward, layer, Rule::input(), Rule::compute_input(), In, true);
+  }
+
   // dy: the gradient of the output (an accepted gradient placement of it). Returns
   // the input's gradient, placed by grad_input(), or nothing (0) when NeedInputGrad
   // is false (the first layer of a model, unless the input's gradient is asked for).

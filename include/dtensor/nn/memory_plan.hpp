@@ -43,6 +43,7 @@
 #include "dtensor/nn/bucket_rule.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/parameters.hpp"
+#include "dtensor/nn/recompute_kind.hpp"
 #include "dtensor/placement/shard_layout.hpp"
 #include "dtensor/tensor/device.hpp"
 #include "dtensor/util/error.hpp"
@@ -458,6 +459,38 @@ struct MemoryPlan {
   // The phase a forward's events are tagged with: the backward while nn::Recompute
   // runs a block's forward again.
   Phase forward_phase = Phase::Forward;
+  // A selective recompute's forward records (each kept output a copy in group
+  // `kept_group`; the groups of the layers it drops listed) and its backward replays
+  // (kept outputs taken in order, from event `next_kept` on): nn::memory_forward reads it.
+  enum class Selective : std::uint8_t { None, Recording, Replaying };
+  struct SelectiveState {
+    static constexpr int kDropped = 64;
+    Selective mode = Selective::None;
+    int kept_group = -1, next_kept = 0, ndropped = 0;
+    std::array<int, kDropped> dropped_first{}, dropped_count{};
+  };
+  SelectiveState selective{};
+  // The next output a replay takes: the first live allocation of the kept group after
+  // the last one taken.
+  constexpr PlannedTensor<M> take_kept() {
+    for (int e = selective.next_kept; e < size; ++e) {
+      const auto& a = events[static_cast<std::size_t>(e)];
+      if (a.allocate && a.group == selective.kept_group && live(e, size)) {
+        selective.next_kept = e + 1;
+        PlannedTensor<M> t = tensor_of(a.tensor);
+        t.id = e;
+        return t;
+      }
+    }
+    throw InvalidArgument("dtensor::nn::MemoryPlan: a selective recompute's replay takes more outputs than its "
+                          "forward kept");
+  }
+  constexpr void drop_after_forward(int first, int count) {
+    if (selective.ndropped == SelectiveState::kDropped)
+      throw InvalidArgument("dtensor::nn::MemoryPlan: more dropped layers in a selective recompute than it holds");
+    selective.dropped_first[static_cast<std::size_t>(selective.ndropped)] = first;
+    selective.dropped_count[static_cast<std::size_t>(selective.ndropped++)] = count;
+  }
   // Packed buffers and tensors' extensions, each distinct one once (a model's layers
   // of one shape gather the same pack; an image's blocks go through few steps).
   static constexpr int kPacks = 32, kExtensions = 48;
@@ -796,8 +829,45 @@ constexpr PlannedTensor<M> memory_output(const PlannedTensor<M>& x) {
 // Layer `layer`'s forward on the timeline, its input x (placed as it takes it) already
 // there: what it saves (slots from `group`), its temporaries, its output (returned,
 // allocated).
+namespace detail {
+template <class L, std::size_t M, int C>
+constexpr PlannedTensor<M> memory_forward_plain(MemoryPlan<M, C>& p, int layer, int group, const PlannedTensor<M>& x);
+}  // namespace detail
+
 template <class L, std::size_t M, int C>
 constexpr PlannedTensor<M> memory_forward(MemoryPlan<M, C>& p, int layer, int group, const PlannedTensor<M>& x) {
+  using Mode = typename MemoryPlan<M, C>::Selective;
+  constexpr RecomputeKind kind = recompute_kind<L>();
+  if constexpr (kind != RecomputeKind::Walked) {
+    if (p.selective.mode == Mode::Replaying && kind != RecomputeKind::Cheap) {
+      if constexpr (kind == RecomputeKind::Product) {  // what it saves, saved again; no product
+        LayerMemory<M> m = L::memory(x);
+        for (int i = 0; i < m.nsaved; ++i)
+          p.allocate(p.forward_phase, layer, MemoryUse::Saved, m.saved[static_cast<std::size_t>(i)], group);
+      }
+      return p.take_kept();
+    }
+    if (p.selective.mode != Mode::None) {  // a layer of the block: its own forward, plainly
+      const Mode mode = p.selective.mode;
+      p.selective.mode = Mode::None;
+      PlannedTensor<M> out = detail::memory_forward_plain<L>(p, layer, group, x);
+      p.selective.mode = mode;
+      if (mode == Mode::Recording) {
+        if constexpr (kind != RecomputeKind::Cheap) {
+          PlannedTensor<M> kept = out;
+          p.allocate(p.forward_phase, layer, MemoryUse::Saved, kept, p.selective.kept_group);
+        }
+        if constexpr (kind != RecomputeKind::Kept) p.drop_after_forward(group, memory_groups<L>());
+      }
+      return out;
+    }
+  }
+  return detail::memory_forward_plain<L>(p, layer, group, x);
+}
+
+namespace detail {
+template <class L, std::size_t M, int C>
+constexpr PlannedTensor<M> memory_forward_plain(MemoryPlan<M, C>& p, int layer, int group, const PlannedTensor<M>& x) {
   if constexpr (requires { L::memory_forward(p, layer, group, x); }) {
     return L::memory_forward(p, layer, group, x);
   } else {
@@ -816,6 +886,7 @@ constexpr PlannedTensor<M> memory_forward(MemoryPlan<M, C>& p, int layer, int gr
     }
   }
 }
+}  // namespace detail
 
 // Layer `layer`'s backward on the timeline, its output's gradient dy already there:
 // its temporaries, its input's gradient (returned, allocated, where input_grad: x's

@@ -364,4 +364,14 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
   return s;
 }
 
+namespace detail {
+// Room in a plan for a layer's collectives: a few forward and backward ones and one
+// reduction per parameter and mesh dim; a block (a model) says its own.
+template <class L>
+constexpr int plan_room() {
+  if constexpr (requires { L::kPlanCapacity; }) return L::kPlanCapacity;
+  else return 4 * (L::config::M + 2);
+}
+}  // namespace detail
+
 }  // namespace dtensor::nn

@@ -73,6 +73,8 @@ class Norm {
   static constexpr bool kFeatureSharded = std::is_same_v<Style, NormFeatureSharded>;
   static constexpr bool kSequence = std::is_same_v<Style, SequenceParallel>;
   static constexpr const char* name = Kind == NormKind::Layer ? "layer_norm" : "rms_norm";
+  // Run again rather than kept under a selective recompute (nn/recompute.hpp).
+  static constexpr bool recompute_cheaply = true;
 
   static constexpr State in_state() {
     return Cfg::activation(kFeatureSharded ? shard(F) : kSequence ? shard(1) : replicate());

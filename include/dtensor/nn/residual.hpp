@@ -279,9 +279,35 @@ class Residual {
 
   template <class X>
   auto forward(const X& x) {
+    return forward_parts(x, [](auto& part, auto&& input) { return part.forward(input()); });
+  }
+  // Inside a selective recompute (nn/recompute.hpp), which walks into it: the block and
+  // the projection run by visit(part, input), the sum as forward makes it.
+  static constexpr bool selective_walks = true;
+  template <class X, class Visit>
+  auto forward_visiting(const X& x, Visit& visit) {
+    return forward_parts(x, [&](auto& part, auto&& input) { return visit(part, input); });
+  }
+  // The collectives of a selective recompute's replay (at phase Forward): the block's
+  // and the projection's (nn::selective_replay_plan), the shortcut's redistributions.
+  template <int C>
+  static constexpr void selective_replay_plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out,
+                                              int64_t features) {
+    nn::selective_replay_plan<Block>(p, layer, in_placements, grad_out, features);
+    p.redistribution(Phase::Forward, layer, in_placements, shortcut_in, features, true);
+    if constexpr (kProjected)
+      nn::selective_replay_plan<ProjectionT>(p, layer, shortcut_in,
+                                             redistribute_backward_placements(shortcut_out, grad_out), features);
+    p.redistribution(Phase::Forward, layer, shortcut_out, output(in_placements), out_features(features), true);
+  }
+
+ private:
+  // The forward, each part (the block, the projection) run by run(part, input).
+  template <class X, class Run>
+  auto forward_parts(const X& x, Run&& run) {
     static_assert(X::placement_state == in_placements,
                   "dtensor::nn::Residual::forward: the input is not placed as the block takes it");
-    auto fx = block_.forward(x);
+    auto fx = run(block_, [&]() -> const X& { return x; });
     using Y = decltype(fx);
     const auto& sx = redistribute_as<placements_t<shortcut_in>>(x);
     const auto add_to = [&](const auto& shortcut) {
@@ -295,10 +321,12 @@ class Residual {
                          : "; the sum needs the same shape (a projection on the shortcut can change it)"));
       compute::binary(BinaryOp::Add, fx.local(), s.local(), fx.local());
     };
-    if constexpr (kProjected) add_to(projection_.forward(sx));
+    if constexpr (kProjected) add_to(run(projection_, [&]() -> decltype(auto) { return sx; }));
     else add_to(sx);
     return fx;
   }
+
+ public:
 
   // The block's gradients (and the projection's) stay unreduced (nn/layer.hpp's
   // layer_backward): the model holding this layer reduces them, as every layer's.

@@ -148,14 +148,6 @@ constexpr bool chained() {
   return ok;
 }
 
-// Room in a plan for a layer's collectives: a few forward and backward ones and one
-// reduction per parameter and mesh dim; a block (a model) says its own.
-template <class L>
-constexpr int plan_room() {
-  if constexpr (requires { L::kPlanCapacity; }) return L::kPlanCapacity;
-  else return 4 * (L::config::M + 2);
-}
-
 template <class First, class Default>
 struct model_input {
   using type = Default;
@@ -637,6 +629,36 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
     else std::terminate();  // not reached: a layer's protocol check failed to compile
   }
 
+  // Inside a selective recompute (nn/recompute.hpp), which walks into it: the forward
+  // with each layer run by visit(layer, input), input() giving the layer's input
+  // placed as it takes it (the redistribution made only when asked for). Its layers
+  // gather no parameters (the recompute refuses fully sharded layers inside).
+  static constexpr bool selective_walks = true;
+  template <class X, class Visit>
+  auto forward_visiting(const X& x, Visit& visit) {
+    return visit_from<0>(x, visit);
+  }
+  // The collectives a selective recompute's replay runs in this block (at phase
+  // Forward; the recompute moves them to the backward): for each layer it does not
+  // keep whole, its input's redistribution and what nn::selective_replay_plan says.
+  template <int C>
+  static constexpr void selective_replay_plan(ModelPlan<M, C>& p, int layer, const State&, const State& grad_out,
+                                              int64_t in_features) {
+    const GradFlow g = backward_flow(grad_out);
+    int64_t features = in_features;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (
+          [&] {
+            if constexpr (recompute_kind<layer_t<I>>() != RecomputeKind::Kept) {
+              p.redistribution(Phase::Forward, layer, flow.arriving[I], flow.in[I], features, true);
+              nn::selective_replay_plan<layer_t<I>>(p, layer, flow.in[I], g.grad_out[I], features);
+            }
+            features = layer_t<I>::out_features(features);
+          }(),
+          ...);
+    }(std::make_index_sequence<N>{});
+  }
+
   // The backward of the last forward: accumulates every parameter's gradient and
   // reduces those the plan's gradient reductions name (bucketed, overlapped with the
   // backward), so that afterwards every gradient is placed like its parameter; returns
@@ -834,6 +856,23 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
     { const X done(std::move(x)); }
     if constexpr (I + 1 < N) return forward_owned<I + 1>(std::move(y));
     else return y;
+  }
+  template <int I, class X, class Visit>
+  auto visit_from(const X& x, Visit& visit) {  // x: the caller's
+    auto y = visit_layer<I>(x, visit);
+    if constexpr (I + 1 < N) return visit_owned<I + 1>(std::move(y), visit);
+    else return y;
+  }
+  template <int I, class X, class Visit>
+  auto visit_owned(X x, Visit& visit) {  // x: the previous layer's output, freed once this layer has run
+    auto y = visit_layer<I>(x, visit);
+    { const X done(std::move(x)); }
+    if constexpr (I + 1 < N) return visit_owned<I + 1>(std::move(y), visit);
+    else return y;
+  }
+  template <int I, class X, class Visit>
+  auto visit_layer(const X& x, Visit& visit) {
+    return visit(std::get<I>(layers_), [&]() -> decltype(auto) { return redistribute_as<placements_t<flow.in[I]>>(x); });
   }
   template <int I, class X>
   auto layer_forward(const X& x) {
