@@ -272,7 +272,6 @@ struct PlannedTensor {
     if (nsteps == kMaxSteps) throw InvalidArgument("dtensor::nn::PlannedTensor: more block steps than it holds");
     steps[static_cast<std::size_t>(nsteps++)] = s;
   }
-  // The largest block over mesh dim m (not allocated).
   // In the balanced ring's layout over mesh dim m (not allocated).
   constexpr PlannedTensor balanced_over(int m) const {
     PlannedTensor t = *this;
@@ -280,6 +279,7 @@ struct PlannedTensor {
     t.id = -1;
     return t;
   }
+  // The largest block over mesh dim m (not allocated).
   constexpr PlannedTensor largest_over(int m) const {
     PlannedTensor t = *this;
     t.largest_on |= 1u << m;
@@ -826,14 +826,17 @@ constexpr PlannedTensor<M> memory_output(const PlannedTensor<M>& x) {
   }
 }
 
-// Layer `layer`'s forward on the timeline, its input x (placed as it takes it) already
-// there: what it saves (slots from `group`), its temporaries, its output (returned,
-// allocated).
 namespace detail {
 template <class L, std::size_t M, int C>
 constexpr PlannedTensor<M> memory_forward_plain(MemoryPlan<M, C>& p, int layer, int group, const PlannedTensor<M>& x);
 }  // namespace detail
 
+// Layer `layer`'s forward on the timeline, its input x (placed as it takes it) already
+// there: what it saves (slots from `group`), its temporaries, its output (returned,
+// allocated). Inside a selective recompute (nn/recompute.hpp) by the layer's kind
+// (nn/recompute_kind.hpp): recording, a copy of each output it keeps and the slots of
+// the layers it drops listed; replaying, a product's input saved again and the kept
+// outputs taken in order, the cheap layers run as in a forward.
 template <class L, std::size_t M, int C>
 constexpr PlannedTensor<M> memory_forward(MemoryPlan<M, C>& p, int layer, int group, const PlannedTensor<M>& x) {
   using Mode = typename MemoryPlan<M, C>::Selective;
