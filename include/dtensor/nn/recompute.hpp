@@ -90,31 +90,22 @@ class KeptOutputs {
   std::size_t next_ = 0;
 };
 
-// The block's forward under a selective recompute: each layer run, the outputs of
-// those it does not drop kept.
-struct SelectiveForward {
+// The block's forward under a selective recompute (Replay false): each layer run, the
+// outputs of those it does not drop kept. Its replay in the backward (Replay true):
+// cheap layers run again, products save their input again, kept outputs handed over (a
+// kept layer's input is not even made).
+template <bool Replay>
+struct SelectiveVisit {
   KeptOutputs& kept;
   template <class L, class Input>
   auto operator()(L& layer, Input&& input) {
     constexpr RecomputeKind kind = recompute_kind<L>();
     if constexpr (kind == RecomputeKind::Walked) {
       return layer.forward_visiting(input(), *this);
-    } else {
+    } else if constexpr (!Replay) {
       auto y = layer.forward(input());
       if constexpr (kind != RecomputeKind::Cheap) kept.keep(y);
       return y;
-    }
-  }
-};
-// Its replay in the backward: cheap layers run again, products save their input
-// again, kept outputs handed over (a kept layer's input is not even made).
-struct SelectiveReplay {
-  KeptOutputs& kept;
-  template <class L, class Input>
-  auto operator()(L& layer, Input&& input) {
-    constexpr RecomputeKind kind = recompute_kind<L>();
-    if constexpr (kind == RecomputeKind::Walked) {
-      return layer.forward_visiting(input(), *this);
     } else if constexpr (kind == RecomputeKind::Cheap) {
       return layer.forward(input());
     } else {
@@ -332,11 +323,11 @@ class Recompute {
     before_ = ReplayState::of(block_);
     if constexpr (kSelective) {
       kept_.clear();
-      detail::SelectiveForward run{kept_};
+      detail::SelectiveVisit<false> run{kept_};
       auto y = block_.forward_visiting(x, run);
       detail::release_recomputable(block_);
       rerun_ = [input = x](Block& block, detail::KeptOutputs& kept) {
-        detail::SelectiveReplay replay{kept};
+        detail::SelectiveVisit<true> replay{kept};
         (void)block.forward_visiting(input, replay);
       };
       return y;
