@@ -17,10 +17,11 @@
 #include <dtensor/nn.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace dtensor;
@@ -85,7 +86,8 @@ double step(Model& model, const X& x, const Y& target, int64_t& peak) {
 
 template <class Model, class Loss, std::size_t R>
 int64_t planned_increment(const std::array<int64_t, R>& extents) {
-  const auto plan = Model::template memory_plan<Loss, nn::SGD>(extents, {1}, {.runtime = nn::MemoryOptions::Runtime::InProcess});
+  const auto plan = Model::template memory_plan<Loss, nn::SGD>(extents, {1},
+                                                               {.runtime = nn::MemoryOptions::Runtime::InProcess});
   const std::array<int, 1> at{};
   return plan.peak_at(at).bytes - plan.bytes(nn::MemoryUse::Parameters, at) - plan.bytes(nn::MemoryUse::Gradients, at) -
          plan.bytes(nn::MemoryUse::OptimizerState, at) -
@@ -98,64 +100,49 @@ void report(const char* model, const char* name, const Measured& m, const Measur
               t / tp, m.peak / 1024.0, m.planned / 1024.0, static_cast<double>(m.peak) / plain.peak);
 }
 
-void run_gpt(const DeviceMesh<1>& mesh, int steps) {
-  const nn::AttentionOptions a{.causal = true, .dropout = 0.1};
-  auto make = [&](uint64_t seed) { return TBlock(mesh, a, 10 * seed); };
-  auto plain = build<Gpt<TBlock>, TBlock>(make);
-  auto full = build<Gpt<Full<TBlock>>, TBlock>(make);
-  auto selective = build<Gpt<Selective<TBlock>>, TBlock>(make);
-  using X = typename Gpt<TBlock>::InputT;
-  const auto x = dtensor::detail::generate<X>({kBatch, kLen, kAttn.hidden}, mesh, {}, [](uint64_t i) {
-    return dtensor::detail::normal_value<float>(1, i);
-  });
-  const auto target = dtensor::detail::generate<X>({kBatch, kLen, kAttn.hidden}, mesh, {}, [](uint64_t i) {
-    return dtensor::detail::normal_value<float>(2, i);
-  });
+// The plain stack of Block, the stack recomputed whole and selectively, alternated
+// step by step on the same input and target (element i normal from seed and seed + 1).
+template <template <class> class Stack, class Block, class Loss, std::size_t R, class MakeBlock>
+void compare(const char* label, const DeviceMesh<1>& mesh, int steps, const std::array<int64_t, R>& extents,
+             uint64_t seed, MakeBlock&& make) {
+  auto plain = build<Stack<Block>, Block>(make);
+  auto full = build<Stack<Full<Block>>, Block>(make);
+  auto selective = build<Stack<Selective<Block>>, Block>(make);
+  using X = typename Stack<Block>::InputT;
+  Shape<R> shape{};
+  for (std::size_t d = 0; d < R; ++d) shape[d] = extents[d];
+  auto normal = [&](uint64_t s) {
+    return dtensor::detail::generate<X>(shape, mesh, {},
+                                        [s](uint64_t i) { return dtensor::detail::normal_value<float>(s, i); });
+  };
+  const auto x = normal(seed), target = normal(seed + 1);
   Measured mp, mf, ms;
-  using Loss = nn::MSELoss<Cfg>;
-  const std::array<int64_t, 3> ext{kBatch, kLen, kAttn.hidden};
-  mp.planned = planned_increment<Gpt<TBlock>, Loss>(ext);
-  mf.planned = planned_increment<Gpt<Full<TBlock>>, Loss>(ext);
-  ms.planned = planned_increment<Gpt<Selective<TBlock>>, Loss>(ext);
+  mp.planned = planned_increment<Stack<Block>, Loss>(extents);
+  mf.planned = planned_increment<Stack<Full<Block>>, Loss>(extents);
+  ms.planned = planned_increment<Stack<Selective<Block>>, Loss>(extents);
   for (int s = 0; s < steps + 1; ++s) {  // the first round warms up
     const double a1 = step<Loss>(plain, x, target, mp.peak), a2 = step<Loss>(full, x, target, mf.peak),
                  a3 = step<Loss>(selective, x, target, ms.peak);
     if (s > 0) mp.ms.push_back(a1), mf.ms.push_back(a2), ms.ms.push_back(a3);
   }
-  report("GPT", "plain", mp, mp);
-  report("GPT", "full", mf, mp);
-  report("GPT", "selective", ms, mp);
+  report(label, "plain", mp, mp);
+  report(label, "full", mf, mp);
+  report(label, "selective", ms, mp);
+}
+
+void run_gpt(const DeviceMesh<1>& mesh, int steps) {
+  const nn::AttentionOptions a{.causal = true, .dropout = 0.1};
+  compare<Gpt, TBlock, nn::MSELoss<Cfg>>("GPT", mesh, steps, std::array<int64_t, 3>{kBatch, kLen, kAttn.hidden}, 1,
+                                         [&](uint64_t seed) { return TBlock(mesh, a, 10 * seed); });
 }
 
 void run_mlp(const DeviceMesh<1>& mesh, int steps) {
-  auto make = [&](uint64_t seed) {
-    return MBlock(nn::Linear<MCfg, kWidth, kHidden>(mesh, {seed}), nn::GELU<MCfg>(), nn::Dropout<MCfg>(0.1, seed),
-                  nn::Linear<MCfg, kHidden, kWidth>(mesh, {seed + 100}));
-  };
-  auto plain = build<Mlp<MBlock>, MBlock>(make);
-  auto full = build<Mlp<Full<MBlock>>, MBlock>(make);
-  auto selective = build<Mlp<Selective<MBlock>>, MBlock>(make);
-  using X = typename Mlp<MBlock>::InputT;
-  const auto x = dtensor::detail::generate<X>({kRows, kWidth}, mesh, {}, [](uint64_t i) {
-    return dtensor::detail::normal_value<float>(3, i);
-  });
-  const auto target = dtensor::detail::generate<X>({kRows, kWidth}, mesh, {}, [](uint64_t i) {
-    return dtensor::detail::normal_value<float>(4, i);
-  });
-  Measured mp, mf, ms;
-  using Loss = nn::MSELoss<MCfg>;
-  const std::array<int64_t, 2> ext{kRows, kWidth};
-  mp.planned = planned_increment<Mlp<MBlock>, Loss>(ext);
-  mf.planned = planned_increment<Mlp<Full<MBlock>>, Loss>(ext);
-  ms.planned = planned_increment<Mlp<Selective<MBlock>>, Loss>(ext);
-  for (int s = 0; s < steps + 1; ++s) {
-    const double a1 = step<Loss>(plain, x, target, mp.peak), a2 = step<Loss>(full, x, target, mf.peak),
-                 a3 = step<Loss>(selective, x, target, ms.peak);
-    if (s > 0) mp.ms.push_back(a1), mf.ms.push_back(a2), ms.ms.push_back(a3);
-  }
-  report("MLP", "plain", mp, mp);
-  report("MLP", "full", mf, mp);
-  report("MLP", "selective", ms, mp);
+  compare<Mlp, MBlock, nn::MSELoss<MCfg>>("MLP", mesh, steps, std::array<int64_t, 2>{kRows, kWidth}, 3,
+                                          [&](uint64_t seed) {
+                                            return MBlock(nn::Linear<MCfg, kWidth, kHidden>(mesh, {seed}),
+                                                          nn::GELU<MCfg>(), nn::Dropout<MCfg>(0.1, seed),
+                                                          nn::Linear<MCfg, kHidden, kWidth>(mesh, {seed + 100}));
+                                          });
 }
 
 }  // namespace
