@@ -84,6 +84,30 @@ static_assert(kUp.nsaved == 2 && kUp.saved[0].block_bytes({1, 2}, {0, 0}) == 8 *
 static_assert(kUp.saved[0].block_bytes({1, 1}, {0, 0}) == 0);  // one block: no ghosts, nothing padded
 static_assert(nn::Upsample<DpH<double>, UpsampleMode::Nearest, 2, 2>::memory(kUpIn).nsaved == 0);
 
+// --- by hand: neighborhood attention's halo reaches as far as the widest window ---
+// x [2, 4, 9, 5] (2 heads of 2 channels), H over 1 x 3: rows 3 | 3 | 3, a window of 7
+// rows clamped at the borders. Rank 0's queries (rows 0-2) all read rows 0-6, four
+// beyond its block; rank 2's (rows 6-8) read rows 2-8, four before it; the widths are
+// uniform, so every rank's k and v blocks hold 4 ghost rows each side: 11 rows, more
+// than the image (kernel / 2 = 3 would miss rows). W (3 columns of window) is whole.
+// Saved: k and v padded [2, 11, 5, 2, 2], q, x and o [2, 3, 5, 2, 2] (doubles).
+constexpr NeighborhoodSpec kNA7{.kernel = {7, 3}};
+using NA7 = nn::Sequential<nn::NeighborhoodAttention<DpH<double>, 4, 2, kNA7>>;
+constexpr auto kNA7Plan = NA7::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>({2, 4, 9, 5}, {1, 3});
+static_assert(kNA7Plan.saved_bytes(0, {0, 0}) == 8 * (2 * (2 * 11 * 5 * 4) + 3 * (2 * 3 * 5 * 4)));
+static_assert(kNA7Plan.saved_bytes(0, {0, 2}) == kNA7Plan.saved_bytes(0, {0, 0}));
+// On one rank no ghosts, but k and v are still copied into the halo's blocks.
+constexpr auto kNA7One = NA7::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>({2, 4, 9, 5}, {1, 1});
+static_assert(kNA7One.saved_bytes(0) == 8 * 5 * (2 * 9 * 5 * 4));
+// Dilation 2, kernel 3, 9 rows 5 | 4 over 1 x 2: rank 0's row 4 reads rows 2, 4, 6 (two
+// beyond), rank 1's row 5 reads 3, 5, 7 and its row 7, clamped, 3, 5, 7 too (two
+// before): k and v hold 5 + 4 | 4 + 4 rows.
+constexpr NeighborhoodSpec kNADil{.kernel = {3, 3}, .dilation = {2, 1}};
+using NADil = nn::Sequential<nn::NeighborhoodAttention<DpH<double>, 4, 2, kNADil>>;
+constexpr auto kNADilPlan = NADil::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>({2, 4, 9, 5}, {1, 2});
+static_assert(kNADilPlan.saved_bytes(0, {0, 0}) == 8 * (2 * (2 * 9 * 5 * 4) + 3 * (2 * 5 * 5 * 4)));
+static_assert(kNADilPlan.saved_bytes(0, {0, 1}) == 8 * (2 * (2 * 8 * 5 * 4) + 3 * (2 * 4 * 5 * 4)));
+
 // --- the CNN: two conv - batch norm - ReLU - max pool blocks, global pooling, linear ---
 template <class Img>
 struct CNN {
@@ -149,6 +173,22 @@ struct Vit {
   static constexpr Shape<2> out{3, 10};
 };
 
+// Neighborhood attention in a residual block between convolutions (both kinds of
+// halo): a 5 x 3 window, the columns dilated by 2.
+struct Natten {
+  using Img = DpH<double>;
+  static constexpr NeighborhoodSpec kSpec{.kernel = {5, 3}, .dilation = {1, 2}};
+  using NA = nn::NeighborhoodAttention<Img, 8, 2, kSpec>;
+  using Model = nn::Sequential<nn::Conv<Img, 3, 8, k3>, nn::Residual<NA>, nn::Conv<Img, 8, 1, k3>>;
+  using Loss = nn::MSELoss<Img>;
+  static Model make(const DeviceMesh<2>& mesh) {
+    return Model(nn::Conv<Img, 3, 8, k3>(mesh, {1}), nn::Residual<NA>(NA(mesh, kSpec, 2)),
+                 nn::Conv<Img, 8, 1, k3>(mesh, {3}));
+  }
+  static constexpr std::array<int64_t, 4> in{3, 3, 26, 20};  // 8 channels: 98 KiB on one rank
+  static constexpr bool target_like_output = true;
+};
+
 // The bytes a step allocates above what is held before it (parameters, gradients,
 // optimizer state, the input; the plan's first events), measured and planned.
 struct Peaks {
@@ -206,6 +246,7 @@ TEST_CASE("image memory plan: a step's peak on one rank against the allocator's,
     check_peaks(step_peaks<UNet>(mesh), "U-Net on one rank");
     check_peaks(step_peaks<Decoder<DpH<double>>>(mesh), "decoder (group norm, upsampling) on one rank");
     check_peaks(step_peaks<Vit>(mesh), "pixels as tokens, a transformer block, the mean over tokens, on one rank");
+    check_peaks(step_peaks<Natten>(mesh), "neighborhood attention in a residual block, on one rank");
   });
 }
 
@@ -213,6 +254,45 @@ TEST_CASE("image memory plan: an upsampling's factors in the type and given to t
   using Up23 = nn::Upsample<DpH<double>, UpsampleMode::Nearest, 2, 3>;
   CHECK_NOTHROW(Up23({2, 3}));
   CHECK_THROWS_WITH_AS(Up23({2, 2}), doctest::Contains("the type says"), InvalidArgument);
+}
+
+TEST_CASE("image memory plan: a neighborhood attention's window in the type and given to the constructor must agree") {
+  on_one_rank<2>([&](const DeviceMesh<2>& mesh) {
+    using NA = nn::NeighborhoodAttention<DpH<double>, 4, 2, kNADil>;
+    CHECK_NOTHROW(NA{mesh});
+    CHECK_NOTHROW(NA(mesh, kNADil));
+    CHECK_THROWS_WITH_AS(NA(mesh, NeighborhoodSpec{.kernel = {3, 3}}), doctest::Contains("the type says"),
+                         InvalidArgument);
+  });
+}
+
+// The plan's ghost widths (PlannedTensor::ghost_widths over the chunk rule's blocks) are
+// those the halo of NeighborhoodAttention2d builds from the layout, on every split.
+TEST_CASE("image memory plan: neighborhood attention's planned ghost widths are its halo's") {
+  using DT = DTensor<double, 5, Shard<1>>;
+  for (int n : {2, 3, 4})
+    for (int64_t extent : {9, 13})
+      for (const NeighborhoodSpec spec : {NeighborhoodSpec{.kernel = {3, 1}}, NeighborhoodSpec{.kernel = {7, 1}},
+                                          NeighborhoodSpec{.kernel = {3, 1}, .dilation = {2, 1}},
+                                          NeighborhoodSpec{.kernel = {5, 1}, .dilation = {2, 1}}}) {
+        if (spec.kernel[0] * spec.dilation[0] > extent) continue;
+        const auto planned = nn::PlannedTensor<1>::of<double>(std::array<int64_t, 5>{1, extent, 2, 1, 1},
+                                                              DT::placement_state)
+                                 .padded_for_neighborhood(1, 2, spec.kernel, spec.dilation);
+        spmd(n, [&](Comm& comm) {
+          DeviceMesh<1> mesh(comm);
+          const DT q = zeros<double, Shard<1>>(Shape<5>{1, extent, 2, 1, 1}, mesh);
+          NeighborhoodAttention2d<DT> na(spec);
+          (void)na.forward(q, q, q);
+          CAPTURE(n);
+          CAPTURE(extent);
+          CAPTURE(spec.kernel[0]);
+          CAPTURE(spec.dilation[0]);
+          CHECK(na.ghosts()[0] == planned.ghost_widths(1, {n}));
+          CHECK(planned.block_bytes({n}, {comm.rank()}) ==
+                8 * (q.local().shape()[1] + na.ghosts()[0][0] + na.ghosts()[0][1]) * 2);
+        });
+      }
 }
 
 // Each process counts its own allocations: only under mpirun (in-process ranks share
@@ -229,6 +309,7 @@ void check_on_mesh(const std::array<int, 2>& shape) {
     check_peaks(step_peaks<UNet>(mesh), "U-Net on " + where);
     check_peaks(step_peaks<Decoder<DpH<double>>>(mesh), "decoder on " + where);
     check_peaks(step_peaks<Vit>(mesh), "pixels as tokens on " + where);
+    check_peaks(step_peaks<Natten>(mesh), "neighborhood attention on " + where);
   });
 }
 

@@ -4,13 +4,9 @@
 //
 //   o(p) = sum over keys m of the window W(p):  softmax_m(q(p) . k(m) * scale) v(m)
 //
-// Windows follow NATTEN: clamped at the image's borders, never padded. Along a dim of
-// extent L with kernel K (odd) and dilation d, position i belongs to the group of
-// positions with its residue g = i mod d (ceil((L - g) / d) of them, t = i / d its
-// place); its window is K consecutive group members starting at
-//   s = max(t - K/2, 0) + (t + K/2 >= L_g ? L_g - K/2 - t - 1 : 0)
-// so a query near the border attends to a whole window shifted inward. K * d <= L
-// (every group holds a whole window).
+// Windows follow NATTEN: clamped at the image's borders, never padded, shifted inward
+// near them (compute/neighborhood_window.hpp: where each starts). K * d <= L (every
+// group of a dilated dim holds a whole window).
 //
 // Tensors are heads-last like NATTEN's: q, o [batch, qx, qy, heads, head_dim] over a
 // block of query pixels, k, v [batch, kx, ky, heads, head_dim] over a block of key
@@ -26,19 +22,11 @@
 #include <limits>
 #include <vector>
 
+#include "dtensor/compute/neighborhood_window.hpp"
 #include "dtensor/util/error.hpp"
 #include "dtensor/util/compiled_runtime.hpp"
 
 namespace dtensor::compute {
-
-// The first key of position i's window along a dim (global positions; keys at
-// first + dilation * m, m < kernel).
-constexpr int64_t neighborhood_start(int64_t i, int64_t extent, int64_t kernel, int64_t dilation) {
-  const int64_t g = i % dilation, t = i / dilation, lg = (extent - g + dilation - 1) / dilation, r = kernel / 2;
-  int64_t s = std::max<int64_t>(t - r, 0);
-  if (t + r >= lg) s += lg - r - t - 1;
-  return g + dilation * s;
-}
 
 struct NeighborhoodDims {
   int64_t batch = 1, heads = 1, head_dim = 1;
@@ -62,13 +50,7 @@ struct NeighborhoodDims {
 
 // The key pixels [lo, hi) a query block reads along dim a (what its halo must hold).
 inline std::array<int64_t, 2> neighborhood_reach(const NeighborhoodDims& d, int a) {
-  int64_t lo = d.extent[a], hi = 0;
-  for (int64_t i = d.q_first[a]; i < d.q_first[a] + d.q_len[a]; ++i) {
-    const int64_t s = neighborhood_start(i, d.extent[a], d.kernel[a], d.dilation[a]);
-    lo = std::min(lo, s);
-    hi = std::max(hi, s + d.dilation[a] * (d.kernel[a] - 1) + 1);
-  }
-  return {lo, hi};
+  return neighborhood_reach(d.q_first[a], d.q_len[a], d.extent[a], d.kernel[a], d.dilation[a]);
 }
 
 }  // namespace dtensor::compute

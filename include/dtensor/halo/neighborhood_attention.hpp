@@ -35,6 +35,7 @@ namespace dtensor {
 struct NeighborhoodSpec {
   std::array<int64_t, 2> kernel{3, 3}, dilation{1, 1};
   double scale = 0;  // 0: 1 / sqrt(head_dim)
+  friend constexpr bool operator==(const NeighborhoodSpec&, const NeighborhoodSpec&) = default;
 };
 
 template <class DT>

@@ -39,6 +39,7 @@
 #include <utility>
 
 #include "dtensor/comm/segments.hpp"
+#include "dtensor/compute/neighborhood_window.hpp"
 #include "dtensor/halo/window_geometry.hpp"
 #include "dtensor/nn/bucket_rule.hpp"
 #include "dtensor/nn/model_plan.hpp"
@@ -89,6 +90,11 @@ struct PlannedTensor {
   Pad pad = Pad::None;
   std::array<bool, kMaxRank> padded{};
   std::array<WindowDim, kMaxRank> pad_window{};
+  // How the windows of the padded dims reach: sliding (a convolution's or a pooling's,
+  // pad_window[d] with its padding) or neighborhood attention's, clamped at the borders
+  // (pad_window[d]'s kernel and dilation; compute/neighborhood_window.hpp).
+  enum class Reach : std::uint8_t { Sliding, Neighborhood };
+  Reach reach = Reach::Sliding;
 
   // The block steps and padding: what a plan keeps once per distinct value (MemoryPlan
   // interns them), not per event.
@@ -98,12 +104,13 @@ struct PlannedTensor {
     Pad pad = Pad::None;
     std::array<bool, kMaxRank> padded{};
     std::array<WindowDim, kMaxRank> pad_window{};
+    Reach reach = Reach::Sliding;
     friend constexpr bool operator==(const Extension&, const Extension&) = default;
   };
   constexpr bool extended() const { return nsteps > 0 || pad != Pad::None; }
-  constexpr Extension extension() const { return {nsteps, steps, pad, padded, pad_window}; }
+  constexpr Extension extension() const { return {nsteps, steps, pad, padded, pad_window, reach}; }
   constexpr void extend(const Extension& e) {
-    nsteps = e.nsteps, steps = e.steps, pad = e.pad, padded = e.padded, pad_window = e.pad_window;
+    nsteps = e.nsteps, steps = e.steps, pad = e.pad, padded = e.padded, pad_window = e.pad_window, reach = e.reach;
   }
 
   template <class T, class Extents>
@@ -185,7 +192,9 @@ struct PlannedTensor {
       if (placements[m].is_shard(d)) nb *= mesh_shape[m];
     return nb;
   }
-  // The ghost widths (lo, hi) of pad_window[d] on dim d: 0 unless split into 2+ blocks.
+  // The ghost widths (lo, hi) of pad_window[d] on dim d: 0 unless split into 2+ blocks;
+  // the widest reach of any block's windows beyond it, the same on every rank (as the
+  // halos build them: halo/window_halo.hpp, halo/neighborhood_attention.hpp).
   constexpr std::array<int64_t, 2> ghost_widths(int d, const std::array<int, M>& mesh_shape) const {
     const int nb = blocks(d, mesh_shape);
     if (nb < 2) return {0, 0};
@@ -194,6 +203,13 @@ struct PlannedTensor {
     int64_t glo = 0, ghi = 0;
     for (int b = 0; b < nb; ++b) {
       const auto [lo, hi] = block_range(d, mesh_shape, block_coords(d, b, mesh_shape));
+      if (reach == Reach::Neighborhood) {  // each query's clamped window
+        if (hi <= lo) continue;
+        const auto [klo, khi] = compute::neighborhood_reach(lo, hi - lo, n, w.kernel, w.dilation);
+        glo = std::max(glo, lo - klo);
+        ghi = std::max(ghi, khi - hi);
+        continue;
+      }
       const int64_t olo = w.outputs_before(lo, n), ohi = w.outputs_before(hi, n);
       if (ohi <= olo) continue;
       glo = std::max(glo, lo - w.first(olo));
@@ -225,11 +241,27 @@ struct PlannedTensor {
     t.pad_window[static_cast<std::size_t>(d)] = w;
     return t;
   }
+  // This tensor's block with the ghosts of neighborhood attention's windows (kernel,
+  // dilation) on dims d0 and d1, as its halo stores keys and values (always a copy).
+  constexpr PlannedTensor padded_for_neighborhood(int d0, int d1, const std::array<int64_t, 2>& kernel,
+                                                  const std::array<int64_t, 2>& dilation) const {
+    PlannedTensor t = unpadded();
+    t.pad = Pad::Always;
+    t.reach = Reach::Neighborhood;
+    for (int a = 0; a < 2; ++a) {
+      const auto d = static_cast<std::size_t>(a == 0 ? d0 : d1);
+      t.padded[d] = true;
+      t.pad_window[d] = WindowDim{.kernel = kernel[static_cast<std::size_t>(a)],
+                                  .dilation = dilation[static_cast<std::size_t>(a)]};
+    }
+    return t;
+  }
   constexpr PlannedTensor unpadded() const {
     PlannedTensor t = *this;
     t.id = -1;
     t.pad = Pad::None;
     t.padded = {};
+    t.reach = Reach::Sliding;
     return t;
   }
   // The same global extents and blocks on every dim (the steps compared by their effect).

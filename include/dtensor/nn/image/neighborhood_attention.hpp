@@ -1,5 +1,5 @@
 #pragma once
-// NeighborhoodAttention<Img, Channels, Heads>: neighborhood self-attention on 2-D images
+// NeighborhoodAttention<Img, Channels, Heads[, Spec]>: neighborhood self-attention on 2-D images
 // [N, C, H, W] sharded in space (a layer around halo/neighborhood_attention.hpp):
 //
 //   q, k, v = per-pixel projections of x (1x1, C -> C, split into Heads heads)
@@ -14,6 +14,11 @@
 // dim that shards the image (each rank saw some pixels), reduced by the model.
 // Forward: two halo exchanges (k, v); backward: two reverse exchanges (dk, dv), point to
 // point, not in the plan (as a convolution's halo). Host blocks only for now.
+//
+// The window (kernel, dilation) sets the halo's reach, so a memory plan needs it in the
+// type: NeighborhoodAttention<Img, C, Heads, NeighborhoodSpec{.kernel = {7, 7}}>; the
+// constructor then takes the same spec or none. Without it, the spec is the
+// constructor's (3 x 3 by default) and a memory plan of the model says so.
 #include <cmath>
 #include <optional>
 
@@ -22,14 +27,16 @@
 #include "dtensor/nn/keeps_placements.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/saved_state.hpp"
 
 namespace dtensor::nn {
 
-template <class Img, int64_t Channels, int64_t Heads>
+template <class Img, int64_t Channels, int64_t Heads, NeighborhoodSpec... Spec>
 class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
+  static_assert(sizeof...(Spec) <= 1, "dtensor::nn::NeighborhoodAttention<Img, C, Heads, Spec>: one spec at most");
   static_assert(requires { Img::spatial; } && Img::spatial == 2,
                 "dtensor::nn::NeighborhoodAttention<Img, C, Heads>: Img is a 2-D nn::ImageConfig ([N, C, H, W])");
   static_assert(Channels > 0 && Heads > 0 && Channels % Heads == 0,
@@ -40,6 +47,11 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
   DTENSOR_LAYER_TYPES(Img);
   static constexpr const char* name = "neighborhood_attention";
   static constexpr int64_t kDim = Channels / Heads;
+  static constexpr bool kTypedSpec = sizeof...(Spec) == 1;
+  static constexpr NeighborhoodSpec default_spec() {
+    if constexpr (kTypedSpec) return (Spec, ...);
+    else return {};
+  }
 
   // [N, H, W, heads, dim], sharded as the image: batch, then rows and columns.
   static constexpr State heads_placements() {
@@ -71,11 +83,18 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
   // Built on a mesh of other dims than the Config's: one error that says so (nn/layer.hpp).
   template <int GivenDims>
     requires(GivenDims != Img::M)
-  NeighborhoodAttention(const DeviceMesh<GivenDims>& mesh, NeighborhoodSpec spec = {}, uint64_t seed = 0)
+  NeighborhoodAttention(const DeviceMesh<GivenDims>& mesh, NeighborhoodSpec spec = default_spec(), uint64_t seed = 0)
       : NeighborhoodAttention(mesh_for_config<Img::M>(mesh), spec, seed) {}
-  NeighborhoodAttention(const typename WeightT::Mesh& mesh, NeighborhoodSpec spec = {}, uint64_t seed = 0)
+  NeighborhoodAttention(const typename WeightT::Mesh& mesh, NeighborhoodSpec spec = default_spec(), uint64_t seed = 0)
       : na_(spec), wq_("wq", uniform(mesh, seed)), wk_("wk", uniform(mesh, seed + 1)),
-        wv_("wv", uniform(mesh, seed + 2)), wo_("wo", uniform(mesh, seed + 3)) {}
+        wv_("wv", uniform(mesh, seed + 2)), wo_("wo", uniform(mesh, seed + 3)) {
+    if constexpr (kTypedSpec)
+      DTENSOR_CHECK(spec == default_spec(), InvalidArgument, name, ": a kernel of ", dtensor::to_string(spec.kernel),
+                    " at dilation ", dtensor::to_string(spec.dilation), " (scale ", spec.scale,
+                    ") given, but the type says ", dtensor::to_string(default_spec().kernel), " at ",
+                    dtensor::to_string(default_spec().dilation), " (scale ", default_spec().scale,
+                    "); give it in one place (the type's is what a memory plan counts)");
+  }
 
   InputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[1] == Channels, InvalidArgument, name, ": an image of ", x.shape()[1],
@@ -139,6 +158,55 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     else return 0;
   }
 
+  // What it holds over a step (nn/memory_plan.hpp), in the order forward and backward
+  // allocate it. x [N, C, H, W] and the heads [N, H, W, heads, dim] have the same
+  // blocks; the halo's padded k and v blocks reach as far as the widest window of any
+  // rank's block (compute/neighborhood_window.hpp), on each rank, one copy even without
+  // ghosts. Two groups: the core's saved q, k, v (freed inside the backward) and the
+  // layer's x and o.
+  static constexpr int kMemoryGroups = 2;
+  template <std::size_t MM>
+  static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
+    return x.unpadded();
+  }
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_forward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                    const PlannedTensor<MM>& x) {
+    require_typed_spec();
+    const MemoryHeads<MM> t = memory_heads(x);
+    const Phase ph = p.forward_phase;
+    PlannedTensor<MM> q = t.heads, k = t.heads, v = t.heads, o = t.heads;  // the projections, in heads
+    PlannedTensor<MM> kp = t.padded, vp = t.padded, qs = t.heads, y = x.unpadded(), xs = x.unpadded(),
+                      os = t.heads;
+    for (PlannedTensor<MM>* a : {&q, &k, &v}) p.allocate(ph, layer, MemoryUse::Temporary, *a);
+    for (PlannedTensor<MM>* a : {&kp, &vp, &qs}) p.allocate(ph, layer, MemoryUse::Saved, *a, group);  // the core's
+    p.allocate(ph, layer, MemoryUse::Temporary, o);
+    for (const PlannedTensor<MM>* a : {&q, &k, &v}) p.free(ph, layer, *a);
+    p.allocate(ph, layer, MemoryUse::Activation, y);
+    for (PlannedTensor<MM>* a : {&xs, &os}) p.allocate(ph, layer, MemoryUse::Saved, *a, group + 1);
+    p.free(ph, layer, o);
+    return y;
+  }
+  // The backward: do, then the core's dq and padded dk, dv, and dk, dv cut from them;
+  // the core's saved blocks and the padded gradients freed; then dx beside dq, dk, dv.
+  template <std::size_t MM, int C>
+  static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, C>& p, int layer, int group,
+                                                     const PlannedTensor<MM>& x, const PlannedTensor<MM>&,
+                                                     const State& grad_in, bool input_grad) {
+    const MemoryHeads<MM> t = memory_heads(x);
+    constexpr Phase B = Phase::Backward;
+    PlannedTensor<MM> d_o = t.heads, dq = t.heads, dkp = t.padded, dvp = t.padded, dk = t.heads, dv = t.heads;
+    for (PlannedTensor<MM>* a : {&d_o, &dq, &dkp, &dvp, &dk, &dv}) p.allocate(B, layer, MemoryUse::Temporary, *a);
+    p.free_group(B, layer, group);
+    for (const PlannedTensor<MM>* a : {&dkp, &dvp, &d_o}) p.free(B, layer, *a);
+    PlannedTensor<MM> dx = x.unpadded().placed(grad_in);  // allocated either way, returned where asked for
+    p.allocate(B, layer, input_grad ? MemoryUse::Activation : MemoryUse::Temporary, dx);
+    p.free_group(B, layer, group + 1);
+    for (const PlannedTensor<MM>* a : {&dq, &dk, &dv}) p.free(B, layer, *a);
+    if (!input_grad) p.free(B, layer, dx);
+    return dx;
+  }
+
   // What the forward leaves for the backward, which a pipeline stage sets aside per
   // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_)
@@ -146,6 +214,28 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
   void release_saved() { saved_.reset(); }
 
  private:
+  static constexpr void require_typed_spec() {
+    static_assert(kTypedSpec,
+                  "dtensor::nn::NeighborhoodAttention: a memory plan needs the window in the type, e.g. "
+                  "nn::NeighborhoodAttention<Img, C, Heads, NeighborhoodSpec{.kernel = {7, 7}}> (its kernel and "
+                  "dilation set how far the halo reaches; a spec given to the constructor is known only when it runs)");
+  }
+  // The heads [N, H, W, heads, dim] in x's blocks (a window op before it may have moved
+  // them from the chunk rule's), and the halo's padded block of them.
+  template <std::size_t MM>
+  struct MemoryHeads {
+    PlannedTensor<MM> heads, padded;
+  };
+  template <std::size_t MM>
+  static constexpr MemoryHeads<MM> memory_heads(const PlannedTensor<MM>& x) {
+    const PlannedTensor<MM> u = x.unpadded();
+    const auto& g = u.global;
+    PlannedTensor<MM> h = u.reshaped(std::array<int64_t, 5>{g[0], g[2], g[3], Heads, kDim}, heads_placements())
+                              .with_steps_of(u, 0, 0)
+                              .with_steps_of(u, 2, 1)
+                              .with_steps_of(u, 3, 2);
+    return {h, h.padded_for_neighborhood(1, 2, default_spec().kernel, default_spec().dilation)};
+  }
   static WeightT uniform(const typename WeightT::Mesh& mesh, uint64_t seed) {
     const T bound = T(1) / std::sqrt(static_cast<T>(Channels));
     return dtensor::detail::generate<WeightT>({Channels, Channels}, mesh, {}, [&](uint64_t i) {
