@@ -5,6 +5,7 @@
 // below, at and above the stage count; uneven micro-batches (batches of 7 and 9 rows);
 // PP alone on a 1-D mesh, DP x PP (the pipeline dim second), PP x TP, PP x DP x TP;
 // a GPT's stages with CP and FSDP; a checkpoint of four stages resumed on two and on one.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <vector>
@@ -341,14 +342,26 @@ SplitModel make_split_model(const DeviceMesh<2>& mesh) {
                                   SpBlock::layer_t<3>(mesh, {.seed = 3}))),
                     SplitModel::layer_t<2>(mesh, {.seed = 4}));
 }
+// The same with SwiGLU's GatedMlp (gate and up colwise, down rowwise, sequence parallel).
+using SwiBlock = nn::Sequential<nn::LayerNorm<SpCfg, 8, nn::SequenceParallel>,
+                                nn::GatedMlp<SpCfg, 8, 12, nn::ColwiseParallel<Shard<1>>, nn::RowwiseParallel<Shard<1>>>>;
+using SwiModel = nn::Sequential<nn::Linear<SpCfg, 5, 8, nn::RowwiseParallel<Shard<1>>>, nn::Residual<SwiBlock>,
+                                nn::Linear<SpCfg, 8, 3, nn::Colwise>>;
+SwiModel make_swiglu_model(const DeviceMesh<2>& mesh) {
+  return SwiModel(SwiModel::layer_t<0>(mesh, {.seed = 1}),
+                  nn::Residual<SwiBlock>(SwiBlock(SwiBlock::layer_t<0>(mesh), SwiBlock::layer_t<1>(mesh, 2))),
+                  SwiModel::layer_t<2>(mesh, {.seed = 4}));
+}
 }  // namespace
 
 // A transformer block (head-parallel attention, its MLP) on the same meshes.
 using SplitBlockCfg = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
 using SplitBlock = nn::Sequential<TBlock<SplitBlockCfg>>;
 
+// deferred >= 0: after the first input step, that many parameters' gradients are still
+// all zero (their layers left them to the weight step).
 template <class Model, class Make>
-void check_split_backward(Make make, Shape<3> in, Shape<3> out) {
+void check_split_backward(Make make, Shape<3> in, Shape<3> out, int deferred = -1) {
   for (std::array<int, 2> shape : {std::array<int, 2>{1, 1}, {2, 2}, {3, 1}, {1, 2}}) {
     CAPTURE(shape[0]);
     CAPTURE(shape[1]);
@@ -362,6 +375,12 @@ void check_split_backward(Make make, Shape<3> in, Shape<3> out) {
         const auto dx_whole = whole.template backward<true>(dy).full_tensor();
         (void)split.forward(x);
         const auto dx_split = split.template backward_input<true>(dy).full_tensor();
+        if (pass == 0 && deferred >= 0) {
+          int zero = 0;
+          for (const auto& g : gathered(split, true))
+            zero += std::all_of(g.begin(), g.end(), [](double v) { return v == 0; }) ? 1 : 0;
+          CHECK(zero == deferred);
+        }
         split.template backward_weight<std::decay_t<decltype(dy)>>();
         REQUIRE(dx_whole.numel() == dx_split.numel());
         for (int64_t i = 0; i < dx_whole.numel(); ++i) REQUIRE(dx_whole.data()[i] == dx_split.data()[i]);
@@ -379,7 +398,10 @@ void check_split_backward(Make make, Shape<3> in, Shape<3> out) {
 
 TEST_CASE("a split backward (input gradient, then weight gradient) is one backward, bit for bit") {
   SUBCASE("Linear layers and a residual sequence-parallel MLP") {
-    check_split_backward<SplitModel>(make_split_model, {5, 7, 5}, {5, 7, 3});
+    check_split_backward<SplitModel>(make_split_model, {5, 7, 5}, {5, 7, 3}, /*all but the norm's 2*/ 8);
+  }
+  SUBCASE("SwiGLU's GatedMlp: its three products' weight gradients in the weight step") {
+    check_split_backward<SwiModel>(make_swiglu_model, {5, 7, 5}, {5, 7, 3}, /*the Linears' 4, gate, up, down*/ 7);
   }
   SUBCASE("misuse is refused on every rank: a forward between the steps, a second reducing weight step") {
     spmd(2, [&](Comm& comm) {

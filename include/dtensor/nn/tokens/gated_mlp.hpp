@@ -76,6 +76,9 @@ class GatedMlp {
         down_("down", uniform<DownWeightT>({Inner, Hidden}, mesh, seed + 2, Inner)) {}
 
   OutputT forward(const InputT& x) {
+    DTENSOR_CHECK(!pending_.has_value(), InvalidArgument, name,
+                  ": a forward between backward_input and backward_weight; run the weight step first (a pipeline "
+                  "sets it aside per micro-batch)");
     DTENSOR_CHECK(x.shape()[F] == Hidden, InvalidArgument, name, ": an input of ", x.shape()[F],
                   " features, expected ", Hidden, " (input shape ", dtensor::to_string(x.shape()), ")");
     saved_.emplace(Saved{redistribute_as<placements_t<Up::compute_input()>>(x)});
@@ -104,8 +107,7 @@ class GatedMlp {
 
   template <bool NeedInputGrad = true, class G>
   auto backward(const G& dy) {
-    static_assert(is_gradient_of(G::placement_state, Down::output()),
-                  "dtensor::nn::GatedMlp::backward: dy is not placed as a gradient of the layer's output");
+    check_gradient<G>();
     DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward without a forward");
     const auto& dz = [&]() -> decltype(auto) {
       if constexpr (kParallel) return redistribute_backward_as<placements_t<Down::product()>>(dy);
@@ -113,35 +115,68 @@ class GatedMlp {
     }();
     Saved& s = *saved_;
     const auto& g = dz.local();
-    const auto& xl = s.x.local();
-    const Device dev = xl.device();  // where the blocks live: the dev or a GPU
-    const int64_t rows = detail::rows_of<Rank>(xl.shape()), inner = s.a.shape()[F];
-    DTENSOR_CHECK(detail::rows_of<Rank>(g.shape()) == rows && g.shape()[F] == Hidden, InvalidArgument, name,
-                  ": the gradient's block ", dtensor::to_string(g.shape()), " does not match the last forward's");
-    // h again (cheaper to recompute than to keep), dWd += h^T dz, dh = dz Wd^T
-    Tensor<T, Rank> h = gated(s), dh = Tensor<T, Rank>::uninitialized(s.a.shape(), dev);
-    detail::matmul(dev, h.data(), true, g.data(), false, down_.grad().data(), inner, Hidden, rows, true);
-    detail::matmul(dev, g.data(), false, down_.value().local().data(), true, dh.data(), rows, inner, Hidden);
-    // da = SiLU'(a) (dh u) (into h), du = dh SiLU(a) (into dh)
-    compute::binary(BinaryOp::Mul, dh, s.u, h);
-    compute::unary_backward(UnaryFn::Silu, s.a, h, h);
-    auto silu_a = Tensor<T, Rank>::uninitialized(s.a.shape(), dev);
-    compute::unary(UnaryFn::Silu, s.a, silu_a);
-    compute::binary(BinaryOp::Mul, dh, silu_a, dh);
-    detail::matmul(dev, xl.data(), true, h.data(), false, gate_.grad().data(), Hidden, inner, rows, true);
-    detail::matmul(dev, xl.data(), true, dh.data(), false, up_.grad().data(), Hidden, inner, rows, true);
+    check_rows(g);
+    // h again (cheaper to recompute than to keep), dWd += h^T dz, dh = dz Wd^T; then
+    // da into h (no longer needed) and du into dh; dWg, dWu; dx.
+    Tensor<T, Rank> h = gated(s), dh = down_input_gradient(g);
+    accumulate(down_, h, g);
+    const Tensor<T, Rank> silu_a = gate_up_gradients(s, dh, h);
+    accumulate(gate_, s.x.local(), h);
+    accumulate(up_, s.x.local(), dh);
     if constexpr (NeedInputGrad) {
-      auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), dev);
-      detail::matmul(dev, h.data(), false, gate_.value().local().data(), true, dx.data(), rows, Hidden, inner);
-      detail::matmul(dev, dh.data(), false, up_.value().local().data(), true, dx.data(), rows, Hidden, inner, true);
-      constexpr State gci = Rule::grad_compute_input(G::placement_state);
-      dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
+      auto dx = input_gradient<G>(h, dh);
       saved_.reset();
-      return redistribute_backward_as<placements_t<Up::input()>>(std::move(dxc));
+      return dx;
     } else {
       saved_.reset();
       return 0;
     }
+  }
+
+  // The backward in two steps (nn/layer.hpp, zero-bubble pipelines): the input's
+  // gradient now, from the gate's and up's gradients da and du; backward_weight() later
+  // adds dWd = h^T dz, dWg = x^T da and dWu = x^T du from what the input step kept (x,
+  // h, dz, da, du; the saved x Wg and x Wu dropped). The same products of the same
+  // operands as backward's: its sums bit for bit.
+  template <bool NeedInputGrad = true, class G>
+  auto backward_input(G&& dy) {
+    using GV = std::remove_cvref_t<G>;
+    check_gradient<GV>();
+    DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward_input without a forward");
+    auto dz = owned_product_gradient(std::forward<G>(dy));
+    Saved& s = *saved_;
+    check_rows(dz.local());
+    Tensor<T, Rank> h = gated(s), dh = down_input_gradient(dz.local());
+    auto da = Tensor<T, Rank>::uninitialized(s.a.shape(), s.a.device());
+    const Tensor<T, Rank> silu_a = gate_up_gradients(s, dh, da);
+    auto keep = [&] {
+      pending_.emplace(Pending{std::move(s.x.local()), std::move(h), std::move(dz.local()), std::move(da), std::move(dh)});
+      saved_.reset();
+    };
+    if constexpr (NeedInputGrad) {
+      auto dx = input_gradient<GV>(da, dh);
+      keep();
+      return dx;
+    } else {
+      keep();
+      return 0;
+    }
+  }
+  void backward_weight() {
+    DTENSOR_CHECK(pending_.has_value(), InvalidArgument, name, ": backward_weight without a backward_input before it");
+    const Pending& k = *pending_;
+    accumulate(down_, k.h, k.dz);
+    accumulate(gate_, k.x, k.da);
+    accumulate(up_, k.x, k.du);
+    pending_.reset();
+  }
+  // From its input step to its weight step: h, dz, da and du, less the saved x Wg and
+  // x Wu it drops (the multiplied input moves over from what the forward saved).
+  template <std::size_t MM>
+  static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
+                                          const std::array<int, MM>& coords) {
+    const PlannedTensor<MM> inner = x.placed(Up::compute_input()).with_last(Inner).placed(Up::output());
+    return inner.bytes(mesh_shape, coords) + x.with_last(Hidden).placed(Down::product()).bytes(mesh_shape, coords);
   }
 
   // What it holds over a step (nn/memory_plan.hpp): the multiplied input and x Wg, x Wu
@@ -161,11 +196,14 @@ class GatedMlp {
     return m;
   }
 
-  // What the forward leaves for the backward, which a pipeline stage sets aside per
-  // micro-batch (nn/saved_state.hpp).
-  DTENSOR_SAVED_STATE(saved_)
+  // What the forward leaves for the backward (and backward_input for backward_weight),
+  // which a pipeline stage sets aside per micro-batch (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_, pending_)
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
-  void release_saved() { saved_.reset(); }
+  void release_saved() {
+    saved_.reset();
+    pending_.reset();
+  }
 
  private:
   using XC = dtensor_t<T, Rank, placements_t<Up::compute_input()>>;
@@ -173,6 +211,74 @@ class GatedMlp {
     XC x;
     Tensor<T, Rank> a{}, u{};  // x Wg and x Wu
   };
+  // From backward_input to backward_weight: the multiplied input, h, the down product's
+  // gradient dz, and the gate's and up's gradients.
+  struct Pending {
+    Tensor<T, Rank> x, h, dz, da, du;
+  };
+  template <class G>
+  static void check_gradient() {
+    static_assert(is_gradient_of(G::placement_state, Down::output()),
+                  "dtensor::nn::GatedMlp::backward: dy is not placed as a gradient of the layer's output");
+  }
+  // The down product's gradient dz (rowwise: the adjoint of its reduction), owned: dy
+  // moved in when given as an rvalue (kept until backward_weight).
+  template <class G>
+  static auto owned_product_gradient(G&& dy) {
+    if constexpr (kParallel) {
+      using Z = std::remove_cvref_t<decltype(redistribute_backward_as<placements_t<Down::product()>>(std::forward<G>(dy)))>;
+      return Z(redistribute_backward_as<placements_t<Down::product()>>(std::forward<G>(dy)));
+    } else {
+      return std::remove_cvref_t<G>(std::forward<G>(dy));
+    }
+  }
+  void check_rows(const Tensor<T, Rank>& g) const {
+    const auto& xl = saved_->x.local();
+    DTENSOR_CHECK(detail::rows_of<Rank>(g.shape()) == detail::rows_of<Rank>(xl.shape()) && g.shape()[F] == Hidden,
+                  InvalidArgument, name, ": the gradient's block ", dtensor::to_string(g.shape()),
+                  " does not match the last forward's");
+  }
+  // dh = dz Wd^T.
+  Tensor<T, Rank> down_input_gradient(const Tensor<T, Rank>& g) const {
+    const Saved& s = *saved_;
+    const int64_t rows = detail::rows_of<Rank>(g.shape()), inner = s.a.shape()[F];
+    auto dh = Tensor<T, Rank>::uninitialized(s.a.shape(), s.a.device());
+    detail::matmul(g.device(), g.data(), false, down_.value().local().data(), true, dh.data(), rows, inner, Hidden);
+    return dh;
+  }
+  // From dh: da = SiLU'(a) (dh u) into `da` (h's storage in backward), du = dh SiLU(a)
+  // into dh. Returns SiLU(a), which the caller holds to its end (as the memory rule
+  // counts it: beside dx).
+  [[nodiscard]] static Tensor<T, Rank> gate_up_gradients(const Saved& s, Tensor<T, Rank>& dh, Tensor<T, Rank>& da) {
+    compute::binary(BinaryOp::Mul, dh, s.u, da);
+    compute::unary_backward(UnaryFn::Silu, s.a, da, da);
+    auto silu_a = Tensor<T, Rank>::uninitialized(s.a.shape(), s.a.device());
+    compute::unary(UnaryFn::Silu, s.a, silu_a);
+    compute::binary(BinaryOp::Mul, dh, silu_a, dh);
+    return silu_a;
+  }
+  // A weight's gradient += a^T b (GEMM with beta = 1: this rank's rows, Partial over DP).
+  template <class P>
+  static void accumulate(P& w, const Tensor<T, Rank>& a, const Tensor<T, Rank>& b) {
+    const int64_t rows = detail::rows_of<Rank>(a.shape());
+    detail::matmul(a.device(), a.data(), true, b.data(), false, w.grad().data(), a.shape()[F], b.shape()[F], rows,
+                   true);
+  }
+  // dx = da Wg^T + du Wu^T, placed as the multiplied input's gradient, then brought to
+  // the input's.
+  template <class G>
+  auto input_gradient(const Tensor<T, Rank>& da, const Tensor<T, Rank>& du) const {
+    const Saved& s = *saved_;
+    const auto& xl = s.x.local();
+    const int64_t rows = detail::rows_of<Rank>(xl.shape()), inner = s.a.shape()[F];
+    auto dx = Tensor<T, Rank>::uninitialized(xl.shape(), xl.device());
+    detail::matmul(dx.device(), da.data(), false, gate_.value().local().data(), true, dx.data(), rows, Hidden, inner);
+    detail::matmul(dx.device(), du.data(), false, up_.value().local().data(), true, dx.data(), rows, Hidden, inner,
+                   true);
+    constexpr State gci = Rule::grad_compute_input(G::placement_state);
+    dtensor_t<T, Rank, placements_t<gci>> dxc(s.x.mesh(), s.x.layout(), std::move(dx));
+    return redistribute_backward_as<placements_t<Up::input()>>(std::move(dxc));
+  }
   // SiLU(x Wg) * (x Wu), from the saved products (on their device).
   static Tensor<T, Rank> gated(const Saved& s) {
     auto h = Tensor<T, Rank>::uninitialized(s.a.shape(), s.a.device());
@@ -191,6 +297,7 @@ class GatedMlp {
   Parameter<UpWeightT> gate_, up_;
   Parameter<DownWeightT> down_;
   std::optional<Saved> saved_;
+  std::optional<Pending> pending_;
 };
 
 }  // namespace dtensor::nn
