@@ -39,6 +39,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 #include <utility>
 
 #include "dtensor/distributed/redistribute_backward.hpp"
@@ -223,6 +224,20 @@ void layer_backward_weight(L& layer) {
 template <class PList, class G>
 auto redistribute_backward_as(G&& dy) {
   return [&]<class... P>(Placements<P...>) { return redistribute_backward<P...>(std::forward<G>(dy)); }(PList{});
+}
+
+// A split backward's product gradient, owned (kept until the weight step): where the
+// forward reduced or scattered the product into the output (Reduced), dy brought back
+// to the product's placements PList (the adjoint), else dy itself; moved in when given
+// as an rvalue, copied otherwise.
+template <class PList, bool Reduced, class G>
+auto owned_product_gradient(G&& dy) {
+  if constexpr (Reduced) {
+    using Z = std::remove_cvref_t<decltype(redistribute_backward_as<PList>(std::forward<G>(dy)))>;
+    return Z(redistribute_backward_as<PList>(std::forward<G>(dy)));
+  } else {
+    return std::remove_cvref_t<G>(std::forward<G>(dy));
+  }
 }
 
 // Placements without Partials: what a layer that needs values (a nonlinearity, a

@@ -182,7 +182,7 @@ class Linear {
     using GV = std::remove_cvref_t<G>;
     check_gradient<GV>();
     DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward_input without a forward");
-    auto dz = owned_product_gradient(std::forward<G>(dy));
+    auto dz = owned_product_gradient<placements_t<Rule::product()>, Rule::rowwise>(std::forward<G>(dy));
     check_rows(dz.local());
     // What the weight step reads moves out of saved_: a forward before it cannot
     // replace the input it multiplies.
@@ -250,16 +250,6 @@ class Linear {
   static decltype(auto) product_gradient(const G& dy) {
     if constexpr (Rule::rowwise) return redistribute_backward_as<placements_t<Rule::product()>>(dy);
     else return (dy);
-  }
-  // The same, owned (kept until backward_weight): dy moved in when given as an rvalue.
-  template <class G>
-  static auto owned_product_gradient(G&& dy) {
-    if constexpr (Rule::rowwise) {
-      using Z = std::remove_cvref_t<decltype(redistribute_backward_as<placements_t<Rule::product()>>(std::forward<G>(dy)))>;
-      return Z(redistribute_backward_as<placements_t<Rule::product()>>(std::forward<G>(dy)));
-    } else {
-      return std::remove_cvref_t<G>(std::forward<G>(dy));
-    }
   }
   void check_rows(const Tensor<T, Rank>& g) const {
     const auto& xc = *saved_;

@@ -231,7 +231,6 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     const PlannedTensor<MM> u = x.unpadded();
     const auto& g = u.global;
     PlannedTensor<MM> h = u.reshaped(std::array<int64_t, 5>{g[0], g[2], g[3], Heads, kDim}, heads_placements())
-                              .with_steps_of(u, 0, 0)
                               .with_steps_of(u, 2, 1)
                               .with_steps_of(u, 3, 2);
     return {h, h.padded_for_neighborhood(1, 2, default_spec().kernel, default_spec().dilation)};

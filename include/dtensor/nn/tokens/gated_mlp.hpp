@@ -143,7 +143,7 @@ class GatedMlp {
     using GV = std::remove_cvref_t<G>;
     check_gradient<GV>();
     DTENSOR_CHECK(saved_.has_value(), InvalidArgument, name, ": backward_input without a forward");
-    auto dz = owned_product_gradient(std::forward<G>(dy));
+    auto dz = owned_product_gradient<placements_t<Down::product()>, kParallel>(std::forward<G>(dy));
     Saved& s = *saved_;
     check_rows(dz.local());
     Tensor<T, Rank> h = gated(s), dh = down_input_gradient(dz.local());
@@ -220,17 +220,6 @@ class GatedMlp {
   static void check_gradient() {
     static_assert(is_gradient_of(G::placement_state, Down::output()),
                   "dtensor::nn::GatedMlp::backward: dy is not placed as a gradient of the layer's output");
-  }
-  // The down product's gradient dz (rowwise: the adjoint of its reduction), owned: dy
-  // moved in when given as an rvalue (kept until backward_weight).
-  template <class G>
-  static auto owned_product_gradient(G&& dy) {
-    if constexpr (kParallel) {
-      using Z = std::remove_cvref_t<decltype(redistribute_backward_as<placements_t<Down::product()>>(std::forward<G>(dy)))>;
-      return Z(redistribute_backward_as<placements_t<Down::product()>>(std::forward<G>(dy)));
-    } else {
-      return std::remove_cvref_t<G>(std::forward<G>(dy));
-    }
   }
   void check_rows(const Tensor<T, Rank>& g) const {
     const auto& xl = saved_->x.local();
