@@ -97,6 +97,9 @@ class NeighborhoodAttention2d {
 
   // The ghost widths of the last plan, (lo, hi) per spatial dim.
   std::array<std::array<int64_t, 2>, 2> ghosts() const { return ghosts_; }
+  // The cells of this rank's k (and v) block its halo sends, per exchange: what the
+  // reverse exchanges receive back into the staging buffer the halo keeps (0 before a plan).
+  int64_t elements_sent() const { return halo_ ? halo_->elements_sent() : 0; }
 
  private:
   // The halo for q's layout: the widest reach of any rank's windows beyond its block.

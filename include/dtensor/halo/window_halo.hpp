@@ -112,6 +112,9 @@ class WindowHalo {
   const std::array<WindowDim, S>& windows() const { return windows_; }
   const WindowSplit& split(int i) const { return split_[i]; }
   bool has_ghosts() const { return ghosts_; }
+  // The cells of this rank's block its halo sends per exchange: what the reverse
+  // exchange receives back into the staging buffer the halo keeps.
+  int64_t elements_sent() const { return halo_.elements_sent(); }
   const Shape<Rank>& local_shape() const { return halo_.interior_shape(); }
   const Shape<Rank>& padded_shape() const { return halo_.padded_shape(); }
   // This rank's output block along spatial dim i.

@@ -86,7 +86,10 @@ struct PlannedTensor {
   // A padded block (a window op's storage): on each dim with a window here and split
   // into two or more blocks, the window's ghost cells on either side, the largest
   // reach of any block's windows (halo/window_halo.hpp: uniform widths).
-  enum class Pad : std::uint8_t { None, Always, OnlyWithGhosts };  // OnlyWithGhosts: 0 bytes without any ghost
+  // OnlyWithGhosts: 0 bytes without any ghost. Sent: not the padded block but the
+  // cells of this rank's block that other ranks' padded blocks hold as ghosts (what its
+  // halo sends, and what the reverse exchange's staging buffer receives back).
+  enum class Pad : std::uint8_t { None, Always, OnlyWithGhosts, Sent };
   Pad pad = Pad::None;
   std::array<bool, kMaxRank> padded{};
   std::array<WindowDim, kMaxRank> pad_window{};
@@ -132,6 +135,7 @@ struct PlannedTensor {
   }
   // The block's own bytes (its ghost cells included where padded).
   constexpr int64_t block_bytes(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
+    if (pad == Pad::Sent) return element_bytes * sent_cells(mesh_shape, coords);
     int64_t e = element_bytes;
     bool ghosts = false;
     for (int d = 0; d < rank; ++d) {
@@ -145,6 +149,33 @@ struct PlannedTensor {
       e *= n;
     }
     return pad == Pad::OnlyWithGhosts && !ghosts ? 0 : e;
+  }
+  // The cells of the block at `coords` that lie in other blocks' padded blocks (a box
+  // stencil's halo: halo/halo_exchange.hpp sends each once per reading block). Per dim,
+  // the block's own n cells plus g, the cells of it inside the other blocks' ghost
+  // ranges (clipped to the extent: outside cells are no one's); a reading block is a
+  // choice per dim of the block itself or another, not the block itself in every dim,
+  // so the cells sent are prod (n + g) - prod n.
+  constexpr int64_t sent_cells(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
+    int64_t with = 1, own = 1;
+    for (int d = 0; d < rank; ++d) {
+      const auto [lo, hi] = block_range(d, mesh_shape, coords);
+      int64_t g = 0;
+      if (padded[static_cast<std::size_t>(d)]) {
+        const auto [glo, ghi] = ghost_widths(d, mesh_shape);
+        const int64_t n = global[static_cast<std::size_t>(d)];
+        for (int b = 0, nb = blocks(d, mesh_shape); b < nb && glo + ghi > 0; ++b) {
+          const auto [blo, bhi] = block_range(d, mesh_shape, block_coords(d, b, mesh_shape));
+          if (blo == lo && bhi == hi) continue;  // this block (or an empty one, which reads nothing of it)
+          // Block b's ghosts (its padded range less its own cells, disjoint from this block's).
+          const int64_t rlo = std::max(std::max<int64_t>(0, blo - glo), lo);
+          const int64_t rhi = std::min(std::min(n, bhi + ghi), hi);
+          g += std::max<int64_t>(0, rhi - rlo);
+        }
+      }
+      with *= hi - lo + g, own *= hi - lo;
+    }
+    return with - own;
   }
   // Dim d's block at `coords`: [lo, hi) of its global extent (the chunk rule, a chunk
   // of a chunk where two mesh dims shard it, then the block steps).
@@ -254,6 +285,14 @@ struct PlannedTensor {
       t.pad_window[d] = WindowDim{.kernel = kernel[static_cast<std::size_t>(a)],
                                   .dilation = dilation[static_cast<std::size_t>(a)]};
     }
+    return t;
+  }
+  // The cells of this padded block's own block that its halo sends (its reverse
+  // exchange's staging buffer): Pad::Sent.
+  constexpr PlannedTensor halo_sent() const {
+    PlannedTensor t = *this;
+    t.id = -1;
+    t.pad = Pad::Sent;
     return t;
   }
   constexpr PlannedTensor unpadded() const {
@@ -417,6 +456,15 @@ struct LayerMemory {
   constexpr void input_grad_temporary(const PlannedTensor<M>& t) {
     input_grad_temporaries[static_cast<std::size_t>(ninput_grad++)] = t;
   }
+  // Where the input's gradient is asked for: the staging buffer of the reverse halo
+  // exchange of `padded` (a padded block; kept by the layer's halo from its first
+  // backward on, so held throughout every later step: MemoryUse::HaloStaging).
+  PlannedTensor<M> input_grad_staging{};
+  bool has_input_grad_staging = false;
+  constexpr void reverse_staging(const PlannedTensor<M>& padded) {
+    input_grad_staging = padded.halo_sent();
+    has_input_grad_staging = true;
+  }
 };
 
 // What an allocation holds (explain's columns).
@@ -429,13 +477,16 @@ enum class MemoryUse : std::uint8_t {
   Temporary,   // inside one layer's forward or backward, a redistribution's result
   Gathered,    // nn::FullyShard: a layer's parameters gathered whole, and their gradients
   Buffers,     // nn::FullyShard: a gather's or a reduce-scatter's packed buffers
+  // A halo's reverse exchange receives the ghosts' gradients into a buffer it allocates
+  // at the first backward and keeps (halo/halo_exchange.hpp): held throughout the step.
+  HaloStaging,
 };
 constexpr const char* name(MemoryUse u) {
-  constexpr const char* names[] = {"parameters", "gradients",  "optimizer state", "activations",
-                                   "saved",      "temporary", "gathered",        "buffers"};
+  constexpr const char* names[] = {"parameters", "gradients", "optimizer state", "activations", "saved",
+                                   "temporary",  "gathered",  "buffers",         "halo staging"};
   return names[static_cast<int>(u)];
 }
-inline constexpr int kMemoryUses = 8;
+inline constexpr int kMemoryUses = 9;
 
 // Several tensors packed into one buffer (nn::FullyShard's gather and reduce-scatter):
 // one allocation of their blocks' bytes together.
@@ -652,6 +703,18 @@ struct MemoryPlan {
     events[static_cast<std::size_t>(size)] = {phase, layer, use, true, -1, -1, index, {}};
     return size++;
   }
+  // A halo's reverse staging buffer (MemoryUse::HaloStaging): allocated where the first
+  // backward allocates it, never freed, and counted from the start of the step (every
+  // step after the first holds it throughout). One per layer and buffer: a pipeline's
+  // micro-batches, a recomputed block's backward reuse the layer's halo.
+  constexpr void allocate_staging(Phase phase, int layer, PlannedTensor<M> t) {
+    const TensorRecord<M> r = record(t);
+    for (int e = 0; e < size; ++e) {
+      const auto& ev = events[static_cast<std::size_t>(e)];
+      if (ev.use == MemoryUse::HaloStaging && ev.layer == layer && ev.tensor == r) return;
+    }
+    allocate(phase, layer, MemoryUse::HaloStaging, t);
+  }
   constexpr void free(Phase phase, int layer, const PlannedTensor<M>& t) { free_event(phase, layer, t.id); }
   constexpr void free_event(Phase phase, int layer, int id) {
     if (id < 0) return;
@@ -751,9 +814,10 @@ struct MemoryPlan {
   // The rank's peak over the step, and the first event where it is reached.
   constexpr MemoryPeak peak_at(const std::array<int, M>& coords) const {
     MemoryPeak p;
-    int64_t held = 0;
+    int64_t held = halo_staging_bytes(coords);
     for (int e = 0; e < size; ++e) {
       const auto& ev = events[static_cast<std::size_t>(e)];
+      if (ev.use == MemoryUse::HaloStaging) continue;  // held from the start
       const int64_t b = event_bytes(e, coords);
       held += ev.allocate ? b : -b;
       if (held > p.bytes) p = {held, ev.phase, ev.layer};
@@ -772,11 +836,11 @@ struct MemoryPlan {
       if (events[static_cast<std::size_t>(e)].phase != Phase::Forward) return e;
     return size;
   }
-  // Bytes the rank at `coords` holds for one use: Parameters, Gradients and
-  // OptimizerState throughout the step; Saved at the end of the forward (what the
-  // forward keeps for the backward, the loss's included).
+  // Bytes the rank at `coords` holds for one use: Parameters, Gradients,
+  // OptimizerState and HaloStaging throughout the step; Saved at the end of the forward
+  // (what the forward keeps for the backward, the loss's included).
   constexpr int64_t bytes(MemoryUse use, const std::array<int, M>& coords = {}) const {
-    return held_at_forward_end(use, -2, coords);
+    return use == MemoryUse::HaloStaging ? halo_staging_bytes(coords) : held_at_forward_end(use, -2, coords);
   }
   // What layer `layer`'s forward keeps for its backward, on the rank at `coords`.
   constexpr int64_t saved_bytes(int layer, const std::array<int, M>& coords = {}) const {
@@ -790,9 +854,10 @@ struct MemoryPlan {
   }
   // The rank's peak while layer `layer` runs in phase `phase`.
   constexpr int64_t layer_peak(Phase phase, int layer, const std::array<int, M>& coords = {}) const {
-    int64_t held = 0, worst = 0;
+    int64_t held = halo_staging_bytes(coords), worst = 0;
     for (int e = 0; e < size; ++e) {
       const auto& ev = events[static_cast<std::size_t>(e)];
+      if (ev.use == MemoryUse::HaloStaging) continue;
       const int64_t b = event_bytes(e, coords);
       held += ev.allocate ? b : -b;
       if (ev.phase == phase && ev.layer == layer && held > worst) worst = held;
@@ -801,6 +866,12 @@ struct MemoryPlan {
   }
 
  private:
+  constexpr int64_t halo_staging_bytes(const std::array<int, M>& coords) const {
+    int64_t b = 0;
+    for (int e = 0; e < size; ++e)
+      if (events[static_cast<std::size_t>(e)].use == MemoryUse::HaloStaging) b += event_bytes(e, coords);
+    return b;
+  }
   // Bytes of `use` (of layer `layer`; -2: any) held when the forward ends.
   constexpr int64_t held_at_forward_end(MemoryUse use, int layer, const std::array<int, M>& coords) const {
     const int end = forward_end();
@@ -945,6 +1016,7 @@ constexpr PlannedTensor<M> memory_backward(MemoryPlan<M, C>& p, int layer, int g
       ts[static_cast<std::size_t>(n++)] = m.input_grad_temporaries[static_cast<std::size_t>(i)];
     }
     p.temporaries(Phase::Backward, layer, ts, n);
+    if (input_grad && m.has_input_grad_staging) p.allocate_staging(Phase::Backward, layer, m.input_grad_staging);
     p.free_group(Phase::Backward, layer, group);
     return dx;
   } else {
@@ -1046,6 +1118,8 @@ std::string to_string(const MemoryPlan<M, C>& p, const std::array<int, M>& coord
   s += "):\n";
   for (MemoryUse u : {MemoryUse::Parameters, MemoryUse::Gradients, MemoryUse::OptimizerState})
     s += std::string("  ") + name(u) + ": " + mib(p.bytes(u, coords)) + "\n";
+  if (const int64_t b = p.bytes(MemoryUse::HaloStaging, coords); b > 0)
+    s += "  halos' reverse staging: " + mib(b) + "\n";
   s += "  saved for the backward: " + mib(p.bytes(MemoryUse::Saved, coords)) + "\n";
   for (int l = 0; l < p.layers(); ++l) {
     std::string who = "layer " + std::to_string(l);

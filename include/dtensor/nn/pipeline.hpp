@@ -437,7 +437,7 @@ class Pipeline {
     const auto p = one();
     const auto i = static_cast<std::size_t>(I);
     plan.persistent[i] = p.bytes(MemoryUse::Parameters, largest) + p.bytes(MemoryUse::Gradients, largest) +
-                         p.bytes(MemoryUse::OptimizerState, largest);
+                         p.bytes(MemoryUse::OptimizerState, largest) + p.bytes(MemoryUse::HaloStaging, largest);
     plan.saved[i] = p.bytes(MemoryUse::Saved, largest);
     plan.step_peak[i] = p.peak_at(largest).bytes;
     // Micro-batches from a forward to the end of their backward (a zero-bubble

@@ -300,13 +300,15 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
   // What it holds over a step (nn/memory_plan.hpp), for x [N, Cin, spatial...]: its
   // padded input block saved for dW (x's block copied where no window reaches a
   // ghost); its output, in the blocks of the window centres; in the backward, where
-  // dx is asked for and there are ghosts, the padded block of dx (beside dx).
+  // dx is asked for and there are ghosts, the padded block of dx (beside dx), and the
+  // staging buffer the halo's reverse exchange keeps (MemoryUse::HaloStaging).
   static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
     constexpr auto window = [](int i, int64_t n) { return Spec.window(i, n); };
     LayerMemory<M> m;
     m.save(detail::window_padded<S>(x, window, false));
     m.out = detail::window_output<S>(x, window, Cout);
     m.input_grad_temporary(detail::window_padded<S>(x, window, true));
+    m.reverse_staging(detail::window_padded<S>(x, window, true));
     return m;
   }
 

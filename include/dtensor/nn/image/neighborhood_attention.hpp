@@ -187,8 +187,10 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     p.free(ph, layer, o);
     return y;
   }
-  // The backward: do, then the core's dq and padded dk, dv, and dk, dv cut from them;
-  // the core's saved blocks and the padded gradients freed; then dx beside dq, dk, dv.
+  // The backward: do, then the core's dq and padded dk, dv, and dk, dv cut from them
+  // (the halo's reverse exchange adds their ghosts through a staging buffer it keeps:
+  // MemoryUse::HaloStaging); the core's saved blocks and the padded gradients freed;
+  // then dx beside dq, dk, dv.
   template <std::size_t MM, int C>
   static constexpr PlannedTensor<MM> memory_backward(MemoryPlan<MM, C>& p, int layer, int group,
                                                      const PlannedTensor<MM>& x, const PlannedTensor<MM>&,
@@ -197,6 +199,7 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     constexpr Phase B = Phase::Backward;
     PlannedTensor<MM> d_o = t.heads, dq = t.heads, dkp = t.padded, dvp = t.padded, dk = t.heads, dv = t.heads;
     for (PlannedTensor<MM>* a : {&d_o, &dq, &dkp, &dvp, &dk, &dv}) p.allocate(B, layer, MemoryUse::Temporary, *a);
+    p.allocate_staging(B, layer, t.padded.halo_sent());  // the halo's, kept for dk's and dv's reverse exchanges
     p.free_group(B, layer, group);
     for (const PlannedTensor<MM>* a : {&dkp, &dvp, &d_o}) p.free(B, layer, *a);
     PlannedTensor<MM> dx = x.unpadded().placed(grad_in);  // allocated either way, returned where asked for

@@ -225,7 +225,8 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
   // Options: max pooling saves its padded input block (x's block copied where no window
   // reaches a ghost); average pooling saves none, its padded block a temporary of the
   // forward where there are ghosts; the output in the blocks of the window centres; in
-  // the backward, where dx is asked for and there are ghosts, dx's padded block.
+  // the backward, where dx is asked for and there are ghosts, dx's padded block and the
+  // halo's reverse staging buffer (MemoryUse::HaloStaging).
   static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
     constexpr auto window = [](int i, int64_t n) { return Options.window(i, n); };
     LayerMemory<M> m;
@@ -233,6 +234,7 @@ class Pool : public KeepsPlacements<Cfg, Takes::Activation> {
     m.out = detail::window_output<S>(x, window, x.global[1]);
     if constexpr (Mode != PoolMode::Max) m.forward_temporary(detail::window_padded<S>(x, window, true));
     m.input_grad_temporary(detail::window_padded<S>(x, window, true));
+    m.reverse_staging(detail::window_padded<S>(x, window, true));
     return m;
   }
 

@@ -270,7 +270,8 @@ class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
   // output, each spatial dim and its blocks times the factor. Linear modes on a dim
   // split into two or more blocks read one cell of each neighbour: the padded block
   // (ghosts of at most one cell each side) and the compacted copy the outputs read
-  // (at most the padded block) are saved for the backward, which reuses them.
+  // (at most the padded block) are saved for the backward, which reuses them; its halo's
+  // reverse exchange keeps a staging buffer where dx is asked for.
   static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x) {
     static_assert(kTypedFactors,
                   "dtensor::nn::Upsample: a memory plan needs the factors in the type, e.g. "
@@ -286,6 +287,7 @@ class Upsample : public KeepsPlacements<Cfg, Takes::Activation> {
       for (int i = 0; i < S; ++i) padded = padded.padded_for(2 + i, kOneEachSide, /*only_with_ghosts*/ true);
       m.save(padded);
       m.save(padded);
+      m.reverse_staging(padded);
     }
     return m;
   }
