@@ -437,8 +437,12 @@ class Pipeline {
     const auto p = one();
     const auto i = static_cast<std::size_t>(I);
     plan.persistent[i] = p.bytes(MemoryUse::Parameters, largest) + p.bytes(MemoryUse::Gradients, largest) +
-                         p.bytes(MemoryUse::OptimizerState, largest) + p.bytes(MemoryUse::HaloStaging, largest);
-    plan.saved[i] = p.bytes(MemoryUse::Saved, largest);
+                         p.bytes(MemoryUse::OptimizerState, largest);
+    // A halo's reverse staging buffer lives in its exchange, which a micro-batch's saved
+    // state carries (nn/saved_state.hpp: the window op's plan moves with it): counted
+    // with each micro-batch held, not once (the stage's plan holds it from the start,
+    // so its excess below leaves it out).
+    plan.saved[i] = p.bytes(MemoryUse::Saved, largest) + p.bytes(MemoryUse::HaloStaging, largest);
     plan.step_peak[i] = p.peak_at(largest).bytes;
     // Micro-batches from a forward to the end of their backward (a zero-bubble
     // schedule's W); between its I and W steps a micro-batch keeps, of what the forward

@@ -36,7 +36,7 @@ template <int S, int Ranks>
 struct PipelineMemoryPlan {
   // Per stage, on its stage mesh's largest rank, for the largest micro-batch.
   std::array<int64_t, S> persistent{};  // parameters, gradients, optimizer state
-  std::array<int64_t, S> saved{};       // what one micro-batch's forward keeps
+  std::array<int64_t, S> saved{};       // what one micro-batch's forward keeps (its halos' staging too)
   std::array<int64_t, S> step_peak{};   // the stage's own plan's peak (one micro-batch)
   std::array<int64_t, S> pending{};     // a zero-bubble schedule: kept from a backward's I to its W
   std::array<int, S> held{};            // micro-batches in flight on the stage (forward to W)
