@@ -119,15 +119,16 @@ class WindowedOp {
   // fill(dx_padded): the operator writes the padded input's gradient; the reverse
   // exchange then adds the ghosts into their owners while during() runs (work that
   // reads neither). Returns this rank's block of the input's gradient. Without ghosts,
-  // fill writes that block itself and during() runs after it. Releases the saved input.
+  // fill writes that block itself and during() runs after it. Releases the saved input,
+  // unless `keep_input` (a split backward's weight step reads it later).
   template <class Fill, class During>
-  Tensor<T, Rank> input_gradient(Device dev, Fill&& fill, During&& during) {
+  Tensor<T, Rank> input_gradient(Device dev, Fill&& fill, During&& during, bool keep_input = false) {
     auto& wh = *halo_;
     auto dx = Tensor<T, Rank>::uninitialized(wh.local_shape(), dev);
     if (!wh.has_ghosts()) {
       fill(dx.data());
       during();
-      release();
+      if (!keep_input) release();
       return dx;
     }
     auto dx_padded = Tensor<T, Rank>::uninitialized(wh.padded_shape(), dev);
@@ -141,7 +142,7 @@ class WindowedOp {
     }
     wh.reverse_end();
     wh.store(dx_padded.data(), dx.data());
-    release();
+    if (!keep_input) release();
     return dx;
   }
 

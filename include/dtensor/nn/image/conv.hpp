@@ -126,6 +126,9 @@ class ConvOp {
   template <class X>
   X forward(const X& x, const Tensor<T, Rank>& w, const T* bias) {
     static_assert(X::rank == Rank, "dtensor::nn::ConvOp: the input's rank is not 2 + the spatial dims");
+    DTENSOR_CHECK(!pending_.has_value(), InvalidArgument, name_,
+                  ": a forward between backward_input and backward_weight; run the weight step first (a pipeline "
+                  "sets each micro-batch's state aside: nn::SavedStash)");
     DTENSOR_CHECK(x.shape()[1] == cin_, InvalidArgument, name_, ": an input of ", x.shape()[1],
                   " channels, expected ", cin_, " (input shape ", dtensor::to_string(x.shape()), ")");
     DTENSOR_CHECK(w.shape() == weight_shape(), InvalidArgument, name_, ": a weight block of shape ",
@@ -144,14 +147,15 @@ class ConvOp {
     return X(x.mesh(), wh.out_layout(cout_), std::move(y));
   }
 
-  // What the forward leaves for the backward, which a pipeline stage sets aside per
-  // micro-batch (nn/saved_state.hpp).
-  DTENSOR_SAVED_STATE(saved_, win_)
+  // What the forward leaves for the backward (and backward_input for backward_weight),
+  // which a pipeline stage sets aside per micro-batch (nn/saved_state.hpp).
+  DTENSOR_SAVED_STATE(saved_, win_, pending_)
   // Drops what the forward kept for the backward (the input's copy or padded block);
   // a backward then needs a forward first (nn::Recompute's protocol, release_saved).
   void release_saved() {
     win_.release();
     saved_ = false;
+    pending_.reset();
   }
 
   // From dy (placed like the output, or as an accepted gradient of it): adds this
@@ -173,29 +177,70 @@ class ConvOp {
       // those read only the padded input and dy.
       auto dx = win_.input_gradient(
           dev, [&](T* dxp) { compute::conv_backward_data(dev, dims, dy.local().data(), w.data(), dxp); },
-          [&] { weight_terms(dims, dy, dw, db); });
+          [&] { weight_terms(dims, dy.local().data(), dw, db); });
       using DX = dtensor_t<T, Rank, placements_t<G::placement_state>>;
       return DX(dy.mesh(), wh.in_layout(), std::move(dx));
     } else {
-      weight_terms(dims, dy, dw, db);
+      weight_terms(dims, dy.local().data(), dw, db);
       win_.release();
       return 0;
     }
   }
 
- private:
-  template <class G>
-  void weight_terms(const ConvDims& dims, const G& dy, Tensor<T, Rank>& dw, T* db) {
+  // The backward in two steps (nn/layer.hpp, zero-bubble pipelines): dx now (its
+  // reverse exchange overlaps nothing: the weight terms are what waits); dy's block
+  // kept, with the padded input the forward saved, until backward_weight adds this
+  // rank's terms of dW and db. The two make backward's sums bit for bit.
+  template <bool NeedDx, class G>
+  auto backward_input(G&& dy, const Tensor<T, Rank>& w) {
+    using GV = std::remove_cvref_t<G>;
+    DTENSOR_CHECK(saved_, InvalidArgument, name_, ": backward_input without a forward");
+    const auto& wh = win_.halo();
     const Device dev = dy.local().device();
-    compute::conv_backward_weight(dev, dims, win_.saved_input(), dy.local().data(), dw.data(), true);
-    if (db) compute::conv_backward_bias(dev, dims, dy.local().data(), db, true);
+    require_gradient_layout(name_, dy.layout(), wh.out_layout(cout_));
+    const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);
+    saved_ = false;
+    auto keep = [&] {
+      if constexpr (std::is_rvalue_reference_v<G&&> && !std::is_const_v<std::remove_reference_t<G>>)
+        pending_.emplace(std::move(dy.local()));
+      else
+        pending_.emplace(dy.local());  // a copy: the caller keeps its dy
+    };
+    if constexpr (NeedDx) {
+      auto dx = win_.input_gradient(
+          dev, [&](T* dxp) { compute::conv_backward_data(dev, dims, dy.local().data(), w.data(), dxp); }, [] {},
+          /*keep_input*/ true);
+      using DX = dtensor_t<T, Rank, placements_t<GV::placement_state>>;
+      DX out(dy.mesh(), wh.in_layout(), std::move(dx));
+      keep();
+      return out;
+    } else {
+      keep();
+      return 0;
+    }
+  }
+  void backward_weight(Tensor<T, Rank>& dw, T* db) {
+    DTENSOR_CHECK(pending_.has_value(), InvalidArgument, name_, ": backward_weight without a backward_input before it");
+    DTENSOR_CHECK(dw.shape() == weight_shape(), InvalidArgument, name_, ": a weight gradient block of shape ",
+                  dtensor::to_string(dw.shape()), ", expected ", dtensor::to_string(weight_shape()));
+    weight_terms(win_.halo().conv_dims(cin_, cout_, spec_.groups), pending_->data(), dw, db);
+    pending_.reset();
+    win_.release();
+  }
+
+ private:
+  void weight_terms(const ConvDims& dims, const T* dy, Tensor<T, Rank>& dw, T* db) {
+    const Device dev = dw.device();
+    compute::conv_backward_weight(dev, dims, win_.saved_input(), dy, dw.data(), true);
+    if (db) compute::conv_backward_bias(dev, dims, dy, db, true);
   }
 
   ConvSpec<S> spec_;
   int64_t cin_, cout_;
   std::string name_;
   bool saved_ = false;
-  WindowedOp<T, Rank> win_;  // the halo, the input kept for the backward
+  WindowedOp<T, Rank> win_;              // the halo, the input kept for the backward
+  std::optional<Tensor<T, Rank>> pending_;  // dy's block, from backward_input to backward_weight
 };
 
 namespace detail {
@@ -318,6 +363,22 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
                   "dtensor::nn::Conv::backward: dy is not placed as a gradient of the layer's output");
     return op_.template backward<NeedInputGrad>(dy, weight_.value().local(), weight_.grad(),
                                                 Bias ? bias_.grad().data() : nullptr);
+  }
+  // The backward in two steps (nn/layer.hpp, zero-bubble pipelines): dx now, dW and db
+  // at backward_weight() from dy's block, which waits with the saved input.
+  template <bool NeedInputGrad = true, class G>
+  auto backward_input(G&& dy) {
+    static_assert(is_gradient_of(std::remove_cvref_t<G>::placement_state, Rule::input()),
+                  "dtensor::nn::Conv::backward_input: dy is not placed as a gradient of the layer's output");
+    return op_.template backward_input<NeedInputGrad>(std::forward<G>(dy), weight_.value().local());
+  }
+  void backward_weight() { op_.backward_weight(weight_.grad(), Bias ? bias_.grad().data() : nullptr); }
+  // From its input step to its weight step: dy's block (the padded input stays saved).
+  template <std::size_t MM>
+  static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
+                                          const std::array<int, MM>& coords) {
+    return detail::window_output<S>(x, [](int i, int64_t n) { return Spec.window(i, n); }, Cout)
+        .bytes(mesh_shape, coords);
   }
 
  private:
