@@ -430,6 +430,38 @@ TEST_CASE("a split backward (input gradient, then weight gradient) is one backwa
                            InvalidArgument);
     });
   }
+  SUBCASE("an embedding (rowwise over TP) before a transformer block: the table's gradient at the weight step") {
+    using Head = GptHead<SplitBlockCfg, TBlock<SplitBlockCfg>>;
+    for (std::array<int, 2> shape : {std::array<int, 2>{1, 1}, {2, 2}, {3, 1}, {1, 2}}) {
+      CAPTURE(shape[0]);
+      CAPTURE(shape[1]);
+      spmd(shape[0] * shape[1], [&](Comm& comm) {
+        DeviceMesh<2> mesh(comm, shape);
+        auto whole = make_gpt_stage<SplitBlockCfg, TBlock<SplitBlockCfg>, 0>(mesh);
+        auto split = make_gpt_stage<SplitBlockCfg, TBlock<SplitBlockCfg>, 0>(mesh);
+        const auto ids = tokens<SplitBlockCfg>(5, 6, mesh, 0, 0);
+        for (int pass = 0; pass < 2; ++pass) {
+          const auto dy = batch_values<Head::OutputT>({5, 6, kGqa.hidden}, mesh, 4 + pass);
+          (void)whole.forward(ids);
+          (void)whole.template backward<false>(dy);
+          (void)split.forward(ids);
+          (void)split.template backward_input<false>(dy);
+          if (pass == 0) {  // nothing added to the table's gradient yet
+            const auto& g = split.template layer<0>().table().grad();
+            CHECK(std::all_of(g.data(), g.data() + g.numel(), [](double v) { return v == 0; }));
+          }
+          split.template backward_weight<std::decay_t<decltype(dy)>>();
+        }
+        const auto a = gathered(whole, true), b = gathered(split, true);
+        REQUIRE(a.size() == b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          CAPTURE(i);
+          REQUIRE(a[i].size() == b[i].size());
+          for (std::size_t j = 0; j < a[i].size(); ++j) CHECK(a[i][j] == b[i][j]);
+        }
+      });
+    }
+  }
   SUBCASE("a transformer block: attention's four projections and the MLP split") {
     check_split_backward<SplitBlock>(
         [](const DeviceMesh<2>& mesh) { return SplitBlock(TBlock<SplitBlockCfg>(mesh, kAttention, 9)); },

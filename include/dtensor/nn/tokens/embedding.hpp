@@ -122,6 +122,9 @@ class Embedding {
   }
 
   OutputT forward(const input_type& ids) {
+    DTENSOR_CHECK(!pending_.has_value(), InvalidArgument, name,
+                  ": a forward between backward_input and backward_weight; run the weight step first (a pipeline "
+                  "sets each micro-batch's state aside: nn::SavedStash)");
     const auto& t = table_.value();
     const Device dev = t.local().device();  // the ids are checked on the host, looked up beside the table
     const int64_t rows = ids.local().numel();
@@ -157,16 +160,41 @@ class Embedding {
       if constexpr (rowwise) return redistribute_backward_as<placements_t<product()>>(dy);
       else return (dy);
     }();
-    const auto& t = table_.value();
-    DTENSOR_CHECK(dz.local().numel() == ids_->numel() * t.local().shape()[1], InvalidArgument, name,
-                  ": the gradient's block ", dtensor::to_string(dz.local().shape()),
-                  " does not match the ids of the last forward");
-    Tensor<T, 2> g(t.local().shape(), t.local().device());
-    compute::scatter_add_rows(g.device(), dz.local().data(), ids_->data(), ids_->numel(), t.local().shape()[1],
-                              t.local_offset()[0], g.data(), t.local().shape()[0]);
-    table_.accumulate(g);
+    check_rows(dz.local());
+    add_table_gradient(*ids_, dz.local());
     ids_.reset();
     return 0;
+  }
+
+  // The backward in two steps (nn/layer.hpp, zero-bubble pipelines): an embedding's
+  // backward is all weight work (ids have no gradient), so the input step only brings
+  // dy to the rows' placements (rowwise: the adjoint's collective, in the step every
+  // rank of the stage runs in order) and keeps it with the ids; backward_weight adds
+  // the table's gradient. The two make backward's sums bit for bit.
+  template <bool NeedInputGrad = false, class G>
+  auto backward_input(G&& dy) {
+    static_assert(!NeedInputGrad, "dtensor::nn::Embedding: token ids have no gradient; the embedding must be "
+                                  "the model's first layer, called without an input gradient");
+    DTENSOR_CHECK(ids_.has_value(), InvalidArgument, name, ": backward_input without a forward");
+    auto dz = owned_product_gradient<placements_t<product()>, rowwise>(std::forward<G>(dy));
+    check_rows(dz.local());
+    pending_.emplace(Pending{std::move(*ids_), std::move(dz.local())});  // a forward cannot replace what it reads
+    ids_.reset();
+    return 0;
+  }
+  void backward_weight() {
+    DTENSOR_CHECK(pending_.has_value(), InvalidArgument, name, ": backward_weight without a backward_input before it");
+    add_table_gradient(pending_->ids, pending_->dz);
+    pending_.reset();
+  }
+  // From its input step to its weight step: the rows' gradient (the ids move over from
+  // what the forward saved).
+  template <std::size_t MM>
+  static constexpr int64_t memory_pending(const PlannedTensor<MM>& ids, const std::array<int, MM>& mesh_shape,
+                                          const std::array<int, MM>& coords) {
+    return ids.template as<T>()
+        .reshaped(std::array<int64_t, 3>{ids.global[0], ids.global[1], Dim}, product())
+        .bytes(mesh_shape, coords);
   }
 
   // What it holds over a step (nn/memory_plan.hpp), for the token ids x: the ids saved,
@@ -187,13 +215,36 @@ class Embedding {
 
   // What the forward leaves for the backward, which a pipeline stage sets aside per
   // micro-batch (nn/saved_state.hpp).
-  DTENSOR_SAVED_STATE(ids_)
+  DTENSOR_SAVED_STATE(ids_, pending_)
   // Drops what the forward saved for the backward (nn/saved_state.hpp).
-  void release_saved() { ids_.reset(); }
+  void release_saved() {
+    ids_.reset();
+    pending_.reset();
+  }
 
  private:
+  void check_rows(const Tensor<T, Rank>& dz) const {
+    DTENSOR_CHECK(dz.numel() == ids_->numel() * table_.value().local().shape()[1], InvalidArgument, name,
+                  ": the gradient's block ", dtensor::to_string(dz.shape()), " does not match the ids of the last forward");
+  }
+  // The table's gradient block from the rows' gradient dz and the saved ids: a
+  // scatter-add, then added into the parameter's gradient.
+  void add_table_gradient(const Tensor<int64_t, Rank - 1>& ids, const Tensor<T, Rank>& dz) {
+    const auto& t = table_.value();
+    Tensor<T, 2> g(t.local().shape(), t.local().device());
+    compute::scatter_add_rows(g.device(), dz.data(), ids.data(), ids.numel(), t.local().shape()[1],
+                              t.local_offset()[0], g.data(), t.local().shape()[0]);
+    table_.accumulate(g);
+  }
+
   Parameter<TableT> table_;
   std::optional<Tensor<int64_t, Rank - 1>> ids_;
+  // From backward_input to backward_weight: the ids and the rows' gradient.
+  struct Pending {
+    Tensor<int64_t, Rank - 1> ids;
+    Tensor<T, Rank> dz;
+  };
+  std::optional<Pending> pending_;
 };
 
 }  // namespace dtensor::nn
