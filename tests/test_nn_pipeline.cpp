@@ -358,6 +358,18 @@ SwiModel make_swiglu_model(const DeviceMesh<2>& mesh) {
 using SplitBlockCfg = nn::Config<double, 3, nn::Axes<2, 0, 1>>;
 using SplitBlock = nn::Sequential<TBlock<SplitBlockCfg>>;
 
+// Every parameter's gradient of two models, bit for bit.
+template <class Model>
+void check_same_gradients(Model& whole, Model& split) {
+  const auto a = gathered(whole, true), b = gathered(split, true);
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(a[i].size() == b[i].size());
+    for (std::size_t j = 0; j < a[i].size(); ++j) CHECK(a[i][j] == b[i][j]);
+  }
+}
+
 // deferred >= 0: after the first input step, that many parameters' gradients are still
 // all zero (their layers left them to the weight step).
 template <class Model, class Make>
@@ -385,13 +397,7 @@ void check_split_backward(Make make, Shape<3> in, Shape<3> out, int deferred = -
         REQUIRE(dx_whole.numel() == dx_split.numel());
         for (int64_t i = 0; i < dx_whole.numel(); ++i) REQUIRE(dx_whole.data()[i] == dx_split.data()[i]);
       }
-      const auto a = gathered(whole, true), b = gathered(split, true);
-      REQUIRE(a.size() == b.size());
-      for (std::size_t i = 0; i < a.size(); ++i) {
-        CAPTURE(i);
-        REQUIRE(a[i].size() == b[i].size());
-        for (std::size_t j = 0; j < a[i].size(); ++j) CHECK(a[i][j] == b[i][j]);
-      }
+      check_same_gradients(whole, split);
     });
   }
 }
@@ -452,13 +458,7 @@ TEST_CASE("a split backward (input gradient, then weight gradient) is one backwa
           }
           split.template backward_weight<std::decay_t<decltype(dy)>>();
         }
-        const auto a = gathered(whole, true), b = gathered(split, true);
-        REQUIRE(a.size() == b.size());
-        for (std::size_t i = 0; i < a.size(); ++i) {
-          CAPTURE(i);
-          REQUIRE(a[i].size() == b[i].size());
-          for (std::size_t j = 0; j < a[i].size(); ++j) CHECK(a[i][j] == b[i][j]);
-        }
+        check_same_gradients(whole, split);
       });
     }
   }
