@@ -62,6 +62,17 @@ constexpr auto kRC13 = ReluConv::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>(
 static_assert(kRC13.bytes(MemoryUse::HaloStaging, {0, 0}) == 8 * 2 * 2 * 1 * 5);
 static_assert(kRC13.bytes(MemoryUse::HaloStaging, {0, 1}) == 8 * 2 * 2 * 2 * 5);
 static_assert(kRC13.bytes(MemoryUse::HaloStaging, {0, 2}) == 8 * 2 * 2 * 1 * 5);
+// An inner rank sends to two neighbours, an edge one to one: peak_bytes() is never below
+// a rank's (the 3 | 3 | 3 blocks hold the same otherwise).
+static_assert(kRC13.peak_bytes(0) + 8 * 2 * 2 * 1 * 5 == kRC13.peak_bytes(1));
+static_assert(kRC13.peak_bytes() == kRC13.peak_bytes(1) && kRC13.peak_bytes(2) == kRC13.peak_bytes(0));
+// Two same convolutions inside a residual block share the block's layer index and
+// their input's extents: two halos, two buffers.
+using ResConv = nn::Sequential<nn::ReLU<DpH<double>>,
+                               nn::Residual<nn::Sequential<nn::Conv<DpH<double>, 2, 2, k3>, nn::ReLU<DpH<double>>,
+                                                           nn::Conv<DpH<double>, 2, 2, k3>>>>;
+static_assert(ResConv::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>({2, 2, 9, 5}, {1, 3})
+                  .bytes(MemoryUse::HaloStaging, {0, 1}) == 2 * 8 * 2 * 2 * 2 * 5);
 // The convolution first: no dx, no reverse exchange, no staging; one rank: no ghosts.
 using ConvFirst = nn::Sequential<nn::Conv<DpH<double>, 2, 2, k3>, nn::ReLU<DpH<double>>>;
 static_assert(ConvFirst::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>({2, 2, 9, 5}, {1, 3})

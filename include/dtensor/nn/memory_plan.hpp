@@ -166,7 +166,7 @@ struct PlannedTensor {
         const int64_t n = global[static_cast<std::size_t>(d)];
         for (int b = 0, nb = blocks(d, mesh_shape); b < nb && glo + ghi > 0; ++b) {
           const auto [blo, bhi] = block_range(d, mesh_shape, block_coords(d, b, mesh_shape));
-          if (blo == lo && bhi == hi) continue;  // this block (or an empty one, which reads nothing of it)
+          if (blo == lo && bhi == hi) continue;  // this block (an empty one: no cells to send either way)
           // Block b's ghosts (its padded range less its own cells, disjoint from this block's).
           const int64_t rlo = std::max(std::max<int64_t>(0, blo - glo), lo);
           const int64_t rhi = std::min(std::min(n, bhi + ghi), hi);
@@ -705,14 +705,10 @@ struct MemoryPlan {
   }
   // A halo's reverse staging buffer (MemoryUse::HaloStaging): allocated where the first
   // backward allocates it, never freed, and counted from the start of the step (every
-  // step after the first holds it throughout). One per layer and buffer: a pipeline's
-  // micro-batches, a recomputed block's backward reuse the layer's halo.
+  // step after the first holds it throughout). A plan runs each layer's backward once
+  // (a recomputed block's too; a pipeline stage's plan is one micro-batch's), so each
+  // call is another halo's buffer, even where two layers of a block share an index.
   constexpr void allocate_staging(Phase phase, int layer, PlannedTensor<M> t) {
-    const TensorRecord<M> r = record(t);
-    for (int e = 0; e < size; ++e) {
-      const auto& ev = events[static_cast<std::size_t>(e)];
-      if (ev.use == MemoryUse::HaloStaging && ev.layer == layer && ev.tensor == r) return;
-    }
     allocate(phase, layer, MemoryUse::HaloStaging, t);
   }
   constexpr void free(Phase phase, int layer, const PlannedTensor<M>& t) { free_event(phase, layer, t.id); }
@@ -813,8 +809,13 @@ struct MemoryPlan {
   }
   // The rank's peak over the step, and the first event where it is reached.
   constexpr MemoryPeak peak_at(const std::array<int, M>& coords) const {
+    return peak_from(coords, halo_staging_bytes(coords));
+  }
+  // The rank at `coords`'s timeline with `staging` bytes of halo staging held throughout
+  // (peak_at: its own; peak: the most any rank's halos keep).
+  constexpr MemoryPeak peak_from(const std::array<int, M>& coords, int64_t staging) const {
     MemoryPeak p;
-    int64_t held = halo_staging_bytes(coords);
+    int64_t held = staging;
     for (int e = 0; e < size; ++e) {
       const auto& ev = events[static_cast<std::size_t>(e)];
       if (ev.use == MemoryUse::HaloStaging) continue;  // held from the start
@@ -825,8 +826,21 @@ struct MemoryPlan {
     return p;
   }
   constexpr MemoryPeak peak(int rank) const { return peak_at(coords_of(rank)); }
-  // The largest rank's (coordinate 0 everywhere: the chunk rule's largest blocks).
-  constexpr MemoryPeak peak() const { return peak_at(std::array<int, M>{}); }
+  // The largest rank's: coordinate 0 everywhere (the chunk rule's largest blocks), with
+  // each halo's staging buffer at its largest over the ranks (a block between two
+  // neighbours sends to both, one at an edge to one): never below any rank's peak.
+  constexpr MemoryPeak peak() const { return peak_from(std::array<int, M>{}, largest_halo_staging_bytes()); }
+  // Each halo's staging buffer at its largest over the ranks, summed.
+  constexpr int64_t largest_halo_staging_bytes() const {
+    int64_t b = 0;
+    for (int e = 0; e < size; ++e) {
+      if (events[static_cast<std::size_t>(e)].use != MemoryUse::HaloStaging) continue;
+      int64_t most = 0;
+      for (int r = 0, n = ranks(); r < n; ++r) most = std::max(most, event_bytes(e, coords_of(r)));
+      b += most;
+    }
+    return b;
+  }
   constexpr int64_t peak_bytes() const { return peak().bytes; }
   constexpr int64_t peak_bytes(int rank) const { return peak(rank).bytes; }
 

@@ -440,10 +440,11 @@ class Pipeline {
                          p.bytes(MemoryUse::OptimizerState, largest);
     // A halo's reverse staging buffer lives in its exchange, which a micro-batch's saved
     // state carries (nn/saved_state.hpp: the window op's plan moves with it): counted
-    // with each micro-batch held, not once (the stage's plan holds it from the start,
-    // so its excess below leaves it out).
-    plan.saved[i] = p.bytes(MemoryUse::Saved, largest) + p.bytes(MemoryUse::HaloStaging, largest);
-    plan.step_peak[i] = p.peak_at(largest).bytes;
+    // with each micro-batch held, not once, at its largest over the stage's ranks (the
+    // stage's plan holds it from the start, so its excess below leaves it out).
+    const int64_t staging = p.largest_halo_staging_bytes();
+    plan.saved[i] = p.bytes(MemoryUse::Saved, largest) + staging;
+    plan.step_peak[i] = p.peak_from(largest, staging).bytes;
     // Micro-batches from a forward to the end of their backward (a zero-bubble
     // schedule's W); between its I and W steps a micro-batch keeps, of what the forward
     // saved, at most all, plus what the split layers keep for their weight gradients.

@@ -11,7 +11,8 @@
 // in place of a loss). A pipeline rank then holds, at most:
 //
 //   its stages' parameters, gradients and optimizer state
-//   + for each of its stages, what one forward saves times the micro-batches the
+//   + for each of its stages, what one forward saves (and its halos' reverse staging
+//     buffers, which travel with it) times the micro-batches the
 //     schedule keeps in flight there (held_microbatches: a constant of the table; under
 //     a zero-bubble schedule from the forward to the weight step, each with what the
 //     split layers keep between the input and weight steps besides: memory_pending)
