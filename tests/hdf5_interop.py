@@ -15,9 +15,9 @@ Usage: hdf5_interop.py TEST_IO_HDF5_BINARY
    h5py cannot name it, so its raw 16-bit words are read and widened to float32),
    a dataset written sample by sample, a chunked + gzip one; and the dtensor_placements / dtensor_mesh
    attributes.
-4. Parses grid.xmf and series.xmf with xml.etree: the topology (3DRectMesh /
-   2DRectMesh, point counts slowest first), the geometry (VXVYVZ / VXVY arrays of the
-   points' coordinates, x first, from the origin and spacing the test gave), each
+4. Parses grid.xmf and series.xmf with xml.etree: the topology (3DCoRectMesh, point
+   counts slowest first, a 2-D grid one layer), the geometry (ORIGIN_DXDYDZ: the origin
+   and spacing the test gave, z y x), each
    attribute's center and extents (points, or one less per dim for cells), and each
    HDF DataItem's "file:/path": the file relative to the .xmf, the dataset present
    with those extents and a matching NumberType/Precision; the series' times.
@@ -129,31 +129,33 @@ def xdmf_number(dt):
     return kind, str(dt.itemsize)
 
 
-def check_uniform_grid(grid, xmf_dir, origin, spacing, where):
+def check_uniform_grid(grid, xmf_dir, n, origin, spacing, where):
     topo = grid.find("Topology")
     geo = grid.find("Geometry")
     check(topo is not None and geo is not None, f"{where}: no Topology or Geometry")
     if topo is None or geo is None:
         return
-    points = [int(v) for v in topo.get("Dimensions").split()]
-    n = len(points)
-    check(topo.get("TopologyType") == f"{n}DRectMesh", f"{where}: TopologyType {topo.get('TopologyType')}")
-    check(geo.get("GeometryType") == ("VXVYVZ" if n == 3 else "VXVY"), f"{where}: GeometryType {geo.get('GeometryType')}")
+    shown = [int(v) for v in topo.get("Dimensions").split()]
+    # n: the grid's dims; a 2-D grid is one layer of a 3-D one (io/xdmf.hpp)
+    check(len(shown) == 3, f"{where}: Dimensions {shown}: three counts")
+    points = shown[3 - n:]
+    check(n == 3 or shown[0] == 1, f"{where}: a 2-D grid's Dimensions {shown} begin with one layer")
+    check(topo.get("TopologyType") == "3DCoRectMesh", f"{where}: TopologyType {topo.get('TopologyType')}")
+    check(geo.get("GeometryType") == "ORIGIN_DXDYDZ", f"{where}: GeometryType {geo.get('GeometryType')}")
     items = geo.findall("DataItem")
-    check(len(items) == n, f"{where}: {len(items)} coordinate arrays")
-    for axis, item in enumerate(items):  # x, y, z: the fastest dim first
-        count = points[n - 1 - axis]
-        coords = [float(v) for v in item.text.split()]
-        check(int(item.get("Dimensions")) == count and len(coords) == count,
-              f"{where}: axis {axis} has {len(coords)} coordinates, expected {count}")
-        want = [origin[axis] + i * spacing[axis] for i in range(count)]
-        check(len(coords) == len(want) and np.allclose(coords, want, rtol=0, atol=1e-12),
-              f"{where}: axis {axis} coordinates {coords}, expected {want}")
+    check(len(items) == 2, f"{where}: {len(items)} geometry items, expected origin and spacing")
+    if len(items) == 2:
+        # Slowest first, z y x (ParaView's order); a 2-D grid's layer at z = 0, spacing 1.
+        want_origin = [0.0] * (3 - n) + [origin[axis] for axis in reversed(range(n))]
+        want_spacing = [1.0] * (3 - n) + [spacing[axis] for axis in reversed(range(n))]
+        for item, want, what in ((items[0], want_origin, "origin"), (items[1], want_spacing, "spacing")):
+            got = [float(v) for v in item.text.split()]
+            check(len(got) == 3 and np.allclose(got, want, rtol=0, atol=1e-12), f"{where}: {what} {got}, expected {want}")
     attrs = grid.findall("Attribute")
     check(len(attrs) > 0, f"{where}: no Attribute")
     for a in attrs:
         item = a.find("DataItem")
-        dims = [int(v) for v in item.get("Dimensions").split()]
+        dims = [int(v) for v in item.get("Dimensions").split()][3 - n:]  # the dataset's (a 2-D grid: after the layer)
         center = a.get("Center")
         want = points if center == "Node" else [p - 1 for p in points]
         check(center in ("Node", "Cell"), f"{where}: {a.get('Name')}: Center {center}")
@@ -184,7 +186,7 @@ def check_xdmf(tmp):
         check(grid.find("Topology").get("Dimensions") == "4 5 6", "grid.xmf: points are not 4 5 6 (z y x)")
         centers = sorted(a.get("Center") for a in grid.findall("Attribute"))
         check(centers == ["Cell", "Node"], f"grid.xmf: centers {centers}")
-        check_uniform_grid(grid, tmp, (1.0, 2.0, 3.0), (0.5, 0.25, 2.0), "grid.xmf")
+        check_uniform_grid(grid, tmp, 3, (1.0, 2.0, 3.0), (0.5, 0.25, 2.0), "grid.xmf")
     root = ET.parse(os.path.join(tmp, "series.xmf")).getroot()
     series = root.find("Domain/Grid")
     check(series is not None and series.get("GridType") == "Collection" and
@@ -194,7 +196,7 @@ def check_xdmf(tmp):
         times = [float(g.find("Time").get("Value")) for g in steps]
         check(times == [0.0, 0.5, 1.0], f"series.xmf: times {times}")
         for i, g in enumerate(steps):
-            check_uniform_grid(g, tmp, (0.0, 0.0, 0.0), (0.1, 0.2, 1.0), f"series.xmf step {i}")
+            check_uniform_grid(g, tmp, 2, (0.0, 0.0, 0.0), (0.1, 0.2, 1.0), f"series.xmf step {i}")
 
 
 def main():

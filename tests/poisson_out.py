@@ -4,9 +4,9 @@
 Usage: poisson_out.py POISSON2D_BINARY POISSON3D_BINARY
 
 Runs each example on 3 in-process ranks (uneven blocks: a 3x1 and a 3x1x1 mesh) with
--out, then checks with xml.etree and h5py: the .xmf's topology (2DRectMesh/3DRectMesh,
-the point counts slowest first), its geometry (VXVY/VXVYVZ: the interior nodes
-(i + 1) h, x first), one node attribute per stencil whose HDF DataItem names a dataset
+-out, then checks with xml.etree and h5py: the .xmf's topology (3DCoRectMesh, the point
+counts slowest first, a 2-D grid one layer of them), its geometry (ORIGIN_DXDYDZ, z y x:
+the first interior node h, spacing h), one node attribute per stencil whose HDF DataItem names a dataset
 of the .h5 beside it (a relative path) with the grid's extents and float64 elements;
 and the values: the manufactured solution g(x) g(y) [g(z)], g(t) = t (1 - t) e^t, within
 the discretization error, at every node (so a transposed or misplaced block fails).
@@ -51,13 +51,15 @@ def run(binary, dims, stencils, n, d):
     grid = root.find("Domain/Grid")
     h = 1.0 / (n + 1)
     topo = grid.find("Topology")
-    check(topo.get("TopologyType") == f"{dims}DRectMesh", f"topology {topo.get('TopologyType')}")
-    check(topo.get("Dimensions") == " ".join([str(n)] * dims), f"topology extents {topo.get('Dimensions')}")
+    layer = "1 " if dims == 2 else ""  # a 2-D grid: one layer of a 3-D one (io/xdmf.hpp)
+    shown = layer + " ".join([str(n)] * dims)
+    check(topo.get("TopologyType") == "3DCoRectMesh", f"topology {topo.get('TopologyType')}")
+    check(topo.get("Dimensions") == shown, f"topology extents {topo.get('Dimensions')}")
     geo = grid.find("Geometry")
-    check(geo.get("GeometryType") == ("VXVY" if dims == 2 else "VXVYVZ"), f"geometry {geo.get('GeometryType')}")
-    for item in geo.findall("DataItem"):
-        v = np.array([float(t) for t in item.text.split()])
-        check(np.allclose(v, (np.arange(n) + 1) * h), f"coordinates {item.get('Name')}")
+    check(geo.get("GeometryType") == "ORIGIN_DXDYDZ", f"geometry {geo.get('GeometryType')}")
+    origin, spacing = [[float(t) for t in item.text.split()] for item in geo.findall("DataItem")]
+    check(np.allclose(origin, [0.0 if dims == 2 else h, h, h]), f"origin {origin} (z y x)")  # the first interior node
+    check(np.allclose(spacing, [1.0 if dims == 2 else h, h, h]), f"spacing {spacing} (z y x)")
     attrs = grid.findall("Attribute")
     check([a.get("Name") for a in attrs] == [f"u_{s}" for s in stencils], f"attributes {[a.get('Name') for a in attrs]}")
     idx = np.meshgrid(*[(np.arange(n) + 1) * h] * dims, indexing="ij")  # dims z, y, x or y, x
@@ -67,7 +69,7 @@ def run(binary, dims, stencils, n, d):
     for a in attrs:
         check(a.get("Center") == "Node", "center")
         item = a.find("DataItem")
-        check(item.get("Dimensions") == " ".join([str(n)] * dims), f"{a.get('Name')} extents")
+        check(item.get("Dimensions") == shown, f"{a.get('Name')} extents")
         check(item.get("Precision") == "8" and item.get("NumberType") == "Float", f"{a.get('Name')} type")
         path, ds = item.text.strip().split(":", 1)
         check(not os.path.isabs(path), "relative path")

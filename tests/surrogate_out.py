@@ -65,7 +65,8 @@ def main():
                 names = [a.get("Name") for a in root.iter("Attribute")]
                 check(sorted(names) == sorted(f), f"surrogate.xmf attributes {names}")
                 dims = [i.get("Dimensions") for i in root.iter("DataItem") if i.get("Format") == "HDF"]
-                check(dims and all(x == "31 31" for x in dims), f"surrogate.xmf extents {dims}")
+                # A 2-D grid as one layer of points of a 3-D one (io/xdmf.hpp: ParaView's x-y plane).
+                check(dims and all(x == "1 31 31" for x in dims), f"surrogate.xmf extents {dims}")
         else:
             print("no surrogate.h5: built without parallel HDF5")
         p = subprocess.run([sys.executable, os.path.join(HERE, "..", "examples", "plot_surrogate.py"), d],

@@ -8,19 +8,24 @@
 //   io::write_xdmf("out/u.xmf", grid, {{.time = 0.3, .h5 = "out/step3.h5", .fields = {{"u", "u"}}}}, comm);
 //
 // What is written, and why (the classic ways a field shows wrong in ParaView are the
-// node/cell extents and the order of origin and spacing):
-// * The topology is 3DRectMesh (2DRectMesh) with Dimensions = the point counts slowest
-//   first: "nz ny nx" ("ny nx"), the order of a C array, of the dataset's extents and of
-//   a DTensor's dims: dim 0 is z (y in 2-D), the last dim is x.
-// * The geometry is VXVYVZ (VXVY): the x, y and z coordinates of the points written out
-//   as three arrays named by axis, not ORIGIN_DXDYDZ, whose three values readers have
-//   taken in either order (z, y, x or x, y, z). XdmfGrid::origin and ::spacing are given
-//   in x, y, z order, and nothing depends on a reader's convention.
+// node/cell extents and the order of origin and spacing), each checked by opening the
+// files in ParaView 5.11 itself (tests/paraview_open.py, both of its XDMF readers):
+// * The topology is 3DCoRectMesh with Dimensions = the point counts slowest first,
+//   "nz ny nx", the order of a C array, of the dataset's extents and of a DTensor's
+//   dims: dim 0 is z, the last dim is x. A 2-D grid is one layer of points, "1 ny nx",
+//   so that ParaView shows it in the x-y plane (its readers put a 2DCoRectMesh in the
+//   y-z plane).
+// * The geometry is ORIGIN_DXDYDZ with origin and spacing slowest first too, "z y x",
+//   as ParaView reads them (x first misplaces every point of a grid whose spacings
+//   differ). Not VXVYVZ, the coordinates per axis: ParaView 5.11's readers misplace the
+//   values of such a 3DRectMesh (measured: zeros after the first 37 of 125 points).
+//   XdmfGrid::origin and ::spacing are given in x, y, z order.
 // * A field at the points (Center::Node) has the points' extents; a field per cell
-//   (Center::Cell) one less in every dim: write_xdmf checks each dataset's extents and
-//   element type in the .h5 against that, and refuses (Hdf5Error on every rank) a
-//   dataset that is missing, of other extents, or of a type XDMF cannot name (the 16-bit
-//   floats: write such a field as float).
+//   (Center::Cell) one less in every dim (a 2-D grid's cells are its pixels: "1 ny-1
+//   nx-1"; ParaView's default XDMF reader opens them, its legacy one does not):
+//   write_xdmf checks each dataset's extents and element type in the .h5 against that,
+//   and refuses (Hdf5Error on every rank) a dataset that is missing, of other extents,
+//   or of a type XDMF cannot name (the 16-bit floats: write such a field as float).
 // * The HDF5 path is written relative to the .xmf's directory (keep the two together
 //   when moving them). Scalar fields only.
 //
@@ -107,7 +112,8 @@ inline std::string xdmf_number(hid_t t) {
 // The DataItem of `dataset` in `h5` (shown in the .xmf as `shown`), checked: present,
 // of extents `want`, of a type XDMF names. Rank 0, under the HDF5 lock.
 inline std::string data_item(const std::filesystem::path& h5, const std::string& shown, const std::string& dataset,
-                             const std::vector<int64_t>& want, const std::string& field) {
+                             const std::vector<int64_t>& want, const std::string& field,
+                             const std::vector<int64_t>& shown_dims) {
   const std::string path = dataset_path(dataset);
   const std::string where = dtensor::detail::cat("field \"", field, "\": ");
   Handle f = checked(H5Fopen(h5.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
@@ -132,7 +138,7 @@ inline std::string data_item(const std::filesystem::path& h5, const std::string&
   if (num.empty())
     throw Hdf5Error(dtensor::detail::cat("dtensor: hdf5: ", where, "dataset ", path, " holds ", type_name(type.get()),
                                          ", which XDMF cannot describe; write the field as float or double"));
-  return dtensor::detail::cat("<DataItem Dimensions=\"", dims_string(want), "\" ", num, " Format=\"HDF\">",
+  return dtensor::detail::cat("<DataItem Dimensions=\"", dims_string(shown_dims), "\" ", num, " Format=\"HDF\">",
                               xml_escape(shown), ":", xml_escape(path), "</DataItem>");
 }
 
@@ -142,17 +148,18 @@ inline std::string uniform_grid(const std::filesystem::path& xmf, const XdmfGrid
   const std::size_t n = g.points.size();
   std::string out = indent + "<Grid Name=\"" + xml_escape(name) + "\" GridType=\"Uniform\">\n";
   if (timed) out += indent + "  <Time Value=\"" + number(s.time) + "\"/>\n";
-  out += dtensor::detail::cat(indent, "  <Topology TopologyType=\"", n, "DRectMesh\" Dimensions=\"",
-                              dims_string(g.points), "\"/>\n");
-  out += indent + "  <Geometry GeometryType=\"" + (n == 3 ? "VXVYVZ" : "VXVY") + "\">\n";
-  for (std::size_t axis = 0; axis < n; ++axis) {  // x, y[, z]: dims n-1, n-2, ...
-    const int64_t count = g.points[n - 1 - axis];
-    out += dtensor::detail::cat(indent, "    <DataItem Name=\"", "XYZ"[axis], "\" Dimensions=\"", count,
-                                "\" NumberType=\"Float\" Precision=\"8\" Format=\"XML\">");
-    for (int64_t i = 0; i < count; ++i)
-      out += (i ? " " : "") + number(g.origin[axis] + static_cast<double>(i) * g.spacing[axis]);
-    out += "</DataItem>\n";
-  }
+  // Slowest first, as the Dimensions: z, y, x; a 2-D grid one layer at z = 0.
+  std::vector<int64_t> points = g.points;
+  std::array<double, 3> origin{0, 0, 0}, spacing{1, 1, 1};
+  for (std::size_t axis = 0; axis < n; ++axis) origin[2 - axis] = g.origin[axis], spacing[2 - axis] = g.spacing[axis];
+  if (n == 2) points.insert(points.begin(), 1);
+  out += dtensor::detail::cat(indent, "  <Topology TopologyType=\"3DCoRectMesh\" Dimensions=\"", dims_string(points),
+                              "\"/>\n");
+  out += indent + "  <Geometry GeometryType=\"ORIGIN_DXDYDZ\">\n";
+  for (const auto* v : {&origin, &spacing})
+    out += dtensor::detail::cat(indent, "    <DataItem Name=\"", v == &origin ? "Origin" : "Spacing",
+                                "\" Dimensions=\"3\" NumberType=\"Float\" Precision=\"8\" Format=\"XML\">",
+                                number((*v)[0]), " ", number((*v)[1]), " ", number((*v)[2]), "</DataItem>\n");
   out += indent + "  </Geometry>\n";
   // The .h5 as the .xmf names it: relative to the .xmf's directory.
   const auto dir = std::filesystem::absolute(xmf).lexically_normal().parent_path();
@@ -164,7 +171,9 @@ inline std::string uniform_grid(const std::filesystem::path& xmf, const XdmfGrid
       for (auto& e : want) e -= 1;
     out += indent + "  <Attribute Name=\"" + xml_escape(f.name) + "\" AttributeType=\"Scalar\" Center=\"" +
            (f.center == Center::Node ? "Node" : "Cell") + "\">\n";
-    out += indent + "    " + data_item(s.h5, rel.string(), f.dataset, want, f.name) + "\n";
+    std::vector<int64_t> shown = want;
+    if (n == 2) shown.insert(shown.begin(), 1);  // the one layer
+    out += indent + "    " + data_item(s.h5, rel.string(), f.dataset, want, f.name, shown) + "\n";
     out += indent + "  </Attribute>\n";
   }
   return out + indent + "</Grid>\n";
