@@ -4,6 +4,8 @@
 #   scripts/setup.sh            build, test, MPI and benchmark libraries
 #   scripts/setup.sh --bench    also valgrind and matplotlib, for bench/callgrind.sh and bench/plot.py,
 #                               and PETSc with pkg-config, for bench_poisson (bench/poisson.sh)
+#   scripts/setup.sh --paraview also ParaView and its Python modules (0.5 GB), for the
+#                               paraview_open test (tests/paraview_open.py; skipped without)
 set -euo pipefail
 
 packages=(
@@ -23,6 +25,7 @@ packages=(
   ccache                    # compiler cache, used by CMake where found (rebuilds after a pull)
 )
 if [[ "${1:-}" == "--bench" ]]; then packages+=(valgrind python3-matplotlib petsc-dev pkg-config libfftw3-mpi-dev); fi
+if [[ "${1:-}" == "--paraview" ]]; then packages+=(paraview python3-paraview); fi
 
 # safetensors and xxhash are not packaged by Debian (bookworm): pip installs them,
 # with numpy, for the python3 that ctest runs. Failure is not fatal: without numpy or
