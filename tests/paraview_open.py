@@ -36,17 +36,11 @@ except ImportError as e:  # pragma: no cover
           "python3-h5py")
     sys.exit(77)
 
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-        print("MISMATCH:", what)
-
-
-def g(t):
-    return t * (1 - t) * np.exp(t)
+# The other file checks' helpers: their mismatch list, the manufactured solution, the
+# h5py inputs of test_io_hdf5's interop case.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hdf5_interop import check, failures, write_inputs  # noqa: E402
+from poisson_out import g  # noqa: E402
 
 
 def first_dataset(data):
@@ -148,10 +142,7 @@ def check_cells(where, data, name, stored, origin, spacing):
 
 def interop_files(binary, tmp):
     """tests/hdf5_interop.py's case of test_io_hdf5: fields/grid.h5 + grid.xmf, step*.h5 + series.xmf."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import hdf5_interop
-
-    hdf5_interop.write_inputs(os.path.join(tmp, "h5py.h5"))
+    write_inputs(os.path.join(tmp, "h5py.h5"))
     r = subprocess.run([binary, "--test-case=hdf5: h5py interop*"], env=dict(os.environ, DTENSOR_HDF5_PY_DIR=tmp),
                        capture_output=True, text=True)
     check(r.returncode == 0, f"{binary} exited with {r.returncode}: {r.stdout[-400:]}")
