@@ -200,11 +200,9 @@ class ConvOp {
     require_gradient_layout(name_, dy.layout(), wh.out_layout(cout_));
     const ConvDims dims = wh.conv_dims(cin_, cout_, spec_.groups);
     saved_ = false;
-    auto keep = [&] {
-      if constexpr (std::is_rvalue_reference_v<G&&> && !std::is_const_v<std::remove_reference_t<G>>)
-        pending_.emplace(std::move(dy.local()));
-      else
-        pending_.emplace(dy.local());  // a copy: the caller keeps its dy
+    auto keep = [&] {  // after dx is computed from it: an rvalue dy moved in, else copied
+      GV owned(std::forward<G>(dy));
+      pending_.emplace(std::move(owned.local()));
     };
     if constexpr (NeedDx) {
       auto dx = win_.input_gradient(
