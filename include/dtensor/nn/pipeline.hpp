@@ -60,6 +60,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/local.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/distributed/dtensor.hpp"
@@ -542,7 +543,7 @@ class Pipeline {
       sends_.clear();
       // The loss, from the last stage's ranks to every rank.
       double total = p_.holds(S - 1) ? loss_sum_ : 0.0;
-      p_.mesh_.comm(PC::pp).all_reduce(&total, &total, 1, dtype_of<double>(), ReduceOp::Sum);
+      all_reduce_values(p_.mesh_.comm(PC::pp), &total, 1, ReduceOp::Sum);  // through device memory on a GPU mesh
       return static_cast<T>(total);
     }
 
@@ -565,11 +566,14 @@ class Pipeline {
       using type = GradLast;
     };
 
-    // One header or block in flight.
+    // One header or block in flight. A header is host values; a communicator over
+    // device blocks moves device memory only, so there it travels through a device
+    // copy (on_comm), read back once its receive is complete.
     struct Incoming {
       int stage = -1, microbatch = -1;
       bool gradient = false;
       std::vector<int64_t> header;
+      Tensor<int64_t, 1> header_on_comm;
       Request header_request;
       bool posted_block = false;
       std::shared_ptr<void> block;  // the Tensor being received into
@@ -577,6 +581,7 @@ class Pipeline {
     };
     struct Outgoing {
       std::vector<int64_t> header;
+      Tensor<int64_t, 1> header_on_comm;
       std::shared_ptr<void> value;  // keeps the sent DTensor alive
       Request header_request, request;
     };
@@ -588,10 +593,11 @@ class Pipeline {
       Incoming in;
       in.stage = a.stage, in.microbatch = a.microbatch, in.gradient = a.op == pipeline::Op::RecvGradient;
       in.header.assign(static_cast<std::size_t>(header_len_), 0);
+      in.header_on_comm = header_buffer();
       const int from = schedule_table.rank_of(in.gradient ? a.stage + 1 : a.stage - 1);
       const int message_stage = in.gradient ? a.stage + 1 : a.stage - 1;
-      in.header_request = comm_.irecv(in.header.data(), Region::contiguous(0, header_len_), dtype_of<int64_t>(), from,
-                                      tag(in.gradient ? 2 : 0, message_stage, a.microbatch));
+      in.header_request = comm_.irecv(comm_pointer(in.header, in.header_on_comm), Region::contiguous(0, header_len_),
+                                      dtype_of<int64_t>(), from, tag(in.gradient ? 2 : 0, message_stage, a.microbatch));
       incoming_.push_back(std::move(in));
     }
 
@@ -602,8 +608,11 @@ class Pipeline {
         if (!in.posted_block && in.header_request.test()) post_block(in);
       std::erase_if(sends_, [](Outgoing& out) { return out.header_request.test() && out.request.test(); });
     }
-    void post_block(Incoming& in) {
+    void post_block(Incoming& in) {  // its header's receive is complete
       in.posted_block = true;
+      if (in.header_on_comm.numel() > 0)
+        dtensor::detail::copy_bytes(in.header.data(), Device::host(), in.header_on_comm.data(), comm_.device(),
+                                    in.header.size() * sizeof(int64_t));
       const int message_stage = in.gradient ? in.stage + 1 : in.stage - 1;
       const int from = schedule_table.rank_of(message_stage);
       auto post = [&](auto type_tag) {
@@ -647,8 +656,13 @@ class Pipeline {
     void send(std::shared_ptr<DT> value, int to_stage, int from_stage, int microbatch, bool gradient) {
       Outgoing out;
       out.header = pack(value->layout());
+      out.header_on_comm = header_buffer();
+      if (out.header_on_comm.numel() > 0)
+        dtensor::detail::copy_bytes(out.header_on_comm.data(), comm_.device(), out.header.data(), Device::host(),
+                                    out.header.size() * sizeof(int64_t));
       const int to = schedule_table.rank_of(to_stage);
-      out.header_request = comm_.isend(out.header.data(), Region::contiguous(0, header_len_), dtype_of<int64_t>(), to,
+      out.header_request = comm_.isend(comm_pointer(out.header, out.header_on_comm),
+                                       Region::contiguous(0, header_len_), dtype_of<int64_t>(), to,
                                        tag(gradient ? 2 : 0, from_stage, microbatch));
       const auto& local = value->local();
       out.request = comm_.isend(local.data(), Region::contiguous(0, local.numel()),
@@ -656,6 +670,15 @@ class Pipeline {
       CommCounter::record_message(local.bytes());
       out.value = std::move(value);
       sends_.push_back(std::move(out));
+    }
+
+    // A header's device copy where the communicator moves device memory (empty on the host).
+    Tensor<int64_t, 1> header_buffer() const {
+      const Device d = comm_.device();
+      return Tensor<int64_t, 1>::uninitialized(Shape<1>{d.is_host() ? 0 : header_len_}, d);
+    }
+    static int64_t* comm_pointer(std::vector<int64_t>& host, Tensor<int64_t, 1>& staged) {
+      return staged.numel() > 0 ? staged.data() : host.data();
     }
 
     template <int Rank>
