@@ -22,6 +22,7 @@
 #include "grid.cuh"
 #include "half_convert.cuh"
 #include "launch.cuh"
+#include "neighborhood_attention.cuh"
 #include "optimizer.cuh"
 #include "pool.cuh"
 #include "random.cuh"
@@ -803,6 +804,39 @@ void attention_merge(DType t, void* o, void* lse, const void* ob, const void* lb
     using T = decltype(tag);
     launch(detail::attention_merge_kernel<T>, Grid{blocks_for(rows)}, stream, static_cast<T*>(o),
            static_cast<T*>(lse), static_cast<const T*>(ob), static_cast<const T*>(lb), rows, dim);
+  });
+}
+
+void neighborhood_attention_forward(DType t, const compute::NeighborhoodDims& dims, const void* q, const void* k,
+                                    const void* v, void* o, cudaStream_t stream) {
+  check_floating(t, "neighborhood_attention_forward");
+  dims.check("cuda::kernels::neighborhood_attention_forward");
+  const detail::NeighborhoodGeo g = detail::neighborhood_geo(dims);
+  if (g.queries * g.heads == 0) return;
+  visit_floating(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch(detail::neighborhood_forward_kernel<T>, Grid{blocks_for(g.queries * g.heads)}, stream, g,
+           static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o));
+  });
+}
+
+void neighborhood_attention_backward(DType t, const compute::NeighborhoodDims& dims, const void* q, const void* k,
+                                     const void* v, const void* dout, void* stats, void* dq, void* dk, void* dv,
+                                     cudaStream_t stream) {
+  check_floating(t, "neighborhood_attention_backward");
+  dims.check("cuda::kernels::neighborhood_attention_backward");
+  const detail::NeighborhoodGeo g = detail::neighborhood_geo(dims);
+  visit_floating(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto *qs = static_cast<const T*>(q), *ks = static_cast<const T*>(k), *vs = static_cast<const T*>(v);
+    const auto* dos = static_cast<const T*>(dout);
+    auto* st = static_cast<T*>(stats);
+    if (g.queries * g.heads > 0)
+      launch(detail::neighborhood_dq_kernel<T>, Grid{blocks_for(g.queries * g.heads)}, stream, g, qs, ks, vs, dos, st,
+             static_cast<T*>(dq));
+    if (g.keys * g.heads > 0)
+      launch(detail::neighborhood_dkv_kernel<T>, Grid{blocks_for(g.keys * g.heads)}, stream, g, qs, ks, vs, dos,
+             static_cast<const T*>(st), static_cast<T*>(dk), static_cast<T*>(dv));
   });
 }
 

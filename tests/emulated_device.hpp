@@ -47,6 +47,7 @@
 //   DTENSOR_EMU_DELAY_PERCENT=n  share of the operations delayed (default 10; the
 //                                others run as soon as the worker gets to them)
 #include <dtensor/compute/attention.hpp>
+#include <dtensor/compute/neighborhood_attention.hpp>
 #include <dtensor/compute/conv.hpp>
 #include <dtensor/compute/optimizer_update.hpp>
 #include <dtensor/compute/pool.hpp>
@@ -1040,6 +1041,36 @@ struct EmulatedMath {
         using T = decltype(tag);
         compute::attention_merge(Device::host(), real<T>(o), real<T>(lse), real<const T>(ob),
                                  real<const T>(lb), rows, dim);
+      });
+    });
+  }
+  // Neighborhood attention: the host's loops, on the stream's worker (dk, dv written
+  // whole, as the table says: the host's backward adds into them).
+  static void neighborhood_attention_forward(DType t, const compute::NeighborhoodDims& d, const void* q,
+                                             const void* k, const void* v, void* o) {
+    require_floating(t, "neighborhood_attention_forward");
+    d.check("neighborhood_attention_forward");
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::neighborhood_attention_forward(d, real<const T>(q), real<const T>(k), real<const T>(v), real<T>(o));
+      });
+    });
+  }
+  static void neighborhood_attention_backward(DType t, const compute::NeighborhoodDims& d, const void* q,
+                                              const void* k, const void* v, const void* dout, void* stats, void* dq,
+                                              void* dk, void* dv) {
+    require_floating(t, "neighborhood_attention_backward");
+    d.check("neighborhood_attention_backward");
+    if (stats) (void)real<void>(stats);  // device scratch, as a GPU's kernels need; the host's loops need none
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        const std::size_t kv = static_cast<std::size_t>(d.batch * d.kv_len[0] * d.kv_len[1] * d.heads * d.head_dim);
+        std::fill_n(real<T>(dk), kv, T(0));
+        std::fill_n(real<T>(dv), kv, T(0));
+        compute::neighborhood_attention_backward(d, real<const T>(q), real<const T>(k), real<const T>(v),
+                                                 real<const T>(dout), real<T>(dq), real<T>(dk), real<T>(dv));
       });
     });
   }

@@ -27,6 +27,8 @@
 #include "elementwise.cuh"
 #include "dtensor/compute/optimizer_update.hpp"
 #include "host_launch/launcher.hpp"
+#include "neighborhood_attention.cuh"
+#include "dtensor/compute/neighborhood_attention.hpp"
 #include "optimizer.cuh"
 #include "random.cuh"
 #include "reduce.cuh"
@@ -1481,6 +1483,78 @@ TEST_CASE("kernels on the host: attention forward, dq and dk/dv equal the host's
   CHECK(kd::attention_tile(64, 4, kd::kForwardRows, kd::kForwardPairs, kd::kForwardScalars) == 32);
   CHECK(kd::attention_tile(128, 8, kd::kDkvRows, kd::kBackwardPairs, kd::kBackwardScalars) == 4);
   CHECK(kd::attention_tile(1 << 20, 4, kd::kDkvRows, kd::kBackwardPairs, kd::kBackwardScalars) == 0);
+}
+
+// --- neighborhood attention (kernels/neighborhood_attention.cuh) against the host's loops ---
+
+struct NeighborhoodCase {
+  const char* what;
+  dtensor::compute::NeighborhoodDims dims;
+};
+
+template <class T>
+void check_neighborhood_kernels(const NeighborhoodCase& c) {
+  const dtensor::compute::NeighborhoodDims& d = c.dims;
+  const int64_t H = d.heads, D = d.head_dim;
+  const int64_t queries = d.batch * d.q_len[0] * d.q_len[1], keys = d.batch * d.kv_len[0] * d.kv_len[1];
+  const auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+  const std::vector<T> q = random_values<T>(sz(queries * H * D), -1, 1, 31),
+                       k = random_values<T>(sz(keys * H * D), -1, 1, 32),
+                       v = random_values<T>(sz(keys * H * D), -1, 1, 33),
+                       dout = random_values<T>(sz(queries * H * D), -1, 1, 34);
+  std::vector<T> o(sz(queries * H * D)), dq(o.size()), dk(k.size()), dv(k.size());  // dk, dv zero: the loops add
+  dtensor::compute::neighborhood_attention_forward(d, q.data(), k.data(), v.data(), o.data());
+  dtensor::compute::neighborhood_attention_backward(d, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
+                                                    dv.data());
+  const kd::NeighborhoodGeo g = kd::neighborhood_geo(d);
+  const auto eq = [](T a, T b) { return close(a, b, 8 * tolerance<T>()); };
+  each_launch(stride_configs(std::max<int64_t>(queries, keys) * H), [&](const Config& cfg) {
+    INFO(c.what, ", ", type_name<T>());
+    Buffer<T> qb(q), kb(k), vb(v), dob(dout), ob(o.size()), dqb(o.size()), dkb(k.size()), dvb(k.size());
+    Buffer<T> stats(sz(2 * queries * H));
+    const auto* qp = static_cast<const T*>(qb.data());
+    const auto* kp = static_cast<const T*>(kb.data());
+    const auto* vp = static_cast<const T*>(vb.data());
+    const auto* dop = static_cast<const T*>(dob.data());
+    if (queries > 0) {
+      hl::launch(cfg.grid, cfg.block, 0, kd::neighborhood_forward_kernel<T>, g, qp, kp, vp, ob.data());
+      hl::launch(cfg.grid, cfg.block, 0, kd::neighborhood_dq_kernel<T>, g, qp, kp, vp, dop, stats.data(), dqb.data());
+    }
+    if (keys > 0)  // every key written, those no window holds with zeros (the buffers start as guard bytes)
+      hl::launch(cfg.grid, cfg.block, 0, kd::neighborhood_dkv_kernel<T>, g, qp, kp, vp, dop,
+                 static_cast<const T*>(stats.data()), dkb.data(), dvb.data());
+    CHECK(mismatch(ob.values(), o, eq) == "");
+    CHECK(mismatch(dqb.values(), dq, eq) == "");
+    CHECK(mismatch(dkb.values(), dk, eq) == "");
+    CHECK(mismatch(dvb.values(), dv, eq) == "");
+    CHECK((qb.guards_intact() && kb.guards_intact() && vb.guards_intact() && dob.guards_intact() &&
+           ob.guards_intact() && dqb.guards_intact() && dkb.guards_intact() && dvb.guards_intact() &&
+           stats.guards_intact()));
+  });
+}
+
+TEST_CASE("kernels on the host: neighborhood attention forward, dq and the gathered dk/dv equal the host's loops") {
+  using dtensor::compute::NeighborhoodDims;
+  const NeighborhoodCase cases[] = {
+      // The whole 7 x 6 image on one rank: windows shifted inward at every border.
+      {"whole image, 3 x 5 window",
+       NeighborhoodDims{.batch = 2, .heads = 2, .head_dim = 3, .extent = {7, 6}, .kernel = {3, 5},
+                        .q_first = {0, 0}, .q_len = {7, 6}, .kv_first = {0, 0}, .kv_len = {7, 6}}},
+      // A rank's block of a 9 x 10 image with the ghosts its windows need (and a key
+      // column beyond them no window reads: its dk, dv are zeros).
+      {"a block with ghosts, dilation 2 along y",
+       NeighborhoodDims{.batch = 1, .heads = 3, .head_dim = 2, .extent = {9, 10}, .kernel = {3, 3},
+                        .dilation = {1, 2}, .q_first = {3, 2}, .q_len = {3, 4}, .kv_first = {2, 0},
+                        .kv_len = {5, 9}}},
+      {"the last rows, the window shifted inward past the block",
+       NeighborhoodDims{.batch = 1, .heads = 1, .head_dim = 4, .extent = {8, 5}, .kernel = {5, 3},
+                        .q_first = {6, 0}, .q_len = {2, 5}, .kv_first = {3, 0}, .kv_len = {5, 5}, .scale = 0.7}},
+      {"no queries", NeighborhoodDims{.batch = 1, .heads = 2, .head_dim = 2, .extent = {5, 5}, .kernel = {3, 3},
+                                      .q_first = {0, 0}, .q_len = {0, 5}, .kv_first = {0, 0}, .kv_len = {2, 5}}},
+  };
+  for_types<float, double>([&]<class T>() {
+    for (const NeighborhoodCase& c : cases) check_neighborhood_kernels<T>(c);
+  });
 }
 
 TEST_CASE("kernels on the host: attention_merge equals the host's log-sum-exp merge") {

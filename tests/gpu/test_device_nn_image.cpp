@@ -1,5 +1,7 @@
 // The image layers of issue 13 (convolution, pooling, global average pooling,
-// upsampling, transposed convolution, batch and group normalization) and the image I/O helpers on device buffers: the
+// upsampling, transposed convolution, batch and group normalization), neighborhood
+// attention (the layer, and the core with its halo on several meshes, ghosts from two
+// blocks away and dilation included) and the image I/O helpers on device buffers: the
 // in-process runtime with RunOptions::device. Each layer's forward and backward run
 // on host and on device storage on a 2x2 mesh over H and W with uneven and empty
 // blocks; the device results (gathered to rank 0 through gather_to's device path)
@@ -9,8 +11,10 @@
 // copies, halo exchanges on device memory) against it.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <dtensor/dtensor.hpp>
@@ -20,6 +24,7 @@
 #include <dtensor/nn/image/global_pool.hpp>
 #include <dtensor/nn/image/group_norm.hpp>
 #include <dtensor/nn/image/image_io.hpp>
+#include <dtensor/nn/image/neighborhood_attention.hpp>
 #include <dtensor/nn/image/pool.hpp>
 #include <dtensor/nn/image/upsample.hpp>
 
@@ -89,6 +94,53 @@ void same_on_device(const char* what, Make make) {
   }
 }
 
+// NeighborhoodAttention2d on a mesh of `shape` (X over mesh dim 0, Y over dim 1): rank
+// 0's gathered o, dq, dk, dv for q, k, v and dout drawn on the mesh's device.
+std::vector<std::vector<double>> neighborhood_run(Device dev, std::array<int, 2> shape, int64_t X, int64_t Y,
+                                                  NeighborhoodSpec spec) {
+  using XY = DTensor<double, 5, Shard<1>, Shard<2>>;
+  std::vector<std::vector<double>> out;
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      shape[0] * shape[1],
+      [&](Comm& comm) {
+        DeviceMesh<2> mesh(comm, shape);
+        auto make = [&](int seed) {
+          return dtensor::detail::generate<XY>({2, X, Y, 2, 3}, mesh, {}, [&](uint64_t i) {
+            return static_cast<double>((static_cast<int64_t>(i) + seed) * 37 % 101 - 50) / 32;
+          });
+        };
+        NeighborhoodAttention2d<XY> na(spec);
+        const XY o = na.forward(make(1), make(2), make(3));
+        CHECK(o.local().device() == dev);
+        auto [dq, dk, dv] = na.backward(make(4));
+        std::vector<std::vector<double>> mine;
+        for (const XY* t : std::array<const XY*, 4>{&o, &dq, &dk, &dv}) {
+          const auto f = gather_to(*t, 0);
+          if (comm.rank() == 0) mine.emplace_back(f.data(), f.data() + f.numel());
+        }
+        if (comm.rank() == 0) out = std::move(mine);
+      },
+      opt);
+  return out;
+}
+
+void neighborhood_same_on_device(std::array<int, 2> shape, int64_t X, int64_t Y, NeighborhoodSpec spec) {
+  INFO("mesh ", shape[0], "x", shape[1], ", image ", X, "x", Y, ", kernel ", spec.kernel[0], "x", spec.kernel[1],
+       ", dilation ", spec.dilation[0], "x", spec.dilation[1]);
+  const auto host = neighborhood_run(Device::host(), shape, X, Y, spec);
+  const auto dev = neighborhood_run(Device::cuda(0), shape, X, Y, spec);
+  REQUIRE(host.size() == 4);
+  REQUIRE(dev.size() == 4);
+  for (std::size_t k = 0; k < host.size(); ++k) {
+    REQUIRE(!host[k].empty());
+    const double worst = test::max_abs_diff(host[k], dev[k]);
+    INFO(std::array{"o", "dq", "dk", "dv"}[k], ": largest difference ", worst);
+    CHECK(worst < 1e-13);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("image layers on device buffers equal the host's") {
@@ -119,4 +171,17 @@ TEST_CASE("image layers on device buffers equal the host's") {
   same_on_device("group_norm, one group", [](auto& mesh) { return nn::GroupNorm<Img, 3, 1>(mesh); });
   same_on_device("group_norm, a group per channel", [](auto& mesh) { return nn::GroupNorm<Img, 3, 3>(mesh); });
   same_on_device("conv 5x5 same", [](auto& mesh) { return nn::Conv<Img, 3, 2, nn::ConvSpec<2>::square_same(5)>(mesh, {6}); });
+  // Three heads of one channel, a 3 x 5 window: rows of one pixel and an empty column
+  // block (the uneven splits) take their ghosts from ranks two blocks away.
+  same_on_device("neighborhood attention", [](auto& mesh) {
+    constexpr NeighborhoodSpec spec{{3, 5}, {1, 1}};
+    return nn::NeighborhoodAttention<Img, 3, 3, spec>(mesh, spec, 7);
+  });
+}
+
+TEST_CASE("neighborhood attention on device buffers equals the host's: 2x2, 1x3, 3x1, dilation, thin blocks") {
+  neighborhood_same_on_device({2, 2}, 9, 11, {{3, 3}, {1, 1}});
+  neighborhood_same_on_device({1, 3}, 7, 10, {{5, 3}, {1, 2}});
+  neighborhood_same_on_device({1, 3}, 5, 8, {{3, 7}, {1, 1}});  // Y 3 | 3 | 2 under 7-wide windows
+  neighborhood_same_on_device({3, 1}, 12, 5, {{3, 3}, {3, 1}});  // dilation 3: ghosts 3 wide
 }

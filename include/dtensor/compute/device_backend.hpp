@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "dtensor/compute/attention_dims.hpp"
+#include "dtensor/compute/neighborhood_dims.hpp"
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/functions.hpp"
@@ -115,6 +116,14 @@ struct DeviceBackend {
   // o, lse ([rows, dim], [rows]) merged in place with ob, lb by log-sum-exp.
   RequiredFn<void (*)(DType, void* o, void* lse, const void* ob, const void* lb, int64_t rows,
                       int64_t dim)> attention_merge;
+  // Neighborhood attention in 2-D on one rank's blocks (compute/neighborhood_attention.hpp:
+  // heads-last layouts, the key block holding every window of the query block). The
+  // backward writes dq and the whole key block's dk, dv; stats is its scratch, 2 x
+  // batch x qx x qy x heads elements.
+  RequiredFn<void (*)(DType, const compute::NeighborhoodDims&, const void* q, const void* k, const void* v,
+                      void* o)> neighborhood_attention_forward;
+  RequiredFn<void (*)(DType, const compute::NeighborhoodDims&, const void* q, const void* k, const void* v,
+                      const void* dout, void* stats, void* dq, void* dk, void* dv)> neighborhood_attention_backward;
 };
 
 // A backend's table, from a type K with one static member per entry, named as the entry
@@ -137,6 +146,8 @@ constexpr DeviceBackend device_backend_of() {
       .pool_forward = K::pool_forward, .pool_backward = K::pool_backward, .upsample_forward = K::upsample_forward,
       .upsample_backward = K::upsample_backward, .attention_forward = K::attention_forward,
       .attention_backward = K::attention_backward, .attention_merge = K::attention_merge,
+      .neighborhood_attention_forward = K::neighborhood_attention_forward,
+      .neighborhood_attention_backward = K::neighborhood_attention_backward,
   };
 }
 

@@ -15,13 +15,15 @@
 #include <array>
 #include <cstdint>
 
+#include "dtensor/util/host_device.hpp"
+
 namespace dtensor::compute {
 
 // The first key of position i's window along a dim (global positions; keys at
-// first + dilation * m, m < kernel).
-constexpr int64_t neighborhood_start(int64_t i, int64_t extent, int64_t kernel, int64_t dilation) {
+// first + dilation * m, m < kernel). Also the CUDA kernels' (kernels/neighborhood_attention.cuh).
+DTENSOR_HOST_DEVICE constexpr int64_t neighborhood_start(int64_t i, int64_t extent, int64_t kernel, int64_t dilation) {
   const int64_t g = i % dilation, t = i / dilation, lg = (extent - g + dilation - 1) / dilation, r = kernel / 2;
-  int64_t s = std::max<int64_t>(t - r, 0);
+  int64_t s = t - r > 0 ? t - r : 0;
   if (t + r >= lg) s += lg - r - t - 1;
   return g + dilation * s;
 }

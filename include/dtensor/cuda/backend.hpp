@@ -178,6 +178,8 @@ struct CudaMath {
   static constexpr auto attention_forward = detail::attention_forward;  // cuDNN or kernels (fused_attention.hpp)
   static constexpr auto attention_backward = detail::attention_backward;
   static constexpr auto attention_merge = on_stream<kernels::attention_merge>;
+  static constexpr auto neighborhood_attention_forward = on_stream<kernels::neighborhood_attention_forward>;
+  static constexpr auto neighborhood_attention_backward = on_stream<kernels::neighborhood_attention_backward>;
 };
 
 inline const ::dtensor::detail::DeviceMovement& movement_table() {

@@ -18,6 +18,7 @@
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/compute/attention_dims.hpp"
+#include "dtensor/compute/neighborhood_dims.hpp"
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/functions.hpp"
@@ -182,5 +183,18 @@ void attention_backward(DType t, const compute::AttentionDims& d, const void* q,
 // over other keys, by log-sum-exp (ring attention's step).
 void attention_merge(DType t, void* o, void* lse, const void* ob, const void* lb, int64_t rows, int64_t dim,
                      cudaStream_t stream);
+
+// --- neighborhood attention in 2-D (float32 and float64; compute/neighborhood_attention.hpp's
+// definition and layouts; kernels/neighborhood_attention.cuh) ---
+
+// o [batch, qx, qy, heads, head_dim] from the query block and the key block that holds
+// its windows.
+void neighborhood_attention_forward(DType t, const compute::NeighborhoodDims& d, const void* q, const void* k,
+                                    const void* v, void* o, cudaStream_t stream);
+// dq over the query block and dk, dv over the whole key block (ghosts included), written
+// (not accumulated), from do; stats: scratch of 2 x batch x qx x qy x heads elements.
+void neighborhood_attention_backward(DType t, const compute::NeighborhoodDims& d, const void* q, const void* k,
+                                     const void* v, const void* dout, void* stats, void* dq, void* dk, void* dv,
+                                     cudaStream_t stream);
 
 }  // namespace dtensor::cuda::kernels

@@ -18,6 +18,10 @@
 //   backward   the core's backward: dq local, dk and dv into padded blocks whose
 //              ghosts the reverse exchange adds into their owners (two exchanges)
 //
+// On device blocks the core runs through the device table (the CUDA kernels of
+// kernels/neighborhood_attention.cuh; the host's loops on the tests' emulated device),
+// the copies into and out of the padded blocks and the halo on the device too.
+//
 //   NeighborhoodAttention2d<DT> na({.kernel = {7, 7}, .dilation = {1, 2}});
 //   DT o = na.forward(q, k, v);
 //   auto [dq, dk, dv] = na.backward(dout);
@@ -26,9 +30,11 @@
 #include <string>
 #include <tuple>
 
+#include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/neighborhood_attention.hpp"
 #include "dtensor/distributed/dtensor.hpp"
 #include "dtensor/halo/halo_exchange.hpp"
+#include "dtensor/tensor/movement.hpp"
 
 namespace dtensor {
 
@@ -60,8 +66,11 @@ class NeighborhoodAttention2d {
       DTENSOR_CHECK(t->shape() == q.shape() && t->layout().blocks == q.layout().blocks, InvalidArgument,
                     "NeighborhoodAttention2d: q ", dtensor::to_string(q.shape()), " and k or v ",
                     dtensor::to_string(t->shape()), " differ in shape or blocks; give them the same layout");
-    DTENSOR_CHECK(q.local().device().is_host(), InvalidArgument,
-                  "NeighborhoodAttention2d: host blocks only for now; move them to the host");
+    const Device dev = q.local().device();
+    for (const DT* t : {&k, &v})
+      DTENSOR_CHECK(t->local().device() == dev, InvalidArgument, "NeighborhoodAttention2d: q lives on ",
+                    dtensor::to_string(dev), " and k or v on ", dtensor::to_string(t->local().device()),
+                    "; give them one device");
     plan(q);
     const Shape<5> ls = q.local().shape();
     dims_.batch = ls[0], dims_.heads = ls[3], dims_.head_dim = ls[4];
@@ -70,8 +79,12 @@ class NeighborhoodAttention2d {
     halo_->forward(kp_->data());
     halo_->forward(vp_->data());
     q_.emplace(q);
-    auto o = Tensor<T, 5>::uninitialized(ls, Device::host());
-    compute::neighborhood_attention_forward(dims_, q.local().data(), kp_->data(), vp_->data(), o.data());
+    auto o = Tensor<T, 5>::uninitialized(ls, dev);
+    if (dev.is_host())
+      compute::neighborhood_attention_forward(dims_, q.local().data(), kp_->data(), vp_->data(), o.data());
+    else
+      dtensor::detail::device_backend(dev).neighborhood_attention_forward(dtype_of<T>(), dims_, q.local().data(),
+                                                                          kp_->data(), vp_->data(), o.data());
     return DT(q.mesh(), q.layout(), std::move(o));
   }
 
@@ -81,10 +94,40 @@ class NeighborhoodAttention2d {
     DTENSOR_CHECK(dout.local().shape() == q.local().shape(), InvalidArgument, "NeighborhoodAttention2d: dout's block ",
                   dtensor::to_string(dout.local().shape()), " is not the output's ",
                   dtensor::to_string(q.local().shape()));
-    auto dq = Tensor<T, 5>::uninitialized(q.local().shape(), Device::host());
-    Tensor<T, 5> dkp(halo_->padded_shape(), Device::host()), dvp(halo_->padded_shape(), Device::host());
-    compute::neighborhood_attention_backward(dims_, q.local().data(), kp_->data(), vp_->data(), dout.local().data(),
-                                             dq.data(), dkp.data(), dvp.data());
+    DTENSOR_CHECK(dout.local().device() == q.local().device(), InvalidArgument,
+                  "NeighborhoodAttention2d: dout lives on ", dtensor::to_string(dout.local().device()),
+                  " and the forward's q on ", dtensor::to_string(q.local().device()), "; give them one device");
+    const Device dev = q.local().device();
+    auto dq = Tensor<T, 5>::uninitialized(q.local().shape(), dev);
+    if (dev.is_host()) {
+      Tensor<T, 5> dkp(halo_->padded_shape(), dev), dvp(halo_->padded_shape(), dev);  // zeroed: the loops add
+      compute::neighborhood_attention_backward(dims_, q.local().data(), kp_->data(), vp_->data(), dout.local().data(),
+                                               dq.data(), dkp.data(), dvp.data());
+      return finish_backward(std::move(dq), std::move(dkp), std::move(dvp));
+    }
+    // The kernels write the padded blocks whole; stats: each query's log-sum-exp and
+    // delta, 2 / head_dim of q's bytes for the call (not in the memory plan, which counts
+    // what the host path allocates).
+    auto dkp = Tensor<T, 5>::uninitialized(halo_->padded_shape(), dev);
+    auto dvp = Tensor<T, 5>::uninitialized(halo_->padded_shape(), dev);
+    const Shape<5> ls = q.local().shape();
+    auto stats = Tensor<T, 1>::uninitialized(Shape<1>{2 * ls[0] * ls[1] * ls[2] * ls[3]}, dev);
+    dtensor::detail::device_backend(dev).neighborhood_attention_backward(
+        dtype_of<T>(), dims_, q.local().data(), kp_->data(), vp_->data(), dout.local().data(), stats.data(), dq.data(),
+        dkp.data(), dvp.data());
+    return finish_backward(std::move(dq), std::move(dkp), std::move(dvp));
+  }
+
+  // The ghost widths of the last plan, (lo, hi) per spatial dim.
+  std::array<std::array<int64_t, 2>, 2> ghosts() const { return ghosts_; }
+  // The cells of this rank's k (and v) block its halo sends, per exchange: what the
+  // reverse exchanges receive back into the staging buffer the halo keeps (0 before a plan).
+  int64_t elements_sent() const { return halo_ ? halo_->elements_sent() : 0; }
+
+ private:
+  // The ghosts' gradients added into their owners; the saved blocks released.
+  std::tuple<DT, DT, DT> finish_backward(Tensor<T, 5> dq, Tensor<T, 5> dkp, Tensor<T, 5> dvp) {
+    const DT& q = *q_;
     halo_->reverse(dkp.data());
     halo_->reverse(dvp.data());
     DT gq(q.mesh(), q.layout(), std::move(dq)), gk(q.mesh(), q.layout(), interior(dkp)),
@@ -95,13 +138,6 @@ class NeighborhoodAttention2d {
     return {std::move(gq), std::move(gk), std::move(gv)};
   }
 
-  // The ghost widths of the last plan, (lo, hi) per spatial dim.
-  std::array<std::array<int64_t, 2>, 2> ghosts() const { return ghosts_; }
-  // The cells of this rank's k (and v) block its halo sends, per exchange: what the
-  // reverse exchanges receive back into the staging buffer the halo keeps (0 before a plan).
-  int64_t elements_sent() const { return halo_ ? halo_->elements_sent() : 0; }
-
- private:
   // The halo for q's layout: the widest reach of any rank's windows beyond its block.
   void plan(const DT& q) {
     if (halo_ && planned_for_ == q.layout().blocks && planned_shape_ == q.shape() && planned_mesh_ == &q.mesh().comm())
@@ -140,25 +176,28 @@ class NeighborhoodAttention2d {
   }
   // x's block inside a zeroed padded block, ghosts to be filled.
   Tensor<T, 5> padded(const Tensor<T, 5>& x) const {
-    Tensor<T, 5> p(halo_->padded_shape(), Device::host());
-    const Shape<5> s = x.shape(), ps = p.shape();
-    const int64_t row = s[3] * s[4], lo_x = ghosts_[0][0], lo_y = ghosts_[1][0];
-    for (int64_t b = 0; b < s[0]; ++b)
-      for (int64_t i = 0; i < s[1]; ++i)
-        std::copy_n(x.data() + (b * s[1] + i) * s[2] * row, s[2] * row,
-                    p.data() + ((b * ps[1] + i + lo_x) * ps[2] + lo_y) * row);
+    Tensor<T, 5> p(halo_->padded_shape(), x.device());
+    movement::copy_region(x.device(), x.data(), Region::contiguous(0, x.numel()), p.data(), interior_region(p.shape()),
+                          sizeof(T));
     return p;
   }
   Tensor<T, 5> interior(const Tensor<T, 5>& p) const {
     const Shape<5> ps = p.shape();
     const Shape<5> s{ps[0], ps[1] - ghosts_[0][0] - ghosts_[0][1], ps[2] - ghosts_[1][0] - ghosts_[1][1], ps[3], ps[4]};
-    auto x = Tensor<T, 5>::uninitialized(s, Device::host());
-    const int64_t row = s[3] * s[4], lo_x = ghosts_[0][0], lo_y = ghosts_[1][0];
-    for (int64_t b = 0; b < s[0]; ++b)
-      for (int64_t i = 0; i < s[1]; ++i)
-        std::copy_n(p.data() + ((b * ps[1] + i + lo_x) * ps[2] + lo_y) * row, s[2] * row,
-                    x.data() + (b * s[1] + i) * s[2] * row);
+    auto x = Tensor<T, 5>::uninitialized(s, p.device());
+    movement::copy_region(p.device(), p.data(), interior_region(ps), x.data(), Region::contiguous(0, x.numel()),
+                          sizeof(T));
     return x;
+  }
+  // The block's cells inside a padded block of shape ps: [batch, X, Y x heads x head_dim].
+  Region interior_region(const Shape<5>& ps) const {
+    const int64_t row = ps[3] * ps[4];
+    Region r;
+    r.ndim = 3;
+    r.offset = (ghosts_[0][0] * ps[2] + ghosts_[1][0]) * row;
+    r.extent = {ps[0], ps[1] - ghosts_[0][0] - ghosts_[0][1], (ps[2] - ghosts_[1][0] - ghosts_[1][1]) * row};
+    r.stride = {ps[1] * ps[2] * row, ps[2] * row, 1};
+    return r;
   }
 
   NeighborhoodSpec spec_;

@@ -99,22 +99,22 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
   InputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[1] == Channels, InvalidArgument, name, ": an image of ", x.shape()[1],
                   " channels, expected ", Channels);
-    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": host blocks only for now");
+    const Device dev = x.local().device();
     const Shape<4> ls = x.local().shape();
     const int64_t pixels = ls[2] * ls[3];
     const ShardLayout<5> hl{{x.shape()[0], x.shape()[2], x.shape()[3], Heads, kDim},
                             {x.layout().blocks[0], x.layout().blocks[2], x.layout().blocks[3], {}, {}}};
     auto project = [&](const WeightT& w) {  // per sample: [C, P]^T [C, C] -> [P, C] = [h, w, heads, dim]
-      auto p = Tensor<T, 5>::uninitialized({ls[0], ls[2], ls[3], Heads, kDim}, Device::host());
+      auto p = Tensor<T, 5>::uninitialized({ls[0], ls[2], ls[3], Heads, kDim}, dev);
       for (int64_t b = 0; b < ls[0]; ++b)
-        detail::matmul(Device::host(), x.local().data() + b * Channels * pixels, true, w.local().data(), false,
+        detail::matmul(dev, x.local().data() + b * Channels * pixels, true, w.local().data(), false,
                        p.data() + b * pixels * Channels, pixels, Channels, Channels);
       return HeadsT(x.mesh(), hl, std::move(p));
     };
     const HeadsT o = na_.forward(project(wq_.value()), project(wk_.value()), project(wv_.value()));
-    auto y = Tensor<T, 4>::uninitialized(ls, Device::host());
+    auto y = Tensor<T, 4>::uninitialized(ls, dev);
     for (int64_t b = 0; b < ls[0]; ++b)  // [C, C]^T [P, C]^T -> [C, P]
-      detail::matmul(Device::host(), wo_.value().local().data(), true, o.local().data() + b * pixels * Channels, true,
+      detail::matmul(dev, wo_.value().local().data(), true, o.local().data() + b * pixels * Channels, true,
                      y.data() + b * Channels * pixels, Channels, pixels, Channels);
     saved_.emplace(Saved{x, o});
     return InputT(x.mesh(), x.layout(), std::move(y));
@@ -130,26 +130,28 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     DTENSOR_CHECK(dy.local().shape() == ls, InvalidArgument, name, ": the gradient's block ",
                   dtensor::to_string(dy.local().shape()), " is not the output's ", dtensor::to_string(ls));
     const int64_t pixels = ls[2] * ls[3], C = Channels;
-    const Device host = Device::host();
+    const Device dev = xl.device();
+    DTENSOR_CHECK(dy.local().device() == dev, InvalidArgument, name, ": the gradient lives on ",
+                  dtensor::to_string(dy.local().device()), " and the input on ", dtensor::to_string(dev));
     // The output projection: dWo += O^T dY^T, dO = dY^T Wo^T (per sample).
-    auto d_o = Tensor<T, 5>::uninitialized(s.o.local().shape(), host);
+    auto d_o = Tensor<T, 5>::uninitialized(s.o.local().shape(), dev);
     for (int64_t b = 0; b < ls[0]; ++b) {
       const T* gy = dy.local().data() + b * C * pixels;
       const T* ob = s.o.local().data() + b * pixels * C;
-      detail::matmul(host, ob, true, gy, true, wo_.grad().data(), C, C, pixels, true);
-      detail::matmul(host, gy, true, wo_.value().local().data(), true, d_o.data() + b * pixels * C, pixels, C, C);
+      detail::matmul(dev, ob, true, gy, true, wo_.grad().data(), C, C, pixels, true);
+      detail::matmul(dev, gy, true, wo_.value().local().data(), true, d_o.data() + b * pixels * C, pixels, C, C);
     }
     auto [dq, dk, dv] = na_.backward(HeadsT(s.o.mesh(), s.o.layout(), std::move(d_o)));
     // The input projections: dW += X dH (per sample), dX = sum of W dH^T.
-    auto dx = Tensor<T, 4>::uninitialized(ls, host);
+    auto dx = Tensor<T, 4>::uninitialized(ls, dev);
     bool first = true;
     for (auto [dh, w] : {std::pair{&dq, &wq_}, std::pair{&dk, &wk_}, std::pair{&dv, &wv_}}) {
       for (int64_t b = 0; b < ls[0]; ++b) {
         const T* xb = xl.data() + b * C * pixels;
         const T* hb = dh->local().data() + b * pixels * C;
-        detail::matmul(host, xb, false, hb, false, w->grad().data(), C, C, pixels, true);
+        detail::matmul(dev, xb, false, hb, false, w->grad().data(), C, C, pixels, true);
         if constexpr (NeedInputGrad)
-          detail::matmul(host, w->value().local().data(), false, hb, true, dx.data() + b * C * pixels, C, pixels, C,
+          detail::matmul(dev, w->value().local().data(), false, hb, true, dx.data() + b * C * pixels, C, pixels, C,
                          !first);
       }
       first = false;
