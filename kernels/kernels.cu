@@ -811,6 +811,7 @@ void neighborhood_attention_forward(DType t, const compute::NeighborhoodDims& di
                                     const void* v, void* o, cudaStream_t stream) {
   check_floating(t, "neighborhood_attention_forward");
   dims.check("cuda::kernels::neighborhood_attention_forward");
+  dims.check_key_block("cuda::kernels::neighborhood_attention_forward");  // the kernels read inside it
   const detail::NeighborhoodGeo g = detail::neighborhood_geo(dims);
   if (g.queries * g.heads == 0) return;
   visit_floating(t, [&](auto tag) {
@@ -825,6 +826,7 @@ void neighborhood_attention_backward(DType t, const compute::NeighborhoodDims& d
                                      cudaStream_t stream) {
   check_floating(t, "neighborhood_attention_backward");
   dims.check("cuda::kernels::neighborhood_attention_backward");
+  dims.check_key_block("cuda::kernels::neighborhood_attention_backward");
   const detail::NeighborhoodGeo g = detail::neighborhood_geo(dims);
   visit_floating(t, [&](auto tag) {
     using T = decltype(tag);

@@ -1549,6 +1549,16 @@ TEST_CASE("kernels on the host: neighborhood attention forward, dq and the gathe
       {"the last rows, the window shifted inward past the block",
        NeighborhoodDims{.batch = 1, .heads = 1, .head_dim = 4, .extent = {8, 5}, .kernel = {5, 3},
                         .q_first = {6, 0}, .q_len = {2, 5}, .kv_first = {3, 0}, .kv_len = {5, 5}, .scale = 0.7}},
+      // Dilated windows shifted inward at the borders: query 0 reads key 6 along X, a
+      // whole window span, (kernel - 1) x dilation, away (the widest the gather searches).
+      {"whole image, dilation 3 along x",
+       NeighborhoodDims{.batch = 1, .heads = 2, .head_dim = 2, .extent = {9, 7}, .kernel = {3, 5},
+                        .dilation = {3, 1}, .q_first = {0, 0}, .q_len = {9, 7}, .kv_first = {0, 0},
+                        .kv_len = {9, 7}}},
+      {"the last rows, a 5-wide window at dilation 2 shifted inward",
+       NeighborhoodDims{.batch = 2, .heads = 1, .head_dim = 3, .extent = {12, 6}, .kernel = {5, 3},
+                        .dilation = {2, 1}, .q_first = {9, 0}, .q_len = {3, 6}, .kv_first = {2, 0},
+                        .kv_len = {10, 6}}},
       {"no queries", NeighborhoodDims{.batch = 1, .heads = 2, .head_dim = 2, .extent = {5, 5}, .kernel = {3, 3},
                                       .q_first = {0, 0}, .q_len = {0, 5}, .kv_first = {0, 0}, .kv_len = {2, 5}}},
   };

@@ -35,14 +35,9 @@ using compute::neighborhood_reach;
 template <class T, class F>
 void for_each_query(const NeighborhoodDims& d, F&& f) {
   d.check("neighborhood attention");
-  for (int a = 0; a < 2; ++a) {
+  d.check_key_block("neighborhood attention");
+  for (int a = 0; a < 2; ++a)
     if (d.q_len[a] == 0) return;
-    const auto r = neighborhood_reach(d, a);
-    DTENSOR_CHECK(r[0] >= d.kv_first[a] && r[1] <= d.kv_first[a] + d.kv_len[a], InvalidArgument,
-                  "neighborhood attention: the windows of queries ", d.q_first[a], " .. ",
-                  d.q_first[a] + d.q_len[a] - 1, " along dim ", a, " read keys ", r[0], " .. ", r[1] - 1,
-                  ", outside the key block ", d.kv_first[a], " .. ", d.kv_first[a] + d.kv_len[a] - 1);
-  }
   std::vector<int64_t> keys(static_cast<std::size_t>(d.kernel[0] * d.kernel[1]));
   for (int64_t b = 0; b < d.batch; ++b)
     for (int64_t x = 0; x < d.q_len[0]; ++x)

@@ -29,6 +29,17 @@ struct NeighborhoodDims {
                     " pixels at dilation ", dilation[a], " does not fit the image's ", extent[a], " along dim ", a);
     }
   }
+  // The key block holds every window of the query block (what its halo must bring).
+  void check_key_block(const char* what) const {
+    for (int a = 0; a < 2; ++a) {
+      if (q_len[a] == 0) return;
+      const auto r = neighborhood_reach(q_first[a], q_len[a], extent[a], kernel[a], dilation[a]);
+      DTENSOR_CHECK(r[0] >= kv_first[a] && r[1] <= kv_first[a] + kv_len[a], InvalidArgument, what,
+                    ": the windows of queries ", q_first[a], " .. ", q_first[a] + q_len[a] - 1, " along dim ", a,
+                    " read keys ", r[0], " .. ", r[1] - 1, ", outside the key block ", kv_first[a], " .. ",
+                    kv_first[a] + kv_len[a] - 1);
+    }
+  }
 };
 
 // The key pixels [lo, hi) a query block reads along dim a (what its halo must hold).

@@ -177,26 +177,32 @@ class NeighborhoodAttention2d {
   // x's block inside a zeroed padded block, ghosts to be filled.
   Tensor<T, 5> padded(const Tensor<T, 5>& x) const {
     Tensor<T, 5> p(halo_->padded_shape(), x.device());
-    movement::copy_region(x.device(), x.data(), Region::contiguous(0, x.numel()), p.data(), interior_region(p.shape()),
-                          sizeof(T));
+    movement::copy_region(x.device(), x.data(), block_region(p.shape(), false), p.data(),
+                          block_region(p.shape(), true), sizeof(T));
     return p;
   }
   Tensor<T, 5> interior(const Tensor<T, 5>& p) const {
     const Shape<5> ps = p.shape();
     const Shape<5> s{ps[0], ps[1] - ghosts_[0][0] - ghosts_[0][1], ps[2] - ghosts_[1][0] - ghosts_[1][1], ps[3], ps[4]};
     auto x = Tensor<T, 5>::uninitialized(s, p.device());
-    movement::copy_region(p.device(), p.data(), interior_region(ps), x.data(), Region::contiguous(0, x.numel()),
-                          sizeof(T));
+    movement::copy_region(p.device(), p.data(), block_region(ps, true), x.data(), block_region(ps, false), sizeof(T));
     return x;
   }
-  // The block's cells inside a padded block of shape ps: [batch, X, Y x heads x head_dim].
-  Region interior_region(const Shape<5>& ps) const {
+  // The block's cells [batch, X, Y x heads x head_dim] inside a padded block of shape ps
+  // (in_padded), or as a block of its own: the same extents, so that a device copies
+  // one strided block per batch.
+  Region block_region(const Shape<5>& ps, bool in_padded) const {
     const int64_t row = ps[3] * ps[4];
+    const int64_t nx = ps[1] - ghosts_[0][0] - ghosts_[0][1], ny = ps[2] - ghosts_[1][0] - ghosts_[1][1];
     Region r;
     r.ndim = 3;
-    r.offset = (ghosts_[0][0] * ps[2] + ghosts_[1][0]) * row;
-    r.extent = {ps[0], ps[1] - ghosts_[0][0] - ghosts_[0][1], (ps[2] - ghosts_[1][0] - ghosts_[1][1]) * row};
-    r.stride = {ps[1] * ps[2] * row, ps[2] * row, 1};
+    r.extent = {ps[0], nx, ny * row};
+    if (in_padded) {
+      r.offset = (ghosts_[0][0] * ps[2] + ghosts_[1][0]) * row;
+      r.stride = {ps[1] * ps[2] * row, ps[2] * row, 1};
+    } else {
+      r.stride = {nx * ny * row, ny * row, 1};
+    }
     return r;
   }
 

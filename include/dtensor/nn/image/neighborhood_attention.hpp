@@ -13,7 +13,8 @@
 // projections' weights are replicated; their gradients are Partial<Sum> over every mesh
 // dim that shards the image (each rank saw some pixels), reduced by the model.
 // Forward: two halo exchanges (k, v); backward: two reverse exchanges (dk, dv), point to
-// point, not in the plan (as a convolution's halo). Host blocks only for now.
+// point, not in the plan (as a convolution's halo). On host or device blocks (the core
+// through the device table on a GPU: halo/neighborhood_attention.hpp).
 //
 // The window (kernel, dilation) sets the halo's reach, so a memory plan needs it in the
 // type: NeighborhoodAttention<Img, C, Heads, NeighborhoodSpec{.kernel = {7, 7}}>; the
