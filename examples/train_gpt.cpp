@@ -241,8 +241,10 @@ int main(int argc, char** argv) {
   };
   auto recomputed = [&](Comm& comm) {
     if (comm.rank() == 0) {
-      const auto plain = Tp::Model::memory_plan<Tp::Loss, nn::AdamW>({kBatch, kLen}, {2, 2});
-      const auto rc = Rc::Model::memory_plan<Rc::Loss, nn::AdamW>({kBatch, kLen}, {2, 2});
+      // Constants: a plan computed at run time would compile the whole planner into
+      // the program (about a tenth of this file's compile time).
+      static constexpr auto plain = Tp::Model::memory_plan<Tp::Loss, nn::AdamW>({kBatch, kLen}, {2, 2});
+      static constexpr auto rc = Rc::Model::memory_plan<Rc::Loss, nn::AdamW>({kBatch, kLen}, {2, 2});
       std::printf("== the memory plan of one step, budget %lld bytes per rank\nwithout recompute:\n%s\nwith each "
                   "block recomputed:\n%s\n",
                   static_cast<long long>(kBudget), Tp::Model::explain(plain).c_str(), Rc::Model::explain(rc).c_str());
