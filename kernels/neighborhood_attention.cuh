@@ -47,15 +47,6 @@ inline NeighborhoodGeo neighborhood_geo(const ::dtensor::compute::NeighborhoodDi
   return g;
 }
 
-// The window of the query at (x, y) of the query block: its first key in the key block
-// along each dim (the keys are first + dilation * m, m < kernel).
-DTENSOR_DEVICE inline void neighborhood_window(const NeighborhoodGeo& g, int64_t x, int64_t y, int64_t& kx,
-                                               int64_t& ky) {
-  using ::dtensor::compute::neighborhood_start;
-  kx = neighborhood_start(g.q_first[0] + x, g.extent[0], g.kernel[0], g.dilation[0]) - g.kv_first[0];
-  ky = neighborhood_start(g.q_first[1] + y, g.extent[1], g.kernel[1], g.dilation[1]) - g.kv_first[1];
-}
-
 template <class T>
 DTENSOR_DEVICE inline T neighborhood_dot(const T* a, const T* b, int64_t n) {
   T acc = T(0);
@@ -63,7 +54,8 @@ DTENSOR_DEVICE inline T neighborhood_dot(const T* a, const T* b, int64_t n) {
   return acc;
 }
 
-// Item i of (pixel, head) pairs: the pixel's batch index and coordinates in its block.
+// Item i of (pixel, head) pairs over a block of extents len: the pixel's batch index
+// and coordinates in its block.
 DTENSOR_DEVICE inline void neighborhood_pixel(int64_t i, int64_t heads, const int64_t* len, int64_t& b, int64_t& x,
                                               int64_t& y, int64_t& h) {
   int64_t p, rest;
@@ -72,38 +64,60 @@ DTENSOR_DEVICE inline void neighborhood_pixel(int64_t i, int64_t heads, const in
   divmod(rest, len[0], b, x);
 }
 
+// Query item i (a query pixel and a head) and its window: the key block's pixel of
+// window tap (a, c) is key(g, a, c).
+struct NeighborhoodQuery {
+  int64_t pixel, head, b, sx, sy;  // sx, sy: the window's first key in the key block
+  DTENSOR_DEVICE int64_t key(const NeighborhoodGeo& g, int64_t a, int64_t c) const {
+    return (b * g.kv_len[0] + sx + g.dilation[0] * a) * g.kv_len[1] + sy + g.dilation[1] * c;
+  }
+};
+DTENSOR_DEVICE inline NeighborhoodQuery neighborhood_query(const NeighborhoodGeo& g, int64_t i) {
+  using ::dtensor::compute::neighborhood_start;
+  NeighborhoodQuery nq{};
+  int64_t x, y;
+  neighborhood_pixel(i, g.heads, g.q_len, nq.b, x, y, nq.head);
+  nq.pixel = i / g.heads;
+  nq.sx = neighborhood_start(g.q_first[0] + x, g.extent[0], g.kernel[0], g.dilation[0]) - g.kv_first[0];
+  nq.sy = neighborhood_start(g.q_first[1] + y, g.extent[1], g.kernel[1], g.dilation[1]) - g.kv_first[1];
+  return nq;
+}
+
+// The window's largest scaled score and the sum of exp(score - largest); kh is k at
+// the query's head.
+template <class T>
+DTENSOR_DEVICE inline void neighborhood_softmax_terms(const NeighborhoodGeo& g, const NeighborhoodQuery& nq,
+                                                      const T* qp, const T* kh, T scale, T& mx, T& sum) {
+  const int64_t D = g.head_dim, pix = g.heads * D;
+  mx = -static_cast<T>(INFINITY);
+  for (int64_t a = 0; a < g.kernel[0]; ++a)
+    for (int64_t c = 0; c < g.kernel[1]; ++c) {
+      const T s = neighborhood_dot(qp, kh + nq.key(g, a, c) * pix, D) * scale;
+      mx = s > mx ? s : mx;
+    }
+  sum = T(0);
+  for (int64_t a = 0; a < g.kernel[0]; ++a)
+    for (int64_t c = 0; c < g.kernel[1]; ++c)
+      sum += dexp(neighborhood_dot(qp, kh + nq.key(g, a, c) * pix, D) * scale - mx);
+}
+
 template <class T>
 DTENSOR_KERNEL void neighborhood_forward_kernel(NeighborhoodGeo g, const T* q, const T* k, const T* v, T* o) {
   const int64_t H = g.heads, D = g.head_dim, pix = H * D;
   const T scale = static_cast<T>(g.scale);
   for (int64_t i = first(); i < g.queries * H; i += stride()) {
-    int64_t b, x, y, h;
-    neighborhood_pixel(i, H, g.q_len, b, x, y, h);
-    int64_t sx, sy;
-    neighborhood_window(g, x, y, sx, sy);
-    const int64_t p = i / H;
-    const T* qp = q + p * pix + h * D;
-    auto key = [&](int64_t a, int64_t c) {  // the key block's pixel of window tap (a, c)
-      return (b * g.kv_len[0] + sx + g.dilation[0] * a) * g.kv_len[1] + sy + g.dilation[1] * c;
-    };
-    T mx = -static_cast<T>(INFINITY);
-    for (int64_t a = 0; a < g.kernel[0]; ++a)
-      for (int64_t c = 0; c < g.kernel[1]; ++c) {
-        const T s = neighborhood_dot(qp, k + key(a, c) * pix + h * D, D) * scale;
-        mx = s > mx ? s : mx;
-      }
-    T sum = T(0);
-    for (int64_t a = 0; a < g.kernel[0]; ++a)
-      for (int64_t c = 0; c < g.kernel[1]; ++c)
-        sum += dexp(neighborhood_dot(qp, k + key(a, c) * pix + h * D, D) * scale - mx);
-    T* op = o + p * pix + h * D;
+    const NeighborhoodQuery nq = neighborhood_query(g, i);
+    const int64_t at = nq.pixel * pix + nq.head * D;  // this query's head in q and o
+    const T *qp = q + at, *kh = k + nq.head * D, *vh = v + nq.head * D;
+    T mx, sum;
+    neighborhood_softmax_terms(g, nq, qp, kh, scale, mx, sum);
+    T* op = o + at;
     for (int64_t e = 0; e < D; ++e) op[e] = T(0);
     for (int64_t a = 0; a < g.kernel[0]; ++a)
       for (int64_t c = 0; c < g.kernel[1]; ++c) {
-        const int64_t m = key(a, c);
-        const T w = dexp(neighborhood_dot(qp, k + m * pix + h * D, D) * scale - mx) / sum;
-        const T* vm = v + m * pix + h * D;
-        for (int64_t e = 0; e < D; ++e) op[e] += w * vm[e];
+        const int64_t m = nq.key(g, a, c);
+        const T w = dexp(neighborhood_dot(qp, kh + m * pix, D) * scale - mx) / sum;
+        for (int64_t e = 0; e < D; ++e) op[e] += w * vh[m * pix + e];
       }
   }
 }
@@ -115,42 +129,26 @@ DTENSOR_KERNEL void neighborhood_dq_kernel(NeighborhoodGeo g, const T* q, const 
   const int64_t H = g.heads, D = g.head_dim, pix = H * D, n = g.queries * H;
   const T scale = static_cast<T>(g.scale);
   for (int64_t i = first(); i < n; i += stride()) {
-    int64_t b, x, y, h;
-    neighborhood_pixel(i, H, g.q_len, b, x, y, h);
-    int64_t sx, sy;
-    neighborhood_window(g, x, y, sx, sy);
-    const int64_t p = i / H;
-    const T* qp = q + p * pix + h * D;
-    const T* dop = dout + p * pix + h * D;
-    auto key = [&](int64_t a, int64_t c) {
-      return (b * g.kv_len[0] + sx + g.dilation[0] * a) * g.kv_len[1] + sy + g.dilation[1] * c;
-    };
-    T mx = -static_cast<T>(INFINITY);
-    for (int64_t a = 0; a < g.kernel[0]; ++a)
-      for (int64_t c = 0; c < g.kernel[1]; ++c) {
-        const T s = neighborhood_dot(qp, k + key(a, c) * pix + h * D, D) * scale;
-        mx = s > mx ? s : mx;
-      }
-    T sum = T(0);
-    for (int64_t a = 0; a < g.kernel[0]; ++a)
-      for (int64_t c = 0; c < g.kernel[1]; ++c)
-        sum += dexp(neighborhood_dot(qp, k + key(a, c) * pix + h * D, D) * scale - mx);
+    const NeighborhoodQuery nq = neighborhood_query(g, i);
+    const int64_t at = nq.pixel * pix + nq.head * D;
+    const T *qp = q + at, *dop = dout + at, *kh = k + nq.head * D, *vh = v + nq.head * D;
+    T mx, sum;
+    neighborhood_softmax_terms(g, nq, qp, kh, scale, mx, sum);
     const T lse = mx + dlog(sum);
     T delta = T(0);  // sum over the window of P dP (= do . o)
     for (int64_t a = 0; a < g.kernel[0]; ++a)
       for (int64_t c = 0; c < g.kernel[1]; ++c) {
-        const int64_t m = key(a, c);
-        delta += dexp(neighborhood_dot(qp, k + m * pix + h * D, D) * scale - lse) *
-                 neighborhood_dot(dop, v + m * pix + h * D, D);
+        const int64_t m = nq.key(g, a, c);
+        delta += dexp(neighborhood_dot(qp, kh + m * pix, D) * scale - lse) * neighborhood_dot(dop, vh + m * pix, D);
       }
-    T* dqp = dq + p * pix + h * D;
+    T* dqp = dq + at;
     for (int64_t e = 0; e < D; ++e) dqp[e] = T(0);
     for (int64_t a = 0; a < g.kernel[0]; ++a)
       for (int64_t c = 0; c < g.kernel[1]; ++c) {
-        const int64_t m = key(a, c);
-        const T* km = k + m * pix + h * D;
+        const int64_t m = nq.key(g, a, c);
+        const T* km = kh + m * pix;
         const T w = dexp(neighborhood_dot(qp, km, D) * scale - lse);
-        const T ds = w * (neighborhood_dot(dop, v + m * pix + h * D, D) - delta) * scale;
+        const T ds = w * (neighborhood_dot(dop, vh + m * pix, D) - delta) * scale;
         for (int64_t e = 0; e < D; ++e) dqp[e] += ds * km[e];
       }
     stats[i] = lse;

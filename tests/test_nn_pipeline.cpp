@@ -16,6 +16,7 @@
 #include <dtensor/tensor/device.hpp>
 
 #include "compare.hpp"
+#include "pipeline_stages.hpp"
 #include "spmd.hpp"
 #ifdef DTENSOR_TEST_WITH_IO  // checkpoints (tests/CMakeLists.txt: where nlohmann-json and xxhash are)
 #include <dtensor/io.hpp>
@@ -28,24 +29,7 @@ using namespace dtensor::test;
 
 namespace {
 
-constexpr int64_t kIn = 5, kWidth = 6, kHidden = 4, kOut = 3;
-
-template <class Cfg>
-using First = std::conditional_t<(Cfg::tp >= 0), nn::Colwise, nn::NoParallel>;
-template <class Cfg>
-using Second = std::conditional_t<(Cfg::tp >= 0), nn::Rowwise, nn::NoParallel>;
-
-// Stage I of S: Linear -> GELU -> Linear (column- then row-parallel where there is TP).
-template <class Cfg, int I, int S>
-using Stage = nn::Sequential<nn::Linear<Cfg, I == 0 ? kIn : kWidth, kHidden, First<Cfg>>, nn::GELU<Cfg>,
-                             nn::Linear<Cfg, kHidden, I == S - 1 ? kOut : kWidth, Second<Cfg>>>;
-
-template <class Cfg, int I, int S, class Mesh>
-Stage<Cfg, I, S> make_stage(const Mesh& mesh) {
-  using L = Stage<Cfg, I, S>;
-  return L(typename L::template layer_t<0>(mesh, {.seed = 100u + 10u * I}), nn::GELU<Cfg>(),
-           typename L::template layer_t<2>(mesh, {.seed = 101u + 10u * I}));
-}
+using namespace dtensor::test::pipeline_stages;  // kIn, kOut, Stage<Cfg, I, S>, make_stage
 
 template <class Cfg, int S, class Seq = std::make_integer_sequence<int, S>>
 struct Stages;

@@ -22,21 +22,13 @@
 #include <dtensor/nn/pipeline.hpp>
 
 #include "compare.hpp"
+#include "pipeline_stages.hpp"
 
 using namespace dtensor;
 
 namespace {
 
 constexpr int kSteps = 3;
-
-// The largest difference relative to max(1, |host|); sizes that differ fail.
-double worst(const std::vector<double>& host, const std::vector<double>& dev) {
-  if (host.size() != dev.size()) return test::kInfinite;
-  double w = 0;
-  for (std::size_t i = 0; i < host.size(); ++i)
-    w = test::worst_of(w, std::abs(host[i] - dev[i]) / std::max(1.0, std::abs(host[i])));
-  return w;
-}
 
 // Every parameter of a stage, gathered whole to the host, appended to `out`; each must
 // live on `dev`.
@@ -82,21 +74,13 @@ void pipeline_same_on_device(const char* what, const std::array<int, D>& shape, 
   for (std::size_t r = 0; r < host.size(); ++r) {
     CAPTURE(r);
     REQUIRE(host[r].size() > static_cast<std::size_t>(2 * kSteps));  // losses, norms and some parameters
-    CHECK(worst(host[r], dev[r]) < 1e-12);
+    CHECK(test::max_abs_diff(host[r], dev[r]) < 1e-12);  // values of order 1; sizes that differ fail
   }
 }
 
-// --- MLP stages: Linear -> GELU -> Linear (column- then row-parallel where there is TP) ---
+// --- MLP stages (tests/pipeline_stages.hpp) ---
 
-constexpr int64_t kIn = 5, kWidth = 6, kHidden = 4, kOut = 3;
-
-template <class Cfg>
-using First = std::conditional_t<(Cfg::tp >= 0), nn::Colwise, nn::NoParallel>;
-template <class Cfg>
-using Second = std::conditional_t<(Cfg::tp >= 0), nn::Rowwise, nn::NoParallel>;
-template <class Cfg, int I, int S>
-using Stage = nn::Sequential<nn::Linear<Cfg, I == 0 ? kIn : kWidth, kHidden, First<Cfg>>, nn::GELU<Cfg>,
-                             nn::Linear<Cfg, kHidden, I == S - 1 ? kOut : kWidth, Second<Cfg>>>;
+using namespace dtensor::test::pipeline_stages;
 
 template <class Cfg, int S, class PC, class Seq = std::make_integer_sequence<int, S>>
 struct Mlp;
@@ -104,10 +88,7 @@ template <class Cfg, int S, class PC, int... I>
 struct Mlp<Cfg, S, PC, std::integer_sequence<int, I...>> {
   using Model = nn::Pipeline<PC, Stage<Cfg, I, S>...>;
   static constexpr auto make = [](auto stage, const auto& mesh) {
-    constexpr int J = decltype(stage)::value;
-    using L = Stage<Cfg, J, S>;
-    return L(typename L::template layer_t<0>(mesh, {.seed = 100u + 10u * J}), nn::GELU<Cfg>(),
-             typename L::template layer_t<2>(mesh, {.seed = 101u + 10u * J}));
+    return make_stage<Cfg, decltype(stage)::value, S>(mesh);
   };
 };
 
