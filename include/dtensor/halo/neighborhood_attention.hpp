@@ -106,8 +106,8 @@ class NeighborhoodAttention2d {
       return finish_backward(std::move(dq), std::move(dkp), std::move(dvp));
     }
     // The kernels write the padded blocks whole; stats: each query's log-sum-exp and
-    // delta, 2 / head_dim of q's bytes for the call (not in the memory plan, which counts
-    // what the host path allocates).
+    // delta, 2 / head_dim of q's bytes for the call (in a memory plan made for device
+    // blocks, nn/image/neighborhood_attention.hpp).
     auto dkp = Tensor<T, 5>::uninitialized(halo_->padded_shape(), dev);
     auto dvp = Tensor<T, 5>::uninitialized(halo_->padded_shape(), dev);
     const Shape<5> ls = q.local().shape();

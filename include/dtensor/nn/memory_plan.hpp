@@ -532,6 +532,11 @@ struct MemoryOptions {
   enum class Runtime : std::uint8_t { InProcess, Mpi };
   Runtime runtime = Runtime::Mpi;
   std::size_t bucket_bytes = std::size_t{4} << 20;  // nn::GradBuckets::kDefaultBucketBytes
+  // Whose allocator holds the blocks: the host's keeps a block of 64 KiB or more in its
+  // power-of-two size class (tensor/device.hpp); a device's stream-ordered pool hands out
+  // what is asked (memory_in_use(device) counts that).
+  enum class Allocator : std::uint8_t { Host, Device };
+  Allocator allocator = Allocator::Host;
 };
 
 template <std::size_t M, int Capacity = 2048>
@@ -741,7 +746,7 @@ struct MemoryPlan {
           static_cast<std::size_t>(bytes) < kInPlaceSegmentBytes)
         packed += bytes;
     }
-    return static_cast<int64_t>(dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(packed)));
+    return held(packed);
   }
   // The buckets of mesh dim m, and for each the last layer whose gradients complete it
   // (the largest rank's: ranks whose blocks differ may cut them elsewhere).
@@ -759,11 +764,16 @@ struct MemoryPlan {
   constexpr int64_t event_bytes(int e, const std::array<int, M>& coords) const {
     const auto& ev = events[static_cast<std::size_t>(e)];
     if (ev.bucket >= 0) return bucket_pack_bytes(ev.bucket_dim, ev.bucket, coords);
-    if (ev.pack < 0) return tensor_of(ev.tensor).bytes(mesh_shape, coords);
+    if (ev.pack < 0) return held(tensor_of(ev.tensor).block_bytes(mesh_shape, coords));
     const auto& pk = packs[static_cast<std::size_t>(ev.pack)];
     int64_t b = 0;
     for (int i = 0; i < pk.n; ++i) b += pk.parts[static_cast<std::size_t>(i)].tensor().block_bytes(mesh_shape, coords);
     if (pk.times_mesh_dim >= 0) b *= mesh_shape[static_cast<std::size_t>(pk.times_mesh_dim)];
+    return held(b);
+  }
+  // What the allocator holds for a block of b bytes (MemoryOptions::allocator).
+  constexpr int64_t held(int64_t b) const {
+    if (options.allocator == MemoryOptions::Allocator::Device) return b;
     return static_cast<int64_t>(dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(b)));
   }
   constexpr void temporary(Phase phase, int layer, PlannedTensor<M> t) {

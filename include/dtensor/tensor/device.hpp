@@ -132,6 +132,34 @@ struct HostMemoryCounter {
   void remove(int64_t b) { live.fetch_sub(b, std::memory_order_relaxed); }
 };
 
+// The bytes of live tensor blocks on each device (what their allocations asked for: a
+// device's stream-ordered pool rounds inside itself, and cuBLAS's and cuDNN's workspaces
+// are not tensors), and the most held since the last reset, per device index. Counted by
+// Tensor (tensor/tensor.hpp); in-process ranks sharing a device share its count.
+struct DeviceMemoryCounter {
+  static constexpr int kDevices = 64;
+  std::array<std::atomic<int64_t>, kDevices> live{}, peak{};
+  static DeviceMemoryCounter& instance() {
+    static DeviceMemoryCounter c;
+    return c;
+  }
+  static int slot(Device d) {
+    DTENSOR_CHECK(!d.is_host() && d.index >= 0 && d.index < kDevices, InvalidArgument, "dtensor: device ",
+                  to_string(d), " is not one whose tensor bytes are counted (a device index below ", kDevices, ")");
+    return d.index;
+  }
+  void add(Device d, int64_t b) {
+    const int i = slot(d);
+    const int64_t now = live[i].fetch_add(b, std::memory_order_relaxed) + b;
+    int64_t p = peak[i].load(std::memory_order_relaxed);
+    while (now > p && !peak[i].compare_exchange_weak(p, now, std::memory_order_relaxed)) {
+    }
+  }
+  void remove(Device d, int64_t b) noexcept {
+    if (!d.is_host() && d.index >= 0 && d.index < kDevices) live[d.index].fetch_sub(b, std::memory_order_relaxed);
+  }
+};
+
 inline void* host_allocate(std::size_t bytes, int) {
   if (bytes == 0) return nullptr;
   if (bytes >= HostBlockCache::kMinCached) {
@@ -198,6 +226,24 @@ inline int64_t host_memory_limit() { return detail::HostMemoryCounter::instance(
 inline void reset_host_memory_peak() {
   auto& c = detail::HostMemoryCounter::instance();
   c.peak.store(c.live.load());
+}
+// The same on any device: the host's count (above) for the host, else the bytes of this
+// process's tensor blocks on device `d` (as asked of its allocator) and their peak
+// since reset_memory_peak(d): what a memory plan made with MemoryOptions::Allocator::Device
+// counts (nn/memory_plan.hpp).
+inline int64_t memory_in_use(Device d) {
+  if (d.is_host()) return host_memory_in_use();
+  return detail::DeviceMemoryCounter::instance().live[detail::DeviceMemoryCounter::slot(d)].load();
+}
+inline int64_t memory_peak(Device d) {
+  if (d.is_host()) return host_memory_peak();
+  return detail::DeviceMemoryCounter::instance().peak[detail::DeviceMemoryCounter::slot(d)].load();
+}
+inline void reset_memory_peak(Device d) {
+  if (d.is_host()) return reset_host_memory_peak();
+  auto& c = detail::DeviceMemoryCounter::instance();
+  const int i = detail::DeviceMemoryCounter::slot(d);
+  c.peak[i].store(c.live[i].load());
 }
 
 }  // namespace dtensor

@@ -114,7 +114,9 @@ class Tensor {
     Device device;
     std::size_t bytes;
     void operator()(T* p) const noexcept {
-      if (p) detail::memory_space(device).deallocate(p, bytes, device.index);
+      if (!p) return;
+      detail::memory_space(device).deallocate(p, bytes, device.index);
+      if (!device.is_host()) detail::DeviceMemoryCounter::instance().remove(device, static_cast<int64_t>(bytes));
     }
   };
 
@@ -130,6 +132,7 @@ class Tensor {
                     " elements on a device; complex tensors live on the host for now (no cuFFT yet)");
     const auto& space = detail::memory_space(device);
     data_ = std::unique_ptr<T, Free>(static_cast<T*>(space.allocate(bytes(), device.index)), Free{device, bytes()});
+    if (data_ && !device.is_host()) detail::DeviceMemoryCounter::instance().add(device, static_cast<int64_t>(bytes()));
   }
 
   void fill_zero() {

@@ -190,8 +190,9 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     p.free(ph, layer, o);
     return y;
   }
-  // The backward: do, then the core's dq and padded dk, dv, and dk, dv cut from them
-  // (the halo's reverse exchange adds their ghosts through a staging buffer it keeps:
+  // The backward: do, then the core's dq and padded dk, dv (and on device blocks its
+  // scratch, MemoryOptions::Allocator::Device), and dk, dv cut from them (the halo's
+  // reverse exchange adds their ghosts through a staging buffer it keeps:
   // MemoryUse::HaloStaging); the core's saved blocks and the padded gradients freed;
   // then dx beside dq, dk, dv.
   template <std::size_t MM, int C>
@@ -201,10 +202,17 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
     const MemoryHeads<MM> t = memory_heads(x);
     constexpr Phase B = Phase::Backward;
     PlannedTensor<MM> d_o = t.heads, dq = t.heads, dkp = t.padded, dvp = t.padded, dk = t.heads, dv = t.heads;
-    for (PlannedTensor<MM>* a : {&d_o, &dq, &dkp, &dvp, &dk, &dv}) p.allocate(B, layer, MemoryUse::Temporary, *a);
+    // On device blocks the kernels' scratch: each query's log-sum-exp and delta.
+    PlannedTensor<MM> stats = t.heads.with_last(2);
+    const bool device = p.options.allocator == MemoryOptions::Allocator::Device;
+    for (PlannedTensor<MM>* a : {&d_o, &dq, &dkp, &dvp}) p.allocate(B, layer, MemoryUse::Temporary, *a);
+    if (device) p.allocate(B, layer, MemoryUse::Temporary, stats);
+    for (PlannedTensor<MM>* a : {&dk, &dv}) p.allocate(B, layer, MemoryUse::Temporary, *a);
     p.allocate_staging(B, layer, t.padded.halo_sent());  // the halo's, kept for dk's and dv's reverse exchanges
     p.free_group(B, layer, group);
-    for (const PlannedTensor<MM>* a : {&dkp, &dvp, &d_o}) p.free(B, layer, *a);
+    for (const PlannedTensor<MM>* a : {&dkp, &dvp}) p.free(B, layer, *a);
+    if (device) p.free(B, layer, stats);
+    p.free(B, layer, d_o);
     PlannedTensor<MM> dx = x.unpadded().placed(grad_in);  // allocated either way, returned where asked for
     p.allocate(B, layer, input_grad ? MemoryUse::Activation : MemoryUse::Temporary, dx);
     p.free_group(B, layer, group + 1);
