@@ -155,10 +155,21 @@ TEST_CASE("memory_in_use counts a device's tensor blocks as allocated, and frees
           CHECK(memory_in_use(dev) - before == 8 * (15 + 77));
           Tensor<double, 2> c = std::move(a);  // a move holds nothing more
           CHECK(memory_in_use(dev) - before == 8 * (15 + 77));
+          c = std::move(b);  // c's block freed, b's taken over
+          CHECK(memory_in_use(dev) - before == 8 * 77);
+          const Tensor<double, 2> d = c;  // a copy is a block of its own, on the same device
+          CHECK(memory_in_use(dev) - before == 8 * (77 + 77));
+          const auto h = d.to(Device::host());  // on the host: not the device's
+          CHECK(memory_in_use(dev) - before == 8 * (77 + 77));
+          const Tensor<double, 2> e = h.to(dev);
+          CHECK(memory_in_use(dev) - before == 8 * (77 + 77 + 77));
+          const Tensor<float, 1> empty(Shape<1>{0}, dev);  // no block
+          CHECK(memory_in_use(dev) - before == 8 * (77 + 77 + 77));
         }
         CHECK(memory_in_use(dev) == before);
-        CHECK(memory_peak(dev) - before == 8 * (15 + 77));
+        CHECK(memory_peak(dev) - before == 8 * (77 + 77 + 77));
         CHECK_THROWS_AS((void)memory_in_use(Device::cuda(64)), InvalidArgument);
+        CHECK_THROWS_AS((Tensor<double, 1>(Shape<1>{4}, Device::cuda(64))), InvalidArgument);  // refused before allocating
       },
       opt);
 }

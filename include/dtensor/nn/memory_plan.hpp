@@ -534,7 +534,11 @@ struct MemoryOptions {
   std::size_t bucket_bytes = std::size_t{4} << 20;  // nn::GradBuckets::kDefaultBucketBytes
   // Whose allocator holds the blocks: the host's keeps a block of 64 KiB or more in its
   // power-of-two size class (tensor/device.hpp); a device's stream-ordered pool hands out
-  // what is asked (memory_in_use(device) counts that).
+  // what is asked (memory_in_use(device) counts that). On a GPU the plan is the tensors'
+  // bytes: the pool's rounding and fragmentation, cuBLAS's and cuDNN's workspaces, NCCL's
+  // buffers and the kernels' small scratch come on top. The pipeline bound's pending
+  // inputs and fits (largest_fitting_extent, smallest_fitting_mesh) round as the host
+  // does: over, never under.
   enum class Allocator : std::uint8_t { Host, Device };
   Allocator allocator = Allocator::Host;
 };

@@ -115,8 +115,9 @@ class Tensor {
     std::size_t bytes;
     void operator()(T* p) const noexcept {
       if (!p) return;
-      detail::memory_space(device).deallocate(p, bytes, device.index);
+      // Uncounted first: another thread may be handed the block as soon as it is freed.
       if (!device.is_host()) detail::DeviceMemoryCounter::instance().remove(device, static_cast<int64_t>(bytes));
+      detail::memory_space(device).deallocate(p, bytes, device.index);
     }
   };
 
@@ -131,6 +132,7 @@ class Tensor {
       DTENSOR_CHECK(device.is_host(), InvalidArgument, "Tensor: ", name(dtype_of<T>()),
                     " elements on a device; complex tensors live on the host for now (no cuFFT yet)");
     const auto& space = detail::memory_space(device);
+    if (!device.is_host()) (void)detail::DeviceMemoryCounter::slot(device);  // a countable device, before allocating
     data_ = std::unique_ptr<T, Free>(static_cast<T*>(space.allocate(bytes(), device.index)), Free{device, bytes()});
     if (data_ && !device.is_host()) detail::DeviceMemoryCounter::instance().add(device, static_cast<int64_t>(bytes()));
   }
