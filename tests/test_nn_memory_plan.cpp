@@ -280,6 +280,19 @@ constexpr auto kMesh = nn::smallest_fitting_mesh<Two, nn::MSELoss<Cfg>, nn::Adam
                                                                                       12_KiB, 16);
 static_assert(kMesh[0] * kMesh[1] > 0);
 static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({100, 6}, kMesh).peak_bytes() <= 12_KiB);
+// For a device's allocator (no power-of-two size classes) more rows fit the same budget
+// once the blocks are large (64 KiB and more); the device plans on either side say so.
+constexpr nn::MemoryOptions kOnDevice{.allocator = nn::MemoryOptions::Allocator::Device};
+constexpr int64_t kHostRows =
+    nn::largest_fitting_extent<Two, nn::MSELoss<Cfg>, nn::AdamW>(std::array<int64_t, 2>{1 << 20, 6}, {1, 1}, 3_MiB);
+constexpr int64_t kDeviceRows = nn::largest_fitting_extent<Two, nn::MSELoss<Cfg>, nn::AdamW>(
+    std::array<int64_t, 2>{1 << 20, 6}, {1, 1}, 3_MiB, 0, kOnDevice);
+static_assert(kDeviceRows > kHostRows);
+static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({kDeviceRows, 6}, {1, 1}, kOnDevice).peak_bytes() <=
+              3_MiB);
+static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({kDeviceRows + 1, 6}, {1, 1}, kOnDevice).peak_bytes() >
+              3_MiB);
+static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({kDeviceRows, 6}, {1, 1}).peak_bytes() > 3_MiB);
 TEST_CASE("memory plan: the largest batch and the smallest mesh that fit a budget") {
   MESSAGE("largest batch in 10 KiB on 2x2: ", kLargest, "; smallest mesh for 100 rows in 12 KiB: ", kMesh[0], "x",
           kMesh[1]);

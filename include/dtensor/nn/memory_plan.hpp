@@ -537,8 +537,7 @@ struct MemoryOptions {
   // what is asked (memory_in_use(device) counts that). On a GPU the plan is the tensors'
   // bytes: the pool's rounding and fragmentation, cuBLAS's and cuDNN's workspaces, NCCL's
   // buffers and the kernels' small scratch come on top. The pipeline bound's pending
-  // inputs and fits (largest_fitting_extent, smallest_fitting_mesh) round as the host
-  // does: over, never under.
+  // inputs round as the host does: over, never under.
   enum class Allocator : std::uint8_t { Host, Device };
   Allocator allocator = Allocator::Host;
 };
@@ -1169,13 +1168,14 @@ std::string to_string(const MemoryPlan<M, C>& p, const std::array<int, M>& coord
 // The largest extent of input dim `dim` (the batch, a sequence length, an image side) for
 // which a training step's peak on the largest rank is at most `budget` bytes, the other
 // extents as given: 0 where not even 1 fits. Searched up to extents[dim] (the peak grows
-// with the extent); a constant expression.
+// with the extent); a constant expression. `options` as memory_plan's (a device's
+// allocator: MemoryOptions::Allocator::Device).
 template <class Model, class Loss, class Opt, std::size_t R>
 constexpr int64_t largest_fitting_extent(std::array<int64_t, R> extents, const std::array<int, Model::M>& mesh_shape,
-                                         int64_t budget, int dim = 0) {
+                                         int64_t budget, int dim = 0, const MemoryOptions& options = {}) {
   auto fits = [&](int64_t n) {
     extents[static_cast<std::size_t>(dim)] = n;
-    return Model::template memory_plan<Loss, Opt>(extents, mesh_shape).peak_bytes() <= budget;
+    return Model::template memory_plan<Loss, Opt>(extents, mesh_shape, options).peak_bytes() <= budget;
   };
   int64_t lo = 0, hi = extents[static_cast<std::size_t>(dim)];
   while (lo < hi) {  // the largest n in [0, hi] that fits (0 fits: nothing to hold)
@@ -1191,7 +1191,7 @@ constexpr int64_t largest_fitting_extent(std::array<int64_t, R> extents, const s
 // first such shape in row-major order where several fit); all zeros where none does.
 template <class Model, class Loss, class Opt, std::size_t R>
 constexpr std::array<int, Model::M> smallest_fitting_mesh(const std::array<int64_t, R>& extents, int64_t budget,
-                                                          int max_ranks) {
+                                                          int max_ranks, const MemoryOptions& options = {}) {
   constexpr std::size_t M = Model::M;
   for (int n = 1; n <= max_ranks; ++n) {
     std::array<int, M> shape{};
@@ -1200,7 +1200,8 @@ constexpr std::array<int, Model::M> smallest_fitting_mesh(const std::array<int64
     while (true) {
       int product = 1;
       for (int s : shape) product *= s;
-      if (product == n && Model::template memory_plan<Loss, Opt>(extents, shape).peak_bytes() <= budget) return shape;
+      if (product == n && Model::template memory_plan<Loss, Opt>(extents, shape, options).peak_bytes() <= budget)
+        return shape;
       int m = static_cast<int>(M) - 1;
       while (m >= 0 && shape[static_cast<std::size_t>(m)] == n) shape[static_cast<std::size_t>(m--)] = 1;
       if (m < 0) break;
