@@ -26,6 +26,7 @@ struct Args {
   double rtol = 1e-10;
   std::string solver = "cg";  // cg | mg | pcg-mg
   dtensor::MgOptions mg{};
+  std::string device = "host";  // -device cuda: every block on GPU 0 (the _cuda builds)
   std::string out;  // -out file.h5: the finest solution of each stencil, HDF5 + XDMF (ParaView)
 };
 
@@ -107,6 +108,8 @@ inline Args parse(int argc, char** argv, const char* program, Args defaults) {
       a.mg.coarse_size = std::stoll(need());
     else if (k == "-out")
       a.out = need();
+    else if (k == "-device")
+      a.device = need();
     else {
       std::fprintf(stderr, "%s: unknown option %s (see the comment at the top of examples/%s.cpp)\n", program,
                    k.c_str(), program);
@@ -117,6 +120,21 @@ inline Args parse(int argc, char** argv, const char* program, Args defaults) {
     std::fprintf(stderr, "%s: -solver must be cg, mg or pcg-mg, not %s\n", program, a.solver.c_str());
     std::exit(2);
   }
+  if (a.device != "host" && a.device != "cuda") {
+    std::fprintf(stderr, "%s: -device must be host or cuda, not %s\n", program, a.device.c_str());
+    std::exit(2);
+  }
+#if !defined(DTENSOR_EXAMPLE_ON_GPU) && !defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
+  if (a.device == "cuda") {
+    std::fprintf(stderr, "%s: -device cuda needs the GPU build of this program (%s_cuda, built where the CUDA "
+                 "toolkit is)\n", program, program);
+    std::exit(2);
+  }
+#endif
+  if (a.device == "cuda" && !a.out.empty()) {
+    std::fprintf(stderr, "%s: -out writes host blocks; run it without -device cuda\n", program);
+    std::exit(2);
+  }
 #ifndef DTENSOR_HAVE_HDF5
   if (!a.out.empty()) {
     std::fprintf(stderr, "%s: -out needs parallel HDF5: this build has none (install libhdf5-openmpi-dev, "
@@ -125,6 +143,14 @@ inline Args parse(int argc, char** argv, const char* program, Args defaults) {
   }
 #endif
   return a;
+}
+
+// In-process ranks on the device the options name: -device cuda puts every rank's
+// blocks on GPU 0 (each rank a thread with a stream of its own).
+inline dtensor::RunOptions run_options(const Args& a) {
+  dtensor::RunOptions opt;
+  if (a.device == "cuda") opt.device = dtensor::Device::cuda(0);
+  return opt;
 }
 
 // The file beside `h5` that describes it for ParaView: out.h5 -> out.xmf.

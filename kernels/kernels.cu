@@ -30,6 +30,7 @@
 #include "row_stats.cuh"
 #include "rows.cuh"
 #include "softmax.cuh"
+#include "stencil.cuh"
 #include "upsample.cuh"
 #include "window_copy.cuh"
 
@@ -839,6 +840,77 @@ void neighborhood_attention_backward(DType t, const compute::NeighborhoodDims& d
     if (g.keys * g.heads > 0)
       launch(detail::neighborhood_dkv_kernel<T>, Grid{blocks_for(g.keys * g.heads)}, stream, g, qs, ks, vs, dos,
              static_cast<const T*>(st), static_cast<T*>(dk), static_cast<T*>(dv));
+  });
+}
+
+// --- the solvers' grid kernels ---
+
+namespace {
+// Combines `blocks` partial sums per value (value k's at partials + k * blocks) into
+// out[0..values).
+void finish_sums(const double* partials, unsigned blocks, int values, double* out, cudaStream_t stream) {
+  for (int k = 0; k < values; ++k)
+    launch(detail::finish_all<double, double, detail::SumOp>, Grid{1}, stream, partials + k * blocks,
+           static_cast<int64_t>(blocks), out + k, 0.0, detail::SumOp{});
+}
+}  // namespace
+
+void stencil_apply(DType t, const compute::StencilApply& ap, double* sum, cudaStream_t stream) {
+  check_floating(t, "stencil_apply");
+  const int64_t n = ap.cells();
+  const bool sums = ap.epilogue.sums();
+  if (n == 0) {
+    if (sums) DTENSOR_CUDA(cudaMemsetAsync(sum, 0, sizeof(double), stream));
+    return;
+  }
+  const unsigned blocks = blocks_for(n);
+  visit_floating(t, [&](auto tag) {
+    using T = decltype(tag);
+    if (!sums) return launch(detail::stencil_apply_kernel<T>, Grid{blocks}, stream, ap, nullptr);
+    Scratch<double> partials(blocks, stream);
+    launch(detail::stencil_apply_kernel<T>, Grid{blocks}, stream, ap, partials.get());
+    finish_sums(partials.get(), blocks, 1, sum, stream);
+  });
+}
+
+void stencil_diagonal(DType t, const compute::StencilApply& ap, cudaStream_t stream) {
+  check_floating(t, "stencil_diagonal");
+  if (ap.cells() == 0) return;
+  visit_floating(t, [&](auto tag) {
+    launch(detail::stencil_diagonal_kernel<decltype(tag)>, Grid{blocks_for(ap.cells())}, stream, ap);
+  });
+}
+
+void grid_update(DType t, const compute::GridUpdate& g, double* sums, cudaStream_t stream) {
+  check_floating(t, "grid_update");
+  const int64_t n = g.cells();
+  if (n == 0) {
+    if (g.sums()) DTENSOR_CUDA(cudaMemsetAsync(sums, 0, 3 * sizeof(double), stream));
+    return;
+  }
+  const unsigned blocks = blocks_for(n);
+  visit_floating(t, [&](auto tag) {
+    using T = decltype(tag);
+    if (!g.sums()) return launch(detail::grid_update_kernel<T>, Grid{blocks}, stream, g, nullptr);
+    Scratch<double> partials(3 * static_cast<std::size_t>(blocks), stream);
+    launch(detail::grid_update_kernel<T>, Grid{blocks}, stream, g, partials.get());
+    finish_sums(partials.get(), blocks, 3, sums, stream);
+  });
+}
+
+void grid_restrict(DType t, const compute::GridTransfer& g, cudaStream_t stream) {
+  check_floating(t, "grid_restrict");
+  if (g.coarse_cells() == 0) return;
+  visit_floating(t, [&](auto tag) {
+    launch(detail::restrict_kernel<decltype(tag)>, Grid{blocks_for(g.coarse_cells())}, stream, g);
+  });
+}
+
+void grid_prolong(DType t, const compute::GridTransfer& g, cudaStream_t stream) {
+  check_floating(t, "grid_prolong");
+  if (g.fine_cells() == 0) return;
+  visit_floating(t, [&](auto tag) {
+    launch(detail::prolong_kernel<decltype(tag)>, Grid{blocks_for(g.fine_cells())}, stream, g);
   });
 }
 

@@ -52,6 +52,7 @@
 #include <dtensor/compute/optimizer_update.hpp>
 #include <dtensor/compute/pool.hpp>
 #include <dtensor/compute/row_stats.hpp>
+#include <dtensor/compute/stencil_loops.hpp>
 #include <dtensor/compute/upsample.hpp>
 #include <dtensor/dtensor.hpp>
 
@@ -654,7 +655,84 @@ inline const detail::DeviceMovement& movement() {
 }
 
 // The math (compute/device_backend.hpp).
-struct EmulatedMath {
+// The solvers' grid kernels: the host loops over the per-cell code the CUDA kernels
+// run (compute/stencil_loops.hpp), every pointer checked to be device memory and
+// untagged. Those with a sum wait for it, as the CUDA backend does.
+inline compute::GridRef real_ref(compute::GridRef g) {
+  g.p = real<const void>(g.p);
+  return g;
+}
+inline compute::StencilOperator real_operator(compute::StencilOperator op) {
+  using Kind = compute::StencilOperator::Kind;
+  if (op.kind == Kind::VarCoeff) op.k = real_ref(op.k);
+  if (op.kind == Kind::Field)
+    for (int k = 0; k < op.points(); ++k) {
+      op.pool[k] = real<const void>(op.pool[k]);
+      op.row_start[k] = real<const int64_t>(op.row_start[k]);
+    }
+  return op;
+}
+inline compute::StencilApply real_apply(compute::StencilApply a) {
+  a.op = real_operator(a.op);
+  a.u = real_ref(a.u);
+  a.out = real_ref(a.out);
+  auto& e = a.epilogue;
+  for (compute::GridRef* g : {&e.v, &e.x, &e.b, &e.dinv, &e.d})
+    if (g->p) *g = real_ref(*g);
+  return a;
+}
+inline compute::GridTransfer real_transfer(compute::GridTransfer g) {
+  g.fine = real<void>(g.fine);
+  g.coarse = real_ref(g.coarse);
+  return g;
+}
+struct EmulatedGrid {
+  static double stencil_apply(DType t, const compute::StencilApply& a) {
+    require_floating(t, "stencil_apply");
+    const compute::StencilApply r = real_apply(a);
+    if (!a.epilogue.sums()) {
+      launch([=] { floating(t, [&](auto tag) { compute::stencil_apply<decltype(tag)>(r); }); });
+      return 0;
+    }
+    count(calls());
+    double sum = 0;
+    submit_and_wait([&sum, t, r] { floating(t, [&](auto tag) { sum = compute::stencil_apply<decltype(tag)>(r); }); });
+    return sum;
+  }
+  static void stencil_diagonal(DType t, const compute::StencilApply& a) {
+    require_floating(t, "stencil_diagonal");
+    compute::StencilApply r = a;
+    r.op = real_operator(a.op);
+    r.out = real_ref(a.out);
+    launch([=] { floating(t, [&](auto tag) { compute::stencil_diagonal<decltype(tag)>(r.op, r.shape, r.out); }); });
+  }
+  static compute::GridSums grid_update(DType t, const compute::GridUpdate& g) {
+    require_floating(t, "grid_update");
+    compute::GridUpdate r = g;
+    for (compute::GridRef* v : {&r.a, &r.b, &r.c, &r.d, &r.e})
+      if (v->p) *v = real_ref(*v);
+    if (!g.sums()) {
+      launch([=] { floating(t, [&](auto tag) { compute::grid_update<decltype(tag)>(r); }); });
+      return {};
+    }
+    count(calls());
+    compute::GridSums s;
+    submit_and_wait([&s, t, r] { floating(t, [&](auto tag) { s = compute::grid_update<decltype(tag)>(r); }); });
+    return s;
+  }
+  static void grid_restrict(DType t, const compute::GridTransfer& g) {
+    require_floating(t, "grid_restrict");
+    const compute::GridTransfer r = real_transfer(g);
+    launch([=] { floating(t, [&](auto tag) { compute::grid_restrict<decltype(tag)>(r); }); });
+  }
+  static void grid_prolong(DType t, const compute::GridTransfer& g) {
+    require_floating(t, "grid_prolong");
+    const compute::GridTransfer r = real_transfer(g);
+    launch([=] { floating(t, [&](auto tag) { compute::grid_prolong<decltype(tag)>(r); }); });
+  }
+};
+
+struct EmulatedMath : EmulatedGrid {
   // Walks the box with an odometer (the kernel decomposes each index instead).
   static void random_fill(DType t, void* dst, const CounterBox& box, const CounterDraw& draw) {
     if (!is_float_or_double(t)) throw InvalidArgument("emulated device: random_fill takes float or double tensors");

@@ -21,6 +21,7 @@
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/compute/optimizer_step.hpp"
 #include "dtensor/compute/row_terms.hpp"
+#include "dtensor/compute/stencil_dims.hpp"
 #include "dtensor/compute/upsample_dims.hpp"
 #include "dtensor/core/block.hpp"
 #include "dtensor/core/dtype.hpp"
@@ -124,6 +125,16 @@ struct DeviceBackend {
                       void* o)> neighborhood_attention_forward;
   RequiredFn<void (*)(DType, const compute::NeighborhoodDims&, const void* q, const void* k, const void* v,
                       const void* dout, void* stats, void* dq, void* dk, void* dv)> neighborhood_attention_backward;
+
+  // The solvers' grid kernels on one rank's block (compute/stencil_dims.hpp; float and
+  // double). stencil_apply and grid_update return their sums to the host, waiting for
+  // the device only where there is a sum (a dot, a norm); the others return at once.
+  RequiredFn<double (*)(DType, const compute::StencilApply&)> stencil_apply;
+  // out = the diagonal of the operator over the block (op, shape and out are read).
+  RequiredFn<void (*)(DType, const compute::StencilApply&)> stencil_diagonal;
+  RequiredFn<compute::GridSums (*)(DType, const compute::GridUpdate&)> grid_update;
+  RequiredFn<void (*)(DType, const compute::GridTransfer&)> grid_restrict;
+  RequiredFn<void (*)(DType, const compute::GridTransfer&)> grid_prolong;
 };
 
 // A backend's table, from a type K with one static member per entry, named as the entry
@@ -148,6 +159,8 @@ constexpr DeviceBackend device_backend_of() {
       .attention_backward = K::attention_backward, .attention_merge = K::attention_merge,
       .neighborhood_attention_forward = K::neighborhood_attention_forward,
       .neighborhood_attention_backward = K::neighborhood_attention_backward,
+      .stencil_apply = K::stencil_apply, .stencil_diagonal = K::stencil_diagonal, .grid_update = K::grid_update,
+      .grid_restrict = K::grid_restrict, .grid_prolong = K::grid_prolong,
   };
 }
 

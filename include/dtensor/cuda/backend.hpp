@@ -143,6 +143,39 @@ struct CudaMovement {
   }
 };
 
+// The solvers' grid kernels with a sum: the sums land in device doubles, then come to
+// the host (the one wait of a dot or a norm; an update without a sum does not wait).
+inline void read_sums(const double* device_sums, double* host, int n, cudaStream_t s) {
+  DTENSOR_CUDA(cudaMemcpyAsync(host, device_sums, n * sizeof(double), cudaMemcpyDeviceToHost, s));
+  DTENSOR_CUDA(cudaStreamSynchronize(s));
+}
+inline double stencil_apply(DType t, const compute::StencilApply& ap) {
+  cudaStream_t s = current_stream();
+  if (!ap.epilogue.sums()) {
+    kernels::stencil_apply(t, ap, nullptr, s);
+    return 0;
+  }
+  HostArrays buf(1);
+  double* d = buf.take(1);
+  kernels::stencil_apply(t, ap, d, s);
+  double v = 0;
+  read_sums(d, &v, 1, s);
+  return v;
+}
+inline compute::GridSums grid_update(DType t, const compute::GridUpdate& g) {
+  cudaStream_t s = current_stream();
+  compute::GridSums out;
+  if (!g.sums()) {
+    kernels::grid_update(t, g, nullptr, s);
+    return out;
+  }
+  HostArrays buf(3);
+  double* d = buf.take(3);
+  kernels::grid_update(t, g, d, s);
+  read_sums(d, out.s, 3, s);
+  return out;
+}
+
 // The math (compute/device_backend.hpp): the kernels of kernels/, cuBLAS and cuDNN.
 struct CudaMath {
   static constexpr auto random_fill = on_stream<kernels::random_fill>;
@@ -180,6 +213,11 @@ struct CudaMath {
   static constexpr auto attention_merge = on_stream<kernels::attention_merge>;
   static constexpr auto neighborhood_attention_forward = on_stream<kernels::neighborhood_attention_forward>;
   static constexpr auto neighborhood_attention_backward = on_stream<kernels::neighborhood_attention_backward>;
+  static constexpr auto stencil_apply = detail::stencil_apply;  // sums read back (above)
+  static constexpr auto stencil_diagonal = on_stream<kernels::stencil_diagonal>;
+  static constexpr auto grid_update = detail::grid_update;
+  static constexpr auto grid_restrict = on_stream<kernels::grid_restrict>;
+  static constexpr auto grid_prolong = on_stream<kernels::grid_prolong>;
 };
 
 inline const ::dtensor::detail::DeviceMovement& movement_table() {

@@ -24,6 +24,7 @@
 #include "dtensor/compute/functions.hpp"
 #include "dtensor/compute/optimizer_step.hpp"
 #include "dtensor/compute/row_terms.hpp"
+#include "dtensor/compute/stencil_dims.hpp"
 #include "dtensor/compute/upsample_dims.hpp"
 
 namespace dtensor::cuda::kernels {
@@ -196,5 +197,21 @@ void neighborhood_attention_forward(DType t, const compute::NeighborhoodDims& d,
 void neighborhood_attention_backward(DType t, const compute::NeighborhoodDims& d, const void* q, const void* k,
                                      const void* v, const void* dout, void* stats, void* dq, void* dk, void* dv,
                                      cudaStream_t stream);
+
+// --- the solvers' grid kernels (float32 and float64; compute/stencil_dims.hpp,
+// kernels/stencil.cuh) ---
+
+// out = A u with the epilogue; where the epilogue has a sum (a dot, a norm) it is
+// written to sum[0] (one device double), else sum may be null.
+void stencil_apply(DType t, const compute::StencilApply& ap, double* sum, cudaStream_t stream);
+// ap.out = the diagonal of ap.op over ap.shape.
+void stencil_diagonal(DType t, const compute::StencilApply& ap, cudaStream_t stream);
+// The update; where it has sums (GridUpdate::sums()) they are written to sums[0..3)
+// (device doubles), else sums may be null.
+void grid_update(DType t, const compute::GridUpdate& g, double* sums, cudaStream_t stream);
+// Restriction (full weighting) into g.coarse; prolongation (added into the fine
+// interior, the fine ghosts set to their shares).
+void grid_restrict(DType t, const compute::GridTransfer& g, cudaStream_t stream);
+void grid_prolong(DType t, const compute::GridTransfer& g, cudaStream_t stream);
 
 }  // namespace dtensor::cuda::kernels

@@ -15,11 +15,19 @@
 // The epilogue is called as epi(cell, o, n) right after the row o[0..n) (cells
 // cell, cell + e_last, ...) is written, while it is in cache: a solver fuses its dot
 // products and vector updates there instead of making another pass over memory.
+//
+// On device blocks (u on a GPU) the operator's stencil_operator() and the epilogue's
+// device() (a DeviceEpilogue: the same update as data, and where its sum goes) make
+// one kernel per application; the exchange completes before it (the halo's copies and
+// the kernel share the rank's stream, which orders them anyway), so both modes are
+// the plain one there. An epilogue written as a function runs on host blocks only.
 #include <cstdint>
 #include <type_traits>
 
+#include "dtensor/compute/device_backend.hpp"
 #include "dtensor/halo/ghosted.hpp"
 #include "dtensor/halo/stencil_regions.hpp"
+#include "dtensor/solvers/device_grid.hpp"
 #include "dtensor/solvers/rows.hpp"
 
 namespace dtensor {
@@ -31,10 +39,34 @@ enum class ApplyMode {
 
 inline const char* to_string(ApplyMode m) { return m == ApplyMode::Plain ? "plain" : "overlapped"; }
 
+// An epilogue's device form: the per-cell update as data, and the double its sum is
+// added to (null: no sum).
+struct DeviceEpilogue {
+  compute::StencilEpilogue epilogue{};
+  double* sum = nullptr;
+};
+
 // An epilogue that does nothing.
 struct NoEpilogue {
   template <class C, class T>
   void operator()(const C&, T*, int64_t) const {}
+  DeviceEpilogue device() const { return {}; }
+};
+
+// An epilogue adding Σ v·o over the output rows into *acc (v: a block view).
+template <class T, int Rank>
+struct DotEpilogue {
+  TensorView<const T, Rank> v;
+  double* acc;
+  void operator()(const Shape<Rank>& cell, const T* o, int64_t n) const {
+    *acc += dot_row(v.data() + detail::offset_of<Rank>(cell, v.strides()), o, n);
+  }
+  DeviceEpilogue device() const {
+    DeviceEpilogue d{.sum = acc};
+    d.epilogue.kind = compute::StencilEpilogue::Kind::Dot;
+    d.epilogue.v = detail::grid_ref(v);
+    return d;
+  }
 };
 
 namespace detail {
@@ -55,8 +87,8 @@ void check_apply(const Op& A, const G& u, const TensorView<T, G::rank>& out) {
   DTENSOR_CHECK(need.stencil == Stencil::Star || have.stencil == Stencil::Box, InvalidArgument,
                 "apply: the operator reads edge and corner neighbours, but the input exchanges faces only "
                 "(Stencil::Star); build it with the operator's halo() spec (Stencil::Box)");
-  DTENSOR_CHECK(u.device().is_host(), InvalidArgument,
-                "apply: the stencil kernels run on the host; the input lives on ", to_string(u.device()));
+  DTENSOR_CHECK(out.device() == u.device(), InvalidArgument, "apply: the input lives on ", to_string(u.device()),
+                ", the output on ", to_string(out.device()));
   DTENSOR_CHECK(out.shape() == u.local_shape(), InvalidArgument, "apply: the output block ", to_string(out.shape()),
                 " differs from the input's ", to_string(u.local_shape()));
   const T* s = u.storage().data();
@@ -82,6 +114,33 @@ void apply_box(const Op& A, const T* padded, const std::type_identity_t<Shape<Ra
   });
 }
 
+// The operator's stencil on device blocks: one kernel over this rank's block, its
+// ghosts already in place, the epilogue fused.
+template <class Op, class G, class T, int Rank, class Epi>
+void apply_device(const Op& A, const G& u, const TensorView<T, Rank>& out, const Epi& epi) {
+  if constexpr (!requires { A.stencil_operator(); }) {
+    throw InvalidArgument(cat("apply: the input lives on ", to_string(u.device()),
+                              ", and this operator has no device form (a stencil_operator() member: "
+                              "solvers/stencils.hpp); apply it to host blocks"));
+  } else if constexpr (!requires { epi.device(); }) {
+    throw InvalidArgument(cat("apply: the input lives on ", to_string(u.device()),
+                              ", where an epilogue must have a device form (DeviceEpilogue device() const); one "
+                              "given as a function runs on host blocks only"));
+  } else {
+    compute::StencilApply ap;
+    ap.op = A.stencil_operator();
+    grid_shape<Rank>(u.local_shape(), ap.shape);
+    grid_shape<Rank>(u.local_offset(), ap.offset);
+    ap.u = grid_ref(u.interior());
+    ap.out = grid_ref(out);
+    const DeviceEpilogue d = epi.device();
+    ap.epilogue = d.epilogue;
+    if (ap.cells() == 0) return;
+    const double sum = device_backend(u.device()).stencil_apply(dtype_of<T>(), ap);
+    if (d.sum) *d.sum += sum;
+  }
+}
+
 }  // namespace detail
 
 // out = A u, with an epilogue per output row; u's ghosts are exchanged (collective).
@@ -91,6 +150,10 @@ void apply(const Op& A, G& u, Out&& out, ApplyMode mode = ApplyMode::Overlapped,
   using T = typename G::value_type;
   const TensorView<T, Rank> y = solver_view(out, "apply");
   detail::check_apply(A, u, y);
+  if (!u.device().is_host()) {
+    u.exchange();
+    return detail::apply_device(A, u, y, epi);
+  }
   const T* padded = u.storage().data();
   const Shape<Rank> ps = u.storage().strides(), lo = u.lo();
   auto f = [&](const IndexBox<Rank>& box) { detail::apply_box(A, padded, ps, lo, y, box, epi); };
@@ -120,6 +183,7 @@ void apply_local(const Op& A, const G& u, Out&& out, Epi&& epi = {}) {
   using T = typename G::value_type;
   const TensorView<T, Rank> y = solver_view(out, "apply_local");
   detail::check_apply(A, u, y);
+  if (!u.device().is_host()) return detail::apply_device(A, u, y, epi);
   detail::apply_box(A, u.storage().data(), u.storage().strides(), u.lo(), y,
                     IndexBox<Rank>{Shape<Rank>{}, u.local_shape()}, epi);
 }
@@ -128,6 +192,19 @@ void apply_local(const Op& A, const G& u, Out&& out, Epi&& epi = {}) {
 template <class Op, class T, int Rank>
 void diagonal(const Op& A, TensorView<T, Rank> out) {
   detail::check_solver_view(out, "diagonal");
+  if (!out.device().is_host()) {
+    if constexpr (!requires { A.stencil_operator(); }) {
+      throw InvalidArgument(detail::cat("diagonal: the block lives on ", to_string(out.device()),
+                                        ", and this operator has no device form (stencil_operator())"));
+    } else {
+      compute::StencilApply ap;
+      ap.op = A.stencil_operator();
+      detail::grid_shape<Rank>(out.shape(), ap.shape);
+      ap.out = detail::grid_ref(out);
+      if (ap.cells() > 0) detail::device_backend(out.device()).stencil_diagonal(dtype_of<T>(), ap);
+      return;
+    }
+  }
   const int64_t n = out.shape()[Rank - 1];
   for_each_row_start(out.shape(), [&](const Shape<Rank>& idx) {
     A.diagonal_row(out.data() + detail::offset_of<Rank>(idx, out.strides()), n, idx);

@@ -23,6 +23,8 @@
 // The iteration stops when ||r_k|| <= max(rtol ||b||, atol) (r_k the recursively
 // updated residual) or after max_iters iterations; rtol = atol = 0 runs exactly
 // max_iters. Every mesh dim must shard the grid (Shard<d>); blocks may be uneven.
+// On a device mesh the vectors and the stencil live on the GPU (solvers/apply.hpp:
+// the operator needs its device form); only the dots come back, once per all-reduce.
 //
 //   CgOptions opt{.stop = {.max_iters = 1000, .rtol = 1e-10}};
 //   SolveResult res = cg(Laplacian5{h}, b, x, opt);      // x: initial guess in, solution out
@@ -72,9 +74,9 @@ class CgSolver {
       : A_(&A),
         opt_(opt),
         g_(like.mesh(), like.layout(), A.halo()),
-        t1_(g_.local_shape()),
-        t2_(g_.local_shape()),
-        t3_(g_.local_shape()) {
+        t1_(g_.local_shape(), g_.device()),
+        t2_(g_.local_shape(), g_.device()),
+        t3_(g_.local_shape(), g_.device()) {
     detail::check_solver_placements<P...>();
   }
   // The solver keeps a pointer to A: a temporary operator would not outlive it.
@@ -97,14 +99,7 @@ class CgSolver {
 
   static double secs(clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-  // An epilogue adding Σ v·o over the output rows into `acc` (v: a block view).
-  struct DotEpilogue {
-    CView v;
-    double* acc;
-    void operator()(const Shape<Rank>& cell, const T* o, int64_t n) const {
-      *acc += dot_row(v.data() + detail::offset_of<Rank>(cell, v.strides()), o, n);
-    }
-  };
+  using DotEpilogue = dtensor::DotEpilogue<T, Rank>;
 
   // g_ <- x; out <- b - A x; returns {Σ r·r, Σ b·b} (local).
   std::array<double, 2> initial_residual(const Vector& b, const Vector& x, View out) {

@@ -23,7 +23,7 @@
 #include <vector>
 #include <utility>
 
-#include "dtensor/comm/collectives.hpp"
+#include "dtensor/comm/host_values.hpp"
 #include "dtensor/halo/ghosted.hpp"
 #include "dtensor/solvers/grid_transfer.hpp"
 #include "dtensor/solvers/rows.hpp"
@@ -70,9 +70,13 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
   const Shape<Rank> cpad = kc.padded_shape(), fpad = kf.padded_shape();
   // Copies k at the coarse padded cells whose every dim is in the block or beyond the
   // global boundary, with at least one beyond it (boundary) or none (interior).
+  // On a device mesh the fields are read and written through host copies (setup only).
+  const Device dev = kf.device();
+  const Tensor<T, Rank> kf_host = kf.storage().to(Device::host());
+  Tensor<T, Rank> kc_host(kc.padded_shape());
   auto inject = [&](bool boundary) {
-    T* dst = kc.storage().data();
-    const T* src = kf.storage().data();
+    T* dst = kc_host.data();
+    const T* src = kf_host.data();
     const Shape<Rank> ds = kc.storage().strides(), ss = kf.storage().strides();
     for_each_index(cpad, [&](const Shape<Rank>& p) {
       bool take = true, beyond = false;
@@ -92,8 +96,11 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
     });
   };
   inject(false);
+  kc.storage() = kc_host.to(dev);
   kc.exchange();  // the neighbours' interior values
+  kc_host = kc.storage().to(Device::host());
   inject(true);   // then the boundary nodes (the exchange wrote zeros there)
+  kc.storage() = kc_host.to(dev);
   if (!coarse.moved()) return VarCoeffLaplacian<T, Rank, P...>(std::move(kc), 2 * a.h());
   // Moved onto fewer ranks: the grid is small (its blocks were thinner than min_block),
   // so every rank assembles k on the whole grid with its boundary nodes (one sum over
@@ -121,11 +128,12 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
       mine = mine && owner_of >= coff[d] && owner_of < coff[d] + cn[d];
     }
     if (mine && outside <= 1)
-      all[whole_index(c)] = kc.storage().data()[detail::offset_of<Rank>(p, kc.storage().strides())];
+      all[whole_index(c)] = kc_host.data()[detail::offset_of<Rank>(p, kc_host.strides())];
   });
-  all_reduce<T>(coarse.mesh.comm(), std::span<T>(all), ReduceOp::Sum);
+  all_reduce_values<T>(coarse.mesh.comm(), all.data(), all.size(), ReduceOp::Sum);
   Field km(coarse.mesh, coarse.layout, detail::dirichlet_halo<Rank>(Stencil::Star));
   const Shape<Rank> moff = km.local_offset(), mlo = km.lo(), mpad = km.padded_shape();
+  Tensor<T, Rank> km_host(mpad);
   for_each_index(mpad, [&](const Shape<Rank>& p) {
     Shape<Rank> c{};
     bool inside = true;
@@ -133,8 +141,9 @@ VarCoeffLaplacian<T, Rank, P...> coarse_operator(const VarCoeffLaplacian<T, Rank
       c[d] = moff[d] + p[d] - mlo[d];
       inside = inside && c[d] >= -1 && c[d] <= cg[d];
     }
-    if (inside) km.storage().data()[detail::offset_of<Rank>(p, km.storage().strides())] = all[whole_index(c)];
+    if (inside) km_host.data()[detail::offset_of<Rank>(p, km_host.strides())] = all[whole_index(c)];
   });
+  km.storage() = km_host.to(dev);
   return VarCoeffLaplacian<T, Rank, P...>(std::move(km), 2 * a.h());
 }
 

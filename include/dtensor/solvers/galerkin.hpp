@@ -92,6 +92,30 @@ class StencilField {
   }
 
   HaloSpec<Rank> halo() const { return detail::dirichlet_halo<Rank>(Stencil::Box); }
+
+  // Copies the pooled rows and their starts to `dev` (a device), where
+  // stencil_operator() points the kernels at them; the host copy stays for row().
+  void upload(Device dev) {
+    for (int k = 0; k < points; ++k) {
+      Tensor<T, 1> pool(Shape<1>{static_cast<int64_t>(pool_[k].size())}, pool_[k]);
+      Tensor<int64_t, 1> start(Shape<1>{static_cast<int64_t>(start_[k].size())}, start_[k]);
+      device_pool_[k] = pool.to(dev);
+      device_start_[k] = start.to(dev);
+    }
+    device_ = dev;
+  }
+  Device device() const { return device_; }
+  compute::StencilOperator stencil_operator() const {
+    DTENSOR_CHECK(!device_.is_host(), InvalidArgument,
+                  "StencilField: its coefficients are on the host; upload(device) them before applying it to device "
+                  "blocks");
+    compute::StencilOperator op;
+    op.kind = compute::StencilOperator::Kind::Field;
+    op.rank = Rank;
+    for (int k = 0; k < points; ++k) op.pool[k] = device_pool_[k].data(), op.row_start[k] = device_start_[k].data();
+    return op;
+  }
+
   // Distinct coefficient rows stored, over all neighbours (a measure of the compression).
   int64_t stored_rows() const {
     int64_t s = 0;
@@ -105,6 +129,9 @@ class StencilField {
   void check_input(const G& u) const {
     DTENSOR_CHECK(u.local_shape() == shape_, InvalidArgument, "StencilField: the input block ",
                   to_string(u.local_shape()), " is not the block of its coefficients, ", to_string(shape_));
+    DTENSOR_CHECK(u.device().is_host() || u.device() == device_, InvalidArgument, "StencilField: the input lives on ",
+                  to_string(u.device()), ", its coefficients on ", to_string(device_),
+                  "; upload(device) them first");
   }
 
   void row(const T* u, const Shape<Rank>& s, T* DTENSOR_RESTRICT o, int64_t n, const Shape<Rank>& cell) const {
@@ -145,6 +172,9 @@ class StencilField {
   Shape<Rank> outer_strides_{};               // row-major strides of the block
   std::array<std::vector<T>, points> pool_;   // the distinct rows of each coefficient
   std::array<std::vector<int64_t>, points> start_;  // row r of coefficient k: pool_[k] + start_[k][r]
+  Device device_ = Device::host();                  // where the copies below live (host: none)
+  std::array<Tensor<T, 1>, points> device_pool_;
+  std::array<Tensor<int64_t, 1>, points> device_start_;
 };
 
 // R A P on the coarse grid `coarse`, for A acting on `fine`'s layout. `v` and `w` are
@@ -161,7 +191,10 @@ StencilField<T, Rank> galerkin_operator(const Op& A, Ghosted<T, Rank, P...>& v, 
   const Shape<Rank> coff = coarse.aligned.local_offset(ps, mesh.shape(), mesh.coords());
   std::array<Tensor<T, Rank>, points> a;
   for (auto& t : a) t = Tensor<T, Rank>(cn);
-  Tensor<T, Rank> e(cn), y(cn);
+  // The probes run where the grid lives; the coefficients are gathered on the host
+  // (on a device: each probe copied in, its image copied out, at setup).
+  const Device dev = v.device();
+  Tensor<T, Rank> e(cn), y(cn), e_dev(cn, dev), y_dev(cn, dev);
   auto each_cell = [&](auto&& f) {  // f(local index, linear position)
     int64_t i = 0;
     for_each_index(cn, [&](const Shape<Rank>& c) { f(c, i++); });
@@ -174,9 +207,17 @@ StencilField<T, Rank> galerkin_operator(const Op& A, Ghosted<T, Rank, P...>& v, 
       e.data()[i] = on ? T(1) : T(0);
     });
     movement::fill(v.storage(), T(0));
-    prolong_add(TensorView<const T, Rank>(e), v);
-    apply(A, v, w.interior(), ApplyMode::Plain);
-    restrict_full_weighting(w, TensorView<T, Rank>(y));
+    if (dev.is_host()) {
+      prolong_add(TensorView<const T, Rank>(e), v);
+      apply(A, v, w.interior(), ApplyMode::Plain);
+      restrict_full_weighting(w, TensorView<T, Rank>(y));
+    } else {
+      e_dev = e.to(dev);
+      prolong_add(TensorView<const T, Rank>(e_dev), v);
+      apply(A, v, w.interior(), ApplyMode::Plain);
+      restrict_full_weighting(w, TensorView<T, Rank>(y_dev));
+      y = y_dev.to(Device::host());
+    }
     // Node c's neighbour of class k, c + o with o = (k's class - c's class) mod 3 in
     // {-1, 0, 1}, gets the coefficient y(c).
     each_cell([&](const Shape<Rank>& c, int64_t i) {
@@ -188,11 +229,15 @@ StencilField<T, Rank> galerkin_operator(const Op& A, Ghosted<T, Rank, P...>& v, 
       a[nb].data()[i] = y.data()[i];
     });
   }
-  if (!coarse.moved()) return StencilField<T, Rank>(a);
+  auto on_device = [&](StencilField<T, Rank> f) {
+    if (!dev.is_host()) f.upload(dev);
+    return f;
+  };
+  if (!coarse.moved()) return on_device(StencilField<T, Rank>(a));
   std::array<Tensor<T, Rank>, points> moved;
   for (int k = 0; k < points; ++k)
-    moved[k] = realign(Vector(mesh, coarse.aligned, std::move(a[k])), coarse.layout.blocks).local();
-  return StencilField<T, Rank>(moved);
+    moved[k] = realign(Vector(mesh, coarse.aligned, a[k].to(dev)), coarse.layout.blocks).local().to(Device::host());
+  return on_device(StencilField<T, Rank>(moved));
 }
 
 }  // namespace dtensor

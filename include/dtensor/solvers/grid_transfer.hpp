@@ -31,9 +31,12 @@
 // inner-product identity <R r, e> 2^d = <r, P e>).
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "dtensor/compute/device_backend.hpp"
 #include "dtensor/halo/ghosted.hpp"
+#include "dtensor/solvers/device_grid.hpp"
 #include "dtensor/solvers/rows.hpp"
 
 namespace dtensor {
@@ -89,8 +92,7 @@ void check_transfer_grid(const G& fine, const char* what) {
     DTENSOR_CHECK(fine.spec().boundary[d] == Boundary::zero(), InvalidArgument, what,
                   ": multigrid's transfers assume the homogeneous Dirichlet boundary (Boundary::zero()); dim ", d,
                   " has ", to_string(fine.spec().boundary[d]));
-  DTENSOR_CHECK(fine.device().is_host(), InvalidArgument, what, ": the transfers run on the host; the grid lives on ",
-                to_string(fine.device()));
+  (void)what;
 }
 
 // Checks that `coarse` (a block view) is this rank's block of the coarse grid of
@@ -149,6 +151,31 @@ void prolong_row(const T* DTENSOR_RESTRICT c, T w, T* DTENSOR_RESTRICT f, int64_
   f[2 * m - 1] += h * c[m - 1];
 }
 
+// A transfer between `fine` and the coarse block `c` on a device (the kernels'
+// GridTransfer: compute/stencil_dims.hpp).
+template <class G, class T, int Rank>
+compute::GridTransfer device_transfer(G& fine, const TensorView<T, Rank>& c,
+                                      const std::type_identity_t<Shape<Rank>>& origin) {
+  compute::GridTransfer g;
+  g.rank = Rank;
+  g.fine = fine.storage().data();
+  const compute::GridRef fr = grid_ref(TensorView<typename G::value_type, Rank>(fine.storage()));
+  for (int d = 0; d < 3; ++d) g.fine_strides[d] = fr.s[d];
+  grid_shape<Rank>(fine.padded_shape(), g.fine_padded);
+  grid_shape<Rank>(fine.local_shape(), g.fine_shape);
+  Shape<Rank> lo = fine.lo();
+  int64_t lo3[3], origin3[3];
+  grid_shape<Rank>(lo, lo3);
+  grid_shape<Rank>(origin, origin3);
+  for (int d = 0; d < 3; ++d) {
+    g.fine_lo[d] = d < 3 - Rank ? 0 : lo3[d];  // the leading dims: no ghosts, coarse cell 0 at 0
+    g.origin[d] = d < 3 - Rank ? 0 : origin3[d];
+  }
+  g.coarse = grid_ref(c);
+  grid_shape<Rank>(c.shape(), g.coarse_shape);
+  return g;
+}
+
 // Zeroes the ghost cells of a Ghosted (the interior untouched).
 template <class G>
 void zero_ghosts(G& g) {
@@ -183,6 +210,13 @@ void restrict_full_weighting(G& fine, V&& coarse) {
   const TensorView<T, Rank> c = solver_view(coarse, "restrict_full_weighting");
   const Shape<Rank> origin = detail::coarse_origin(fine, c, "restrict_full_weighting");
   fine.exchange();
+  if (!fine.device().is_host()) {
+    DTENSOR_CHECK(c.device() == fine.device(), InvalidArgument, "restrict_full_weighting: the fine grid lives on ",
+                  to_string(fine.device()), ", the coarse block on ", to_string(c.device()));
+    if (c.numel() > 0)
+      detail::device_backend(fine.device()).grid_restrict(dtype_of<T>(), detail::device_transfer(fine, c, origin));
+    return;
+  }
   const T* f = fine.storage().data();
   const Shape<Rank> fs = fine.storage().strides();
   const int64_t m = c.shape()[Rank - 1];
@@ -208,6 +242,16 @@ void prolong_add(V&& coarse, G& fine) {
   using T = typename G::value_type;
   const TensorView<const T, Rank> c = solver_view(coarse, "prolong_add");
   const Shape<Rank> origin = detail::coarse_origin(fine, c, "prolong_add");
+  if (!fine.device().is_host()) {
+    // One thread per fine padded cell gathers from its coarse neighbours (no atomics):
+    // the interior adds, the ghosts take their shares for the reverse exchange.
+    DTENSOR_CHECK(c.device() == fine.device(), InvalidArgument, "prolong_add: the fine grid lives on ",
+                  to_string(fine.device()), ", the coarse block on ", to_string(c.device()));
+    if (fine.storage().numel() > 0)
+      detail::device_backend(fine.device()).grid_prolong(dtype_of<T>(), detail::device_transfer(fine, c, origin));
+    fine.reverse();
+    return;
+  }
   detail::zero_ghosts(fine);
   T* f = fine.storage().data();
   const Shape<Rank> fs = fine.storage().strides();

@@ -12,7 +12,8 @@
 // check) depend on the summation order.
 //
 // ω = 1 is plain Jacobi, which converges for the Laplacians here; ω = 2/3 or 4/5
-// makes a smoother (for multigrid).
+// makes a smoother (for multigrid). On device blocks a sweep is one kernel (the
+// stencil with the update fused), the norm a sum read back with it.
 //
 //   JacobiOptions opt{.stop = {.max_iters = 500, .rtol = 1e-6}, .weight = 1.0};
 //   SolveResult res = jacobi(Laplacian5{h}, b, x, opt);   // x: initial guess in, solution out
@@ -59,6 +60,56 @@ void jacobi_update_row(const T* DTENSOR_RESTRICT x, const T* DTENSOR_RESTRICT di
   for (int64_t j = 0; j < n; ++j) o[j] = x[j] + dinv[j] * o[j];
 }
 
+// One Jacobi sweep's epilogue: o (holding A x) becomes x + (ω/d)(b - A x); with
+// `norm`, Σ (b - A x)² is added to *rr on the way.
+template <class T, int Rank>
+struct JacobiEpilogue {
+  TensorView<const T, Rank> x, b, dinv;
+  bool norm = false;
+  double* rr = nullptr;
+  void operator()(const Shape<Rank>& cell, T* o, int64_t n) const {
+    const T* xr = x.data() + offset_of<Rank>(cell, x.strides());
+    const T* br = b.data() + offset_of<Rank>(cell, b.strides());
+    const T* dr = dinv.data() + offset_of<Rank>(cell, dinv.strides());
+    if (norm) {
+      jacobi_residual_row(br, o, n);  // o = b - A x
+      *rr += dot_row(o, o, n);
+      jacobi_update_row(xr, dr, o, n);  // o = x + (ω/d) o
+    } else {
+      jacobi_row(xr, br, dr, o, n);
+    }
+  }
+  DeviceEpilogue device() const {
+    DeviceEpilogue d{.sum = norm ? rr : nullptr};
+    d.epilogue.kind = compute::StencilEpilogue::Kind::Jacobi;
+    d.epilogue.norm = norm;
+    d.epilogue.x = grid_ref(x), d.epilogue.b = grid_ref(b), d.epilogue.dinv = grid_ref(dinv);
+    return d;
+  }
+};
+
+// v = weight / v over a block (host or device).
+template <class T, int Rank>
+void weighted_reciprocal(TensorView<T, Rank> v, double weight) {
+  if (!v.device().is_host()) {
+    device_update<T, Rank>(compute::GridUpdate::Kind::Reciprocal, v.device(), v.shape(), weight, 0, v);
+    return;
+  }
+  for_each_row(
+      v.shape(),
+      [&](T* d, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) d[j] = static_cast<T>(weight / d[j]);
+      },
+      v);
+}
+
+// dinv = weight / diag(A) over a block (host or device).
+template <class Op, class T, int Rank>
+void weighted_inverse_diagonal(const Op& A, TensorView<T, Rank> dinv, double weight) {
+  diagonal(A, dinv);
+  weighted_reciprocal(dinv, weight);
+}
+
 template <class T, int Rank>
 void check_same_layout(const ShardLayout<Rank>& a, const ShardLayout<Rank>& b, const char* what) {
   DTENSOR_CHECK(a.global == b.global && a.blocks == b.blocks, InvalidArgument, what, ": the right-hand side (global ",
@@ -83,9 +134,8 @@ SolveResult jacobi(const Op& A, const DTensor<T, Rank, P...>& b, DTensor<T, Rank
   G ga = G::from(x, A.halo());
   G gb = G::zeros_like(ga);
   G *cur = &ga, *next = &gb;
-  Tensor<T, Rank> dinv = Tensor<T, Rank>::uninitialized(ga.local_shape());
-  diagonal(A, TensorView<T, Rank>(dinv));
-  for (int64_t i = 0; i < dinv.numel(); ++i) dinv.data()[i] = static_cast<T>(opt.weight / dinv.data()[i]);
+  Tensor<T, Rank> dinv = Tensor<T, Rank>::uninitialized(ga.local_shape(), ga.device());
+  detail::weighted_inverse_diagonal(A, TensorView<T, Rank>(dinv), opt.weight);
 
   const TensorView<const T, Rank> bv = solver_view(b, "jacobi"), dv = TensorView<const T, Rank>(dinv);
   res.rhs_norm = std::sqrt(global_sums<1>(comm, {local_dot(bv, bv)})[0]);
@@ -95,20 +145,9 @@ SolveResult jacobi(const Op& A, const DTensor<T, Rank, P...>& b, DTensor<T, Rank
   const auto t1 = clock::now();
   for (int k = 0; k < opt.stop.max_iters; ++k) {
     const bool check = opt.check_every > 0 && k % opt.check_every == 0;
-    const TensorView<const T, Rank> xv = cur->interior();
     double rr = 0;
-    apply(A, *cur, next->interior(), opt.mode, [&](const Shape<Rank>& cell, T* o, int64_t n) {
-      const T* xr = xv.data() + detail::offset_of<Rank>(cell, xv.strides());
-      const T* br = bv.data() + detail::offset_of<Rank>(cell, bv.strides());
-      const T* dr = dv.data() + detail::offset_of<Rank>(cell, dv.strides());
-      if (check) {
-        detail::jacobi_residual_row(br, o, n);  // o = b - A x
-        rr += dot_row(o, o, n);
-        detail::jacobi_update_row(xr, dr, o, n);  // o = x + (ω/d) o
-      } else {
-        detail::jacobi_row(xr, br, dr, o, n);
-      }
-    });
+    apply(A, *cur, next->interior(), opt.mode,
+          detail::JacobiEpilogue<T, Rank>{TensorView<const T, Rank>(cur->interior()), bv, dv, check, &rr});
     if (check) {
       res.residual = std::sqrt(global_sums<1>(comm, {rr})[0]);
       ++res.all_reduces;

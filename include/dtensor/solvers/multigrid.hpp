@@ -153,6 +153,74 @@ void smooth_zero_row(const T* DTENSOR_RESTRICT b, const T* DTENSOR_RESTRICT dinv
   }
 }
 
+// A smoothing step's epilogue (smooth_row), host rows or device cells.
+template <class T, int Rank>
+struct SmoothEpilogue {
+  TensorView<const T, Rank> x, b, dinv;
+  TensorView<T, Rank> d;
+  T c1, c2;
+  void operator()(const Shape<Rank>& cell, T* o, int64_t n) const {
+    const auto at = [&](const auto& v) { return v.data() + offset_of<Rank>(cell, v.strides()); };
+    smooth_row(at(x), at(b), at(dinv), at(d), c1, c2, o, n);
+  }
+  DeviceEpilogue device() const {
+    DeviceEpilogue e;
+    e.epilogue.kind = compute::StencilEpilogue::Kind::Smooth;
+    e.epilogue.x = grid_ref(x), e.epilogue.b = grid_ref(b), e.epilogue.dinv = grid_ref(dinv);
+    e.epilogue.d = grid_ref(d);
+    e.epilogue.c1 = c1, e.epilogue.c2 = c2;
+    return e;
+  }
+};
+
+// A Gauss-Seidel pass's epilogue: the cells of `colour` take x + D⁻¹ (b - A x), the
+// others keep x. `off` is the block's global offset (colours are global).
+template <class T, int Rank>
+struct GaussSeidelEpilogue {
+  TensorView<const T, Rank> x, b, dinv;
+  Shape<Rank> off;
+  int colour;
+  bool box;  // 2^d colours (edges and corners read) or red-black
+  void operator()(const Shape<Rank>& cell, T* o, int64_t n) const {
+    const auto at = [&](const auto& v) { return v.data() + offset_of<Rank>(cell, v.strides()); };
+    // The colour of the row's first cell and how it changes along the row.
+    int64_t first = 0, outer = 0;
+    for (int dd = 0; dd < Rank; ++dd) first += off[dd] + cell[dd];
+    for (int dd = 0; dd + 1 < Rank; ++dd) outer = outer * 2 + ((off[dd] + cell[dd]) & 1);
+    const int64_t last0 = (off[Rank - 1] + cell[Rank - 1]) & 1;
+    if (box && outer != (colour >> 1)) return copy_row(at(x), o, n);
+    const int64_t start = box ? ((colour & 1) ^ last0) : ((colour ^ first) & 1);  // first j of the colour
+    gauss_seidel_row(at(x), at(b), at(dinv), o, start, n);
+  }
+  DeviceEpilogue device() const {
+    DeviceEpilogue e;
+    e.epilogue.kind = compute::StencilEpilogue::Kind::GaussSeidel;
+    e.epilogue.x = grid_ref(x), e.epilogue.b = grid_ref(b), e.epilogue.dinv = grid_ref(dinv);
+    e.epilogue.colour = colour;
+    e.epilogue.box_colours = box;
+    return e;
+  }
+};
+
+// The residual's epilogue: o = b - A x, with Σ o² into *rr when `norm`.
+template <class T, int Rank>
+struct ResidualEpilogue {
+  TensorView<const T, Rank> b;
+  bool norm;
+  double* rr;
+  void operator()(const Shape<Rank>& cell, T* o, int64_t n) const {
+    jacobi_residual_row(b.data() + offset_of<Rank>(cell, b.strides()), o, n);
+    if (norm) *rr += dot_row(o, o, n);
+  }
+  DeviceEpilogue device() const {
+    DeviceEpilogue e{.sum = norm ? rr : nullptr};
+    e.epilogue.kind = compute::StencilEpilogue::Kind::Residual;
+    e.epilogue.norm = norm;
+    e.epilogue.b = grid_ref(b);
+    return e;
+  }
+};
+
 }  // namespace detail
 
 // The multigrid hierarchy of an operator for vectors with the layout of `like`, and
@@ -286,9 +354,9 @@ class MgSolver {
         : mesh(m),
           layout(lay),
           x{Ghost(m, lay, detail::transfer_halo<Rank>()), Ghost(m, lay, detail::transfer_halo<Rank>())},
-          b(x[0].local_shape()),
-          d(x[0].local_shape()),
-          dinv(x[0].local_shape()) {}
+          b(x[0].local_shape(), m.device()),
+          d(x[0].local_shape(), m.device()),
+          dinv(x[0].local_shape(), m.device()) {}
   };
 
   // f(the level's operator): a branch per level, the stencil loops typed inside.
@@ -297,7 +365,7 @@ class MgSolver {
     return L.galerkin ? f(*L.galerkin) : f(*L.A);
   }
 
-  void check_options(const Vector& like) {
+  void check_options(const Vector&) {
     DTENSOR_CHECK(opt_.smoothing_steps >= 1, InvalidArgument, "MgSolver: smoothing_steps must be at least 1, not ",
                   opt_.smoothing_steps);
     DTENSOR_CHECK(opt_.levels >= 0, InvalidArgument, "MgSolver: levels must be 0 (automatic) or positive, not ",
@@ -311,8 +379,6 @@ class MgSolver {
                        opt_.eigen_iterations >= 1),
                   InvalidArgument, "MgSolver: the Chebyshev interval needs 0 < lower < upper (got ",
                   opt_.chebyshev_lower, ", ", opt_.chebyshev_upper, ") and at least one power iteration");
-    DTENSOR_CHECK(like.mesh().device().is_host(), InvalidArgument, "MgSolver: the stencil kernels run on the host; ",
-                  "the vectors live on ", to_string(like.mesh().device()));
   }
 
   // How many levels the grid gives: coarsen while it has more than coarse_size nodes
@@ -391,8 +457,7 @@ class MgSolver {
         factor_coarsest(L);
         continue;
       }
-      T* dv = L.dinv.data();
-      for (int64_t i = 0; i < L.dinv.numel(); ++i) dv[i] = T(1) / dv[i];
+      detail::weighted_reciprocal(TensorView<T, Rank>(L.dinv), 1.0);
       if (opt_.smoother == MgSmoother::Chebyshev) {
         L.lambda_max = estimate_lambda_max(L);
         chebyshev_coefficients(L);
@@ -411,20 +476,34 @@ class MgSolver {
     Comm& comm = L.mesh.comm();
     Ghost& v = L.x[0];
     const Shape<Rank> off = v.local_offset(), glob = v.shape();
+    const bool host = v.device().is_host();
     const TensorView<T, Rank> vi = v.interior();
-    for_each_row_start(vi.shape(), [&](const Shape<Rank>& idx) {
-      T* row = vi.data() + detail::offset_of<Rank>(idx, vi.strides());
+    // The noise is drawn on the host (copied in on a device).
+    Tensor<T, Rank> noise(host ? Shape<Rank>{} : vi.shape());
+    const TensorView<T, Rank> start = host ? vi : TensorView<T, Rank>(noise);
+    for_each_row_start(start.shape(), [&](const Shape<Rank>& idx) {
+      T* row = start.data() + detail::offset_of<Rank>(idx, start.strides());
       int64_t base = 0;
       for (int d = 0; d < Rank; ++d) base = base * glob[d] + off[d] + idx[d];
-      for (int64_t j = 0; j < vi.shape()[Rank - 1]; ++j)
+      for (int64_t j = 0; j < start.shape()[Rank - 1]; ++j)
         row[j] = static_cast<T>(detail::cell_noise(static_cast<uint64_t>(base + j)));
     });
+    if (!host) {
+      const Tensor<T, Rank> on_device = noise.to(v.device());
+      copy_block<T, Rank>(TensorView<const T, Rank>(on_device), vi);
+    }
     const TensorView<const T, Rank> dinv(L.dinv);
     double lambda = 0;
     for (int it = 0; it < opt_.eigen_iterations; ++it) {
       const TensorView<T, Rank> w = L.x[1].interior();
       with_operator(L, [&](const auto& A) { apply(A, v, w, opt_.mode); });
       double vav = 0, vdv = 0, wdw = 0;  // (v, A v), (v, D v), (D⁻¹ w, D D⁻¹ w)
+      using Kind = compute::GridUpdate::Kind;
+      if (!host) {
+        const auto sums = detail::device_update<T, Rank>(Kind::PowerSums, v.device(), vi.shape(), 0, 0, vi,
+                                                         TensorView<const T, Rank>(w), dinv);
+        vav = sums.s[0], vdv = sums.s[1], wdw = sums.s[2];
+      } else
       for_each_row(
           vi.shape(),
           [&](const T* vr, const T* wr, const T* di, int64_t n) {
@@ -441,6 +520,11 @@ class MgSolver {
                     " grid broke down (A v = 0 or not finite); is the operator positive definite?");
       lambda = s[0] / s[1];
       const T scale = static_cast<T>(1.0 / std::sqrt(s[2]));  // v = D⁻¹ w / ||D⁻¹ w||_D
+      if (!host) {
+        detail::device_update<T, Rank>(Kind::PowerStep, v.device(), vi.shape(), scale, 0, vi,
+                                       TensorView<const T, Rank>(w), dinv);
+        continue;
+      }
       for_each_row(
           vi.shape(),
           [&](T* vr, const T* wr, const T* di, int64_t n) {
@@ -486,18 +570,27 @@ class MgSolver {
     if (owner) {
       DTENSOR_CHECK(N == numel(L.layout.global), Error, "MgSolver: the coarsest grid is not on one rank");
       Ghost& u = L.x[0];
-      Tensor<T, Rank> out(n);
+      // The probes run where the level lives; their images are read on the host.
+      const Device dev = u.device();
+      Tensor<T, Rank> out(n), comb(n), out_dev(n, dev), comb_dev(n, dev);
       std::vector<Eigen::Triplet<double>> entries;
       Shape<Rank> three;
       three.fill(3);
       for_each_index(three, [&](const Shape<Rank>& k) {
-        const TensorView<T, Rank> ui = u.interior();
+        const TensorView<T, Rank> ui = dev.is_host() ? u.interior() : TensorView<T, Rank>(comb);
         for_each_index(n, [&](const Shape<Rank>& c) {
           bool on = true;
           for (int d = 0; d < Rank; ++d) on = on && c[d] % 3 == k[d];
           ui.data()[detail::offset_of<Rank>(c, ui.strides())] = on ? T(1) : T(0);
         });
-        with_operator(L, [&](const auto& A) { apply_local(A, u, TensorView<T, Rank>(out)); });  // ghosts: zero
+        if (dev.is_host()) {
+          with_operator(L, [&](const auto& A) { apply_local(A, u, TensorView<T, Rank>(out)); });  // ghosts: zero
+        } else {
+          comb_dev = comb.to(dev);
+          copy_block<T, Rank>(TensorView<const T, Rank>(comb_dev), u.interior());
+          with_operator(L, [&](const auto& A) { apply_local(A, u, TensorView<T, Rank>(out_dev)); });
+          out = out_dev.to(Device::host());
+        }
         for_each_index(n, [&](const Shape<Rank>& c) {
           Shape<Rank> col{};  // the neighbour of c whose indices are ≡ k mod 3
           bool inside = true;
@@ -522,7 +615,7 @@ class MgSolver {
       }
     }
     std::array<double, 1> f{double(failed)};
-    all_reduce<double>(L.mesh.comm(), std::span<double>(f), ReduceOp::Max);
+    all_reduce_values<double>(L.mesh.comm(), f.data(), f.size(), ReduceOp::Max);
     DTENSOR_CHECK(f[0] == 0, InvalidArgument, "MgSolver: the coarsest operator, on the ", to_string(L.layout.global),
                   " grid, is not symmetric positive definite (its Cholesky factorization failed)");
   }
@@ -537,14 +630,24 @@ class MgSolver {
   void coarse_solve(Level& L) {
     if (!L.direct) return;
     const int64_t N = L.b.numel();
+    const bool host = L.b.device().is_host();
+    // On a device the right-hand side comes to the host and the solution goes back
+    // (the coarsest grid is small: max_direct nodes at most).
+    const Tensor<T, Rank> b_host = host ? Tensor<T, Rank>() : L.b.to(Device::host());
+    const T* bv = host ? L.b.data() : b_host.data();
     Eigen::VectorXd rhs(N);
-    for (int64_t i = 0; i < N; ++i) rhs[i] = static_cast<double>(L.b.data()[i]);
+    for (int64_t i = 0; i < N; ++i) rhs[i] = static_cast<double>(bv[i]);
     const Eigen::VectorXd sol = L.direct->solve(rhs);
-    const TensorView<T, Rank> xi = L.x[L.cur].interior();
+    Tensor<T, Rank> x_host(host ? Shape<Rank>{} : L.b.shape());
+    const TensorView<T, Rank> xi = host ? L.x[L.cur].interior() : TensorView<T, Rank>(x_host);
     int64_t i = 0;
     for_each_index(L.b.shape(), [&](const Shape<Rank>& c) {
       xi.data()[detail::offset_of<Rank>(c, xi.strides())] = static_cast<T>(sol[i++]);
     });
+    if (!host) {
+      const Tensor<T, Rank> x_dev = x_host.to(L.b.device());
+      copy_block<T, Rank>(TensorView<const T, Rank>(x_dev), L.x[L.cur].interior());
+    }
   }
 
   // `smoothing_steps` steps from x (from zero where zero_guess).
@@ -553,7 +656,11 @@ class MgSolver {
     const TensorView<const T, Rank> b(L.b), dinv(L.dinv);
     const TensorView<T, Rank> d(L.d);
     int k = 0;
-    if (zero_guess) {
+    if (zero_guess && !b.device().is_host()) {
+      detail::device_update<T, Rank>(compute::GridUpdate::Kind::SmoothZero, b.device(), b.shape(), L.coef[1][0], 0, b,
+                                     dinv, d, L.x[L.cur].interior());
+      k = 1;
+    } else if (zero_guess) {
       const T c2 = L.coef[1][0];
       for_each_row(
           b.shape(),
@@ -564,11 +671,7 @@ class MgSolver {
     for (; k < opt_.smoothing_steps; ++k) {
       Ghost& cur = L.x[L.cur];
       const TensorView<const T, Rank> x = cur.interior();
-      const T c1 = L.coef[0][k], c2 = L.coef[1][k];
-      const auto epi = [&](const Shape<Rank>& cell, T* o, int64_t n) {
-        const auto at = [&](const auto& v) { return v.data() + detail::offset_of<Rank>(cell, v.strides()); };
-        detail::smooth_row(at(x), at(b), at(dinv), at(d), c1, c2, o, n);
-      };
+      const detail::SmoothEpilogue<T, Rank> epi{x, b, dinv, d, L.coef[0][k], L.coef[1][k]};
       with_operator(L, [&](const auto& A) { apply(A, cur, L.x[1 - L.cur].interior(), opt_.mode, epi); });
       L.cur = 1 - L.cur;
     }
@@ -586,18 +689,8 @@ class MgSolver {
       for (int k = 0; k < colours; ++k) {
         const int colour = post ? colours - 1 - k : k;
         Ghost& cur = L.x[L.cur];
-        const TensorView<const T, Rank> x = cur.interior();
-        const auto epi = [&](const Shape<Rank>& cell, T* o, int64_t n) {
-          const auto at = [&](const auto& v) { return v.data() + detail::offset_of<Rank>(cell, v.strides()); };
-          // The colour of the row's first cell and how it changes along the row.
-          int64_t first = 0, outer = 0;
-          for (int dd = 0; dd < Rank; ++dd) first += off[dd] + cell[dd];
-          for (int dd = 0; dd + 1 < Rank; ++dd) outer = outer * 2 + ((off[dd] + cell[dd]) & 1);
-          const int64_t last0 = (off[Rank - 1] + cell[Rank - 1]) & 1;
-          if (box && outer != (colour >> 1)) return detail::copy_row(at(x), o, n);
-          const int64_t start = box ? ((colour & 1) ^ last0) : ((colour ^ first) & 1);  // first j of the colour
-          detail::gauss_seidel_row(at(x), at(b), at(dinv), o, start, n);
-        };
+        const detail::GaussSeidelEpilogue<T, Rank> epi{TensorView<const T, Rank>(cur.interior()), b, dinv, off, colour,
+                                                       box};
         with_operator(L, [&](const auto& A) { apply(A, cur, L.x[1 - L.cur].interior(), opt_.mode, epi); });
         L.cur = 1 - L.cur;
       }
@@ -609,10 +702,7 @@ class MgSolver {
     const TensorView<const T, Rank> b(L.b);
     const TensorView<T, Rank> out = L.r ? L.r->interior() : TensorView<T, Rank>(L.d);
     double rr = 0;
-    const auto epi = [&](const Shape<Rank>& cell, T* o, int64_t n) {
-      detail::jacobi_residual_row(b.data() + detail::offset_of<Rank>(cell, b.strides()), o, n);
-      if (norm) rr += dot_row(o, o, n);
-    };
+    const detail::ResidualEpilogue<T, Rank> epi{b, norm, &rr};
     with_operator(L, [&](const auto& A) { apply(A, L.x[L.cur], out, opt_.mode, epi); });
     return rr;
   }
@@ -635,7 +725,8 @@ class MgSolver {
     if (L.coarse_aligned) {
       Vector rc(L.mesh, *L.coarse_aligned,
                 Tensor<T, Rank>(L.coarse_aligned->local_shape(Vector::placement_state, L.mesh.shape(),
-                                                              L.mesh.coords())));
+                                                              L.mesh.coords()),
+                                L.mesh.device()));
       restrict_full_weighting(*L.r, rc);
       const Vector moved = realign(rc, C.layout.blocks);
       copy_block<T, Rank>(solver_view(moved, "MgSolver"), TensorView<T, Rank>(C.b));

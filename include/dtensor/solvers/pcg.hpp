@@ -46,8 +46,8 @@ class PcgSolver {
   // Uses CgOptions' stop and mode (its variant does not apply: the preconditioned
   // iteration is the classic one). Holds references to A and M.
   PcgSolver(const Op& A, Pc& M, const Vector& like, CgOptions opt = {})
-      : A_(&A), M_(&M), opt_(opt), p_(like.mesh(), like.layout(), A.halo()), r_(p_.local_shape()),
-        q_(p_.local_shape()), z_(p_.local_shape()) {
+      : A_(&A), M_(&M), opt_(opt), p_(like.mesh(), like.layout(), A.halo()), r_(p_.local_shape(), p_.device()),
+        q_(p_.local_shape(), p_.device()), z_(p_.local_shape(), p_.device()) {
     detail::check_solver_placements<P...>();
   }
   PcgSolver(const Op&& A, Pc& M, const Vector& like, CgOptions opt = {}) = delete;
@@ -84,9 +84,7 @@ class PcgSolver {
     while (res.iterations < opt_.stop.max_iters && std::sqrt(rr) > threshold) {
       if (!(rz > 0)) break;  // M or A is not positive definite
       double pq = 0;
-      apply(*A_, p_, q, opt_.mode, [&](const Shape<Rank>& cell, const T* o, int64_t n) {
-        pq += dot_row(p.data() + detail::offset_of<Rank>(cell, p.strides()), o, n);
-      });
+      apply(*A_, p_, q, opt_.mode, DotEpilogue<T, Rank>{CView(p), &pq});
       pq = global_sums<1>(comm, {pq})[0];
       if (!(pq > 0)) break;
       const T alpha = static_cast<T>(rz / pq);

@@ -27,8 +27,16 @@
 // `cell` is in interior coordinates of this rank's block (cell 0 is its first owned
 // cell); constant operators ignore it, variable-coefficient ones read their
 // coefficients there. row() is called once per row: everything per cell is inline.
+//
+// On device blocks the operator is described as data instead (compute/stencil_dims.hpp):
+//
+//   compute::StencilOperator stencil_operator() const;   // what the device kernels apply
+//
+// the constant stencils as their taps, one weight per neighbour at distance class
+// centre, face, edge, corner; an operator without it runs on host blocks only.
 #include <cstdint>
 
+#include "dtensor/compute/stencil_dims.hpp"
 #include "dtensor/halo/halo_spec.hpp"
 #include "dtensor/solvers/rows.hpp"
 
@@ -44,6 +52,28 @@ HaloSpec<Rank> dirichlet_halo(Stencil s) {
 template <class T>
 void fill_row(T* DTENSOR_RESTRICT o, int64_t n, T v) {
   for (int64_t j = 0; j < n; ++j) o[j] = v;
+}
+// A constant stencil over the 3^Rank neighbours whose weight depends on how many of
+// the offset's components are nonzero (0 the centre, 1 a face, 2 an edge, 3 a corner),
+// times `scale`; zero weights are left out.
+template <int Rank>
+compute::StencilOperator constant_taps(const double (&by_class)[4], double scale) {
+  compute::StencilOperator op;
+  op.kind = compute::StencilOperator::Kind::Taps;
+  op.rank = Rank;
+  const int points = Rank == 2 ? 9 : 27;
+  for (int k = 0; k < points; ++k) {
+    int o[3] = {0, 0, 0}, nonzero = 0, rest = k;
+    for (int d = 2; d >= 3 - Rank; --d) {
+      o[d] = rest % 3 - 1;
+      rest /= 3;
+      nonzero += o[d] != 0;
+    }
+    if (by_class[nonzero] == 0) continue;
+    for (int d = 0; d < 3; ++d) op.tap[op.taps][d] = o[d];
+    op.weight[op.taps++] = by_class[nonzero] * scale;
+  }
+  return op;
 }
 }  // namespace detail
 
@@ -66,6 +96,7 @@ struct Laplacian5 {
   void diagonal_row(T* o, int64_t n, const Shape<2>&) const {
     detail::fill_row<T>(o, n, static_cast<T>(4.0 / (h * h)));
   }
+  compute::StencilOperator stencil_operator() const { return detail::constant_taps<2>({4, -1, 0, 0}, 1 / (h * h)); }
 };
 
 // 2-D, 9-point (the compact "Mehrstellen" Laplacian):
@@ -92,6 +123,9 @@ struct Laplacian9 {
   void diagonal_row(T* o, int64_t n, const Shape<2>&) const {
     detail::fill_row<T>(o, n, static_cast<T>(20.0 / (6 * h * h)));
   }
+  compute::StencilOperator stencil_operator() const {
+    return detail::constant_taps<2>({20, -4, -1, 0}, 1 / (6 * h * h));
+  }
 };
 
 // 3-D, 7-point: (6 u - Σ of the 6 face neighbours) / h².
@@ -115,6 +149,7 @@ struct Laplacian7 {
   void diagonal_row(T* o, int64_t n, const Shape<3>&) const {
     detail::fill_row<T>(o, n, static_cast<T>(6.0 / (h * h)));
   }
+  compute::StencilOperator stencil_operator() const { return detail::constant_taps<3>({6, -1, 0, 0}, 1 / (h * h)); }
 };
 
 // 3-D, 27-point (compact): (128 u - 14 Σ faces - 3 Σ edges - Σ corners) / (30 h²),
@@ -151,6 +186,9 @@ struct Laplacian27 {
   template <class T>
   void diagonal_row(T* o, int64_t n, const Shape<3>&) const {
     detail::fill_row<T>(o, n, static_cast<T>(128.0 / (30 * h * h)));
+  }
+  compute::StencilOperator stencil_operator() const {
+    return detail::constant_taps<3>({128, -14, -3, -1}, 1 / (30 * h * h));
   }
 };
 

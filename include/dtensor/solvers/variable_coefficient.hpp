@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "dtensor/halo/ghosted.hpp"
+#include "dtensor/solvers/device_grid.hpp"
 #include "dtensor/solvers/rows.hpp"
 #include "dtensor/solvers/stencils.hpp"
 
@@ -61,12 +62,26 @@ class VarCoeffLaplacian {
   // The input must have this rank's block of the coefficient's layout.
   template <class G>
   void check_input(const G& u) const {
+    DTENSOR_CHECK(u.device() == k_.device(), InvalidArgument, "VarCoeffLaplacian: the input lives on ",
+                  to_string(u.device()), ", the coefficient on ", to_string(k_.device()),
+                  "; sample the coefficient on the input's mesh");
     DTENSOR_CHECK(u.shape() == k_.shape() && u.local_shape() == k_.local_shape(), InvalidArgument,
                   "VarCoeffLaplacian: the input (global ", to_string(u.shape()), ", local ", to_string(u.local_shape()),
                   ") does not have the coefficient's layout (global ", to_string(k_.shape()), ", local ",
                   to_string(k_.local_shape()), ")");
   }
 
+  // The device form (the kernels read k where it lives, the coefficient's device).
+  compute::StencilOperator stencil_operator() const {
+    compute::StencilOperator op;
+    op.kind = compute::StencilOperator::Kind::VarCoeff;
+    op.rank = Rank;
+    op.k = detail::grid_ref(k_.interior());
+    op.scale = 0.5 / (h_ * h_);
+    return op;
+  }
+
+  // Host blocks only (apply() takes the device form for device blocks).
   void row(const T* u, const Shape<Rank>& s, T* DTENSOR_RESTRICT o, int64_t n, const Shape<Rank>& cell) const {
     const T* DTENSOR_RESTRICT c = u;
     const T* DTENSOR_RESTRICT kc = k_at(cell);
@@ -118,8 +133,6 @@ class VarCoeffLaplacian {
     return spec;
   }
   void init() {
-    DTENSOR_CHECK(k_.device().is_host(), InvalidArgument,
-                  "VarCoeffLaplacian: the coefficient must live on the host (the kernels are host code)");
     for (int d = 0; d < Rank; ++d)
       DTENSOR_CHECK(k_.lo()[d] >= 1 && k_.hi()[d] >= 1, InvalidArgument,
                     "VarCoeffLaplacian: the coefficient needs one ghost layer on every side of every dim; dim ", d,
@@ -151,11 +164,15 @@ Ghosted<T, static_cast<int>(R), P...> sample_coefficient(const DeviceMesh<M>& me
   using G = Ghosted<T, Rank, P...>;
   G g(mesh, ShardLayout<Rank>::make(shape, G::placement_state, mesh.shape(), splits),
       detail::dirichlet_halo<Rank>(Stencil::Star));
-  DTENSOR_CHECK(g.device().is_host(), InvalidArgument, "sample_coefficient: the mesh's device must be the host");
+  // Evaluated on the host; a device mesh's field is copied in (and out around its
+  // exchange), once, at setup.
+  const Device dev = g.device();
+  Tensor<T, Rank> host = dev.is_host() ? Tensor<T, Rank>() : Tensor<T, Rank>(g.padded_shape());
+  Tensor<T, Rank>& values = dev.is_host() ? g.storage() : host;
   const Shape<Rank> off = g.local_offset(), pad = g.padded_shape(), lo = g.lo();
   auto each_padded = [&](auto&& f) {  // f(global index, element)
     if (numel(pad) == 0) return;
-    T* data = g.storage().data();
+    T* data = values.data();
     Shape<Rank> p{};
     for (int64_t e = 0;; ++e) {
       std::array<int64_t, R> gi{};
@@ -175,12 +192,15 @@ Ghosted<T, static_cast<int>(R), P...> sample_coefficient(const DeviceMesh<M>& me
     for (int d = 0; d < Rank; ++d) interior = interior && p[d] >= lo[d] && p[d] < lo[d] + local[d];
     if (interior) v = static_cast<T>(k(gi));
   });
+  if (!dev.is_host()) g.storage() = host.to(dev);
   g.exchange();
+  if (!dev.is_host()) host = g.storage().to(Device::host());
   each_padded([&](const std::array<int64_t, R>& gi, const Shape<Rank>&, T& v) {
     bool outside = false;
     for (int d = 0; d < Rank; ++d) outside = outside || gi[d] < 0 || gi[d] >= shape[d];
     if (outside) v = static_cast<T>(k(gi));
   });
+  if (!dev.is_host()) g.storage() = host.to(dev);
   return g;
 }
 

@@ -4,24 +4,27 @@
 // dot product the solver needs next (a double, summed over the ranks by
 // global_sums: one all-reduce for all the dots of a step).
 //
-// Vectors are host TensorViews of one block shape with a contiguous last dim
-// (solver_view() makes them from a DTensor, a Ghosted's interior or a Tensor); they
-// may be strided in the outer dims (a Ghosted interior is). Each row is updated by
-// a vectorizable loop, then its dot taken while it is in L1 (rows.hpp: dot_row).
+// Vectors are TensorViews of one block shape with a contiguous last dim (solver_view()
+// makes them from a DTensor, a Ghosted's interior or a Tensor); they may be strided in
+// the outer dims (a Ghosted interior is). On the host each row is updated by a
+// vectorizable loop, then its dot taken while it is in L1 (rows.hpp: dot_row); on a
+// device the same update is one kernel (solvers/device_grid.hpp), its sums in double.
 #include <array>
 #include <cstdint>
 #include <span>
 #include <type_traits>
 
-#include "dtensor/comm/collectives.hpp"
+#include "dtensor/comm/host_values.hpp"
+#include "dtensor/solvers/device_grid.hpp"
 #include "dtensor/solvers/rows.hpp"
 
 namespace dtensor {
 
-// Sums each of `local` over every rank of `comm` in one all-reduce. Collective.
+// Sums each of `local` over every rank of `comm` in one all-reduce (through device
+// memory where the communicator moves device buffers). Collective.
 template <std::size_t N>
 std::array<double, N> global_sums(Comm& comm, std::array<double, N> local) {
-  all_reduce<double>(comm, std::span<double>(local), ReduceOp::Sum);
+  all_reduce_values<double>(comm, local.data(), N, ReduceOp::Sum);
   return local;
 }
 
@@ -70,6 +73,8 @@ template <class A, class B, int Rank>
 double local_dot(const TensorView<A, Rank>& a, const TensorView<B, Rank>& b) {
   using T = std::remove_const_t<A>;
   static_assert(std::is_same_v<T, std::remove_const_t<B>>, "dtensor::local_dot: vectors of different types");
+  if (!a.device().is_host())
+    return detail::device_update<T, Rank>(compute::GridUpdate::Kind::Dot, a.device(), a.shape(), 0, 0, a, b).s[0];
   double s = 0;
   for_each_row(
       a.shape(), [&](const T* x, const T* y, int64_t n) { s += dot_row(x, y, n); }, a, b);
@@ -79,6 +84,11 @@ double local_dot(const TensorView<A, Rank>& a, const TensorView<B, Rank>& b) {
 // r = b - r (r holds A x on entry); returns Σ r·r and, in bb, Σ b·b.
 template <class T, int Rank>
 double residual_update(std::type_identity_t<TensorView<const T, Rank>> b, TensorView<T, Rank> r, double& bb) {
+  if (!r.device().is_host()) {
+    const auto s = detail::device_update<T, Rank>(compute::GridUpdate::Kind::Residual, r.device(), r.shape(), 0, 0, b, r);
+    bb = s.s[1];
+    return s.s[0];
+  }
   double rr = 0;
   bb = 0;
   for_each_row(
@@ -94,6 +104,8 @@ double residual_update(std::type_identity_t<TensorView<const T, Rank>> b, Tensor
 // dst = src (same block shape).
 template <class T, int Rank>
 void copy_block(std::type_identity_t<TensorView<const T, Rank>> src, TensorView<T, Rank> dst) {
+  if (!dst.device().is_host())
+    return void(detail::device_update<T, Rank>(compute::GridUpdate::Kind::Copy, dst.device(), dst.shape(), 0, 0, src, dst));
   for_each_row(
       src.shape(), [&](const T* s, T* d, int64_t n) { detail::copy_row(s, d, n); }, src, dst);
 }
@@ -103,6 +115,9 @@ template <class T, int Rank>
 double cg_update(std::type_identity_t<T> alpha, TensorView<T, Rank> x,
                  std::type_identity_t<TensorView<const T, Rank>> p, TensorView<T, Rank> r,
                  std::type_identity_t<TensorView<const T, Rank>> q) {
+  if (!x.device().is_host())
+    return detail::device_update<T, Rank>(compute::GridUpdate::Kind::CgUpdate, x.device(), x.shape(), alpha, 0, x, p, r,
+                                          q).s[0];
   double rr = 0;
   for_each_row(
       x.shape(),
@@ -114,6 +129,8 @@ double cg_update(std::type_identity_t<T> alpha, TensorView<T, Rank> x,
 // p = r + beta p.
 template <class T, int Rank>
 void xpby(std::type_identity_t<TensorView<const T, Rank>> r, std::type_identity_t<T> beta, TensorView<T, Rank> p) {
+  if (!p.device().is_host())
+    return void(detail::device_update<T, Rank>(compute::GridUpdate::Kind::Xpby, p.device(), p.shape(), 0, beta, r, p));
   for_each_row(
       r.shape(), [&](const T* rp, T* pp, int64_t n) { detail::xpby_row(rp, beta, pp, n); }, r, p);
 }
@@ -125,6 +142,9 @@ template <class T, int Rank>
 double cg_cg_update(std::type_identity_t<T> alpha, std::type_identity_t<T> beta, TensorView<T, Rank> x,
                     TensorView<T, Rank> r, TensorView<T, Rank> p, TensorView<T, Rank> s,
                     std::type_identity_t<TensorView<const T, Rank>> w) {
+  if (!x.device().is_host())
+    return detail::device_update<T, Rank>(compute::GridUpdate::Kind::CgCgUpdate, x.device(), x.shape(), alpha, beta, x,
+                                          r, p, s, w).s[0];
   double rr = 0;
   for_each_row(
       x.shape(),
