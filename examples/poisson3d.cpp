@@ -56,8 +56,8 @@
 #if defined(DTENSOR_EXAMPLE_ON_GPU)
 #include <dtensor/cuda.hpp>
 #elif defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
-// CI has no GPU: this build (tests/CMakeLists.txt, poisson3d_emulated) runs -device cuda on
-// the tests' emulated device instead of the CUDA backend.
+// A build on the tests' emulated device (as tests/CMakeLists.txt makes poisson2d_emulated
+// for CI) runs -device cuda without a GPU.
 #include "emulated_device.hpp"
 #endif
 #include <algorithm>

@@ -44,6 +44,11 @@ for t in json.load(sys.stdin)["tests"]:
     cmd = t["command"]
     print("\t".join([t["name"], env or "-", str(int(float(props.get("TIMEOUT", 600)))), os.path.basename(cmd[0])] + cmd[1:]))
 ')
+# The solvers on the GPU (issue 46): the poisson examples with -device cuda, built here
+# only (EXCLUDE_FROM_ALL: CI runs poisson2d's device path on the emulated device). Each
+# checks second-order convergence itself and prints its time per iteration.
+entries+=$'\n'"example_poisson2d_cuda"$'\t'"DTENSOR_TIMEOUT_S=120"$'\t'"300"$'\t'"poisson2d_cuda"$'\t'"-device cuda -ranks 4 -solver pcg-mg -levels 4"
+entries+=$'\n'"example_poisson3d_cuda"$'\t'"DTENSOR_TIMEOUT_S=120"$'\t'"300"$'\t'"poisson3d_cuda"$'\t'"-device cuda -ranks 4 -solver pcg-mg -levels 3"
 targets=$(cut -f4 <<< "$entries" | sort -u)
 # The benchmarks: bench_cuda, and bench_cuda_attention where this tree has it.
 benches=bench_cuda

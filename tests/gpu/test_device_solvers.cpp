@@ -9,7 +9,7 @@
 // on uneven shards of several meshes; every rank's final iterate and the residual
 // history must agree to rounding. Then the transfers alone (restriction and
 // prolongation against the host's, with empty coarse blocks), and the refusals: an
-// operator or an epilogue with no device form.
+// operator or an epilogue with no device form, a host vector given to a device solve.
 //
 // Built into test_device_emulated (every CI run, the emulated device of
 // tests/emulated_device.hpp) and gpu_test_device_solvers (label gpu, a real GPU).
@@ -314,6 +314,17 @@ TEST_CASE("on device blocks, an operator or an epilogue with no device form is r
         CHECK_THROWS_WITH_AS(apply(Laplacian5{}, u, out, ApplyMode::Plain,
                                    [&](const Shape<2>&, double* o, int64_t n) { acc += o[0] * double(n); }),
                              doctest::Contains("runs on host blocks only"), InvalidArgument);
+        // A host vector handed to a solver on device blocks: refused, never dereferenced.
+        const Laplacian5 A{1.0};
+        MgSolver mg(A, b, {.coarse_size = 10});
+        Tensor<double, 2> z_host(b.local_shape());
+        CHECK_THROWS_WITH_AS(mg.precondition(TensorView<const double, 2>(b.local()), TensorView<double, 2>(z_host)),
+                             doctest::Contains("live on different devices"), InvalidArgument);
+        auto fine = Ghosted<double, 2, Shard<0>, Shard<1>>::from(b, detail::transfer_halo<2>());
+        Tensor<double, 2> coarse_host(coarse_layout(b.layout()).local_shape(decltype(b)::placement_state, mesh.shape(),
+                                                                             mesh.coords()));
+        CHECK_THROWS_WITH_AS(restrict_full_weighting(fine, TensorView<double, 2>(coarse_host)),
+                             doctest::Contains("the coarse block on"), InvalidArgument);
       },
       opt);
 }

@@ -8,7 +8,7 @@
 //   apply(A, u, y, mode, epi);   either, with an epilogue run on each output row
 //
 // y is anything with u's local block shape: a DTensor (its block), a Ghosted (its
-// interior), a Tensor or a TensorView, on the host, with a contiguous last dim; it
+// interior), a Tensor or a TensorView, where u lives, with a contiguous last dim; it
 // must not overlap u. Both variants compute every cell with the same instructions,
 // so their outputs are bitwise equal.
 //
@@ -98,6 +98,15 @@ void check_apply(const Op& A, const G& u, const TensorView<T, G::rank>& out) {
   if constexpr (requires { A.check_input(u); }) A.check_input(u);
 }
 
+// An operator that keeps data (a coefficient field) must keep it where the grid lives.
+template <class Op>
+void check_operator_device(const Op& A, Device dev, const char* what) {
+  if constexpr (requires { A.device(); })
+    DTENSOR_CHECK(A.device() == dev, InvalidArgument, what, ": the operator's coefficients live on ",
+                  to_string(A.device()), ", the grid on ", to_string(dev),
+                  "; build the operator on the grid's mesh (StencilField: upload(device))");
+}
+
 // Runs A's row kernel and the epilogue over `box` (interior coordinates).
 template <class Op, class T, int Rank, class Epi>
 void apply_box(const Op& A, const T* padded, const std::type_identity_t<Shape<Rank>>& ps,
@@ -130,7 +139,7 @@ void apply_device(const Op& A, const G& u, const TensorView<T, Rank>& out, const
     compute::StencilApply ap;
     ap.op = A.stencil_operator();
     grid_shape<Rank>(u.local_shape(), ap.shape);
-    grid_shape<Rank>(u.local_offset(), ap.offset);
+    grid_offset<Rank>(u.local_offset(), ap.offset);
     ap.u = grid_ref(u.interior());
     ap.out = grid_ref(out);
     const DeviceEpilogue d = epi.device();
@@ -192,6 +201,7 @@ void apply_local(const Op& A, const G& u, Out&& out, Epi&& epi = {}) {
 template <class Op, class T, int Rank>
 void diagonal(const Op& A, TensorView<T, Rank> out) {
   detail::check_solver_view(out, "diagonal");
+  detail::check_operator_device(A, out.device(), "diagonal");
   if (!out.device().is_host()) {
     if constexpr (!requires { A.stencil_operator(); }) {
       throw InvalidArgument(detail::cat("diagonal: the block lives on ", to_string(out.device()),

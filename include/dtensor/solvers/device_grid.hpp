@@ -29,6 +29,27 @@ void grid_shape(const Shape<Rank>& s, int64_t (&out)[3]) {
   for (int d = 0; d < 3; ++d) out[d] = d < 3 - Rank ? 1 : s[d - (3 - Rank)];
 }
 
+// A block's global offset in the kernels' three dims (leading 0s).
+template <int Rank>
+void grid_offset(const Shape<Rank>& s, int64_t (&out)[3]) {
+  check_grid_rank<Rank>();
+  for (int d = 0; d < 3; ++d) out[d] = d < 3 - Rank ? 0 : s[d - (3 - Rank)];
+}
+
+// The one device every view of a kernel lives on; views on different devices (a host
+// vector handed to a device solver, or the reverse) are refused by name, never read
+// through the wrong kind of pointer.
+template <class V0, class... V>
+Device one_device(const char* what, const V0& v0, const V&... views) {
+  const Device dev = v0.device();
+  auto check = [&](const auto& v) {
+    DTENSOR_CHECK(v.device() == dev, InvalidArgument, what, ": its vectors live on different devices (",
+                  to_string(dev), " and ", to_string(v.device()), "); keep every vector of a solve on the mesh's device");
+  };
+  (check(views), ...);
+  return dev;
+}
+
 // A block view as pointer and strides in three dims (a leading stride of 0).
 template <class T, int Rank>
 compute::GridRef grid_ref(const TensorView<T, Rank>& v) {

@@ -92,7 +92,6 @@ void check_transfer_grid(const G& fine, const char* what) {
     DTENSOR_CHECK(fine.spec().boundary[d] == Boundary::zero(), InvalidArgument, what,
                   ": multigrid's transfers assume the homogeneous Dirichlet boundary (Boundary::zero()); dim ", d,
                   " has ", to_string(fine.spec().boundary[d]));
-  (void)what;
 }
 
 // Checks that `coarse` (a block view) is this rank's block of the coarse grid of
@@ -163,14 +162,8 @@ compute::GridTransfer device_transfer(G& fine, const TensorView<T, Rank>& c,
   for (int d = 0; d < 3; ++d) g.fine_strides[d] = fr.s[d];
   grid_shape<Rank>(fine.padded_shape(), g.fine_padded);
   grid_shape<Rank>(fine.local_shape(), g.fine_shape);
-  Shape<Rank> lo = fine.lo();
-  int64_t lo3[3], origin3[3];
-  grid_shape<Rank>(lo, lo3);
-  grid_shape<Rank>(origin, origin3);
-  for (int d = 0; d < 3; ++d) {
-    g.fine_lo[d] = d < 3 - Rank ? 0 : lo3[d];  // the leading dims: no ghosts, coarse cell 0 at 0
-    g.origin[d] = d < 3 - Rank ? 0 : origin3[d];
-  }
+  grid_offset<Rank>(fine.lo(), g.fine_lo);  // the leading dims: no ghosts, coarse cell 0 at 0
+  grid_offset<Rank>(origin, g.origin);
   g.coarse = grid_ref(c);
   grid_shape<Rank>(c.shape(), g.coarse_shape);
   return g;
@@ -209,10 +202,10 @@ void restrict_full_weighting(G& fine, V&& coarse) {
   using T = typename G::value_type;
   const TensorView<T, Rank> c = solver_view(coarse, "restrict_full_weighting");
   const Shape<Rank> origin = detail::coarse_origin(fine, c, "restrict_full_weighting");
+  DTENSOR_CHECK(c.device() == fine.device(), InvalidArgument, "restrict_full_weighting: the fine grid lives on ",
+                to_string(fine.device()), ", the coarse block on ", to_string(c.device()));
   fine.exchange();
   if (!fine.device().is_host()) {
-    DTENSOR_CHECK(c.device() == fine.device(), InvalidArgument, "restrict_full_weighting: the fine grid lives on ",
-                  to_string(fine.device()), ", the coarse block on ", to_string(c.device()));
     if (c.numel() > 0)
       detail::device_backend(fine.device()).grid_restrict(dtype_of<T>(), detail::device_transfer(fine, c, origin));
     return;
@@ -242,11 +235,11 @@ void prolong_add(V&& coarse, G& fine) {
   using T = typename G::value_type;
   const TensorView<const T, Rank> c = solver_view(coarse, "prolong_add");
   const Shape<Rank> origin = detail::coarse_origin(fine, c, "prolong_add");
+  DTENSOR_CHECK(c.device() == fine.device(), InvalidArgument, "prolong_add: the fine grid lives on ",
+                to_string(fine.device()), ", the coarse block on ", to_string(c.device()));
   if (!fine.device().is_host()) {
     // One thread per fine padded cell gathers from its coarse neighbours (no atomics):
     // the interior adds, the ghosts take their shares for the reverse exchange.
-    DTENSOR_CHECK(c.device() == fine.device(), InvalidArgument, "prolong_add: the fine grid lives on ",
-                  to_string(fine.device()), ", the coarse block on ", to_string(c.device()));
     if (fine.storage().numel() > 0)
       detail::device_backend(fine.device()).grid_prolong(dtype_of<T>(), detail::device_transfer(fine, c, origin));
     fine.reverse();

@@ -128,6 +128,7 @@ SolveResult jacobi(const Op& A, const DTensor<T, Rank, P...>& b, DTensor<T, Rank
   using G = Ghosted<T, Rank, P...>;
   const auto t0 = clock::now();
   detail::check_same_layout<T, Rank>(b.layout(), x.layout(), "jacobi");
+  detail::one_device("jacobi", b.local(), x.local());
   SolveResult res;
   Comm& comm = x.mesh().comm();
 

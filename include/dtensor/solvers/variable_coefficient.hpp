@@ -57,6 +57,7 @@ class VarCoeffLaplacian {
 
   HaloSpec<Rank> halo() const { return detail::dirichlet_halo<Rank>(Stencil::Star); }
   const Field& coefficient() const { return k_; }
+  Device device() const { return k_.device(); }  // where k lives (the grids it applies to must too)
   double h() const { return h_; }
 
   // The input must have this rank's block of the coefficient's layout.

@@ -73,7 +73,7 @@ template <class A, class B, int Rank>
 double local_dot(const TensorView<A, Rank>& a, const TensorView<B, Rank>& b) {
   using T = std::remove_const_t<A>;
   static_assert(std::is_same_v<T, std::remove_const_t<B>>, "dtensor::local_dot: vectors of different types");
-  if (!a.device().is_host())
+  if (!detail::one_device("local_dot", a, b).is_host())
     return detail::device_update<T, Rank>(compute::GridUpdate::Kind::Dot, a.device(), a.shape(), 0, 0, a, b).s[0];
   double s = 0;
   for_each_row(
@@ -84,7 +84,7 @@ double local_dot(const TensorView<A, Rank>& a, const TensorView<B, Rank>& b) {
 // r = b - r (r holds A x on entry); returns Σ r·r and, in bb, Σ b·b.
 template <class T, int Rank>
 double residual_update(std::type_identity_t<TensorView<const T, Rank>> b, TensorView<T, Rank> r, double& bb) {
-  if (!r.device().is_host()) {
+  if (!detail::one_device("residual_update", b, r).is_host()) {
     const auto s = detail::device_update<T, Rank>(compute::GridUpdate::Kind::Residual, r.device(), r.shape(), 0, 0, b, r);
     bb = s.s[1];
     return s.s[0];
@@ -104,7 +104,7 @@ double residual_update(std::type_identity_t<TensorView<const T, Rank>> b, Tensor
 // dst = src (same block shape).
 template <class T, int Rank>
 void copy_block(std::type_identity_t<TensorView<const T, Rank>> src, TensorView<T, Rank> dst) {
-  if (!dst.device().is_host())
+  if (!detail::one_device("copy_block", src, dst).is_host())
     return void(detail::device_update<T, Rank>(compute::GridUpdate::Kind::Copy, dst.device(), dst.shape(), 0, 0, src, dst));
   for_each_row(
       src.shape(), [&](const T* s, T* d, int64_t n) { detail::copy_row(s, d, n); }, src, dst);
@@ -115,7 +115,7 @@ template <class T, int Rank>
 double cg_update(std::type_identity_t<T> alpha, TensorView<T, Rank> x,
                  std::type_identity_t<TensorView<const T, Rank>> p, TensorView<T, Rank> r,
                  std::type_identity_t<TensorView<const T, Rank>> q) {
-  if (!x.device().is_host())
+  if (!detail::one_device("cg_update", x, p, r, q).is_host())
     return detail::device_update<T, Rank>(compute::GridUpdate::Kind::CgUpdate, x.device(), x.shape(), alpha, 0, x, p, r,
                                           q).s[0];
   double rr = 0;
@@ -129,7 +129,7 @@ double cg_update(std::type_identity_t<T> alpha, TensorView<T, Rank> x,
 // p = r + beta p.
 template <class T, int Rank>
 void xpby(std::type_identity_t<TensorView<const T, Rank>> r, std::type_identity_t<T> beta, TensorView<T, Rank> p) {
-  if (!p.device().is_host())
+  if (!detail::one_device("xpby", r, p).is_host())
     return void(detail::device_update<T, Rank>(compute::GridUpdate::Kind::Xpby, p.device(), p.shape(), 0, beta, r, p));
   for_each_row(
       r.shape(), [&](const T* rp, T* pp, int64_t n) { detail::xpby_row(rp, beta, pp, n); }, r, p);
@@ -142,7 +142,7 @@ template <class T, int Rank>
 double cg_cg_update(std::type_identity_t<T> alpha, std::type_identity_t<T> beta, TensorView<T, Rank> x,
                     TensorView<T, Rank> r, TensorView<T, Rank> p, TensorView<T, Rank> s,
                     std::type_identity_t<TensorView<const T, Rank>> w) {
-  if (!x.device().is_host())
+  if (!detail::one_device("cg_cg_update", x, r, p, s, w).is_host())
     return detail::device_update<T, Rank>(compute::GridUpdate::Kind::CgCgUpdate, x.device(), x.shape(), alpha, beta, x,
                                           r, p, s, w).s[0];
   double rr = 0;
