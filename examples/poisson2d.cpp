@@ -212,21 +212,10 @@ int main(int argc, char** argv) {
       std::printf("\n%s\n", failed ? "FAILED: an observed order is below 1.8 (or the solver did not converge)"
                                    : "second-order convergence observed");
   };
-#if defined(DTENSOR_EXAMPLE_ON_GPU)
-  if (args.device == "cuda" && !cuda::available()) {
-    std::printf("no GPU: poisson2d -device cuda skipped\n");
-    return 77;
-  }
-#elif defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
-  dtensor::test::emulated::install();
-#endif
 #ifdef DTENSOR_WITH_MPI
   run(argc, argv, args.ranks, program);
-#else
-  run_threads(args.ranks, program, poisson_example::run_options(args));
-#endif
-#ifdef DTENSOR_EXAMPLE_ON_EMULATED_GPU
-  if (args.device == "cuda" && dtensor::test::emulated::calls() == 0) return 1;  // the device paths never ran
-#endif
   return failed;
+#else
+  return poisson_example::run_in_process(args, "poisson2d", program, failed);
+#endif
 }

@@ -153,6 +153,28 @@ inline dtensor::RunOptions run_options(const Args& a) {
   return opt;
 }
 
+// Runs `program` on in-process ranks where the options put them, and returns the exit
+// status: `failed`, 77 for -device cuda without a GPU (the _cuda builds: reported
+// skipped), 1 where the emulated device's build never reached the device paths.
+// (Included after dtensor/cuda.hpp or the tests' emulated_device.hpp in those builds.)
+template <class Program>
+int run_in_process(const Args& a, const char* name, Program&& program, const int& failed) {
+#if defined(DTENSOR_EXAMPLE_ON_GPU)
+  if (a.device == "cuda" && !dtensor::cuda::available()) {
+    std::printf("no GPU: %s -device cuda skipped\n", name);
+    return 77;
+  }
+#elif defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
+  dtensor::test::emulated::install();
+#endif
+  (void)name;
+  dtensor::run_threads(a.ranks, program, run_options(a));
+#ifdef DTENSOR_EXAMPLE_ON_EMULATED_GPU
+  if (a.device == "cuda" && dtensor::test::emulated::calls() == 0) return 1;  // the device paths never ran
+#endif
+  return failed;
+}
+
 // The file beside `h5` that describes it for ParaView: out.h5 -> out.xmf.
 inline std::string xmf_path(const std::string& h5) {
   const std::size_t dot = h5.rfind('.'), slash = h5.rfind('/');
