@@ -35,6 +35,8 @@
 #include "row_stats.cuh"
 #include "rows.cuh"
 #include "softmax.cuh"
+#include "stencil.cuh"
+#include "dtensor/compute/stencil_loops.hpp"
 
 namespace {
 
@@ -1593,4 +1595,231 @@ TEST_CASE("kernels on the host: attention_merge equals the host's log-sum-exp me
       CHECK((ob_.guards_intact() && lb_.guards_intact() && obb.guards_intact() && lbb.guards_intact()));
     });
   });
+}
+
+// --- the solvers' grid kernels (kernels/stencil.cuh) against the host loops ---
+// The kernels and the loops (compute/stencil_loops.hpp, the emulated device's) share the
+// per-cell code, so what this checks is the kernels' own part: every cell visited once
+// under any grid, the block sums and their finish (finish_all) equal to the loops'
+// sum, nothing written outside the outputs. (tests/gpu/test_device_solvers.cpp checks
+// the per-cell code against the host solvers' independent row kernels.)
+namespace {
+
+using dtensor::compute::GridRef;
+using dtensor::compute::GridTransfer;
+using dtensor::compute::GridUpdate;
+using dtensor::compute::StencilApply;
+using dtensor::compute::StencilEpilogue;
+using dtensor::compute::StencilOperator;
+
+// Grids with a reduction: kThreads per block (block_reduce's buffer), 1, 3 and the
+// production count of blocks.
+std::vector<Config> sum_configs(int64_t n) {
+  return {{Dim3{kd::blocks_for(n)}, Dim3{kd::kThreads}}, {Dim3{1}, Dim3{kd::kThreads}}, {Dim3{3}, Dim3{kd::kThreads}}};
+}
+
+// A padded block of `rank` grid dims (normalized to three), one ghost layer.
+struct GridBlock {
+  int rank;
+  int64_t n[3], pad[3], ps[3];
+  int64_t numel() const { return pad[0] * pad[1] * pad[2]; }
+  int64_t cells() const { return n[0] * n[1] * n[2]; }
+  int64_t at_cell0() const { return (rank == 3 ? ps[0] : 0) + ps[1] + ps[2]; }  // interior cell 0
+  GridRef ref(const void* base) const {
+    GridRef g;
+    g.p = static_cast<const char*>(base);  // offset applied by the caller (element type)
+    g.s[0] = rank == 3 ? ps[0] : 0, g.s[1] = ps[1], g.s[2] = ps[2];
+    return g;
+  }
+};
+GridBlock grid_block(int rank, int64_t a, int64_t b, int64_t c) {
+  GridBlock g{rank, {rank == 3 ? a : 1, b, c}, {}, {}};
+  for (int d = 0; d < 3; ++d) g.pad[d] = g.n[d] + (d >= 3 - rank ? 2 : 0);
+  g.ps[2] = 1, g.ps[1] = g.pad[2], g.ps[0] = g.pad[1] * g.pad[2];
+  return g;
+}
+template <class T>
+GridRef interior(const GridBlock& g, T* base) {
+  GridRef r = g.ref(base);
+  r.p = base + g.at_cell0();
+  return r;
+}
+
+// The operators: taps (7- or 9-point with corners), a variable coefficient, a field of
+// 3^rank coefficients whose rows are pooled (two distinct rows).
+template <class T>
+struct Operators {
+  std::vector<T> k;                                       // VarCoeff's padded field
+  std::vector<std::vector<T>> pools;                      // Field
+  std::vector<std::vector<int64_t>> starts;
+  std::vector<StencilOperator> ops;
+  Operators(const GridBlock& g) {
+    StencilOperator taps;
+    taps.rank = g.rank;
+    const int first = 3 - g.rank;
+    int t = 0;
+    for (int k3 = 0; k3 < (g.rank == 2 ? 9 : 27); ++k3) {
+      int o[3] = {0, 0, 0}, nz = 0, rest = k3;
+      for (int d = 2; d >= first; --d) o[d] = rest % 3 - 1, rest /= 3, nz += o[d] != 0;
+      if (g.rank == 3 && nz > 1) continue;  // 3-D: faces only
+      for (int d = 0; d < 3; ++d) taps.tap[t][d] = o[d];
+      taps.weight[t++] = nz == 0 ? 8.5 : -1.0 - 0.1 * k3;
+    }
+    taps.taps = t;
+    ops.push_back(taps);
+    k = random_values<T>(static_cast<std::size_t>(g.numel()), 0.5, 2, 71);
+    StencilOperator var;
+    var.kind = StencilOperator::Kind::VarCoeff;
+    var.rank = g.rank;
+    var.k = interior(g, k.data());
+    var.scale = 0.7;
+    ops.push_back(var);
+    StencilOperator field;
+    field.kind = StencilOperator::Kind::Field;
+    field.rank = g.rank;
+    const int64_t rows = g.n[0] * g.n[1];
+    for (int q = 0; q < field.points(); ++q) {
+      pools.push_back(random_values<T>(static_cast<std::size_t>(2 * g.n[2]), -1, 1, 80 + q));
+      std::vector<int64_t> st(static_cast<std::size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) st[static_cast<std::size_t>(r)] = (r % 3 == 1) ? g.n[2] : 0;
+      starts.push_back(std::move(st));
+    }
+    for (int q = 0; q < field.points(); ++q) field.pool[q] = pools[q].data(), field.row_start[q] = starts[q].data();
+    ops.push_back(field);
+  }
+};
+
+template <class T>
+void check_stencil_kernels(const GridBlock& g) {
+  const Operators<T> operators(g);
+  const auto sz = [](int64_t n) { return static_cast<std::size_t>(n); };
+  const std::vector<T> u = random_values<T>(sz(g.numel()), -1, 1, 61), b = random_values<T>(sz(g.numel()), -1, 1, 62),
+                       x = random_values<T>(sz(g.numel()), -1, 1, 63), dinv = random_values<T>(sz(g.numel()), 0.1, 1, 64),
+                       d0 = random_values<T>(sz(g.numel()), -1, 1, 65);
+  using EKind = StencilEpilogue::Kind;
+  for (std::size_t oi = 0; oi < operators.ops.size(); ++oi)
+    for (EKind kind : {EKind::None, EKind::Dot, EKind::Residual, EKind::Jacobi, EKind::Smooth, EKind::GaussSeidel})
+      for (int variant = 0; variant < 2; ++variant) {  // norm / box colours
+        INFO("rank ", g.rank, ", operator ", oi, ", epilogue ", int(kind), ", variant ", variant, ", ", type_name<T>());
+        // The loops' run on vectors of their own, the kernels' on guarded buffers.
+        std::vector<T> out(sz(g.numel()), T(7)), d = d0;
+        auto make = [&](const T* uu, const T* bb, const T* xx, const T* di, T* dd, T* oo) {
+          StencilApply ap;
+          ap.op = operators.ops[oi];
+          for (int q = 0; q < 3; ++q) ap.shape[q] = g.n[q], ap.offset[q] = q == 2 ? 3 : 0;
+          ap.u = interior(g, const_cast<T*>(uu));
+          ap.out = interior(g, oo);
+          ap.epilogue.kind = kind;
+          ap.epilogue.norm = variant == 1;
+          ap.epilogue.v = ap.epilogue.b = interior(g, const_cast<T*>(bb));
+          ap.epilogue.x = interior(g, const_cast<T*>(xx));
+          ap.epilogue.dinv = interior(g, const_cast<T*>(di));
+          ap.epilogue.d = interior(g, dd);
+          ap.epilogue.c1 = 0.3, ap.epilogue.c2 = 0.9;
+          ap.epilogue.colour = 1;
+          ap.epilogue.box_colours = variant == 1;
+          return ap;
+        };
+        const double want_sum =
+            dtensor::compute::stencil_apply<T>(make(u.data(), b.data(), x.data(), dinv.data(), d.data(), out.data()));
+        each_launch(sum_configs(g.cells()), [&](const Config& c) {
+          Buffer<T> ub(u), bbuf(b), xb(x), db(dinv), dd(d0), ob(std::vector<T>(sz(g.numel()), T(7)));
+          Buffer<double> partials(c.grid.x), sum(1);
+          const StencilApply ap = make(ub.data(), bbuf.data(), xb.data(), db.data(), dd.data(), ob.data());
+          hl::launch(c.grid, c.block, 0, kd::stencil_apply_kernel<T>, ap, ap.epilogue.sums() ? partials.data() : nullptr);
+          CHECK(mismatch(ob.values(), out) == "");
+          CHECK(mismatch(dd.values(), d) == "");
+          if (ap.epilogue.sums()) {
+            hl::launch(Dim3{1}, Dim3{kd::kThreads}, 0, kd::finish_all<double, double, kd::SumOp>,
+                       static_cast<const double*>(partials.data()), static_cast<int64_t>(c.grid.x), sum.data(), 0.0,
+                       kd::SumOp{});
+            CHECK(close(sum.values()[0], want_sum, 1e-12));
+          }
+          hl::launch(c.grid, c.block, 0, kd::stencil_diagonal_kernel<T>, ap);  // the diagonal into the output
+          std::vector<T> diag(sz(g.numel()), T(7));
+          StencilApply dap = ap;
+          dap.out = interior(g, diag.data());
+          dtensor::compute::stencil_diagonal<T>(dap.op, dap.shape, dap.out);
+          CHECK(mismatch(ob.values(), diag) == "");
+          CHECK((ub.guards_intact() && bbuf.guards_intact() && xb.guards_intact() && db.guards_intact() &&
+                 dd.guards_intact() && ob.guards_intact() && partials.guards_intact() && sum.guards_intact()));
+        });
+      }
+
+  // The vector updates with sums (CgCg: one, Residual: two, PowerSums: three) and without.
+  using UKind = GridUpdate::Kind;
+  for (UKind kind : {UKind::CgCgUpdate, UKind::Residual, UKind::PowerSums, UKind::Xpby, UKind::Reciprocal}) {
+    INFO("rank ", g.rank, ", update ", int(kind), ", ", type_name<T>());
+    std::vector<std::vector<T>> v = {u, b, x, d0, dinv};
+    auto make = [&](std::vector<T*> p) {
+      GridUpdate up;
+      up.kind = kind;
+      for (int q = 0; q < 3; ++q) up.shape[q] = g.n[q];
+      GridRef* slot[] = {&up.a, &up.b, &up.c, &up.d, &up.e};
+      for (int q = 0; q < 5; ++q) *slot[q] = interior(g, p[q]);
+      up.alpha = 0.4, up.beta = 0.6;
+      return up;
+    };
+    const dtensor::compute::GridSums want =
+        dtensor::compute::grid_update<T>(make({v[0].data(), v[1].data(), v[2].data(), v[3].data(), v[4].data()}));
+    each_launch(sum_configs(g.cells()), [&](const Config& c) {
+      Buffer<T> b0(u), b1(b), b2(x), b3(d0), b4(dinv);
+      Buffer<double> partials(3 * std::size_t{c.grid.x}), sums(3);
+      const GridUpdate up = make({b0.data(), b1.data(), b2.data(), b3.data(), b4.data()});
+      hl::launch(c.grid, c.block, 0, kd::grid_update_kernel<T>, up, up.sums() ? partials.data() : nullptr);
+      CHECK(mismatch(b0.values(), v[0]) == "");
+      CHECK(mismatch(b1.values(), v[1]) == "");
+      CHECK(mismatch(b2.values(), v[2]) == "");
+      CHECK(mismatch(b3.values(), v[3]) == "");
+      CHECK(mismatch(b4.values(), v[4]) == "");
+      if (up.sums())
+        for (int q = 0; q < 3; ++q) {
+          hl::launch(Dim3{1}, Dim3{kd::kThreads}, 0, kd::finish_all<double, double, kd::SumOp>,
+                     static_cast<const double*>(partials.data()) + q * c.grid.x, static_cast<int64_t>(c.grid.x),
+                     sums.data() + q, 0.0, kd::SumOp{});
+          CHECK(close(sums.values()[q], want.s[q], 1e-12));
+        }
+      CHECK((b0.guards_intact() && b1.guards_intact() && b2.guards_intact() && b3.guards_intact() &&
+             b4.guards_intact() && partials.guards_intact() && sums.guards_intact()));
+    });
+  }
+
+  // Restriction into a coarse block and prolongation back (ghosts set, interior added).
+  GridTransfer t;
+  t.rank = g.rank;
+  for (int q = 0; q < 3; ++q) {
+    const bool grid_dim = q >= 3 - g.rank;
+    t.fine_strides[q] = g.ref(nullptr).s[q];
+    t.fine_padded[q] = g.pad[q], t.fine_shape[q] = g.n[q];
+    t.fine_lo[q] = grid_dim ? 1 : 0;
+    t.origin[q] = grid_dim ? 2 : 0;  // fine offset 0: coarse cell 0 is fine node 1
+    t.coarse_shape[q] = grid_dim ? g.n[q] / 2 : 1;
+  }
+  const int64_t cn = t.coarse_shape[0] * t.coarse_shape[1] * t.coarse_shape[2];
+  t.coarse.s[2] = 1, t.coarse.s[1] = t.coarse_shape[2], t.coarse.s[0] = t.coarse_shape[1] * t.coarse_shape[2];
+  std::vector<T> fine = u, coarse(sz(cn));
+  GridTransfer ht = t;
+  ht.fine = fine.data(), ht.coarse.p = coarse.data();
+  dtensor::compute::grid_restrict<T>(ht);
+  dtensor::compute::grid_prolong<T>(ht);
+  each_launch(stride_configs(g.numel()), [&](const Config& c) {
+    INFO("rank ", g.rank, ", transfers, ", type_name<T>());
+    Buffer<T> fb(u), cb(sz(cn));
+    GridTransfer kt = t;
+    kt.fine = fb.data(), kt.coarse.p = cb.data();
+    hl::launch(c.grid, c.block, 0, kd::restrict_kernel<T>, kt);
+    hl::launch(c.grid, c.block, 0, kd::prolong_kernel<T>, kt);
+    CHECK(mismatch(cb.values(), coarse) == "");
+    CHECK(mismatch(fb.values(), fine) == "");
+    CHECK((fb.guards_intact() && cb.guards_intact()));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("kernels on the host: the solvers' grid kernels (stencils with epilogues, updates, transfers) equal the loops") {
+  for (const GridBlock& g : {grid_block(2, 1, 7, 9), grid_block(3, 4, 5, 7), grid_block(3, 1, 1, 3)}) {
+    check_stencil_kernels<double>(g);
+    check_stencil_kernels<float>(g);
+  }
 }
