@@ -562,6 +562,14 @@ TEST_CASE("pipeline: the memory plan per rank bounds the allocator's peak over a
   // Counted from the forward to the W step: the last stage defers its W steps into the
   // bubble, so it too holds both micro-batches (1F1B's holds one).
   static_assert(zb.held[0] == 2 && zb.held[1] == 2 && onef.pending[0] == 0);
+  // The same kept gradients counted as a device's pool holds them (what is asked) and as
+  // the host's does (a block of 64 KiB or more in its power-of-two size class): micro-
+  // batches of 3000 rows make blocks of 96 000 and 144 000 bytes, held as 128 and 256 KiB.
+  constexpr nn::MemoryOptions on_device{.allocator = nn::MemoryOptions::Allocator::Device};
+  constexpr auto zb_big = Zb::memory_plan<nn::MSELoss<Plain>, nn::AdamW>({6000, kIn}, {2});
+  constexpr auto zb_big_device = Zb::memory_plan<nn::MSELoss<Plain>, nn::AdamW>({6000, kIn}, {2}, on_device);
+  static_assert(zb_big_device.pending[0] == 3000 * (kHidden + kWidth) * 8);
+  static_assert(zb_big.pending[0] == (131072 + 262144));
   if (!under_mpi()) {  // reported as a message: the mpirun entries of this suite run it
     MESSAGE("skipped in-process (its ranks share one allocator count): each process measures its own under mpirun");
     return;

@@ -217,8 +217,8 @@ class Linear {
   // (the multiplied input moves over from what the forward saved).
   template <std::size_t MM>
   static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
-                                          const std::array<int, MM>& coords) {
-    return x.with_last(Out).placed(Rule::product()).bytes(mesh_shape, coords);
+                                          const std::array<int, MM>& coords, BlockAllocator a) {
+    return x.with_last(Out).placed(Rule::product()).bytes(mesh_shape, coords, a);
   }
 
   // What it holds over a step (nn/memory_plan.hpp), for x placed as it takes it: the

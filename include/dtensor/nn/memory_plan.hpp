@@ -53,6 +53,11 @@ namespace dtensor::nn {
 
 // A tensor as the memory plan follows it: global extents, placements, element size,
 // and, once on the timeline, the event that allocated it.
+// Whose allocator holds a plan's blocks (MemoryOptions::allocator): the host's keeps a
+// block of 64 KiB or more in its power-of-two size class (tensor/device.hpp); a device's
+// stream-ordered pool hands out what is asked.
+enum class BlockAllocator : std::uint8_t { Host, Device };
+
 template <std::size_t M>
 struct PlannedTensor {
   static constexpr int kMaxRank = 6;
@@ -126,12 +131,14 @@ struct PlannedTensor {
     return t;
   }
   // The bytes of the block the rank at `coords` holds of it (a chunk of a chunk where
-  // two mesh dims shard one dim; a Partial or Replicate dim is whole), as the host
-  // allocator holds them (a block of 64 KiB or more in its power-of-two size class,
-  // tensor/device.hpp: up to twice its size).
-  constexpr int64_t bytes(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
-    return static_cast<int64_t>(
-        dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(block_bytes(mesh_shape, coords))));
+  // two mesh dims shard one dim; a Partial or Replicate dim is whole), as `allocator`
+  // holds them (the host's: a block of 64 KiB or more in its power-of-two size class,
+  // tensor/device.hpp, up to twice its size; a device's: the block).
+  constexpr int64_t bytes(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords,
+                          BlockAllocator allocator = BlockAllocator::Host) const {
+    const int64_t b = block_bytes(mesh_shape, coords);
+    if (allocator == BlockAllocator::Device) return b;
+    return static_cast<int64_t>(dtensor::detail::HostBlockCache::held_bytes(static_cast<std::size_t>(b)));
   }
   // The block's own bytes (its ghost cells included where padded).
   constexpr int64_t block_bytes(const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
@@ -532,13 +539,12 @@ struct MemoryOptions {
   enum class Runtime : std::uint8_t { InProcess, Mpi };
   Runtime runtime = Runtime::Mpi;
   std::size_t bucket_bytes = std::size_t{4} << 20;  // nn::GradBuckets::kDefaultBucketBytes
-  // Whose allocator holds the blocks: the host's keeps a block of 64 KiB or more in its
-  // power-of-two size class (tensor/device.hpp); a device's stream-ordered pool hands out
+  // Whose allocator holds the blocks (BlockAllocator): the host's rounds a block of 64 KiB
+  // or more up to its power-of-two size class; a device's stream-ordered pool hands out
   // what is asked (memory_in_use(device) counts that). On a GPU the plan is the tensors'
   // bytes: the pool's rounding and fragmentation, cuBLAS's and cuDNN's workspaces, NCCL's
-  // buffers and the kernels' small scratch come on top. The pipeline bound's pending
-  // inputs round as the host does: over, never under.
-  enum class Allocator : std::uint8_t { Host, Device };
+  // buffers and the kernels' small scratch come on top.
+  using Allocator = BlockAllocator;
   Allocator allocator = Allocator::Host;
 };
 
@@ -937,11 +943,17 @@ constexpr int memory_groups() {
 // input x placed as it takes it: bytes on the rank at `coords`. A layer that splits its
 // backward says so with `memory_pending`; a block sums its layers'; any other layer
 // runs whole in the input step and keeps nothing.
+// Counted as `allocator` holds the blocks; a layer whose memory_pending takes no
+// allocator counts as the host does (over, never under, on a device).
 template <class L, std::size_t M>
 constexpr int64_t memory_pending(const PlannedTensor<M>& x, const std::array<int, M>& mesh_shape,
-                                 const std::array<int, M>& coords) {
-  if constexpr (requires { L::memory_pending(x, mesh_shape, coords); }) return L::memory_pending(x, mesh_shape, coords);
-  else return 0;
+                                 const std::array<int, M>& coords, BlockAllocator allocator = BlockAllocator::Host) {
+  if constexpr (requires { L::memory_pending(x, mesh_shape, coords, allocator); })
+    return L::memory_pending(x, mesh_shape, coords, allocator);
+  else if constexpr (requires { L::memory_pending(x, mesh_shape, coords); })
+    return L::memory_pending(x, mesh_shape, coords);
+  else
+    return 0;
 }
 
 // A layer's output for an input x placed as it takes it (nothing on the timeline).

@@ -450,7 +450,8 @@ class Pipeline {
     // schedule's W); between its I and W steps a micro-batch keeps, of what the forward
     // saved, at most all, plus what the split layers keep for their weight gradients.
     plan.held[i] = pipeline::held_microbatches(schedule_table, I, pipeline::Held::WeightInputs);
-    if constexpr (schedule_table.split_backward) plan.pending[i] = St::memory_pending(x, shape, largest);
+    if constexpr (schedule_table.split_backward)
+      plan.pending[i] = St::memory_pending(x, shape, largest, options.allocator);
   }
 
   template <class Fn>

@@ -176,9 +176,9 @@ class Residual {
   // What the block and the projection keep between a split backward's two steps.
   template <std::size_t MM>
   static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
-                                          const std::array<int, MM>& coords) {
-    int64_t b = nn::memory_pending<Block>(x.placed(in_placements), mesh_shape, coords);
-    if constexpr (kProjected) b += nn::memory_pending<ProjectionT>(x.placed(shortcut_in), mesh_shape, coords);
+                                          const std::array<int, MM>& coords, BlockAllocator a) {
+    int64_t b = nn::memory_pending<Block>(x.placed(in_placements), mesh_shape, coords, a);
+    if constexpr (kProjected) b += nn::memory_pending<ProjectionT>(x.placed(shortcut_in), mesh_shape, coords, a);
     return b;
   }
   // The block's backward (its input's gradient), then the shortcut's, added into it.

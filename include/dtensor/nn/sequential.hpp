@@ -420,11 +420,11 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
   // What its layers keep between a split backward's two steps (nn/memory_plan.hpp).
   template <std::size_t MM>
   static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
-                                          const std::array<int, MM>& coords) {
+                                          const std::array<int, MM>& coords, BlockAllocator a) {
     const auto in = memory_inputs(x.placed(flow.arriving[0]));
     int64_t b = 0;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((b += nn::memory_pending<layer_t<I>>(in[I], mesh_shape, coords)), ...);
+      ((b += nn::memory_pending<layer_t<I>>(in[I], mesh_shape, coords, a)), ...);
     }(std::make_index_sequence<N>{});
     return b;
   }

@@ -374,9 +374,9 @@ class Conv : public KeepsPlacements<Cfg, Takes::Activation> {
   // From its input step to its weight step: dy's block (the padded input stays saved).
   template <std::size_t MM>
   static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
-                                          const std::array<int, MM>& coords) {
+                                          const std::array<int, MM>& coords, BlockAllocator a) {
     return detail::window_output<S>(x, [](int i, int64_t n) { return Spec.window(i, n); }, Cout)
-        .bytes(mesh_shape, coords);
+        .bytes(mesh_shape, coords, a);
   }
 
  private:

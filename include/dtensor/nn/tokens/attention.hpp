@@ -517,10 +517,10 @@ class MultiHeadAttention {
   // moves over from what the forward saved), in T.
   template <std::size_t MM>
   static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
-                                          const std::array<int, MM>& coords) {
+                                          const std::array<int, MM>& coords, BlockAllocator a) {
     const MemoryTensors t = memory_tensors(x);
-    return 2 * t.qm.bytes(mesh_shape, coords) + 2 * t.kvm.bytes(mesh_shape, coords) +
-           x.placed(O::product()).bytes(mesh_shape, coords);
+    return 2 * t.qm.bytes(mesh_shape, coords, a) + 2 * t.kvm.bytes(mesh_shape, coords, a) +
+           x.placed(O::product()).bytes(mesh_shape, coords, a);
   }
 
   // What its forward holds (nn/memory_plan.hpp), for x placed as it takes it: saved, the

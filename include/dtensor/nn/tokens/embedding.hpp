@@ -191,10 +191,10 @@ class Embedding {
   // what the forward saved).
   template <std::size_t MM>
   static constexpr int64_t memory_pending(const PlannedTensor<MM>& ids, const std::array<int, MM>& mesh_shape,
-                                          const std::array<int, MM>& coords) {
+                                          const std::array<int, MM>& coords, BlockAllocator a) {
     return ids.template as<T>()
         .reshaped(std::array<int64_t, 3>{ids.global[0], ids.global[1], Dim}, product())
-        .bytes(mesh_shape, coords);
+        .bytes(mesh_shape, coords, a);
   }
 
   // What it holds over a step (nn/memory_plan.hpp), for the token ids x: the ids saved,

@@ -174,9 +174,10 @@ class GatedMlp {
   // x Wu it drops (the multiplied input moves over from what the forward saved).
   template <std::size_t MM>
   static constexpr int64_t memory_pending(const PlannedTensor<MM>& x, const std::array<int, MM>& mesh_shape,
-                                          const std::array<int, MM>& coords) {
+                                          const std::array<int, MM>& coords, BlockAllocator a) {
     const PlannedTensor<MM> inner = x.placed(Up::compute_input()).with_last(Inner).placed(Up::output());
-    return inner.bytes(mesh_shape, coords) + x.with_last(Hidden).placed(Down::product()).bytes(mesh_shape, coords);
+    return inner.bytes(mesh_shape, coords, a) +
+           x.with_last(Hidden).placed(Down::product()).bytes(mesh_shape, coords, a);
   }
 
   // What it holds over a step (nn/memory_plan.hpp): the multiplied input and x Wg, x Wu
