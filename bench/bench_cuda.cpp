@@ -16,7 +16,9 @@
 //    through dtensor's device path (compute::conv_*: forward, and forward + backward
 //    data, weight and bias) in fp32 and TF32 on gpu_torch.py's shapes, a
 //    device-to-device copy of 16 and 256 MiB, and a training step of train_cnn's and of
-//    train_gpt's model on one GPU rank. These time each iteration with CUDA events
+//    train_gpt's model on one GPU rank; a Chronopoulos-Gear CG iteration and a multigrid
+//    V-cycle on a 3-D Poisson grid against the copy bandwidth (the solvers' goal, 0.7 of
+//    it, has no PyTorch side). These time each iteration with CUDA events
 //    on the thread's stream (manual time), as gpu_torch.py does, so that a short case is
 //    not a measure of the host's synchronisation.
 //
@@ -34,6 +36,7 @@
 #include <dtensor/compute/conv.hpp>
 #include <dtensor/cuda.hpp>
 #include <dtensor/nn.hpp>
+#include <dtensor/solvers.hpp>
 
 using namespace dtensor;
 
@@ -388,6 +391,55 @@ void BM_dtensor_step_gpt_gpu(benchmark::State& state) {
   state.SetLabel("step_gpt");
 }
 
+// The solvers on one GPU rank: a 7-point Poisson problem on n^3 doubles, every vector on
+// the device. Their rate is the memory traffic the algorithm must make, over the time:
+//  * one Chronopoulos-Gear CG iteration: the fused update reads x, r, p, s, w and writes
+//    x, r, p, s (9 passes over a vector), w = A r reads r and writes w (2): 11 passes;
+//  * one V-cycle (Chebyshev of degree 2 before and after): each smoothing step reads x,
+//    b, D^-1 and d and writes d and the new x (6, four steps: 24), the residual before
+//    restriction and the cycle's residual norm (3 each), restriction (1 + 1/8),
+//    prolongation (1/8 + 2): 33.25 passes over the finest grid; the coarser levels add at
+//    most 1/7 of that, not counted, so the rate understates the finest level's.
+// Reported as bytes_per_second; gpu_report.py sets it against the copy's traffic (twice
+// BM_copy_d2d_gpu's bytes: a copy reads and writes each byte). Times are wall time per
+// iteration or cycle (the solver waits for its dots), from the solver's own clock.
+constexpr double kCgPasses = 11, kVcyclePasses = 33.25;
+using SolverVector = DTensor<double, 3, Shard<0>>;
+
+void BM_dtensor_cg_gpu(benchmark::State& state) {
+  cuda::set_device(0);
+  const int64_t n = state.range(0);
+  const auto& mesh = *one_gpu_rank().mesh;
+  const SolverVector b = rand<double, Shard<0>>(Shape<3>{n, n, n}, mesh, 1);
+  SolverVector x = zeros<double, Shard<0>>(Shape<3>{n, n, n}, mesh);
+  const Laplacian7 A{1.0 / double(n + 1)};
+  CgSolver solver(A, b, {.stop = {.max_iters = 20, .rtol = 0, .atol = 0}});
+  for (auto _ : state) {
+    movement::fill(x.local(), 0.0);
+    const SolveResult r = solver.solve(b, x);
+    state.SetIterationTime(r.iteration_seconds / r.iterations);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kCgPasses * double(n * n * n) * 8));
+  state.SetLabel("solver_cg_" + std::to_string(n));
+}
+
+void BM_dtensor_vcycle_gpu(benchmark::State& state) {
+  cuda::set_device(0);
+  const int64_t n = state.range(0);
+  const auto& mesh = *one_gpu_rank().mesh;
+  const SolverVector b = rand<double, Shard<0>>(Shape<3>{n, n, n}, mesh, 1);
+  SolverVector x = zeros<double, Shard<0>>(Shape<3>{n, n, n}, mesh);
+  const Laplacian7 A{1.0 / double(n + 1)};
+  MgSolver mg(A, b, {.stop = {.max_iters = 4, .rtol = 0, .atol = 0}});
+  for (auto _ : state) {
+    movement::fill(x.local(), 0.0);
+    const SolveResult r = mg.solve(b, x);
+    state.SetIterationTime(r.iteration_seconds / r.iterations);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kVcyclePasses * double(n * n * n) * 8));
+  state.SetLabel("solver_vcycle_" + std::to_string(n));
+}
+
 }  // namespace
 
 // MinTime keeps these to about 0.2 s each (about 20 s in all on an H100 or H200).
@@ -397,6 +449,8 @@ BENCHMARK(BM_copy_d2d_gpu)->Arg(16 << 20)->Arg(256 << 20)->UseManualTime()->MinT
 BENCHMARK(BM_dtensor_conv_gpu)->Apply(conv_args)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_step_cnn_gpu)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_step_gpt_gpu)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_cg_gpu)->Arg(128)->Arg(256)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_vcycle_gpu)->Arg(128)->Arg(256)->UseManualTime()->MinTime(0.2);
 
 namespace {
 

@@ -33,6 +33,7 @@ GOALS = {
     "attn": (0.8, ">= 0.8"),
     "step": (1 / 1.1, ">= 0.91 (dtensor <= 1.1x eager)"),
     "gather": (1 / 1.1, ">= 0.91 (dtensor <= 1.1x its copies)"),
+    "solver": (0.7, ">= 0.7 of the copy's traffic"),
 }
 GROUP_TITLES = [
     ("gemm", "Matrix products (M = N = K)"),
@@ -42,11 +43,13 @@ GROUP_TITLES = [
     ("copy", "Device-to-device copy (baseline, no goal)"),
     ("step", "Training steps (fp32; compiled: torch.compile, for reference, no goal)"),
     ("gather", "Shard -> Replicate gather, 2 ranks on one GPU, against its bare copies (no PyTorch side)"),
+    ("solver", "Solvers on one GPU (3-D 7-point Poisson, float64): the traffic an iteration must make per second "
+               "against a device copy's (reads and writes), no PyTorch side"),
 ]
 
 
 def group_of(name):
-    for g in ("gemm", "conv", "attn", "copy", "step"):
+    for g in ("gemm", "conv", "attn", "copy", "step", "solver"):
         if name.startswith(g):
             return g
     return "other"
@@ -168,7 +171,7 @@ def main():
     keys = [x for k in keys for x in ([k, k + "_staged"] if k + "_staged" in dt else [k])]
     for key in keys:
         group = group_of(key)
-        if group == "other":
+        if group in ("other", "solver"):
             continue
         staged = key.endswith("_staged")
         t, d = torch_recs.get(key[: -len("_staged")] if staged else key), dt.get(key)
@@ -222,10 +225,28 @@ def main():
             row["why"] = "one side of the gather missing from bench_cuda's results"
         rows.append(row)
 
+    # solver rows: bench_cuda's modelled traffic per second against the largest copy's
+    # (a copy reads and writes each byte: twice its bytes per second)
+    copies = sorted((k for k in dt if k.startswith("copy_") and dt[k].get("gbps")),
+                    key=lambda k: int(re.sub(r"\D", "", k) or 0))
+    copy_rate = 2 * dt[copies[-1]]["gbps"] if copies else None
+    for key in sorted(k for k in dt if group_of(k) == "solver"):
+        d = dt[key]
+        row = {"case": key, "group": "solver", "dtensor_ms": d["ms"], "torch_ms": None, "unit": "GB/s",
+               "dtensor_rate": d.get("gbps"), "torch_rate": copy_rate, "goal": GOALS["solver"][1]}
+        if d.get("gbps") and copy_rate:
+            row["ratio"] = d["gbps"] / copy_rate
+            row["met"] = row["ratio"] >= GOALS["solver"][0]
+        else:
+            row["why"] = "no copy_*MiB case in bench_cuda's results to set it against"
+        rows.append(row)
+
     lines = [f"# dtensor against PyTorch on {tmeta.get('device', 'the GPU')}", ""]
     lines.append("Ratio = PyTorch ms / dtensor ms: **above 1, dtensor is faster**; below 1, PyTorch is. "
                  "Goals (issue 46) are floors on the ratio. In the gather rows the PyTorch column holds "
-                 "dtensor's bare device copies of the same bytes (BM_memcpy_gather_gpu).")
+                 "dtensor's bare device copies of the same bytes (BM_memcpy_gather_gpu); in the solver rows "
+                 "the ratio is the solver's traffic rate over the largest copy's (reads and writes), and "
+                 "the PyTorch-rate column holds that copy rate.")
     lines.append("")
     if tmeta:
         lines.append(f"- PyTorch {tmeta.get('torch')} (CUDA {tmeta.get('cuda')}, cuDNN {tmeta.get('cudnn')}), "
