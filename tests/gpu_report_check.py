@@ -22,7 +22,9 @@ BENCH = {"context": {"executable": "bin/bench_cuda"}, "benchmarks": [
     iteration("BM_dtensor_matmul_fp32_vs_torch/4096/manual_time", 3.0e6, "ns", label="gemm_fp32_4096"),
     iteration("BM_dtensor_matmul_tf32_vs_torch/4096/manual_time", 1000, "us", label="gemm_tf32_4096"),
     iteration("BM_dtensor_conv_gpu/0/0/1/manual_time", 2.0, label="conv3x3_n32_c64_56_k64_fp32_fwdbwd"),
-    iteration("BM_copy_d2d_gpu/16777216/manual_time", 10.0, "us", label="copy_16MiB"),
+    iteration("BM_copy_d2d_gpu/16777216/manual_time", 10.0, "us", label="copy_16MiB", bytes_per_second=1.6e12),
+    iteration("BM_dtensor_cg_gpu/256/manual_time", 1.5, label="solver_cg_256", bytes_per_second=2.4e12),
+    iteration("BM_dtensor_vcycle_gpu/256/manual_time", 5.0, label="solver_vcycle_256", bytes_per_second=1.6e12),
     iteration("BM_dtensor_step_cnn_gpu/manual_time", 2.0, label="step_cnn"),
     iteration("BM_memcpy_gather_gpu/16777216/real_time/threads:2", 20.0, "us"),
     iteration("BM_dtensor_gather_gpu/16777216/real_time/threads:2", 21.0, "us"),
@@ -86,6 +88,10 @@ def main():
     expect("PyTorch skipped it" in rows["step_cnn_compiled"]["why"], "compiled step skipped")
     r = rows["gather_16MiB"]
     expect(abs(r["ratio"] - 20 / 21) < 1e-9 and r["met"] is True, f"gather: copies / dtensor, 1.05x: met: {r}")
+    r = rows["solver_cg_256"]
+    expect(abs(r["ratio"] - 0.75) < 1e-9 and r["met"] is True, f"CG: traffic / the copy's (2 x 1.6e12): met: {r}")
+    r = rows["solver_vcycle_256"]
+    expect(abs(r["ratio"] - 0.5) < 1e-9 and r["met"] is False, f"V-cycle at half the copy's traffic: not met: {r}")
     expect("above 1, dtensor is faster" in md, "the header says which way the ratio goes")
     expect("gemm_fp32_4096_mean" not in md, "aggregates left out")
     for f in fails:
