@@ -406,38 +406,34 @@ void BM_dtensor_step_gpt_gpu(benchmark::State& state) {
 constexpr double kCgPasses = 11, kVcyclePasses = 33.25;
 using SolverVector = DTensor<double, 3, Shard<0>>;
 
-void BM_dtensor_cg_gpu(benchmark::State& state) {
+// One solver's rate: `make(A, b)` builds it once; each benchmark iteration solves from
+// zero and reports the solver's time per iteration (or cycle).
+template <class MakeSolver>
+void solver_traffic(benchmark::State& state, double passes, const std::string& label, MakeSolver&& make) {
   cuda::set_device(0);
   const int64_t n = state.range(0);
   const auto& mesh = *one_gpu_rank().mesh;
   const SolverVector b = rand<double, Shard<0>>(Shape<3>{n, n, n}, mesh, 1);
   SolverVector x = zeros<double, Shard<0>>(Shape<3>{n, n, n}, mesh);
   const Laplacian7 A{1.0 / double(n + 1)};
-  CgSolver solver(A, b, {.stop = {.max_iters = 20, .rtol = 0, .atol = 0}});
+  auto solver = make(A, b);
   for (auto _ : state) {
     movement::fill(x.local(), 0.0);
     const SolveResult r = solver.solve(b, x);
     state.SetIterationTime(r.iteration_seconds / r.iterations);
   }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kCgPasses * double(n * n * n) * 8));
-  state.SetLabel("solver_cg_" + std::to_string(n));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * passes * double(n * n * n) * 8));
+  state.SetLabel(label + std::to_string(n));
 }
-
+void BM_dtensor_cg_gpu(benchmark::State& state) {
+  solver_traffic(state, kCgPasses, "solver_cg_", [](const Laplacian7& A, const SolverVector& b) {
+    return CgSolver(A, b, {.stop = {.max_iters = 20, .rtol = 0, .atol = 0}});
+  });
+}
 void BM_dtensor_vcycle_gpu(benchmark::State& state) {
-  cuda::set_device(0);
-  const int64_t n = state.range(0);
-  const auto& mesh = *one_gpu_rank().mesh;
-  const SolverVector b = rand<double, Shard<0>>(Shape<3>{n, n, n}, mesh, 1);
-  SolverVector x = zeros<double, Shard<0>>(Shape<3>{n, n, n}, mesh);
-  const Laplacian7 A{1.0 / double(n + 1)};
-  MgSolver mg(A, b, {.stop = {.max_iters = 4, .rtol = 0, .atol = 0}});
-  for (auto _ : state) {
-    movement::fill(x.local(), 0.0);
-    const SolveResult r = mg.solve(b, x);
-    state.SetIterationTime(r.iteration_seconds / r.iterations);
-  }
-  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kVcyclePasses * double(n * n * n) * 8));
-  state.SetLabel("solver_vcycle_" + std::to_string(n));
+  solver_traffic(state, kVcyclePasses, "solver_vcycle_", [](const Laplacian7& A, const SolverVector& b) {
+    return MgSolver(A, b, {.stop = {.max_iters = 4, .rtol = 0, .atol = 0}});
+  });
 }
 
 }  // namespace
