@@ -1,0 +1,90 @@
+// The data loader on a device mesh (issue 44: "a GPU mesh's batch"): io::Loader reads
+// each rank's block of its samples on the host (in the prefetch thread), then copies it
+// to the mesh's device. Every batch of two shuffled epochs, on a 2x2 mesh (batch over
+// one dim, H over the other, uneven blocks) and a 1x3 one, must equal, rank by rank,
+// the batch the same loader gives on host blocks; tests/test_io_loader.cpp checks the
+// host batches against the file. A .npy data set (no HDF5 needed).
+//
+// Built into test_device_emulated (every CI run, the emulated device of
+// tests/emulated_device.hpp) and gpu_test_device_loader (label gpu, a real GPU).
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include <dtensor/dtensor.hpp>
+#include <dtensor/io/loader.hpp>
+#include <dtensor/io/npy_samples.hpp>
+#include <dtensor/nn/config.hpp>
+
+using namespace dtensor;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kN = 9, kC = 2, kH = 5, kW = 3;
+
+// A .npy file as numpy.save writes it: version 1.0, the header padded to 64 bytes.
+void write_npy(const fs::path& p, const std::vector<float>& v) {
+  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(kN) + ", " +
+                     std::to_string(kC) + ", " + std::to_string(kH) + ", " + std::to_string(kW) + "), }";
+  const std::size_t total = 10 + dict.size() + 1;
+  dict += std::string((64 - total % 64) % 64, ' ') + "\n";
+  std::string out = std::string("\x93NUMPY", 6) + '\x01' + '\x00';
+  out += static_cast<char>(dict.size() & 0xff);
+  out += static_cast<char>(dict.size() >> 8);
+  out += dict;
+  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  std::ofstream(p, std::ios::binary | std::ios::trunc) << out;
+}
+
+// Every rank's blocks of every batch, copied to the host.
+template <class Cfg>
+std::vector<std::vector<float>> batches(Device dev, const std::array<int, 2>& mesh_shape, const fs::path& npy) {
+  const int n = mesh_shape[0] * mesh_shape[1];
+  std::vector<std::vector<float>> out(n);
+  RunOptions opt;
+  opt.device = dev;
+  run_threads(
+      n,
+      [&](Comm& comm) {
+        DeviceMesh<2> mesh(comm, mesh_shape);
+        io::Loader<io::image_batch_t<Cfg>, io::NpySamples> loader(mesh, io::NpySamples(npy.string()),
+                                                                  {.batch_size = 4, .seed = 5});
+        for (int64_t b = 0; b < 2 * loader.batches_per_epoch(); ++b) {
+          const auto x = loader.next();
+          CHECK(x.local().device() == dev);
+          const auto h = x.local().to(Device::host());
+          out[comm.rank()].insert(out[comm.rank()].end(), h.data(), h.data() + h.numel());
+        }
+      },
+      opt);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("loader: batches on a device mesh equal the host mesh's, rank by rank") {
+  const fs::path dir = fs::temp_directory_path() / ("dtensor-device-loader-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::vector<float> v(static_cast<std::size_t>(kN * kC * kH * kW));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f - 3;
+  write_npy(dir / "x.npy", v);
+  using BatchH = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;  // batch x H
+  using HW = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;      // H x W
+  for (const std::array<int, 2> ms : {std::array<int, 2>{2, 2}, std::array<int, 2>{1, 3}}) {
+    INFO("mesh ", ms[0], "x", ms[1]);
+    const auto host = batches<BatchH>(Device::host(), ms, dir / "x.npy");
+    const auto dev = batches<BatchH>(Device::cuda(0), ms, dir / "x.npy");
+    CHECK(host == dev);
+    CHECK(!host[0].empty());
+    const auto host_hw = batches<HW>(Device::host(), ms, dir / "x.npy");
+    CHECK(host_hw == batches<HW>(Device::cuda(0), ms, dir / "x.npy"));
+  }
+  fs::remove_all(dir);
+}
