@@ -230,15 +230,21 @@ def main():
     copies = sorted((k for k in dt if k.startswith("copy_") and dt[k].get("gbps")),
                     key=lambda k: int(re.sub(r"\D", "", k) or 0))
     copy_rate = 2 * dt[copies[-1]]["gbps"] if copies else None
-    for key in sorted(k for k in dt if group_of(k) == "solver"):
-        d = dt[key]
-        row = {"case": key, "group": "solver", "dtensor_ms": d["ms"], "torch_ms": None, "unit": "GB/s",
-               "dtensor_rate": d.get("gbps"), "torch_rate": copy_rate, "goal": GOALS["solver"][1]}
-        if d.get("gbps") and copy_rate:
+    solver_keys = {k for k in dt if group_of(k) == "solver"} | {k for k in errors if group_of(k) == "solver"}
+    for key in sorted(solver_keys):
+        d = dt.get(key)
+        row = {"case": key, "group": "solver", "dtensor_ms": d["ms"] if d else None, "torch_ms": None,
+               "unit": "GB/s", "dtensor_rate": d.get("gbps") if d else None, "torch_rate": copy_rate,
+               "goal": GOALS["solver"][1]}
+        if d and d.get("gbps") and copy_rate:
             row["ratio"] = d["gbps"] / copy_rate
             row["met"] = row["ratio"] >= GOALS["solver"][0]
+        elif not d:
+            row["why"] = f"dtensor's benchmark reported: {errors.get(key, 'error')}"
+        elif not d.get("gbps"):
+            row["why"] = "the solver's result has no bytes_per_second"
         else:
-            row["why"] = "no copy_*MiB case in bench_cuda's results to set it against"
+            row["why"] = "no copy_*MiB case with bytes_per_second in bench_cuda's results to set it against"
         rows.append(row)
 
     lines = [f"# dtensor against PyTorch on {tmeta.get('device', 'the GPU')}", ""]

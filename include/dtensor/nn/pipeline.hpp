@@ -352,10 +352,11 @@ class Pipeline {
       e[0] = mb[0];
       return e;
     };
+    const BlockAllocator alloc = options.allocator;
     plan.batch = PlannedTensor<SM>::template of<typename InputT::value_type>(extents, InputT::placement_state)
-                     .bytes(stage_shape, largest) +
+                     .bytes(stage_shape, largest, alloc) +
                  PlannedTensor<SM>::template of<typename TargetT::value_type>(out_extents(), TargetT::placement_state)
-                     .bytes(stage_shape, largest);
+                     .bytes(stage_shape, largest, alloc);
     // Each stage's input and the gradient placements at each boundary.
     const PlannedTensor<SM> x0 = PlannedTensor<SM>::template of<typename InputT::value_type>(mb, InputT::placement_state);
     std::array<PlannedTensor<SM>, S + 1> at{};  // at[s]: stage s's input; at[S]: the output
@@ -371,13 +372,14 @@ class Pipeline {
     }(std::make_index_sequence<S>{});
     plan.step_peak[S - 1] +=
         PlannedTensor<SM>::template of<typename TargetT::value_type>(mb_out_extents(), TargetT::placement_state)
-            .bytes(stage_shape, largest);  // the micro-batch's targets
+            .bytes(stage_shape, largest, alloc);  // the micro-batch's targets
     // Between computes, per pipeline rank.
     for (int r = 0; r < ranks; ++r)
       plan.between[static_cast<std::size_t>(r)] = pipeline::held_between_computes(
           schedule_table, r, [&](bool gradient, int boundary) {
             const PlannedTensor<SM>& y = at[static_cast<std::size_t>(boundary + 1)];
-            return (gradient ? y.placed(grad[static_cast<std::size_t>(boundary)]) : y).bytes(stage_shape, largest);
+            return (gradient ? y.placed(grad[static_cast<std::size_t>(boundary)]) : y)
+                .bytes(stage_shape, largest, alloc);
           });
     return plan;
   }
@@ -451,7 +453,7 @@ class Pipeline {
     // saved, at most all, plus what the split layers keep for their weight gradients.
     plan.held[i] = pipeline::held_microbatches(schedule_table, I, pipeline::Held::WeightInputs);
     if constexpr (schedule_table.split_backward)
-      plan.pending[i] = St::memory_pending(x, shape, largest, options.allocator);
+      plan.pending[i] = nn::memory_pending<St>(x, shape, largest, options.allocator);
   }
 
   template <class Fn>
