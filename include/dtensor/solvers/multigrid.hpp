@@ -37,6 +37,12 @@
 // distributed/realign.hpp), and the coarsest level lies on one rank. Every rank runs
 // every level (an empty block costs nothing); the ranks with nothing on a level wait
 // at its transfers.
+//
+// On device blocks (a mesh on a GPU) every level's smoothing, residuals and transfers
+// run there (solvers/apply.hpp, grid_transfer.hpp: one kernel each); the setup (power
+// iteration's start, Galerkin probes, the coarsest factorization) reads through host
+// copies, and the coarsest direct solve runs on the host, its right-hand side and
+// solution copied each cycle (at most max_direct nodes).
 #include <Eigen/Sparse>
 #include <Eigen/SparseCholesky>
 #include <algorithm>
