@@ -27,6 +27,7 @@
 #include <fstream>
 #include <set>
 
+#include "npy_bytes.hpp"
 #include "scratch_dir.hpp"
 #include "spmd.hpp"
 
@@ -54,21 +55,6 @@ std::vector<T> dataset_values(int64_t n = N, int64_t per = SAMPLE) {
   return v;
 }
 
-// A .npy file as numpy.save writes it (version 1.0, header padded to 64 bytes).
-std::string npy_bytes(const std::string& descr, const std::vector<int64_t>& shape, const void* data, std::size_t bytes,
-                      const std::string& extra_keys = "") {
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': False, " + extra_keys + "'shape': (";
-  for (std::size_t i = 0; i < shape.size(); ++i) dict += std::to_string(shape[i]) + (shape.size() == 1 ? "," : i + 1 < shape.size() ? ", " : "");
-  dict += "), }";
-  std::size_t total = 10 + dict.size() + 1;
-  dict += std::string((64 - total % 64) % 64, ' ') + "\n";
-  std::string out = std::string("\x93NUMPY", 6) + '\x01' + '\x00';
-  out += static_cast<char>(dict.size() & 0xff);
-  out += static_cast<char>(dict.size() >> 8);
-  out += dict;
-  out.append(static_cast<const char*>(data), bytes);
-  return out;
-}
 void write_bytes(const fs::path& p, const std::string& s) {
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f << s;

@@ -22,6 +22,8 @@
 #include <dtensor/io/npy_samples.hpp>
 #include <dtensor/nn/config.hpp>
 
+#include "npy_bytes.hpp"
+
 using namespace dtensor;
 namespace fs = std::filesystem;
 
@@ -29,18 +31,9 @@ namespace {
 
 constexpr int64_t kN = 9, kC = 2, kH = 5, kW = 3;
 
-// A .npy file as numpy.save writes it: version 1.0, the header padded to 64 bytes.
 void write_npy(const fs::path& p, const std::vector<float>& v) {
-  std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(kN) + ", " +
-                     std::to_string(kC) + ", " + std::to_string(kH) + ", " + std::to_string(kW) + "), }";
-  const std::size_t total = 10 + dict.size() + 1;
-  dict += std::string((64 - total % 64) % 64, ' ') + "\n";
-  std::string out = std::string("\x93NUMPY", 6) + '\x01' + '\x00';
-  out += static_cast<char>(dict.size() & 0xff);
-  out += static_cast<char>(dict.size() >> 8);
-  out += dict;
-  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-  std::ofstream(p, std::ios::binary | std::ios::trunc) << out;
+  std::ofstream(p, std::ios::binary | std::ios::trunc)
+      << test::npy_bytes("<f4", {kN, kC, kH, kW}, v.data(), v.size() * sizeof(float));
 }
 
 // Every rank's blocks of every batch, copied to the host.
