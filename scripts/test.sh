@@ -21,7 +21,12 @@ export CUDAARCHS=${CUDAARCHS:-80-real;90-virtual}
 # link, nothing runs it (CMakeLists.txt: DTENSOR_EXAMPLE_OPT, DTENSOR_GPU_CODE_OPT).
 gpu_code_opt=-O0
 nvidia-smi -L 2> /dev/null | grep -q '^GPU' && gpu_code_opt=
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDTENSOR_EXAMPLE_OPT=-Og -DDTENSOR_GPU_CODE_OPT="$gpu_code_opt"
+# GCC collects garbage less often (CMakeLists.txt, DTENSOR_GCC_HEAP_MB): 9 to 19% off each
+# compile for up to 5 GiB per compiler; with more jobs than about one per 6 GiB of memory,
+# set DTENSOR_GCC_HEAP_MB= (empty) for GCC's default.
+heap_mb=${DTENSOR_GCC_HEAP_MB-1024}
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DDTENSOR_EXAMPLE_OPT=-Og -DDTENSOR_GPU_CODE_OPT="$gpu_code_opt" \
+  -DDTENSOR_GCC_HEAP_MB="$heap_mb"
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 # The GPU tests (label gpu) pass only on a GPU; elsewhere ctest lists them as skipped.
@@ -50,7 +55,7 @@ echo "== sanitizers: address,undefined on ${asan_tests[*]}"
 # convolutions with dtensor's own code (DTENSOR_WITH_ONEDNN=OFF): the main build takes
 # OpenBLAS and oneDNN, so CI runs both paths of each.
 san_flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DDTENSOR_BUILD_EXAMPLES=OFF -DDTENSOR_WITH_CUDA=OFF
-  -DDTENSOR_WITH_BLAS=OFF -DDTENSOR_WITH_ONEDNN=OFF)
+  -DDTENSOR_WITH_BLAS=OFF -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_GCC_HEAP_MB="$heap_mb")
 cmake -S . -B build-asan "${san_flags[@]}" -DDTENSOR_SANITIZE=address,undefined -DDTENSOR_TEST_OPT=-O0 \
   -DDTENSOR_NO_SANITIZE=alignment,vptr,null,pointer-overflow -DDTENSOR_TEST_ONLY="$(list "${asan_tests[@]}")" > /dev/null
 cmake --build build-asan -j"$jobs"

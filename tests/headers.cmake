@@ -71,7 +71,7 @@ foreach(h IN LISTS dtensor_public_headers)
   file(CONFIGURE OUTPUT ${tu} CONTENT "#include \"${h}\"  // and nothing else: ${h} compiles on its own\n")
   dtensor_header_flags(flags ${targets})
   add_test(NAME header:${h}
-           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only ${flags} ${tu}
+           COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only ${DTENSOR_GCC_HEAP_FLAGS} ${flags} ${tu}
            COMMAND_EXPAND_LISTS)
   set_tests_properties(header:${h} PROPERTIES LABELS headers TIMEOUT 120)
 endforeach()
