@@ -10,9 +10,10 @@ function(run)
 endfunction()
 set(prefix ${WORK_DIR}/prefix)
 # The library is configured as the main build was (tests/CMakeLists.txt passes its
-# build type, GPU code flags and CUDA architectures): the same compiler commands, so
+# build type, GPU code flags, CUDA architectures and GCC heap): the same compiler commands, so
 # ccache answers them from the main build's objects.
-set(same_as_main -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DDTENSOR_GPU_CODE_OPT=${GPU_CODE_OPT})
+set(same_as_main -DCMAKE_BUILD_TYPE=${BUILD_TYPE} -DDTENSOR_GPU_CODE_OPT=${GPU_CODE_OPT}
+    -DDTENSOR_GCC_HEAP_MB=${GCC_HEAP_MB})
 if(CUDA_ARCHITECTURES)  # a list: through an initial cache file, where ';' needs no escaping
   string(REPLACE "," ";" archs "${CUDA_ARCHITECTURES}")
   file(WRITE ${WORK_DIR}/lib_cache.cmake "set(CMAKE_CUDA_ARCHITECTURES \"${archs}\" CACHE STRING \"\")\n")
