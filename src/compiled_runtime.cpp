@@ -6,7 +6,8 @@
 #ifndef DTENSOR_COMPILED_RUNTIME
 #error "build the compiled runtime, and every TU linked with it, with -DDTENSOR_COMPILED_RUNTIME"
 #endif
-// The kernel lists of the headers below become explicit instantiation definitions.
+// The kernel lists of the headers below become explicit instantiation definitions, and
+// the launchers of comm/threads/run_threads.hpp definitions.
 #define DTENSOR_COMPILED_RUNTIME_SOURCE
 
 #include "dtensor/comm/comm.hpp"

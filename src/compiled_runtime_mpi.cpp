@@ -5,9 +5,13 @@
 #error "build the compiled MPI runtime, and every TU linked with it, with -DDTENSOR_COMPILED_RUNTIME"
 #endif
 
+// The launchers of dtensor/comm/mpi/run_mpi.hpp become definitions here.
+#define DTENSOR_COMPILED_RUNTIME_MPI_SOURCE
+
 #include "dtensor/comm/mpi/mpi_all_reduce.hpp"
 #include "dtensor/comm/mpi/mpi_comm.hpp"
 #include "dtensor/comm/mpi/mpi_exchange.hpp"
+#include "dtensor/comm/mpi/run_mpi.hpp"
 
 namespace dtensor {
 void MpiComm::compiled_runtime_key_MpiComm() const {}

@@ -7,7 +7,9 @@
 
 #include "spmd.hpp"
 
+#include <atomic>
 #include <numeric>
+#include <vector>
 
 using namespace dtensor;
 using dtensor::test::spmd;
@@ -137,6 +139,45 @@ TEST_CASE("split: colors, key order, negative color, nested splits") {
     }
     comm.barrier();
   });
+}
+
+namespace {
+std::atomic<int> g_rank_sum{0};
+void add_rank(Comm& comm) { g_rank_sum += comm.rank() + 1; }
+int rank_times_ten(Comm& comm) { return 10 * comm.rank(); }
+}  // namespace
+
+// The launchers take the program as a FunctionRef (util/function_ref.hpp): any callable
+// as fn(Comm&), called in place, never copied.
+TEST_CASE("run_threads takes functions, generic lambdas and stateful objects, each called in place on every rank") {
+  g_rank_sum = 0;
+  run_threads(3, add_rank);   // a function
+  run_threads(3, &add_rank);  // a pointer to one
+  CHECK(g_rank_sum == 2 * (1 + 2 + 3));
+  run_threads(2, rank_times_ten);  // a result is dropped
+
+  std::atomic<int> sizes{0};
+  run_threads(4, [&](auto& comm) { sizes += comm.size(); });  // generic
+  CHECK(sizes == 16);
+
+  struct Counter {  // not copyable: a launcher that copied it would not compile
+    std::atomic<int> calls{0};
+    void operator()(Comm&) { ++calls; }
+  } counter;
+  run_threads(5, counter);
+  CHECK(counter.calls == 5);  // the caller's object, not a copy
+
+  std::vector<int> seen(3, -1);
+  const auto write_rank = [&seen](Comm& comm) { seen[comm.rank()] = comm.rank(); };  // const
+  run_threads(3, write_rank);
+  CHECK(seen == std::vector<int>{0, 1, 2});
+
+  // FunctionRef itself: the result passes through, the arguments are forwarded.
+  int base = 7;
+  auto add = [&base](int x, int&& y) { return base + x + y; };
+  const FunctionRef<int(int, int&&)> ref = add;
+  base = 8;
+  CHECK(ref(1, 2) == 11);  // refers to the lambda: sees base change
 }
 
 TEST_CASE("bad arguments are clear errors") {

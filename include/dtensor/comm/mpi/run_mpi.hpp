@@ -21,8 +21,18 @@
 
 #include "dtensor/comm/mpi/mpi_comm.hpp"
 #include "dtensor/comm/threads/run_threads.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
+#include "dtensor/util/function_ref.hpp"
 
 namespace dtensor {
+
+// Initialises MPI (unless the program already did), runs fn on the world and
+// finalises. Returns 0; a failure on any rank aborts the whole job.
+DTENSOR_RUNTIME_FUNCTION int run_mpi(int& argc, char**& argv, FunctionRef<void(Comm&)> fn);
+
+// On MPI when started by an MPI launcher, else on nranks in-process ranks.
+DTENSOR_RUNTIME_FUNCTION void run(int& argc, char**& argv, int nranks, FunctionRef<void(Comm&)> fn,
+                                  RunOptions options = {});
 
 // Whether this process was started by an MPI launcher.
 inline bool launched_by_mpi() {
@@ -38,7 +48,10 @@ namespace detail {
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // not reached: MPI_Abort does not return
 }
+}  // namespace detail
 
+#if DTENSOR_DEFINE_RUNTIME_MPI  // util/compiled_runtime.hpp
+namespace detail {
 // The side channel of the watchdogs, where the thread level allows it; null after
 // saying once why not. Collective over MPI_COMM_WORLD.
 inline std::unique_ptr<SideChannel> open_side_channel() {
@@ -61,10 +74,7 @@ inline std::unique_ptr<SideChannel> open_side_channel() {
 }
 }  // namespace detail
 
-// Initialises MPI (unless the program already did), runs fn on the world and
-// finalises. Returns 0; a failure on any rank aborts the whole job.
-template <class F>
-int run_mpi(int& argc, char**& argv, F&& fn) {
+DTENSOR_RUNTIME_FUNCTION int run_mpi(int& argc, char**& argv, FunctionRef<void(Comm&)> fn) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -98,12 +108,13 @@ int run_mpi(int& argc, char**& argv, F&& fn) {
   return 0;
 }
 
-template <class F>
-void run(int& argc, char**& argv, int nranks, F&& fn, RunOptions options = {}) {
+DTENSOR_RUNTIME_FUNCTION void run(int& argc, char**& argv, int nranks, FunctionRef<void(Comm&)> fn,
+                                  RunOptions options) {
   if (launched_by_mpi())
     run_mpi(argc, argv, fn);
   else
     run_threads(nranks, fn, options);
 }
+#endif  // DTENSOR_DEFINE_RUNTIME_MPI
 
 }  // namespace dtensor

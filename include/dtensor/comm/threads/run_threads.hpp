@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "dtensor/comm/threads/thread_comm.hpp"
+#include "dtensor/util/compiled_runtime.hpp"
+#include "dtensor/util/function_ref.hpp"
 
 namespace dtensor {
 
@@ -17,7 +19,16 @@ namespace dtensor {
 // benchmark harness, a thread pool): element r must only be used by rank r's thread.
 // With device buffers, each thread first calls cuda::set_device (run_threads does).
 // run_threads is the launcher to prefer: it also handles failures.
-inline std::vector<std::unique_ptr<ThreadComm>> make_thread_comms(int nranks, RunOptions options = {}) {
+DTENSOR_RUNTIME_FUNCTION std::vector<std::unique_ptr<ThreadComm>> make_thread_comms(int nranks,
+                                                                                     RunOptions options = {});
+
+// With RunOptions::device, each rank thread works on that GPU with a stream of its
+// own. Rank 0 runs on the calling thread, which stays bound to the GPU afterwards.
+// fn is called as fn(Comm&) on every rank; a value it returns is dropped.
+DTENSOR_RUNTIME_FUNCTION void run_threads(int nranks, FunctionRef<void(Comm&)> fn, RunOptions options = {});
+
+#if DTENSOR_DEFINE_RUNTIME  // util/compiled_runtime.hpp
+DTENSOR_RUNTIME_FUNCTION std::vector<std::unique_ptr<ThreadComm>> make_thread_comms(int nranks, RunOptions options) {
   DTENSOR_CHECK(nranks >= 1, InvalidArgument, "run_threads: needs at least one rank, got ", nranks);
   auto world = std::make_shared<detail::World>(nranks, options);
   std::vector<int> members(nranks);
@@ -28,10 +39,7 @@ inline std::vector<std::unique_ptr<ThreadComm>> make_thread_comms(int nranks, Ru
   return comms;
 }
 
-// With RunOptions::device, each rank thread works on that GPU with a stream of its
-// own. Rank 0 runs on the calling thread, which stays bound to the GPU afterwards.
-template <class F>
-void run_threads(int nranks, F&& fn, RunOptions options = {}) {
+DTENSOR_RUNTIME_FUNCTION void run_threads(int nranks, FunctionRef<void(Comm&)> fn, RunOptions options) {
   auto comms = make_thread_comms(nranks, options);
   detail::World* world = &comms[0]->world();
   std::vector<std::exception_ptr> errors(nranks);
@@ -76,5 +84,6 @@ void run_threads(int nranks, F&& fn, RunOptions options = {}) {
   if (const int failed = world->failed_rank(); failed >= 0)
     throw RankFailure(failed, world->failure(), errors[failed]);
 }
+#endif  // DTENSOR_DEFINE_RUNTIME
 
 }  // namespace dtensor
