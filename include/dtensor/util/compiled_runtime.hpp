@@ -23,7 +23,7 @@
 #define DTENSOR_RUNTIME_KEY_FUNCTION(Class)
 #endif
 
-// The launchers (run_threads, run_mpi, make_thread_comms) are plain functions that take
+// The launchers (run_threads, run, run_mpi, make_thread_comms) are plain functions that take
 // the program as a FunctionRef: header-only they are `inline`; with the compiled runtime
 // a program's TUs see their declarations only (DTENSOR_RUNTIME_FUNCTION adds nothing,
 // DTENSOR_DEFINE_RUNTIME is 0) and the library's sources their definitions. What a
