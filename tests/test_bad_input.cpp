@@ -107,3 +107,31 @@ TEST_CASE("every invalid call raises its error on every rank") {
   CHECK_THROWS_WITH_AS(run_threads(0, [](Comm&) {}), "dtensor: run_threads: needs at least one rank, got 0",
                        InvalidArgument);
 }
+
+TEST_CASE("DTensor's constructor refuses a block of another shape than its layout gives the rank") {
+  // [5] sharded over 2 ranks: blocks of 3 and 2 elements. Both ranks offer 3: rank 1's is
+  // wrong, and only rank 1 can tell (the constructor is local; from_local agrees first).
+  const std::array<std::string, 2> expected = {
+      "(no error)", "dtensor: DTensor: local block has shape [3] but the layout gives rank 1 the shape [2]"};
+  std::array<std::string, 2> seen;  // per rank; under MPI a process sees its own only
+  if (!spmd(2, [&](Comm& comm) {
+        const DeviceMesh<1> mesh(comm);
+        using DT = DTensor<float, 1, Shard<0>>;
+        auto layout = ShardLayout<1>::make(Shape<1>{5}, DT::placement_state, mesh.shape(), {});
+        std::string what = "(no error)";
+        try {
+          DT x(mesh, std::move(layout), Tensor<float, 1>(Shape<1>{3}));
+        } catch (const InvalidArgument& e) {
+          what = e.what();
+        }
+        seen[static_cast<std::size_t>(mesh.rank())] = what;
+      }))
+    return;
+  int checked = 0;
+  for (std::size_t r = 0; r < 2; ++r)
+    if (!seen[r].empty()) {
+      CHECK(seen[r] == expected[r]);
+      ++checked;
+    }
+  CHECK(checked >= 1);
+}

@@ -50,6 +50,20 @@ constexpr bool partial_ops_fit_type() {
   }
   return true;
 }
+// The checks of a DTensor's constructor: the block has the shape the layout gives this
+// rank and lives where the mesh moves buffers. A function of the rank and the mesh's
+// dims, not of the placements: compiled once for every DTensor type of that rank,
+// not once per type (it is in every layer's constructor and every operator's result).
+template <int Rank, std::size_t M>
+void check_local_block(const Shape<Rank>& block, const Device& device, const ShardLayout<Rank>& layout,
+                       const PlacementState<M>& placements, const DeviceMesh<static_cast<int>(M)>& mesh) {
+  const Shape<Rank> expected = layout.local_shape(placements, mesh.shape(), mesh.coords());
+  DTENSOR_CHECK(block == expected, InvalidArgument, "DTensor: local block has shape ", dtensor::to_string(block),
+                " but the layout gives rank ", mesh.rank(), " the shape ", dtensor::to_string(expected));
+  DTENSOR_CHECK(device == mesh.device(), InvalidArgument, "DTensor: the local block lives on ",
+                dtensor::to_string(device), " but the mesh's communicator (", mesh.comm().backend(),
+                ") moves buffers on ", dtensor::to_string(mesh.device()), "; move the block with to(Device)");
+}
 }  // namespace detail
 
 template <class T, int Rank, class... P>
@@ -84,12 +98,7 @@ class DTensor {
   // distribute, from_local and the factories, which check their input.
   DTensor(Mesh mesh, ShardLayout<Rank> layout, Tensor<T, Rank> local)
       : mesh_(std::move(mesh)), layout_(std::move(layout)), local_(std::move(local)) {
-    DTENSOR_CHECK(local_.shape() == local_shape(), InvalidArgument, "DTensor: local block has shape ",
-                  dtensor::to_string(local_.shape()), " but the layout gives rank ", mesh_.rank(), " the shape ",
-                  dtensor::to_string(local_shape()));
-    DTENSOR_CHECK(local_.device() == mesh_.device(), InvalidArgument, "DTensor: the local block lives on ",
-                  dtensor::to_string(local_.device()), " but the mesh's communicator (", mesh_.comm().backend(),
-                  ") moves buffers on ", dtensor::to_string(mesh_.device()), "; move the block with to(Device)");
+    detail::check_local_block<Rank>(local_.shape(), local_.device(), layout_, placement_state, mesh_);
   }
 
   const Tensor<T, Rank>& local() const& { return local_; }
