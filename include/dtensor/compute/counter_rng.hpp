@@ -31,6 +31,16 @@ template <class T>
 DTENSOR_HOST_DEVICE T uniform_value(uint64_t seed, uint64_t i) {
   return static_cast<T>(uniform01(seed, i));
 }
+// A weight's initial value: uniform in [-bound, bound), element i drawn from (seed, i)
+// alone. One type for every layer's draw (nn::Linear, Conv, attention...), so the fill
+// of a block is compiled once per element type and rank, not once per layer class, as
+// each layer's own lambda was. Host code: the factories fill such blocks on the host.
+template <class T>
+struct UniformDraw {
+  uint64_t seed;
+  T bound;
+  T operator()(uint64_t i) const { return static_cast<T>((2 * uniform01(seed, i) - 1) * bound); }
+};
 template <class T>
 DTENSOR_HOST_DEVICE T normal_value(uint64_t seed, uint64_t i) {
   const double u1 = 1.0 - uniform01(seed, i, 1), u2 = uniform01(seed, i, 2);  // u1 in (0, 1]

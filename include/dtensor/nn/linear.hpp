@@ -285,9 +285,7 @@ class Linear {
   template <class DT>
   static DT uniform(const Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed) {
     const T bound = T(1) / std::sqrt(static_cast<T>(In));
-    return dtensor::detail::generate<DT>(shape, mesh, {}, [&](uint64_t i) {
-      return static_cast<T>((2 * dtensor::detail::uniform01(seed, i) - 1) * bound);
-    });
+    return dtensor::detail::generate<DT>(shape, mesh, {}, dtensor::detail::UniformDraw<T>{seed, bound});
   }
 
   Parameter<WeightT> weight_;

@@ -251,9 +251,8 @@ class NeighborhoodAttention : public KeepsPlacements<Img, Takes::Activation> {
   }
   static WeightT uniform(const typename WeightT::Mesh& mesh, uint64_t seed) {
     const T bound = T(1) / std::sqrt(static_cast<T>(Channels));
-    return dtensor::detail::generate<WeightT>({Channels, Channels}, mesh, {}, [&](uint64_t i) {
-      return static_cast<T>((2 * dtensor::detail::uniform01(seed * 0x100000001b3ull + 41, i) - 1) * bound);
-    });
+    return dtensor::detail::generate<WeightT>(
+        {Channels, Channels}, mesh, {}, dtensor::detail::UniformDraw<T>{seed * 0x100000001b3ull + 41, bound});
   }
   struct Saved {
     InputT x;

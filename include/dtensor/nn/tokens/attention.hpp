@@ -680,9 +680,8 @@ class MultiHeadAttention {
   static DT uniform(const dtensor::Shape<DT::rank>& shape, const typename DT::Mesh& mesh, uint64_t seed,
                     int64_t fan_in) {
     const T bound = T(1) / std::sqrt(static_cast<T>(fan_in));
-    return dtensor::detail::generate<DT>(shape, mesh, {}, [&](uint64_t i) {
-      return static_cast<T>((2 * dtensor::detail::uniform01(seed * 0x100000001b3ull + 17, i) - 1) * bound);
-    });
+    return dtensor::detail::generate<DT>(shape, mesh, {},
+                                         dtensor::detail::UniformDraw<T>{seed * 0x100000001b3ull + 17, bound});
   }
 
   AttentionOptions options_;
