@@ -1,7 +1,7 @@
 // One training step on the CPU as a user's plain Release build gets it (issue 28; built
 // without -march on purpose), to hold beside PyTorch (bench/steps_torch.py: the same
 // models, shapes and optimizers):
-//   cnn  train_cnn's model (examples/train_cnn.cpp): conv 3x3 3->8, batch norm, ReLU,
+//   cnn  train_cnn's model (examples/train_cnn.hpp): conv 3x3 3->8, batch norm, ReLU,
 //        max pool 2, conv 3x3 8->16, batch norm, ReLU, max pool 2, global average pool,
 //        linear 16->4, cross-entropy; SGD with momentum; batch 8 of 3 x 128 x 128, float
 //   mlp  linear 256->1024, GELU, linear 1024->256, MSE; SGD; batch 64, float

@@ -316,7 +316,7 @@ DeviceMesh<2>& one_gpu_mesh2() {
   return mesh;
 }
 
-// train_cnn's model (examples/train_cnn.cpp) at bench_cpu_steps' size: batch 8 of 3 x 128 x 128.
+// train_cnn's model (examples/train_cnn.hpp) at bench_cpu_steps' size: batch 8 of 3 x 128 x 128.
 namespace step_cnn {
 constexpr int64_t kBatch = 8, kChannels = 3, kSize = 128, kClasses = 4;
 constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
@@ -352,7 +352,7 @@ void BM_dtensor_step_cnn_gpu(benchmark::State& state) {
   state.SetLabel("step_cnn");
 }
 
-// train_gpt's model (examples/train_gpt.cpp): vocabulary 97, hidden 64, 4 heads, FFN 256,
+// train_gpt's model (examples/train_gpt.hpp): vocabulary 97, hidden 64, 4 heads, FFN 256,
 // 2 causal blocks with RoPE, length 32, batch 8; AdamW.
 namespace step_gpt {
 constexpr int64_t kVocab = 97, kHidden = 64, kFfn = 256, kLen = 32, kBatch = 8;

@@ -213,7 +213,7 @@ def bench_copy(res, dev, timer, quick):
         del src, dst
 
 
-# --- training steps: the models of examples/train_cnn.cpp and examples/train_gpt.cpp
+# --- training steps: the models of examples/train_cnn.hpp and examples/train_gpt.hpp
 
 CNN_BATCH, CNN_SIZE = 8, 128
 GPT = dict(vocab=97, hidden=64, heads=4, ffn=256, blocks=2, length=32, batch=8)

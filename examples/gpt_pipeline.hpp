@@ -1,6 +1,7 @@
 // train_gpt_pipeline's model, its one-rank reference and the comparison of a pipeline
-// run against it, shared by the example's two translation units (train_gpt_pipeline.cpp,
-// train_gpt_pipeline_zb.cpp: each schedule's instantiation is a compile of its own).
+// run against it, shared by the example's three translation units
+// (train_gpt_pipeline.cpp, train_gpt_pipeline_1d.cpp, train_gpt_pipeline_3d.cpp: each
+// pipeline's instantiation is a compile of its own).
 #pragma once
 #include <dtensor/nn.hpp>
 #include <dtensor/nn/pipeline.hpp>
@@ -16,9 +17,9 @@ namespace gpt_pipeline {
 using namespace dtensor;
 
 
-constexpr int64_t kVocab = 97, kHidden = 64, kFfn = 256, kLen = 32, kBatch = 8;
-constexpr int kMicrobatches = 4, kSteps = 30;
-constexpr nn::AttentionShape kAttention{.hidden = kHidden, .heads = 4};
+inline constexpr int64_t kVocab = 97, kHidden = 64, kFfn = 256, kLen = 32, kBatch = 8;
+inline constexpr int kMicrobatches = 4, kSteps = 30;
+inline constexpr nn::AttentionShape kAttention{.hidden = kHidden, .heads = 4};
 
 // The four stages of a model whose layers are configured by Cfg (the stage mesh's dims).
 template <class Cfg>
@@ -69,13 +70,13 @@ std::vector<float> one_rank(Comm& comm) {
   return losses;
 }
 
-// The pipeline on `shape`, against one rank; prints the schedule and both losses.
-template <class Cfg, class PC>
-bool compare(Comm& comm, std::array<int, PC::mesh_dims> shape, const char* what) {
+// The pipeline on a mesh of `Shape`, against one rank; prints the schedule and both losses.
+template <class Cfg, class PC, std::array<int, PC::mesh_dims> Shape>
+bool compare(Comm& comm, const char* what) {
   using G = Gpt<Cfg>;
   using Model = typename G::template Pipelined<PC>;
   const std::vector<float> ref = one_rank<Cfg>(comm);
-  const DeviceMesh<PC::mesh_dims> mesh(comm, shape);
+  const DeviceMesh<PC::mesh_dims> mesh(comm, Shape);
   Model model(mesh, [](auto s, const auto& stage_mesh) { return G::template stage<decltype(s)::value>(stage_mesh); });
   typename G::Loss loss;
   nn::AdamW adam({.lr = 3e-3, .weight_decay = 0});
@@ -102,9 +103,11 @@ bool compare(Comm& comm, std::array<int, PC::mesh_dims> shape, const char* what)
   const bool ok = worst <= 1e-5 && off_plan == 0 && got.back() < 0.5f * got.front();
   if (comm.rank() == 0) {
     std::printf("== %s on %s\n%s", what, mesh.to_string().c_str(), Model::explain().c_str());
-    // Evaluated here at run time; the same call is a constant expression (static_assert).
-    const auto memory = Model::template memory_plan<typename G::Loss, nn::AdamW, typename G::Targets>(
-        {kBatch, kLen}, shape);
+    // A constant: evaluated at run time, the call would compile the whole planner into
+    // the program (with the stage plans read as constants, 41 -> 36 s of this TU's compile
+    // when it held two pipelines; bench/README.md).
+    static constexpr auto memory = Model::template memory_plan<typename G::Loss, nn::AdamW, typename G::Targets>(
+        {kBatch, kLen}, Shape);
     std::printf("memory plan, bound per pipeline rank:");
     for (int r = 0; r < Model::ranks; ++r) std::printf(" %.1f KiB", static_cast<double>(memory.peak_bytes(r)) / 1024);
     std::printf("\n");

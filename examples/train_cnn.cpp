@@ -16,6 +16,10 @@
 // input all-reduces; the parameters' gradients are reduced once per step (bucketed).
 // The compiler checks the collectives of one step before the program runs.
 //
+// Two translation units: train_cnn.hpp holds the model, meshes and data;
+// train_cnn_bf16.cpp the -bf16 runs below (each model configuration compiles its
+// layers anew).
+//
 // Usage:
 //   build/examples/train_cnn                      4 in-process ranks (threads)
 //   build/examples/train_cnn -bf16                and the same model in bfloat16 (below)
@@ -54,47 +58,17 @@
 // runs the same device paths on the tests' emulated device instead of the CUDA backend.
 #include "emulated_device.hpp"
 #endif
-#include <dtensor/cnn.hpp>
-
-#include "common.hpp"
+#include "train_cnn.hpp"
 
 #include <atomic>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
 using namespace dtensor;
+using namespace train_cnn;
 
 namespace {
-
-constexpr int64_t kBatch = 8, kChannels = 3, kH = 30, kW = 34, kClasses = 4;
-constexpr int kSteps = 30;
-constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
-
-template <class Img>
-struct CNN {
-  using Head = typename nn::GlobalAvgPool<Img>::out_config;
-  using Model = nn::Sequential<nn::Conv<Img, kChannels, 8, k3>, nn::BatchNorm<Img, 8>, nn::ReLU<Img>, nn::MaxPool<Img>,
-                               nn::Conv<Img, 8, 16, k3>, nn::BatchNorm<Img, 16>, nn::ReLU<Img>, nn::MaxPool<Img>,
-                               nn::GlobalAvgPool<Img>, nn::Linear<Head, 16, kClasses>>;
-  using Loss = nn::CrossEntropy<Head, nn::replicate()>;
-  static constexpr auto plan = Model::template training_plan<Loss>(kChannels);
-  using Targets = dtensor_t<int64_t, 1, placements_t<Head::activation()>>;
-
-  static Model make(const DeviceMesh<2>& mesh) {
-    const auto pool = nn::PoolOptions<2>::square(2);
-    return Model(nn::Conv<Img, kChannels, 8, k3>(mesh, {1}), nn::BatchNorm<Img, 8>(mesh), nn::ReLU<Img>(),
-                 nn::MaxPool<Img>(pool), nn::Conv<Img, 8, 16, k3>(mesh, {2}), nn::BatchNorm<Img, 16>(mesh),
-                 nn::ReLU<Img>(), nn::MaxPool<Img>(pool), nn::GlobalAvgPool<Img>(),
-                 nn::Linear<Head, 16, kClasses>(mesh, {3}));
-  }
-};
-
-// Spatial sharding: H over mesh dim 0, W over mesh dim 1. Hybrid: the batch over
-// mesh dim 0 (data parallel), H over mesh dim 1.
-using Spatial = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
-using Hybrid = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
 
 // The plan of one step, checked by the compiler. Spatial: each batch norm's
 // statistics forward and its two sums backward are one all-reduce over the whole
@@ -118,9 +92,6 @@ static_assert(kHybrid.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 6 
               kHybrid.count(nn::Phase::GradReduce, StepKind::AllReduce, 1) == 4);
 static_assert(kHybrid.count(nn::Phase::Forward, StepKind::AllReduce, 0) == 1 &&
               kHybrid.count(nn::Phase::Forward, StepKind::AllReduce, 1) == 1);
-
-// Image i of step s, its class and its pixels depend on (s, i, pixel) only.
-constexpr examples::StripeImages kImages{kChannels, kH, kW, kClasses, 0.7, 500};
 
 template <class Img>
 std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
@@ -165,114 +136,6 @@ bool compare(Comm& comm, const char* what, std::vector<float>* fp32 = nullptr) {
   return ok;
 }
 
-#if !defined(DTENSOR_EXAMPLE_ON_GPU) && !defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
-// --- -bf16: the same model with bfloat16 layers ---
-
-// The same meshes, the layers in bfloat16.
-using Spatial16 = nn::ImageConfig<bfloat16, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
-using Hybrid16 = nn::ImageConfig<bfloat16, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
-constexpr double kRtolBf16 = 1.6e-2;  // 2x2 against one rank, both bfloat16 (PyTorch's bf16 rtol)
-constexpr double kRtolFp32 = 3.2e-2;  // bfloat16 against float32, both 2x2
-
-// The bfloat16 step runs the float32 step's collectives (half the bytes of the
-// halos and gradient reductions; the loss's and the norms' float and double sums).
-template <class A, class B>
-constexpr bool same_collectives(const A& a, const B& b) {
-  for (nn::Phase ph : {nn::Phase::Forward, nn::Phase::Backward, nn::Phase::GradReduce})
-    for (int m : {-1, 0, 1})
-      if (a.count(ph, StepKind::AllReduce, m) != b.count(ph, StepKind::AllReduce, m)) return false;
-  return true;
-}
-static_assert(same_collectives(CNN<Spatial16>::plan, kSpatial) && same_collectives(CNN<Hybrid16>::plan, kHybrid));
-
-// The float32 master copy of a bfloat16 model's parameters, in for_each_parameter's
-// order (the two models declare the same parameters): load() rounds them into the
-// model once each (nearest even), store_gradients() widens the model's gradients
-// (exactly) into the master's, which the optimizer then steps.
-template <class Master>
-struct MasterWeights {
-  std::vector<float*> values, grads;
-  std::vector<int64_t> sizes;
-  explicit MasterWeights(Master& m) {
-    m.for_each_parameter([&](auto& p) {
-      values.push_back(p.value().local().data()), grads.push_back(p.grad().data());
-      sizes.push_back(p.value().local().numel());
-    });
-  }
-  template <class Model>
-  void load(Model& model) const {
-    std::size_t k = 0;
-    model.for_each_parameter([&](auto& p) {
-      auto* v = p.value().local().data();
-      for (int64_t i = 0; i < sizes[k]; ++i) v[i] = bfloat16(values[k][i]);
-      ++k;
-    });
-  }
-  template <class Model>
-  void store_gradients(Model& model) const {
-    std::size_t k = 0;
-    model.for_each_parameter([&](auto& p) {
-      const auto* g = p.grad().data();
-      for (int64_t i = 0; i < sizes[k]; ++i) grads[k][i] = float(g[i]);
-      ++k;
-    });
-  }
-};
-
-template <class Img16, class Img>
-std::vector<float> train_bf16(const DeviceMesh<2>& mesh, int* off_plan) {
-  using Net = CNN<Img16>;
-  auto master = CNN<Img>::make(mesh);  // float32 parameters and optimizer state
-  auto model = Net::make(mesh);        // the bfloat16 layers the step runs
-  const MasterWeights<typename CNN<Img>::Model> weights(master);
-  typename Net::Loss loss;  // the float loss of the widened logits
-  nn::SGD sgd({.lr = 0.1, .momentum = 0.9});
-  std::vector<float> losses;
-  for (int step = 0; step < kSteps; ++step) {
-    // Each pixel drawn in float as the float32 run's, rounded to bfloat16 once.
-    auto x = dtensor::detail::generate<typename Net::Model::InputT>(
-        {kBatch, kChannels, kH, kW}, mesh, {}, [&](uint64_t i) { return kImages.pixel(step, i); });
-    auto t = dtensor::detail::generate<typename Net::Targets>(
-        {kBatch}, mesh, {}, [&](uint64_t i) { return kImages.label(step, static_cast<int64_t>(i)); });
-    weights.load(model);
-    CommCounter counted;
-    model.zero_grad();
-    auto y = model.forward(x);
-    losses.push_back(loss.forward(y, t));
-    model.backward(loss.backward());
-    weights.store_gradients(model);
-    sgd.step(master);
-    // The model's gradient reductions are of its bfloat16 gradients.
-    if (counted.count() !=
-        Net::plan.step_collectives(model.bucket_bytes(), sizeof(bfloat16), mesh.shape(), mesh.coords()))
-      ++*off_plan;
-  }
-  return losses;
-}
-
-// The bfloat16 model on the 2x2 mesh and on one rank, and against the float32 2x2 run.
-template <class Img16, class Img>
-bool compare_bf16(Comm& comm, const char* what, const std::vector<float>& fp32) {
-  const auto r = examples::train_against_one_rank(comm, [](const DeviceMesh<2>& mesh, int* off) {
-    return train_bf16<Img16, Img>(mesh, off);
-  });
-  const double vs_one = examples::relative_rms_difference(r.got, r.ref);
-  const double vs_fp32 = examples::relative_rms_difference(r.got, fp32);
-  const bool ok = vs_one <= kRtolBf16 && vs_fp32 <= kRtolFp32 && r.off_plan == 0;
-  if (comm.rank() == 0) {
-    std::printf("== bfloat16: %s on %s\n", what, r.mesh.c_str());
-    std::printf("%5s %14s %14s %14s\n", "step", "bf16 2x2", "bf16 1 rank", "fp32 2x2");
-    for (std::size_t s = 0; s < r.ref.size(); ++s)
-      std::printf("%5zu %14.8f %14.8f %14.8f\n", s, r.got[s], r.ref[s], s < fp32.size() ? fp32[s] : NAN);
-    std::printf("relative RMS difference over the %d steps: %.3g against one rank (limit %.3g), %.3g against float32 "
-                "(limit %.3g); largest per step %.3g and %.3g; collectives off the plan in %d steps: %s\n\n",
-                kSteps, vs_one, kRtolBf16, vs_fp32, kRtolFp32, r.worst,
-                examples::largest_relative_difference(r.got, fp32), r.off_plan, ok ? "OK" : "FAILED");
-  }
-  return ok;
-}
-#endif
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -291,8 +154,7 @@ int main(int argc, char** argv) {
     std::vector<float> spatial, hybrid;
     bool ok = compare<Spatial>(comm, "images sharded over H and W", &spatial);
     ok = compare<Hybrid>(comm, "batch over mesh dim 0 (data parallel), H over mesh dim 1", &hybrid) && ok;
-    ok = compare_bf16<Spatial16, Spatial>(comm, "images sharded over H and W", spatial) && ok;
-    ok = compare_bf16<Hybrid16, Hybrid>(comm, "batch over mesh dim 0 (data parallel), H over mesh dim 1", hybrid) && ok;
+    ok = bf16_runs(comm, spatial, hybrid) && ok;
     if (comm.rank() == 0 && ok)
       std::printf("OK: both meshes train like the single-rank run, in float32 and bfloat16\n");
     if (!ok) failed = 1;

@@ -41,20 +41,20 @@
 using namespace dtensor;
 using namespace gpt_pipeline;
 
-// PP on a 1-D mesh, 1F1B and zero-bubble H1 (train_gpt_pipeline_1d.cpp).
+// PP on a 1-D mesh, 1F1B and zero-bubble H1 (train_gpt_pipeline_1d.cpp), and PP x DP x
+// TP on eight ranks (train_gpt_pipeline_3d.cpp): each pipeline's instantiation is a
+// compile of its own.
 bool one_dimensional(Comm& comm);
+bool eight_ranks(Comm& comm);
 
 namespace {
 
 bool four_ranks(Comm& comm) {
   const bool pp = one_dimensional(comm);
-  const bool pp_tp = compare<Tp, nn::PipelineConfig<2, 0, pipeline::Interleaved1F1B<2>, kMicrobatches>>(
-      comm, {2, 2}, "PP x TP: two stages per pipeline rank (interleaved 1F1B), TP over mesh dim 1");
+  using PpTp = nn::PipelineConfig<2, 0, pipeline::Interleaved1F1B<2>, kMicrobatches>;
+  const bool pp_tp = compare<Tp, PpTp, std::array<int, 2>{2, 2}>(
+      comm, "PP x TP: two stages per pipeline rank (interleaved 1F1B), TP over mesh dim 1");
   return pp && pp_tp;
-}
-bool eight_ranks(Comm& comm) {
-  return compare<DpTp, nn::PipelineConfig<3, 0, pipeline::Interleaved1F1B<2>, kMicrobatches>>(
-      comm, {2, 2, 2}, "PP x DP x TP: interleaved 1F1B over mesh dim 0, the batch over dim 1, TP over dim 2");
 }
 
 }  // namespace

@@ -6,9 +6,11 @@ using namespace dtensor;
 
 bool one_dimensional(Comm& comm) {
   using namespace gpt_pipeline;
-  const bool onef = compare<Alone, nn::PipelineConfig<1, 0, pipeline::OneFOneB, kMicrobatches>>(
-      comm, {4}, "PP: four stages on four ranks, 1F1B");
-  const bool zb = compare<Alone, nn::PipelineConfig<1, 0, pipeline::ZeroBubbleH1, kMicrobatches>>(
-      comm, {4}, "PP: four stages on four ranks, zero-bubble H1");
+  using OneF = nn::PipelineConfig<1, 0, pipeline::OneFOneB, kMicrobatches>;
+  using ZeroBubble = nn::PipelineConfig<1, 0, pipeline::ZeroBubbleH1, kMicrobatches>;
+  const bool onef = compare<Alone, OneF, std::array<int, 1>{4}>(
+      comm, "PP: four stages on four ranks, 1F1B");
+  const bool zb = compare<Alone, ZeroBubble, std::array<int, 1>{4}>(
+      comm, "PP: four stages on four ranks, zero-bubble H1");
   return onef && zb;
 }
