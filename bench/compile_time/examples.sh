@@ -4,8 +4,12 @@
 # (dtensor_precompile_headers: dtensor.hpp and nn.hpp); with them precompiled and the
 # runtimes compiled once elsewhere (dtensor::runtime_mpi: -DDTENSOR_COMPILED_RUNTIME,
 # src/compiled_runtime*.cpp not counted); and the front end alone (-fsyntax-only).
-# Prints the compiler's user time in seconds.
-#   bench/compile_time/examples.sh [example ...]   (default: every example)
+# Prints the compiler's user time in seconds. Each .cpp of examples/ is a TU (an
+# example of several TUs, such as train_gpt, is listed TU by TU).
+#   bench/compile_time/examples.sh [example ...]   (default: every example TU)
+#   bench/compile_time/examples.sh --built [TU ...]
+#     only -O2 against the compiled runtime, no PCH: each TU as examples/CMakeLists.txt
+#     builds it (the runtime from dtensor::runtime_mpi), the goal's measure
 # Run it on an otherwise idle machine: user time is less sensitive to load than wall
 # time, not immune to it (on the 2-core VM another compile beside it adds about 40%).
 set -euo pipefail
@@ -25,6 +29,18 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 user_s() { /usr/bin/time -f %U "$@" 2>&1 > /dev/null | tail -1; }
+if [[ "${1:-}" == "--built" ]]; then
+  shift
+  examples=("$@")
+  [[ ${#examples[@]} -gt 0 ]] || examples=($(cd "$root/examples" && ls *.cpp | sed 's/\.cpp$//'))
+  printf '%-24s %18s\n' TU "-O2, runtime s"
+  for e in "${examples[@]}"; do
+    runtime=(-DDTENSOR_COMPILED_RUNTIME)
+    [[ $e == redistribute_tour ]] && runtime=()  # built header-only (examples/CMakeLists.txt)
+    printf '%-24s %18s\n' "$e" "$(user_s "$cxx" "${flags[@]}" "${runtime[@]}" -c "$root/examples/$e.cpp" -o "$work/$e.o")"
+  done
+  exit 0
+fi
 # One precompiled header per mode: a PCH is only used with the macros it was made with.
 mkdir -p "$work/plain" "$work/compiled"
 for mode in plain compiled; do
