@@ -101,10 +101,7 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
   nn::SGD sgd({.lr = 0.1, .momentum = 0.9});
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
-    auto x = dtensor::detail::generate<typename Net::Model::InputT>(
-        {kBatch, kChannels, kH, kW}, mesh, {}, [&](uint64_t i) { return kImages.pixel(step, i); });
-    auto t = dtensor::detail::generate<typename Net::Targets>(
-        {kBatch}, mesh, {}, [&](uint64_t i) { return kImages.label(step, static_cast<int64_t>(i)); });
+    const auto [x, t] = batch<Net>(step, mesh);
     CommCounter counted;
     model.zero_grad();
     auto y = model.forward(x);

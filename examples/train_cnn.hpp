@@ -5,6 +5,7 @@
 #pragma once
 #include <dtensor/cnn.hpp>
 
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -43,6 +44,17 @@ using Hybrid = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
 
 // Image i of step s, its class and its pixels depend on (s, i, pixel) only.
 inline constexpr examples::StripeImages kImages{kChannels, kH, kW, kClasses, 0.7, 500};
+
+// Step `step`'s images and labels, placed as Net's input and targets (each pixel drawn
+// in float, so a bfloat16 model reads the float32 run's pixels rounded once).
+template <class Net>
+auto batch(int step, const DeviceMesh<2>& mesh) {
+  auto x = dtensor::detail::generate<typename Net::Model::InputT>(
+      {kBatch, kChannels, kH, kW}, mesh, {}, [&](uint64_t i) { return kImages.pixel(step, i); });
+  auto t = dtensor::detail::generate<typename Net::Targets>(
+      {kBatch}, mesh, {}, [&](uint64_t i) { return kImages.label(step, static_cast<int64_t>(i)); });
+  return std::pair{std::move(x), std::move(t)};
+}
 
 #if !defined(DTENSOR_EXAMPLE_ON_GPU) && !defined(DTENSOR_EXAMPLE_ON_EMULATED_GPU)
 // -bf16 (train_cnn_bf16.cpp): the model in bfloat16 on both meshes, against one rank and

@@ -73,11 +73,7 @@ std::vector<float> train_bf16(const DeviceMesh<2>& mesh, int* off_plan) {
   nn::SGD sgd({.lr = 0.1, .momentum = 0.9});
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
-    // Each pixel drawn in float as the float32 run's, rounded to bfloat16 once.
-    auto x = dtensor::detail::generate<typename Net::Model::InputT>(
-        {kBatch, kChannels, kH, kW}, mesh, {}, [&](uint64_t i) { return kImages.pixel(step, i); });
-    auto t = dtensor::detail::generate<typename Net::Targets>(
-        {kBatch}, mesh, {}, [&](uint64_t i) { return kImages.label(step, static_cast<int64_t>(i)); });
+    const auto [x, t] = batch<Net>(step, mesh);  // the float32 run's pixels, rounded once
     weights.load(model);
     CommCounter counted;
     model.zero_grad();
