@@ -104,7 +104,7 @@ bool compare(Comm& comm, const char* what) {
   if (comm.rank() == 0) {
     std::printf("== %s on %s\n%s", what, mesh.to_string().c_str(), Model::explain().c_str());
     // A constant: evaluated at run time, the call would compile the whole planner into
-    // the program (with the stage plans read as constants, 41 -> 36 s of this TU's compile
+    // the program (with the stage plans read as constants, 41 -> 36 s of train_gpt_pipeline.cpp's compile
     // when it held two pipelines; bench/README.md).
     static constexpr auto memory = Model::template memory_plan<typename G::Loss, nn::AdamW, typename G::Targets>(
         {kBatch, kLen}, Shape);

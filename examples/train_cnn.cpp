@@ -16,9 +16,9 @@
 // input all-reduces; the parameters' gradients are reduced once per step (bucketed).
 // The compiler checks the collectives of one step before the program runs.
 //
-// Two translation units: train_cnn.hpp holds the model, meshes and data;
-// train_cnn_bf16.cpp the -bf16 runs below (each model configuration compiles its
-// layers anew).
+// Two translation units, this and train_cnn_bf16.cpp (the -bf16 runs below), around
+// train_cnn.hpp (the model, meshes and data): each model configuration compiles its
+// layers anew.
 //
 // Usage:
 //   build/examples/train_cnn                      4 in-process ranks (threads)

@@ -52,8 +52,8 @@ constexpr bool partial_ops_fit_type() {
 }
 // The checks of a DTensor's constructor: the block has the shape the layout gives this
 // rank and lives where the mesh moves buffers. A function of the rank and the mesh's
-// dims, not of the placements: compiled once for every DTensor type of that rank,
-// not once per type (it is in every layer's constructor and every operator's result).
+// dims, not of the placements: compiled once for every DTensor type of that rank and
+// mesh, not once per type (it is in every layer's constructor and every operator's result).
 template <int Rank, std::size_t M>
 void check_local_block(const Shape<Rank>& block, const Device& device, const ShardLayout<Rank>& layout,
                        const PlacementState<M>& placements, const DeviceMesh<static_cast<int>(M)>& mesh) {
