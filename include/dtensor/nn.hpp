@@ -11,6 +11,7 @@
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/linear.hpp"
 #include "dtensor/nn/loss.hpp"
+#include "dtensor/nn/mixed_precision.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/mse_loss.hpp"
 #include "dtensor/nn/norm.hpp"

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "dtensor/comm/segments.hpp"
@@ -1096,10 +1097,12 @@ constexpr void memory_release_saved(MemoryPlan<M, C>& p, int layer, int group) {
 }
 
 namespace detail {
-template <std::size_t M, int C, class D>
+// A declared parameter's value, gradient and optimizer states, in element type U
+// (void: the parameter's own; nn::MixedPrecision's masters name theirs).
+template <class U = void, std::size_t M, int C, class D>
 constexpr void memory_parameter(MemoryPlan<M, C>& p, const D& d, int states) {
   if constexpr (D::enabled) {
-    using V = typename D::parameter::value_type;
+    using V = std::conditional_t<std::is_void_v<U>, typename D::parameter::value_type, U>;
     const std::array<int64_t, 2> dims{d.shape.dims[0], d.shape.dims[1]};
     PlannedTensor<M> t = PlannedTensor<M>::template of<V>(dims, d.value);
     t.rank = d.shape.ndim;
@@ -1112,9 +1115,9 @@ constexpr void memory_parameter(MemoryPlan<M, C>& p, const D& d, int states) {
     }
   }
 }
-template <std::size_t M, int C, class List, std::size_t... I>
+template <class U = void, std::size_t M, int C, class List, std::size_t... I>
 constexpr void memory_parameters(MemoryPlan<M, C>& p, const List& list, int states, std::index_sequence<I...>) {
-  (memory_parameter(p, std::get<I>(list), states), ...);
+  (memory_parameter<U>(p, std::get<I>(list), states), ...);
 }
 }  // namespace detail
 

@@ -541,6 +541,15 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
     const State gout = LossT::grad_input(output_placements);
     p.template add_reductions<T>(plan<kPlanCapacity>(gout, 1), N, config::dp);
     memory_parameters(p, gout, nn::optimizer_states<Opt>());
+    memory_step<LossT>(p, extents, input_gradient);
+    return p;
+  }
+  // A training step's activations, temporaries and buffers on p's timeline, after
+  // whatever holds the parameters (memory_plan's; nn::MixedPrecision adds its masters):
+  // the forward, the loss, the backward and the gradient reductions p was given.
+  template <class LossT, int C>
+  static constexpr void memory_step(MemoryPlan<M, C>& p, const std::array<int64_t, InputT::rank>& extents,
+                                    bool input_gradient = false) {
     // The input, the output and the loss's gradient are the training loop's: held
     // until the step ends.
     PlannedTensor<M> x = PlannedTensor<M>::template of<typename InputT::value_type>(extents, input_placements);
@@ -562,7 +571,6 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
     memory_backward(p, -1, 0, x, dy, input_placements, input_gradient);
     memory_finish_reduction(p, -1, 0);  // what backward's end completes
     p.finish_buckets();
-    return p;
   }
   template <std::size_t MM, int C>
   static std::string explain(const MemoryPlan<MM, C>& p, const std::array<int, MM>& coords = {}) {

@@ -1,0 +1,361 @@
+// nn::MixedPrecision (issue 41, item 4): a replicated DP x TP model computing in
+// bfloat16 and trained on float masters, on a 2x2 mesh and on three data-parallel
+// ranks (uneven hidden blocks on 2x2), in-process and under MPI. Against independent
+// references: a master loop written out here (the model's own bfloat16 reduction,
+// widened, stepped by SGD: bit for bit), each rank's unreduced bfloat16 terms summed in
+// float64 (the float reduction within its rounding), the one-rank run, and the
+// allocator's peak (the memory plan).
+#include <cmath>
+#include <cstring>
+
+#include <doctest/doctest.h>
+#include <dtensor/nn.hpp>
+
+#include "nn_support.hpp"
+#include "spmd.hpp"
+
+using namespace dtensor;
+using namespace dtensor::test;
+
+namespace {
+
+constexpr int64_t kIn = 13, kHidden = 29, kOut = 5, kRows = 37;
+
+template <class T>
+using Cfg = nn::Config<T, 2, nn::Axes<2, 0, 1>>;  // DP over mesh dim 0, TP over mesh dim 1
+template <class T>
+using MLP = nn::Sequential<nn::Linear<Cfg<T>, kIn, kHidden, nn::Colwise>, nn::GELU<Cfg<T>>,
+                           nn::Linear<Cfg<T>, kHidden, kOut, nn::Rowwise>>;
+template <class T>
+MLP<T> make_mlp(const DeviceMesh<2>& mesh) {
+  return MLP<T>(nn::Linear<Cfg<T>, kIn, kHidden, nn::Colwise>(mesh, {1}), nn::GELU<Cfg<T>>(),
+                nn::Linear<Cfg<T>, kHidden, kOut, nn::Rowwise>(mesh, {2}));
+}
+using ReduceBf16 = nn::Precision<float, bfloat16, bfloat16>;
+using ReduceFloat = nn::Precision<float, bfloat16>;  // torchtitan's default
+template <class Policy>
+using Mixed = nn::MixedPrecision<MLP<bfloat16>, Policy>;
+
+static_assert(std::is_same_v<Mixed<ReduceFloat>::reduce_type, float> && Mixed<ReduceFloat>::reduces_masters);
+static_assert(std::is_same_v<Mixed<ReduceBf16>::reduce_type, bfloat16> && !Mixed<ReduceBf16>::reduces_masters);
+// Every gradient reduction of this model is over mesh dim 0 (DP): the references below
+// sum each rank's terms over that dim's communicator.
+constexpr bool reductions_over_dp_only() {
+  constexpr auto p = MLP<bfloat16>::plan(MLP<bfloat16>::output_placements, 1);
+  for (int i = 0; i < p.size; ++i)
+    if (p.entries[i].phase == nn::Phase::GradReduce && p.entries[i].mesh_dim != 0) return false;
+  return p.count(nn::Phase::GradReduce) > 0;
+}
+static_assert(reductions_over_dp_only());
+// The plan counts a float reduction as two bfloat16 units, a bfloat16 one as one.
+constexpr int64_t grad_reduce_elements(const auto& p) {
+  int64_t e = 0;
+  for (int i = 0; i < p.size; ++i)
+    if (p.entries[i].phase == nn::Phase::GradReduce) e += p.entries[i].elements;
+  return e;
+}
+static_assert(grad_reduce_elements(Mixed<ReduceFloat>::training_plan<nn::MSELoss<Cfg<bfloat16>>>(kIn)) ==
+              2 * grad_reduce_elements(Mixed<ReduceBf16>::training_plan<nn::MSELoss<Cfg<bfloat16>>>(kIn)));
+
+template <class DT>
+DT inputs(const typename DT::Mesh& mesh, int step, int64_t features) {
+  return dtensor::detail::generate<DT>({kRows, features}, mesh, {}, [&](uint64_t i) {
+    return std::sin(0.37 * static_cast<double>(i) + step) * (1 + 0.1 * step);
+  });
+}
+
+// Masters loaded into the model, rounded once; the model's gradients widened into the
+// masters': the loop train_cnn wrote by hand before MixedPrecision, here the reference.
+struct HandMasters {
+  template <class Model, class Master>
+  static void load(Model& model, Master& master) {
+    std::vector<float*> v;
+    master.for_each_parameter([&](auto& p) { v.push_back(p.value().local().data()); });
+    std::size_t k = 0;
+    model.for_each_parameter([&](auto& p) {
+      auto* d = p.value().local().data();
+      for (int64_t i = 0; i < p.value().local().numel(); ++i) d[i] = bfloat16(v[k][i]);
+      ++k;
+    });
+  }
+  template <class Model, class Master>
+  static void store_gradients(Model& model, Master& master) {
+    std::vector<float*> g;
+    master.for_each_parameter([&](auto& p) { g.push_back(p.grad().data()); });
+    std::size_t k = 0;
+    model.for_each_parameter([&](auto& p) {
+      for (int64_t i = 0; i < p.grad().numel(); ++i) g[k][i] = float(p.grad().data()[i]);
+      ++k;
+    });
+  }
+};
+
+struct Trained {
+  std::vector<double> losses;
+  std::vector<std::vector<double>> params;
+};
+
+// Five SGD steps (momentum) of MixedPrecision<MLP<bfloat16>, ReduceBf16> (masters from a
+// float model) or of the hand-written loop, on a mesh of `shape`.
+template <bool ByHand>
+Trained train(const std::array<int, 2>& shape) {
+  Trained r;
+  auto body = [&](Comm& comm) {
+    DeviceMesh<2> mesh(comm, shape);
+    auto f32 = make_mlp<float>(mesh);
+    nn::MSELoss<Cfg<bfloat16>> loss;
+    nn::SGD sgd({.lr = 0.05, .momentum = 0.9});
+    Trained mine;
+    using X = MLP<bfloat16>::InputT;
+    using Y = MLP<bfloat16>::OutputT;
+    const auto x = inputs<X>(mesh, 0, kIn);  // one batch, every step: the loss must fall
+    const auto t = inputs<Y>(mesh, 7, kOut);
+    auto step = [&](auto&& forward, auto&& backward) {
+      const auto y = forward(x);
+      mine.losses.push_back(double(loss.forward(y, t)));
+      backward(loss.backward(y));
+    };
+    if constexpr (ByHand) {
+      auto model = make_mlp<bfloat16>(mesh);
+      for (int s = 0; s < 5; ++s) {
+        HandMasters::load(model, f32);
+        model.zero_grad();
+        f32.zero_grad();
+        step([&](const X& x) { return model.forward(x); }, [&](const auto& dy) { model.backward(dy); });
+        HandMasters::store_gradients(model, f32);
+        sgd.step(f32);
+      }
+      mine.params = gathered_parameters(f32);
+    } else {
+      Mixed<ReduceBf16> model(make_mlp<bfloat16>(mesh), f32);
+      for (int s = 0; s < 5; ++s) {
+        model.zero_grad();
+        step([&](const X& x) { return model.forward(x); }, [&](const auto& dy) { model.backward(dy); });
+        sgd.step(model);
+      }
+      mine.params = gathered_parameters(model);
+    }
+    if (comm.rank() == 0 || under_mpi()) r = std::move(mine);
+  };
+  if (shape[0] * shape[1] == 1) run_threads(1, body);
+  else spmd(shape[0] * shape[1], body);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("MixedPrecision, Reduce = bfloat16: the hand-written master loop, bit for bit, on 2x2 and 3x1 meshes") {
+  for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}, std::array<int, 2>{1, 1}}) {
+    INFO("mesh ", shape[0], "x", shape[1]);
+    const Trained got = train<false>(shape), want = train<true>(shape);
+    if (want.losses.empty()) continue;  // an MPI world of another size
+    REQUIRE(got.losses.size() == 5);
+    for (std::size_t s = 0; s < want.losses.size(); ++s) CHECK(got.losses[s] == want.losses[s]);
+    REQUIRE(got.params.size() == want.params.size());
+    for (std::size_t k = 0; k < want.params.size(); ++k) CHECK(got.params[k] == want.params[k]);
+    INFO("losses ", got.losses[0], " ", got.losses[1], " ", got.losses[2], " ", got.losses[3], " ", got.losses[4]);
+    CHECK(got.losses.back() < got.losses.front());  // and it learns
+  }
+}
+
+namespace {
+
+// Each rank's gradient terms before any reduction (every micro-batch's bfloat16 terms on
+// their own), widened to double and summed over the micro-batches and the DP ranks in
+// double: the exact sum the float reduction rounds; and the sum of their magnitudes.
+struct Terms {
+  std::vector<std::vector<double>> sum, magnitude;
+};
+template <class Model>
+Terms dp_sum_of_terms(Model& plain, const DeviceMesh<2>& mesh, int micro_batches) {
+  Terms t;
+  for (int mb = 0; mb < micro_batches; ++mb) {
+    plain.zero_grad();
+    const auto y = plain.forward(inputs<typename Model::InputT>(mesh, mb, kIn));
+    plain.template backward_unreduced<false>(
+        normal_rows<typename Model::OutputT>({kRows, kOut}, mesh, 40 + mb, y.layout().blocks));
+    std::size_t k = 0;
+    plain.for_each_parameter([&](auto& p) {
+      if (mb == 0) t.sum.emplace_back(p.grad().numel(), 0.0), t.magnitude.emplace_back(p.grad().numel(), 0.0);
+      for (int64_t i = 0; i < p.grad().numel(); ++i) {
+        t.sum[k][i] += double(p.grad().data()[i]);
+        t.magnitude[k][i] += std::fabs(double(p.grad().data()[i]));
+      }
+      ++k;
+    });
+  }
+  for (auto* v : {&t.sum, &t.magnitude})
+    for (auto& s : *v) mesh.comm(0).all_reduce(s.data(), s.data(), s.size(), dtype_of<double>(), ReduceOp::Sum);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("MixedPrecision, Reduce = float: each rank's bfloat16 terms widened, then summed in float (no_sync too)") {
+  for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}}) {
+    for (int micro_batches : {1, 3}) {
+      spmd(shape[0] * shape[1], [&](Comm& comm) {
+        DeviceMesh<2> mesh(comm, shape);
+        INFO("mesh ", mesh.to_string(), ", micro-batches ", micro_batches);
+        auto plain = make_mlp<bfloat16>(mesh);
+        const Terms want = dp_sum_of_terms(plain, mesh, micro_batches);
+        Mixed<ReduceFloat> model(make_mlp<bfloat16>(mesh));
+        model.zero_grad();
+        CommCounter counted;
+        for (int mb = 0; mb < micro_batches; ++mb) {
+          auto run = [&] {
+            const auto y = model.forward(inputs<MLP<bfloat16>::InputT>(mesh, mb, kIn));
+            model.backward(normal_rows<MLP<bfloat16>::OutputT>({kRows, kOut}, mesh, 40 + mb, y.layout().blocks));
+          };
+          if (mb + 1 < micro_batches) {
+            auto guard = model.no_sync();
+            run();
+          } else {
+            run();
+          }
+        }
+        // The gradient reductions: over DP, in float, one bucket (the last backward's).
+        std::size_t reduced_bytes = 0, master_bytes = 0;
+        for (const auto& r : counted.records())
+          if (r.kind == StepKind::AllReduce && r.mesh_dim == 0) reduced_bytes += r.bytes;
+        std::size_t k = 0;
+        const int ndp = shape[0];
+        model.for_each_parameter([&](auto& p) {
+          static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(p)>::value_type, float>);
+          master_bytes += static_cast<std::size_t>(p.grad().numel()) * sizeof(float);
+          double worst = 0;
+          bool exact = true;
+          for (int64_t i = 0; i < p.grad().numel(); ++i) {
+            const double got = p.grad().data()[i];
+            worst = std::max(worst, std::fabs(got - want.sum[k][i]) / (want.magnitude[k][i] + 1e-300));
+            exact = exact && p.grad().data()[i] == static_cast<float>(want.sum[k][i]);
+          }
+          INFO("parameter ", p.name(), ": largest error over the terms' magnitude ", worst);
+          // One float rounding per addition: micro-batches - 1 on each rank, then the
+          // reduction's ndp - 1 (and one each for the adds into the masters).
+          CHECK(worst <= (micro_batches + ndp) * std::ldexp(1.0, -24));
+          // Two ranks' single terms: the float sum of two floats is the exact sum rounded once.
+          if (micro_batches == 1 && ndp == 2) CHECK(exact);
+          ++k;
+        });
+        CHECK(reduced_bytes == master_bytes);
+      });
+    }
+  }
+}
+
+TEST_CASE("MixedPrecision, Reduce = bfloat16: no_sync accumulates in the model, reduced once, as a plain model does") {
+  for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}}) {
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      INFO("mesh ", mesh.to_string());
+      auto plain = make_mlp<bfloat16>(mesh);
+      Mixed<ReduceBf16> model(make_mlp<bfloat16>(mesh));
+      plain.zero_grad();
+      model.zero_grad();
+      auto run = [&](auto& m, int mb) {
+        const auto y = m.forward(inputs<MLP<bfloat16>::InputT>(mesh, mb, kIn));
+        m.backward(normal_rows<MLP<bfloat16>::OutputT>({kRows, kOut}, mesh, 40 + mb, y.layout().blocks));
+      };
+      for (int mb = 0; mb < 3; ++mb) {
+        if (mb < 2) {
+          auto a = plain.no_sync();
+          auto b = model.no_sync();
+          run(plain, mb), run(model, mb);
+        } else {
+          run(plain, mb), run(model, mb);
+        }
+      }
+      std::vector<std::vector<double>> want;
+      plain.for_each_parameter([&](auto& p) { want.push_back(flat(p.grad())); });
+      std::size_t k = 0;
+      model.for_each_parameter([&](auto& p) { CHECK(flat(p.grad()) == want[k++]); });
+    });
+  }
+}
+
+TEST_CASE("MixedPrecision: a step on 2x2 and 3x1 meshes against one rank, both reductions, and as planned") {
+  auto check = [](auto policy) {
+    using Model = Mixed<decltype(policy)>;
+    const auto make = [](const DeviceMesh<2>& mesh) { return Model(make_mlp<bfloat16>(mesh)); };
+    // bfloat16 against bfloat16: the terms rounded per rank, the sums in float (rtol
+    // 1.6e-2 of values up to ~10).
+    check_against_one_rank<Model, 2>({2, 2}, make, {kRows, kIn}, {kRows, kOut}, 0.1);
+    check_against_one_rank<Model, 2>({3, 1}, make, {kRows, kIn}, {kRows, kOut}, 0.1);
+  };
+  check(ReduceFloat{});
+  check(ReduceBf16{});
+}
+
+namespace {
+
+// The memory plan of a wide MLP's step against the allocator (as test_nn_memory_plan):
+// the bytes a step allocates above what is held before it.
+constexpr int64_t kWideIn = 64, kWide = 768, kBatch = 150;
+template <class T>
+using WideCfg = nn::Config<T, 2, nn::Axes<2, 0, 1>>;
+template <class T>
+using Wide = nn::Sequential<nn::Linear<WideCfg<T>, kWideIn, kWide, nn::Colwise>, nn::GELU<WideCfg<T>>,
+                            nn::Linear<WideCfg<T>, kWide, kWideIn, nn::Rowwise>>;
+template <class Policy>
+void check_memory_plan(const DeviceMesh<2>& mesh) {
+  using C = WideCfg<bfloat16>;
+  using Model = nn::MixedPrecision<Wide<bfloat16>, Policy>;
+  const nn::MemoryOptions options{.runtime = under_mpi() ? nn::MemoryOptions::Runtime::Mpi
+                                                         : nn::MemoryOptions::Runtime::InProcess};
+  const auto plan = Model::template memory_plan<nn::MSELoss<C>, nn::AdamW>({kBatch, kWideIn}, mesh.shape(), options);
+  const auto coords = mesh.coords();
+  // Both copies of the parameters: the model's in bfloat16 (and its gradients), the
+  // masters, their gradients and AdamW's two moments in float (a float model's).
+  using F = WideCfg<float>;
+  const auto p16 = Wide<bfloat16>::template memory_plan<nn::MSELoss<C>, nn::AdamW>({kBatch, kWideIn}, mesh.shape(),
+                                                                                   options);
+  const auto p32 =
+      Wide<float>::template memory_plan<nn::MSELoss<F>, nn::AdamW>({kBatch, kWideIn}, mesh.shape(), options);
+  for (auto use : {nn::MemoryUse::Parameters, nn::MemoryUse::Gradients})
+    CHECK(plan.bytes(use, coords) == p16.bytes(use, coords) + p32.bytes(use, coords));
+  CHECK(plan.bytes(nn::MemoryUse::OptimizerState, coords) == p32.bytes(nn::MemoryUse::OptimizerState, coords));
+  // The allocator's peak is the process's: one rank in-process, each process under MPI.
+  if (mesh.size() > 1 && !under_mpi()) return;
+  Model model(Wide<bfloat16>(nn::Linear<C, kWideIn, kWide, nn::Colwise>(mesh, {1}), nn::GELU<C>(),
+                             nn::Linear<C, kWide, kWideIn, nn::Rowwise>(mesh, {2})));
+  nn::MSELoss<C> loss;
+  nn::AdamW opt({.lr = 1e-3});
+  int64_t measured = 0;
+  for (int step = 0; step < 2; ++step) {  // the second: the optimizer's state exists, as in the plan
+    const auto x = normal_rows<typename Model::InputT>({kBatch, kWideIn}, mesh, 1 + step);
+    const auto target = normal_rows<typename Model::OutputT>({kBatch, kWideIn}, mesh, 3 + step);
+    model.zero_grad();
+    const int64_t before = host_memory_in_use();
+    reset_host_memory_peak();
+    const auto y = model.forward(x);
+    (void)loss.forward(y, target);
+    model.backward(loss.backward(y));
+    measured = host_memory_peak() - before;
+    opt.step(model);
+  }
+  const int64_t held = plan.bytes(nn::MemoryUse::Parameters, coords) + plan.bytes(nn::MemoryUse::Gradients, coords) +
+                       plan.bytes(nn::MemoryUse::OptimizerState, coords) +
+                       nn::PlannedTensor<2>::template of<bfloat16>(std::array<int64_t, 2>{kBatch, kWideIn},
+                                                                    Model::input_placements)
+                           .bytes(plan.mesh_shape, coords);
+  const int64_t planned = plan.peak_at(coords).bytes - held;
+  INFO("mesh ", mesh.to_string(), ": measured ", measured, " B, planned ", planned, " B");
+  CHECK(measured > 0);
+  CHECK(planned >= measured);
+  CHECK(planned <= measured * 11 / 10);
+}
+
+}  // namespace
+
+TEST_CASE("MixedPrecision: the memory plan holds both copies, and a step's peak is the allocator's") {
+  on_one_rank<2>([](const DeviceMesh<2>& mesh) {
+    check_memory_plan<ReduceFloat>(mesh);
+    check_memory_plan<ReduceBf16>(mesh);
+  });
+  spmd(4, [](Comm& comm) {  // in-process: the plans' bytes only (the threads share one allocator)
+    DeviceMesh<2> mesh(comm, {2, 2});
+    check_memory_plan<ReduceFloat>(mesh);
+    check_memory_plan<ReduceBf16>(mesh);
+  });
+}
