@@ -85,6 +85,31 @@ AgainstOneRank train_against_one_rank(dtensor::Comm& comm, Train&& train) {
   return r;
 }
 
+// A 16-bit run of an example's model against its float32 run: train(mesh, &off_plan)
+// trains the 16-bit model (on the 2x2 mesh and on one rank, as train_against_one_rank);
+// its 2x2 curve must follow the one-rank 16-bit curve within rtol_one and the float32
+// 2x2 curve `fp32` within rtol_fp32 (relative RMS differences over the steps), every
+// step's collectives as planned. Prints the three curves; true where all hold.
+template <class Train>
+bool compare_16bit(dtensor::Comm& comm, const char* what, const std::vector<float>& fp32, double rtol_one,
+                   double rtol_fp32, Train&& train) {
+  const auto r = train_against_one_rank(comm, std::forward<Train>(train));
+  const double vs_one = relative_rms_difference(r.got, r.ref);
+  const double vs_fp32 = relative_rms_difference(r.got, fp32);
+  const bool ok = vs_one <= rtol_one && vs_fp32 <= rtol_fp32 && r.off_plan == 0;
+  if (comm.rank() == 0) {
+    std::printf("== bfloat16: %s on %s\n", what, r.mesh.c_str());
+    std::printf("%5s %14s %14s %14s\n", "step", "bf16 2x2", "bf16 1 rank", "fp32 2x2");
+    for (std::size_t s = 0; s < r.ref.size(); ++s)
+      std::printf("%5zu %14.8f %14.8f %14.8f\n", s, r.got[s], r.ref[s], s < fp32.size() ? fp32[s] : NAN);
+    std::printf("relative RMS difference over the %zu steps: %.3g against one rank (limit %.3g), %.3g against float32 "
+                "(limit %.3g); largest per step %.3g and %.3g; collectives off the plan in %d steps: %s\n\n",
+                r.ref.size(), vs_one, rtol_one, vs_fp32, rtol_fp32, r.worst, largest_relative_difference(r.got, fp32),
+                r.off_plan, ok ? "OK" : "FAILED");
+  }
+  return ok;
+}
+
 // Synthetic images for the classifiers: stripes at one of `classes` angles (the class)
 // plus noise, [N, channels, h, w]; image n's class and every pixel depend on (step, n,
 // pixel) only, so every mesh sees the same data.

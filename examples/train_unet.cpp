@@ -24,28 +24,33 @@
 //
 // Usage:
 //   build/examples/train_unet                    4 in-process ranks (threads)
-//   mpirun -np 4 build/examples/train_unet_mpi   4 processes
+//   build/examples/train_unet -bf16              and the same U-Net in bfloat16 (below)
+//   mpirun -np 4 build/examples/train_unet_mpi   4 processes (-bf16 too)
 // Prints the loss per step of each mesh beside the single-rank run; exits 1 if any
 // step differs by more than 1e-5 relative, or the collectives counted differ from
 // the plan.
-#include <dtensor/cnn.hpp>
-
-#include "common.hpp"
-#include "unet.hpp"
+//
+// -bf16 (train_unet_bf16.cpp; issue 41): after the float32 runs, the U-Net again with
+// every layer in bfloat16 (convolutions, transposed convolutions, batch norms with
+// float statistics, pooling, the skip connections' realignments and concatenations),
+// trained on float32 masters by nn::MixedPrecision<Model, nn::Precision<float,
+// bfloat16>>: the float32 run's initial values, rounded into the layers before each
+// step; each rank's bfloat16 gradients widened and all-reduced in float32 (torchtitan's
+// default reduce type). The loss is float32 (MSELoss of bfloat16 outputs). On each 2x2
+// mesh its loss curve must follow the one-rank bfloat16 run's within PyTorch's bfloat16
+// tolerance (1.6e-2) and the float32 run's within twice that, as a relative RMS
+// difference over the 20 steps, every step's collectives as planned. Exits 1 otherwise.
+#include "train_unet.hpp"
 
 #include <atomic>
-#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 using namespace dtensor;
+using namespace train_unet;
 
 namespace {
-
-constexpr int64_t kBatch = 6, kH = 28, kW = 36;
-constexpr int kSteps = 20;
-using Spatial = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
-using Hybrid = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
 
 // The plan of one step, checked by the compiler: each of the 5 batch norms reduces
 // its statistics forward and its two sums backward in one all-reduce over the whole
@@ -70,17 +75,6 @@ constexpr auto kHybrid = examples::UNet<Hybrid>::plan;
 static_assert(kHybrid.count_realignments(nn::Phase::Forward) == 2 &&
               kHybrid.count(nn::Phase::GradReduce, StepKind::AllReduce, 0) == 2 * 8);
 
-// Image i of step s: smooth blobs (the clean target) plus noise (the input).
-float clean(int step, uint64_t i) {
-  const int64_t x = static_cast<int64_t>(i) % kW, y = static_cast<int64_t>(i) / kW % kH;
-  const int64_t n = static_cast<int64_t>(i) / (kW * kH);
-  const double phase = 0.37 * static_cast<double>(step * kBatch + n);
-  return static_cast<float>(std::sin(0.31 * x + phase) * std::cos(0.23 * y - 0.5 * phase));
-}
-float noisy(int step, uint64_t i) {
-  return clean(step, i) + static_cast<float>(0.3 * dtensor::detail::normal_value<double>(900 + step, i));
-}
-
 template <class Img>
 std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan, int* realigned) {
   using Net = examples::UNet<Img>;
@@ -90,10 +84,7 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan, int* realigne
   nn::SGD sgd({.lr = 0.03, .momentum = 0.9});
   std::vector<float> losses;
   for (int step = 0; step < kSteps; ++step) {
-    const auto x = dtensor::detail::generate<Image>({kBatch, 1, kH, kW}, mesh, {},
-                                                    [&](uint64_t i) { return noisy(step, i); });
-    const auto t = dtensor::detail::generate<Image>({kBatch, 1, kH, kW}, mesh, {},
-                                                    [&](uint64_t i) { return clean(step, i); });
+    const auto [x, t] = batch<Image>(step, mesh);
     CommCounter counted;
     model.zero_grad();
     const auto y = model.forward(x);
@@ -109,8 +100,10 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan, int* realigne
   return losses;
 }
 
+// Trains on the 2x2 mesh and on one rank; prints both; returns whether they agree
+// (and the 2x2 run's losses in `losses`, where given).
 template <class Img>
-bool compare(Comm& comm, const char* what) {
+bool compare(Comm& comm, const char* what, std::vector<float>* losses = nullptr) {
   int realigned = 0;  // by rank 0 in the 2x2 run (the last one)
   const auto r = examples::train_against_one_rank(comm, [&](const DeviceMesh<2>& mesh, int* off) {
     realigned = 0;
@@ -127,6 +120,7 @@ bool compare(Comm& comm, const char* what) {
                 "realigned blocks %d times in %d steps; loss %s: %s\n\n",
                 r.worst, r.off_plan, realigned, kSteps, learned ? "halved or better" : "NOT halved", ok ? "OK" : "FAILED");
   }
+  if (losses) *losses = r.got;
   return ok;
 }
 
@@ -134,9 +128,20 @@ bool compare(Comm& comm, const char* what) {
 
 int main(int argc, char** argv) {
   std::atomic<int> failed = 0;  // written by every rank's thread in-process
+  bool bf16 = false;
+  for (int i = 1; i < argc; ++i) bf16 = bf16 || std::strcmp(argv[i], "-bf16") == 0;
   auto program = [&](Comm& comm) {
     const auto check = [&]<class Img>(std::type_identity<Img>, const char* what) { return compare<Img>(comm, what); };
-    if (!examples::both_image_meshes<Spatial, Hybrid>(comm, check)) failed = 1;
+    if (!bf16) {
+      if (!examples::both_image_meshes<Spatial, Hybrid>(comm, check)) failed = 1;
+      return;
+    }
+    std::vector<float> spatial, hybrid;
+    bool ok = compare<Spatial>(comm, "images sharded over H and W", &spatial);
+    ok = compare<Hybrid>(comm, "batch over mesh dim 0 (data parallel), H over mesh dim 1", &hybrid) && ok;
+    ok = bf16_runs(comm, spatial, hybrid) && ok;
+    if (comm.rank() == 0 && ok) std::printf("OK: both meshes train like the single-rank run, in float32 and bfloat16\n");
+    if (!ok) failed = 1;
   };
   examples::run_example(argc, argv, 4, program);
   return failed;
