@@ -78,26 +78,8 @@ static_assert(kHybrid.count_realignments(nn::Phase::Forward) == 2 &&
 template <class Img>
 std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan, int* realigned) {
   using Net = examples::UNet<Img>;
-  using Image = typename Net::Model::InputT;
   auto model = Net::make(mesh);
-  typename Net::Loss loss;
-  nn::SGD sgd({.lr = 0.03, .momentum = 0.9});
-  std::vector<float> losses;
-  for (int step = 0; step < kSteps; ++step) {
-    const auto [x, t] = batch<Image>(step, mesh);
-    CommCounter counted;
-    model.zero_grad();
-    const auto y = model.forward(x);
-    losses.push_back(loss.forward(y, t));
-    model.backward(loss.backward(y));
-    sgd.step(model);
-    if (counted.count() != Net::plan.step_collectives(model.bucket_bytes(), sizeof(float), mesh.shape(), mesh.coords()))
-      ++*off_plan;
-    const int planned = Net::plan.count_realignments(nn::Phase::Forward) + Net::plan.count_realignments(nn::Phase::Backward);
-    if (counted.exchanges() > planned) ++*off_plan;
-    *realigned += counted.exchanges();
-  }
-  return losses;
+  return train_steps<typename Net::Loss>(model, Net::plan, sizeof(float), mesh, off_plan, realigned);
 }
 
 // Trains on the 2x2 mesh and on one rank; prints both; returns whether they agree

@@ -6,6 +6,7 @@
 #include <dtensor/cnn.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <utility>
 #include <vector>
 
@@ -63,32 +64,41 @@ constexpr bool same_collectives(const A& a, const B& b) {
          a.template bytes<bfloat16>(nn::Phase::GradReduce, 1, {2, 2}) ==
              b.template bytes<float>(nn::Phase::GradReduce, 1, {2, 2});
 }
-// The bfloat16 U-Net on Img16 trained on float32 masters that start as the float32
-// run's parameters (its Img); the losses per step, steps off the plan counted in off_plan.
-template <class Img16, class Img>
-std::vector<float> train_bf16(const DeviceMesh<2>& mesh, int* off_plan) {
-  using Net = examples::UNet<Img16>;
-  auto initial = examples::UNet<Img>::make(mesh);  // the float32 run's parameters
-  Mixed<Img16> model(Net::make(mesh), initial);
-  typename Net::Loss loss;  // float, of the bfloat16 outputs
+// kSteps SGD steps of `model` (a U-Net, or one around it) on the batches above: the
+// losses. off_plan counts the steps whose collectives differ from `plan` (its gradient
+// buckets of reduce_bytes-sized elements) or that realign more blocks than it says;
+// realigned, where given, adds up the realignments run.
+template <class Loss, class Model, class Plan>
+std::vector<float> train_steps(Model& model, const Plan& plan, std::size_t reduce_bytes, const DeviceMesh<2>& mesh,
+                               int* off_plan, int* realigned = nullptr) {
+  Loss loss;
   nn::SGD sgd({.lr = 0.03, .momentum = 0.9});
   std::vector<float> losses;
+  const int planned = plan.count_realignments(nn::Phase::Forward) + plan.count_realignments(nn::Phase::Backward);
   for (int step = 0; step < kSteps; ++step) {
-    const auto [x, t] = batch<typename Net::Model::InputT>(step, mesh);
+    const auto [x, t] = batch<typename Model::InputT>(step, mesh);
     CommCounter counted;
     model.zero_grad();
     const auto y = model.forward(x);
     losses.push_back(loss.forward(y, t));
     model.backward(loss.backward(y));
     sgd.step(model);
-    if (counted.count() != kPlan16<Img16>.step_collectives(model.bucket_bytes(), sizeof(float), mesh.shape(),
-                                                            mesh.coords()))
+    if (counted.count() != plan.step_collectives(model.bucket_bytes(), reduce_bytes, mesh.shape(), mesh.coords()))
       ++*off_plan;
-    if (counted.exchanges() >
-        kPlan16<Img16>.count_realignments(nn::Phase::Forward) + kPlan16<Img16>.count_realignments(nn::Phase::Backward))
-      ++*off_plan;
+    if (counted.exchanges() > planned) ++*off_plan;
+    if (realigned) *realigned += counted.exchanges();
   }
   return losses;
+}
+
+// The bfloat16 U-Net on Img16 trained on float32 masters that start as the float32
+// run's parameters (its Img); the losses per step, steps off the plan counted in off_plan.
+template <class Img16, class Img>
+std::vector<float> train_bf16(const DeviceMesh<2>& mesh, int* off_plan) {
+  auto initial = examples::UNet<Img>::make(mesh);  // the float32 run's parameters
+  Mixed<Img16> model(examples::UNet<Img16>::make(mesh), initial);
+  return train_steps<typename examples::UNet<Img16>::Loss>(model, kPlan16<Img16>, Mixed<Img16>::reduce_bytes, mesh,
+                                                           off_plan);
 }
 // train_bf16<Hybrid16, Hybrid>, compiled in train_unet_bf16_hybrid.cpp.
 std::vector<float> train_bf16_hybrid(const DeviceMesh<2>& mesh, int* off_plan);

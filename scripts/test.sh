@@ -36,7 +36,7 @@ fi
 
 [[ "${DTENSOR_SKIP_SANITIZERS:-0}" == 1 ]] && exit 0
 
-asan_tests=(test_tensor test_region test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_solvers test_mesh test_layout test_factory test_redistribute_1d test_device_emulated test_emulator test_kernels_host test_compute test_compute_conv test_conv test_nn_mlp test_nn_layers test_checkpoint test_checkpoint_hostile test_multigrid test_nn_fsdp)
+asan_tests=(test_tensor test_region test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_solvers test_mesh test_layout test_factory test_redistribute_1d test_device_emulated test_emulator test_kernels_host test_compute test_compute_conv test_conv test_nn_mlp test_nn_layers test_checkpoint test_checkpoint_hostile test_multigrid test_nn_fsdp test_reduced_precision test_nn_mixed_precision)
 tsan_tests=(test_hash_worker test_comm test_faults test_p2p test_nonblocking test_grad_buckets test_halo test_mesh test_redistribute_1d test_device_emulated test_emulator test_nn_mlp test_nn_cnn)
 list() { local IFS=';'; echo "$*"; }
 
@@ -53,7 +53,8 @@ echo "== sanitizers: address,undefined on ${asan_tests[*]}"
 # stack trace needs.
 # The sanitizer builds compute host products with Eigen (DTENSOR_WITH_BLAS=OFF) and float
 # convolutions with dtensor's own code (DTENSOR_WITH_ONEDNN=OFF): the main build takes
-# OpenBLAS and oneDNN, so CI runs both paths of each.
+# OpenBLAS and oneDNN, so CI runs both paths of each; 16-bit products and layers here go
+# through the conversion path (test_reduced_precision, test_nn_mixed_precision).
 san_flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DDTENSOR_BUILD_EXAMPLES=OFF -DDTENSOR_WITH_CUDA=OFF
   -DDTENSOR_WITH_BLAS=OFF -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_GCC_HEAP_MB="$heap_mb")
 cmake -S . -B build-asan "${san_flags[@]}" -DDTENSOR_SANITIZE=address,undefined -DDTENSOR_TEST_OPT=-O0 \

@@ -180,6 +180,20 @@ L wrapped_layer(MakeBlock&& make_block, uint64_t seed) {
   else return L(wrapped_layer<typename L::inner_type, Leaf>(make_block, seed));
 }
 
+// The host bytes one forward, loss and backward of `model` allocate above what is held
+// before them (host_memory_peak counts the process's tensors: one rank in-process, each
+// process under MPI); the gradients zeroed first.
+template <class Model, class Loss, class X, class Y>
+int64_t backward_peak(Model& model, Loss& loss, const X& x, const Y& target) {
+  model.zero_grad();
+  const int64_t before = host_memory_in_use();
+  reset_host_memory_peak();
+  const auto y = model.forward(x);
+  (void)loss.forward(y, target);
+  model.backward(loss.backward(y));
+  return host_memory_peak() - before;
+}
+
 // Every parameter of a model, gathered whole, in for_each_parameter's order.
 template <class Model>
 std::vector<std::vector<double>> gathered_parameters(Model& model) {

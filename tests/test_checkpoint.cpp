@@ -1129,6 +1129,52 @@ TEST_CASE("fully sharded models: a checkpoint loads into replicated data paralle
   });
 }
 
+TEST_CASE("MixedPrecision: the float masters saved under the model's keys; a load mid-run is what the next step runs") {
+  using C16 = nn::Config<bfloat16, 2, nn::Axes<2, 0, 1>>;
+  using C32 = nn::Config<float, 2, nn::Axes<2, 0, 1>>;
+  using Net16 = nn::Sequential<nn::Linear<C16, 6, 11, nn::Colwise>, nn::GELU<C16>, nn::Linear<C16, 11, 3, nn::Rowwise>>;
+  using Net32 = nn::Sequential<nn::Linear<C32, 6, 11, nn::Colwise>, nn::GELU<C32>, nn::Linear<C32, 11, 3, nn::Rowwise>>;
+  using Mixed = nn::MixedPrecision<Net16, nn::Precision<float, bfloat16>>;
+  spmd(4, [](Comm& comm) {
+    const DeviceMesh<2> mesh(comm, {2, 2});
+    ScratchDir scratch(comm);
+    Mixed model(Net16(nn::Linear<C16, 6, 11, nn::Colwise>(mesh, {1}), nn::GELU<C16>(),
+                      nn::Linear<C16, 11, 3, nn::Rowwise>(mesh, {2})));
+    nn::AdamW adam({.lr = 0.01});
+    nn::MSELoss<C16> loss;
+    io::StateDict sd;  // made once, held through the run: a load writes the masters through it
+    io::add_model(sd, model);
+    io::add_optimizer(sd, adam, model);
+    const auto x = normal_rows<Mixed::InputT>({9, 6}, mesh, 1);
+    const auto t = normal_rows<Mixed::OutputT>({9, 3}, mesh, 2);
+    auto step = [&] {
+      model.zero_grad();
+      const auto y = model.forward(x);
+      const double l = loss.forward(y, t);
+      model.backward(loss.backward(y));
+      adam.step(model);
+      return l;
+    };
+    step();
+    io::save(sd, scratch / "mixed", comm);
+    const auto saved = gathered_parameters(model);
+    const double next = step();  // the loss at the saved parameters
+    step();
+    step();
+    (void)model.forward(x);  // an evaluation: nothing written since this forward but the load below
+    io::load(sd, scratch / "mixed", comm);
+    CHECK(step() == next);  // the layers ran with the loaded masters, AdamW with its loaded state
+    io::load(sd, scratch / "mixed", comm);
+    CHECK(gathered_parameters(model) == saved);
+    // The file holds float values under a plain model's keys: a float model loads them.
+    Net32 f32(nn::Linear<C32, 6, 11, nn::Colwise>(mesh, {7}), nn::GELU<C32>(), nn::Linear<C32, 11, 3, nn::Rowwise>(mesh, {8}));
+    io::StateDict s32;
+    io::add_model(s32, f32);
+    io::load(s32, scratch / "mixed", comm);
+    CHECK(gathered_parameters(f32) == saved);
+  });
+}
+
 TEST_CASE("optimizer state before the first step: nothing saved, and loading it clears an optimizer's") {
   spmd(2, [&](Comm& comm) {
     ScratchDir scratch(comm);

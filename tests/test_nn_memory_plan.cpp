@@ -133,13 +133,7 @@ Peaks step_peaks(const DeviceMesh<C::M>& mesh) {
   for (int step = 0; step < 2; ++step) {  // the second: the optimizer's state exists, as in the plan
     const auto x = normal_rows<typename Model::InputT>({kBatch, kIn}, mesh, 1 + step);
     const auto target = normal_rows<typename Model::OutputT>({kBatch, kIn}, mesh, 3 + step);
-    model.zero_grad();
-    const int64_t before = host_memory_in_use();
-    reset_host_memory_peak();
-    const auto y = model.forward(x);
-    (void)loss.forward(y, target);
-    model.backward(loss.backward(y));
-    p.measured = host_memory_peak() - before;
+    p.measured = backward_peak(model, loss, x, target);
     opt.step(model);
   }
   const auto coords = mesh.coords();

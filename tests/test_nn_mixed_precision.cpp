@@ -64,6 +64,14 @@ DT inputs(const typename DT::Mesh& mesh, int step, int64_t features) {
   });
 }
 
+// Micro-batch mb's forward and backward of a bfloat16 MLP (or a model around one): its
+// inputs and output gradient depend on (mb, element) only, the same on every mesh.
+template <class Net>
+void forward_backward(Net& net, const DeviceMesh<2>& mesh, int mb) {
+  const auto y = net.forward(inputs<MLP<bfloat16>::InputT>(mesh, mb, kIn));
+  net.backward(normal_rows<MLP<bfloat16>::OutputT>({kRows, kOut}, mesh, 40 + mb, y.layout().blocks));
+}
+
 // Masters loaded into the model, rounded once; the model's gradients widened into the
 // masters': the loop train_cnn wrote by hand before MixedPrecision, here the reference.
 struct HandMasters {
@@ -192,29 +200,46 @@ Terms dp_sum_of_terms(Model& plain, const DeviceMesh<2>& mesh, int micro_batches
 }  // namespace
 
 TEST_CASE("MixedPrecision, Reduce = float: each rank's bfloat16 terms widened, then summed in float (no_sync too)") {
+  // Micro-batches accumulated inside no_sync() (one reduction at the end), or each
+  // backward reducing without zero_grad between (the masters keep the sums: each
+  // reduction must count them once); buckets of 256 bytes, so that the model's 4
+  // gradients travel in several.
+  struct Run {
+    int micro_batches;
+    bool sync_each;
+  };
+  constexpr std::size_t kBucket = 256;
+  using Model = Mixed<ReduceFloat>;
+  static constexpr auto plan = Model::plan(MLP<bfloat16>::output_placements, 1);
   for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}}) {
-    for (int micro_batches : {1, 3}) {
+    for (const Run run : {Run{1, false}, Run{3, false}, Run{3, true}}) {
       spmd(shape[0] * shape[1], [&](Comm& comm) {
         DeviceMesh<2> mesh(comm, shape);
-        INFO("mesh ", mesh.to_string(), ", micro-batches ", micro_batches);
+        INFO("mesh ", mesh.to_string(), ", micro-batches ", run.micro_batches, run.sync_each ? ", each reducing" : "");
         auto plain = make_mlp<bfloat16>(mesh);
-        const Terms want = dp_sum_of_terms(plain, mesh, micro_batches);
-        Mixed<ReduceFloat> model(make_mlp<bfloat16>(mesh));
+        const Terms want = dp_sum_of_terms(plain, mesh, run.micro_batches);
+        Model model(make_mlp<bfloat16>(mesh));
+        model.set_bucket_bytes(kBucket);
         model.zero_grad();
         CommCounter counted;
-        for (int mb = 0; mb < micro_batches; ++mb) {
-          auto run = [&] {
-            const auto y = model.forward(inputs<MLP<bfloat16>::InputT>(mesh, mb, kIn));
-            model.backward(normal_rows<MLP<bfloat16>::OutputT>({kRows, kOut}, mesh, 40 + mb, y.layout().blocks));
-          };
-          if (mb + 1 < micro_batches) {
+        int syncs = 0;
+        for (int mb = 0; mb < run.micro_batches; ++mb) {
+          if (mb + 1 < run.micro_batches && !run.sync_each) {
             auto guard = model.no_sync();
-            run();
+            forward_backward(model, mesh, mb);
           } else {
-            run();
+            forward_backward(model, mesh, mb);
+            ++syncs;
           }
         }
-        // The gradient reductions: over DP, in float, one bucket (the last backward's).
+        // As planned: each pass's forward and backward collectives, and each reducing
+        // backward's buckets of float gradients.
+        int buckets = 0;
+        for (int m = 0; m < 2; ++m) buckets += plan.buckets(m, kBucket, Model::reduce_bytes, mesh.shape(), mesh.coords());
+        CHECK(buckets > 1);
+        CHECK(counted.count() == run.micro_batches * (plan.count(nn::Phase::Forward) + plan.count(nn::Phase::Backward)) +
+                                     syncs * buckets);
+        // The gradient reductions: over DP, in float.
         std::size_t reduced_bytes = 0, master_bytes = 0;
         for (const auto& r : counted.records())
           if (r.kind == StepKind::AllReduce && r.mesh_dim == 0) reduced_bytes += r.bytes;
@@ -231,16 +256,43 @@ TEST_CASE("MixedPrecision, Reduce = float: each rank's bfloat16 terms widened, t
             exact = exact && p.grad().data()[i] == static_cast<float>(want.sum[k][i]);
           }
           INFO("parameter ", p.name(), ": largest error over the terms' magnitude ", worst);
-          // One float rounding per addition: micro-batches - 1 on each rank, then the
-          // reduction's ndp - 1 (and one each for the adds into the masters).
-          CHECK(worst <= (micro_batches + ndp) * std::ldexp(1.0, -24));
+          // One float rounding per addition: on each rank the adds of its micro-batches'
+          // terms, then each reduction's ndp - 1 (the kept sum counted once).
+          CHECK(worst <= run.micro_batches * (ndp + 1) * std::ldexp(1.0, -24));
           // Two ranks' single terms: the float sum of two floats is the exact sum rounded once.
-          if (micro_batches == 1 && ndp == 2) CHECK(exact);
+          if (run.micro_batches == 1 && ndp == 2) CHECK(exact);
           ++k;
         });
-        CHECK(reduced_bytes == master_bytes);
+        CHECK(reduced_bytes == static_cast<std::size_t>(syncs) * master_bytes);
       });
     }
+  }
+}
+
+TEST_CASE("MixedPrecision, Reduce = bfloat16: backwards without zero_grad add each reduced sum once, widened") {
+  for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}}) {
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      INFO("mesh ", mesh.to_string());
+      auto plain = make_mlp<bfloat16>(mesh);
+      Mixed<ReduceBf16> model(make_mlp<bfloat16>(mesh));
+      model.zero_grad();
+      std::vector<std::vector<double>> want;  // float(R1) + float(R2), R the plain model's reduced bfloat16 sums
+      for (int mb = 0; mb < 2; ++mb) {
+        plain.zero_grad();
+        forward_backward(plain, mesh, mb);
+        forward_backward(model, mesh, mb);  // no zero_grad: the masters keep the first sum
+        std::size_t k = 0;
+        plain.for_each_parameter([&](auto& p) {
+          if (mb == 0) want.emplace_back(p.grad().numel(), 0.0);
+          for (int64_t i = 0; i < p.grad().numel(); ++i)
+            want[k][i] = static_cast<float>(static_cast<float>(want[k][i]) + float(p.grad().data()[i]));
+          ++k;
+        });
+      }
+      std::size_t k = 0;
+      model.for_each_parameter([&](auto& p) { CHECK(flat(p.grad()) == want[k++]); });
+    });
   }
 }
 
@@ -253,17 +305,13 @@ TEST_CASE("MixedPrecision, Reduce = bfloat16: no_sync accumulates in the model, 
       Mixed<ReduceBf16> model(make_mlp<bfloat16>(mesh));
       plain.zero_grad();
       model.zero_grad();
-      auto run = [&](auto& m, int mb) {
-        const auto y = m.forward(inputs<MLP<bfloat16>::InputT>(mesh, mb, kIn));
-        m.backward(normal_rows<MLP<bfloat16>::OutputT>({kRows, kOut}, mesh, 40 + mb, y.layout().blocks));
-      };
       for (int mb = 0; mb < 3; ++mb) {
         if (mb < 2) {
           auto a = plain.no_sync();
           auto b = model.no_sync();
-          run(plain, mb), run(model, mb);
+          forward_backward(plain, mesh, mb), forward_backward(model, mesh, mb);
         } else {
-          run(plain, mb), run(model, mb);
+          forward_backward(plain, mesh, mb), forward_backward(model, mesh, mb);
         }
       }
       std::vector<std::vector<double>> want;
@@ -285,6 +333,38 @@ TEST_CASE("MixedPrecision: a step on 2x2 and 3x1 meshes against one rank, both r
   };
   check(ReduceFloat{});
   check(ReduceBf16{});
+}
+
+TEST_CASE_TEMPLATE("MixedPrecision in float16 with GradScaler: an overflow on one rank skips the step on every rank",
+                   Policy, nn::Precision<float, float16>, nn::Precision<float, float16, float16>) {
+  using Mixed16 = nn::MixedPrecision<MLP<float16>, Policy>;
+  for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}}) {
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      INFO("mesh ", mesh.to_string());
+      Mixed16 model(make_mlp<float16>(mesh));
+      nn::GradScaler scaler({.init_scale = 4.0});
+      nn::SGD sgd({.lr = 0.1});
+      auto step = [&](double blow_up) {
+        model.zero_grad();
+        const auto y = model.forward(inputs<MLP<float16>::InputT>(mesh, 0, kIn));
+        auto dy = normal_rows<MLP<float16>::OutputT>({kRows, kOut}, mesh, 40, y.layout().blocks);
+        if (comm.rank() == comm.size() - 1)  // this rank's terms overflow float16
+          for (int64_t i = 0; i < dy.local().numel(); ++i)
+            dy.local().data()[i] = float16(float(dy.local().data()[i]) * static_cast<float>(blow_up));
+        model.backward(scaler.scale(std::move(dy)));
+        const bool stepped = scaler.step(sgd, model);
+        scaler.update();
+        return stepped;
+      };
+      const auto before = gathered_parameters(model);
+      CHECK_FALSE(step(1e4));  // 4 x 1e4 x the terms: beyond float16's 65504 on the last rank only
+      CHECK(gathered_parameters(model) == before);  // no rank stepped
+      CHECK(scaler.get_scale() == 2.0);             // backed off
+      CHECK(step(1.0));                              // a clean step steps on every rank
+      CHECK(gathered_parameters(model) != before);
+    });
+  }
 }
 
 namespace {
@@ -325,13 +405,7 @@ void check_memory_plan(const DeviceMesh<2>& mesh) {
   for (int step = 0; step < 2; ++step) {  // the second: the optimizer's state exists, as in the plan
     const auto x = normal_rows<typename Model::InputT>({kBatch, kWideIn}, mesh, 1 + step);
     const auto target = normal_rows<typename Model::OutputT>({kBatch, kWideIn}, mesh, 3 + step);
-    model.zero_grad();
-    const int64_t before = host_memory_in_use();
-    reset_host_memory_peak();
-    const auto y = model.forward(x);
-    (void)loss.forward(y, target);
-    model.backward(loss.backward(y));
-    measured = host_memory_peak() - before;
+    measured = backward_peak(model, loss, x, target);
     opt.step(model);
   }
   const int64_t held = plan.bytes(nn::MemoryUse::Parameters, coords) + plan.bytes(nn::MemoryUse::Gradients, coords) +

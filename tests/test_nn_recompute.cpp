@@ -300,13 +300,7 @@ int64_t step_peak(Model& model, const DeviceMesh<1>& mesh) {
   nn::MSELoss<WideCfg> loss;
   const auto x = normal_rows<typename Model::InputT>({kWideBatch, kWideIn}, mesh, 1);
   const auto target = normal_rows<typename Model::OutputT>({kWideBatch, kWideIn}, mesh, 2);
-  model.zero_grad();
-  const int64_t before = host_memory_in_use();
-  reset_host_memory_peak();
-  const auto y = model.forward(x);
-  (void)loss.forward(y, target);
-  model.backward(loss.backward(y));
-  return host_memory_peak() - before;
+  return backward_peak(model, loss, x, target);
 }
 
 TEST_CASE("recompute: a step's host memory peak drops by the recomputed blocks' activations") {

@@ -13,9 +13,10 @@
 //
 // What each part does:
 //  * forward rounds the masters into the model's parameters (each element once, to
-//    nearest even) when they may have changed: after anything was handed the masters
-//    to write (for_each_parameter: an optimizer's step, a checkpoint's load), not at
-//    every micro-batch;
+//    nearest even), every time: whatever wrote the masters since (an optimizer's step,
+//    a checkpoint's load through a StateDict that holds them) is what the layers run
+//    with. One pass over the parameters per forward, as FSDP2 casts its parameters on
+//    each unshard; the masters are the truth, the model's copies are rewritten;
 //  * backward runs the model's backward in Compute and adds its gradients, widened
 //    exactly, to the masters' (Param), which accumulate over micro-batches as any
 //    model's gradients do;
@@ -28,12 +29,18 @@
 //    gradients, bucketed by the same rule, after the backward (the model's backward
 //    runs unreduced). Inside no_sync() nothing is reduced: with Reduce = Param the terms
 //    accumulate in the masters, with Reduce = Compute in the model's gradients (Compute),
-//    reduced by the first backward after it.
+//    reduced by the first backward after it (so, inside no_sync, what the masters' gradients
+//    hold differs: the terms so far with Reduce = Param, nothing new with Reduce = Compute).
 //
 // The policy is part of the type: training_plan counts each gradient reduction in
 // Reduce (a plan's unit is Compute's size, so a float reduction of a bfloat16 model is
 // two units), and memory_plan holds both copies of the parameters, the model's
-// gradients (Compute) and the masters' gradients and optimizer states (Param).
+// gradients (Compute) and the masters' gradients and optimizer states (Param). The
+// gradient buckets hold Reduce-typed gradients: a step's collectives are
+// plan.step_collectives(model.bucket_bytes(), Model::reduce_bytes, ...).
+//
+// A wrapper around the outermost model, not a layer: it is not a pipeline stage or a
+// block of another model (it owns the masters and the gradient reduction).
 // Converting runs on the host (a GPU's 16-bit arithmetic is later work): a model on
 // device blocks with Param other than Compute is refused with an error at construction.
 #include <cstddef>
@@ -48,6 +55,7 @@
 #include "dtensor/nn/grad_reducer.hpp"
 #include "dtensor/nn/memory_plan.hpp"
 #include "dtensor/nn/model_plan.hpp"
+#include "dtensor/nn/no_sync.hpp"
 #include "dtensor/nn/parameter.hpp"
 #include "dtensor/nn/parameters.hpp"
 #include "dtensor/nn/precision.hpp"
@@ -82,9 +90,10 @@ class MixedPrecision {
                 "dtensor::nn::MixedPrecision<Model, Precision<Param, Compute, Reduce>>: the model computes in its "
                 "Config's element type, which must be the policy's Compute type; build its layers with "
                 "nn::Config<Compute, ...> (or nn::ImageConfig<Compute, ...>)");
-  static_assert(sizeof(Param) >= sizeof(T),
-                "dtensor::nn::MixedPrecision: the master copy (Param) must be at least as wide as the compute type: "
-                "it is what keeps the optimizer's small updates");
+  static_assert(std::is_same_v<Param, T> || sizeof(Param) > sizeof(T),
+                "dtensor::nn::MixedPrecision: the master copy (Param) must be wider than the compute type (float "
+                "masters of bfloat16 or float16 layers, double of float): it keeps the optimizer's small updates, and "
+                "holds the layers' values exactly");
   static_assert(std::is_same_v<Reduce, T> || std::is_same_v<Reduce, Param>,
                 "dtensor::nn::MixedPrecision: a replicated model's gradients are all-reduced in the compute type "
                 "(the model's own buckets: half the bytes) or in Param (the masters' buckets); name one of the two "
@@ -92,7 +101,8 @@ class MixedPrecision {
   static_assert(!gathers_parameters<Model>(),
                 "dtensor::nn::MixedPrecision: the model has fully sharded layers, which carry their own policy: use "
                 "nn::FullyShard<L, R, nn::Precision<Param, Compute, Reduce>> on them instead");
-  static_assert(listed_parameter_count<Model>() == parameter_count<Model>() && parameter_count<Model>() > 0,
+  static_assert(nn::listed_parameter_count<Model>() == nn::parameter_count<Model>() &&
+                    nn::parameter_count<Model>() > 0,
                 "dtensor::nn::MixedPrecision: the model's layers must list their parameters (a layer's static "
                 "parameters(), nn/parameters.hpp; a block lists its layers'), which give the masters their types; "
                 "a model without parameters has nothing to keep a master copy of");
@@ -115,6 +125,8 @@ class MixedPrecision {
   static constexpr bool reduces_masters = !std::is_same_v<Reduce, T>;
   // A plan counts elements in T-sized units: a gradient reduced in Reduce is this many.
   static constexpr int64_t kReduceUnits = static_cast<int64_t>(sizeof(Reduce) / sizeof(T));
+  // The bytes of one element of the reduced gradients (the buckets' unit).
+  static constexpr std::size_t reduce_bytes = sizeof(Reduce);
   static constexpr int kPlanCapacity = Model::kPlanCapacity;
 
   // --- the plan: the model's, its gradient reductions in Reduce ---
@@ -158,13 +170,12 @@ class MixedPrecision {
 
   // --- run time ---
   // The masters start as the model's parameters, widened (exactly).
-  explicit MixedPrecision(Model model)
-      : model_(std::move(model)), masters_(make_masters(model_, std::make_index_sequence<declared>{})) {
+  explicit MixedPrecision(Model model) : model_(check_on_host(std::move(model))), masters_(make_masters(model_)) {
     check_list_order();
   }
   // The masters start as `initial`'s parameters (a model of the same parameters in
   // Param: the one a float run starts from, so both runs start from the same values),
-  // which the first forward rounds into the model.
+  // which each forward rounds into the model.
   template <class Source>
   MixedPrecision(Model model, Source& initial) : MixedPrecision(std::move(model)) {
     std::size_t k = 0, given = 0;
@@ -187,11 +198,21 @@ class MixedPrecision {
                             m.value().local().data(), Region::contiguous(0, want.numel()), sizeof(Param));
       ++k;
     });
-    stale_ = true;
   }
 
-  // The model in Compute (its parameters as the last forward rounded them).
+  // The model in Compute (its parameters as the last forward rounded them), and its
+  // layers: to switch training off (Dropout's and BatchNorm's train(false)) or read a
+  // batch norm's running statistics. Its parameters are rewritten from the masters by
+  // each forward: write the masters (for_each_parameter), not these.
   const Model& model() const { return model_; }
+  template <int I>
+  auto& layer() {
+    return model_.template layer<I>();
+  }
+  template <class Fn>
+  void for_each_layer(Fn&& f) {
+    model_.for_each_layer(std::forward<Fn>(f));
+  }
 
   OutputT forward(const InputT& x) {
     load_masters();
@@ -207,11 +228,9 @@ class MixedPrecision {
   }
 
   // f(Parameter&) for each master, in the model's for_each_parameter order: what the
-  // optimizer steps, clip_grad_norm and GradScaler read. Whoever is handed them may
-  // write them, so the next forward rounds them into the model again.
+  // optimizer steps, clip_grad_norm and GradScaler read.
   template <class F>
   void for_each_parameter(F&& f) {
-    stale_ = true;
     visit_masters(f);
   }
   // f(key, Parameter&) for each master under the model's key: a checkpoint of the
@@ -233,22 +252,8 @@ class MixedPrecision {
   void release_saved() { model_.release_saved(); }
 
   // Gradient accumulation without reductions (PyTorch DDP's no_sync), as a Sequential's.
-  class NoSync {
-   public:
-    explicit NoSync(MixedPrecision& m) : m_(&m), was_(m.sync_) { m.sync_ = false; }
-    ~NoSync() {
-      if (m_) m_->sync_ = was_;
-    }
-    NoSync(NoSync&& o) noexcept : m_(std::exchange(o.m_, nullptr)), was_(o.was_) {}
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-    NoSync& operator=(NoSync&&) = delete;
-
-   private:
-    MixedPrecision* m_;
-    bool was_;
-  };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  using NoSync = nn::NoSync;
+  [[nodiscard]] NoSync no_sync() { return NoSync(sync_); }
   bool syncing() const { return sync_; }
 
   // The gradient buckets' size (of Reduce-typed gradients), before the first backward.
@@ -272,9 +277,21 @@ class MixedPrecision {
     return p;
   }
 
-  template <std::size_t... I>
-  static Masters make_masters(Model& model, std::index_sequence<I...>) {
-    return {make_master<I>(model)...};
+  static Masters make_masters(Model& model) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return Masters{make_master<I>(model)...};
+    }(std::make_index_sequence<declared>{});
+  }
+  // Converting between Param and Compute runs on the host (the GPU's 16-bit arithmetic
+  // is later work): a model on device blocks is refused here, by name.
+  static Model check_on_host(Model model) {
+    if constexpr (!std::is_same_v<Param, T>)
+      nn::for_each_parameter(model, [](auto& p) {
+        DTENSOR_CHECK(p.value().local().device().is_host(), InvalidArgument, "nn::MixedPrecision: parameter ",
+                      p.name(), " lives on ", to_string(p.value().local().device()), "; masters in another type than "
+                      "the layers' are converted on the host only (GPU 16-bit arithmetic is not written yet)");
+      });
+    return model;
   }
   template <std::size_t I>
   static typename detail::master_of<Model, I, Param>::type make_master(Model& model) {
@@ -304,16 +321,13 @@ class MixedPrecision {
     each_pair([&](auto& m, auto&) { f(m); });
   }
 
-  // The masters rounded into the model's parameters (in place), where they may have
-  // changed since the last time.
+  // The masters rounded into the model's parameters, in place.
   void load_masters() {
-    if (!stale_) return;
     each_pair([](auto& m, auto& p) {
       const auto& src = m.value().local();
       auto& dst = p.value().local();
       detail::convert_into(src.device(), src.data(), 0, dst.data(), 0, src.numel());
     });
-    stale_ = false;
   }
   // The model's gradients (this backward's terms, or reduced sums) added to the
   // masters', widened; the model's zeroed for the next backward.
@@ -365,7 +379,7 @@ class MixedPrecision {
     // Masters holding reduced sums (a backward without zero_grad since) keep them on one
     // rank per reduction group, so the next reduction counts them once.
     if (reducer_.reduced()) reducer_.keep_reduced_once(p, N, each_master_layer());
-    model_.zero_grad();
+    model_.zero_grad();  // (add_model_gradients zeroes them too; this after a backward that threw)
     auto reduce = [&] {
       add_model_gradients();
       if (!sync_) {
@@ -405,8 +419,7 @@ class MixedPrecision {
   Model model_;
   Masters masters_;
   GradReducer<M> reducer_;
-  bool stale_ = false;  // the masters may differ from round(model's parameters)
-  bool sync_ = true;    // false inside no_sync()
+  bool sync_ = true;  // false inside no_sync()
 };
 
 }  // namespace dtensor::nn

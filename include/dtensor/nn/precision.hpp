@@ -10,8 +10,9 @@
 //            accumulated into the Param-typed gradients the optimizer reads
 //
 //   using Policy = nn::Precision<float, bfloat16>;            // reduce in float: torchtitan's default
-//   using Policy = nn::Precision<float, bfloat16, bfloat16>;  // half the reduce-scatter's bytes
+//   using Policy = nn::Precision<float, bfloat16, bfloat16>;  // half the reduction's bytes
 //   nn::FullyShard<nn::Linear<Cfg16, 512, 512>, true, Policy> layer(...);  // Cfg16 computes in bfloat16
+//   nn::MixedPrecision<Net16, Policy> model(Net16(...));  // a model of replicated layers (nn/mixed_precision.hpp)
 //
 // Whatever Reduce is, a sum of 16-bit values accumulates in float and is rounded once
 // (core/float16.hpp), so Reduce = bfloat16 halves the bytes, not the accuracy of each

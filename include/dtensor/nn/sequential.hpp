@@ -31,6 +31,7 @@
 #include "dtensor/nn/grad_reducer.hpp"
 #include "dtensor/nn/layer.hpp"
 #include "dtensor/nn/memory_plan.hpp"
+#include "dtensor/nn/no_sync.hpp"
 #include "dtensor/nn/model_plan.hpp"
 #include "dtensor/nn/saved_state.hpp"
 #include "dtensor/nn/unshard.hpp"
@@ -830,22 +831,8 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
   // accumulated, once. (An optimizer step needs that last, reducing backward.)
   //   { auto guard = model.no_sync(); model.forward(x1); model.backward(dy1); }
   //   model.forward(x2); model.backward(dy2);  // reduces the sum of both
-  class NoSync {
-   public:
-    explicit NoSync(Model& m) : m_(&m), was_(m.sync_) { m.sync_ = false; }
-    ~NoSync() {
-      if (m_) m_->sync_ = was_;
-    }
-    NoSync(NoSync&& o) noexcept : m_(std::exchange(o.m_, nullptr)), was_(o.was_) {}
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-    NoSync& operator=(NoSync&&) = delete;
-
-   private:
-    Model* m_;
-    bool was_;
-  };
-  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  using NoSync = nn::NoSync;
+  [[nodiscard]] NoSync no_sync() { return NoSync(sync_); }
   bool syncing() const { return sync_; }
 
  private:
