@@ -13,7 +13,8 @@
 //                      test_nn_mixed_precision): bf16 copies plus the float masters
 //   step peak          host_memory_peak() above what is held before the step: the
 //                      activations, temporaries and buffers (the process's allocator:
-//                      each MPI process its own; in-process only the 1-rank case)
+//                      each MPI process its own, hence one rank in-process); the last
+//                      repetition's, the same every step
 //   step time          wall, median of the repetitions, the three alternating
 //
 //   bench_mixed_precision [side [batch]]      one rank (in-process)
@@ -92,18 +93,15 @@ struct Case {
   }
 };
 
-void report(const char* what, const Measured& m, const Measured& f32, bool memory) {
+void report(const char* what, const Measured& m, const Measured& f32) {
   const double ms = bench::median(m.seconds) * 1e3, ms32 = bench::median(f32.seconds) * 1e3;
-  std::printf("| %s | %.1f (%.2fx) | %zu (%.2fx) | %lld (%.2fx) |", what, ms, ms / ms32, m.collective_bytes,
-              double(m.collective_bytes) / double(f32.collective_bytes), static_cast<long long>(m.parameter_bytes),
-              double(m.parameter_bytes) / double(f32.parameter_bytes));
-  if (memory)
-    std::printf(" %lld (%.2fx) |\n", static_cast<long long>(m.step_peak), double(m.step_peak) / double(f32.step_peak));
-  else
-    std::printf(" (one allocator for all ranks) |\n");
+  std::printf("| %s | %.1f (%.2fx) | %zu (%.2fx) | %lld (%.2fx) | %lld (%.2fx) |\n", what, ms, ms / ms32,
+              m.collective_bytes, double(m.collective_bytes) / double(f32.collective_bytes),
+              static_cast<long long>(m.parameter_bytes), double(m.parameter_bytes) / double(f32.parameter_bytes),
+              static_cast<long long>(m.step_peak), double(m.step_peak) / double(f32.step_peak));
 }
 
-void run_cases(const DeviceMesh<2>& mesh, bool memory) {
+void run_cases(const DeviceMesh<2>& mesh) {
   Case<Net32::Model, Net32::Loss> f32(Net32::make(mesh), mesh);
   auto initial = Net32::make(mesh);
   Case<Mixed<ReduceFloat>, Net16::Loss> rf(Mixed<ReduceFloat>(Net16::make(mesh), initial), mesh);
@@ -119,9 +117,9 @@ void run_cases(const DeviceMesh<2>& mesh, bool memory) {
               mesh.to_string().c_str());
   std::printf("| model | step ms | collective bytes | parameters, gradients, optimizer state (B) | step peak (B) |\n");
   std::printf("|---|---|---|---|---|\n");
-  report("float32", f32.m, f32.m, memory);
-  report("bf16 on float masters, reduce float", rf.m, f32.m, memory);
-  report("bf16 on float masters, reduce bf16", rb.m, f32.m, memory);
+  report("float32", f32.m, f32.m);
+  report("bf16 on float masters, reduce float", rf.m, f32.m);
+  report("bf16 on float masters, reduce bf16", rb.m, f32.m);
 }
 
 }  // namespace
@@ -130,12 +128,12 @@ int main(int argc, char** argv) {
 #ifdef DTENSOR_BENCH_MPI
   return run_mpi(argc, argv, [&](Comm& world) {
     DTENSOR_CHECK(world.size() == 4, InvalidArgument, "bench_mixed_precision_mpi: run it on 4 processes");
-    run_cases(DeviceMesh<2>(world, {2, 2}), true);
+    run_cases(DeviceMesh<2>(world, {2, 2}));
   });
 #else
   if (argc > 1) kSide = std::atoll(argv[1]);
   if (argc > 2) kBatch = std::atoll(argv[2]);
-  run_threads(1, [&](Comm& one) { run_cases(DeviceMesh<2>(one, {1, 1}), true); });
+  run_threads(1, [&](Comm& one) { run_cases(DeviceMesh<2>(one, {1, 1})); });
   return 0;
 #endif
 }

@@ -1,5 +1,6 @@
 // The domain-parallel CNN in bfloat16 and float16 (issue 41): train_cnn's model (conv ->
-// batch norm -> ReLU -> max pool, twice, -> global average pool -> linear) against the
+// batch norm -> ReLU -> max pool, twice, the second with a group norm before its pool,
+// -> global average pool -> linear) against the
 // same model in float64 holding the same 16-bit parameters, on one rank, on images
 // sharded over H and W (2x2, 1x3: uneven extents before and after pooling) and over the
 // batch and H (DP x H, 2x2); and oneDNN's bfloat16 convolution passes checked directly
@@ -46,14 +47,15 @@ template <class Img>
 struct CNN {
   using Head = typename nn::GlobalAvgPool<Img>::out_config;
   using Model = nn::Sequential<nn::Conv<Img, kChannels, 8, k3>, nn::BatchNorm<Img, 8>, nn::ReLU<Img>, nn::MaxPool<Img>,
-                               nn::Conv<Img, 8, 16, k3>, nn::BatchNorm<Img, 16>, nn::ReLU<Img>, nn::MaxPool<Img>,
-                               nn::GlobalAvgPool<Img>, nn::Linear<Head, 16, kClasses>>;
+                               nn::Conv<Img, 8, 16, k3>, nn::BatchNorm<Img, 16>, nn::ReLU<Img>,
+                               nn::GroupNorm<Img, 16, 4>, nn::MaxPool<Img>, nn::GlobalAvgPool<Img>,
+                               nn::Linear<Head, 16, kClasses>>;
   template <int M>
   static Model make(const DeviceMesh<M>& mesh) {
     const auto pool = nn::PoolOptions<2>::square(2);
     return Model(nn::Conv<Img, kChannels, 8, k3>(mesh, {1}), nn::BatchNorm<Img, 8>(mesh), nn::ReLU<Img>(),
                  nn::MaxPool<Img>(pool), nn::Conv<Img, 8, 16, k3>(mesh, {2}), nn::BatchNorm<Img, 16>(mesh),
-                 nn::ReLU<Img>(), nn::MaxPool<Img>(pool), nn::GlobalAvgPool<Img>(),
+                 nn::ReLU<Img>(), nn::GroupNorm<Img, 16, 4>(mesh), nn::MaxPool<Img>(pool), nn::GlobalAvgPool<Img>(),
                  nn::Linear<Head, 16, kClasses>(mesh, {3}));
   }
 };
@@ -276,8 +278,8 @@ std::vector<double> model_errors(const GatheredStep& got, const GatheredStep& wa
   for (std::size_t k = 0; k < want.grads.size(); ++k) e.push_back(relative_rms(got.grads[k], want.grads[k]) / eps);
   return e;
 }
-const std::vector<std::string> kModelQuantities{"y",       "dx",     "conv1.w", "conv1.b", "bn1.w",    "bn1.b",
-                                                "conv2.w", "conv2.b", "bn2.w",  "bn2.b",   "linear.w", "linear.b"};
+const std::vector<std::string> kModelQuantities{"y",     "dx",    "conv1.w", "conv1.b", "bn1.w",    "bn1.b",   "conv2.w",
+                                                "conv2.b", "bn2.w", "bn2.b",   "gn.w",    "gn.b",     "linear.w", "linear.b"};
 
 template <class T>
 void check_model16() {

@@ -6,6 +6,8 @@
 // uneven and empty blocks, in-process and under mpirun.
 #include "support.hpp"
 
+#include <dtensor/compute/row_stats.hpp>
+
 #include <cmath>
 #include <cstring>
 
@@ -347,4 +349,53 @@ void check_gemms() {
 TEST_CASE("16-bit products: oneDNN's matmul and the conversion path against float64") {
   check_gemms<bfloat16>();
   check_gemms<float16>();
+}
+
+namespace {
+
+// compute::row_affine on 16-bit blocks (a norm's elementwise map, evaluated in float
+// from double coefficients): each value within one 16-bit ulp of the exact map plus a
+// few float roundings of its terms, in each of its three loops (one term; two terms;
+// column scale and offset), against a float64 evaluation of the same 16-bit inputs.
+template <class T>
+void check_row_affine16() {
+  constexpr int64_t rows = 7, cols = 301;  // not a multiple of any vector width
+  std::vector<T> a(rows * cols), b(rows * cols), out(rows * cols);
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    a[i] = T(static_cast<float>(dtensor::detail::normal_value<double>(3, i) * 4 + 1));
+    b[i] = T(static_cast<float>(dtensor::detail::normal_value<double>(4, i)));
+  }
+  std::vector<double> center(rows), scale(rows), offset(rows), b_scale(rows), cs(cols), co(cols);
+  for (int64_t r = 0; r < rows; ++r)
+    center[r] = 0.9 + 0.01 * r, scale[r] = 0.3 + 0.1 * r, offset[r] = -0.2 * r, b_scale[r] = 1.5 - 0.1 * r;
+  for (int64_t j = 0; j < cols; ++j) cs[j] = 0.5 + 0.001 * j, co[j] = 0.01 * (j % 13);
+  const double eps = static_cast<double>(std::numeric_limits<T>::epsilon());
+  for (int form = 0; form < 3; ++form) {
+    RowTerms terms;
+    terms.center = center.data(), terms.scale = scale.data(), terms.offset = offset.data();
+    if (form >= 1) terms.b_scale = b_scale.data();
+    if (form == 2) terms.col_scale = cs.data(), terms.col_offset = co.data();
+    compute::row_affine(Device::host(), a.data(), form >= 1 ? b.data() : nullptr, terms, rows, cols, out.data());
+    double worst = 0;  // in units of the bound
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j) {
+        const double x = double(a[r * cols + j]), y = double(b[r * cols + j]);
+        double v = (x - center[r]) * scale[r], mag = std::fabs(x * scale[r]) + std::fabs(center[r] * scale[r]);
+        if (form >= 1) v += y * b_scale[r], mag += std::fabs(y * b_scale[r]);
+        v += offset[r], mag += std::fabs(offset[r]);
+        if (form == 2) v = v * cs[j] + co[j], mag = mag * cs[j] + std::fabs(co[j]);
+        const double got = double(out[r * cols + j]);
+        const double bound = eps * std::fabs(v) + 8 * std::ldexp(mag, -24);
+        worst = std::max(worst, std::fabs(got - v) / bound);  // a NaN fails below
+      }
+    INFO(std::string(dtensor::name(dtype_of<T>())), ", form ", form, ": worst error ", worst, " of the bound");
+    CHECK(worst <= 1.0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("row_affine of bfloat16 and float16 blocks (the norms' map, in float) against float64") {
+  check_row_affine16<bfloat16>();
+  check_row_affine16<float16>();
 }

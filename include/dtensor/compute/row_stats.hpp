@@ -9,10 +9,10 @@
 // The per-row and per-column arrays (shift, scales, offsets, and the sums out) are
 // HOST arrays on either device: read before the call returns, or written when it
 // returns. The
-// element arithmetic is in double whatever T is: a float sum over a large image would
-// lose the low digits of a mean that every normalized value inherits. A 16-bit result
-// is rounded from that double once (compute/convert.hpp's convert_element), never
-// through float first.
+// sums are in double whatever T is: a float sum over a large image would lose the low
+// digits of a mean that every normalized value inherits. The affine map is evaluated
+// in double for float and double blocks; for 16-bit blocks in float, from coefficients
+// rounded from double, each value then rounded to 16 bits once (row_affine below).
 #include <cstdint>
 #include <type_traits>
 
@@ -102,14 +102,15 @@ void row_moments(Device d, const T* a, const T* b, const double* shift, int64_t 
 }
 
 // out = the row-affine map of a (and b) with the coefficients `terms` (compute/
-// row_terms.hpp; host arrays), rounded to T once. b may be null (no second term). out
+// row_terms.hpp; host arrays), rounded to T once (a 16-bit T: from the float value). b may be null (no second term). out
 // may alias a or b (each element is read before it is written). All of a, b and out
 // on device d. float and double blocks are evaluated in double; 16-bit ones in float,
 // as every elementwise map of them (load 16 bits, compute in float, store 16 bits): the
-// coefficients, statistics kept in double, rounded to float once per row, and each
-// value stored by one float -> 16-bit rounding, a loop the compiler vectorises (in
-// double, each element's correctly rounded double -> 16-bit conversion made a bfloat16
-// U-Net's batch norms 57% of its training step: bench_mixed_precision).
+// coefficients, statistics kept in double, rounded to float, and each value stored by
+// one float -> 16-bit rounding, a loop the compiler vectorises (in double, each
+// element's correctly rounded double -> 16-bit conversion made a bfloat16 U-Net's batch
+// norms 57% of its training step: bench_mixed_precision). A bfloat16 block within a
+// float ulp of float's range can overflow in (a - center) here where double did not.
 template <class T>
 void row_affine(Device d, const T* a, const T* b, const RowTerms& terms, int64_t rows, int64_t cols, T* out) {
   if (!d.is_host()) return detail::device_backend(d).row_affine(dtype_of<T>(), a, b, terms, rows, cols, out);

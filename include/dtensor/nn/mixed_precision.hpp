@@ -37,12 +37,13 @@
 // two units), and memory_plan holds both copies of the parameters, the model's
 // gradients (Compute) and the masters' gradients and optimizer states (Param). The
 // gradient buckets hold Reduce-typed gradients: a step's collectives are
-// plan.step_collectives(model.bucket_bytes(), Model::reduce_bytes, ...).
+// plan.step_collectives(model.bucket_bytes(), MixedPrecision<...>::reduce_bytes, ...).
 //
 // A wrapper around the outermost model, not a layer: it is not a pipeline stage or a
 // block of another model (it owns the masters and the gradient reduction).
 // Converting runs on the host (a GPU's 16-bit arithmetic is later work): a model on
 // device blocks with Param other than Compute is refused with an error at construction.
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>

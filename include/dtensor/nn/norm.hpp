@@ -17,7 +17,8 @@
 //   RMSNorm:    y = x / sqrt(mean(x^2) + eps) * g
 //
 // The blocks stay where they live (host or GPU): each row's sums and the normalization
-// are compute/row_stats.hpp's, in double, and the per-row statistics travel in double
+// are compute/row_stats.hpp's, in double (16-bit rows normalized in float from those
+// statistics), and the per-row statistics travel in double
 // whatever T is: rounded to float, a sum of squares loses the digits that
 // E[x^2] - E[x]^2 keeps when a row's mean is large against its spread (a float32 row
 // of mean 1000 and spread 1 kept about one digit).

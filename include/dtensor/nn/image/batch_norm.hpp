@@ -24,8 +24,8 @@
 // quality once the batch means settle, with still one all-reduce (two passes would
 // need two).
 // K_c is computed from the all-reduced sums, identical on every rank. Each rank
-// sums its cells and normalizes them in double, also for float tensors, and the
-// sums travel in double (nn/channel_stats.hpp): a float mean of an offset channel
+// sums its cells and normalizes them in double, also for float tensors (16-bit ones
+// are normalized in float, from the double statistics), and the sums travel in double (nn/channel_stats.hpp): a float mean of an offset channel
 // would shift every xhat alike, and dweight = sum dy xhat would carry that error
 // times sum dy. The blocks are T.
 //
