@@ -72,6 +72,18 @@ void forward_backward(Net& net, const DeviceMesh<2>& mesh, int mb) {
   net.backward(normal_rows<MLP<bfloat16>::OutputT>({kRows, kOut}, mesh, 40 + mb, y.layout().blocks));
 }
 
+// body(mesh) on a 2x2 mesh (DP x TP, the hidden layer's 29 columns uneven over TP) and on
+// three data-parallel ranks, in-process or on an MPI world of that size.
+template <class Body>
+void on_test_meshes(Body&& body) {
+  for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}})
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      INFO("mesh ", mesh.to_string());
+      body(mesh);
+    });
+}
+
 // Masters loaded into the model, rounded once; the model's gradients widened into the
 // masters': the loop train_cnn wrote by hand before MixedPrecision, here the reference.
 struct HandMasters {
@@ -270,56 +282,48 @@ TEST_CASE("MixedPrecision, Reduce = float: each rank's bfloat16 terms widened, t
 }
 
 TEST_CASE("MixedPrecision, Reduce = bfloat16: backwards without zero_grad add each reduced sum once, widened") {
-  for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}}) {
-    spmd(shape[0] * shape[1], [&](Comm& comm) {
-      DeviceMesh<2> mesh(comm, shape);
-      INFO("mesh ", mesh.to_string());
-      auto plain = make_mlp<bfloat16>(mesh);
-      Mixed<ReduceBf16> model(make_mlp<bfloat16>(mesh));
-      model.zero_grad();
-      std::vector<std::vector<double>> want;  // float(R1) + float(R2), R the plain model's reduced bfloat16 sums
-      for (int mb = 0; mb < 2; ++mb) {
-        plain.zero_grad();
-        forward_backward(plain, mesh, mb);
-        forward_backward(model, mesh, mb);  // no zero_grad: the masters keep the first sum
-        std::size_t k = 0;
-        plain.for_each_parameter([&](auto& p) {
-          if (mb == 0) want.emplace_back(p.grad().numel(), 0.0);
-          for (int64_t i = 0; i < p.grad().numel(); ++i)
-            want[k][i] = static_cast<float>(static_cast<float>(want[k][i]) + float(p.grad().data()[i]));
-          ++k;
-        });
-      }
+  on_test_meshes([](const DeviceMesh<2>& mesh) {
+    auto plain = make_mlp<bfloat16>(mesh);
+    Mixed<ReduceBf16> model(make_mlp<bfloat16>(mesh));
+    model.zero_grad();
+    std::vector<std::vector<double>> want;  // float(R1) + float(R2), R the plain model's reduced bfloat16 sums
+    for (int mb = 0; mb < 2; ++mb) {
+      plain.zero_grad();
+      forward_backward(plain, mesh, mb);
+      forward_backward(model, mesh, mb);  // no zero_grad: the masters keep the first sum
       std::size_t k = 0;
-      model.for_each_parameter([&](auto& p) { CHECK(flat(p.grad()) == want[k++]); });
-    });
-  }
+      plain.for_each_parameter([&](auto& p) {
+        if (mb == 0) want.emplace_back(p.grad().numel(), 0.0);
+        for (int64_t i = 0; i < p.grad().numel(); ++i)
+          want[k][i] = static_cast<float>(static_cast<float>(want[k][i]) + float(p.grad().data()[i]));
+        ++k;
+      });
+    }
+    std::size_t k = 0;
+    model.for_each_parameter([&](auto& p) { CHECK(flat(p.grad()) == want[k++]); });
+  });
 }
 
 TEST_CASE("MixedPrecision, Reduce = bfloat16: no_sync accumulates in the model, reduced once, as a plain model does") {
-  for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}}) {
-    spmd(shape[0] * shape[1], [&](Comm& comm) {
-      DeviceMesh<2> mesh(comm, shape);
-      INFO("mesh ", mesh.to_string());
-      auto plain = make_mlp<bfloat16>(mesh);
-      Mixed<ReduceBf16> model(make_mlp<bfloat16>(mesh));
-      plain.zero_grad();
-      model.zero_grad();
-      for (int mb = 0; mb < 3; ++mb) {
-        if (mb < 2) {
-          auto a = plain.no_sync();
-          auto b = model.no_sync();
-          forward_backward(plain, mesh, mb), forward_backward(model, mesh, mb);
-        } else {
-          forward_backward(plain, mesh, mb), forward_backward(model, mesh, mb);
-        }
+  on_test_meshes([](const DeviceMesh<2>& mesh) {
+    auto plain = make_mlp<bfloat16>(mesh);
+    Mixed<ReduceBf16> model(make_mlp<bfloat16>(mesh));
+    plain.zero_grad();
+    model.zero_grad();
+    for (int mb = 0; mb < 3; ++mb) {
+      if (mb < 2) {
+        auto a = plain.no_sync();
+        auto b = model.no_sync();
+        forward_backward(plain, mesh, mb), forward_backward(model, mesh, mb);
+      } else {
+        forward_backward(plain, mesh, mb), forward_backward(model, mesh, mb);
       }
-      std::vector<std::vector<double>> want;
-      plain.for_each_parameter([&](auto& p) { want.push_back(flat(p.grad())); });
-      std::size_t k = 0;
-      model.for_each_parameter([&](auto& p) { CHECK(flat(p.grad()) == want[k++]); });
-    });
-  }
+    }
+    std::vector<std::vector<double>> want;
+    plain.for_each_parameter([&](auto& p) { want.push_back(flat(p.grad())); });
+    std::size_t k = 0;
+    model.for_each_parameter([&](auto& p) { CHECK(flat(p.grad()) == want[k++]); });
+  });
 }
 
 TEST_CASE("MixedPrecision: a step on 2x2 and 3x1 meshes against one rank, both reductions, and as planned") {
