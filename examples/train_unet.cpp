@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
     bool ok = compare<Spatial>(comm, "images sharded over H and W", &spatial);
     ok = compare<Hybrid>(comm, "batch over mesh dim 0 (data parallel), H over mesh dim 1", &hybrid) && ok;
     ok = bf16_runs(comm, spatial, hybrid) && ok;
-    if (comm.rank() == 0 && ok) std::printf("OK: both meshes train like the single-rank run, in float32 and bfloat16\n");
+    if (comm.rank() == 0 && ok)
+      std::printf("OK: both meshes train like the single-rank run, in float32 and bfloat16\n");
     if (!ok) failed = 1;
   };
   examples::run_example(argc, argv, 4, program);

@@ -1167,7 +1167,8 @@ TEST_CASE("MixedPrecision: the float masters saved under the model's keys; a loa
     io::load(sd, scratch / "mixed", comm);
     CHECK(gathered_parameters(model) == saved);
     // The file holds float values under a plain model's keys: a float model loads them.
-    Net32 f32(nn::Linear<C32, 6, 11, nn::Colwise>(mesh, {7}), nn::GELU<C32>(), nn::Linear<C32, 11, 3, nn::Rowwise>(mesh, {8}));
+    Net32 f32(nn::Linear<C32, 6, 11, nn::Colwise>(mesh, {7}), nn::GELU<C32>(),
+              nn::Linear<C32, 11, 3, nn::Rowwise>(mesh, {8}));
     io::StateDict s32;
     io::add_model(s32, f32);
     io::load(s32, scratch / "mixed", comm);

@@ -247,10 +247,11 @@ TEST_CASE("MixedPrecision, Reduce = float: each rank's bfloat16 terms widened, t
         // As planned: each pass's forward and backward collectives, and each reducing
         // backward's buckets of float gradients.
         int buckets = 0;
-        for (int m = 0; m < 2; ++m) buckets += plan.buckets(m, kBucket, Model::reduce_bytes, mesh.shape(), mesh.coords());
+        for (int m = 0; m < 2; ++m)
+          buckets += plan.buckets(m, kBucket, Model::reduce_bytes, mesh.shape(), mesh.coords());
         CHECK(buckets > 1);
-        CHECK(counted.count() == run.micro_batches * (plan.count(nn::Phase::Forward) + plan.count(nn::Phase::Backward)) +
-                                     syncs * buckets);
+        const int per_pass = plan.count(nn::Phase::Forward) + plan.count(nn::Phase::Backward);
+        CHECK(counted.count() == run.micro_batches * per_pass + syncs * buckets);
         // The gradient reductions: over DP, in float.
         std::size_t reduced_bytes = 0, master_bytes = 0;
         for (const auto& r : counted.records())

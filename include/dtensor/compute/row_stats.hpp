@@ -102,9 +102,9 @@ void row_moments(Device d, const T* a, const T* b, const double* shift, int64_t 
 }
 
 // out = the row-affine map of a (and b) with the coefficients `terms` (compute/
-// row_terms.hpp; host arrays), rounded to T once (a 16-bit T: from the float value). b may be null (no second term). out
-// may alias a or b (each element is read before it is written). All of a, b and out
-// on device d. float and double blocks are evaluated in double; 16-bit ones in float,
+// row_terms.hpp; host arrays), rounded to T once (a 16-bit T: from the float value). b
+// may be null (no second term). out may alias a or b (each element is read before it
+// is written). All of a, b and out on device d. float and double blocks are evaluated in double; 16-bit ones in float,
 // as every elementwise map of them (load 16 bits, compute in float, store 16 bits): the
 // coefficients, statistics kept in double, rounded to float, and each value stored by
 // one float -> 16-bit rounding, a loop the compiler vectorises (in double, each

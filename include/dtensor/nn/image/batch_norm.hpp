@@ -25,9 +25,9 @@
 // need two).
 // K_c is computed from the all-reduced sums, identical on every rank. Each rank
 // sums its cells and normalizes them in double, also for float tensors (16-bit ones
-// are normalized in float, from the double statistics), and the sums travel in double (nn/channel_stats.hpp): a float mean of an offset channel
-// would shift every xhat alike, and dweight = sum dy xhat would carry that error
-// times sum dy. The blocks are T.
+// are normalized in float, from the double statistics), and the sums travel in double
+// (nn/channel_stats.hpp): a float mean of an offset channel would shift every xhat
+// alike, and dweight = sum dy xhat would carry that error times sum dy. The blocks are T.
 //
 // Where: the blocks stay where they live (host or GPU). The per-(sample, channel)
 // sums and the normalization are compute/row_stats.hpp's row_moments and row_affine,

@@ -17,9 +17,10 @@
 //
 // Statistics come from plain sums (no state is shared across samples to shift them
 // by); each rank sums and normalizes its cells in double, also for float tensors
-// (16-bit ones are normalized in float, from the double statistics), and the sums travel in double (nn/channel_stats.hpp). The blocks stay on their
-// device: the sums and the normalization are compute/row_stats.hpp's, the per-group
-// and per-channel values are worked on the host (as in nn/image/batch_norm.hpp).
+// (16-bit ones are normalized in float, from the double statistics), and the sums
+// travel in double (nn/channel_stats.hpp). The blocks stay on their device: the sums
+// and the normalization are compute/row_stats.hpp's, the per-group and per-channel
+// values are worked on the host (as in nn/image/batch_norm.hpp).
 // Counts are global (C/G x the global spatial cells), exact on uneven shards.
 #include <array>
 #include <cmath>
