@@ -63,6 +63,19 @@ bool both_image_meshes(dtensor::Comm& comm, Check&& check) {
   return spatial && hybrid;
 }
 
+// The image examples' -bf16 mode: check(type, what, &losses) trains each mesh in float32
+// (as both_image_meshes, keeping the 2x2 losses), then bf16(comm, spatial, hybrid) the
+// 16-bit model against them. True where every run agrees.
+template <class Spatial, class Hybrid, class Check, class Bf16>
+bool float32_and_bf16(dtensor::Comm& comm, Check&& check, Bf16&& bf16) {
+  std::vector<float> spatial, hybrid;
+  bool ok = check(std::type_identity<Spatial>{}, "images sharded over H and W", &spatial);
+  ok = check(std::type_identity<Hybrid>{}, "batch over mesh dim 0 (data parallel), H over mesh dim 1", &hybrid) && ok;
+  ok = bf16(comm, spatial, hybrid) && ok;
+  if (comm.rank() == 0 && ok) std::printf("OK: both meshes train like the single-rank run, in float32 and bfloat16\n");
+  return ok;
+}
+
 // One training run on a 2x2 mesh beside the same run on one rank (each rank trains its
 // own single-rank copy first): train(mesh, &off_plan) returns the losses per step and
 // counts the steps whose collectives differ from the plan.

@@ -113,18 +113,14 @@ int main(int argc, char** argv) {
   bool bf16 = false;
   for (int i = 1; i < argc; ++i) bf16 = bf16 || std::strcmp(argv[i], "-bf16") == 0;
   auto program = [&](Comm& comm) {
-    const auto check = [&]<class Img>(std::type_identity<Img>, const char* what) { return compare<Img>(comm, what); };
+    const auto check = [&]<class Img>(std::type_identity<Img>, const char* what, std::vector<float>* losses = nullptr) {
+      return compare<Img>(comm, what, losses);
+    };
     if (!bf16) {
       if (!examples::both_image_meshes<Spatial, Hybrid>(comm, check)) failed = 1;
       return;
     }
-    std::vector<float> spatial, hybrid;
-    bool ok = compare<Spatial>(comm, "images sharded over H and W", &spatial);
-    ok = compare<Hybrid>(comm, "batch over mesh dim 0 (data parallel), H over mesh dim 1", &hybrid) && ok;
-    ok = bf16_runs(comm, spatial, hybrid) && ok;
-    if (comm.rank() == 0 && ok)
-      std::printf("OK: both meshes train like the single-rank run, in float32 and bfloat16\n");
-    if (!ok) failed = 1;
+    if (!examples::float32_and_bf16<Spatial, Hybrid>(comm, check, bf16_runs)) failed = 1;
   };
   examples::run_example(argc, argv, 4, program);
   return failed;
