@@ -97,6 +97,23 @@ DTENSOR_KERNEL void divide_runs(T* __restrict__ dst, Runs d, T terms, int64_t n)
   }
 }
 
+// Elements of [outer, bins, inner] (inner counting real and imaginary parts); bin k of
+// a real length n is paired when k > 0 and 2k != n (compute/fft_dims.hpp). Two
+// products, as the host's scale then weight.
+template <class T>
+DTENSOR_KERNEL void scale_bins_kernel(T* __restrict__ p, int64_t bins, int64_t inner, int64_t n, T scale, T weight,
+                                      bool scaled, bool weighted, bool real_bins, int64_t count) {
+  for (int64_t e = first(); e < count; e += stride()) {
+    T v = p[e];
+    if (scaled) v = static_cast<T>(v * scale);
+    const int64_t k = (e / inner) % bins;
+    const bool paired = k > 0 && 2 * k != n;
+    if (weighted && paired) v = static_cast<T>(v * weight);
+    if (real_bins && !paired && (e % 2) == 1) v = T(0);
+    p[e] = v;
+  }
+}
+
 template <class T>
 DTENSOR_KERNEL void fill_kernel(T* __restrict__ dst, T value, int64_t n) {
   for (int64_t i = first(); i < n; i += stride()) dst[i] = value;

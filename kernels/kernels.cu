@@ -161,7 +161,19 @@ template <class F>
 void visit_kernel_dtype(DType t, const char* fn, F&& f) {
   DTENSOR_CHECK(!is_float16(t), InvalidArgument, "cuda::kernels::", fn, ": ", ::dtensor::name(t),
                 " elements are not computed on the GPU yet (they move, but arithmetic on them is host-only)");
+  DTENSOR_CHECK(!is_complex(t), InvalidArgument, "cuda::kernels::", fn, ": ", ::dtensor::name(t),
+                " elements are not computed on the GPU (they move, add in reductions and are Fourier transformed: "
+                "spectral/; elementwise math on them is host-only)");
   visit_dtype_except_float16(t, f);
+}
+
+// A block of complex elements as the block of their real and imaginary parts: what a
+// sum or a division of complex numbers does to each part (Max and Min are refused
+// before: complex numbers have no order).
+DType as_reals(DType t, StridedBlock& b) {
+  if (!is_complex(t)) return t;
+  b.offset *= 2, b.stride *= 2, b.len *= 2;
+  return t == DType::Complex64 ? DType::Float32 : DType::Float64;
 }
 
 void check_floating(DType t, const char* fn) {
@@ -226,6 +238,9 @@ void copy_block(const void* src, StridedBlock sb, void* dst, StridedBlock db, st
 void reduce_block(DType t, ReduceOp op, const void* src, StridedBlock sb, void* dst, StridedBlock db,
                   cudaStream_t stream) {
   check_blocks(sb, db, "reduce_block");
+  ::dtensor::detail::check_orderable(t, op, "cuda::kernels::reduce_block");
+  (void)as_reals(t, sb);
+  t = as_reals(t, db);
   const int64_t n = sb.numel();
   if (n == 0) return;
   const bool contiguous = sb.is_contiguous() && db.is_contiguous();
@@ -245,6 +260,7 @@ void divide_block(DType t, void* dst, StridedBlock db, int terms, cudaStream_t s
   DTENSOR_CHECK(db.count >= 0 && db.len >= 0, InvalidArgument,
                 "cuda::kernels::divide_block: a block with a negative count or run length");
   DTENSOR_CHECK(terms != 0, InvalidArgument, "cuda::kernels::divide_block: division by zero terms");
+  t = as_reals(t, db);
   const int64_t n = db.numel();
   if (n == 0) return;
   const Runs d = runs_of(db);
@@ -911,6 +927,23 @@ void grid_prolong(DType t, const compute::GridTransfer& g, cudaStream_t stream) 
   if (g.fine_cells() == 0) return;
   visit_floating(t, [&](auto tag) {
     launch(detail::prolong_kernel<decltype(tag)>, Grid{blocks_for(g.fine_cells())}, stream, g);
+  });
+}
+
+// --- the spectral operators' scaling ---
+
+void scale_bins(DType t, void* p, int64_t outer, int64_t bins, int64_t inner, int64_t n, double scale, double weight,
+                bool real_bins, cudaStream_t stream) {
+  check_floating(t, "scale_bins");
+  DTENSOR_CHECK(outer >= 0 && bins >= 0 && inner >= 0 && (!real_bins || inner % 2 == 0), InvalidArgument,
+                "cuda::kernels::scale_bins: negative extents, or complex elements cut in half");
+  const int64_t count = outer * bins * inner;
+  const bool weighted = weight != 1.0 && bins > 1;
+  if (count == 0 || (scale == 1.0 && !weighted && !real_bins)) return;
+  visit_floating(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch(detail::scale_bins_kernel<T>, Grid{blocks_for(count)}, stream, static_cast<T*>(p), bins, inner, n,
+           static_cast<T>(scale), static_cast<T>(weight), scale != 1.0, weighted, real_bins, count);
   });
 }
 

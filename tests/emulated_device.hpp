@@ -55,6 +55,9 @@
 #include <dtensor/compute/stencil_loops.hpp>
 #include <dtensor/compute/upsample.hpp>
 #include <dtensor/dtensor.hpp>
+#ifdef DTENSOR_HAVE_FFTW
+#include <dtensor/compute/fftw.hpp>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -516,12 +519,22 @@ inline void copy(void* dst, Device dd, const void* src, Device sd, std::size_t b
 // --- compute ---
 
 // The types the emulated kernels compute in, as the CUDA kernels' (kernels.cu
-// visit_kernel_dtype): bfloat16 and float16 move (copies, fills) but are not computed on.
+// visit_kernel_dtype): bfloat16 and float16 move (copies, fills) but are not computed
+// on; complex types move, add (reduce_block) and transform (fft) only.
 template <class F>
 void typed(DType t, F&& f) {
   DTENSOR_CHECK(!dtensor::is_float16(t), InvalidArgument, "emulated device: ", name(t),
                 " elements are not computed on a device yet (they move, but arithmetic on them is host-only)");
+  DTENSOR_CHECK(!dtensor::is_complex(t), InvalidArgument, "emulated device: ", name(t),
+                " elements are not computed on a device (they move, add in reductions and are Fourier transformed: "
+                "spectral/; elementwise math on them is host-only)");
   visit_dtype_except_float16(t, f);
+}
+
+// The refusal of typed() made when a kernel is queued, not when it runs on the worker:
+// the CUDA launchers refuse on the calling thread too.
+inline void refuse_uncomputed(DType t) {
+  typed(t, [](auto) {});
 }
 
 // float or double: what the emulated floating-point kernels take.
@@ -755,6 +768,7 @@ struct EmulatedMath : EmulatedGrid {
     });
   }
   static void binary(DType t, BinaryOp op, const void* a, const void* b, void* out, int64_t n) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -769,6 +783,7 @@ struct EmulatedMath : EmulatedGrid {
     });
   }
   static void binary_scalar(DType t, BinaryOp op, const void* a, Scalar s, void* out, int64_t n) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -785,6 +800,7 @@ struct EmulatedMath : EmulatedGrid {
   }
   static void unary(DType t, UnaryFn f, const void* a, void* out, int64_t n) {
     // Checked at launch, as the CUDA backend does: an error here is the caller's.
+    refuse_uncomputed(t);
     if (!is_float_or_double(t) && !takes_integers(f))
       throw InvalidArgument(detail::cat("emulated device: ", name(f), " takes floating-point tensors"));
     launch([=] { unary_kernel(t, f, a, out, n); });
@@ -796,6 +812,7 @@ struct EmulatedMath : EmulatedGrid {
     launch([=] { unary_backward_kernel(t, f, x, dy, dx, n); });
   }
   static void add_bias(DType t, const void* m, const void* v, void* out, int64_t rows, int64_t cols, bool along_rows) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -806,6 +823,7 @@ struct EmulatedMath : EmulatedGrid {
     });
   }
   static void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -815,6 +833,7 @@ struct EmulatedMath : EmulatedGrid {
     });
   }
   static void reduce_dim(DType t, ReduceOp r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -837,6 +856,7 @@ struct EmulatedMath : EmulatedGrid {
   }
   static void where_equal(DType t, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
                           int64_t inner) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -945,6 +965,7 @@ struct EmulatedMath : EmulatedGrid {
   }
   static void gather_rows(DType t, const void* table, int64_t table_rows, int64_t cols, const int64_t* index,
                           int64_t rows, int64_t lo, void* out) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -955,6 +976,7 @@ struct EmulatedMath : EmulatedGrid {
   }
   static void scatter_add_rows(DType t, const void* dy, const int64_t* index, int64_t rows, int64_t cols, int64_t lo,
                                void* table, int64_t table_rows) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -965,6 +987,7 @@ struct EmulatedMath : EmulatedGrid {
   }
   static void take_along_last(DType t, const void* x, int64_t rows, int64_t cols, const int64_t* target, int64_t lo,
                               void* out) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -975,6 +998,7 @@ struct EmulatedMath : EmulatedGrid {
   }
   static void add_along_last(DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows,
                              int64_t cols) {
+    refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
@@ -1151,6 +1175,20 @@ struct EmulatedMath : EmulatedGrid {
                                                  real<const T>(dout), real<T>(dq), real<T>(dk), real<T>(dv));
       });
     });
+  }
+  // The host's executor (compute/fftw.hpp) on the worker, so the spectral operators on
+  // emulated device blocks equal the host's bit for bit; a GPU runs cuFFT (cuda/fft.hpp).
+  static void fft(DType t, const compute::FftDims& f, const void* in, void* out) {
+    require_floating(t, "fft");
+    if (f.in_count() == 0 || f.out_count() == 0) return;
+    (void)real<void>(in), (void)real<void>(out);  // device memory, checked before queueing
+#ifdef DTENSOR_HAVE_FFTW
+    launch([=] {
+      floating(t, [&](auto tag) { compute::fft<decltype(tag)>(f, real<const void>(in), real<void>(out)); });
+    });
+#else
+    throw InvalidArgument("emulated device: fft runs FFTW's transforms, and this build has no FFTW");
+#endif
   }
 };
 

@@ -118,24 +118,26 @@ T value_at(uint64_t seed, uint64_t i) {
 }
 
 // A tensor of type DT laid out as `layout` (the same blocks), element i of the global
-// row-major order set to value_at(seed, i) (Partial<Sum>: on the first term only).
+// row-major order set to value_at(seed, i) (Partial<Sum>: on the first term only), on
+// the mesh's device.
 template <class DT, int Rank, int M>
 DT filled_like(const ShardLayout<Rank>& layout, const DeviceMesh<M>& mesh, uint64_t seed) {
   using T = typename DT::value_type;
-  DT x(mesh, layout, Tensor<T, Rank>::uninitialized(layout.local_shape(DT::placement_state, mesh.shape(), mesh.coords())));
+  auto block = Tensor<T, Rank>::uninitialized(layout.local_shape(DT::placement_state, mesh.shape(), mesh.coords()));
   const auto off = layout.local_offset(DT::placement_state, mesh.shape(), mesh.coords());
-  const auto& ls = x.local().shape();
+  const auto& ls = block.shape();
   bool zero_term = false;
   for (std::size_t m = 0; m < DT::placement_state.size(); ++m)
     zero_term = zero_term || (DT::placement_state[m].is_partial() && mesh.coords()[m] != 0);
-  for (int64_t l = 0; l < x.local().numel(); ++l) {
+  for (int64_t l = 0; l < block.numel(); ++l) {
     int64_t rest = l, g = 0, stride = 1;
     std::array<int64_t, Rank> idx{};
     for (int d = Rank - 1; d >= 0; --d) idx[d] = rest % ls[d], rest /= ls[d];
     for (int d = Rank - 1; d >= 0; --d) g += (idx[d] + off[d]) * stride, stride *= layout.global[d];
-    x.local().data()[l] = zero_term ? T{} : value_at<T>(seed, static_cast<uint64_t>(g));
+    block.data()[l] = zero_term ? T{} : value_at<T>(seed, static_cast<uint64_t>(g));
   }
-  return x;
+  if (mesh.device().is_host()) return DT(mesh, layout, std::move(block));
+  return DT(mesh, layout, block.to(mesh.device()));
 }
 
 // Gradient placements a test can fill directly: Shard stays, everything else Replicate

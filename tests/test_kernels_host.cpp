@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <complex>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +38,7 @@
 #include "softmax.cuh"
 #include "stencil.cuh"
 #include "dtensor/compute/stencil_loops.hpp"
+#include "dtensor/compute/fft_dims.hpp"
 
 namespace {
 
@@ -1822,4 +1824,45 @@ TEST_CASE("kernels on the host: the solvers' grid kernels (stencils with epilogu
     check_stencil_kernels<double>(g);
     check_stencil_kernels<float>(g);
   }
+}
+
+// The spectral operators' scaling (cuda/fft.hpp) against the host's (compute/fft_dims.hpp's
+// weight_paired_bins after a scale): a half spectrum [outer, bins, inner] of complex
+// values as their real and imaginary parts, even and odd real lengths, and the clearing
+// of the imaginary parts a C2R ignores.
+TEST_CASE("kernels on the host: scale_bins (the device transforms' scale, weights and real bins)") {
+  for_types<float, double>([]<class T>() {
+    struct Case {
+      int64_t outer, bins, inner, n;
+    };
+    for (const Case& k : {Case{1, 5, 1, 8}, Case{3, 5, 2, 9}, Case{2, 1, 3, 1}, Case{4, 2, 1, 2}, Case{1, 17, 7, 32},
+                          Case{0, 3, 2, 4}}) {
+      const int64_t count = k.outer * k.bins * k.inner * 2;
+      INFO("outer ", k.outer, ", bins ", k.bins, ", inner ", k.inner, ", n ", k.n, ", ", type_name<T>());
+      const std::vector<T> x = random_values<T>(static_cast<std::size_t>(count), -10, 10, 5);
+      for (const double w : {1.0, 0.5, 2.0})
+        for (const double s : {1.0, 0.125, 0.3})
+          for (const bool real_bins : {false, true}) {
+            std::vector<std::complex<T>> want(static_cast<std::size_t>(count / 2));
+            for (std::size_t i = 0; i < want.size(); ++i) want[i] = {x[2 * i], x[2 * i + 1]};
+            if (s != 1.0)
+              for (auto& v : want) v *= static_cast<T>(s);
+            if (w != 1.0) dtensor::compute::weight_paired_bins(want.data(), k.outer, k.bins, k.inner, k.n, static_cast<T>(w));
+            if (real_bins)
+              for (int64_t a = 0; a < k.outer; ++a)
+                for (int64_t b = 0; b < k.bins; ++b)
+                  if (!dtensor::compute::is_paired_bin(b, k.n))
+                    for (int64_t i = 0; i < k.inner; ++i) want[(a * k.bins + b) * k.inner + i].imag(T(0));
+            std::vector<T> flat(static_cast<std::size_t>(count));
+            for (std::size_t i = 0; i < want.size(); ++i) flat[2 * i] = want[i].real(), flat[2 * i + 1] = want[i].imag();
+            each_launch(stride_configs(count), [&](const Config& c) {
+              Buffer<T> p(x);
+              hl::launch(c.grid, c.block, 0, kd::scale_bins_kernel<T>, p.data(), k.bins, 2 * k.inner, k.n,
+                         static_cast<T>(s), static_cast<T>(w), s != 1.0, w != 1.0, real_bins, count);
+              CHECK(mismatch(p.values(), flat) == "");
+              CHECK(p.guards_intact());
+            });
+          }
+    }
+  });
 }

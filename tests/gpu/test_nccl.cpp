@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <complex>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -174,6 +175,22 @@ void all_reduce_one_type(NcclComm& comm) {
   }
 }
 
+// Complex elements move and add as their two parts (nccl_types.hpp): a count not
+// doubled would leave the second half of recv as it was.
+template <class C>
+void all_reduce_one_complex(NcclComm& comm) {
+  std::vector<C> in;
+  for (int i = 0; i < 5; ++i) in.emplace_back(i + 0.5, -i - 0.25);
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+    CAPTURE(name(op));
+    DeviceVec<C> send(comm, in), recv(comm, 5, C(0));
+    comm.all_reduce(send.data(), recv.data(), 5, dtype_of<C>(), op);
+    CHECK(recv.host() == in);
+  }
+  DeviceVec<C> send(comm, in), recv(comm, 5, C(0));
+  CHECK_THROWS_AS(comm.all_reduce(send.data(), recv.data(), 5, dtype_of<C>(), ReduceOp::Max), InvalidArgument);
+}
+
 }  // namespace
 
 TEST_CASE("NcclComm: a one-rank communicator describes itself") {
@@ -226,6 +243,8 @@ TEST_CASE("NcclComm: all_reduce for every element type and reduction") {
     all_reduce_one_type<uint64_t>(*comm);
     all_reduce_one_type<float>(*comm);
     all_reduce_one_type<double>(*comm);
+    all_reduce_one_complex<std::complex<float>>(*comm);
+    all_reduce_one_complex<std::complex<double>>(*comm);
     DeviceVec<float> empty(*comm, 1, 5.f);  // count 0 touches nothing
     comm->all_reduce(empty.data(), empty.data(), 0, DType::Float32, ReduceOp::Sum);
     CHECK(empty.host() == std::vector<float>{5.f});
@@ -638,6 +657,29 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
         c.all_reduce(i.data(), i.data(), 2, DType::Int64, ReduceOp::Avg);
         const int64_t sum = int64_t{n} * (n - 1) / 2 * n + 10 * n;
         expect(i.host() == std::vector<int64_t>(2, sum / n), "all_reduce integer avg");
+      }
+      {  // complex elements: sums and averages of both parts, an all-to-all of uneven pieces
+        using C = std::complex<double>;
+        DeviceVec<C> z(c, 3, C(r + 1, -2.0 * r));
+        c.all_reduce(z.data(), z.data(), 3, DType::Complex128, ReduceOp::Sum);
+        expect(z.host() == std::vector<C>(3, C(n * (n + 1) / 2, -1.0 * n * (n - 1))), "complex all_reduce sum");
+        c.all_reduce(z.data(), z.data(), 3, DType::Complex128, ReduceOp::Avg);
+        expect(z.host() == std::vector<C>(3, C(n * (n + 1) / 2, -1.0 * n * (n - 1))),
+               "complex all_reduce avg (of equal terms)");
+        // Rank r sends k + 1 elements to rank k, each C(r, k).
+        std::vector<StridedBlock> to_each(static_cast<std::size_t>(n)), from_each(static_cast<std::size_t>(n));
+        std::vector<C> mine;
+        for (int k = 0; k < n; ++k) {
+          to_each[k] = StridedBlock::contiguous(static_cast<int64_t>(mine.size()), k + 1);
+          for (int i = 0; i <= k; ++i) mine.emplace_back(r, k);
+          from_each[k] = StridedBlock::contiguous(int64_t{k} * (r + 1), r + 1);
+        }
+        DeviceVec<C> send(c, mine), recv(c, static_cast<std::size_t>(n * (r + 1)), C(-1, -1));
+        c.all_to_all(send.data(), to_each, recv.data(), from_each, DType::Complex128);
+        std::vector<C> want;
+        for (int k = 0; k < n; ++k)
+          for (int i = 0; i <= r; ++i) want.emplace_back(k, r);
+        expect(recv.host() == want, "complex all_to_all");
       }
       // Uneven pieces: rank k holds k + 1 elements.
       std::vector<StridedBlock> uneven(static_cast<std::size_t>(n));

@@ -17,6 +17,7 @@
 #include "dtensor/compute/neighborhood_dims.hpp"
 #include "dtensor/compute/conv_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
+#include "dtensor/compute/fft_dims.hpp"
 #include "dtensor/compute/functions.hpp"
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/compute/optimizer_step.hpp"
@@ -135,6 +136,11 @@ struct DeviceBackend {
   RequiredFn<compute::GridSums (*)(DType, const compute::GridUpdate&)> grid_update;
   RequiredFn<void (*)(DType, const compute::GridTransfer&)> grid_restrict;
   RequiredFn<void (*)(DType, const compute::GridTransfer&)> grid_prolong;
+
+  // One local Fourier transform of a block (compute/fft_dims.hpp: its kind, dims, scale
+  // and weights); `real` is float32 or float64, the complex sides its complex type. in
+  // and out do not overlap; in is left as it was unless f.may_destroy_input.
+  RequiredFn<void (*)(DType real, const compute::FftDims& f, const void* in, void* out)> fft;
 };
 
 // A backend's table, from a type K with one static member per entry, named as the entry
@@ -160,7 +166,7 @@ constexpr DeviceBackend device_backend_of() {
       .neighborhood_attention_forward = K::neighborhood_attention_forward,
       .neighborhood_attention_backward = K::neighborhood_attention_backward,
       .stencil_apply = K::stencil_apply, .stencil_diagonal = K::stencil_diagonal, .grid_update = K::grid_update,
-      .grid_restrict = K::grid_restrict, .grid_prolong = K::grid_prolong,
+      .grid_restrict = K::grid_restrict, .grid_prolong = K::grid_prolong, .fft = K::fft,
   };
 }
 

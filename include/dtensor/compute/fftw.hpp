@@ -7,6 +7,7 @@
 //   compute::fft_c2c(in, out, shape, dims, Sign::Forward, scale)   complex -> complex
 //   compute::fft_r2c(in, out, shape, dims, scale)                  real -> complex, dims.back() n -> n/2+1
 //   compute::fft_c2r(in, out, shape, dims, scale)                  complex -> real, dims.back() n/2+1 -> n
+//   compute::fft<Real>(fft_dims, in, out)                          any of them as FftDims says
 //
 // `shape` is the row-major shape of the real-space block (for r2c the input's, for
 // c2r the output's); the spectral side has n/2 + 1 along the last listed dim. `dims`
@@ -43,13 +44,15 @@
 #include <optional>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "dtensor/compute/fft_dims.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::compute {
-// The sign of the exponent: Forward is e^{-2 pi i jk/n} (FFTW_FORWARD), Backward +.
-enum class Sign { Forward = FFTW_FORWARD, Backward = FFTW_BACKWARD };
+static_assert(static_cast<int>(Sign::Forward) == FFTW_FORWARD && static_cast<int>(Sign::Backward) == FFTW_BACKWARD,
+              "compute::Sign holds FFTW's exponent signs");
 
 enum class FftPlanning { Estimate, Measure };
 }  // namespace dtensor::compute
@@ -405,6 +408,47 @@ void fft_r2c(const Real* in, std::complex<Real>* out, const std::array<int64_t, 
 template <class Real, std::size_t R>
 void fft_c2r(const std::complex<Real>* in, Real* out, const std::array<int64_t, R>& shape, int dim, Real scale) {
   fft_c2r(in, out, shape, std::span<const int>(&dim, 1), scale);
+}
+
+// The transform `f` describes (compute/fft_dims.hpp), of `in` into `out`, Real float or
+// double (the complex sides std::complex<Real>): what a host block's stage runs
+// (spectral/fft.hpp), and the tests' emulated device too, so the two agree bit for bit.
+template <class Real>
+void fft(const FftDims& f, const void* in, void* out) {
+  static_assert(std::is_same_v<Real, float> || std::is_same_v<Real, double>,
+                "dtensor::compute::fft: FFTW transforms float and double");
+  using C = std::complex<Real>;
+  DTENSOR_CHECK(f.rank >= 1 && f.rank <= FftDims::kMaxRank && f.ndims >= 1 && f.ndims <= f.rank, InvalidArgument,
+                "fft: a block of rank ", f.rank, " with ", f.ndims, " transformed dims");
+  const std::span<const int> dims(f.dims.data(), static_cast<std::size_t>(f.ndims));
+  const Real scale = static_cast<Real>(f.scale);
+  const int h = f.halved();
+  const Real w = static_cast<Real>(f.paired_bin_weight);
+  [&]<std::size_t... R>(std::index_sequence<R...>) {
+    (void)((f.rank == static_cast<int>(R + 1) ? ([&] {
+      std::array<int64_t, R + 1> shape{};
+      for (std::size_t d = 0; d <= R; ++d) shape[d] = f.shape[d];
+      switch (f.kind) {
+        case FftKind::C2C:
+          fft_c2c(static_cast<const C*>(in), static_cast<C*>(out), shape, dims, f.sign, scale);
+          return;
+        case FftKind::R2C:
+          fft_r2c(static_cast<const Real*>(in), static_cast<C*>(out), shape, dims, scale);
+          if (f.paired_bin_weight != 1.0)
+            weight_paired_bins(static_cast<C*>(out), f.outer_of(h), shape[h] / 2 + 1, f.inner_of(h), shape[h], w);
+          return;
+        case FftKind::C2R:
+          if (f.paired_bin_weight != 1.0) {  // the weights go on a copy
+            std::vector<C> weighted(static_cast<const C*>(in), static_cast<const C*>(in) + f.in_count());
+            weight_paired_bins(weighted.data(), f.outer_of(h), shape[h] / 2 + 1, f.inner_of(h), shape[h], w);
+            fft_c2r(weighted.data(), static_cast<Real*>(out), shape, dims, scale, /*may_destroy_input=*/true);
+          } else {
+            fft_c2r(static_cast<const C*>(in), static_cast<Real*>(out), shape, dims, scale, f.may_destroy_input);
+          }
+          return;
+      }
+    }(), true) : false) || ...);
+  }(std::make_index_sequence<FftDims::kMaxRank>{});
 }
 
 }  // namespace dtensor::compute

@@ -85,7 +85,8 @@ void unary_real(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out);
 template <class T, int R>
 void unary(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
   if constexpr (is_complex_v<T>) {  // neg and exp: the complex functions the operators offer
-    DTENSOR_CHECK(a.device().is_host(), InvalidArgument, "complex tensors live on the host");
+    DTENSOR_CHECK(a.device().is_host(), InvalidArgument, "the elementwise ", name(f), " of ", name(dtype_of<T>()),
+                  " elements runs on host blocks (on a device they move, add in reductions and are Fourier transformed)");
     DTENSOR_CHECK(f == UnaryFn::Neg || f == UnaryFn::Exp, InvalidArgument, "the elementwise function ", name(f),
                   " is not defined for ", name(dtype_of<T>()), " tensors");
     const T* x = a.data();
@@ -175,7 +176,9 @@ void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Te
 // out = conj(a) elementwise (host; out may alias a): the factor complex gradients take.
 template <class T, int R>
 void conj(const Tensor<T, R>& a, Tensor<T, R>& out) {
-  DTENSOR_CHECK(a.device().is_host(), InvalidArgument, "conj: complex tensors live on the host");
+  DTENSOR_CHECK(a.device().is_host(), InvalidArgument,
+                "conj runs on host blocks (on a device complex elements move, add in reductions and are Fourier "
+                "transformed)");
   if constexpr (is_complex_v<T>)
     for (int64_t i = 0; i < a.numel(); ++i) out.data()[i] = std::conj(a.data()[i]);
   else if (out.data() != a.data())

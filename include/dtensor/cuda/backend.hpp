@@ -1,11 +1,12 @@
 #pragma once
 // The CUDA device backend: fills dtensor's device-compute table (compute/
 // device_backend.hpp) and memory space with the kernels of kernels/, cuBLAS, cuDNN
-// (convolutions, fused attention) and stream-ordered memory, and installs them when this header is
-// included.
+// (convolutions, fused attention), cuFFT (the spectral operators' local transforms) and
+// stream-ordered memory, and installs them when this header is included.
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/cuda/blas.hpp"
 #include "dtensor/cuda/dnn.hpp"
+#include "dtensor/cuda/fft.hpp"
 #include "dtensor/cuda/fused_attention.hpp"
 #include "dtensor/cuda/kernels.hpp"
 #include "dtensor/cuda/memory.hpp"
@@ -28,7 +29,7 @@ double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel) {
     visit_dtype(t, [&](auto tag) {  // the kernel wrote one element of type t
       using T = decltype(tag);
       if constexpr (is_complex_v<T>) {
-        throw InvalidArgument("dtensor: a reduction of complex elements on a device: complex tensors live on the host");
+        throw InvalidArgument("dtensor: a norm of complex elements on a device (the kernels refuse them first)");
       } else {
         T r{};
         DTENSOR_CUDA(cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, s));
@@ -218,6 +219,7 @@ struct CudaMath {
   static constexpr auto grid_update = detail::grid_update;
   static constexpr auto grid_restrict = on_stream<kernels::grid_restrict>;
   static constexpr auto grid_prolong = on_stream<kernels::grid_prolong>;
+  static constexpr auto fft = cuda::fft;  // cuFFT (fft.hpp)
 };
 
 inline const ::dtensor::detail::DeviceMovement& movement_table() {

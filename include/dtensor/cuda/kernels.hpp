@@ -214,4 +214,15 @@ void grid_update(DType t, const compute::GridUpdate& g, double* sums, cudaStream
 void grid_restrict(DType t, const compute::GridTransfer& g, cudaStream_t stream);
 void grid_prolong(DType t, const compute::GridTransfer& g, cudaStream_t stream);
 
+// --- the spectral operators' scaling (cuda/fft.hpp; float32 and float64) ---
+
+// p laid out as [outer, bins, inner] elements of type t (a complex block's real and
+// imaginary parts: inner counts both): every element times `scale`, then those of the
+// bins that stand for two frequencies of a real length n (compute/fft_dims.hpp's
+// is_paired_bin) times `weight`, rounding as the host does (two products). With
+// `real_bins`, the imaginary parts of the other bins (zero, and n/2 for even n) are
+// cleared: what a C2R ignores.
+void scale_bins(DType t, void* p, int64_t outer, int64_t bins, int64_t inner, int64_t n, double scale, double weight,
+                bool real_bins, cudaStream_t stream);
+
 }  // namespace dtensor::cuda::kernels

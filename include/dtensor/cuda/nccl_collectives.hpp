@@ -34,7 +34,7 @@ inline void NcclComm::barrier() {
 inline void NcclComm::all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) {
   collective(Kind::AllReduce, {t, op, 0, static_cast<int64_t>(count)}, {}, {}, [&] {
     if (count == 0) return;
-    nccl(ncclAllReduce(send, recv, count, cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(), stream_),
+    nccl(ncclAllReduce(send, recv, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(), stream_),
          "ncclAllReduce");
     if (cuda::detail::divide_after(op, t))
       cuda::kernels::divide_block(t, recv, StridedBlock::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
@@ -53,7 +53,7 @@ inline Request NcclComm::start_all_reduce(const void* send, void* recv, std::siz
     follow_caller_stream();
     st->event = events_.take();
     if (count > 0) {
-      nccl(ncclAllReduce(send, recv, count, cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(),
+      nccl(ncclAllReduce(send, recv, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(),
                          stream_),
            "ncclAllReduce");
       if (cuda::detail::divide_after(op, t))
@@ -73,7 +73,7 @@ inline Request NcclComm::start_all_reduce(const void* send, void* recv, std::siz
 inline void NcclComm::do_broadcast(void* buf, std::size_t count, DType t, int root) {
   collective(Kind::Broadcast, {t, ReduceOp::Sum, root, static_cast<int64_t>(count)}, {}, {}, [&] {
     if (count == 0) return;
-    nccl(ncclBroadcast(buf, buf, count, cuda::detail::nccl_type(t), root, comm(), stream_), "ncclBroadcast");
+    nccl(ncclBroadcast(buf, buf, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t), root, comm(), stream_), "ncclBroadcast");
   });
 }
 
@@ -99,7 +99,7 @@ inline void NcclComm::do_all_gather(const void* send, StridedBlock send_block, v
         in = st.at(in_at);
       }
       void* out = direct ? cuda::detail::at(recv, recv_blocks[0].offset, elem) : st.at(out_at);
-      nccl(ncclAllGather(in, out, static_cast<std::size_t>(n), cuda::detail::nccl_type(t), comm(), stream_),
+      nccl(ncclAllGather(in, out, cuda::detail::nccl_count(t, n), cuda::detail::nccl_type(t), comm(), stream_),
            "ncclAllGather");
       if (!direct)
         for (int k = 0; k < size_; ++k)
@@ -115,7 +115,7 @@ inline void NcclComm::do_all_gather(const void* send, StridedBlock send_block, v
       st.allocate();
       if (n > 0)
         cuda::kernels::copy_block(send, send_block, st.at(in_at), StridedBlock::contiguous(0, n), elem, stream_);
-      nccl(ncclAllGather(st.at(in_at), st.at(out_at), static_cast<std::size_t>(m), cuda::detail::nccl_type(t), comm(),
+      nccl(ncclAllGather(st.at(in_at), st.at(out_at), cuda::detail::nccl_count(t, m), cuda::detail::nccl_type(t), comm(),
                          stream_),
            "ncclAllGather (padded)");
       for (int k = 0; k < size_; ++k)
@@ -171,7 +171,7 @@ inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Stride
         in = st.at(in_at);
       }
       void* out = out_at == Staging::kNone ? cuda::detail::at(recv, recv_block.offset, elem) : st.at(out_at);
-      nccl(ncclReduceScatter(in, out, static_cast<std::size_t>(n), type, rop, comm(), stream_), "ncclReduceScatter");
+      nccl(ncclReduceScatter(in, out, cuda::detail::nccl_count(t, n), type, rop, comm(), stream_), "ncclReduceScatter");
       if (out_at != Staging::kNone)
         cuda::kernels::copy_block(out, StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
     } else if (const int64_t m = cuda::detail::padded_piece(send_blocks); m > 0) {
@@ -184,7 +184,7 @@ inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Stride
         if (send_blocks[k].numel() > 0)
           cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at),
                                     StridedBlock::contiguous(k * m, send_blocks[k].numel()), elem, stream_);
-      nccl(ncclReduceScatter(st.at(in_at), st.at(out_at), static_cast<std::size_t>(m), type, rop, comm(), stream_),
+      nccl(ncclReduceScatter(st.at(in_at), st.at(out_at), cuda::detail::nccl_count(t, m), type, rop, comm(), stream_),
            "ncclReduceScatter (padded)");
       if (n > 0)
         cuda::kernels::copy_block(st.at(out_at), StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
@@ -209,7 +209,7 @@ inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Stride
           if (c == 0) continue;  // every rank skips it: they agree on the sizes
           const void* in = in_at[k] == Staging::kNone ? cuda::detail::at(send, send_blocks[k].offset, elem)
                                                        : static_cast<const void*>(st.at(in_at[k]));
-          nccl(ncclReduce(in, k == rank_ ? out : nullptr, static_cast<std::size_t>(c), type, rop, k, comm(), stream_),
+          nccl(ncclReduce(in, k == rank_ ? out : nullptr, cuda::detail::nccl_count(t, c), type, rop, k, comm(), stream_),
                "ncclReduce");
         }
         nccl(group.end(), "ncclGroupEnd");
@@ -298,14 +298,14 @@ inline void NcclComm::exchange(std::span<const Outgoing> outs, std::span<const I
       if (c == 0) continue;
       const void* p = out_at[i] == Staging::kNone ? cuda::detail::at(outs[i].base, outs[i].block.offset, elem)
                                                   : static_cast<const void*>(st.at(out_at[i]));
-      nccl(ncclSend(p, static_cast<std::size_t>(c), type, outs[i].peer, comm(), stream_), "ncclSend");
+      nccl(ncclSend(p, cuda::detail::nccl_count(t, c), type, outs[i].peer, comm(), stream_), "ncclSend");
     }
     for (std::size_t i = 0; i < ins.size(); ++i) {
       const int64_t c = ins[i].block.numel();
       if (c == 0) continue;
       void* p = in_at[i] == Staging::kNone ? cuda::detail::at(ins[i].base, ins[i].block.offset, elem)
                                            : static_cast<void*>(st.at(in_at[i]));
-      nccl(ncclRecv(p, static_cast<std::size_t>(c), type, ins[i].peer, comm(), stream_), "ncclRecv");
+      nccl(ncclRecv(p, cuda::detail::nccl_count(t, c), type, ins[i].peer, comm(), stream_), "ncclRecv");
     }
     nccl(group.end(), "ncclGroupEnd");
   }

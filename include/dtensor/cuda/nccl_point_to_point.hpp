@@ -251,9 +251,9 @@ inline void NcclComm::issue_pending() {
       for (const auto& st : batch) {
         const ncclDataType_t type = cuda::detail::nccl_type(st->dtype);
         for (const auto& m : st->sends)
-          nccl(ncclSend(st->data(m), m.count, type, m.peer, comm(), stream_), "ncclSend");
+          nccl(ncclSend(st->data(m), cuda::detail::nccl_count(st->dtype, m.count), type, m.peer, comm(), stream_), "ncclSend");
         for (const auto& m : st->recvs)
-          nccl(ncclRecv(st->data(m), m.count, type, m.peer, comm(), stream_), "ncclRecv");
+          nccl(ncclRecv(st->data(m), cuda::detail::nccl_count(st->dtype, m.count), type, m.peer, comm(), stream_), "ncclRecv");
       }
       nccl(group.end(), "ncclGroupEnd");
     }

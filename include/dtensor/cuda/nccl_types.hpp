@@ -18,12 +18,10 @@
 
 namespace dtensor::cuda::detail {
 
+// NCCL has no complex type: a complex element moves, and adds, as its two parts (the
+// sum of complex numbers is the sum of their parts), so a complex DType maps to its
+// part's type and every count to nccl_count's.
 inline ncclDataType_t nccl_type(DType t) {
-  // NCCL has no complex type; moving them as pairs of reals needs every count doubled
-  // at the call sites, which device blocks of complex elements (not yet made: the
-  // spectral operators run on the host) will bring.
-  DTENSOR_CHECK(!is_complex(t), InvalidArgument, "NcclComm: ", name(t),
-                " elements: the NCCL runtime does not move complex tensors yet; keep spectral data on a host mesh");
   switch (t) {
     case DType::Int8: return ncclInt8;
     case DType::UInt8: return ncclUint8;
@@ -34,9 +32,15 @@ inline ncclDataType_t nccl_type(DType t) {
     case DType::Float32: return ncclFloat32;
     case DType::BFloat16: return ncclBfloat16;
     case DType::Float16: return ncclFloat16;
-    default: return ncclFloat64;
+    case DType::Complex64: return ncclFloat32;
+    default: return ncclFloat64;  // Float64, Complex128
   }
 }
+// The count NCCL is given for n elements of type t.
+inline std::size_t nccl_count(DType t, int64_t n) {
+  return static_cast<std::size_t>(n) * (is_complex(t) ? 2 : 1);
+}
+inline std::size_t nccl_count(DType t, std::size_t n) { return n * (is_complex(t) ? 2 : 1); }
 
 // Whether Avg is NCCL's own (floating types, NCCL 2.10 and newer) rather than a Sum
 // that the caller divides by the number of ranks.

@@ -17,7 +17,8 @@
 //                        multigrid or CG would converge to on the same periodic grid.
 // The zero frequency (the mean of f, which a periodic problem cannot balance) is
 // dropped: u has mean zero and solves -lap u = f - mean(f). A Partial<Sum> f works (the
-// transform is linear); u is placed as f.
+// transform is linear); u is placed as f. f on device blocks is solved there (cuFFT on
+// a GPU), the symbol's divisors made on the host.
 #include <array>
 #include <cmath>
 #include <complex>
@@ -83,7 +84,9 @@ class SpectralPoisson {
 
  private:
   // F(k) /= lambda(k) over this rank's block of the half spectrum (the last dim holds
-  // frequencies 0 .. n/2), F(0) = 0.
+  // frequencies 0 .. n/2), F(0) = 0. On a device block the divisors are made here, one
+  // per real and imaginary part (a complex number over a real one divides each part),
+  // copied over once and divided there; the zero frequency is divided by 1, then cleared.
   template <class C, class... Q>
   void divide_by_symbol(DTensor<C, D, Q...>& F, const Shape<D>& real_shape) const {
     const auto off = F.local_offset();
@@ -94,22 +97,39 @@ class SpectralPoisson {
       for (int64_t i = 0; i < ls[d]; ++i) lam[d][i] = symbol(d, off[d] + i, real_shape[d]);
     }
     using R = typename C::value_type;
-    C* p = F.local().data();
     const int64_t n = F.local().numel();
-    std::array<int64_t, D> idx{};
-    for (int64_t l = 0; l < n; ++l) {
-      double s = 0;
-      bool zero = true;
-      for (int d = 0; d < D; ++d) {
-        s += lam[d][idx[d]];
-        zero = zero && off[d] + idx[d] == 0;
+    // fn(l, lambda, zero) for each element l of the block, row-major.
+    auto each = [&](auto&& fn) {
+      std::array<int64_t, D> idx{};
+      for (int64_t l = 0; l < n; ++l) {
+        double s = 0;
+        bool zero = true;
+        for (int d = 0; d < D; ++d) {
+          s += lam[d][idx[d]];
+          zero = zero && off[d] + idx[d] == 0;
+        }
+        fn(l, s, zero);
+        for (int d = D - 1; d >= 0; --d) {  // the next index, row-major
+          if (++idx[d] < ls[d]) break;
+          idx[d] = 0;
+        }
       }
-      p[l] = zero ? C{} : p[l] / static_cast<R>(s);
-      for (int d = D - 1; d >= 0; --d) {  // the next index, row-major
-        if (++idx[d] < ls[d]) break;
-        idx[d] = 0;
-      }
+    };
+    C* p = F.local().data();
+    const Device device = F.local().device();
+    if (device.is_host()) {
+      each([&](int64_t l, double s, bool zero) { p[l] = zero ? C{} : p[l] / static_cast<R>(s); });
+      return;
     }
+    Tensor<R, 1> divisors(Shape<1>{2 * n});
+    bool has_zero = false;
+    each([&](int64_t l, double s, bool zero) {
+      divisors.data()[2 * l] = divisors.data()[2 * l + 1] = zero ? R(1) : static_cast<R>(s);
+      has_zero = has_zero || zero;
+    });
+    const Tensor<R, 1> on_device = divisors.to(device);
+    dtensor::detail::device_backend(device).binary(dtype_of<R>(), BinaryOp::Div, p, on_device.data(), p, 2 * n);
+    if (has_zero) dtensor::detail::memory_space(device).zero(p, sizeof(C), device.index);  // the zero frequency is l = 0
   }
 
   Options opt_;

@@ -18,7 +18,8 @@
 // slab (one sharded dim) costs one all-to-all and pencils (two) two, and explain()
 // prints them. The result is placed as the plan leaves it (Out::Transposed, the default:
 // FFTW-MPI's transposed-out layout) or as the input was (Out::AsInput). Local
-// transforms are FFTW's (compute/fftw.hpp), on host blocks.
+// transforms are FFTW's (compute/fftw.hpp) on host blocks and the device backend's on
+// device blocks (cuFFT on a GPU: cuda/fft.hpp), with the redistributions on the device.
 //
 // Block sizes: every redistribution gets explicit target sizes, so the layout at each
 // stage is a function of the input's layout alone: the input's (possibly uneven) blocks
@@ -46,6 +47,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "dtensor/compute/device_backend.hpp"
+#include "dtensor/compute/fft_dims.hpp"
 #include "dtensor/compute/fftw.hpp"
 #include "dtensor/distributed/redistribute.hpp"
 #include "dtensor/distributed/redistribute_backward.hpp"
@@ -166,59 +169,40 @@ double total_scale(Norm norm, bool inverse, const std::array<int64_t, Rank>& sha
   return s;
 }
 
-// Multiplies the bins k of a half spectrum along `dim` (real length n) with 0 < k and
-// 2k != n by w: the ones c2r counts twice.
-template <class C, int Rank>
-void weight_paired_bins(Tensor<C, Rank>& t, int dim, int64_t n, double w) {
-  const auto& s = t.shape();
-  int64_t outer = 1, inner = 1;
-  for (int d = 0; d < dim; ++d) outer *= s[d];
-  for (int d = dim + 1; d < Rank; ++d) inner *= s[d];
-  const int64_t m = s[dim];
-  using R = typename real_of<C>::type;
-  C* p = t.data();
-  for (int64_t a = 0; a < outer; ++a)
-    for (int64_t k = 1; k < m; ++k) {
-      if (2 * k == n) continue;
-      C* row = p + (a * m + k) * inner;
-      for (int64_t i = 0; i < inner; ++i) row[i] *= R(w);
-    }
-}
-
 // One local transform over `dims` (the halved one last), whole on every rank under
-// these placements; `last` applies the call's scale; `owned`: x is a temporary of this
-// call that the transform may overwrite (FFTW's c2r does).
+// these placements, as compute::FftDims: FFTW's on a host block (compute/fftw.hpp), the
+// device backend's on a device block (cuFFT on a GPU, cuda/fft.hpp). `last` applies
+// the call's scale; `owned`: x is a temporary of this call that the transform may
+// overwrite (a C2R does).
 template <Local K, class T, int Rank, class... P>
 auto local_stage(const DTensor<T, Rank, P...>& x, std::span<const int> dims, const Math& m, bool last, bool owned) {
   using R = typename real_of<T>::type;
   using C = std::complex<R>;
   using U = std::conditional_t<K == Local::C2R, R, C>;
-  DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument,
-                "spectral: Fourier transforms run on host blocks (FFTW); this tensor is on a device");
+  static_assert(Rank <= compute::FftDims::kMaxRank, "dtensor::spectral: tensors of up to 8 dims");
   const int halved = dims.back();
   ShardLayout<Rank> layout = x.layout();
   const int64_t n = K == Local::C2R ? m.c2r_length : x.shape()[halved];  // its real-space length
   const int64_t out_extent = K == Local::R2C ? n / 2 + 1 : n;
   layout.global[halved] = out_extent;
   if (!layout.blocks[halved].empty()) layout.blocks[halved] = {out_extent};  // cut by mesh dims of one rank
-  Shape<Rank> real_shape = x.local().shape();  // the block in real space
-  real_shape[halved] = n;
   Shape<Rank> out_shape = x.local().shape();
   out_shape[halved] = out_extent;
-  auto y = Tensor<U, Rank>::uninitialized(out_shape);
-  const R scale = static_cast<R>(last ? m.scale : 1.0);
-  if constexpr (K == Local::C2C) {
-    compute::fft_c2c(x.local().data(), y.data(), real_shape, dims, m.sign, scale);
-  } else if constexpr (K == Local::R2C) {
-    compute::fft_r2c(x.local().data(), y.data(), real_shape, dims, scale);
-    if (m.paired_bin_weight != 1.0) weight_paired_bins(y, halved, n, m.paired_bin_weight);
-  } else if (m.paired_bin_weight != 1.0) {
-    Tensor<C, Rank> w = x.local();  // a copy: the weights go on it
-    weight_paired_bins(w, halved, n, m.paired_bin_weight);
-    compute::fft_c2r(w.data(), y.data(), real_shape, dims, scale, /*may_destroy_input=*/true);
-  } else {
-    compute::fft_c2r(x.local().data(), y.data(), real_shape, dims, scale, owned);
-  }
+  const Device device = x.local().device();
+  auto y = Tensor<U, Rank>::uninitialized(out_shape, device);
+  compute::FftDims f;
+  f.kind = K == Local::C2C ? compute::FftKind::C2C : K == Local::R2C ? compute::FftKind::R2C : compute::FftKind::C2R;
+  f.sign = m.sign;
+  f.rank = Rank;
+  for (int d = 0; d < Rank; ++d) f.shape[d] = x.local().shape()[d];
+  f.shape[halved] = n;  // the block in real space
+  f.ndims = static_cast<int>(dims.size());
+  for (int k = 0; k < f.ndims; ++k) f.dims[k] = dims[k];
+  f.scale = last ? m.scale : 1.0;
+  f.paired_bin_weight = K == Local::C2C ? 1.0 : m.paired_bin_weight;
+  f.may_destroy_input = owned;
+  if (device.is_host()) compute::fft<R>(f, x.local().data(), y.data());
+  else dtensor::detail::device_backend(device).fft(dtype_of<R>(), f, x.local().data(), y.data());
   return DTensor<U, Rank, P...>(x.mesh(), std::move(layout), std::move(y));
 }
 

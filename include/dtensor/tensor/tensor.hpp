@@ -126,11 +126,6 @@ class Tensor {
     for (auto e : shape)
       DTENSOR_CHECK(e >= 0, InvalidArgument, "Tensor: negative extent in shape ",
                     to_string(shape));
-    // The device kernels take no complex type (they would read one as doubles): complex
-    // tensors live on the host, where the spectral operators' FFTW transforms run.
-    if constexpr (is_complex_v<T>)
-      DTENSOR_CHECK(device.is_host(), InvalidArgument, "Tensor: ", name(dtype_of<T>()),
-                    " elements on a device; complex tensors live on the host for now (no cuFFT yet)");
     const auto& space = detail::memory_space(device);
     if (!device.is_host()) (void)detail::DeviceMemoryCounter::slot(device);  // a countable device, before allocating
     data_ = std::unique_ptr<T, Free>(static_cast<T*>(space.allocate(bytes(), device.index)), Free{device, bytes()});

@@ -121,6 +121,11 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
   Parameter<WeightT>& weight() { return weight_; }
 
   InputT forward(const InputT& x) {
+    // The mixing's loops read the spectrum on the host; the transforms alone run on
+    // device blocks (spectral/fft.hpp).
+    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": an input on ",
+                  dtensor::to_string(x.local().device()), "; the layer's frequency mixing runs on host blocks only "
+                  "(spectral::rfft and irfft run on device blocks)");
     DTENSOR_CHECK(x.shape()[1] == Cin, InvalidArgument, name, ": an input of ", x.shape()[1], " channels, expected ",
                   Cin, " (input shape ", dtensor::to_string(x.shape()), ")");
     for (int d = 0; d < S; ++d) {
