@@ -19,13 +19,16 @@
 //    train_gpt's model on one GPU rank; a Chronopoulos-Gear CG iteration and a multigrid
 //    V-cycle on a 3-D Poisson grid against the copy bandwidth (the solvers' goal, 0.7 of
 //    it, has no PyTorch side; timed by the solver's own clock, since it waits for its
-//    dots anyway). The others time each iteration with CUDA events
+//    dots anyway); a 3-D r2c + c2r round trip of 128^3 and 256^3 points in float32 and
+//    float64 (cuFFT through spectral::rfft and irfft_like) against torch.fft's. The
+//    others time each iteration with CUDA events
 //    on the thread's stream (manual time), as gpu_torch.py does, so that a short case is
 //    not a measure of the host's synchronisation.
 //
 //   build/bench/bench_cuda --benchmark_out=cuda.json
 #include <benchmark/benchmark.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iterator>
 #include <map>
@@ -38,6 +41,9 @@
 #include <dtensor/cuda.hpp>
 #include <dtensor/nn.hpp>
 #include <dtensor/solvers.hpp>
+#ifdef DTENSOR_HAVE_FFTW
+#include <dtensor/spectral.hpp>
+#endif
 
 using namespace dtensor;
 
@@ -453,6 +459,31 @@ BENCHMARK(BM_dtensor_step_cnn_gpu)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_step_gpt_gpu)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_cg_gpu)->Arg(128)->Arg(256)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_vcycle_gpu)->Arg(128)->Arg(256)->UseManualTime()->MinTime(0.2);
+
+#ifdef DTENSOR_HAVE_FFTW
+namespace {
+// --- a 3-D r2c + c2r round trip on one GPU rank (spectral::rfft then irfft_like:
+// cuFFT's plans through the device table, cuda/fft.hpp) against torch.fft.rfftn and
+// irfftn of the same field; range(0): n (n^3 points), range(1): 1 for float64.
+template <class T>
+void fft_round_trip(benchmark::State& state) {
+  cuda::set_device(0);
+  const int64_t n = state.range(0);
+  const auto& mesh = *one_gpu_rank().mesh;
+  const auto x = rand<T, Shard<0>>(Shape<3>{n, n, n}, mesh, 1);
+  using D = spectral::Dims<0, 1, 2>;
+  timed_loop(state, [&] { benchmark::DoNotOptimize(spectral::irfft_like<D>(spectral::rfft<D>(x), x).local().data()); });
+  const double points = double(n) * double(n) * double(n);
+  set_flops(state, 5.0 * points * std::log2(points));  // 2.5 N log2 N each way (FFTW's count)
+  state.SetLabel(std::string("fft_r2c_c2r_") + (sizeof(T) == 4 ? "fp32_" : "fp64_") + std::to_string(n));
+}
+void BM_dtensor_fft_gpu(benchmark::State& state) {
+  if (state.range(1)) fft_round_trip<double>(state);
+  else fft_round_trip<float>(state);
+}
+}  // namespace
+BENCHMARK(BM_dtensor_fft_gpu)->ArgsProduct({{128, 256}, {0, 1}})->UseManualTime()->MinTime(0.2);
+#endif
 
 namespace {
 

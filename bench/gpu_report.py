@@ -12,7 +12,8 @@ Also writes compare.json (the rows) beside compare.md. Exit status 0 when the ta
 written (goals not met are reported, not failed), 2 when an input cannot be read.
 
 How the sides meet: bench_cuda's comparison cases carry gpu_torch.py's case name as
-their label (gemm_tf32_8192, conv3x3_n32_c64_56_k64_fp32_fwdbwd, copy_16MiB, step_cnn);
+their label (gemm_tf32_8192, conv3x3_n32_c64_56_k64_fp32_fwdbwd, copy_16MiB, fft_r2c_c2r_fp32_256,
+step_cnn);
 bench_cuda_attention's BM_fused_attention_bf16/<L>/<D>/<causal>/<backward> becomes
 attn_L<L>_d<D>_<causal|full>_<fwd|fwdbwd> (BM_fused_attention_staged: the same with
 _staged, a reference row against the same PyTorch case); the gather rows join bench_cuda's
@@ -31,6 +32,7 @@ GOALS = {
     "gemm": (0.9, ">= 0.9"),
     "conv": (0.9, ">= 0.9"),
     "attn": (0.8, ">= 0.8"),
+    "fft": (0.9, ">= 0.9 (cuFFT both sides)"),
     "step": (1 / 1.1, ">= 0.91 (dtensor <= 1.1x eager)"),
     "gather": (1 / 1.1, ">= 0.91 (dtensor <= 1.1x its copies)"),
     "solver": (0.7, ">= 0.7 of the copy's traffic"),
@@ -41,6 +43,8 @@ GROUP_TITLES = [
     ("attn", "Attention (bf16, batch 1, 16 heads; fwdbwd: forward and backward; dtensor: cuDNN's fused graph on "
              "bf16 buffers; _staged: float tensors through the device table with bf16 math, for reference)"),
     ("copy", "Device-to-device copy (baseline, no goal)"),
+    ("fft", "3-D r2c + c2r round trip on one GPU (dtensor: spectral::rfft, irfft_like; PyTorch: torch.fft.rfftn, "
+            "irfftn; 5 N log2 N flops)"),
     ("step", "Training steps (fp32; compiled: torch.compile, for reference, no goal)"),
     ("gather", "Shard -> Replicate gather, 2 ranks on one GPU, against its bare copies (no PyTorch side)"),
     ("solver", "Solvers on one GPU (3-D 7-point Poisson, float64): the traffic an iteration must make per second "
@@ -49,7 +53,7 @@ GROUP_TITLES = [
 
 
 def group_of(name):
-    for g in ("gemm", "conv", "attn", "copy", "step", "solver"):
+    for g in ("gemm", "conv", "attn", "copy", "fft", "step", "solver"):
         if name.startswith(g):
             return g
     return "other"

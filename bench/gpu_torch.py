@@ -13,6 +13,8 @@ median of the repetitions' times):
           16384}, head dim 64 and 128, causal and not, forward and forward + backward;
           TFLOP/s from 4 B H L^2 D forward (x 0.5 causal), backward 2.5x forward
   copy    a device-to-device copy_ of 16 and 256 MiB (GB/s: bytes copied per second)
+  fft     torch.fft.irfftn(torch.fft.rfftn(x), s=x.shape) of n^3 points, n in {128, 256},
+          float32 and float64 (cuFFT both sides; 5 N log2 N flops, FFTW's count)
   step    train_cnn's model (bench_cpu_steps' batch 8 of 3 x 128 x 128, SGD momentum) and
           train_gpt's model (vocabulary 97, hidden 64, 4 heads, FFN 256, 2 blocks,
           length 32, batch 8, AdamW), fp32, eager and under torch.compile (each compiled
@@ -22,7 +24,7 @@ median of the repetitions' times):
 cuDNN runs as PyTorch's default has it (torch.backends.cudnn.benchmark off: heuristics,
 no trial runs, as dtensor's cuDNN path); --cudnn-benchmark turns it on.
 
-    python3 bench/gpu_torch.py [--out torch.json] [--only gemm,conv,attn,copy,step]
+    python3 bench/gpu_torch.py [--out torch.json] [--only gemm,conv,attn,copy,fft,step]
     python3 bench/gpu_torch.py --cpu --quick     (tiny shapes on the CPU: that it starts)
 
 Prints a line per case and writes JSON: {"meta": {...}, "records": [{"name", "group",
@@ -49,7 +51,7 @@ except ImportError:
     print("gpu_torch.py: no PyTorch: skipped")
     sys.exit(77)
 
-GROUPS = ("gemm", "conv", "attn", "copy", "step")
+GROUPS = ("gemm", "conv", "attn", "copy", "fft", "step")
 
 # name, batch, in channels, out channels, size, kernel, stride, spatial dims: bench_conv_cpu's
 # shapes at batch 32 and a 3-D case. bench_cuda.cpp's kConvShapes lists the same, in order.
@@ -211,6 +213,16 @@ def bench_copy(res, dev, timer, quick):
         dst = torch.empty_like(src)
         res.add("copy", f"copy_{mib}MiB", timer(lambda: dst.copy_(src)), nbytes=nbytes)
         del src, dst
+
+
+def bench_fft(res, dev, timer, quick):
+    for n in [16] if quick else [128, 256]:
+        for prec, dt in (("fp32", torch.float32), ("fp64", torch.float64)):
+            x = torch.randn(n, n, n, dtype=dt, device=dev)
+            points = float(n) ** 3
+            res.add("fft", f"fft_r2c_c2r_{prec}_{n}", timer(lambda: torch.fft.irfftn(torch.fft.rfftn(x), s=x.shape)),
+                    flops=5.0 * points * math.log2(points))
+            del x
 
 
 # --- training steps: the models of examples/train_cnn.hpp and examples/train_gpt.hpp
@@ -388,7 +400,7 @@ def main():
           f"{meta['timing']}", flush=True)
     res = Results()
     t0 = time.time()
-    runners = {"gemm": bench_gemm, "conv": bench_conv, "attn": bench_attn, "copy": bench_copy}
+    runners = {"gemm": bench_gemm, "conv": bench_conv, "attn": bench_attn, "copy": bench_copy, "fft": bench_fft}
     for g in groups:
         try:
             if g == "step":

@@ -6,7 +6,7 @@
 # stderr.
 gpu_libpath() {
   local path=$1/lib lib f
-  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2 libnvrtc.so.13; do
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcufft.so.12 libcudnn.so.9 libnccl.so.2 libnvrtc.so.13; do
     f=$(find ${DTENSOR_BUNDLE_LIBS:-} /usr/local/cuda/ /usr/lib /usr/local/lib /opt -name "$lib" 2>/dev/null | head -1)
     if [[ -z $f ]]; then
       echo "== $lib not found on this machine" >&2

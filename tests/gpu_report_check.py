@@ -26,6 +26,7 @@ BENCH = {"context": {"executable": "bin/bench_cuda"}, "benchmarks": [
     iteration("BM_dtensor_cg_gpu/256/manual_time", 1.5, label="solver_cg_256", bytes_per_second=2.4e12),
     iteration("BM_dtensor_vcycle_gpu/256/manual_time", 5.0, label="solver_vcycle_256", bytes_per_second=1.6e12),
     iteration("BM_dtensor_step_cnn_gpu/manual_time", 2.0, label="step_cnn"),
+    iteration("BM_dtensor_fft_gpu/256/0/manual_time", 2.0, label="fft_r2c_c2r_fp32_256"),
     iteration("BM_memcpy_gather_gpu/16777216/real_time/threads:2", 20.0, "us"),
     iteration("BM_dtensor_gather_gpu/16777216/real_time/threads:2", 21.0, "us"),
     dict(iteration("BM_dtensor_matmul_fp32_vs_torch/4096/manual_time_mean", 1.0), run_type="aggregate"),
@@ -44,6 +45,8 @@ TORCH = {"meta": {"torch": "2.11", "device": "GPU X", "timing": "median"}, "reco
     dict(name="attn_L1024_d64_causal_fwdbwd", group="attn", ms=0.5, flops=1e10),
     dict(name="attn_L4096_d64_full_fwd", group="attn", ms=0.5, flops=1e10),
     dict(name="copy_16MiB", group="copy", ms=0.01, bytes=16 << 20),
+    dict(name="fft_r2c_c2r_fp32_256", group="fft", ms=1.9, flops=1e10),
+    dict(name="fft_r2c_c2r_fp64_256", group="fft", ms=4.0, flops=1e10),
     dict(name="step_cnn_eager", group="step", ms=2.1),
     dict(name="step_cnn_compiled", group="step", skipped="over 60 s"),
     dict(name="step_gpt_eager", group="step", ms=3.0),
@@ -82,6 +85,9 @@ def main():
     expect(abs(r["ratio"] - 0.5) < 1e-9 and r.get("met") is None, f"staged row: reference, no goal: {r}")
     expect("cuDNN declined" in rows["attn_L4096_d64_full_fwd"]["why"], "a benchmark's error is why")
     expect(rows["copy_16MiB"].get("met") is None, "copy: a baseline, no goal")
+    r = rows["fft_r2c_c2r_fp32_256"]
+    expect(abs(r["ratio"] - 0.95) < 1e-9 and r["met"] is True, f"fft joined by its label, 0.95 >= 0.9: met: {r}")
+    expect(rows["fft_r2c_c2r_fp64_256"].get("dtensor_ms") is None, "fft fp64: dtensor side missing")
     r = rows["step_cnn_eager"]
     expect(abs(r["ratio"] - 1.05) < 1e-9 and r["met"] is True, f"cnn step joined with eager: {r}")
     expect("no GPU training-step" in rows["step_gpt_eager"]["why"], "gpt step: dtensor side missing")
