@@ -379,6 +379,8 @@ void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, c
   check_size(cols, "transpose");
   const int64_t n = rows * cols;
   if (n == 0) return;
+  DTENSOR_CHECK(!is_complex(t), InvalidArgument, "cuda::kernels::transpose: ", ::dtensor::name(t),
+                " elements are not computed on the GPU (they move, add in reductions and are Fourier transformed)");
   const std::size_t elem = size_of(t);
   if (rows == 1 || cols == 1) {  // a vector: the same elements in the same order
     if (in != out)

@@ -1847,14 +1847,16 @@ TEST_CASE("kernels on the host: scale_bins (the device transforms' scale, weight
             for (std::size_t i = 0; i < want.size(); ++i) want[i] = {x[2 * i], x[2 * i + 1]};
             if (s != 1.0)
               for (auto& v : want) v *= static_cast<T>(s);
-            if (w != 1.0) dtensor::compute::weight_paired_bins(want.data(), k.outer, k.bins, k.inner, k.n, static_cast<T>(w));
+            if (w != 1.0)
+              dtensor::compute::weight_paired_bins(want.data(), k.outer, k.bins, k.inner, k.n, static_cast<T>(w));
             if (real_bins)
               for (int64_t a = 0; a < k.outer; ++a)
                 for (int64_t b = 0; b < k.bins; ++b)
                   if (!dtensor::compute::is_paired_bin(b, k.n))
                     for (int64_t i = 0; i < k.inner; ++i) want[(a * k.bins + b) * k.inner + i].imag(T(0));
             std::vector<T> flat(static_cast<std::size_t>(count));
-            for (std::size_t i = 0; i < want.size(); ++i) flat[2 * i] = want[i].real(), flat[2 * i + 1] = want[i].imag();
+            for (std::size_t i = 0; i < want.size(); ++i)
+              flat[2 * i] = want[i].real(), flat[2 * i + 1] = want[i].imag();
             each_launch(stride_configs(count), [&](const Config& c) {
               Buffer<T> p(x);
               hl::launch(c.grid, c.block, 0, kd::scale_bins_kernel<T>, p.data(), k.bins, 2 * k.inner, k.n,

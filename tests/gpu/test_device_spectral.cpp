@@ -10,7 +10,8 @@
 // layer's frequency mixing.
 //
 // Built into test_device_emulated (every CI run: the emulated device runs the host's
-// FFTW executor on its streams, so there the two agree bit for bit) and
+// FFTW executor on its streams, so there the two agree bit for bit but on one rank,
+// where a device block runs the stages as one transform) and
 // gpu_test_device_spectral (label gpu: cuFFT on a real GPU).
 #include <doctest/doctest.h>
 
@@ -126,6 +127,13 @@ TEST_CASE("rfft, irfft and their backwards on device blocks equal the host's: sl
   // Non-adjacent dims, the halved one first in memory: cuFFT takes them as separate pieces.
   check_real_transforms<double, Dims<2, 0>, 1, Shard<1>>({3}, g);
   check_real_transforms<float, Dims<2, 0>, 2, Shard<1>, Shard<2>>({2, 2}, g);
+  // A real transform over a middle dim with odd rows before and after it: cuFFT's
+  // real-side pointers realigned through padded rows (cuda/fft.hpp).
+  check_real_transforms<float, Dims<0, 1>, 1, Shard<0>>({3}, Shape<3>{7, 5, 3});
+  check_real_transforms<double, Dims<1>, 1, Shard<0>>({2}, Shape<3>{5, 7, 3});
+  // Dims of length 1: transformed (the identity), and the halved one (one bin).
+  check_real_transforms<double, D3, 1, Shard<1>>({2}, Shape<3>{1, 6, 5});
+  check_real_transforms<double, Dims<0, 2>, 1, Shard<1>>({2}, Shape<3>{6, 4, 1});
 }
 
 TEST_CASE("fft and ifft on device blocks: complex float and double, a Partial<Sum> input, every norm") {
@@ -160,6 +168,35 @@ TEST_CASE("fft and ifft on device blocks: complex float and double, a Partial<Su
       return out;
     });
   }
+  SUBCASE("transforms over dims of length 1 only: the identity, scaled") {
+    using Z = DTensor<std::complex<double>, 3, Shard<1>>;
+    host_equals_device(2, 1e-12, [&](Comm& comm) {
+      DeviceMesh<1> mesh(comm, {2});
+      const auto layout = ShardLayout<3>::make(Shape<3>{1, 5, 1}, Z::placement_state, mesh.shape());
+      const Z z = filled_like<Z>(layout, mesh, 11);
+      Blocks out;
+      append(out, spectral::fft<Dims<0>>(z, {.norm = Norm::Ortho}), mesh.device());
+      append(out, spectral::ifft<Dims<2, 0>, Out::AsInput>(z, {.norm = Norm::Forward}), mesh.device());
+      return out;
+    });
+  }
+}
+
+TEST_CASE("complex blocks on a device: zeros, fills and a Replicate -> Partial<Sum> move") {
+  using C = std::complex<double>;
+  host_equals_device(3, 0, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm, {3});
+    Blocks out;
+    append(out, zeros<C, Shard<0>>(Shape<2>{5, 3}, mesh), mesh.device());
+    using R = DTensor<C, 2, Replicate>;
+    const auto layout = ShardLayout<2>::make(Shape<2>{4, 3}, R::placement_state, mesh.shape());
+    const R r = filled_like<R>(layout, mesh, 12);
+    append(out, redistribute<Partial<Sum>>(r), mesh.device());  // zeros on every rank but one
+    R f = filled_like<R>(layout, mesh, 13);
+    movement::fill(f.local(), C(1.5, -2.25));
+    append(out, f, mesh.device());
+    return out;
+  });
 }
 
 TEST_CASE("the spectral Poisson solver on device blocks equals the host's, 2-D and 3-D") {

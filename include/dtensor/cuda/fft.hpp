@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "dtensor/compute/fft_dims.hpp"
@@ -109,7 +110,11 @@ class Plan {
     cudaStream_t s = current_stream();
     DTENSOR_CUFFT(cufftSetStream(h_, s));
     void* work = nullptr;
-    if (work_ > 0) DTENSOR_CUDA(cudaMallocAsync(&work, work_, s));
+    if (work_ > 0) {
+      int device = 0;
+      DTENSOR_CUDA(cudaGetDevice(&device));
+      cuda::detail::malloc_async(&work, work_, device, s);  // with the pool's retry (memory.hpp)
+    }
     try {
       if (work) DTENSOR_CUFFT(cufftSetWorkArea(h_, work));
       exec(h_);
@@ -125,11 +130,20 @@ class Plan {
   std::size_t work_ = 0;
 };
 
+// At most kMaxPlans per thread: a program whose shapes keep changing (uneven blocks of
+// many sizes) starts over rather than holding a plan for each. A plan's own memory is
+// small (its work area is taken per execution), and the plans a thread still uses
+// are made again at their next call.
+inline constexpr std::size_t kMaxPlans = 64;
+
 inline Plan& plan_for(const PieceGeometry& g) {
   thread_local std::map<std::vector<long long>, std::unique_ptr<Plan>> plans;
   auto key = g.key();
   auto it = plans.find(key);
-  if (it == plans.end()) it = plans.emplace(std::move(key), std::make_unique<Plan>(g)).first;
+  if (it == plans.end()) {
+    if (plans.size() >= kMaxPlans) plans.clear();  // no plan of this thread is executing now
+    it = plans.emplace(std::move(key), std::make_unique<Plan>(g)).first;
+  }
   return *it->second;
 }
 
@@ -179,13 +193,17 @@ inline std::vector<Piece> pieces_of(const FftDims& f) {
   std::vector<Piece> first_steps, c2c, last_steps;
   if (f.kind == FftKind::R2C) {  // the run ending at h, at most three dims
     int a = h;
-    while (a > 0 && todo[a - 1] && h - (a - 1) < 3) --a;
+    while (a > 0 && todo[a - 1] && f.shape[a - 1] != 1 && h - (a - 1) < 3) --a;
     for (int d = a; d <= h; ++d) todo[d] = false;
     first_steps.push_back({a, h, FftKind::R2C});
   } else if (f.kind == FftKind::C2R) {
     todo[h] = false;
     last_steps.push_back({h, h, FftKind::C2R});
   }
+  // A DFT of length 1 is the identity: such dims leave the C2C pieces (cuFFT need not
+  // plan them; a C2C with none left is a copy).
+  for (int d = 0; d < f.rank; ++d)
+    if (f.shape[d] == 1) todo[d] = false;
   for (int d = 0; d < f.rank;) {
     if (!todo[d]) {
       ++d;
@@ -202,8 +220,48 @@ inline std::vector<Piece> pieces_of(const FftDims& f) {
   return all;
 }
 
+// A device buffer in the calling thread's stream order.
+class Buffer {
+ public:
+  explicit Buffer(std::size_t bytes) : bytes_(bytes) {
+    DTENSOR_CUDA(cudaGetDevice(&device_));
+    p_ = cuda::detail::allocate(bytes, device_);
+  }
+  ~Buffer() { cuda::detail::deallocate(p_, bytes_, device_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* get() const { return p_; }
+
+ private:
+  std::size_t bytes_;
+  int device_ = 0;
+  void* p_ = nullptr;
+};
+
+// Rows of `width` bytes, `rows` of them, from pitch `spitch` to pitch `dpitch` (device
+// to device), in one cudaMemcpy2DAsync where the pitches allow (kernels.cu's limit).
+inline void copy_rows(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                      int64_t rows, cudaStream_t s) {
+  constexpr std::size_t kMaxPitch = 0x7fffffff;
+  if (dpitch <= kMaxPitch && spitch <= kMaxPitch) {
+    DTENSOR_CUDA(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, static_cast<std::size_t>(rows),
+                                   cudaMemcpyDeviceToDevice, s));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r)
+    DTENSOR_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + static_cast<std::size_t>(r) * dpitch,
+                                 static_cast<const char*>(src) + static_cast<std::size_t>(r) * spitch, width,
+                                 cudaMemcpyDeviceToDevice, s));
+}
+
 // Runs one piece from `in` (extents in_ext) to `out` (extents out_ext); the two differ
 // only along the halved dim, which an R2C or C2R piece holds.
+//
+// cuFFT wants every pointer it is given aligned as the complex type (an R2C's real
+// input too: a float64 one at 8 bytes past 16 is refused, cupy #9229), so the loop of
+// an R2C or C2R piece steps over whole blocks of the dims from the piece on, and where
+// such a block holds an odd number of reals, the real side goes through a scratch
+// copy whose rows are padded to an even count.
 template <class Real>
 void run_piece(const Piece& p, const FftDims& f, const std::array<int64_t, FftDims::kMaxRank>& in_ext,
                const std::array<int64_t, FftDims::kMaxRank>& out_ext, void* in, void* out, int device) {
@@ -224,42 +282,48 @@ void run_piece(const Piece& p, const FftDims& f, const std::array<int64_t, FftDi
     run_in *= in_ext[d], run_out *= out_ext[d];
   }
   g.stride = inner;
-  // Batch over the side with more transforms; loop over the other.
-  const bool batch_inner = inner >= outer;
+  // A C2C batches over the side with more transforms and loops over the other; a real
+  // piece batches over the elements after it when there are any (see above), else over
+  // the blocks before it in one execution (cuFFT takes an odd distance between the
+  // transforms of one plan: only the pointers it is given must be aligned).
+  const bool real_piece = p.kind != FftKind::C2C;
+  const bool batch_inner = real_piece ? inner > 1 : inner >= outer;
+  const int64_t loops = batch_inner ? outer : inner;
+  int64_t in_step = batch_inner ? run_in * inner : 1, out_step = batch_inner ? run_out * inner : 1;
+  // The real side's rows, padded to an even count of reals where the loop would
+  // misalign them.
+  const int64_t real_row = p.kind == FftKind::R2C ? in_step : out_step;
+  const bool padded = real_piece && loops > 1 && real_row % 2 != 0;
+  const int64_t pitch = padded ? real_row + 1 : real_row;
+  cudaStream_t s = current_stream();
+  std::optional<Buffer> scratch;
+  void* src = in;
+  void* dst = out;
+  if (padded) {
+    scratch.emplace(static_cast<std::size_t>(loops * pitch) * sizeof(Real));
+    if (p.kind == FftKind::R2C) {
+      copy_rows(scratch->get(), pitch * sizeof(Real), in, real_row * sizeof(Real), real_row * sizeof(Real), loops, s);
+      src = scratch->get(), in_step = pitch;
+    } else {
+      dst = scratch->get(), out_step = pitch;
+    }
+  }
   g.batch = batch_inner ? inner : outer;
   g.in_dist = batch_inner ? 1 : run_in * inner;
   g.out_dist = batch_inner ? 1 : run_out * inner;
-  const int64_t loops = batch_inner ? outer : inner;
-  const int64_t in_step = batch_inner ? run_in * inner : 1, out_step = batch_inner ? run_out * inner : 1;
   const int sign = static_cast<int>(f.sign);
   plan_for(g).run([&](cufftHandle h) {
     for (int64_t l = 0; l < loops; ++l) {
-      void* i = static_cast<char*>(in) + static_cast<std::size_t>(l * in_step) * in_elem;
-      void* o = static_cast<char*>(out) + static_cast<std::size_t>(l * out_step) * out_elem;
+      void* i = static_cast<char*>(src) + static_cast<std::size_t>(l * in_step) * in_elem;
+      void* o = static_cast<char*>(dst) + static_cast<std::size_t>(l * out_step) * out_elem;
       if (p.kind == FftKind::C2C) A::run_c2c(h, i, o, sign);
       else if (p.kind == FftKind::R2C) A::run_r2c(h, i, o);
       else A::run_c2r(h, i, o);
     }
   });
+  if (padded && p.kind == FftKind::C2R)
+    copy_rows(out, real_row * sizeof(Real), scratch->get(), pitch * sizeof(Real), real_row * sizeof(Real), loops, s);
 }
-
-// A device buffer in the calling thread's stream order.
-class Buffer {
- public:
-  explicit Buffer(std::size_t bytes) : bytes_(bytes) {
-    DTENSOR_CUDA(cudaGetDevice(&device_));
-    p_ = cuda::detail::allocate(bytes, device_);
-  }
-  ~Buffer() { cuda::detail::deallocate(p_, bytes_, device_); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  void* get() const { return p_; }
-
- private:
-  std::size_t bytes_;
-  int device_ = 0;
-  void* p_ = nullptr;
-};
 
 template <class Real>
 void execute(const FftDims& f, const void* in_const, void* out) {
@@ -287,7 +351,11 @@ void execute(const FftDims& f, const void* in_const, void* out) {
     kernels::scale_bins(real, out, 1, 1, f.out_count(), 0, f.scale, 1.0, false, s);
     return;
   }
-  run_piece<Real>(pieces.front(), f, in_ext, out_ext, in, out, device);
+  if (pieces.empty())  // a C2C over dims of length 1 only: the identity
+    DTENSOR_CUDA(cudaMemcpyAsync(out, in, static_cast<std::size_t>(f.in_count()) * 2 * sizeof(Real),
+                                 cudaMemcpyDeviceToDevice, s));
+  else
+    run_piece<Real>(pieces.front(), f, in_ext, out_ext, in, out, device);
   for (std::size_t k = 1; k < pieces.size(); ++k) run_piece<Real>(pieces[k], f, out_ext, out_ext, out, out, device);
   if (f.kind == FftKind::R2C)
     kernels::scale_bins(real, out, outer, bins, 2 * inner, f.shape[h], f.scale, f.paired_bin_weight, false, s);

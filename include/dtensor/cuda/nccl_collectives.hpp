@@ -32,9 +32,13 @@ inline void NcclComm::barrier() {
 }
 
 inline void NcclComm::all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) {
+  // Before anything is queued (a throw inside the collective aborts the communicator):
+  // NCCL would take the Max of a complex number's parts one by one.
+  ::dtensor::detail::check_orderable(t, op, "NcclComm::all_reduce");
   collective(Kind::AllReduce, {t, op, 0, static_cast<int64_t>(count)}, {}, {}, [&] {
     if (count == 0) return;
-    nccl(ncclAllReduce(send, recv, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(), stream_),
+    nccl(ncclAllReduce(send, recv, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t),
+                       cuda::detail::nccl_op(op, t), comm(), stream_),
          "ncclAllReduce");
     if (cuda::detail::divide_after(op, t))
       cuda::kernels::divide_block(t, recv, StridedBlock::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
@@ -42,6 +46,7 @@ inline void NcclComm::all_reduce(const void* send, void* recv, std::size_t count
 }
 
 inline Request NcclComm::start_all_reduce(const void* send, void* recv, std::size_t count, DType t, ReduceOp op) {
+  ::dtensor::detail::check_orderable(t, op, "NcclComm::start_all_reduce");
   enter(Kind::AllReduce);
   cuda::DeviceGuard guard(device_);
   if (guarded_) check_signature({t, op, 0, static_cast<int64_t>(count)}, {}, {});
@@ -53,8 +58,8 @@ inline Request NcclComm::start_all_reduce(const void* send, void* recv, std::siz
     follow_caller_stream();
     st->event = events_.take();
     if (count > 0) {
-      nccl(ncclAllReduce(send, recv, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t), cuda::detail::nccl_op(op, t), comm(),
-                         stream_),
+      nccl(ncclAllReduce(send, recv, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t),
+                         cuda::detail::nccl_op(op, t), comm(), stream_),
            "ncclAllReduce");
       if (cuda::detail::divide_after(op, t))
         cuda::kernels::divide_block(t, recv, StridedBlock::contiguous(0, static_cast<int64_t>(count)), size_, stream_);
@@ -73,7 +78,8 @@ inline Request NcclComm::start_all_reduce(const void* send, void* recv, std::siz
 inline void NcclComm::do_broadcast(void* buf, std::size_t count, DType t, int root) {
   collective(Kind::Broadcast, {t, ReduceOp::Sum, root, static_cast<int64_t>(count)}, {}, {}, [&] {
     if (count == 0) return;
-    nccl(ncclBroadcast(buf, buf, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t), root, comm(), stream_), "ncclBroadcast");
+    nccl(ncclBroadcast(buf, buf, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t), root, comm(), stream_),
+         "ncclBroadcast");
   });
 }
 
@@ -115,8 +121,8 @@ inline void NcclComm::do_all_gather(const void* send, StridedBlock send_block, v
       st.allocate();
       if (n > 0)
         cuda::kernels::copy_block(send, send_block, st.at(in_at), StridedBlock::contiguous(0, n), elem, stream_);
-      nccl(ncclAllGather(st.at(in_at), st.at(out_at), cuda::detail::nccl_count(t, m), cuda::detail::nccl_type(t), comm(),
-                         stream_),
+      nccl(ncclAllGather(st.at(in_at), st.at(out_at), cuda::detail::nccl_count(t, m), cuda::detail::nccl_type(t),
+                         comm(), stream_),
            "ncclAllGather (padded)");
       for (int k = 0; k < size_; ++k)
         if (recv_blocks[k].numel() > 0)
@@ -146,6 +152,7 @@ inline void NcclComm::do_all_gather(const void* send, StridedBlock send_block, v
 
 inline void NcclComm::do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
                                         StridedBlock recv_block, DType t, ReduceOp op) {
+  ::dtensor::detail::check_orderable(t, op, "NcclComm::reduce_scatter");
   collective(Kind::ReduceScatter, {t, op, 0, recv_block.numel()}, send_blocks, {}, [&] {
     const std::size_t elem = size_of(t);
     const int64_t n = recv_block.numel();
@@ -209,7 +216,8 @@ inline void NcclComm::do_reduce_scatter(const void* send, std::span<const Stride
           if (c == 0) continue;  // every rank skips it: they agree on the sizes
           const void* in = in_at[k] == Staging::kNone ? cuda::detail::at(send, send_blocks[k].offset, elem)
                                                        : static_cast<const void*>(st.at(in_at[k]));
-          nccl(ncclReduce(in, k == rank_ ? out : nullptr, cuda::detail::nccl_count(t, c), type, rop, k, comm(), stream_),
+          nccl(ncclReduce(in, k == rank_ ? out : nullptr, cuda::detail::nccl_count(t, c), type, rop, k, comm(),
+                          stream_),
                "ncclReduce");
         }
         nccl(group.end(), "ncclGroupEnd");

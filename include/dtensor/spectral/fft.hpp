@@ -237,6 +237,29 @@ auto run_local_stages(X&& x, const Math& m, bool owned) {
   }
 }
 
+// The plan's stages as one local transform over all their dims (the halved one last):
+// what a device block runs when every transformed dim is whole on it, since cuFFT,
+// unlike FFTW under FFTW_ESTIMATE, gains nothing from the host's stages and pays a
+// launch per piece.
+struct WholeTransform {
+  Local kind = Local::C2C;
+  std::array<int, FftPlan<1>::kMaxStages> dims{};
+  int ndims = 0;
+};
+template <auto Plan>
+constexpr WholeTransform whole_transform() {
+  WholeTransform w;
+  int real_stage = -1;  // the R2C or C2R stage, whose halved dim goes last
+  for (int s = 0; s < Plan.stages; ++s)
+    if (Plan.local[s] != Local::C2C) w.kind = Plan.local[s], real_stage = s;
+  for (int s = 0; s < Plan.stages; ++s)
+    if (s != real_stage)
+      for (int k = 0; k < Plan.ndims[s]; ++k) w.dims[w.ndims++] = Plan.dims[s][k];
+  if (real_stage >= 0)
+    for (int k = 0; k < Plan.ndims[real_stage]; ++k) w.dims[w.ndims++] = Plan.dims[real_stage][k];
+  return w;
+}
+
 template <auto Plan, class T, int Rank, class... P, std::size_t M>
 auto run(const DTensor<T, Rank, P...>& x, const Math& m, const Origin<Rank, M>& o, bool owned) {
   const auto& x0 = move_to<Plan.start>(x, o);
@@ -253,7 +276,14 @@ auto run(const DTensor<T, Rank, P...>& x, const Math& m, const Origin<Rank, M>& 
         for (std::size_t md = 0; md < M; ++md)
           whole = whole && (!Plan.start[md].is_shard(Plan.dims[s][k]) || x0.mesh().shape()[md] == 1);
     if (whole) {
-      auto y = run_local_stages<Plan, 0>(x0, m, start_owned);
+      auto y = [&] {
+        if (!x0.local().device().is_host()) {
+          constexpr WholeTransform w = whole_transform<Plan>();
+          return local_stage<w.kind>(x0, std::span<const int>(w.dims.data(), static_cast<std::size_t>(w.ndims)), m,
+                                     /*last=*/true, start_owned);
+        }
+        return run_local_stages<Plan, 0>(x0, m, start_owned);
+      }();
       if constexpr (std::is_same_v<decltype(y), Result>) {
         return Result(std::move(y));
       } else {

@@ -4,19 +4,40 @@
 // through the device's movement table (tensor/device_movement.hpp). On the tensor
 // floor, below comm/, so that the runtimes move data without the math of compute/.
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "dtensor/core/region.hpp"
 #include "dtensor/tensor/device_movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
 
 namespace dtensor::detail {
-// One element as the device tables take it (a Scalar, 8 bytes). A complex element,
-// 16 bytes, never gets here: no complex tensor lives on a device (Tensor refuses it),
-// and the device paths that would call this are compiled for every element type.
+// One element as the device tables take it (a Scalar, 8 bytes). A complex128 element,
+// 16 bytes, is never read from one: fills of complex blocks go through device_fill
+// below, and every kernel that takes a Scalar refuses complex elements by name.
 template <class T>
 Scalar device_scalar(T value) {
   if constexpr (sizeof(T) <= sizeof(Scalar)) return Scalar::of(value);
   else return Scalar{};
+}
+
+// dst[0, n) = value on device d. The table's fill computes in the element type, which
+// complex elements are not (the kernels refuse them): a complex block is cleared as
+// bytes when the value is all zero bits, else the value is copied over once and
+// repeated (a source block of stride 0).
+template <class T>
+void device_fill(Device d, T* dst, int64_t n, T value) {
+  if (n <= 0) return;
+  const auto& be = device_movement(d);
+  if constexpr (is_complex_v<T>) {
+    const T zero{};
+    if (std::memcmp(&value, &zero, sizeof(T)) == 0)
+      return memory_space(d).zero(dst, static_cast<std::size_t>(n) * sizeof(T), d.index);
+    const Tensor<T, 1> one = Tensor<T, 1>(Shape<1>{1}, std::vector<T>{value}).to(d);
+    be.copy_block(one.data(), StridedBlock{0, n, 0, 1}, dst, StridedBlock::contiguous(0, n), sizeof(T));
+  } else {
+    be.fill(dtype_of<T>(), dst, n, device_scalar(value));
+  }
 }
 }  // namespace dtensor::detail
 
@@ -98,7 +119,7 @@ void fill_region(Device d, T* dst, const Region& region, T value) {
   region.for_each_block([&](StridedBlock b) { longest = std::max(longest, b.len); });
   if (longest == 0) return;
   auto pattern = Tensor<T, 1>::uninitialized({longest}, d);
-  be.fill(dtype_of<T>(), pattern.data(), longest, detail::device_scalar(value));
+  detail::device_fill(d, pattern.data(), longest, value);
   region.for_each_block([&](StridedBlock b) {
     be.copy_block(pattern.data(), StridedBlock{0, b.count, 0, b.len}, dst, b, sizeof(T));
   });
@@ -108,7 +129,7 @@ template <class T>
 void fill(Device d, T* dst, int64_t n, T value) {
   if (n == 0) return;
   if (d.is_host()) return void(std::fill_n(dst, n, value));
-  detail::device_movement(d).fill(dtype_of<T>(), dst, n, detail::device_scalar(value));
+  detail::device_fill(d, dst, n, value);
 }
 template <class T, int R>
 void fill(Tensor<T, R>& t, T value) {
