@@ -30,6 +30,7 @@
 #include "row_stats.cuh"
 #include "rows.cuh"
 #include "softmax.cuh"
+#include "spectral_mix.cuh"
 #include "stencil.cuh"
 #include "upsample.cuh"
 #include "window_copy.cuh"
@@ -946,6 +947,44 @@ void scale_bins(DType t, void* p, int64_t outer, int64_t bins, int64_t inner, in
     using T = decltype(tag);
     launch(detail::scale_bins_kernel<T>, Grid{blocks_for(count)}, stream, static_cast<T*>(p), bins, inner, n,
            static_cast<T>(scale), static_cast<T>(weight), scale != 1.0, weighted, real_bins, count);
+  });
+}
+
+// --- the Fourier layer's frequency mixing ---
+
+namespace {
+void check_mix(const compute::SpectralMixDims& d, const char* fn) {
+  bool ok = d.spatial >= 1 && d.spatial <= 3 && d.batch >= 0 && d.in_channels >= 0 && d.out_channels >= 0 &&
+            d.weight_in > 0 && d.weight_out > 0;
+  for (int k = 0; k < 3; ++k) ok = ok && d.block[k] >= 0 && d.modes[k] >= 1 && d.real[k] >= 1;
+  DTENSOR_CHECK(ok, InvalidArgument, "cuda::kernels::", fn, ": a spectral mixing with ", d.spatial,
+                " spatial dims, negative extents or no retained frequency");
+}
+}  // namespace
+
+void spectral_mix(DType t, const compute::SpectralMixDims& d, const void* in, const void* w, void* out,
+                  cudaStream_t stream) {
+  check_floating(t, "spectral_mix");
+  check_mix(d, "spectral_mix");
+  const int64_t n = d.batch * d.out_channels * d.cells();
+  if (n == 0) return;
+  visit_floating(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch(detail::spectral_mix_kernel<T>, Grid{blocks_for(n)}, stream, d, static_cast<const T*>(in),
+           static_cast<const T*>(w), static_cast<T*>(out), n);
+  });
+}
+
+void spectral_weight_terms(DType t, const compute::SpectralMixDims& d, const void* X, const void* dY, void* g,
+                           cudaStream_t stream) {
+  check_floating(t, "spectral_weight_terms");
+  check_mix(d, "spectral_weight_terms");
+  const int64_t n = d.weight_in * d.weight_out * d.cells();
+  if (n == 0) return;
+  visit_floating(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch(detail::spectral_weight_terms_kernel<T>, Grid{blocks_for(n)}, stream, d, static_cast<const T*>(X),
+           static_cast<const T*>(dY), static_cast<T*>(g), n);
   });
 }
 

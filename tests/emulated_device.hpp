@@ -1190,6 +1190,27 @@ struct EmulatedMath : EmulatedGrid {
     throw InvalidArgument("emulated device: fft runs FFTW's transforms, and this build has no FFTW");
 #endif
   }
+  static void spectral_mix(DType t, const compute::SpectralMixDims& d, const void* in, const void* w, void* out) {
+    require_floating(t, "spectral_mix");
+    if (d.batch * d.out_channels * d.cells() == 0) return;
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::spectral_mix(d, real<const T>(in), real<const T>(w), real<T>(out));
+      });
+    });
+  }
+  static void spectral_weight_terms(DType t, const compute::SpectralMixDims& d, const void* X, const void* dY,
+                                    void* g) {
+    require_floating(t, "spectral_weight_terms");
+    if (d.cells() == 0) return;
+    launch([=] {
+      floating(t, [&](auto tag) {
+        using T = decltype(tag);
+        compute::spectral_weight_terms(d, real<const T>(X), real<const T>(dY), real<T>(g));
+      });
+    });
+  }
 };
 
 inline const detail::DeviceBackend& backend() {

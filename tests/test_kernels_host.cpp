@@ -36,6 +36,7 @@
 #include "row_stats.cuh"
 #include "rows.cuh"
 #include "softmax.cuh"
+#include "spectral_mix.cuh"
 #include "stencil.cuh"
 #include "dtensor/compute/stencil_loops.hpp"
 #include "dtensor/compute/fft_dims.hpp"
@@ -1867,4 +1868,70 @@ TEST_CASE("kernels on the host: scale_bins (the device transforms' scale, weight
           }
     }
   });
+}
+
+// The Fourier layer's mixing and weight-term kernels (kernels/spectral_mix.cuh) against
+// the host loops of compute/spectral_mix.hpp (the same per-element functions: this
+// checks the kernels' indexing and grid-stride loops) and, for one element, against a
+// sum written here: 1-3 spatial dims, blocks at offsets, dropped frequencies, both ways.
+TEST_CASE("kernels on the host: spectral_mix and spectral_weight_terms") {
+  using dtensor::compute::SpectralMixDims;
+  struct Case {
+    int spatial;
+    int64_t block[3], offset[3], real[3], modes[3];
+  };
+  const Case cases[] = {
+      {1, {5, 1, 1}, {2, 0, 0}, {12, 1, 1}, {4, 1, 1}},
+      {2, {3, 4, 1}, {0, 1, 0}, {7, 9, 1}, {2, 3, 1}},
+      {2, {4, 2, 1}, {3, 0, 0}, {7, 9, 1}, {2, 2, 1}},
+      {3, {2, 3, 2}, {1, 2, 0}, {6, 6, 8}, {2, 2, 3}},
+  };
+  for (const Case& k : cases)
+    for (const bool conjugate : {false, true}) {
+      SpectralMixDims d;
+      d.spatial = k.spatial, d.batch = 2, d.weight_in = 3, d.weight_out = 2, d.conjugate = conjugate;
+      d.in_channels = conjugate ? d.weight_out : d.weight_in;
+      d.out_channels = conjugate ? d.weight_in : d.weight_out;
+      for (int i = 0; i < 3; ++i)
+        d.block[i] = k.block[i], d.offset[i] = k.offset[i], d.real[i] = k.real[i], d.modes[i] = k.modes[i];
+      INFO("spatial ", k.spatial, ", conjugate ", conjugate);
+      const auto cells = static_cast<std::size_t>(d.cells());
+      const std::vector<double> in = random_values<double>(2 * d.batch * d.in_channels * cells, -1, 1, 7);
+      const std::vector<double> w = random_values<double>(2 * d.weight_in * d.weight_out * d.mode_cells(), -1, 1, 8);
+      const std::vector<double> x = random_values<double>(2 * d.batch * d.weight_in * cells, -1, 1, 10);
+      const std::vector<double> y = random_values<double>(2 * d.batch * d.weight_out * cells, -1, 1, 9);
+      std::vector<double> want(2 * d.batch * d.out_channels * cells);
+      dtensor::compute::spectral_mix(d, in.data(), w.data(), want.data());
+      std::vector<double> want_g(w.size(), 0.5);
+      dtensor::compute::spectral_weight_terms(d, x.data(), y.data(), want_g.data());
+      // One element by hand: b = 1, the last output channel, the block's first cell.
+      {
+        const int64_t o = d.out_channels - 1, cell = d.weight_cell(0), mc = d.mode_cells();
+        std::complex<double> acc{};
+        if (cell >= 0)
+          for (int64_t i = 0; i < d.in_channels; ++i) {
+            const int64_t wi = conjugate ? (o * d.weight_out + i) * mc + cell : (i * d.weight_out + o) * mc + cell;
+            std::complex<double> wv(w[wi], w[d.weight_in * d.weight_out * mc + wi]);
+            if (conjugate) wv = std::conj(wv);
+            const std::size_t x = 2 * ((d.in_channels + i) * cells);
+            acc += std::complex<double>(in[x], in[x + 1]) * wv;
+          }
+        const std::size_t e = 2 * ((d.out_channels + o) * cells);
+        CHECK(std::abs(std::complex<double>(want[e], want[e + 1]) - acc) < 1e-14);
+      }
+      const int64_t n = d.batch * d.out_channels * d.cells(), ng = d.weight_in * d.weight_out * d.cells();
+      each_launch(stride_configs(n), [&](const Config& c) {
+        Buffer<double> pin(in), pw(w), out(std::vector<double>(want.size(), -7.0));
+        hl::launch(c.grid, c.block, 0, kd::spectral_mix_kernel<double>, d, pin.data(), pw.data(), out.data(), n);
+        CHECK(mismatch(out.values(), want) == "");
+        CHECK((pin.guards_intact() && pw.guards_intact() && out.guards_intact()));
+      });
+      each_launch(stride_configs(ng), [&](const Config& c) {
+        Buffer<double> px(x), py(y), g(std::vector<double>(w.size(), 0.5));
+        hl::launch(c.grid, c.block, 0, kd::spectral_weight_terms_kernel<double>, d, px.data(), py.data(), g.data(),
+                   ng);
+        CHECK(mismatch(g.values(), want_g) == "");
+        CHECK((px.guards_intact() && py.guards_intact() && g.guards_intact()));
+      });
+    }
 }

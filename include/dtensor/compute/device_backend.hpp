@@ -22,6 +22,7 @@
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/compute/optimizer_step.hpp"
 #include "dtensor/compute/row_terms.hpp"
+#include "dtensor/compute/spectral_mix.hpp"
 #include "dtensor/compute/stencil_dims.hpp"
 #include "dtensor/compute/upsample_dims.hpp"
 #include "dtensor/core/block.hpp"
@@ -141,6 +142,13 @@ struct DeviceBackend {
   // and weights); `real` is float32 or float64, the complex sides its complex type. in
   // and out do not overlap; in is left as it was unless f.may_destroy_input.
   RequiredFn<void (*)(DType real, const compute::FftDims& f, const void* in, void* out)> fft;
+  // A Fourier layer's frequency mixing (compute/spectral_mix.hpp; float and double: the
+  // spectra as pairs of reals, the weight as its real and imaginary planes): out written
+  // whole; the weight terms added into g.
+  RequiredFn<void (*)(DType real, const compute::SpectralMixDims&, const void* in, const void* w, void* out)>
+      spectral_mix;
+  RequiredFn<void (*)(DType real, const compute::SpectralMixDims&, const void* X, const void* dY, void* g)>
+      spectral_weight_terms;
 };
 
 // A backend's table, from a type K with one static member per entry, named as the entry
@@ -167,6 +175,7 @@ constexpr DeviceBackend device_backend_of() {
       .neighborhood_attention_backward = K::neighborhood_attention_backward,
       .stencil_apply = K::stencil_apply, .stencil_diagonal = K::stencil_diagonal, .grid_update = K::grid_update,
       .grid_restrict = K::grid_restrict, .grid_prolong = K::grid_prolong, .fft = K::fft,
+      .spectral_mix = K::spectral_mix, .spectral_weight_terms = K::spectral_weight_terms,
   };
 }
 

@@ -220,6 +220,8 @@ struct CudaMath {
   static constexpr auto grid_restrict = on_stream<kernels::grid_restrict>;
   static constexpr auto grid_prolong = on_stream<kernels::grid_prolong>;
   static constexpr auto fft = cuda::fft;  // cuFFT (fft.hpp)
+  static constexpr auto spectral_mix = on_stream<kernels::spectral_mix>;
+  static constexpr auto spectral_weight_terms = on_stream<kernels::spectral_weight_terms>;
 };
 
 inline const ::dtensor::detail::DeviceMovement& movement_table() {

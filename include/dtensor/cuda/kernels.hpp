@@ -24,6 +24,7 @@
 #include "dtensor/compute/functions.hpp"
 #include "dtensor/compute/optimizer_step.hpp"
 #include "dtensor/compute/row_terms.hpp"
+#include "dtensor/compute/spectral_mix.hpp"
 #include "dtensor/compute/stencil_dims.hpp"
 #include "dtensor/compute/upsample_dims.hpp"
 
@@ -224,5 +225,15 @@ void grid_prolong(DType t, const compute::GridTransfer& g, cudaStream_t stream);
 // cleared: what a C2R ignores.
 void scale_bins(DType t, void* p, int64_t outer, int64_t bins, int64_t inner, int64_t n, double scale, double weight,
                 bool real_bins, cudaStream_t stream);
+
+// --- the Fourier layer's frequency mixing (float32 and float64; compute/spectral_mix.hpp,
+// kernels/spectral_mix.cuh) ---
+
+// out (written whole) = the mixing of in by the weight w.
+void spectral_mix(DType t, const compute::SpectralMixDims& d, const void* in, const void* w, void* out,
+                  cudaStream_t stream);
+// g += the weight terms of X and dY.
+void spectral_weight_terms(DType t, const compute::SpectralMixDims& d, const void* X, const void* dY, void* g,
+                           cudaStream_t stream);
 
 }  // namespace dtensor::cuda::kernels

@@ -25,12 +25,18 @@
 // Backward: dy -> the adjoint of irfft (spectral::irfft_backward) -> per frequency
 // dX = dY conj(W)^T and dW += conj(X)^T dY (PyTorch's complex-gradient convention) ->
 // the adjoint of rfft. The forward keeps the input's spectrum for dW.
+//
+// On device blocks (a mesh made with RunOptions::device) everything runs there: the
+// transforms (cuFFT on a GPU) and the mixing and weight terms (compute/spectral_mix.hpp,
+// kernels/spectral_mix.cuh), the host and the device calling the same per-element code.
 #include <array>
 #include <complex>
 #include <cstdint>
 #include <optional>
 #include <tuple>
 
+#include "dtensor/compute/device_backend.hpp"
+#include "dtensor/compute/spectral_mix.hpp"
 #include "dtensor/distributed/factory.hpp"
 #include "dtensor/nn/activation.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
@@ -121,11 +127,6 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
   Parameter<WeightT>& weight() { return weight_; }
 
   InputT forward(const InputT& x) {
-    // The mixing's loops read the spectrum on the host; the transforms alone run on
-    // device blocks (spectral/fft.hpp).
-    DTENSOR_CHECK(x.local().device().is_host(), InvalidArgument, name, ": an input on ",
-                  dtensor::to_string(x.local().device()), "; the layer's frequency mixing runs on host blocks only "
-                  "(spectral::rfft and irfft run on device blocks)");
     DTENSOR_CHECK(x.shape()[1] == Cin, InvalidArgument, name, ": an input of ", x.shape()[1], " channels, expected ",
                   Cin, " (input shape ", dtensor::to_string(x.shape()), ")");
     for (int d = 0; d < S; ++d) {
@@ -139,7 +140,7 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
     ylay.global[1] = Cout;
     Shape<Rank> yshape = X.local().shape();
     yshape[1] = Cout;
-    auto yl = Tensor<C, Rank>::uninitialized(yshape);
+    auto yl = Tensor<C, Rank>::uninitialized(yshape, X.local().device());
     mix(X.local(), X.local_offset(), x.shape(), yl, /*conjugate=*/false);
     Spectrum Y(X.mesh(), ylay, std::move(yl));
     ShardLayout<Rank> out_layout = x.layout();
@@ -174,7 +175,7 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
     } else {
       Shape<Rank> xshape = dY.local().shape();
       xshape[1] = Cin;
-      auto dxl = Tensor<C, Rank>::uninitialized(xshape);
+      auto dxl = Tensor<C, Rank>::uninitialized(xshape, dY.local().device());
       mix(dY.local(), dY.local_offset(), s.x_layout.global, dxl, /*conjugate=*/true);
       ShardLayout<Rank> dxlay = dY.layout();
       dxlay.global[1] = Cin;
@@ -203,85 +204,43 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
   }
 
  private:
-  // The weight's flat index of frequency `k` (global, per spatial dim) of a spectrum of
-  // real extents `n`, or -1 where the frequency is dropped.
-  static int64_t weight_cell(const std::array<int64_t, S>& k, const std::array<int64_t, S>& n) {
-    int64_t cell = 0;
-    constexpr auto wm = weight_modes();
-    for (int d = 0; d < S; ++d) {
-      int64_t j;
-      if (d + 1 == S) j = k[d] < Modes[d] ? k[d] : -1;
-      else if (k[d] < Modes[d]) j = k[d];
-      else if (k[d] >= n[d] - Modes[d]) j = Modes[d] + (k[d] - (n[d] - Modes[d]));
-      else j = -1;
-      if (j < 0) return -1;
-      cell = cell * wm[d] + j;
-    }
-    return cell;
+  // The mixing of this rank's block of a spectrum at global offset `off` into `out`
+  // (compute/spectral_mix.hpp): forward (in = X, out = Y) or conjugate (in = dY, out =
+  // dX); on the host or through the device table, where the blocks are.
+  compute::SpectralMixDims mix_dims(const Tensor<C, Rank>& in, const Shape<Rank>& off, const Shape<Rank>& real_global,
+                                    int64_t out_channels, bool conjugate) const {
+    compute::SpectralMixDims d;
+    d.spatial = S;
+    d.batch = in.shape()[0];
+    d.in_channels = in.shape()[1];
+    d.out_channels = out_channels;
+    d.weight_in = Cin;
+    d.weight_out = Cout;
+    for (int k = 0; k < S; ++k)
+      d.block[k] = in.shape()[2 + k], d.offset[k] = off[2 + k], d.real[k] = real_global[2 + k], d.modes[k] = Modes[k];
+    d.conjugate = conjugate;
+    return d;
   }
-
-  // out[b, o, k] = sum_i in[b, i, k] W[i, o, k] (conjugate = false: the forward, in = X,
-  // out = Y), or out[b, i, k] = sum_o in[b, o, k] conj(W[i, o, k]) (conjugate = true:
-  // dX from dY), over this rank's block of the spectrum at global offset `off`; zero
-  // at dropped frequencies.
   void mix(const Tensor<C, Rank>& in, const Shape<Rank>& off, const Shape<Rank>& real_global, Tensor<C, Rank>& out,
            bool conjugate) const {
-    const auto& is = in.shape();
-    const int64_t batch = is[0], cin_local = is[1], cout_local = out.shape()[1];
-    int64_t cells = 1;
-    for (int d = 0; d < S; ++d) cells *= is[2 + d];
+    const auto d = mix_dims(in, off, real_global, out.shape()[1], conjugate);
     const T* w = weight_.value().local().data();
-    const int64_t plane = Cin * Cout * mode_cells();  // real parts, then imaginary
-    std::array<int64_t, S> n{};
-    for (int d = 0; d < S; ++d) n[d] = real_global[2 + d];
-    std::array<int64_t, S> k{};
-    for (int64_t c = 0; c < cells; ++c) {
-      int64_t rest = c;
-      for (int d = S - 1; d >= 0; --d) k[d] = off[2 + d] + rest % is[2 + d], rest /= is[2 + d];
-      const int64_t cell = weight_cell(k, n);
-      for (int64_t b = 0; b < batch; ++b)
-        for (int64_t o = 0; o < cout_local; ++o) {
-          C acc{};
-          if (cell >= 0)
-            for (int64_t i = 0; i < cin_local; ++i) {
-              // W[ci, co, cell] with (ci, co) = (i, o) forward, (o, i) for dX.
-              const int64_t wi = conjugate ? (o * Cout + i) * mode_cells() + cell : (i * Cout + o) * mode_cells() + cell;
-              const C wv(w[wi], conjugate ? -w[plane + wi] : w[plane + wi]);
-              acc += in.data()[(b * cin_local + i) * cells + c] * wv;
-            }
-          out.data()[(b * cout_local + o) * cells + c] = acc;
-        }
-    }
+    const auto* pin = reinterpret_cast<const T*>(in.data());  // complex numbers as pairs of reals
+    auto* pout = reinterpret_cast<T*>(out.data());
+    if (in.device().is_host()) compute::spectral_mix(d, pin, w, pout);
+    else dtensor::detail::device_backend(in.device()).spectral_mix(dtype_of<T>(), d, pin, w, pout);
   }
 
-  // dW[i, o, k] += sum_b conj(X[b, i, k]) dY[b, o, k] over this rank's frequencies (the
-  // terms of a Partial<Sum> gradient), real and imaginary parts in their planes.
+  // dW += conj(X)^T dY per frequency of this rank's block (the terms of a Partial<Sum>
+  // gradient), real and imaginary parts in their planes.
   void weight_terms(const Tensor<C, Rank>& X, const Shape<Rank>& off, const Tensor<C, Rank>& dY,
                     const Shape<Rank>& real_global) {
-    const auto& is = X.shape();
-    const int64_t batch = is[0];
-    int64_t cells = 1;
-    for (int d = 0; d < S; ++d) cells *= is[2 + d];
+    const auto d = mix_dims(X, off, real_global, Cout, false);
     T* g = weight_.grad().data();
-    const int64_t plane = Cin * Cout * mode_cells();
-    std::array<int64_t, S> n{};
-    for (int d = 0; d < S; ++d) n[d] = real_global[2 + d];
-    std::array<int64_t, S> k{};
-    for (int64_t c = 0; c < cells; ++c) {
-      int64_t rest = c;
-      for (int d = S - 1; d >= 0; --d) k[d] = off[2 + d] + rest % is[2 + d], rest /= is[2 + d];
-      const int64_t cell = weight_cell(k, n);
-      if (cell < 0) continue;
-      for (int64_t i = 0; i < Cin; ++i)
-        for (int64_t o = 0; o < Cout; ++o) {
-          C acc{};
-          for (int64_t b = 0; b < batch; ++b)
-            acc += std::conj(X.data()[(b * Cin + i) * cells + c]) * dY.data()[(b * Cout + o) * cells + c];
-          const int64_t wi = (i * Cout + o) * mode_cells() + cell;
-          g[wi] += acc.real();
-          g[plane + wi] += acc.imag();
-        }
-    }
+    const auto* px = reinterpret_cast<const T*>(X.data());
+    const auto* py = reinterpret_cast<const T*>(dY.data());
+    if (X.device().is_host()) compute::spectral_weight_terms(d, px, py, g);
+    else dtensor::detail::device_backend(X.device()).spectral_weight_terms(dtype_of<T>(), d, px, py, g);
   }
 
   static WeightT initial_weight(const typename WeightT::Mesh& mesh, uint64_t seed) {
