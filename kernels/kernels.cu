@@ -952,20 +952,11 @@ void scale_bins(DType t, void* p, int64_t outer, int64_t bins, int64_t inner, in
 
 // --- the Fourier layer's frequency mixing ---
 
-namespace {
-void check_mix(const compute::SpectralMixDims& d, const char* fn) {
-  bool ok = d.spatial >= 1 && d.spatial <= 3 && d.batch >= 0 && d.in_channels >= 0 && d.out_channels >= 0 &&
-            d.weight_in > 0 && d.weight_out > 0;
-  for (int k = 0; k < 3; ++k) ok = ok && d.block[k] >= 0 && d.modes[k] >= 1 && d.real[k] >= 1;
-  DTENSOR_CHECK(ok, InvalidArgument, "cuda::kernels::", fn, ": a spectral mixing with ", d.spatial,
-                " spatial dims, negative extents or no retained frequency");
-}
-}  // namespace
 
 void spectral_mix(DType t, const compute::SpectralMixDims& d, const void* in, const void* w, void* out,
                   cudaStream_t stream) {
   check_floating(t, "spectral_mix");
-  check_mix(d, "spectral_mix");
+  d.check("cuda::kernels::spectral_mix");
   const int64_t n = d.batch * d.out_channels * d.cells();
   if (n == 0) return;
   visit_floating(t, [&](auto tag) {
@@ -978,7 +969,7 @@ void spectral_mix(DType t, const compute::SpectralMixDims& d, const void* in, co
 void spectral_weight_terms(DType t, const compute::SpectralMixDims& d, const void* X, const void* dY, void* g,
                            cudaStream_t stream) {
   check_floating(t, "spectral_weight_terms");
-  check_mix(d, "spectral_weight_terms");
+  d.check("cuda::kernels::spectral_weight_terms");
   const int64_t n = d.weight_in * d.weight_out * d.cells();
   if (n == 0) return;
   visit_floating(t, [&](auto tag) {

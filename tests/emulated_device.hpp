@@ -1192,7 +1192,9 @@ struct EmulatedMath : EmulatedGrid {
   }
   static void spectral_mix(DType t, const compute::SpectralMixDims& d, const void* in, const void* w, void* out) {
     require_floating(t, "spectral_mix");
+    d.check("emulated device: spectral_mix");
     if (d.batch * d.out_channels * d.cells() == 0) return;
+    (void)real<const void>(in), (void)real<const void>(w), (void)real<void>(out);  // device memory, before queueing
     launch([=] {
       floating(t, [&](auto tag) {
         using T = decltype(tag);
@@ -1203,7 +1205,9 @@ struct EmulatedMath : EmulatedGrid {
   static void spectral_weight_terms(DType t, const compute::SpectralMixDims& d, const void* X, const void* dY,
                                     void* g) {
     require_floating(t, "spectral_weight_terms");
+    d.check("emulated device: spectral_weight_terms");
     if (d.cells() == 0) return;
+    (void)real<const void>(X), (void)real<const void>(dY), (void)real<void>(g);
     launch([=] {
       floating(t, [&](auto tag) {
         using T = decltype(tag);

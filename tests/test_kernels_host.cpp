@@ -1904,20 +1904,50 @@ TEST_CASE("kernels on the host: spectral_mix and spectral_weight_terms") {
       dtensor::compute::spectral_mix(d, in.data(), w.data(), want.data());
       std::vector<double> want_g(w.size(), 0.5);
       dtensor::compute::spectral_weight_terms(d, x.data(), y.data(), want_g.data());
-      // One element by hand: b = 1, the last output channel, the block's first cell.
+      // Independently of the header: the retained-frequency rule written again here, and
+      // one output element and one weight term summed by hand at a retained frequency.
+      auto retained = [&](int64_t c) -> int64_t {  // the weight cell of block cell c, or -1
+        int64_t k[3] = {0, 0, 0}, cell = 0;
+        for (int i = d.spatial - 1; i >= 0; --i) k[i] = d.offset[i] + c % d.block[i], c /= d.block[i];
+        for (int i = 0; i < d.spatial; ++i) {
+          const bool last = i + 1 == d.spatial;
+          const int64_t m = d.modes[i], n = d.real[i], width = last ? m : 2 * m;
+          const int64_t j = k[i] < m ? k[i] : (!last && k[i] >= n - m) ? 2 * m - (n - k[i]) : -1;
+          if (j < 0) return -1;
+          cell = cell * width + j;
+        }
+        return cell;
+      };
+      int64_t kept = -1;
+      for (int64_t c = 0; c < d.cells(); ++c) {
+        CHECK(retained(c) == d.weight_cell(c));
+        if (kept < 0 && retained(c) >= 0) kept = c;
+      }
+      REQUIRE(kept >= 0);
       {
-        const int64_t o = d.out_channels - 1, cell = d.weight_cell(0), mc = d.mode_cells();
+        const int64_t o = d.out_channels - 1, cell = retained(kept), mc = d.mode_cells();
+        const int64_t plane = d.weight_in * d.weight_out * mc;
         std::complex<double> acc{};
-        if (cell >= 0)
-          for (int64_t i = 0; i < d.in_channels; ++i) {
-            const int64_t wi = conjugate ? (o * d.weight_out + i) * mc + cell : (i * d.weight_out + o) * mc + cell;
-            std::complex<double> wv(w[wi], w[d.weight_in * d.weight_out * mc + wi]);
-            if (conjugate) wv = std::conj(wv);
-            const std::size_t x = 2 * ((d.in_channels + i) * cells);
-            acc += std::complex<double>(in[x], in[x + 1]) * wv;
-          }
-        const std::size_t e = 2 * ((d.out_channels + o) * cells);
+        for (int64_t i = 0; i < d.in_channels; ++i) {
+          const int64_t ci = conjugate ? o : i, co = conjugate ? i : o;
+          const int64_t wi = (ci * d.weight_out + co) * mc + cell;
+          std::complex<double> wv(w[wi], w[plane + wi]);
+          if (conjugate) wv = std::conj(wv);
+          const std::size_t xi = 2 * ((d.in_channels + i) * cells + kept);  // b = 1
+          acc += std::complex<double>(in[xi], in[xi + 1]) * wv;
+        }
+        const std::size_t e = 2 * ((d.out_channels + o) * cells + kept);
         CHECK(std::abs(std::complex<double>(want[e], want[e + 1]) - acc) < 1e-14);
+        // The weight term of (weight_in - 1, 0) at that frequency.
+        const int64_t ci = d.weight_in - 1, wi = (ci * d.weight_out) * mc + cell;
+        std::complex<double> term{};
+        for (int64_t bb = 0; bb < d.batch; ++bb) {
+          const std::size_t xi = 2 * ((bb * d.weight_in + ci) * cells + kept);
+          const std::size_t yi = 2 * ((bb * d.weight_out) * cells + kept);
+          term += std::conj(std::complex<double>(x[xi], x[xi + 1])) * std::complex<double>(y[yi], y[yi + 1]);
+        }
+        CHECK(std::abs(want_g[wi] - 0.5 - term.real()) < 1e-14);
+        CHECK(std::abs(want_g[plane + wi] - 0.5 - term.imag()) < 1e-14);
       }
       const int64_t n = d.batch * d.out_channels * d.cells(), ng = d.weight_in * d.weight_out * d.cells();
       each_launch(stride_configs(n), [&](const Config& c) {

@@ -18,6 +18,7 @@
 // frequencies of a block have distinct weight cells), so the kernels need no atomics.
 #include <cstdint>
 
+#include "dtensor/util/error.hpp"
 #include "dtensor/util/host_device.hpp"
 
 namespace dtensor::compute {
@@ -32,6 +33,23 @@ struct SpectralMixDims {
   int64_t real[3] = {1, 1, 1};                // the real-space extents of the spatial dims
   int64_t modes[3] = {1, 1, 1};               // retained frequencies per spatial dim
   bool conjugate = false;
+
+  // That the dims describe a mixing the functions below can run without reading past
+  // a buffer (every backend checks before it runs one): 1-3 spatial dims, channels as
+  // the weight has them in this direction, the block inside the spectrum (the last
+  // spatial dim a half spectrum), at least one retained frequency per dim.
+  void check(const char* who) const {
+    bool ok = spatial >= 1 && spatial <= 3 && batch >= 0 && weight_in > 0 && weight_out > 0 &&
+              in_channels == (conjugate ? weight_out : weight_in) && out_channels == (conjugate ? weight_in : weight_out);
+    for (int d = 0; d < 3 && ok; ++d) {
+      const int64_t extent = d + 1 < spatial ? real[d] : d + 1 == spatial ? real[d] / 2 + 1 : 1;
+      ok = block[d] >= 0 && offset[d] >= 0 && real[d] >= 1 && modes[d] >= 1 && offset[d] + block[d] <= extent &&
+           (d + 1 < spatial ? 2 * modes[d] <= real[d] : true);
+    }
+    DTENSOR_CHECK(ok, InvalidArgument, who, ": a spectral mixing of ", spatial, " spatial dims, ", in_channels, " -> ",
+                  out_channels, " channels (weight ", weight_in, " x ", weight_out,
+                  "), whose block, offsets, extents or modes do not fit its spectrum");
+  }
 
   DTENSOR_HOST_DEVICE int64_t cells() const { return block[0] * block[1] * block[2]; }
   DTENSOR_HOST_DEVICE int64_t weight_modes(int d) const { return d + 1 < spatial ? 2 * modes[d] : modes[d]; }
@@ -103,11 +121,13 @@ DTENSOR_HOST_DEVICE inline void spectral_weight_term_at(const SpectralMixDims& d
 // The host loops (host blocks, and the emulated device).
 template <class T>
 void spectral_mix(const SpectralMixDims& d, const T* in, const T* w, T* out) {
+  d.check("compute::spectral_mix");
   const int64_t n = d.batch * d.out_channels * d.cells();
   for (int64_t e = 0; e < n; ++e) spectral_mix_at(d, in, w, out, e);
 }
 template <class T>
 void spectral_weight_terms(const SpectralMixDims& d, const T* X, const T* dY, T* g) {
+  d.check("compute::spectral_weight_terms");
   const int64_t n = d.weight_in * d.weight_out * d.cells();
   for (int64_t e = 0; e < n; ++e) spectral_weight_term_at(d, X, dY, g, e);
 }

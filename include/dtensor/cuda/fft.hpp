@@ -16,7 +16,9 @@
 //        bin n/2) are cleared, as FFTW's C2R, numpy and PyTorch ignore them: cuFFT
 //        does not say what it does with them, and a gradient's spectrum has them.
 // Each piece runs over the elements after its dims (the stride) and, where there are
-// elements before them too, is executed once per index of whichever side is shorter.
+// elements before them too, is executed once per index of whichever side is shorter (a
+// C2C), or once per block before it (an R2C or C2R: cuFFT's pointers must be aligned
+// as the complex type, run_piece says how).
 // Scale and paired-bin weights (kernels::scale_bins) run after an R2C and before a C2R,
 // as the host's.
 //
@@ -131,20 +133,32 @@ class Plan {
 };
 
 // At most kMaxPlans per thread: a program whose shapes keep changing (uneven blocks of
-// many sizes) starts over rather than holding a plan for each. A plan's own memory is
-// small (its work area is taken per execution), and the plans a thread still uses
-// are made again at their next call.
+// many sizes) drops the plan it used least recently rather than holding one for each
+// (a plan's own memory is small: its work area is taken per execution). The thread's
+// stream is waited for first, so no queued execution still uses the plan.
 inline constexpr std::size_t kMaxPlans = 64;
 
 inline Plan& plan_for(const PieceGeometry& g) {
-  thread_local std::map<std::vector<long long>, std::unique_ptr<Plan>> plans;
+  struct Entry {
+    std::unique_ptr<Plan> plan;
+    uint64_t used = 0;
+  };
+  thread_local std::map<std::vector<long long>, Entry> plans;
+  thread_local uint64_t clock = 0;
   auto key = g.key();
   auto it = plans.find(key);
   if (it == plans.end()) {
-    if (plans.size() >= kMaxPlans) plans.clear();  // no plan of this thread is executing now
-    it = plans.emplace(std::move(key), std::make_unique<Plan>(g)).first;
+    if (plans.size() >= kMaxPlans) {
+      auto oldest = plans.begin();
+      for (auto p = plans.begin(); p != plans.end(); ++p)
+        if (p->second.used < oldest->second.used) oldest = p;
+      DTENSOR_CUDA(cudaStreamSynchronize(current_stream()));
+      plans.erase(oldest);
+    }
+    it = plans.emplace(std::move(key), Entry{std::make_unique<Plan>(g), 0}).first;
   }
-  return *it->second;
+  it->second.used = ++clock;
+  return *it->second.plan;
 }
 
 // The C++ element types of one precision and the cuFFT types and calls for them.
@@ -193,7 +207,8 @@ inline std::vector<Piece> pieces_of(const FftDims& f) {
   std::vector<Piece> first_steps, c2c, last_steps;
   if (f.kind == FftKind::R2C) {  // the run ending at h, at most three dims
     int a = h;
-    while (a > 0 && todo[a - 1] && f.shape[a - 1] != 1 && h - (a - 1) < 3) --a;
+    // (A halved dim of length 1 is planned alone: its one bin is the real value.)
+    while (a > 0 && todo[a - 1] && f.shape[a - 1] != 1 && f.shape[h] != 1 && h - (a - 1) < 3) --a;
     for (int d = a; d <= h; ++d) todo[d] = false;
     first_steps.push_back({a, h, FftKind::R2C});
   } else if (f.kind == FftKind::C2R) {
