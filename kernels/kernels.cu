@@ -952,7 +952,6 @@ void scale_bins(DType t, void* p, int64_t outer, int64_t bins, int64_t inner, in
 
 // --- the Fourier layer's frequency mixing ---
 
-
 void spectral_mix(DType t, const compute::SpectralMixDims& d, const void* in, const void* w, void* out,
                   cudaStream_t stream) {
   check_floating(t, "spectral_mix");
