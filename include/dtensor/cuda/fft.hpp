@@ -253,22 +253,6 @@ class Buffer {
   void* p_ = nullptr;
 };
 
-// Rows of `width` bytes, `rows` of them, from pitch `spitch` to pitch `dpitch` (device
-// to device), in one cudaMemcpy2DAsync where the pitches allow (kernels.cu's limit).
-inline void copy_rows(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
-                      int64_t rows, cudaStream_t s) {
-  constexpr std::size_t kMaxPitch = 0x7fffffff;
-  if (dpitch <= kMaxPitch && spitch <= kMaxPitch) {
-    DTENSOR_CUDA(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, static_cast<std::size_t>(rows),
-                                   cudaMemcpyDeviceToDevice, s));
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r)
-    DTENSOR_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + static_cast<std::size_t>(r) * dpitch,
-                                 static_cast<const char*>(src) + static_cast<std::size_t>(r) * spitch, width,
-                                 cudaMemcpyDeviceToDevice, s));
-}
-
 // Runs one piece from `in` (extents in_ext) to `out` (extents out_ext); the two differ
 // only along the halved dim, which an R2C or C2R piece holds.
 //
@@ -317,7 +301,8 @@ void run_piece(const Piece& p, const FftDims& f, const std::array<int64_t, FftDi
   if (padded) {
     scratch.emplace(static_cast<std::size_t>(loops * pitch) * sizeof(Real));
     if (p.kind == FftKind::R2C) {
-      copy_rows(scratch->get(), pitch * sizeof(Real), in, real_row * sizeof(Real), real_row * sizeof(Real), loops, s);
+      kernels::copy_block(in, StridedBlock{0, loops, real_row, real_row}, scratch->get(),
+                          StridedBlock{0, loops, pitch, real_row}, sizeof(Real), s);
       src = scratch->get(), in_step = pitch;
     } else {
       dst = scratch->get(), out_step = pitch;
@@ -337,7 +322,8 @@ void run_piece(const Piece& p, const FftDims& f, const std::array<int64_t, FftDi
     }
   });
   if (padded && p.kind == FftKind::C2R)
-    copy_rows(out, real_row * sizeof(Real), scratch->get(), pitch * sizeof(Real), real_row * sizeof(Real), loops, s);
+    kernels::copy_block(scratch->get(), StridedBlock{0, loops, pitch, real_row}, out,
+                        StridedBlock{0, loops, real_row, real_row}, sizeof(Real), s);
 }
 
 template <class Real>
