@@ -102,6 +102,25 @@ inline void divide_block(DType t, void* dst, const StridedBlock& db, int terms) 
   });
 }
 
+// dst[db] = src[sb], each element converted from `from` to `to` (both floating) by
+// convert_element (core/float16.hpp): one rounding, to nearest even.
+inline void convert_block(DType from, const void* src, const StridedBlock& sb, DType to, void* dst,
+                          const StridedBlock& db) {
+  DTENSOR_CHECK(is_floating(from) && is_floating(to), InvalidArgument, "convert_block: converts between float32, "
+                "float64, bfloat16 and float16, not ", name(from), " to ", name(to));
+  visit_floating_dtype(from, [&](auto from_tag) {
+    visit_floating_dtype(to, [&](auto to_tag) {
+      using F = decltype(from_tag);
+      using T = decltype(to_tag);
+      auto* s = static_cast<const F*>(src);
+      auto* d = static_cast<T*>(dst);
+      zip_runs(sb, db, [&](int64_t so, int64_t dof, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) d[dof + i] = convert_element<T>(s[so + i]);
+      });
+    });
+  });
+}
+
 // dst[db] = the reduction over k = 0..n-1, in that order, of block source(k).second of
 // source(k).first: what an in-process collective computes from its ranks' inputs, an
 // Avg divided once at the end. A 16-bit type accumulates in float and is rounded once

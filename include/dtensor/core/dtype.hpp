@@ -92,6 +92,20 @@ constexpr bool is_complex(DType t) { return t == DType::Complex64 || t == DType:
 // Real floating types (a complex type is neither floating nor ordered).
 constexpr bool is_floating(DType t) { return t == DType::Float32 || t == DType::Float64 || is_float16(t); }
 
+// Calls f(T{}) with the C++ type of a floating `t` (float, double, bfloat16, float16),
+// so that only those instantiations of f are compiled; the caller refuses the other
+// types first (is_floating), and for one of those it does nothing.
+template <class F>
+void visit_floating_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::Float32: return f(float{});
+    case DType::Float64: return f(double{});
+    case DType::BFloat16: return f(bfloat16{});
+    case DType::Float16: return f(float16{});
+    default: return;
+  }
+}
+
 // The type a reduction of `t` accumulates in (accumulator_t as a value): float for the
 // 16-bit types, the type itself otherwise.
 constexpr DType accumulator_dtype(DType t) { return is_float16(t) ? DType::Float32 : t; }

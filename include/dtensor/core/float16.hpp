@@ -20,24 +20,44 @@
 #include <limits>
 #include <type_traits>
 
+#include "dtensor/util/host_device.hpp"
+
 namespace dtensor {
 
 namespace detail {
 
-constexpr std::uint16_t bfloat16_bits_from(float f) {
-  const auto x = std::bit_cast<std::uint32_t>(f);
+// The bits of a float and back. In device code, the CUDA intrinsics: std::bit_cast is
+// a host function there. (The conversions below are the same code on the host and in
+// dtensor's kernels, so a 16-bit value rounds to the same bits wherever it is computed.)
+DTENSOR_HOST_DEVICE constexpr std::uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  return std::bit_cast<std::uint32_t>(f);
+#endif
+}
+DTENSOR_HOST_DEVICE constexpr float float_of_bits(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  return std::bit_cast<float>(u);
+#endif
+}
+
+DTENSOR_HOST_DEVICE constexpr std::uint16_t bfloat16_bits_from(float f) {
+  const auto x = float_bits(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);  // NaN, made quiet
   // Round to nearest even: add half an ulp of the result, less one unless the kept
   // part is odd, and truncate. Carries run into the exponent (and up to infinity) as they should.
   return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
-constexpr float float_from_bfloat16_bits(std::uint16_t h) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(h) << 16);
+DTENSOR_HOST_DEVICE constexpr float float_from_bfloat16_bits(std::uint16_t h) {
+  return float_of_bits(static_cast<std::uint32_t>(h) << 16);
 }
 
-constexpr std::uint16_t float16_bits_from(float f) {
-  const auto bits = std::bit_cast<std::uint32_t>(f);
+DTENSOR_HOST_DEVICE constexpr std::uint16_t float16_bits_from(float f) {
+  const auto bits = float_bits(f);
   const auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
   const std::uint32_t x = bits & 0x7FFFFFFFu;
   if (x > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u | ((x >> 13) & 0x3FFu));  // NaN, quiet
@@ -56,15 +76,15 @@ constexpr std::uint16_t float16_bits_from(float f) {
   return static_cast<std::uint16_t>(sign | ((rebiased + 0x0FFFu + ((rebiased >> 13) & 1u)) >> 13));
 }
 
-constexpr float float_from_float16_bits(std::uint16_t h) {
+DTENSOR_HOST_DEVICE constexpr float float_from_float16_bits(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-  if (exp == 0x1F) return std::bit_cast<float>(sign | 0x7F800000u | (man << 13));  // inf, NaN with its payload
+  if (exp == 0x1F) return float_of_bits(sign | 0x7F800000u | (man << 13));  // inf, NaN with its payload
   if (exp == 0) {  // zero or subnormal: man * 2^-24, exact in float
     const float v = static_cast<float>(man) * 0x1p-24f;
     return sign ? -v : v;
   }
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
+  return float_of_bits(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
 // d rounded to a float "to odd": toward zero, then the last bit set where that was
@@ -76,12 +96,12 @@ constexpr float float_from_float16_bits(std::uint16_t h) {
 // (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved
 // algorithms using rounding to odd", IEEE TC 2008). Past float's range it gives the
 // largest finite float (odd), which both 16-bit types round to infinity, as d.
-constexpr float float_rounded_to_odd(double d) {
+DTENSOR_HOST_DEVICE constexpr float float_rounded_to_odd(double d) {
   const float f = static_cast<float>(d);  // nearest, ties to even
   if (!(d == d) || static_cast<double>(f) == d) return f;  // NaN, or exact (infinities too)
-  auto bits = std::bit_cast<std::uint32_t>(f);
+  auto bits = float_bits(f);
   if (f > 0 ? f > d : f < 0 && f < d) --bits;  // rounded away from zero: one step back (from infinity: the largest finite)
-  return std::bit_cast<float>(bits | 1u);
+  return float_of_bits(bits | 1u);
 }
 
 // What the two types share: the bits, float in and out, the compound assignments.
@@ -91,33 +111,33 @@ struct Float16Storage {
   std::uint16_t bits = 0;  // +0
 
   constexpr Float16Storage() = default;
-  constexpr Float16Storage(float f) : bits(Format::bits_from(f)) {}  // rounds once, to nearest even
-  constexpr operator float() const { return Format::to_float(bits); }
+  DTENSOR_HOST_DEVICE constexpr Float16Storage(float f) : bits(Format::bits_from(f)) {}  // rounds once, to nearest even
+  DTENSOR_HOST_DEVICE constexpr operator float() const { return Format::to_float(bits); }
 
-  static constexpr Self from_bits(std::uint16_t b) {
+  DTENSOR_HOST_DEVICE static constexpr Self from_bits(std::uint16_t b) {
     Self s;
     s.bits = b;
     return s;
   }
   // d rounded once, to nearest even (T(float(d)) rounds twice: float_rounded_to_odd).
-  static constexpr Self from_double(double d) { return Self(float_rounded_to_odd(d)); }
+  DTENSOR_HOST_DEVICE static constexpr Self from_double(double d) { return Self(float_rounded_to_odd(d)); }
 
-  constexpr Self& operator+=(float v) { return self() = Self(float(*this) + v); }
-  constexpr Self& operator-=(float v) { return self() = Self(float(*this) - v); }
-  constexpr Self& operator*=(float v) { return self() = Self(float(*this) * v); }
-  constexpr Self& operator/=(float v) { return self() = Self(float(*this) / v); }
+  DTENSOR_HOST_DEVICE constexpr Self& operator+=(float v) { return self() = Self(float(*this) + v); }
+  DTENSOR_HOST_DEVICE constexpr Self& operator-=(float v) { return self() = Self(float(*this) - v); }
+  DTENSOR_HOST_DEVICE constexpr Self& operator*=(float v) { return self() = Self(float(*this) * v); }
+  DTENSOR_HOST_DEVICE constexpr Self& operator/=(float v) { return self() = Self(float(*this) / v); }
 
  private:
-  constexpr Self& self() { return static_cast<Self&>(*this); }
+  DTENSOR_HOST_DEVICE constexpr Self& self() { return static_cast<Self&>(*this); }
 };
 
 struct BFloat16Format {
-  static constexpr std::uint16_t bits_from(float f) { return bfloat16_bits_from(f); }
-  static constexpr float to_float(std::uint16_t b) { return float_from_bfloat16_bits(b); }
+  DTENSOR_HOST_DEVICE static constexpr std::uint16_t bits_from(float f) { return bfloat16_bits_from(f); }
+  DTENSOR_HOST_DEVICE static constexpr float to_float(std::uint16_t b) { return float_from_bfloat16_bits(b); }
 };
 struct Float16Format {
-  static constexpr std::uint16_t bits_from(float f) { return float16_bits_from(f); }
-  static constexpr float to_float(std::uint16_t b) { return float_from_float16_bits(b); }
+  DTENSOR_HOST_DEVICE static constexpr std::uint16_t bits_from(float f) { return float16_bits_from(f); }
+  DTENSOR_HOST_DEVICE static constexpr float to_float(std::uint16_t b) { return float_from_float16_bits(b); }
 };
 
 }  // namespace detail
@@ -142,6 +162,25 @@ concept FloatingElement = std::is_floating_point_v<T> || is_float16_v<T>;
 // The type a sum (or any reduction) of T accumulates in before it is rounded back to T.
 template <class T>
 using accumulator_t = std::conditional_t<is_float16_v<T>, float, T>;
+
+namespace detail {
+
+// v as a To, rounded once to nearest even: the one conversion rule of every element
+// copy between types (casts, checkpoints' converting loads, FSDP's masters, and the
+// device kernels' conversions, which call this same function). Widening a 16-bit value
+// is exact; a double goes to 16 bits through T::from_double, whose float rounded to
+// odd keeps the 16-bit rounding exact.
+template <class To, class From>
+DTENSOR_HOST_DEVICE constexpr To convert_element(From v) {
+  if constexpr (std::is_same_v<To, From>) return v;
+  else if constexpr (is_float16_v<To> && (is_float16_v<From> || std::is_same_v<From, float>))
+    return To(static_cast<float>(v));
+  else if constexpr (is_float16_v<To>) return To::from_double(static_cast<double>(v));
+  else if constexpr (is_float16_v<From>) return static_cast<To>(static_cast<float>(v));
+  else return static_cast<To>(v);
+}
+
+}  // namespace detail
 
 namespace detail {
 

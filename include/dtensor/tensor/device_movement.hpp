@@ -38,6 +38,11 @@ struct DeviceMovement {
   RequiredFn<void (*)(const void* src, StridedBlock sb, void* dst, StridedBlock db, std::size_t elem)> copy_block;
   RequiredFn<void (*)(DType, ReduceOp, const void* src, StridedBlock sb, void* dst, StridedBlock db)> reduce_block;
   RequiredFn<void (*)(DType, void* dst, StridedBlock db, int terms)> divide_block;
+  // dst[db] = src[sb] converted from `from` to `to`, both floating (core/float16.hpp's
+  // convert_element: one rounding, to nearest even): casts, and the float accumulation
+  // of 16-bit reductions.
+  RequiredFn<void (*)(DType from, const void* src, StridedBlock sb, DType to, void* dst, StridedBlock db)>
+      convert_block;
   RequiredFn<void (*)(DType, void* dst, int64_t n, Scalar value)> fill;
   // A marker on the calling thread's device, not recorded yet (waiting on it waits
   // for nothing). delete_marker may be called from any thread, with work pending.
@@ -57,7 +62,8 @@ constexpr DeviceMovement device_movement_of() {
   return DeviceMovement{
       .bind_thread = K::bind_thread, .use_device = K::use_device, .synchronize = K::synchronize,
       .copy_block = K::copy_block, .reduce_block = K::reduce_block, .divide_block = K::divide_block,
-      .fill = K::fill, .new_marker = K::new_marker, .delete_marker = K::delete_marker,
+      .convert_block = K::convert_block, .fill = K::fill, .new_marker = K::new_marker,
+      .delete_marker = K::delete_marker,
       .record_marker = K::record_marker, .wait_marker = K::wait_marker,
   };
 }

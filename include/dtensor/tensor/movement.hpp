@@ -43,8 +43,8 @@ void device_fill(Device d, T* dst, int64_t n, T value) {
 
 namespace dtensor::movement {
 
-template <class T, int RA, int RB>
-void require_same_device(const Tensor<T, RA>& a, const Tensor<T, RB>& b, const char* op) {
+template <class TA, int RA, class TB, int RB>
+void require_same_device(const Tensor<TA, RA>& a, const Tensor<TB, RB>& b, const char* op) {
   DTENSOR_CHECK(a.device() == b.device(), InvalidArgument, op, ": one operand lives on ", to_string(a.device()),
                 " and the other on ", to_string(b.device()), "; move one with to(Device) first");
 }
@@ -61,14 +61,38 @@ inline void divide_block(Device d, DType t, void* dst, StridedBlock db, int term
   if (d.is_host()) return detail::divide_block(t, dst, db, terms);
   detail::device_movement(d).divide_block(t, dst, db, terms);
 }
+// dst[db] = src[sb] converted from `from` to `to` (floating types; core/block.hpp).
+inline void convert_block(Device d, DType from, const void* src, StridedBlock sb, DType to, void* dst,
+                          StridedBlock db) {
+  detail::check_same_numel(sb, db, "convert_block");
+  if (d.is_host()) return detail::convert_block(from, src, sb, to, dst, db);
+  detail::device_movement(d).convert_block(from, src, sb, to, dst, db);
+}
+
 // dst[db] = the reduction of n sources in order (core/block.hpp's reduce_sources: a
 // 16-bit type accumulates in float and is rounded once). On a GPU, pairwise through
-// the device's kernels.
+// the device's kernels; a 16-bit type there too in a float accumulator, each source
+// widened into a float term first (one more pass than a fused kernel would make: the
+// in-process runtime's device reductions are its checks' path, NCCL the fast one).
 template <class SourceAt>
 void reduce_sources(Device d, DType t, ReduceOp op, int n, SourceAt&& source, void* dst, StridedBlock db) {
   if (d.is_host()) return detail::reduce_sources(t, op, n, source, dst, db);
-  if (n <= 0) return;
+  detail::check_orderable(t, op, "reduction");
+  if (n <= 0 || db.numel() == 0) return;
   const auto& be = detail::device_movement(d);
+  if (is_float16(t)) {
+    const StridedBlock whole = StridedBlock::contiguous(0, db.numel());
+    auto acc = Tensor<float, 1>::uninitialized({db.numel()}, d);
+    auto term = n > 1 ? Tensor<float, 1>::uninitialized({db.numel()}, d) : Tensor<float, 1>();
+    for (int k = 0; k < n; ++k) {
+      const auto [src, sb] = source(k);
+      be.convert_block(t, src, sb, DType::Float32, k == 0 ? acc.data() : term.data(), whole);
+      if (k > 0) be.reduce_block(DType::Float32, op, term.data(), whole, acc.data(), whole);
+    }
+    if (op == ReduceOp::Avg) be.divide_block(DType::Float32, acc.data(), whole, n);
+    be.convert_block(DType::Float32, acc.data(), whole, t, dst, db);
+    return;
+  }
   const auto [src0, sb0] = source(0);
   if (src0 != dst || !(sb0 == db)) be.copy_block(src0, sb0, dst, db, size_of(t));
   for (int k = 1; k < n; ++k) {
