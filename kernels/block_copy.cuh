@@ -88,13 +88,22 @@ DTENSOR_KERNEL void reduce_runs(const T* __restrict__ src, Runs s, T* __restrict
   }
 }
 
+// terms in the accumulator type: exact for a 16-bit T (float holds every rank count).
 template <class T, Layout L>
-DTENSOR_KERNEL void divide_runs(T* __restrict__ dst, Runs d, T terms, int64_t n) {
+DTENSOR_KERNEL void divide_runs(T* __restrict__ dst, Runs d, ::dtensor::accumulator_t<T> terms, int64_t n) {
   // A true division, not a multiplication by 1/terms: it rounds like the host path.
   for (int64_t e = first(); e < n; e += stride()) {
     T& out = dst[offset_of<L>(d, e)];
-    out = static_cast<T>(out / terms);
+    out = static_cast<T>(static_cast<::dtensor::accumulator_t<T>>(out) / terms);
   }
+}
+
+// dst[db] = src[sb] converted element by element (core/float16.hpp's convert_element:
+// one rounding, to nearest even). Both blocks of one call, as reduce_runs.
+template <class From, class To, Layout L>
+DTENSOR_KERNEL void convert_runs(const From* __restrict__ src, Runs s, To* __restrict__ dst, Runs d, int64_t n) {
+  for (int64_t e = first(); e < n; e += stride())
+    dst[offset_of<L>(d, e)] = ::dtensor::detail::convert_element<To>(src[offset_of<L>(s, e)]);
 }
 
 // Elements of [outer, bins, inner] (inner counting real and imaginary parts); bin k of

@@ -39,16 +39,25 @@ DTENSOR_DEVICE inline T apply(T a, T b) {
   }
 }
 
+// Every kernel here computes in A = accumulator_t<T>: T itself, or float for bfloat16
+// and float16, whose elements are loaded into float, computed on, and rounded once when
+// stored (core/float16.hpp's conversions, the same code as the host's).
+template <class T>
+DTENSOR_DEVICE inline ::dtensor::accumulator_t<T> load(const T& x) {
+  return static_cast<::dtensor::accumulator_t<T>>(x);
+}
+
 // No __restrict__ on the operands of binary and unary: out may alias an input, and
 // each element is read before it is written by the same thread.
 template <class T, Binary Op>
 DTENSOR_KERNEL void binary_kernel(const T* a, const T* b, T* out, int64_t n) {
-  for (int64_t i = first(); i < n; i += stride()) out[i] = apply<Op>(a[i], b[i]);
+  for (int64_t i = first(); i < n; i += stride()) out[i] = static_cast<T>(apply<Op>(load(a[i]), load(b[i])));
 }
 
+// The scalar is in the accumulator type (a 16-bit tensor times 1/n: 1/n in float).
 template <class T, Binary Op>
-DTENSOR_KERNEL void binary_scalar_kernel(const T* a, T s, T* out, int64_t n) {
-  for (int64_t i = first(); i < n; i += stride()) out[i] = apply<Op>(a[i], s);
+DTENSOR_KERNEL void binary_scalar_kernel(const T* a, ::dtensor::accumulator_t<T> s, T* out, int64_t n) {
+  for (int64_t i = first(); i < n; i += stride()) out[i] = static_cast<T>(apply<Op>(load(a[i]), s));
 }
 
 // The unary functions by the table of compute/functions.hpp, which the host and the
@@ -62,13 +71,14 @@ DTENSOR_DEVICE inline T apply(T x) {
 
 template <class T, Unary F>
 DTENSOR_KERNEL void unary_kernel(const T* a, T* out, int64_t n) {
-  for (int64_t i = first(); i < n; i += stride()) out[i] = apply<F>(a[i]);
+  for (int64_t i = first(); i < n; i += stride()) out[i] = static_cast<T>(apply<F>(load(a[i])));
 }
 
 // dx[i] = f'(x[i]) dy[i]; dx may alias x or dy.
 template <class T, Unary F>
 DTENSOR_KERNEL void unary_backward_kernel(const T* x, const T* dy, T* dx, int64_t n) {
-  for (int64_t i = first(); i < n; i += stride()) dx[i] = ::dtensor::UnaryMath<F>::derivative(x[i]) * dy[i];
+  for (int64_t i = first(); i < n; i += stride())
+    dx[i] = static_cast<T>(::dtensor::UnaryMath<F>::derivative(load(x[i])) * load(dy[i]));
 }
 
 // out[r, c] = m[r, c] + v[c] (AlongRows) or v[r]. out may alias m.
@@ -77,7 +87,7 @@ DTENSOR_KERNEL void add_bias_kernel(const T* m, const T* __restrict__ v, T* out,
   for (int64_t e = first(); e < n; e += stride()) {
     int64_t r, c;
     divmod(e, cols, r, c);
-    out[e] = apply<Binary::Add>(m[e], v[AlongRows ? c : r]);
+    out[e] = static_cast<T>(apply<Binary::Add>(load(m[e]), load(v[AlongRows ? c : r])));
   }
 }
 

@@ -121,26 +121,27 @@ void launch_reduce_block(const void* src, Runs s, void* dst, Runs d, int64_t n, 
 
 // One partial result per grid block, then one block to combine them: no
 // atomics, which 1-byte integers lack, and the same answer run to run.
-template <class T, class Acc, class Map, class Op>
-void reduce_to_scalar(const T* a, int64_t n, T* out, Acc init, Map map, Op op, cudaStream_t stream) {
+template <class T, class Out, class Acc, class Map, class Op>
+void reduce_to_scalar(const T* a, int64_t n, Out* out, Acc init, Map map, Op op, cudaStream_t stream) {
   const unsigned blocks = detail::partial_blocks(n);
   if (blocks == 1) {
-    launch(detail::reduce_all<T, Acc, T, Map, Op>, Grid{1}, stream, a, n, out, init, map, op);
+    launch(detail::reduce_all<T, Acc, Out, Map, Op>, Grid{1}, stream, a, n, out, init, map, op);
     return;
   }
   Scratch<Acc> partials(blocks, stream);
   launch(detail::reduce_all<T, Acc, Acc, Map, Op>, Grid{blocks}, stream, a, n, partials.get(), init, map, op);
-  launch(detail::finish_all<Acc, T, Op>, Grid{1}, stream, partials.get(), static_cast<int64_t>(blocks), out, init, op);
+  launch(detail::finish_all<Acc, Out, Op>, Grid{1}, stream, partials.get(), static_cast<int64_t>(blocks), out, init,
+         op);
 }
 
-template <class T, class Op>
-void launch_reduce_dim(const T* in, T* out, int64_t len, int64_t inner, int64_t outs, T init, Op op,
+template <class T, class A, class Op>
+void launch_reduce_dim(const T* in, T* out, int64_t len, int64_t inner, int64_t outs, A init, Op op, A scale,
                        cudaStream_t stream) {
   if (detail::reduce_by_rows(len, inner, outs)) {
     const auto blocks = static_cast<unsigned>(std::min(outs, kMaxBlocks));
-    launch(detail::reduce_rows<T, Op>, Grid{blocks}, stream, in, out, len, inner, outs, init, op);
+    launch(detail::reduce_rows<T, Op>, Grid{blocks}, stream, in, out, len, inner, outs, init, op, scale);
   } else {
-    launch(detail::reduce_columns<T, Op>, Grid{blocks_for(outs)}, stream, in, out, len, inner, outs, init, op);
+    launch(detail::reduce_columns<T, Op>, Grid{blocks_for(outs)}, stream, in, out, len, inner, outs, init, op, scale);
   }
 }
 
@@ -156,16 +157,17 @@ void launch_softmax_shift(T* x, const T* max, T* sums, int64_t len, int64_t inne
 }
 
 // Calls f(T{}) with the C++ type of `t` for the types the kernels compute in: the
-// integers, float and double. The 16-bit floating types move (copy_block) but are not
-// computed on yet: the device half of issue 41, refused here by name.
+// integers, float and double, and bfloat16 and float16 (dtensor's own types, whose
+// conversions are host-device functions: each element is loaded into float, computed
+// on, and rounded once when stored; elementwise.cuh's load).
 template <class F>
 void visit_kernel_dtype(DType t, const char* fn, F&& f) {
-  DTENSOR_CHECK(!is_float16(t), InvalidArgument, "cuda::kernels::", fn, ": ", ::dtensor::name(t),
-                " elements are not computed on the GPU yet (they move, but arithmetic on them is host-only)");
   DTENSOR_CHECK(!is_complex(t), InvalidArgument, "cuda::kernels::", fn, ": ", ::dtensor::name(t),
                 " elements are not computed on the GPU (they move, add in reductions and are Fourier transformed: "
                 "spectral/; elementwise math on them is host-only)");
-  visit_dtype_except_float16(t, f);
+  visit_dtype(t, [&](auto tag) {
+    if constexpr (!is_complex_v<decltype(tag)>) f(tag);
+  });
 }
 
 // A block of complex elements as the block of their real and imaginary parts: what a
@@ -192,6 +194,13 @@ void visit_floating(DType t, F&& f) {
     case DType::Float64: return f(double{});
     default: return;
   }
+}
+
+// The same for the kernels that also take bfloat16 and float16 (computing in float):
+// refused unless floating, then visit_floating_dtype (core/dtype.hpp).
+void check_floating_or_16(DType t, const char* fn) {
+  DTENSOR_CHECK(is_floating(t), InvalidArgument, "cuda::kernels::", fn,
+                " is defined for float32, float64, bfloat16 and float16, not ", ::dtensor::name(t));
 }
 
 }  // namespace
@@ -269,11 +278,36 @@ void divide_block(DType t, void* dst, StridedBlock db, int terms, cudaStream_t s
     using T = decltype(tag);
     using detail::Layout;
     auto* p = static_cast<T*>(dst);
-    const auto by = static_cast<T>(terms);
+    const auto by = static_cast<accumulator_t<T>>(terms);
     if (db.is_contiguous())
       launch(detail::divide_runs<T, Layout::Contiguous>, Grid{blocks_for(n)}, stream, p, d, by, n);
     else
       launch(detail::divide_runs<T, Layout::Strided>, Grid{blocks_for(n)}, stream, p, d, by, n);
+  });
+}
+
+void convert_block(DType from, const void* src, StridedBlock sb, DType to, void* dst, StridedBlock db,
+                   cudaStream_t stream) {
+  check_blocks(sb, db, "convert_block");
+  DTENSOR_CHECK(is_floating(from) && is_floating(to), InvalidArgument,
+                "cuda::kernels::convert_block: converts between float32, float64, bfloat16 and float16, not ",
+                ::dtensor::name(from), " to ", ::dtensor::name(to));
+  const int64_t n = sb.numel();
+  if (n == 0) return;
+  const bool contiguous = sb.is_contiguous() && db.is_contiguous();
+  const Runs s = runs_of(sb), d = runs_of(db);
+  visit_floating_dtype(from, [&](auto from_tag) {
+    visit_floating_dtype(to, [&](auto to_tag) {
+      using F = decltype(from_tag);
+      using T = decltype(to_tag);
+      using detail::Layout;
+      const auto* in = static_cast<const F*>(src);
+      auto* out = static_cast<T*>(dst);
+      if (contiguous)
+        launch(detail::convert_runs<F, T, Layout::Contiguous>, Grid{blocks_for(n)}, stream, in, s, out, d, n);
+      else
+        launch(detail::convert_runs<F, T, Layout::Strided>, Grid{blocks_for(n)}, stream, in, s, out, d, n);
+    });
   });
 }
 
@@ -320,7 +354,7 @@ void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64
   visit_kernel_dtype(t, "binary_scalar", [&](auto tag) {
     using T = decltype(tag);
     const auto* x = static_cast<const T*>(a);
-    const T v = s.as<T>();
+    const auto v = s.as<accumulator_t<T>>();  // a 16-bit tensor's scalar is a float
     auto* z = static_cast<T*>(out);
     visit_binary(op, [&](auto k) {
       launch(detail::binary_scalar_kernel<T, decltype(k)::value>, Grid{blocks_for(n)}, stream, x, v, z, n);
@@ -330,8 +364,8 @@ void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64
 
 void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t stream) {
   check_size(n, name(f));
-  DTENSOR_CHECK(takes_integers(f) || t == DType::Float32 || t == DType::Float64, InvalidArgument,
-                "cuda::kernels::unary: ", name(f), " is defined for float32 and float64, not ", ::dtensor::name(t));
+  DTENSOR_CHECK(takes_integers(f) || is_floating(t), InvalidArgument, "cuda::kernels::unary: ", name(f),
+                " is defined for floating-point elements, not ", ::dtensor::name(t));
   if (n == 0) return;
   visit_kernel_dtype(t, "unary", [&](auto tag) {
     using T = decltype(tag);
@@ -339,7 +373,7 @@ void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t s
     auto* z = static_cast<T*>(out);
     visit_unary(f, [&](auto k) {
       constexpr Unary F = decltype(k)::value;
-      if constexpr (std::is_floating_point_v<T> || ::dtensor::UnaryMath<F>::integers) {
+      if constexpr (FloatingElement<T> || ::dtensor::UnaryMath<F>::integers) {
         launch(detail::unary_kernel<T, F>, Grid{blocks_for(n)}, stream, x, z, n);
       }
     });
@@ -348,9 +382,9 @@ void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t s
 
 void unary_backward(DType t, Unary f, const void* x, const void* dy, void* dx, int64_t n, cudaStream_t stream) {
   check_size(n, name(f));
-  check_floating(t, "unary_backward");
+  check_floating_or_16(t, "unary_backward");
   if (n == 0) return;
-  visit_floating(t, [&](auto tag) {
+  visit_floating_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     visit_unary(f, [&](auto k) {
       launch(detail::unary_backward_kernel<T, decltype(k)::value>, Grid{blocks_for(n)}, stream,
@@ -402,7 +436,7 @@ void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, c
 
 // --- reductions ---
 
-void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
+void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner, Scalar scale,
                 cudaStream_t stream) {
   check_size(outer, "reduce_dim");
   check_size(len, "reduce_dim");
@@ -413,12 +447,14 @@ void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int
     using T = decltype(tag);
     const auto* x = static_cast<const T*>(in);
     auto* y = static_cast<T*>(out);
-    const T init = detail::identity<T>(r);
+    using A = accumulator_t<T>;
+    const A init = detail::identity<A>(r);
+    const A s = scale.as<A>();
     switch (r) {
       case Reduce::Sum:
-      case Reduce::Avg: return launch_reduce_dim(x, y, len, inner, outs, init, detail::SumOp{}, stream);
-      case Reduce::Max: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MaxOp{}, stream);
-      case Reduce::Min: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MinOp{}, stream);
+      case Reduce::Avg: return launch_reduce_dim(x, y, len, inner, outs, init, detail::SumOp{}, s, stream);
+      case Reduce::Max: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MaxOp{}, s, stream);
+      case Reduce::Min: return launch_reduce_dim(x, y, len, inner, outs, init, detail::MinOp{}, s, stream);
     }
   });
 }
@@ -463,8 +499,24 @@ void scatter_add_rows(DType t, const void* dy, const int64_t* index, int64_t row
   const int64_t items = (table_rows + chunk - 1) / chunk * cols;
   visit_kernel_dtype(t, "scatter_add_rows", [&](auto tag) {
     using T = decltype(tag);
-    launch(detail::scatter_add_rows_kernel<T>, Grid{blocks_for(items)}, stream, static_cast<const T*>(dy), index, rows,
-           cols, lo, static_cast<T*>(table), table_rows, chunk, items);
+    const auto* g = static_cast<const T*>(dy);
+    if constexpr (is_float16_v<T>) {
+      // The table widened into float scratch (exact), the sums there, then rounded back
+      // once: an embedding row hit by many tokens must not add in 16 bits.
+      const int64_t n = table_rows * cols;
+      const Runs all = runs_of(StridedBlock::contiguous(0, n));
+      Scratch<float> wide(static_cast<std::size_t>(n), stream);
+      using detail::Layout;
+      launch(detail::convert_runs<T, float, Layout::Contiguous>, Grid{blocks_for(n)}, stream,
+             static_cast<const T*>(table), all, wide.get(), all, n);
+      launch(detail::scatter_add_rows_kernel<T, float>, Grid{blocks_for(items)}, stream, g, index, rows, cols, lo,
+             wide.get(), table_rows, chunk, items);
+      launch(detail::convert_runs<float, T, Layout::Contiguous>, Grid{blocks_for(n)}, stream,
+             static_cast<const float*>(wide.get()), all, static_cast<T*>(table), all, n);
+    } else {
+      launch(detail::scatter_add_rows_kernel<T>, Grid{blocks_for(items)}, stream, g, index, rows, cols, lo,
+             static_cast<T*>(table), table_rows, chunk, items);
+    }
   });
 }
 
@@ -495,15 +547,18 @@ void add_along_last(DType t, const void* g, const int64_t* target, int64_t lo, v
 void sum_squares(DType t, const void* a, int64_t n, void* out, cudaStream_t stream) {
   check_size(n, "sum_squares");
   if (n == 0) {  // the empty sum, written without a launch (all-zero bits are zero in every dtype)
-    DTENSOR_CUDA(cudaMemsetAsync(out, 0, size_of(t), stream));
+    DTENSOR_CUDA(cudaMemsetAsync(out, 0, is_float16(t) ? sizeof(double) : size_of(t), stream));
     return;
   }
   visit_kernel_dtype(t, "sum_squares", [&](auto tag) {
     using T = decltype(tag);
     // float accumulates in double: a thread may add up thousands of squares before the
-    // tree, and the loads, not the arithmetic, bound the kernel.
-    using Acc = std::conditional_t<std::is_same_v<T, float>, double, detail::wrap_t<T>>;
-    reduce_to_scalar(static_cast<const T*>(a), n, static_cast<T*>(out), Acc(0), detail::Square<Acc>{},
+    // tree, and the loads, not the arithmetic, bound the kernel. A 16-bit type's sum is
+    // written as the double itself: rounded to 16 bits it would lose its digits (and a
+    // float16 sum past 65504 would be infinite, a GradScaler's "overflow").
+    using Acc = std::conditional_t<std::is_same_v<T, float> || is_float16_v<T>, double, detail::wrap_t<T>>;
+    using Out = std::conditional_t<is_float16_v<T>, double, T>;
+    reduce_to_scalar(static_cast<const T*>(a), n, static_cast<Out*>(out), Acc(0), detail::Square<Acc>{},
                      detail::SumOp{}, stream);
   });
 }
@@ -516,7 +571,7 @@ void max_abs(DType t, const void* a, int64_t n, void* out, cudaStream_t stream) 
   }
   visit_kernel_dtype(t, "max_abs", [&](auto tag) {
     using T = decltype(tag);
-    reduce_to_scalar(static_cast<const T*>(a), n, static_cast<T*>(out), T(0), detail::Magnitude{},
+    reduce_to_scalar(static_cast<const T*>(a), n, static_cast<T*>(out), accumulator_t<T>(0), detail::Magnitude{},
                      detail::MaxNanOp{}, stream);
   });
 }
@@ -571,11 +626,11 @@ void random_fill(DType t, void* dst, const CounterBox& box, const CounterDraw& d
 
 void row_moments(DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols, double* out,
                  cudaStream_t stream) {
-  check_floating(t, "row_moments");
+  check_floating_or_16(t, "row_moments");
   check_size(rows, "row_moments");
   check_size(cols, "row_moments");
   if (rows == 0) return;
-  visit_floating(t, [&](auto tag) {
+  visit_floating_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     const auto blocks = static_cast<unsigned>(std::min<int64_t>(rows, kMaxBlocks));
     launch(detail::row_moments_kernel<T>, Grid{blocks}, stream, static_cast<const T*>(a), static_cast<const T*>(b),
@@ -585,12 +640,12 @@ void row_moments(DType t, const void* a, const void* b, const double* shift, int
 
 void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols, void* out,
                 cudaStream_t stream) {
-  check_floating(t, "row_affine");
+  check_floating_or_16(t, "row_affine");
   check_size(rows, "row_affine");
   check_size(cols, "row_affine");
   const int64_t n = rows * cols;
   if (n == 0) return;
-  visit_floating(t, [&](auto tag) {
+  visit_floating_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     launch(detail::row_affine_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(a),
            static_cast<const T*>(b), terms, cols, static_cast<T*>(out), n);
@@ -626,11 +681,11 @@ void adamw_update(DType t, void* w, const void* g, void* m, void* v, int64_t n, 
 // --- sliding windows and upsampling ---
 
 void pool_forward(DType t, const PoolDims& p, const void* x, void* y, const OutBox& box, cudaStream_t stream) {
-  check_floating(t, "pool_forward");
+  check_floating_or_16(t, "pool_forward");
   const detail::PoolGeo g = detail::pool_geo(p, box);
   const int64_t n = g.planes * g.box_cells;
   if (n == 0) return;
-  visit_floating(t, [&](auto tag) {
+  visit_floating_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     launch(detail::pool_forward_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(x), static_cast<T*>(y),
            g, n);
@@ -638,11 +693,11 @@ void pool_forward(DType t, const PoolDims& p, const void* x, void* y, const OutB
 }
 
 void pool_backward(DType t, const PoolDims& p, const void* x, const void* dy, void* dx, cudaStream_t stream) {
-  check_floating(t, "pool_backward");
+  check_floating_or_16(t, "pool_backward");
   const detail::PoolGeo g = detail::pool_geo(p, OutBox{}.resolved(p.window));
   const int64_t n = g.planes * g.in_cells, outs = g.planes * g.out_cells;
   if (n == 0) return;
-  visit_floating(t, [&](auto tag) {
+  visit_floating_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     const auto* xs = static_cast<const T*>(x);
     if (g.max && outs > 0) {  // each output's winning tap, then the gather
@@ -658,11 +713,11 @@ void pool_backward(DType t, const PoolDims& p, const void* x, const void* dy, vo
 }
 
 void upsample_forward(DType t, const UpsampleDims& u, const void* x, void* y, cudaStream_t stream) {
-  check_floating(t, "upsample_forward");
+  check_floating_or_16(t, "upsample_forward");
   const detail::UpGeo g = detail::up_geo(u);
   const int64_t n = g.planes * g.out_cells;
   if (n == 0) return;
-  visit_floating(t, [&](auto tag) {
+  visit_floating_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     launch(detail::upsample_forward_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(x),
            static_cast<T*>(y), g, n);
@@ -670,11 +725,11 @@ void upsample_forward(DType t, const UpsampleDims& u, const void* x, void* y, cu
 }
 
 void upsample_backward(DType t, const UpsampleDims& u, const void* dy, void* dx, cudaStream_t stream) {
-  check_floating(t, "upsample_backward");
+  check_floating_or_16(t, "upsample_backward");
   const detail::UpGeo g = detail::up_geo(u);
   const int64_t n = g.planes * g.in_cells;
   if (n == 0) return;
-  visit_floating(t, [&](auto tag) {
+  visit_floating_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     launch(detail::upsample_backward_kernel<T>, Grid{blocks_for(n)}, stream, static_cast<const T*>(dy),
            static_cast<T*>(dx), g, n);

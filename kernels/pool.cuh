@@ -69,18 +69,19 @@ DTENSOR_DEVICE inline int64_t pool_cell(const PoolGeo& g, const int64_t* o, int6
 }
 
 // Max: the winning tap of output o (its index in the kernel, row-major), or -1.
-// Average: the sum of the valid taps, and their count.
-template <class T>
-DTENSOR_DEVICE inline int64_t pool_window(const PoolGeo& g, const T* xp, const int64_t* o, T& value, int64_t& count) {
+// Average: the sum of the valid taps, and their count. A (the accumulator) is float
+// for a 16-bit T: max compares exactly, average sums in float.
+template <class T, class A>
+DTENSOR_DEVICE inline int64_t pool_window(const PoolGeo& g, const T* xp, const int64_t* o, A& value, int64_t& count) {
   int64_t lo[3], hi[3];
   for (int i = 0; i < 3; ++i) pool_taps(g, i, o[i], lo[i], hi[i]);
   count = (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]);
   int64_t arg = -1;
-  T acc = T(0);
+  A acc = A(0);
   for (int64_t k0 = lo[0]; k0 < hi[0]; ++k0)
     for (int64_t k1 = lo[1]; k1 < hi[1]; ++k1)
       for (int64_t k2 = lo[2]; k2 < hi[2]; ++k2) {
-        const T v = xp[pool_cell(g, o, k0, k1, k2)];
+        const A v = static_cast<A>(xp[pool_cell(g, o, k0, k1, k2)]);
         if (!g.max) {
           acc = acc + v;
         } else if (arg < 0 || v > acc || (v != v && acc == acc)) {
@@ -112,22 +113,23 @@ DTENSOR_DEVICE inline T pool_divisor(const PoolGeo& g, const int64_t* o, int64_t
 // y[box] = the pooling of x; one thread per output of the box.
 template <class T>
 DTENSOR_KERNEL void pool_forward_kernel(const T* __restrict__ x, T* __restrict__ y, PoolGeo g, int64_t n) {
+  using A = ::dtensor::accumulator_t<T>;
   const int64_t box[3] = {g.e[0] - g.b[0], g.e[1] - g.b[1], g.e[2] - g.b[2]};
   for (int64_t e = first(); e < n; e += stride()) {
     int64_t q[3];
     const int64_t plane = split_cell(e, box, q);
     const int64_t o[3] = {g.b[0] + q[0], g.b[1] + q[1], g.b[2] + q[2]};
-    T value;
+    A value;
     int64_t count;
     const int64_t arg = pool_window(g, x + plane * g.in_cells, o, value, count);
-    T r;
+    A r;
     if (g.max) {
-      r = arg < 0 ? T(0) : value;
+      r = arg < 0 ? A(0) : value;
     } else {
-      const T div = pool_divisor<T>(g, o, count);
-      r = div == T(0) ? T(0) : value / div;
+      const A div = pool_divisor<A>(g, o, count);
+      r = div == A(0) ? A(0) : value / div;
     }
-    y[plane * g.out_cells + (o[0] * g.out[1] + o[1]) * g.out[2] + o[2]] = r;
+    y[plane * g.out_cells + (o[0] * g.out[1] + o[1]) * g.out[2] + o[2]] = static_cast<T>(r);
   }
 }
 
@@ -137,7 +139,7 @@ DTENSOR_KERNEL void pool_argmax_kernel(const T* __restrict__ x, int32_t* __restr
   for (int64_t e = first(); e < n; e += stride()) {
     int64_t o[3];
     const int64_t plane = split_cell(e, g.out, o);
-    T value;
+    ::dtensor::accumulator_t<T> value;
     int64_t count;
     arg[e] = static_cast<int32_t>(pool_window(g, x + plane * g.in_cells, o, value, count));
   }
@@ -148,10 +150,11 @@ DTENSOR_KERNEL void pool_argmax_kernel(const T* __restrict__ x, int32_t* __restr
 template <class T>
 DTENSOR_KERNEL void pool_backward_kernel(const int32_t* __restrict__ arg, const T* __restrict__ dy, T* __restrict__ dx,
                                          PoolGeo g, int64_t n) {
+  using A = ::dtensor::accumulator_t<T>;
   for (int64_t e = first(); e < n; e += stride()) {
     int64_t p[3];
     const int64_t plane = split_cell(e, g.in, p);
-    T sum = T(0);
+    A sum = A(0);
     const bool valid = p[0] >= g.vlo[0] && p[0] < g.vhi[0] && p[1] >= g.vlo[1] && p[1] < g.vhi[1] && p[2] >= g.vlo[2] &&
                        p[2] < g.vhi[2];
     if (valid) {
@@ -170,7 +173,7 @@ DTENSOR_KERNEL void pool_backward_kernel(const int32_t* __restrict__ arg, const 
             const int64_t o[3] = {q0 / g.s[0], q1 / g.s[1], q2 / g.s[2]};
             const int64_t oi = (o[0] * g.out[1] + o[1]) * g.out[2] + o[2];
             if (g.max) {
-              if (ap[oi] == (k0 * g.k[1] + k1) * g.k[2] + k2) sum = sum + dyp[oi];
+              if (ap[oi] == (k0 * g.k[1] + k1) * g.k[2] + k2) sum = sum + static_cast<A>(dyp[oi]);
               continue;
             }
             int64_t count = 1;
@@ -180,12 +183,12 @@ DTENSOR_KERNEL void pool_backward_kernel(const int32_t* __restrict__ arg, const 
                 pool_taps(g, i, o[i], lo, hi);
                 count *= hi - lo;
               }
-            sum = sum + dyp[oi] / pool_divisor<T>(g, o, count);
+            sum = sum + static_cast<A>(dyp[oi]) / pool_divisor<A>(g, o, count);
           }
         }
       }
     }
-    dx[e] = sum;
+    dx[e] = static_cast<T>(sum);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "dtensor/core/float16.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/compute/functions.hpp"
 #include "grid.cuh"
@@ -45,7 +46,7 @@ struct MinOp {
 struct MaxNanOp {
   template <class T>
   DTENSOR_DEVICE T operator()(T a, T b) const {
-    if constexpr (std::is_floating_point_v<T>) return (a < b || b != b) ? b : a;
+    if constexpr (::dtensor::FloatingElement<T>) return (a < b || b != b) ? b : a;
     else return a < b ? b : a;
   }
 };
@@ -63,33 +64,35 @@ T identity(::dtensor::ReduceOp r) {
 }
 
 // One thread per output: coalesced when inner is wide (a warp reads consecutive i).
-template <class T, class Op>
+// Both reduce in A, accumulator_t<T> (float for a 16-bit T), and store acc * scale
+// rounded once (a mean of 16-bit values: the sum is not rounded before the scaling).
+template <class T, class Op, class A = ::dtensor::accumulator_t<T>>
 DTENSOR_KERNEL void reduce_columns(const T* __restrict__ in, T* __restrict__ out, int64_t len, int64_t inner,
-                                   int64_t outs, T init, Op op) {
+                                   int64_t outs, A init, Op op, A scale) {
   for (int64_t k = first(); k < outs; k += stride()) {
     int64_t o, i;
     divmod(k, inner, o, i);
     const T* p = in + o * len * inner + i;
-    T acc = init;
-    for (int64_t j = 0; j < len; ++j) acc = op(acc, p[j * inner]);
-    out[k] = acc;
+    A acc = init;
+    for (int64_t j = 0; j < len; ++j) acc = op(acc, static_cast<A>(p[j * inner]));
+    out[k] = static_cast<T>(acc * scale);
   }
 }
 
 // One block per output: for a narrow inner (a softmax or sum over the last dim, where
 // the threads of a block then read consecutive elements) and for a few long outputs,
 // which one thread each would leave the GPU idle.
-template <class T, class Op>
+template <class T, class Op, class A = ::dtensor::accumulator_t<T>>
 DTENSOR_KERNEL void reduce_rows(const T* __restrict__ in, T* __restrict__ out, int64_t len, int64_t inner, int64_t outs,
-                                T init, Op op) {
+                                A init, Op op, A scale) {
   for (int64_t k = blockIdx.x; k < outs; k += gridDim.x) {  // uniform per block: block_reduce is safe inside
     int64_t o, i;
     divmod(k, inner, o, i);
     const T* p = in + o * len * inner + i;
-    T acc = init;
-    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) acc = op(acc, p[j * inner]);
+    A acc = init;
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) acc = op(acc, static_cast<A>(p[j * inner]));
     acc = block_reduce(acc, op);
-    if (threadIdx.x == 0) out[k] = acc;
+    if (threadIdx.x == 0) out[k] = static_cast<T>(acc * scale);
   }
 }
 
@@ -130,13 +133,22 @@ struct Square {
 };
 struct Magnitude {
   template <class T>
-  DTENSOR_DEVICE T operator()(T x) const {
-    if constexpr (std::is_same_v<T, float>) return fabsf(x);  // |-0.0| is +0.0, as std::abs
+  DTENSOR_DEVICE ::dtensor::accumulator_t<T> operator()(T x) const {
+    if constexpr (::dtensor::is_float16_v<T>) return fabsf(static_cast<float>(x));  // exact in float
+    else if constexpr (std::is_same_v<T, float>) return fabsf(x);  // |-0.0| is +0.0, as std::abs
     else if constexpr (std::is_same_v<T, double>) return fabs(x);
     else if constexpr (std::is_signed_v<T>) return x < 0 ? static_cast<T>(wrap_t<T>(0) - static_cast<wrap_t<T>>(x)) : x;
     else return x;
   }
 };
+
+// An accumulator's value stored as Out: a double into a 16-bit type rounds once
+// (from_double), not through float.
+template <class Out, class Acc>
+DTENSOR_DEVICE inline Out narrow(Acc v) {
+  if constexpr (::dtensor::is_float16_v<Out> && std::is_same_v<Acc, double>) return Out::from_double(v);
+  else return static_cast<Out>(v);
+}
 
 // The blocks of reduce_all for n > 0 elements: one partial result per block, combined
 // by finish_all (one block) when there are more than one.
@@ -152,7 +164,7 @@ DTENSOR_KERNEL void reduce_all(const T* __restrict__ a, int64_t n, Out* __restri
   Acc acc = init;
   for (int64_t i = first(); i < n; i += stride()) acc = op(acc, map(a[i]));
   acc = block_reduce(acc, op);
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<Out>(acc);
+  if (threadIdx.x == 0) out[blockIdx.x] = narrow<Out>(acc);
 }
 
 // One block: combines reduce_all's per-block values into the scalar.
@@ -161,7 +173,7 @@ DTENSOR_KERNEL void finish_all(const Acc* __restrict__ partials, int64_t n, T* _
   Acc acc = init;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc = op(acc, partials[i]);
   acc = block_reduce(acc, op);
-  if (threadIdx.x == 0) *out = static_cast<T>(acc);
+  if (threadIdx.x == 0) *out = narrow<T>(acc);
 }
 
 }  // namespace dtensor::cuda::kernels::detail

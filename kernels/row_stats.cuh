@@ -3,6 +3,9 @@
 // (compute/row_stats.hpp: the normalization layers and a loss's gradient). The
 // per-row arrays are device arrays here; the backend copies them from and to the host.
 #include <cstdint>
+#include <type_traits>
+
+#include "dtensor/core/float16.hpp"
 
 #include "dtensor/compute/row_terms.hpp"
 #include "grid.cuh"
@@ -47,19 +50,22 @@ DTENSOR_KERNEL void row_moments_kernel(const T* __restrict__ a, const T* __restr
 // null arrays are zero terms, or factors of 1; b may be null). One thread per element; out may alias a or b (each element is read, then
 // written, by one thread). The RowTerms struct is passed by value: its pointers are
 // device arrays.
+// A 16-bit T is evaluated in float, the terms rounded to float, as the host does
+// (compute/row_stats.hpp says why).
 template <class T>
 DTENSOR_KERNEL void row_affine_kernel(const T* a, const T* b, RowTerms terms, int64_t cols, T* out, int64_t n) {
+  using A = std::conditional_t<::dtensor::is_float16_v<T>, float, double>;
   for (int64_t e = first(); e < n; e += stride()) {
     int64_t r, j;
     divmod(e, cols, r, j);
-    double v = static_cast<double>(a[e]);
-    if (terms.center) v -= terms.center[r];
-    if (terms.scale) v *= terms.scale[r];
-    if (b && terms.b_scale) v += static_cast<double>(b[e]) * terms.b_scale[r];
-    if (terms.offset) v += terms.offset[r];
-    if (terms.col_scale) v *= terms.col_scale[j];
-    if (terms.col_offset) v += terms.col_offset[j];
-    out[e] = static_cast<T>(v);
+    A v = static_cast<A>(a[e]);
+    if (terms.center) v -= static_cast<A>(terms.center[r]);
+    if (terms.scale) v *= static_cast<A>(terms.scale[r]);
+    if (b && terms.b_scale) v += static_cast<A>(b[e]) * static_cast<A>(terms.b_scale[r]);
+    if (terms.offset) v += static_cast<A>(terms.offset[r]);
+    if (terms.col_scale) v *= static_cast<A>(terms.col_scale[j]);
+    if (terms.col_offset) v += static_cast<A>(terms.col_offset[j]);
+    out[e] = ::dtensor::detail::convert_element<T>(v);
   }
 }
 

@@ -28,10 +28,12 @@ DTENSOR_KERNEL void gather_rows_kernel(const T* __restrict__ table, int64_t tabl
 // host): each thread owns one column j of one chunk of `chunk` table rows, and scans
 // every i, adding the rows whose index falls in its chunk. Threads of a warp share
 // the chunk and read consecutive j, so their loads are coalesced and index[i] is one
-// broadcast load. items = chunks * cols.
-template <class T>
+// broadcast load. items = chunks * cols. The table is of type A: T itself, or for a
+// 16-bit T a float copy of it (kernels.cu), so that a row's many terms add in float and
+// round once when the copy is converted back, as on the host.
+template <class T, class A = T>
 DTENSOR_KERNEL void scatter_add_rows_kernel(const T* __restrict__ dy, const int64_t* __restrict__ index, int64_t rows,
-                                            int64_t cols, int64_t lo, T* __restrict__ table, int64_t table_rows,
+                                            int64_t cols, int64_t lo, A* __restrict__ table, int64_t table_rows,
                                             int64_t chunk, int64_t items) {
   for (int64_t e = first(); e < items; e += stride()) {
     int64_t c, j;
@@ -39,7 +41,7 @@ DTENSOR_KERNEL void scatter_add_rows_kernel(const T* __restrict__ dy, const int6
     const int64_t begin = c * chunk, end = begin + chunk < table_rows ? begin + chunk : table_rows;
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t r = index[i] - lo;
-      if (r >= begin && r < end) table[r * cols + j] = SumOp{}(table[r * cols + j], dy[i * cols + j]);
+      if (r >= begin && r < end) table[r * cols + j] = SumOp{}(table[r * cols + j], static_cast<A>(dy[i * cols + j]));
     }
   }
 }

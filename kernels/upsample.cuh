@@ -49,13 +49,15 @@ DTENSOR_DEVICE inline void up_source(const UpGeo& g, int i, int64_t J, int64_t& 
   l = num <= 0 ? T(0) : T(num - 2 * s * i0) / T(2 * s);
 }
 
+// A 16-bit T computes in float (A) and rounds each output once, as the host does.
 template <class T>
 DTENSOR_KERNEL void upsample_forward_kernel(const T* __restrict__ x, T* __restrict__ y, UpGeo g, int64_t n) {
+  using A = ::dtensor::accumulator_t<T>;
   for (int64_t e = first(); e < n; e += stride()) {
     int64_t j[3];
     const int64_t plane = split_cell(e, g.out, j);
     int64_t a0[3], a1[3];
-    T l[3];
+    A l[3];
     for (int i = 0; i < 3; ++i) {
       up_source(g, i, g.out_off[i] + j[i], a0[i], a1[i], l[i]);
       a0[i] -= g.in_off[i], a1[i] -= g.in_off[i];
@@ -70,10 +72,13 @@ DTENSOR_KERNEL void upsample_forward_kernel(const T* __restrict__ x, T* __restri
     const T* r10 = xp + (a1[0] * g.in[1] + a0[1]) * g.in[2];
     const T* r11 = xp + (a1[0] * g.in[1] + a1[1]) * g.in[2];
     // The host's expression, term for term.
-    const T w00 = (1 - l[0]) * (1 - l[1]), w01 = (1 - l[0]) * l[1], w10 = l[0] * (1 - l[1]), w11 = l[0] * l[1];
-    const T c0 = 1 - l[2], c1 = l[2];
-    y[e] = w00 * (c0 * r00[a0[2]] + c1 * r00[a1[2]]) + w01 * (c0 * r01[a0[2]] + c1 * r01[a1[2]]) +
-           w10 * (c0 * r10[a0[2]] + c1 * r10[a1[2]]) + w11 * (c0 * r11[a0[2]] + c1 * r11[a1[2]]);
+    const A w00 = (1 - l[0]) * (1 - l[1]), w01 = (1 - l[0]) * l[1], w10 = l[0] * (1 - l[1]), w11 = l[0] * l[1];
+    const A c0 = 1 - l[2], c1 = l[2];
+    auto v = [](const T* r, int64_t k) { return static_cast<A>(r[k]); };
+    y[e] = static_cast<T>(w00 * (c0 * v(r00, a0[2]) + c1 * v(r00, a1[2])) +
+                          w01 * (c0 * v(r01, a0[2]) + c1 * v(r01, a1[2])) +
+                          w10 * (c0 * v(r10, a0[2]) + c1 * v(r10, a1[2])) +
+                          w11 * (c0 * v(r11, a0[2]) + c1 * v(r11, a1[2])));
   }
 }
 
@@ -97,6 +102,7 @@ DTENSOR_DEVICE inline void up_readers(const UpGeo& g, int i, int64_t I, int64_t&
 
 template <class T>
 DTENSOR_KERNEL void upsample_backward_kernel(const T* __restrict__ dy, T* __restrict__ dx, UpGeo g, int64_t n) {
+  using A = ::dtensor::accumulator_t<T>;
   for (int64_t e = first(); e < n; e += stride()) {
     int64_t p[3];
     const int64_t plane = split_cell(e, g.in, p);
@@ -106,21 +112,21 @@ DTENSOR_KERNEL void upsample_backward_kernel(const T* __restrict__ dy, T* __rest
       up_readers(g, i, I[i], lo[i], hi[i]);
     }
     const T* dyp = dy + plane * g.out_cells;
-    T sum = T(0);
+    A sum = A(0);
     for (int64_t J0 = lo[0]; J0 < hi[0]; ++J0) {
-      const T w0 = up_weight<T>(g, 0, J0, I[0]);
-      if (w0 == T(0)) continue;
+      const A w0 = up_weight<A>(g, 0, J0, I[0]);
+      if (w0 == A(0)) continue;
       for (int64_t J1 = lo[1]; J1 < hi[1]; ++J1) {
-        const T w1 = up_weight<T>(g, 1, J1, I[1]);
-        if (w1 == T(0)) continue;
+        const A w1 = up_weight<A>(g, 1, J1, I[1]);
+        if (w1 == A(0)) continue;
         const int64_t row = ((J0 - g.out_off[0]) * g.out[1] + J1 - g.out_off[1]) * g.out[2] - g.out_off[2];
         for (int64_t J2 = lo[2]; J2 < hi[2]; ++J2) {
-          const T w2 = up_weight<T>(g, 2, J2, I[2]);
-          if (w2 != T(0)) sum = sum + w0 * w1 * w2 * dyp[row + J2];
+          const A w2 = up_weight<A>(g, 2, J2, I[2]);
+          if (w2 != A(0)) sum = sum + w0 * w1 * w2 * static_cast<A>(dyp[row + J2]);
         }
       }
     }
-    dx[e] = sum;
+    dx[e] = static_cast<T>(sum);
   }
 }
 

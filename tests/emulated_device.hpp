@@ -519,16 +519,17 @@ inline void copy(void* dst, Device dd, const void* src, Device sd, std::size_t b
 // --- compute ---
 
 // The types the emulated kernels compute in, as the CUDA kernels' (kernels.cu
-// visit_kernel_dtype): bfloat16 and float16 move (copies, fills) but are not computed
-// on; complex types move, add (reduce_block) and transform (fft) only.
+// visit_kernel_dtype): the integers, float, double, and bfloat16 and float16, which
+// compute in float (A = accumulator_t<T>) and round once when stored; complex types
+// move, add (reduce_block) and transform (fft) only.
 template <class F>
 void typed(DType t, F&& f) {
-  DTENSOR_CHECK(!dtensor::is_float16(t), InvalidArgument, "emulated device: ", name(t),
-                " elements are not computed on a device yet (they move, but arithmetic on them is host-only)");
   DTENSOR_CHECK(!dtensor::is_complex(t), InvalidArgument, "emulated device: ", name(t),
                 " elements are not computed on a device (they move, add in reductions and are Fourier transformed: "
                 "spectral/; elementwise math on them is host-only)");
-  visit_dtype_except_float16(t, f);
+  visit_dtype(t, [&](auto tag) {
+    if constexpr (!is_complex_v<decltype(tag)>) f(tag);
+  });
 }
 
 // The refusal of typed() made when a kernel is queued, not when it runs on the worker:
@@ -537,7 +538,8 @@ inline void refuse_uncomputed(DType t) {
   typed(t, [](auto) {});
 }
 
-// float or double: what the emulated floating-point kernels take.
+// float or double: what the emulated floating-point kernels take (those that take the
+// 16-bit types too check dtensor::is_floating).
 inline bool is_float_or_double(DType t) { return t == DType::Float32 || t == DType::Float64; }
 
 // Queues a kernel on the calling thread's stream.
@@ -551,25 +553,27 @@ void launch(F&& f) {
 inline void unary_kernel(DType t, UnaryFn f, const void* a, void* out, int64_t n) {
   typed(t, [&](auto tag) {
     using T = decltype(tag);
+    using A = accumulator_t<T>;
     const T* x = real<const T>(a);
     T* o = real<T>(out);
     visit_unary(f, [&](auto k) {
       using M = UnaryMath<decltype(k)::value>;
-      if constexpr (std::is_floating_point_v<T> || M::integers)
-        for (int64_t i = 0; i < n; ++i) o[i] = M::value(x[i]);
+      if constexpr (FloatingElement<T> || M::integers)
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(M::value(static_cast<A>(x[i])));
     });
   });
 }
 inline void unary_backward_kernel(DType t, UnaryFn f, const void* x, const void* dy, void* dx, int64_t n) {
   typed(t, [&](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
+    using A = accumulator_t<T>;
+    if constexpr (FloatingElement<T>) {
       const T* xp = real<const T>(x);
       const T* g = real<const T>(dy);
       T* o = real<T>(dx);
       visit_unary(f, [&](auto k) {
         using M = UnaryMath<decltype(k)::value>;
-        for (int64_t i = 0; i < n; ++i) o[i] = M::derivative(xp[i]) * g[i];
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(M::derivative(static_cast<A>(xp[i])) * A(g[i]));
       });
     }
   });
@@ -584,6 +588,12 @@ void floating(DType t, F&& f) {
 }
 inline void require_floating(DType t, const char* fn) {
   if (!is_float_or_double(t)) throw InvalidArgument(detail::cat("emulated device: ", fn, " takes float32 or float64"));
+}
+// The same for the entries that take bfloat16 and float16 too (the host implementation
+// computes them in float), as the CUDA kernels do.
+inline void require_floating_or_16(DType t, const char* fn) {
+  if (!dtensor::is_floating(t))
+    throw InvalidArgument(detail::cat("emulated device: ", fn, " takes float32, float64, bfloat16 or float16"));
 }
 
 // Data movement (tensor/device_movement.hpp).
@@ -612,6 +622,11 @@ struct EmulatedMovement {
   }
   static void divide_block(DType t, void* dst, StridedBlock db, int terms) {
     launch([=] { detail::divide_block(t, real(dst), db, terms); });
+  }
+  static void convert_block(DType from, const void* src, StridedBlock sb, DType to, void* dst, StridedBlock db) {
+    DTENSOR_CHECK(dtensor::is_floating(from) && dtensor::is_floating(to), InvalidArgument,
+                  "emulated device: convert_block converts floating types, not ", name(from), " to ", name(to));
+    launch([=] { detail::convert_block(from, real(src), sb, to, real(dst), db); });
   }
   static void fill(DType t, void* dst, int64_t n, Scalar v) {
     if (dtensor::is_float16(t))  // a fill copies one element's bits
@@ -772,13 +787,14 @@ struct EmulatedMath : EmulatedGrid {
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
+        using A = accumulator_t<T>;
         const T *x = real<const T>(a), *y = real<const T>(b);
         T* o = real<T>(out);
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = op == BinaryOp::Add   ? x[i] + y[i]
-                 : op == BinaryOp::Sub ? x[i] - y[i]
-                 : op == BinaryOp::Mul ? x[i] * y[i]
-                                       : x[i] / y[i];
+        for (int64_t i = 0; i < n; ++i) {
+          const A p = x[i], q = y[i];
+          o[i] = static_cast<T>(op == BinaryOp::Add ? p + q : op == BinaryOp::Sub ? p - q
+                                : op == BinaryOp::Mul ? p * q : p / q);
+        }
       });
     });
   }
@@ -787,26 +803,27 @@ struct EmulatedMath : EmulatedGrid {
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
+        using A = accumulator_t<T>;
         const T* x = real<const T>(a);
-        const T y = s.as<T>();
+        const A y = s.as<A>();  // a 16-bit tensor's scalar is a float
         T* o = real<T>(out);
-        for (int64_t i = 0; i < n; ++i)
-          o[i] = op == BinaryOp::Add   ? x[i] + y
-                 : op == BinaryOp::Sub ? x[i] - y
-                 : op == BinaryOp::Mul ? x[i] * y
-                                       : x[i] / y;
+        for (int64_t i = 0; i < n; ++i) {
+          const A p = x[i];
+          o[i] = static_cast<T>(op == BinaryOp::Add ? p + y : op == BinaryOp::Sub ? p - y
+                                : op == BinaryOp::Mul ? p * y : p / y);
+        }
       });
     });
   }
   static void unary(DType t, UnaryFn f, const void* a, void* out, int64_t n) {
     // Checked at launch, as the CUDA backend does: an error here is the caller's.
     refuse_uncomputed(t);
-    if (!is_float_or_double(t) && !takes_integers(f))
+    if (!dtensor::is_floating(t) && !takes_integers(f))
       throw InvalidArgument(detail::cat("emulated device: ", name(f), " takes floating-point tensors"));
     launch([=] { unary_kernel(t, f, a, out, n); });
   }
   static void unary_backward(DType t, UnaryFn f, const void* x, const void* dy, void* dx, int64_t n) {
-    if (!is_float_or_double(t))
+    if (!dtensor::is_floating(t))
       throw InvalidArgument(detail::cat("emulated device: the derivative of ", name(f),
                                         " takes floating-point tensors"));
     launch([=] { unary_backward_kernel(t, f, x, dy, dx, n); });
@@ -816,9 +833,11 @@ struct EmulatedMath : EmulatedGrid {
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
+        using A = accumulator_t<T>;
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t j = 0; j < cols; ++j)
-            real<T>(out)[i * cols + j] = real<const T>(m)[i * cols + j] + real<const T>(v)[along_rows ? j : i];
+            real<T>(out)[i * cols + j] = static_cast<T>(static_cast<A>(real<const T>(m)[i * cols + j]) +
+                                                        static_cast<A>(real<const T>(v)[along_rows ? j : i]));
       });
     });
   }
@@ -832,24 +851,27 @@ struct EmulatedMath : EmulatedGrid {
       });
     });
   }
-  static void reduce_dim(DType t, ReduceOp r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner) {
+  static void reduce_dim(DType t, ReduceOp r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
+                         Scalar scale) {
     refuse_uncomputed(t);
     launch([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
+        using A = accumulator_t<T>;  // a 16-bit sum accumulates in float, rounded once
+        const A factor = scale.as<A>();
         const T* x = real<const T>(in);
         T* o = real<T>(out);
         const bool sum = r == ReduceOp::Sum || r == ReduceOp::Avg;  // Avg: the caller divides
         for (int64_t a = 0; a < outer; ++a)
           for (int64_t i = 0; i < inner; ++i) {
-            T acc = sum ? T(0)
-                    : r == ReduceOp::Max ? compute::identity<ReduceOp::Max, T>()
-                                         : compute::identity<ReduceOp::Min, T>();
+            A acc = sum ? A(0)
+                    : r == ReduceOp::Max ? compute::identity<ReduceOp::Max, A>()
+                                         : compute::identity<ReduceOp::Min, A>();
             for (int64_t j = 0; j < len; ++j) {
-              const T v = x[(a * len + j) * inner + i];
-              acc = sum ? acc + v : r == ReduceOp::Max ? std::max(acc, v) : std::min(acc, v);
+              const A v = static_cast<A>(x[(a * len + j) * inner + i]);
+              acc = sum ? static_cast<A>(acc + v) : r == ReduceOp::Max ? std::max(acc, v) : std::min(acc, v);
             }
-            o[a * inner + i] = acc;
+            o[a * inner + i] = static_cast<T>(acc * factor);
           }
       });
     });
@@ -887,10 +909,12 @@ struct EmulatedMath : EmulatedGrid {
     });
     return s;
   }
+  // float and double, as the CUDA kernels (a 16-bit softmax widens first: ops/reduce.hpp).
   static void softmax_shift(DType t, void* x, const void* max, void* sums, int64_t outer, int64_t len, int64_t inner,
                             bool log) {
+    require_floating(t, "softmax_shift");
     launch([=] {
-      typed(t, [&](auto tag) {
+      floating(t, [&](auto tag) {
         using T = decltype(tag);
         if (log)
           compute::softmax_shift<true>(Device::host(), real<T>(x), real<const T>(max), real<T>(sums), outer, len,
@@ -902,8 +926,9 @@ struct EmulatedMath : EmulatedGrid {
     });
   }
   static void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log) {
+    require_floating(t, "softmax_finish");
     launch([=] {
-      typed(t, [&](auto tag) {
+      floating(t, [&](auto tag) {
         using T = decltype(tag);
         if (log) compute::softmax_finish<true>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
         else compute::softmax_finish<false>(Device::host(), real<T>(x), real<const T>(sums), outer, len, inner);
@@ -915,19 +940,19 @@ struct EmulatedMath : EmulatedGrid {
   // caller may reuse them once the call returns, as the CUDA backend allows).
   static void row_moments(DType t, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
                           double* out) {
-    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: row_moments takes float or double tensors");
+    require_floating_or_16(t, "row_moments");
     count(calls());
     submit_and_wait([=] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
-        if constexpr (std::is_floating_point_v<T>)
+        if constexpr (FloatingElement<T>)
           compute::row_moments(Device::host(), real<const T>(a), real<const T>(b), shift, rows, cols, out);
       });
     });
   }
   static void row_affine(DType t, const void* a, const void* b, const RowTerms& terms, int64_t rows, int64_t cols,
                          void* out) {
-    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: row_affine takes float or double tensors");
+    require_floating_or_16(t, "row_affine");
     auto copy = [](const double* p, int64_t n) {
       return p ? std::vector<double>(p, p + n) : std::vector<double>{};
     };
@@ -938,7 +963,7 @@ struct EmulatedMath : EmulatedGrid {
       const RowTerms host{at(center), at(scale), at(b_scale), at(offset), at(col_scale), at(col_offset)};
       typed(t, [&](auto tag) {
         using T = decltype(tag);
-        if constexpr (std::is_floating_point_v<T>)
+        if constexpr (FloatingElement<T>)
           compute::row_affine(Device::host(), real<const T>(a), real<const T>(b), host, rows, cols, real<T>(out));
       });
     });
@@ -1009,25 +1034,29 @@ struct EmulatedMath : EmulatedGrid {
   }
   // Plain loops over the resolved dims, independent of the host's Eigen path.
   static void gemm(DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c) {
-    if (!is_float_or_double(t)) throw InvalidArgument("emulated device: gemm takes float32 or float64");
+    require_floating_or_16(t, "gemm");
     launch([=, g = dims] {
       typed(t, [&](auto tag) {
         using T = decltype(tag);
-        const T al = alpha.as<T>(), be = beta.as<T>();
+        // 16-bit: float products and sums, alpha and beta floats, C rounded once (as
+        // cuBLAS with CUBLAS_COMPUTE_32F).
+        using Acc = accumulator_t<T>;
+        const Acc al = alpha.as<Acc>(), be = beta.as<Acc>();
         const T* A = real<const T>(a);
         const T* B = real<const T>(b);
         T* C = real<T>(c);
         for (int64_t p = 0; p < g.batch; ++p)
           for (int64_t i = 0; i < g.m; ++i)
             for (int64_t j = 0; j < g.n; ++j) {
-              T acc = 0;
+              Acc acc = 0;
               for (int64_t q = 0; q < g.k; ++q) {
-                const T x = A[p * g.stride_a + (g.trans_a ? q * g.lda + i : i * g.lda + q)];
-                const T y = B[p * g.stride_b + (g.trans_b ? j * g.ldb + q : q * g.ldb + j)];
+                const Acc x = A[p * g.stride_a + (g.trans_a ? q * g.lda + i : i * g.lda + q)];
+                const Acc y = B[p * g.stride_b + (g.trans_b ? j * g.ldb + q : q * g.ldb + j)];
                 acc += x * y;
               }
               T& out = C[p * g.stride_c + i * g.ldc + j];
-              out = be == T(0) ? al * acc : al * acc + be * out;  // beta == 0: C is not read
+              // beta == 0: C is not read
+              out = static_cast<T>(be == Acc(0) ? al * acc : al * acc + be * static_cast<Acc>(out));
             }
       });
     });
@@ -1035,9 +1064,9 @@ struct EmulatedMath : EmulatedGrid {
   // Sliding windows and upsampling: the host implementation, on the stream's worker.
   static void conv_forward(DType t, const ConvDims& dims, const void* x, const void* w, const void* bias, void* y,
                            const OutBox& box) {
-    require_floating(t, "conv_forward");
+    require_floating_or_16(t, "conv_forward");
     launch([=] {
-      floating(t, [&](auto tag) {
+      visit_floating_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         compute::conv_forward(Device::host(), dims, real<const T>(x), real<const T>(w), real<const T>(bias),
                               real<T>(y), box);
@@ -1045,9 +1074,9 @@ struct EmulatedMath : EmulatedGrid {
     });
   }
   static void conv_backward_data(DType t, const ConvDims& dims, const void* dy, const void* w, void* dx) {
-    require_floating(t, "conv_backward_data");
+    require_floating_or_16(t, "conv_backward_data");
     launch([=] {
-      floating(t, [&](auto tag) {
+      visit_floating_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         compute::conv_backward_data(Device::host(), dims, real<const T>(dy), real<const T>(w), real<T>(dx));
       });
@@ -1055,9 +1084,9 @@ struct EmulatedMath : EmulatedGrid {
   }
   static void conv_backward_weight(DType t, const ConvDims& dims, const void* x, const void* dy, void* dw,
                                    bool accumulate) {
-    require_floating(t, "conv_backward_weight");
+    require_floating_or_16(t, "conv_backward_weight");
     launch([=] {
-      floating(t, [&](auto tag) {
+      visit_floating_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         compute::conv_backward_weight(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dw),
                                       accumulate);
@@ -1065,45 +1094,45 @@ struct EmulatedMath : EmulatedGrid {
     });
   }
   static void conv_backward_bias(DType t, const ConvDims& dims, const void* dy, void* db, bool accumulate) {
-    require_floating(t, "conv_backward_bias");
+    require_floating_or_16(t, "conv_backward_bias");
     launch([=] {
-      floating(t, [&](auto tag) {
+      visit_floating_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         compute::conv_backward_bias(Device::host(), dims, real<const T>(dy), real<T>(db), accumulate);
       });
     });
   }
   static void pool_forward(DType t, const PoolDims& dims, const void* x, void* y, const OutBox& box) {
-    require_floating(t, "pool_forward");
+    require_floating_or_16(t, "pool_forward");
     launch([=] {
-      floating(t, [&](auto tag) {
+      visit_floating_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         compute::pool_forward(Device::host(), dims, real<const T>(x), real<T>(y), box);
       });
     });
   }
   static void pool_backward(DType t, const PoolDims& dims, const void* x, const void* dy, void* dx) {
-    require_floating(t, "pool_backward");
+    require_floating_or_16(t, "pool_backward");
     launch([=] {
-      floating(t, [&](auto tag) {
+      visit_floating_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         compute::pool_backward(Device::host(), dims, real<const T>(x), real<const T>(dy), real<T>(dx));
       });
     });
   }
   static void upsample_forward(DType t, const UpsampleDims& dims, const void* x, void* y) {
-    require_floating(t, "upsample_forward");
+    require_floating_or_16(t, "upsample_forward");
     launch([=] {
-      floating(t, [&](auto tag) {
+      visit_floating_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         compute::upsample_forward(Device::host(), dims, real<const T>(x), real<T>(y));
       });
     });
   }
   static void upsample_backward(DType t, const UpsampleDims& dims, const void* dy, void* dx) {
-    require_floating(t, "upsample_backward");
+    require_floating_or_16(t, "upsample_backward");
     launch([=] {
-      floating(t, [&](auto tag) {
+      visit_floating_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         compute::upsample_backward(Device::host(), dims, real<const T>(dy), real<T>(dx));
       });

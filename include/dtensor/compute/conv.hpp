@@ -3,8 +3,7 @@
 // what the dims mean). On the host, float through oneDNN where CMake found it
 // (compute/onednn_conv.hpp; onednn::preferred() names the passes left to our own code)
 // and everything else through the host algorithms below; on a device, the backend
-// table (cuDNN in the CUDA backend). T is float or double, or bfloat16 / float16 on
-// the host.
+// table (cuDNN in the CUDA backend). T is float, double, bfloat16 or float16, on either.
 //
 // 16-bit tensors never accumulate in 16 bits: oneDNN's 16-bit primitives where it has
 // them (bfloat16 on CPUs with AVX-512; compute/onednn_conv.hpp), else the conversion

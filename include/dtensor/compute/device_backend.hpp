@@ -41,18 +41,23 @@ struct DeviceBackend {
 
   // Elementwise.
   RequiredFn<void (*)(DType, BinaryOp, const void* a, const void* b, void* out, int64_t n)> binary;
+  // s of the accumulator type: a float for 16-bit elements (a Scalar carries bits).
   RequiredFn<void (*)(DType, BinaryOp, const void* a, Scalar s, void* out, int64_t n)> binary_scalar;
   RequiredFn<void (*)(DType, UnaryFn, const void* a, void* out, int64_t n)> unary;
-  // dx = f'(x) dy (float and double); dx may alias x or dy.
+  // dx = f'(x) dy (floating types); dx may alias x or dy. The elementwise entries,
+  // reductions, row statistics, rows by index, pooling and upsampling take bfloat16 and
+  // float16 too, computing in float and rounding once when they store (core/float16.hpp);
+  // the entries that say "float and double" refuse them by name.
   RequiredFn<void (*)(DType, UnaryFn, const void* x, const void* dy, void* dx, int64_t n)> unary_backward;
   RequiredFn<void (*)(DType, const void* m, const void* v, void* out, int64_t rows, int64_t cols,
                       bool along_rows)> add_bias;
   RequiredFn<void (*)(DType, const void* in, void* out, int64_t rows, int64_t cols)> transpose;
 
-  // Reductions: [outer, len, inner] -> [outer, inner] (Avg sums: the caller divides);
-  // whole-tensor norms to the host.
-  RequiredFn<void (*)(DType, ReduceOp, const void* in, void* out, int64_t outer, int64_t len,
-                      int64_t inner)> reduce_dim;
+  // Reductions: [outer, len, inner] -> [outer, inner] (Avg sums: the caller divides),
+  // each result times `scale` (of the accumulator type: float for 16-bit elements) before
+  // it is stored, rounded once. Whole-tensor norms to the host (sum_squares: a double sum).
+  RequiredFn<void (*)(DType, ReduceOp, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
+                      Scalar scale)> reduce_dim;
   // out[o, j, i] = x[o, j, i] == y[o, i] ? v[o, i] : 0 (the backward of max/min over a dim).
   RequiredFn<void (*)(DType, const void* x, const void* y, const void* v, void* out, int64_t outer, int64_t len,
                       int64_t inner)> where_equal;
@@ -63,8 +68,8 @@ struct DeviceBackend {
   RequiredFn<void (*)(DType, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner,
                       bool log)> softmax_finish;
 
-  // Per-row statistics and affine maps in double (compute/row_stats.hpp; float and
-  // double). The per-row arrays are host arrays: row_moments writes `out` (2 rows
+  // Per-row statistics and affine maps in double (compute/row_stats.hpp; floating
+  // types, a 16-bit map in float as on the host). The per-row arrays are host arrays: row_moments writes `out` (2 rows
   // values) and returns when it is written; row_affine reads its RowTerms' arrays
   // before it returns.
   RequiredFn<void (*)(DType, const void* a, const void* b, const double* shift, int64_t rows, int64_t cols,
@@ -89,13 +94,15 @@ struct DeviceBackend {
                       int64_t cols)> add_along_last;
 
   // Row-major (batched) product C = alpha op(A) op(B) + beta C, `dims` resolved (see
-  // compute/gemm.hpp); float and double, alpha and beta of the element type. With
-  // beta == 0, C is not read (it may hold NaN).
+  // compute/gemm.hpp); float, double, bfloat16 and float16, alpha and beta of the
+  // accumulator type (float for the 16-bit types, which accumulate in float and round C
+  // once). With beta == 0, C is not read (it may hold NaN).
   RequiredFn<void (*)(DType, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta,
                       void* c)> gemm;
 
   // Sliding windows and upsampling on one rank's block (compute/conv.hpp, pool.hpp,
-  // upsample.hpp; float and double): the dims are validated, the box and the pooling's
+  // upsample.hpp; floating types, the 16-bit ones in float; a convolution through cuDNN
+  // with float accumulation): the dims are validated, the box and the pooling's
   // valid range resolved by the caller. bias may be null; dx is written whole.
   RequiredFn<void (*)(DType, const ConvDims&, const void* x, const void* w, const void* bias, void* y,
                       const OutBox& box)> conv_forward;

@@ -134,8 +134,8 @@ void unary_real(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
   });
 }
 
-// The backward of out = f(x): dx = f'(x) dy, elementwise (float and double); dx may
-// alias x or dy.
+// The backward of out = f(x): dx = f'(x) dy, elementwise (floating types, 16-bit ones
+// in float); dx may alias x or dy.
 template <class T, int R>
 void unary_backward(UnaryFn f, const Tensor<T, R>& x, const Tensor<T, R>& dy, Tensor<T, R>& dx) {
   static_assert(FloatingElement<T> || is_complex_v<T>,
@@ -234,10 +234,10 @@ void reduce_dim(Device d, const T* in, T* out, int64_t outer, int64_t len, int64
     DTENSOR_CHECK(R == ReduceOp::Sum || R == ReduceOp::Avg, InvalidArgument, "a ", name(R), " of ",
                   name(dtype_of<T>()), " elements: complex numbers have no order");
   if (!d.is_host()) {
-    detail::device_backend(d).reduce_dim(dtype_of<T>(), R, in, out, outer, len, inner);
-    if (scale != decltype(scale)(1))
-      detail::device_backend(d).binary_scalar(dtype_of<T>(), BinaryOp::Mul, out, dtensor::detail::device_scalar(scale), out, outer * inner);
-    return;
+    if constexpr (!is_complex_v<T>)  // complex blocks are refused by the device (no Scalar holds their scale)
+      return detail::device_backend(d).reduce_dim(dtype_of<T>(), R, in, out, outer, len, inner, Scalar::of(scale));
+    else
+      return detail::device_backend(d).reduce_dim(dtype_of<T>(), R, in, out, outer, len, inner, Scalar{});
   }
   if constexpr (is_float16_v<T>) {
     std::vector<float> acc(static_cast<std::size_t>(inner));
@@ -297,11 +297,20 @@ void where_equal(Device d, const T* x, const T* y, const T* v, T* out, int64_t o
 }
 
 // Sum of squares and largest magnitude of all elements, as a host value.
+// The sum of squares: in double for the 16-bit types (Eigen's sum would add in 16 bits
+// and stall), as the device computes it, rounded once to T.
 template <class T, int R>
 T sum_squares(const Tensor<T, R>& a) {
   if (!a.device().is_host())
-    return static_cast<T>(detail::device_backend(a.device()).sum_squares(dtype_of<T>(), a.data(), a.numel()));
-  return as_eigen_array(a).square().sum();
+    return detail::convert_element<T>(detail::device_backend(a.device()).sum_squares(dtype_of<T>(), a.data(),
+                                                                                       a.numel()));
+  if constexpr (is_float16_v<T>) {
+    double s = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) s += double(float(a.data()[i])) * double(float(a.data()[i]));
+    return T::from_double(s);
+  } else {
+    return as_eigen_array(a).square().sum();
+  }
 }
 template <class T, int R>
 T max_abs(const Tensor<T, R>& a) {
@@ -438,7 +447,7 @@ void add_along_last(Device d, const T* g, const int64_t* target, int64_t lo, T* 
 // == 0, C is only written (it may hold garbage or NaN), as in BLAS. Host: OpenBLAS for
 // float and double where CMake found it (compute/blas.hpp), else Eigen, any arithmetic
 // type; bfloat16 and float16 through oneDNN's matmul (compute/onednn_matmul.hpp), else by
-// conversion to one float GEMM; device: cuBLAS, float and double.
+// conversion to one float GEMM; device: cuBLAS (16-bit with float accumulation).
 template <class T>
 void gemm_float16_by_conversion(const GemmDims& g, T alpha, const T* a, const T* b, T beta, T* c);
 template <class T>
@@ -448,11 +457,14 @@ template <class T>
 void gemm_ex(Device d, const GemmDims& dims, T alpha, const T* a, const T* b, T beta, T* c) {
   const GemmDims g = dims.resolved();
   if (!d.is_host()) {
-    if constexpr (std::is_floating_point_v<T>) {
+    if constexpr (FloatingElement<T>) {
       if (g.empty()) return;
-      return detail::device_backend(d).gemm(dtype_of<T>(), g, Scalar::of(alpha), a, b, Scalar::of(beta), c);
+      // alpha and beta in the accumulator type: a 16-bit product's are floats.
+      using A = accumulator_t<T>;
+      return detail::device_backend(d).gemm(dtype_of<T>(), g, Scalar::of(static_cast<A>(alpha)), a, b,
+                                            Scalar::of(static_cast<A>(beta)), c);
     } else {
-      throw InvalidArgument(detail::cat("dtensor: matrix products on a GPU take float or double, not ",
+      throw InvalidArgument(detail::cat("dtensor: matrix products on a GPU take floating-point elements, not ",
                                         name(dtype_of<T>())));
     }
   }

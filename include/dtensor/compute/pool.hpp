@@ -1,8 +1,8 @@
 #pragma once
 // Local pooling: one rank's block, no communication (compute/conv_dims.hpp: PoolDims
 // says what the window, the padding and the valid cells mean). On the host, plain
-// loops; on a device, the backend table. T is float or double, or bfloat16 / float16
-// on the host.
+// loops; on a device, the backend table. T is float, double, bfloat16 or float16, on
+// either (16-bit ones compute in float, the kernels as the loops).
 //
 //   pool_forward   y[box] = max or average of each window's valid taps (the rest of
 //                  y is left alone; average's divisor as PoolDims says)

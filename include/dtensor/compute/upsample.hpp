@@ -2,7 +2,7 @@
 // Local upsampling by integer factors: one rank's block, no communication
 // (compute/upsample_dims.hpp says what the dims and offsets mean). On the host, plain
 // loops over per-dim tables of source indices and weights; on a device, the backend
-// table. T is float or double, or bfloat16 / float16 on the host: those compute in
+// table. T is float, double, bfloat16 or float16, on either; the 16-bit ones compute in
 // float (the weights, the interpolation and the adjoint's sums, into a float gradient:
 // compute/conv.hpp, with_float_gradient) and round each output once.
 //

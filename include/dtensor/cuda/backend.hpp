@@ -15,9 +15,10 @@ namespace dtensor::cuda {
 
 namespace detail {
 
-// A reduction to one value, read back on the host (norms).
+// A reduction to one value, read back on the host (norms): one element of type t, or a
+// double where the kernel writes one for a 16-bit t (sum_squares: `wide_16`).
 template <class Kernel>
-double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel) {
+double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel, bool wide_16 = false) {
   if (n == 0) return 0.0;
   cudaStream_t s = current_stream();
   int dev = 0;
@@ -26,16 +27,18 @@ double reduce_to_host(DType t, const void* a, int64_t n, Kernel&& kernel) {
   double v = 0;
   try {
     kernel(t, a, n, out, s);
-    visit_dtype(t, [&](auto tag) {  // the kernel wrote one element of type t
+    auto read = [&](auto r) {  // one value of the type the kernel wrote
+      DTENSOR_CUDA(cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, s));
+      DTENSOR_CUDA(cudaStreamSynchronize(s));
+      if constexpr (is_float16_v<decltype(r)>) v = static_cast<double>(static_cast<float>(r));
+      else v = static_cast<double>(r);
+    };
+    visit_dtype(t, [&](auto tag) {
       using T = decltype(tag);
-      if constexpr (is_complex_v<T>) {
+      if constexpr (is_complex_v<T>)
         throw InvalidArgument("dtensor: a norm of complex elements on a device (the kernels refuse them first)");
-      } else {
-        T r{};
-        DTENSOR_CUDA(cudaMemcpyAsync(&r, out, sizeof r, cudaMemcpyDeviceToHost, s));
-        DTENSOR_CUDA(cudaStreamSynchronize(s));
-        v = static_cast<double>(r);
-      }
+      else if (is_float16_v<T> && wide_16) read(double{});
+      else read(T{});
     });
   } catch (...) {
     deallocate(out, 8, dev);
@@ -130,6 +133,7 @@ struct CudaMovement {
   static constexpr auto copy_block = on_stream<kernels::copy_block>;
   static constexpr auto reduce_block = on_stream<kernels::reduce_block>;
   static constexpr auto divide_block = on_stream<kernels::divide_block>;
+  static constexpr auto convert_block = on_stream<kernels::convert_block>;
   static constexpr auto fill = on_stream<kernels::fill>;
   // Markers are events without timing (the cheapest kind to record and wait on).
   static void* new_marker() {
@@ -188,7 +192,9 @@ struct CudaMath {
   static constexpr auto transpose = on_stream<kernels::transpose>;
   static constexpr auto reduce_dim = on_stream<kernels::reduce_dim>;
   static constexpr auto where_equal = on_stream<kernels::where_equal>;
-  static double sum_squares(DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, kernels::sum_squares); }
+  static double sum_squares(DType t, const void* a, int64_t n) {
+    return reduce_to_host(t, a, n, kernels::sum_squares, true);
+  }
   static double max_abs(DType t, const void* a, int64_t n) { return reduce_to_host(t, a, n, kernels::max_abs); }
   static constexpr auto softmax_shift = on_stream<kernels::softmax_shift>;
   static constexpr auto softmax_finish = on_stream<kernels::softmax_finish>;

@@ -3,6 +3,11 @@
 // compiled once by nvcc into the dtensor_cuda_kernels library, so that the rest of
 // dtensor, and the user's code, can stay plain C++ built by the host compiler.
 //
+// bfloat16 and float16 elements are dtensor's own types in the kernels too: the
+// elementwise kernels, reductions, row statistics, pooling and upsampling load them into
+// float, compute in float and round once when they store, as the host does
+// (core/float16.hpp); the functions below that say "float32 and float64" refuse them.
+//
 // Every function is asynchronous on `stream`, takes element counts (not bytes)
 // unless it says otherwise, accepts empty inputs (n == 0: nothing is launched, but
 // sum_squares and max_abs still write their 0),
@@ -48,6 +53,11 @@ void reduce_block(DType t, ReduceOp op, const void* src, StridedBlock sb, void* 
 // dst[db] /= terms (integer division for integer types).
 void divide_block(DType t, void* dst, StridedBlock db, int terms, cudaStream_t stream);
 
+// dst[db] = src[sb], each element converted from `from` to `to` (float32, float64,
+// bfloat16, float16) by core/float16.hpp's convert_element: one rounding, to nearest even.
+void convert_block(DType from, const void* src, StridedBlock sb, DType to, void* dst, StridedBlock db,
+                   cudaStream_t stream);
+
 // dst[0, n) = value (one element of type t).
 void fill(DType t, void* dst, int64_t n, Scalar value, cudaStream_t stream);
 
@@ -60,13 +70,14 @@ void random_fill(DType t, void* dst, const CounterBox& box, const CounterDraw& d
 // out[i] = a[i] (op) b[i]; out may alias a or b.
 void binary(DType t, Binary op, const void* a, const void* b, void* out, int64_t n, cudaStream_t stream);
 
-// out[i] = a[i] (op) s.
+// out[i] = a[i] (op) s; s is one element of the accumulator type (a float for bfloat16
+// and float16 tensors, never a 16-bit value: a Scalar carries bits).
 void binary_scalar(DType t, Binary op, const void* a, Scalar s, void* out, int64_t n, cudaStream_t stream);
 
 // out[i] = f(a[i]) (floating-point types; Neg, Abs and Relu also for integers).
 void unary(DType t, Unary f, const void* a, void* out, int64_t n, cudaStream_t stream);
 
-// dx[i] = f'(x[i]) dy[i] (floating-point types); dx may alias x or dy.
+// dx[i] = f'(x[i]) dy[i] (floating-point types, 16-bit ones computed in float); dx may alias x or dy.
 void unary_backward(DType t, Unary f, const void* x, const void* dy, void* dx, int64_t n, cudaStream_t stream);
 
 // out = m + v broadcast over an m of rows x cols (row-major): v(j) added to every
@@ -80,8 +91,10 @@ void transpose(DType t, const void* in, void* out, int64_t rows, int64_t cols, c
 // --- reductions ---
 
 // in viewed as [outer, len, inner] (row-major): out[o, i] = reduction over j of
-// in[o, j, i]. len == 0 gives the identity (0, -inf / lowest, +inf / max).
-void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner,
+// in[o, j, i]. len == 0 gives the identity (0, -inf / lowest, +inf / max). Each result
+// is multiplied by `scale` (one element of the accumulator type: float for the 16-bit
+// types; 1 for none) before it is stored, so a 16-bit mean rounds once.
+void reduce_dim(DType t, Reduce r, const void* in, void* out, int64_t outer, int64_t len, int64_t inner, Scalar scale,
                 cudaStream_t stream);
 
 // out[o, j, i] = x[o, j, i] == y[o, i] ? v[o, i] : 0, x and out viewed as
@@ -105,7 +118,8 @@ void take_along_last(DType t, const void* x, int64_t rows, int64_t cols, const i
 void add_along_last(DType t, const void* g, const int64_t* target, int64_t lo, void* x, int64_t rows, int64_t cols,
                     cudaStream_t stream);
 
-// *out = sum of a[i]^2 over [0, n)  (out: one element on the device).
+// *out = sum of a[i]^2 over [0, n)  (out: one element of type t on the device; for
+// bfloat16 and float16 a double, the sum unrounded).
 void sum_squares(DType t, const void* a, int64_t n, void* out, cudaStream_t stream);
 
 // *out = max of |a[i]| over [0, n), 0 for n == 0  (out: one element on the device).
@@ -121,7 +135,7 @@ void softmax_shift(DType t, void* x, const void* max, void* sums, int64_t outer,
 void softmax_finish(DType t, void* x, const void* sums, int64_t outer, int64_t len, int64_t inner, bool log,
                     cudaStream_t stream);
 
-// --- per-row statistics and affine maps (float32 and float64; compute/row_stats.hpp's
+// --- per-row statistics and affine maps (float32, float64 and the 16-bit types; compute/row_stats.hpp's
 // formulas, every array here on the device) ---
 
 // out[r], out[rows + r]: sum (a - shift[r]) and sum (a - shift[r])^2 over row r of a
@@ -139,7 +153,7 @@ void sgd_update(DType t, void* w, const void* g, void* buf, int64_t n, const Sgd
 void adamw_update(DType t, void* w, const void* g, void* m, void* v, int64_t n, const AdamWStep& step,
                   cudaStream_t stream);
 
-// --- sliding windows and upsampling (float32 and float64; dims validated, the box and
+// --- sliding windows and upsampling (floating types, 16-bit ones in float; dims validated, the box and
 // the valid cells resolved, as compute/pool.hpp and upsample.hpp pass them) ---
 
 // y[box] = the max or average pooling of x (kernels/pool.cuh: the host's rules exactly).
