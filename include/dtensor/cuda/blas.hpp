@@ -5,6 +5,10 @@
 //
 // Float products use full fp32 unless TF32 is asked for (set_tf32(true) or
 // DTENSOR_TF32=1): TF32 is faster on tensor cores but keeps only 10 mantissa bits.
+// bfloat16 and float16 products run cublasGemmEx with CUBLAS_COMPUTE_32F: tensor cores,
+// float products and sums, C rounded once; the handles disallow cuBLAS's reduced-
+// precision reductions (split-K partial sums kept in the 16-bit output type), so every
+// sum is a float sum, as on the host (oneDNN's bf16 matmul accumulates in float).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -18,6 +22,7 @@
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/compute/functions.hpp"
 #include "dtensor/compute/gemm.hpp"
+#include "dtensor/cuda/kernels.hpp"
 #include "dtensor/cuda/stream.hpp"
 #include "dtensor/cuda/thread_handle.hpp"
 
@@ -93,7 +98,9 @@ class BlasHandle {
     const bool want = tf32();
     if (handle_.made() != moded_ || want != tf32_) {  // a new handle starts in the default mode
       if (handle_.made() != moded_) workspace_.attach(h, handle_.device());
-      DTENSOR_CUBLAS(cublasSetMathMode(h, want ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+      const auto mode = static_cast<cublasMath_t>((want ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+                                                  CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+      DTENSOR_CUBLAS(cublasSetMathMode(h, mode));
       moded_ = handle_.made(), tf32_ = want;
     }
     return h;
@@ -190,14 +197,57 @@ void gemm_dispatch(const GemmDims& dims, Scalar alpha, const void* a, const void
   if (g.k == 0) return scale_output(g, beta.as<T>(), static_cast<T*>(c));
   gemm_typed(g, alpha.as<T>(), static_cast<const T*>(a), static_cast<const T*>(b), beta.as<T>(), static_cast<T*>(c));
 }
+
+inline cudaDataType_t blas_type(DType t) { return t == DType::BFloat16 ? CUDA_R_16BF : CUDA_R_16F; }
+
+// A 16-bit product (see the top of this file): A, B and C of type t, alpha and beta
+// floats. The empty sum (k == 0) scales C: zeros by a 2-D memset when beta is 0, else
+// each row of C by the elementwise kernel (in float, rounded once).
+inline void gemm_float16(DType t, const GemmDims& dims, float alpha, const void* a, const void* b, float beta,
+                         void* c) {
+  const GemmDims g = dims.resolved();
+  if (g.empty()) return;
+  const std::size_t elem = 2;
+  const auto s = current_stream();
+  if (g.k == 0) {
+    for (int64_t p = 0; p < g.batch; ++p) {
+      auto* cp = static_cast<std::byte*>(c) + static_cast<std::size_t>(p * g.stride_c) * elem;
+      if (beta == 0.f) {
+        DTENSOR_CUDA(cudaMemset2DAsync(cp, static_cast<std::size_t>(g.ldc) * elem, 0,
+                                       static_cast<std::size_t>(g.n) * elem, static_cast<std::size_t>(g.m), s));
+        continue;
+      }
+      for (int64_t i = 0; i < g.m; ++i) {
+        void* row = cp + static_cast<std::size_t>(i * g.ldc) * elem;
+        kernels::binary_scalar(t, BinaryOp::Mul, row, Scalar::of(beta), row, g.n, s);
+      }
+    }
+    return;
+  }
+  cublasHandle_t h = blas_handle();
+  const auto i = blas_int;
+  const cudaDataType_t dt = blas_type(t);
+  if (g.batch == 1) {
+    DTENSOR_CUBLAS(cublasGemmEx(h, blas_op(g.trans_b), blas_op(g.trans_a), i(g.n), i(g.m), i(g.k), &alpha, b, dt,
+                                i(g.ldb), a, dt, i(g.lda), &beta, c, dt, i(g.ldc), CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    return;
+  }
+  DTENSOR_CUBLAS(cublasGemmStridedBatchedEx(h, blas_op(g.trans_b), blas_op(g.trans_a), i(g.n), i(g.m), i(g.k), &alpha,
+                                            b, dt, i(g.ldb), g.stride_b, a, dt, i(g.lda), g.stride_a, &beta, c, dt,
+                                            i(g.ldc), g.stride_c, i(g.batch), CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
+}
 }  // namespace detail
 
 // C = alpha op(A) op(B) + beta C, row-major and batched as `dims` says (compute/
-// gemm.hpp), on this thread's stream. With beta == 0, C is not read.
+// gemm.hpp), on this thread's stream. With beta == 0, C is not read. alpha and beta are
+// of the accumulator type (float for bfloat16 and float16).
 inline void gemm(DType t, const GemmDims& dims, Scalar alpha, const void* a, const void* b, Scalar beta, void* c) {
   if (t == DType::Float32) return detail::gemm_dispatch<float>(dims, alpha, a, b, beta, c);
   if (t == DType::Float64) return detail::gemm_dispatch<double>(dims, alpha, a, b, beta, c);
-  throw InvalidArgument(::dtensor::detail::cat("dtensor: cuBLAS products take float32 or float64, not ", name(t)));
+  if (is_float16(t)) return detail::gemm_float16(t, dims, alpha.as<float>(), a, b, beta.as<float>(), c);
+  throw InvalidArgument(::dtensor::detail::cat("dtensor: cuBLAS products take floating-point elements, not ", name(t)));
 }
 
 }  // namespace dtensor::cuda

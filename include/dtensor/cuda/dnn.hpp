@@ -36,7 +36,10 @@
 // descriptors are cached per thread, keyed by every dim, stride and flag of the call;
 // the workspace is a per-thread buffer that only grows. Float convolutions run in full
 // fp32 (CUDNN_FMA_MATH) unless TF32 is asked for (cuda::set_tf32, DTENSOR_TF32=1), as
-// the cuBLAS products do.
+// the cuBLAS products do. bfloat16 and float16 convolutions run on tensor cores with a
+// float compute type: 16-bit data, float sums, each output rounded once (the bias is
+// added after that rounding, by dtensor's kernel: one more rounding of the biased value;
+// the bias gradient is the host's double sum, cuDNN documenting neither for 16 bits).
 //
 // Without cuDNN at configure time (no DTENSOR_WITH_CUDNN), the functions throw an
 // error that says so; pooling and upsampling are kernels of kernels/ and need no cuDNN.
@@ -49,6 +52,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -187,8 +191,18 @@ inline int to_int(int64_t v, const char* what) {
 inline cudnnDataType_t data_type(DType t) {
   if (t == DType::Float32) return CUDNN_DATA_FLOAT;
   if (t == DType::Float64) return CUDNN_DATA_DOUBLE;
-  throw InvalidArgument(::dtensor::detail::cat("dtensor: cuDNN convolutions take float32 or float64, not ", name(t)));
+  if (t == DType::BFloat16) return CUDNN_DATA_BFLOAT16;
+  if (t == DType::Float16) return CUDNN_DATA_HALF;
+  throw InvalidArgument(::dtensor::detail::cat("dtensor: cuDNN convolutions take floating-point elements, not ",
+                                               name(t)));
 }
+// The convolution's compute type: float for the 16-bit types (cuDNN's "pseudo half"
+// and "pseudo bfloat16" configurations: 16-bit data, float products and sums, each
+// output rounded once), the data type otherwise.
+inline cudnnDataType_t compute_type(DType t) { return is_float16(t) ? CUDNN_DATA_FLOAT : data_type(t); }
+// cuDNN's scaling factors (alpha, beta) are floats for every data type but double.
+template <class T>
+using scaling_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // RAII descriptors.
 struct TensorDesc {
@@ -326,9 +340,13 @@ inline Plan& plan(Pass p, const Shape& s) {
   pl->bias.set(dt, bd, bs);
   DTENSOR_CUDNN(cudnnSetFilterNdDescriptor(pl->w.d, dt, CUDNN_TENSOR_NCHW, nd + 2, wd.data()));
   DTENSOR_CUDNN(
-      cudnnSetConvolutionNdDescriptor(pl->conv.d, nd, pad.data(), str.data(), dil.data(), CUDNN_CROSS_CORRELATION, dt));
+      cudnnSetConvolutionNdDescriptor(pl->conv.d, nd, pad.data(), str.data(), dil.data(), CUDNN_CROSS_CORRELATION,
+                                      compute_type(s.type)));
   DTENSOR_CUDNN(cudnnSetConvolutionGroupCount(pl->conv.d, to_int(s.groups, "groups")));
-  cudnnMathType_t math = s.type == DType::Float32 ? (tf ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH) : CUDNN_DEFAULT_MATH;
+  // 16-bit data on tensor cores (float accumulation, as the compute type says).
+  cudnnMathType_t math = s.type == DType::Float32 ? (tf ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH)
+                         : is_float16(s.type)     ? CUDNN_TENSOR_OP_MATH
+                                                  : CUDNN_DEFAULT_MATH;
   DTENSOR_CUDNN(cudnnSetConvolutionMathType(pl->conv.d, math));
   int count = 0;
   switch (p) {
@@ -444,6 +462,22 @@ inline void copy_window(DType t, int64_t planes, const std::array<int64_t, 3>& b
   kernels::window_copy(t, planes, box, src, src_ext, src_start, dst, dst_ext, dst_start, current_stream());
 }
 
+// y += the bias, per output channel, over `batch` x cout contiguous planes of `cells`
+// (a whole output, or a packed box): cudnnAddTensor for float and double; for the
+// 16-bit types dtensor's kernel (a float add, rounded once; cuDNN documents no 16-bit
+// AddTensor), after the convolution's own rounding of y.
+template <class T>
+void add_bias(cudnnHandle_t h, const Plan& pl, DType t, const T* bias, T* y, int64_t batch, int64_t cout,
+              int64_t cells) {
+  if constexpr (is_float16_v<T>) {
+    for (int64_t b = 0; b < batch; ++b)
+      kernels::add_bias(t, y + b * cout * cells, bias, y + b * cout * cells, cout, cells, false, current_stream());
+  } else {
+    const scaling_t<T> one = 1;
+    DTENSOR_CUDNN(cudnnAddTensor(h, &one, pl.bias.d, bias, &one, pl.y.d, y));
+  }
+}
+
 template <class T>
 void forward_typed(DType t, const ConvDims& d, const T* x, const T* w, const T* bias, T* y, const OutBox& box) {
   const Region r = region_of(d, box);
@@ -456,22 +490,24 @@ void forward_typed(DType t, const ConvDims& d, const T* x, const T* w, const T* 
   if (!r.inside && cudnn_pads(d, r, pad)) {  // cuDNN pads: no copy of x
     Plan& pp = plan(Pass::Forward, padded_shape_of(t, d, pad));
     if (pp.algo >= 0) {
-      const T one = 1, zero = 0;
+      const scaling_t<T> one = 1, zero = 0;
       void* ws = th.workspace.get(pp.workspace, dev);
       DTENSOR_CUDNN(cudnnConvolutionForward(h, &one, pp.x.d, x, pp.w.d, w, pp.conv.d,
                                             static_cast<cudnnConvolutionFwdAlgo_t>(pp.algo), ws, pp.workspace, &zero,
                                             pp.y.d, y));
-      if (bias) DTENSOR_CUDNN(cudnnAddTensor(h, &one, pp.bias.d, bias, &one, pp.y.d, y));
+      if (bias) add_bias(h, pp, t, bias, y, d.batch, d.out_channels, d.out_cells());
       return;
     }
   }
-  bool packed = false;  // x's region and y's box both copied
-  Plan* pl = &plan(Pass::Forward, shape_of(t, d, r, !r.inside, false));
-  if (pl->algo < 0) {
+  // packed: x's region and y's box both copied; from the start for a 16-bit box with a
+  // bias (its kernel adds over whole planes).
+  bool packed = is_float16_v<T> && bias && !full_box;
+  Plan* pl = &plan(Pass::Forward, shape_of(t, d, r, packed || !r.inside, packed));
+  if (pl->algo < 0 && !packed) {
     packed = true;
     pl = &plan(Pass::Forward, shape_of(t, d, r, true, true));
-    DTENSOR_CHECK(pl->algo >= 0, CudaError, "cuDNN has no forward algorithm for ", to_string_dims(d));
   }
+  DTENSOR_CHECK(pl->algo >= 0, CudaError, "cuDNN has no forward algorithm for ", to_string_dims(d));
   const bool copy_x = packed || !r.inside, copy_y = packed && !full_box;
   const int64_t planes_x = d.batch * d.in_channels, planes_y = d.batch * d.out_channels;
   std::unique_ptr<Scratch> xs, ys;
@@ -486,12 +522,12 @@ void forward_typed(DType t, const ConvDims& d, const T* x, const T* w, const T* 
     ys = std::make_unique<Scratch>(planes_y * r.e[0] * r.e[1] * r.e[2] * sizeof(T), dev);
     yout = static_cast<T*>(ys->get());
   }
-  const T one = 1, zero = 0;
+  const scaling_t<T> one = 1, zero = 0;
   void* ws = th.workspace.get(pl->workspace, dev);
   DTENSOR_CUDNN(cudnnConvolutionForward(h, &one, pl->x.d, xin, pl->w.d, w, pl->conv.d,
                                         static_cast<cudnnConvolutionFwdAlgo_t>(pl->algo), ws, pl->workspace, &zero,
                                         pl->y.d, yout));
-  if (bias) DTENSOR_CUDNN(cudnnAddTensor(h, &one, pl->bias.d, bias, &one, pl->y.d, yout));
+  if (bias) add_bias(h, *pl, t, bias, yout, d.batch, d.out_channels, r.e[0] * r.e[1] * r.e[2]);
   if (copy_y) copy_window(t, planes_y, r.e, yout, r.e, {0, 0, 0}, y, d.out, r.b);
 }
 
@@ -506,7 +542,7 @@ void backward_data_typed(DType t, const ConvDims& d, const T* dy, const T* w, T*
   cudnnHandle_t h = th.handle.get();
   const int dev = th.handle.device();
   const Region r = region_of(d, OutBox{}.resolved(d));
-  const T one = 1, zero = 0;
+  const scaling_t<T> one = 1, zero = 0;
   std::array<int64_t, 3> pad{};
   if (!r.inside && cudnn_pads(d, r, pad)) {  // cuDNN pads: dx written whole, no copy
     Plan& pp = plan(Pass::BackwardData, padded_shape_of(t, d, pad));
@@ -554,7 +590,7 @@ void backward_weight_typed(DType t, const ConvDims& d, const T* x, const T* dy, 
   cudnnHandle_t h = th.handle.get();
   const int dev = th.handle.device();
   const Region r = region_of(d, OutBox{}.resolved(d));
-  const T one = 1, beta = accumulate ? T(1) : T(0);
+  const scaling_t<T> one = 1, beta = accumulate ? 1 : 0;
   std::array<int64_t, 3> pad{};
   if (!r.inside && cudnn_pads(d, r, pad)) {  // cuDNN pads: x read in place
     Plan& pp = plan(Pass::BackwardFilter, padded_shape_of(t, d, pad));
@@ -593,18 +629,35 @@ void backward_bias_typed(DType t, const ConvDims& d, const T* dy, T* db, bool ac
     if (!accumulate) DTENSOR_CUDA(cudaMemsetAsync(db, 0, d.out_channels * sizeof(T), current_stream()));
     return;
   }
+  if constexpr (is_float16_v<T>) {
+    // cuDNN documents no 16-bit bias gradient: the host's rule instead (compute/conv.hpp
+    // backward_bias), db = its old value (accumulate) plus every plane's sum, in double,
+    // rounded once. Rows of one double block: [db or 0; the planes' sums, batch x cout].
+    const int64_t cout = d.out_channels, planes = d.batch * cout;
+    const cudaStream_t s = current_stream();
+    const int dev = thread().handle.device();
+    Scratch buf(static_cast<std::size_t>(2 * cout + 2 * planes) * sizeof(double), dev);
+    auto* rows = static_cast<double*>(buf.get());
+    double* sums = rows + cout + 2 * planes;
+    const StridedBlock channels = StridedBlock::contiguous(0, cout);
+    if (accumulate) kernels::convert_block(t, db, channels, DType::Float64, rows, channels, s);
+    else DTENSOR_CUDA(cudaMemsetAsync(rows, 0, static_cast<std::size_t>(cout) * sizeof(double), s));
+    kernels::row_moments(t, dy, nullptr, nullptr, planes, d.out_cells(), rows + cout, s);  // sums, then squares
+    kernels::reduce_dim(DType::Float64, ReduceOp::Sum, rows, sums, 1, d.batch + 1, cout, Scalar::of(1.0), s);
+    kernels::convert_block(DType::Float64, sums, channels, t, db, channels, s);
+    return;
+  }
   cudnnHandle_t h = thread().handle.get();
   const Region r = region_of(d, OutBox{}.resolved(d));
   // Only the y and bias descriptors are used; the plan of the forward shape has them.
   const Plan& pl = plan(Pass::Forward, shape_of(t, d, r, true, false));
-  const T one = 1, beta = accumulate ? T(1) : T(0);
+  const scaling_t<T> one = 1, beta = accumulate ? 1 : 0;
   DTENSOR_CUDNN(cudnnConvolutionBackwardBias(h, &one, pl.y.d, dy, &beta, pl.bias.d, db));
 }
 
 template <class F>
 void typed(DType t, F&& f) {
-  if (t == DType::Float32) return f(float{});
-  if (t == DType::Float64) return f(double{});
+  if (is_floating(t)) return visit_floating_dtype(t, f);
   (void)data_type(t);  // throws, naming the type
 }
 
