@@ -37,6 +37,7 @@ inline void NcclComm::all_reduce(const void* send, void* recv, std::size_t count
   ::dtensor::detail::check_orderable(t, op, "NcclComm::all_reduce");
   collective(Kind::AllReduce, {t, op, 0, static_cast<int64_t>(count)}, {}, {}, [&] {
     if (count == 0) return;
+    if (is_float16(t)) return all_reduce_through_float(send, recv, count, t, op);
     nccl(ncclAllReduce(send, recv, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t),
                        cuda::detail::nccl_op(op, t), comm(), stream_),
          "ncclAllReduce");
@@ -57,7 +58,9 @@ inline Request NcclComm::start_all_reduce(const void* send, void* recv, std::siz
   try {
     follow_caller_stream();
     st->event = events_.take();
-    if (count > 0) {
+    if (count > 0 && is_float16(t)) {
+      all_reduce_through_float(send, recv, count, t, op);  // its staging freed in the stream's order
+    } else if (count > 0) {
       nccl(ncclAllReduce(send, recv, cuda::detail::nccl_count(t, count), cuda::detail::nccl_type(t),
                          cuda::detail::nccl_op(op, t), comm(), stream_),
            "ncclAllReduce");
@@ -150,83 +153,130 @@ inline void NcclComm::do_all_gather(const void* send, StridedBlock send_block, v
   });
 }
 
+inline void NcclComm::all_reduce_through_float(const void* send, void* recv, std::size_t count, DType t,
+                                               ReduceOp op) {
+  const auto n = static_cast<int64_t>(count);
+  const StridedBlock all = StridedBlock::contiguous(0, n);
+  cuda::detail::Staging st(stream_);
+  const std::size_t at = st.reserve(n, sizeof(float));
+  st.allocate();
+  void* wide = st.at(at);
+  cuda::kernels::convert_block(t, send, all, DType::Float32, wide, all, stream_);
+  // An Avg as the sum divided once (the in-process and MPI runtimes' rule), not NCCL's
+  // own average, which scales each term first.
+  const ReduceOp float_op = op == ReduceOp::Avg ? ReduceOp::Sum : op;
+  nccl(ncclAllReduce(wide, wide, count, ncclFloat32, cuda::detail::nccl_op(float_op, DType::Float32), comm(), stream_),
+       "ncclAllReduce (float staging)");
+  if (op == ReduceOp::Avg) cuda::kernels::divide_block(DType::Float32, wide, all, size_, stream_);
+  cuda::kernels::convert_block(DType::Float32, wide, all, t, recv, all, stream_);
+}
+
 inline void NcclComm::do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
                                         StridedBlock recv_block, DType t, ReduceOp op) {
   ::dtensor::detail::check_orderable(t, op, "NcclComm::reduce_scatter");
-  collective(Kind::ReduceScatter, {t, op, 0, recv_block.numel()}, send_blocks, {}, [&] {
-    const std::size_t elem = size_of(t);
-    const int64_t n = recv_block.numel();
-    check_own_size(send_blocks[rank_].numel(), n, "send_blocks[rank] (its own contribution to its piece)",
-                   "its recv_block");
-    const ncclDataType_t type = cuda::detail::nccl_type(t);
-    const ncclRedOp_t rop = cuda::detail::nccl_op(op, t);
-    using cuda::detail::Staging;
-    Staging st(stream_);
-    if (cuda::detail::same_size(send_blocks)) {
-      // Every piece holds n elements: NCCL's reduce-scatter, on the caller's
-      // buffers when the pieces lie back to back and the output is contiguous.
-      if (n == 0) return;
-      const bool direct_in = cuda::detail::back_to_back(send_blocks);
-      const std::size_t in_at = direct_in ? Staging::kNone : st.reserve(n * size_, elem);
-      const std::size_t out_at = cuda::detail::dense(recv_block) ? Staging::kNone : st.reserve(n, elem);
-      st.allocate();
-      const void* in = cuda::detail::at(send, send_blocks[0].offset, elem);
-      if (!direct_in) {
-        for (int k = 0; k < size_; ++k)
-          cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at), StridedBlock::contiguous(k * n, n), elem,
-                                    stream_);
-        in = st.at(in_at);
-      }
-      void* out = out_at == Staging::kNone ? cuda::detail::at(recv, recv_block.offset, elem) : st.at(out_at);
-      nccl(ncclReduceScatter(in, out, cuda::detail::nccl_count(t, n), type, rop, comm(), stream_), "ncclReduceScatter");
-      if (out_at != Staging::kNone)
-        cuda::kernels::copy_block(out, StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
-    } else if (const int64_t m = cuda::detail::padded_piece(send_blocks); m > 0) {
-      // Uneven pieces padded to m elements: piece k packed at k m of staging (its
-      // tail is reduced but never read), one ncclReduceScatter of m per rank, this
-      // rank's n elements out.
-      const std::size_t in_at = st.reserve(m * size_, elem), out_at = st.reserve(m, elem);
-      st.allocate();
-      for (int k = 0; k < size_; ++k)
-        if (send_blocks[k].numel() > 0)
-          cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at),
-                                    StridedBlock::contiguous(k * m, send_blocks[k].numel()), elem, stream_);
-      nccl(ncclReduceScatter(st.at(in_at), st.at(out_at), cuda::detail::nccl_count(t, m), type, rop, comm(), stream_),
-           "ncclReduceScatter (padded)");
-      if (n > 0)
-        cuda::kernels::copy_block(st.at(out_at), StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
-    } else {
-      // Pieces too uneven to pad: one reduce per rank, rooted at the rank whose
-      // piece it is, all in one group so that they run together.
-      std::vector<std::size_t> in_at(static_cast<std::size_t>(size_), Staging::kNone);
-      for (int k = 0; k < size_; ++k)
-        if (!cuda::detail::dense(send_blocks[k])) in_at[k] = st.reserve(send_blocks[k].numel(), elem);
-      const std::size_t out_at = cuda::detail::dense(recv_block) ? Staging::kNone : st.reserve(n, elem);
-      st.allocate();
-      for (int k = 0; k < size_; ++k)
-        if (in_at[k] != Staging::kNone)
-          cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at[k]),
-                                    StridedBlock::contiguous(0, send_blocks[k].numel()), elem, stream_);
-      void* out = out_at == Staging::kNone ? cuda::detail::at(recv, recv_block.offset, elem) : st.at(out_at);
-      {
-        cuda::detail::GroupCall group;
-        nccl(group.started(), "ncclGroupStart");
-        for (int k = 0; k < size_; ++k) {
-          const int64_t c = send_blocks[k].numel();
-          if (c == 0) continue;  // every rank skips it: they agree on the sizes
-          const void* in = in_at[k] == Staging::kNone ? cuda::detail::at(send, send_blocks[k].offset, elem)
-                                                       : static_cast<const void*>(st.at(in_at[k]));
-          nccl(ncclReduce(in, k == rank_ ? out : nullptr, cuda::detail::nccl_count(t, c), type, rop, k, comm(),
-                          stream_),
-               "ncclReduce");
-        }
-        nccl(group.end(), "ncclGroupEnd");
-      }
-      if (out_at != Staging::kNone)
-        cuda::kernels::copy_block(out, StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
+  collective(Kind::ReduceScatter, {t, op, 0, recv_block.numel()}, send_blocks, {},
+             [&] { reduce_scatter_queued(send, send_blocks, recv, recv_block, t, op); });
+}
+
+inline void NcclComm::reduce_scatter_queued(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                                            StridedBlock recv_block, DType t, ReduceOp op) {
+  const std::size_t elem = size_of(t);
+  const int64_t n = recv_block.numel();
+  check_own_size(send_blocks[rank_].numel(), n, "send_blocks[rank] (its own contribution to its piece)",
+                 "its recv_block");
+  if (is_float16(t)) {
+    // Through float (all_reduce_through_float says why): every piece widened into one
+    // staging buffer, back to back, the float reduce-scatter on it, the result rounded
+    // once into recv_block.
+    cuda::detail::Staging wide(stream_);
+    int64_t total = 0;
+    for (const StridedBlock& b : send_blocks) total += b.numel();
+    const std::size_t in_at = wide.reserve(total, sizeof(float)), out_at = wide.reserve(n, sizeof(float));
+    wide.allocate();
+    std::vector<StridedBlock> pieces;
+    int64_t offset = 0;
+    for (const StridedBlock& b : send_blocks) {
+      pieces.push_back(StridedBlock::contiguous(offset, b.numel()));
+      if (b.numel() > 0) cuda::kernels::convert_block(t, send, b, DType::Float32, wide.at(in_at), pieces.back(),
+                                                       stream_);
+      offset += b.numel();
     }
-    if (cuda::detail::divide_after(op, t)) cuda::kernels::divide_block(t, recv, recv_block, size_, stream_);
-  });
+    const StridedBlock out = StridedBlock::contiguous(0, n);
+    // An Avg as the sum divided once (all_reduce_through_float says why).
+    reduce_scatter_queued(wide.at(in_at), pieces, wide.at(out_at), out, DType::Float32,
+                          op == ReduceOp::Avg ? ReduceOp::Sum : op);
+    if (op == ReduceOp::Avg) cuda::kernels::divide_block(DType::Float32, wide.at(out_at), out, size_, stream_);
+    if (n > 0) cuda::kernels::convert_block(DType::Float32, wide.at(out_at), out, t, recv, recv_block, stream_);
+    return;
+  }
+  const ncclDataType_t type = cuda::detail::nccl_type(t);
+  const ncclRedOp_t rop = cuda::detail::nccl_op(op, t);
+  using cuda::detail::Staging;
+  Staging st(stream_);
+  if (cuda::detail::same_size(send_blocks)) {
+    // Every piece holds n elements: NCCL's reduce-scatter, on the caller's
+    // buffers when the pieces lie back to back and the output is contiguous.
+    if (n == 0) return;
+    const bool direct_in = cuda::detail::back_to_back(send_blocks);
+    const std::size_t in_at = direct_in ? Staging::kNone : st.reserve(n * size_, elem);
+    const std::size_t out_at = cuda::detail::dense(recv_block) ? Staging::kNone : st.reserve(n, elem);
+    st.allocate();
+    const void* in = cuda::detail::at(send, send_blocks[0].offset, elem);
+    if (!direct_in) {
+      for (int k = 0; k < size_; ++k)
+        cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at), StridedBlock::contiguous(k * n, n), elem,
+                                  stream_);
+      in = st.at(in_at);
+    }
+    void* out = out_at == Staging::kNone ? cuda::detail::at(recv, recv_block.offset, elem) : st.at(out_at);
+    nccl(ncclReduceScatter(in, out, cuda::detail::nccl_count(t, n), type, rop, comm(), stream_), "ncclReduceScatter");
+    if (out_at != Staging::kNone)
+      cuda::kernels::copy_block(out, StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
+  } else if (const int64_t m = cuda::detail::padded_piece(send_blocks); m > 0) {
+    // Uneven pieces padded to m elements: piece k packed at k m of staging (its
+    // tail is reduced but never read), one ncclReduceScatter of m per rank, this
+    // rank's n elements out.
+    const std::size_t in_at = st.reserve(m * size_, elem), out_at = st.reserve(m, elem);
+    st.allocate();
+    for (int k = 0; k < size_; ++k)
+      if (send_blocks[k].numel() > 0)
+        cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at),
+                                  StridedBlock::contiguous(k * m, send_blocks[k].numel()), elem, stream_);
+    nccl(ncclReduceScatter(st.at(in_at), st.at(out_at), cuda::detail::nccl_count(t, m), type, rop, comm(), stream_),
+         "ncclReduceScatter (padded)");
+    if (n > 0)
+      cuda::kernels::copy_block(st.at(out_at), StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
+  } else {
+    // Pieces too uneven to pad: one reduce per rank, rooted at the rank whose
+    // piece it is, all in one group so that they run together.
+    std::vector<std::size_t> in_at(static_cast<std::size_t>(size_), Staging::kNone);
+    for (int k = 0; k < size_; ++k)
+      if (!cuda::detail::dense(send_blocks[k])) in_at[k] = st.reserve(send_blocks[k].numel(), elem);
+    const std::size_t out_at = cuda::detail::dense(recv_block) ? Staging::kNone : st.reserve(n, elem);
+    st.allocate();
+    for (int k = 0; k < size_; ++k)
+      if (in_at[k] != Staging::kNone)
+        cuda::kernels::copy_block(send, send_blocks[k], st.at(in_at[k]),
+                                  StridedBlock::contiguous(0, send_blocks[k].numel()), elem, stream_);
+    void* out = out_at == Staging::kNone ? cuda::detail::at(recv, recv_block.offset, elem) : st.at(out_at);
+    {
+      cuda::detail::GroupCall group;
+      nccl(group.started(), "ncclGroupStart");
+      for (int k = 0; k < size_; ++k) {
+        const int64_t c = send_blocks[k].numel();
+        if (c == 0) continue;  // every rank skips it: they agree on the sizes
+        const void* in = in_at[k] == Staging::kNone ? cuda::detail::at(send, send_blocks[k].offset, elem)
+                                                     : static_cast<const void*>(st.at(in_at[k]));
+        nccl(ncclReduce(in, k == rank_ ? out : nullptr, cuda::detail::nccl_count(t, c), type, rop, k, comm(),
+                        stream_),
+             "ncclReduce");
+      }
+      nccl(group.end(), "ncclGroupEnd");
+    }
+    if (out_at != Staging::kNone)
+      cuda::kernels::copy_block(out, StridedBlock::contiguous(0, n), recv, recv_block, elem, stream_);
+  }
+  if (cuda::detail::divide_after(op, t)) cuda::kernels::divide_block(t, recv, recv_block, size_, stream_);
 }
 
 inline void NcclComm::do_all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,

@@ -106,6 +106,14 @@ class NcclComm final : public Comm {
                      DType t) override;
   void do_reduce_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
                          StridedBlock recv_block, DType t, ReduceOp op) override;
+  // The body of a reduce-scatter, queued on the communicator's stream (inside
+  // collective()); a 16-bit type through float staging (as all_reduce_through_float).
+  void reduce_scatter_queued(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
+                             StridedBlock recv_block, DType t, ReduceOp op);
+  // A sum (or Avg, Max, Min) of `count` bfloat16 or float16 elements: widened to a float
+  // staging buffer, all-reduced in float, rounded once into recv (core/float16.hpp's
+  // rule; NCCL's own 16-bit reductions add in 16 bits).
+  void all_reduce_through_float(const void* send, void* recv, std::size_t count, DType t, ReduceOp op);
   void do_all_to_all(const void* send, std::span<const StridedBlock> send_blocks, void* recv,
                      std::span<const StridedBlock> recv_blocks, DType t) override;
   void do_scatter(const void* send, std::span<const StridedBlock> send_blocks, void* recv, StridedBlock recv_block,
