@@ -34,8 +34,8 @@
 // precision.hpp, FSDP2's MixedPrecisionPolicy) keeps the shards (what the optimizer
 // updates, and its state) in Param while L, built to compute in Compute, gathers and
 // computes in it; the gradients are reduce-scattered in Reduce and accumulated into the
-// Param shards. A plain type M is Precision<M, T, T>. Converting runs on the host (a
-// GPU's 16-bit arithmetic is later work).
+// Param shards. A plain type M is Precision<M, T, T>. Converting runs where the blocks
+// live (on a device, the movement table's convert_block).
 //
 // Prefetch (on by default; nn::set_prefetch(model, false) turns it off): a Sequential
 // completes a layer's gather just before the layer runs and then starts the gather of
@@ -145,27 +145,46 @@ struct shard_tuple<L, Master, std::index_sequence<I...>> {
   using type = std::tuple<typename shard_of<L, I, Master>::type...>;
 };
 
-// dst[0..n) = src[0..n) converted (host), or copied where the types agree (any device).
+// On a device, dst[db] = To(A(dst[db]) + A(src[sb])) with A = accumulator_t<To>: both
+// converted into A blocks, one addition, one rounding back (the host loops' arithmetic
+// below, through the movement table's conversions).
+template <class To, class From>
+void add_converted_on_device(Device dev, const From* src, StridedBlock sb, To* dst, StridedBlock db) {
+  using A = accumulator_t<To>;
+  const int64_t n = db.numel();
+  if (n == 0) return;
+  const StridedBlock all = StridedBlock::contiguous(0, n);
+  auto acc = Tensor<A, 1>::uninitialized({n}, dev), term = Tensor<A, 1>::uninitialized({n}, dev);
+  movement::convert_block(dev, dtype_of<To>(), dst, db, dtype_of<A>(), acc.data(), all);
+  movement::convert_block(dev, dtype_of<From>(), src, sb, dtype_of<A>(), term.data(), all);
+  movement::reduce_block(dev, dtype_of<A>(), ReduceOp::Sum, term.data(), all, acc.data(), all);
+  movement::convert_block(dev, dtype_of<A>(), acc.data(), all, dtype_of<To>(), dst, db);
+}
+
+// dst[0..n) = src[0..n) converted (each element rounded once), on the host or a device.
 template <class To, class From>
 void convert_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t dst_off, int64_t n) {
   if constexpr (std::is_same_v<To, From>) {
     movement::copy_region(dev, src, Region::contiguous(src_off, n), dst, Region::contiguous(dst_off, n), sizeof(To));
+  } else if (!dev.is_host()) {  // the device's conversion, by the same rule (movement's convert_block)
+    if (n > 0)
+      movement::convert_block(dev, dtype_of<From>(), src, StridedBlock::contiguous(src_off, n), dtype_of<To>(), dst,
+                              StridedBlock::contiguous(dst_off, n));
   } else {
-    DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: a master copy in another precision than the "
-                  "layer's is converted on the host; these blocks live on ", to_string(dev));
     // Each element rounded once (compute/convert.hpp: double -> 16-bit included).
     for (int64_t i = 0; i < n; ++i) dst[dst_off + i] = dtensor::detail::convert_element<To>(src[src_off + i]);
   }
 }
-// dst[0..n) += src[0..n), src converted to dst's type.
+// dst[0..n) += src[0..n), src converted to dst's type (a master's gradient, To, at least
+// as wide as the layer's, From: the widening is exact).
 template <class To, class From>
 void add_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t n) {
   if constexpr (std::is_same_v<To, From>) {
     movement::reduce_region(dev, dtype_of<To>(), ReduceOp::Sum, src, Region::contiguous(src_off, n), dst,
                             Region::contiguous(0, n));
+  } else if (!dev.is_host()) {
+    add_converted_on_device(dev, src, StridedBlock::contiguous(src_off, n), dst, StridedBlock::contiguous(0, n));
   } else {
-    DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: a master copy in another precision than the "
-                  "layer's is updated on the host; these blocks live on ", to_string(dev));
     using A = accumulator_t<To>;
     for (int64_t i = 0; i < n; ++i)
       dst[i] = dtensor::detail::convert_element<To>(static_cast<A>(dst[i]) + static_cast<A>(src[src_off + i]));
@@ -182,15 +201,28 @@ template <class L>
 struct forwarded_out_config<L> {
   using out_config = typename L::out_config;
 };
-// The elements of region `sr` of src into region `dr` of dst (equal counts), converted
-// (host) or copied where the types agree (any device).
+// f(source block, destination block) over two regions of equal counts on a device, as
+// movement::copy_region walks them: a pair of StridedBlocks per launch where the boxes
+// agree, one contiguous stretch at a time otherwise.
+template <class F>
+void for_each_device_block(const Region& sr, const Region& dr, F&& f) {
+  if (dtensor::detail::same_extents(sr, dr)) return dtensor::detail::for_each_block_pair(sr, dr, f);
+  dtensor::detail::zip_regions(sr, dr, [&](int64_t so, int64_t dof, int64_t n) {
+    f(StridedBlock::contiguous(so, n), StridedBlock::contiguous(dof, n));
+  });
+}
+
+// The elements of region `sr` of src into region `dr` of dst (equal counts), converted,
+// or copied where the types agree; on the host or a device.
 template <class To, class From>
 void convert_region(Device dev, const From* src, const Region& sr, To* dst, const Region& dr) {
   if constexpr (std::is_same_v<To, From>) {
     movement::copy_region(dev, src, sr, dst, dr, sizeof(To));
+  } else if (!dev.is_host()) {
+    for_each_device_block(sr, dr, [&](StridedBlock s, StridedBlock d) {
+      movement::convert_block(dev, dtype_of<From>(), src, s, dtype_of<To>(), dst, d);
+    });
   } else {
-    DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: gradients reduced in another type than the "
-                  "layer's are converted on the host; these blocks live on ", to_string(dev));
     dtensor::detail::zip_regions(sr, dr, [&](int64_t so, int64_t dof, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[dof + i] = dtensor::detail::convert_element<To>(src[so + i]);
     });
@@ -201,9 +233,10 @@ template <class To, class From>
 void add_region(Device dev, const From* src, const Region& sr, To* dst, const Region& dr) {
   if constexpr (std::is_same_v<To, From>) {
     movement::reduce_region(dev, dtype_of<To>(), ReduceOp::Sum, src, sr, dst, dr);
+  } else if (!dev.is_host()) {
+    for_each_device_block(sr, dr,
+                          [&](StridedBlock s, StridedBlock d) { add_converted_on_device(dev, src, s, dst, d); });
   } else {
-    DTENSOR_CHECK(dev.is_host(), InvalidArgument, "nn::FullyShard: gradients reduced in another type than the "
-                  "layer's are accumulated on the host; these blocks live on ", to_string(dev));
     using A = accumulator_t<To>;
     dtensor::detail::zip_regions(sr, dr, [&](int64_t so, int64_t dof, int64_t n) {
       for (int64_t i = 0; i < n; ++i)

@@ -119,17 +119,12 @@ class GradScaler {
   }
 
  private:
-  // t *= factor, the factor in float for a 16-bit tensor (2^16 is no float16: it would
-  // round to infinity), each element rounded once.
+  // t *= factor, the factor in the accumulator type (float for a 16-bit tensor: 2^16 is
+  // no float16, it would round to infinity), each element rounded once; on the host or
+  // the tensor's device.
   template <class T, int R>
   static void multiply(Tensor<T, R>& t, double factor) {
-    if constexpr (is_float16_v<T>) {
-      DTENSOR_CHECK(t.device().is_host(), InvalidArgument, "GradScaler: 16-bit gradients are scaled on the host; "
-                    "this one lives on ", to_string(t.device()));
-      compute::map_float16(t.data(), t.data(), t.numel(), [f = static_cast<float>(factor)](float v) { return v * f; });
-    } else {
-      compute::binary_scalar(BinaryOp::Mul, t, static_cast<T>(factor), t);
-    }
+    compute::binary_scalar(BinaryOp::Mul, t, static_cast<accumulator_t<T>>(factor), t);
   }
 
   GradScalerOptions o_;

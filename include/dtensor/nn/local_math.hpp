@@ -55,6 +55,19 @@ void column_sums(Device d, const T* y, T* s, int64_t rows, int64_t cols, bool ac
       for (int64_t j = 0; j < cols; ++j) s[j] = T(acc[static_cast<std::size_t>(j)]);
       return;
     }
+    // On a device the same sums in the same order: [s (or zeros); y] widened into one
+    // float block, reduced over its rows in float, rounded into s once.
+    const StridedBlock head = StridedBlock::contiguous(0, cols), body = StridedBlock::contiguous(cols, rows * cols);
+    auto wide = Tensor<float, 1>::uninitialized({(rows + 1) * cols}, d);
+    if (accumulate) movement::convert_block(d, dtype_of<T>(), s, head, DType::Float32, wide.data(), head);
+    else movement::fill(d, wide.data(), cols, 0.f);
+    if (rows > 0)
+      movement::convert_block(d, dtype_of<T>(), y, StridedBlock::contiguous(0, rows * cols), DType::Float32,
+                              wide.data(), body);
+    Tensor<float, 1> sums = Tensor<float, 1>::uninitialized({cols}, d);
+    compute::reduce_dim<ReduceOp::Sum>(d, wide.data(), sums.data(), 1, rows + 1, cols);
+    movement::convert_block(d, DType::Float32, sums.data(), head, dtype_of<T>(), s, head);
+    return;
   }
   if (d.is_host()) {
     Eigen::Map<EigenVector<T>> sm(s, cols);

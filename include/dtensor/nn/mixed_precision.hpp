@@ -41,8 +41,8 @@
 //
 // A wrapper around the outermost model, not a layer: it is not a pipeline stage or a
 // block of another model (it owns the masters and the gradient reduction).
-// Converting runs on the host (a GPU's 16-bit arithmetic is later work): a model on
-// device blocks with Param other than Compute is refused with an error at construction.
+// On device blocks the conversions run on the device (the movement table's
+// convert_block): masters rounded into the model, gradients widened into the masters'.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -171,7 +171,7 @@ class MixedPrecision {
 
   // --- run time ---
   // The masters start as the model's parameters, widened (exactly).
-  explicit MixedPrecision(Model model) : model_(check_on_host(std::move(model))), masters_(make_masters(model_)) {
+  explicit MixedPrecision(Model model) : model_(std::move(model)), masters_(make_masters(model_)) {
     check_list_order();
   }
   // The masters start as `initial`'s parameters (a model of the same parameters in
@@ -282,17 +282,6 @@ class MixedPrecision {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return Masters{make_master<I>(model)...};
     }(std::make_index_sequence<declared>{});
-  }
-  // Converting between Param and Compute runs on the host (the GPU's 16-bit arithmetic
-  // is later work): a model on device blocks is refused here, by name.
-  static Model check_on_host(Model model) {
-    if constexpr (!std::is_same_v<Param, T>)
-      nn::for_each_parameter(model, [](auto& p) {
-        DTENSOR_CHECK(p.value().local().device().is_host(), InvalidArgument, "nn::MixedPrecision: parameter ",
-                      p.name(), " lives on ", to_string(p.value().local().device()), "; masters in another type than "
-                      "the layers' are converted on the host only (GPU 16-bit arithmetic is not written yet)");
-      });
-    return model;
   }
   template <std::size_t I>
   static typename detail::master_of<Model, I, Param>::type make_master(Model& model) {

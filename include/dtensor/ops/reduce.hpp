@@ -77,7 +77,7 @@ auto reduce(const DTensor<T, Rank, P...>& x) {
   auto out = Tensor<T, Rank - 1>::uninitialized(out_shape, dev);
   compute::reduce_dim<local_reduce(R)>(dev, x2.local().data(), out.data(), outer_size(ls, D), ls[D], inner_size(ls, D));
   if constexpr (R == Reduction::Mean)  // the global extent, not the local one: exact on uneven shards
-    compute::binary_scalar(BinaryOp::Div, out, static_cast<T>(x.shape()[D]), out);
+    compute::binary_scalar(BinaryOp::Div, out, static_cast<accumulator_t<T>>(x.shape()[D]), out);
   dtensor_t<T, Rank - 1, QOut> y(x.mesh(), std::move(layout), std::move(out));
   if constexpr (finalize) return redistribute_as<placements_t<plan.value>>(y);
   else return y;

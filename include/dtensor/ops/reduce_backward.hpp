@@ -66,7 +66,8 @@ auto reduce_backward(const DTensor<T, Rank, P...>& x, const DTensor<T, Rank - 1,
                 "reduction backward: dy holds ", dout.local().numel(), " elements on this rank where the operand's ",
                 to_string(ls), " block reduced over dim ", D, " has ", outer_size(ls, D) * inner_size(ls, D));
   broadcast_dim(dev, dout.local().data(), g.data(), outer_size(ls, D), ls[D], inner_size(ls, D));
-  if constexpr (R == Reduction::Mean) compute::binary_scalar(BinaryOp::Div, g, static_cast<T>(x.shape()[D]), g);
+  if constexpr (R == Reduction::Mean)  // the divisor in the accumulator type: exact (257 is no bfloat16)
+    compute::binary_scalar(BinaryOp::Div, g, static_cast<accumulator_t<T>>(x.shape()[D]), g);
   return operand_gradient<plan.in, gp, P...>(x.mesh(), x2.layout(), std::move(g), x.layout().blocks);
 }
 
