@@ -931,13 +931,15 @@ void check_reduce_dim(const Shape& sh, Reduce r, Op op) {
   }
   each_launch(rows, [&](const Config& c) {
     Buffer<T> x(in), out(static_cast<std::size_t>(outs));
-    hl::launch(c.grid, c.block, 0, kd::reduce_rows<T, Op>, x.data(), out.data(), sh.len, sh.inner, outs, init, op);
+    hl::launch(c.grid, c.block, 0, kd::reduce_rows<T, Op>, x.data(), out.data(), sh.len, sh.inner, outs, init, op,
+               T(1));
     CHECK(mismatch(out.values(), want, eq) == "");
     CHECK((x.guards_intact() && out.guards_intact()));
   });
   each_launch(stride_configs(outs), [&](const Config& c) {
     Buffer<T> x(in), out(static_cast<std::size_t>(outs));
-    hl::launch(c.grid, c.block, 0, kd::reduce_columns<T, Op>, x.data(), out.data(), sh.len, sh.inner, outs, init, op);
+    hl::launch(c.grid, c.block, 0, kd::reduce_columns<T, Op>, x.data(), out.data(), sh.len, sh.inner, outs, init, op,
+               T(1));
     CHECK(mismatch(out.values(), want, eq) == "");
     CHECK((x.guards_intact() && out.guards_intact()));
   });
@@ -1964,4 +1966,314 @@ TEST_CASE("kernels on the host: spectral_mix and spectral_weight_terms") {
         CHECK((px.guards_intact() && py.guards_intact() && g.guards_intact()));
       });
     }
+}
+
+// --- bfloat16 and float16: the kernels compute in float and round once, as the host ---
+
+namespace {
+
+template <class H>
+std::vector<H> half_values(std::size_t n, unsigned seed, double lo = -4, double hi = 4) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<H> v(n);
+  for (auto& x : v) x = H(static_cast<float>(dist(gen)));
+  return v;
+}
+
+// The same 16 bits, NaN with any NaN.
+template <class H>
+bool same_half(H a, H b) {
+  const float x = a, y = b;
+  if (std::isnan(x) || std::isnan(y)) return std::isnan(x) && std::isnan(y);
+  return a.bits == b.bits;
+}
+template <class H>
+std::string half_mismatch(const std::vector<H>& got, const std::vector<H>& want) {
+  if (got.size() != want.size()) return "sizes differ";
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!same_half(got[i], want[i]))
+      return "element " + std::to_string(i) + ": got " + show(float(got[i])) + ", want " + show(float(want[i]));
+  return "";
+}
+
+template <class H>
+void check_half_elementwise(int64_t n) {
+  const auto size = static_cast<std::size_t>(n);
+  std::vector<H> a = half_values<H>(size, 81), b = half_values<H>(size, 82, 0.5, 3);
+  // A NaN, -0, and 1e30 (infinite in float16).
+  if (size > 3) a[0] = H(std::numeric_limits<float>::quiet_NaN()), a[1] = H(-0.f), a[2] = H(1e30f);
+  // The host's rule (compute/local.hpp's map_float16): each element to float, one float
+  // operation, one rounding back.
+  std::vector<H> add(size), div(size), scaled(size), gelu(size), dgelu(size), relu(size), biased(size);
+  const float s = 1.f / 3.f;
+  const int64_t cols = 7;
+  for (std::size_t i = 0; i < size; ++i) {
+    add[i] = H(float(a[i]) + float(b[i]));
+    div[i] = H(float(a[i]) / float(b[i]));
+    scaled[i] = H(float(a[i]) * s);
+    gelu[i] = H(dtensor::UnaryMath<Unary::Gelu>::value(float(a[i])));
+    relu[i] = H(dtensor::UnaryMath<Unary::Relu>::value(float(a[i])));
+    dgelu[i] = H(dtensor::UnaryMath<Unary::Gelu>::derivative(float(a[i])) * float(b[i]));
+    biased[i] = H(float(a[i]) + float(b[i % cols]));
+  }
+  each_launch(stride_configs(n, false), [&](const Config& c) {
+    Buffer<H> x(a), y(b), out(size);
+    hl::launch(c.grid, c.block, 0, kd::binary_kernel<H, Binary::Add>, x.data(), y.data(), out.data(), n);
+    CHECK(half_mismatch(out.values(), add) == "");
+    hl::launch(c.grid, c.block, 0, kd::binary_kernel<H, Binary::Div>, x.data(), y.data(), out.data(), n);
+    CHECK(half_mismatch(out.values(), div) == "");
+    hl::launch(c.grid, c.block, 0, kd::binary_scalar_kernel<H, Binary::Mul>, x.data(), s, out.data(), n);
+    CHECK(half_mismatch(out.values(), scaled) == "");
+    hl::launch(c.grid, c.block, 0, kd::unary_kernel<H, Unary::Gelu>, x.data(), out.data(), n);
+    CHECK(half_mismatch(out.values(), gelu) == "");
+    hl::launch(c.grid, c.block, 0, kd::unary_kernel<H, Unary::Relu>, x.data(), out.data(), n);
+    CHECK(half_mismatch(out.values(), relu) == "");
+    hl::launch(c.grid, c.block, 0, kd::unary_backward_kernel<H, Unary::Gelu>, x.data(), y.data(), out.data(), n);
+    CHECK(half_mismatch(out.values(), dgelu) == "");
+    if (n % cols == 0) {
+      hl::launch(c.grid, c.block, 0, kd::add_bias_kernel<H, true>, x.data(), y.data(), out.data(), cols, n);
+      CHECK(half_mismatch(out.values(), biased) == "");
+    }
+    CHECK((x.guards_intact() && y.guards_intact() && out.guards_intact()));
+  });
+}
+
+template <class H>
+void check_half_reductions(int64_t len, int64_t inner) {
+  INFO("len ", len, ", inner ", inner);
+  const int64_t outer = 3, outs = outer * inner;
+  const auto in = half_values<H>(static_cast<std::size_t>(outer * len * inner), 83);
+  // reduce_columns adds j in order, in float, and rounds once: the host's reduce_dim; a
+  // mean multiplies the float sum by 1/len before that one rounding.
+  const float scale = 1.f / static_cast<float>(len);
+  std::vector<H> want(static_cast<std::size_t>(outs)), want_max(static_cast<std::size_t>(outs)),
+      want_mean(static_cast<std::size_t>(outs));
+  std::vector<double> exact(static_cast<std::size_t>(outs));
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      float acc = 0, mx = -std::numeric_limits<float>::infinity();
+      double e = 0;
+      for (int64_t j = 0; j < len; ++j) {
+        const float v = in[static_cast<std::size_t>((o * len + j) * inner + i)];
+        acc += v, e += v, mx = std::max(mx, v);
+      }
+      want[static_cast<std::size_t>(o * inner + i)] = H(acc);
+      want_mean[static_cast<std::size_t>(o * inner + i)] = H(acc * scale);
+      want_max[static_cast<std::size_t>(o * inner + i)] = H(mx);
+      exact[static_cast<std::size_t>(o * inner + i)] = e;
+    }
+  each_launch(stride_configs(outs, false), [&](const Config& c) {
+    Buffer<H> x(in), out(static_cast<std::size_t>(outs));
+    hl::launch(c.grid, c.block, 0, kd::reduce_columns<H, kd::SumOp>, x.data(), out.data(), len, inner, outs, 0.f,
+               kd::SumOp{}, 1.f);
+    CHECK(half_mismatch(out.values(), want) == "");
+    hl::launch(c.grid, c.block, 0, kd::reduce_columns<H, kd::SumOp>, x.data(), out.data(), len, inner, outs, 0.f,
+               kd::SumOp{}, scale);
+    CHECK(half_mismatch(out.values(), want_mean) == "");
+    hl::launch(c.grid, c.block, 0, kd::reduce_columns<H, kd::MaxOp>, x.data(), out.data(), len, inner, outs,
+               -std::numeric_limits<float>::infinity(), kd::MaxOp{}, 1.f);
+    CHECK(half_mismatch(out.values(), want_max) == "");
+  });
+  // reduce_rows adds in a tree: within one 16-bit rounding of the exact sum, plus the
+  // float error of len additions of |x| <= 4.
+  const double ulp = std::is_same_v<H, dtensor::bfloat16> ? 0x1p-8 : 0x1p-11;
+  for (Order o : kOrders) {
+    hl::ScopedOrder scoped(o);
+    Buffer<H> x(in), out(static_cast<std::size_t>(outs));
+    hl::launch(Dim3{2}, Dim3{kd::kThreads}, 0, kd::reduce_rows<H, kd::SumOp>, x.data(), out.data(), len, inner, outs,
+               0.f, kd::SumOp{}, 1.f);
+    const auto got = out.values();
+    for (int64_t k = 0; k < outs; ++k) {
+      const double e = exact[static_cast<std::size_t>(k)];
+      CHECK(std::abs(float(got[static_cast<std::size_t>(k)]) - e) <= ulp * std::abs(e) + 4.0 * len * 0x1p-24 * 4);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("kernels on the host: bfloat16 and float16 elementwise kernels and reductions compute in float") {
+  for_types<dtensor::bfloat16, dtensor::float16>([]<class H>() {
+    INFO(type_name<H>());
+    for (int64_t n : {0, 1, 7, 35, 1029}) {
+      INFO("n = ", n);
+      check_half_elementwise<H>(n);
+    }
+    check_half_reductions<H>(1, 5);
+    check_half_reductions<H>(300, 1);
+    check_half_reductions<H>(33, 40);
+  });
+}
+
+TEST_CASE("kernels on the host: convert_runs is core/float16.hpp's rounding, every bit pattern and ties") {
+  using dtensor::bfloat16;
+  using dtensor::float16;
+  using kd::Layout;
+  // Every 16-bit pattern widened to float, and back: exact (NaN stays NaN).
+  std::vector<std::uint16_t> bits(65536);
+  for (std::size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<std::uint16_t>(i);
+  const int64_t n = 65536;
+  const auto all = kd::runs_of(dtensor::StridedBlock::contiguous(0, n));
+  for_types<bfloat16, float16>([&]<class H>() {
+    INFO(type_name<H>());
+    std::vector<H> h(bits.size());
+    for (std::size_t i = 0; i < h.size(); ++i) h[i] = H::from_bits(bits[i]);
+    Buffer<H> src(h), back(h.size());
+    Buffer<float> wide(h.size());
+    hl::launch(Dim3{kd::blocks_for(n)}, Dim3{kd::kThreads}, 0, kd::convert_runs<H, float, Layout::Contiguous>,
+               src.data(), all, wide.data(), all, n);
+    hl::launch(Dim3{kd::blocks_for(n)}, Dim3{kd::kThreads}, 0, kd::convert_runs<float, H, Layout::Contiguous>,
+               wide.data(), all, back.data(), all, n);
+    const auto w = wide.values();
+    const auto b = back.values();
+    int wrong = 0;
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      const float f = float(h[i]);
+      if (!(std::isnan(f) ? std::isnan(w[i]) : (w[i] == f && std::signbit(w[i]) == std::signbit(f)))) ++wrong;
+      if (!same_half(b[i], h[i])) ++wrong;
+    }
+    CHECK(wrong == 0);
+    // Floats and doubles in, strided: ties to even, overflow, the double rounded once.
+    std::vector<double> d = {1.0 + 0x1p-8 + 0x1p-40, 1.0 + 0x1p-8, 1.0 + 3 * 0x1p-8, 1e39, -1e39, 65519.99,
+                             65520.0, 0x1p-25, 3 * 0x1p-26, -0.0, std::numeric_limits<double>::quiet_NaN(), 0.1};
+    while (d.size() < 40)
+      d.push_back(std::ldexp(static_cast<double>(d.size()) * 0.37 - 7, static_cast<int>(d.size() % 9) - 4));
+    std::vector<float> f(d.size());
+    for (std::size_t i = 0; i < d.size(); ++i) f[i] = static_cast<float>(d[i]);
+    const int64_t m = static_cast<int64_t>(d.size());
+    // Source read as 4 runs of m/4 with stride m/4 + 3 (a strided block), destination contiguous.
+    const int64_t run = m / 4, stride = run + 3;
+    std::vector<double> ds(static_cast<std::size_t>(4 * stride), 99.0);
+    std::vector<float> fs(ds.size(), 99.f);
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t k = 0; k < run; ++k)
+        ds[static_cast<std::size_t>(r * stride + k)] = d[static_cast<std::size_t>(r * run + k)],
+        fs[static_cast<std::size_t>(r * stride + k)] = f[static_cast<std::size_t>(r * run + k)];
+    const kd::Runs strided{0, stride, run}, dense = kd::runs_of(dtensor::StridedBlock::contiguous(0, m));
+    Buffer<double> dsrc(ds);
+    Buffer<float> fsrc(fs);
+    Buffer<H> from_d(d.size()), from_f(d.size());
+    each_launch(stride_configs(m, false), [&](const Config& c) {
+      hl::launch(c.grid, c.block, 0, kd::convert_runs<double, H, Layout::Strided>, dsrc.data(), strided,
+                 from_d.data(), dense, m);
+      hl::launch(c.grid, c.block, 0, kd::convert_runs<float, H, Layout::Strided>, fsrc.data(), strided,
+                 from_f.data(), dense, m);
+      const auto gd = from_d.values(), gf = from_f.values();
+      for (std::size_t i = 0; i < d.size(); ++i) {
+        INFO("value ", show(d[i]));
+        CHECK(same_half(gd[i], H::from_double(d[i])));
+        CHECK(same_half(gf[i], H(f[i])));
+      }
+    });
+    // The double case that rounding through float gets wrong, by hand: bfloat16 of
+    // 1 + 2^-8 + 2^-40 is 1 + 2^-7 (above the tie), through float it would be 1.
+    if constexpr (std::is_same_v<H, bfloat16>) CHECK(float(from_d.values()[0]) == 1.0f + 0x1p-7f);
+  });
+}
+
+TEST_CASE("kernels on the host: 16-bit reduce_runs, divide_runs, max_abs and row_affine") {
+  for_types<dtensor::bfloat16, dtensor::float16>([]<class H>() {
+    INFO(type_name<H>());
+    using kd::Layout;
+    const int64_t n = 1031;
+    const auto a = half_values<H>(n, 91), b = half_values<H>(n, 92);
+    const auto all = kd::runs_of(dtensor::StridedBlock::contiguous(0, n));
+    std::vector<H> sum(n), mx(n), third(n);
+    for (int64_t i = 0; i < n; ++i) {
+      sum[i] = H(float(b[i]) + float(a[i]));
+      mx[i] = float(a[i]) > float(b[i]) ? a[i] : b[i];
+      third[i] = H(float(b[i]) / 3.f);
+    }
+    each_launch(stride_configs(n, false), [&](const Config& c) {
+      Buffer<H> src(a), dst(b);
+      hl::launch(c.grid, c.block, 0, kd::reduce_runs<H, Reduce::Sum, Layout::Contiguous>, src.data(), all,
+                 dst.data(), all, n);
+      CHECK(half_mismatch(dst.values(), sum) == "");
+      Buffer<H> dst2(b);
+      hl::launch(c.grid, c.block, 0, kd::reduce_runs<H, Reduce::Max, Layout::Strided>, src.data(), all, dst2.data(),
+                 all, n);
+      CHECK(half_mismatch(dst2.values(), mx) == "");
+      Buffer<H> dst3(b);
+      hl::launch(c.grid, c.block, 0, kd::divide_runs<H, Layout::Contiguous>, dst3.data(), all, 3.f, n);
+      CHECK(half_mismatch(dst3.values(), third) == "");
+    });
+    // max_abs: |x| in float, a NaN anywhere gives NaN.
+    for (bool with_nan : {false, true}) {
+      auto v = a;
+      if (with_nan) v[n / 3] = H(std::numeric_limits<float>::quiet_NaN());
+      float want = 0;
+      for (H x : v) want = std::max(want, std::abs(float(x)));
+      Buffer<H> x(v);
+      Buffer<H> out(1);
+      hl::launch(Dim3{1}, Dim3{kd::kThreads}, 0, kd::reduce_all<H, float, H, kd::Magnitude, kd::MaxNanOp>, x.data(),
+                 n, out.data(), 0.f, kd::Magnitude{}, kd::MaxNanOp{});
+      const float got = out.values()[0];
+      if (with_nan) CHECK(std::isnan(got));
+      else CHECK(got == want);
+    }
+    // sum_squares: the double sum of the squares, never rounded to 16 bits (1029 values
+    // of 4: 16464 is no float16 sum to stop at, nor a bfloat16 one).
+    {
+      std::vector<H> fours(1029, H(4.f));
+      for (const auto& v : {a, fours}) {
+        double exact = 0;
+        for (H x : v) exact += double(float(x)) * double(float(x));
+        Buffer<H> x(v);
+        Buffer<double> out(1);
+        hl::launch(Dim3{1}, Dim3{kd::kThreads}, 0, kd::reduce_all<H, double, double, kd::Square<double>, kd::SumOp>,
+                   x.data(), static_cast<int64_t>(v.size()), out.data(), 0.0, kd::Square<double>{}, kd::SumOp{});
+        CHECK(std::abs(out.values()[0] - exact) <= 1e-12 * exact);
+        CHECK(out.guards_intact());
+      }
+    }
+    // scatter_add_rows into a float copy of the table (kernels.cu's 16-bit path): a row
+    // hit 300 times by ones adds to exactly 300 + its old value in float, rounded once
+    // (a bfloat16 running sum would stall at 256), bit for bit the host's.
+    {
+      const int64_t table_rows = 7, cols = 3, rows = 320;
+      std::vector<int64_t> index(rows);
+      for (int64_t i = 0; i < rows; ++i) index[i] = i < 300 ? 12 : 10 + i % 9;  // lo = 10: some outside the block
+      std::vector<H> dy(rows * cols, H(1.f)), table = half_values<H>(table_rows * cols, 93);
+      std::vector<H> want = table;
+      dtensor::compute::scatter_add_rows(dtensor::Device::host(), dy.data(), index.data(), rows, cols, 10,
+                                         want.data(), table_rows);
+      // Row 2 (index 12) is hit 302 times (300, and i = 302, 311): within one rounding.
+      CHECK(std::abs(float(want[2 * cols]) - (302.f + float(table[2 * cols]))) <= 1.f);
+      const int64_t chunk = kd::scatter_chunk(table_rows, cols), items = (table_rows + chunk - 1) / chunk * cols;
+      each_launch(stride_configs(items, false), [&](const Config& c) {
+        std::vector<float> wide(table.size());
+        for (std::size_t i = 0; i < table.size(); ++i) wide[i] = float(table[i]);
+        Buffer<H> g(dy);
+        Buffer<int64_t> idx(index);
+        Buffer<float> tb(wide);
+        hl::launch(c.grid, c.block, 0, kd::scatter_add_rows_kernel<H, float>, g.data(), idx.data(), rows, cols,
+                   int64_t{10}, tb.data(), table_rows, chunk, items);
+        std::vector<H> got;
+        for (float f : tb.values()) got.push_back(H(f));
+        CHECK(half_mismatch(got, want) == "");
+      });
+    }
+    // row_affine: the host's 16-bit map (float arithmetic, one rounding), within one
+    // 16-bit unit of rounding (the two compilations may contract a product and a sum
+    // into one fused operation differently).
+    const int64_t rows = 5, cols = 206;
+    std::vector<double> center = {0.5, -1, 2, 0, 0.25}, scale = {2, 0.5, 1, 3, -1}, bs = {1, 0.5, -2, 0, 1},
+                        offset = {0.1, 0.2, 0.3, 0.4, 0.5};
+    std::vector<double> cscale(cols), coff(cols);
+    for (int64_t j = 0; j < cols; ++j) cscale[j] = 1 + 0.01 * j, coff[j] = -0.02 * j;
+    const dtensor::RowTerms host_terms{center.data(), scale.data(), bs.data(), offset.data(), cscale.data(),
+                                       coff.data()};
+    std::vector<H> want(rows * cols);
+    dtensor::compute::row_affine(dtensor::Device::host(), a.data(), b.data(), host_terms, rows, cols, want.data());
+    const double ulp = std::is_same_v<H, dtensor::bfloat16> ? 0x1p-7 : 0x1p-10;
+    each_launch(stride_configs(rows * cols, false), [&](const Config& c) {
+      Buffer<H> x(a), y(b), out(rows * cols);
+      hl::launch(c.grid, c.block, 0, kd::row_affine_kernel<H>, x.data(), y.data(), host_terms, cols, out.data(),
+                 rows * cols);
+      const auto got = out.values();
+      for (int64_t e = 0; e < rows * cols; ++e)
+        REQUIRE(std::abs(float(got[e]) - float(want[e])) <= ulp * std::max(1.f, std::abs(float(want[e]))));
+    });
+  });
 }

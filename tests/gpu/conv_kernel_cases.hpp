@@ -8,9 +8,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../host_launch/launcher.hpp"
@@ -154,7 +156,79 @@ inline void window_copy_kernels() {
   }
 }
 
+// bfloat16 and float16 pooling and upsampling kernels against the host's 16-bit entry
+// points (compute/pool.hpp, upsample.hpp: each computes in float and rounds every
+// output once): max pooling and nearest upsampling equal them bit for bit; averages,
+// linear weights and the backward sums within one unit in the last 16-bit place (the
+// host and the kernels may add a window's float terms in different orders).
+template <class H>
+void half_kernels(const cc::PoolCase& pc, const cc::UpCase& uc, uint64_t seed) {
+  const double ulp = std::is_same_v<H, bfloat16> ? 0x1p-7 : 0x1p-10;
+  auto near = [&](const std::vector<H>& got, const std::vector<H>& want, bool exact, const char* what) {
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double g = float(got[i]), w = float(want[i]);
+      // One 16-bit unit of |w| (a float sum in another order rounding to the neighbour),
+      // and float's error of a few terms of 2 near zero.
+      const bool ok = exact ? got[i].bits == want[i].bits : std::abs(g - w) <= ulp * std::abs(w) + 1e-5;
+      REQUIRE_MESSAGE(ok, what, " element ", i, ": kernel ", g, ", host ", w);
+    }
+  };
+  const PoolDims p = pc.p.resolved("16-bit pool kernels");
+  const ConvDims& d = p.window;
+  const OutBox box = OutBox{}.resolved(d);
+  INFO(std::string(p.mode == PoolMode::Max ? "max" : "average"), ", ", cc::describe(d));
+  const auto x = cc::values<H>(d.x_size(), seed), dy = cc::values<H>(d.y_size(), seed + 1);
+  std::vector<H> y_host(static_cast<std::size_t>(d.y_size())), dx_host(static_cast<std::size_t>(d.x_size()));
+  compute::pool_forward(Device::host(), p, x.data(), y_host.data(), box);
+  compute::pool_backward(Device::host(), p, x.data(), dy.data(), dx_host.data());
+  const kd::PoolGeo g = kd::pool_geo(p, box);
+  for (const Launch& l : launches(g.planes * g.out_cells)) {
+    INFO("launch ", show(l));
+    hl::ScopedOrder order(l.order);
+    std::vector<H> y(y_host.size()), dx(dx_host.size());
+    std::vector<int32_t> arg(static_cast<std::size_t>(std::max<int64_t>(1, g.planes * g.out_cells)), -7);
+    if (g.planes * g.out_cells > 0) {
+      hl::launch(l.grid, l.block, 0, kd::pool_forward_kernel<H>, x.data(), y.data(), g, g.planes * g.out_cells);
+      if (g.max)
+        hl::launch(l.grid, l.block, 0, kd::pool_argmax_kernel<H>, x.data(), arg.data(), g, g.planes * g.out_cells);
+    }
+    if (!dx.empty())
+      hl::launch(l.grid, l.block, 0, kd::pool_backward_kernel<H>, g.max ? arg.data() : nullptr, dy.data(), dx.data(),
+                 g, g.planes * g.in_cells);
+    near(y, y_host, g.max, "pool_forward_kernel");
+    near(dx, dx_host, false, "pool_backward_kernel");
+  }
+  const UpsampleDims& u = uc.u;
+  u.validate("16-bit upsample kernels");
+  const auto ux = cc::values<H>(u.x_size(), seed + 2), udy = cc::values<H>(u.y_size(), seed + 3);
+  std::vector<H> uy_host(static_cast<std::size_t>(u.y_size())), udx_host(static_cast<std::size_t>(u.x_size()));
+  compute::upsample_forward(Device::host(), u, ux.data(), uy_host.data());
+  compute::upsample_backward(Device::host(), u, udy.data(), udx_host.data());
+  const kd::UpGeo ug = kd::up_geo(u);
+  for (const Launch& l : launches(ug.planes * ug.out_cells)) {
+    INFO("upsampling, launch ", show(l));
+    hl::ScopedOrder order(l.order);
+    std::vector<H> y(uy_host.size()), dx(udx_host.size());
+    if (!y.empty())
+      hl::launch(l.grid, l.block, 0, kd::upsample_forward_kernel<H>, ux.data(), y.data(), ug, ug.planes * ug.out_cells);
+    if (!dx.empty())
+      hl::launch(l.grid, l.block, 0, kd::upsample_backward_kernel<H>, udy.data(), dx.data(), ug,
+                 ug.planes * ug.in_cells);
+    near(y, uy_host, u.mode == UpsampleMode::Nearest, "upsample_forward_kernel");
+    near(dx, udx_host, false, "upsample_backward_kernel");
+  }
+}
+
 inline void all_cases(int pool_count = 24, int up_count = 24) {
+  SUBCASE("16-bit pooling and upsampling kernels") {
+    for (int i = 0; i < 8; ++i) {
+      half_kernels<bfloat16>(cc::pool_case(static_cast<uint64_t>(900 + i)), cc::up_case(static_cast<uint64_t>(900 + i)),
+                             i);
+      half_kernels<float16>(cc::pool_case(static_cast<uint64_t>(950 + i)), cc::up_case(static_cast<uint64_t>(950 + i)),
+                            i);
+    }
+  }
   SUBCASE("pooling kernels") {
     pool_kernels<float>(cc::PoolCase{cc::ceil_mode_case(), {}}, 1);
     pool_kernels<double>(cc::PoolCase{cc::ceil_mode_case(), {}}, 2);

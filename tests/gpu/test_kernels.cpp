@@ -439,7 +439,7 @@ void check_reduce_dim(int64_t outer, int64_t len, int64_t inner, double sum_tol,
   Device<T> din(in, s), dout(std::vector<T>(outer * inner, T(42)), s);
   for (k::Reduce r : {k::Reduce::Sum, k::Reduce::Max, k::Reduce::Min}) {
     INFO("reduction ", static_cast<int>(r));
-    k::reduce_dim(dtype_of<T>(), r, din.get(), dout.get(), outer, len, inner, s);
+    k::reduce_dim(dtype_of<T>(), r, din.get(), dout.get(), outer, len, inner, dtensor::Scalar::of(T(1)), s);
     const auto want = host_reduce_dim(r, in, outer, len, inner);
     if (r == k::Reduce::Sum && std::is_floating_point_v<T>) check_close(dout.host(), want, sum_tol, "sum");
     else check_equal(dout.host(), want, "max, min or integer sum");
@@ -460,7 +460,8 @@ TEST_CASE("reduce_dim") {
   // One long row: float sums of a million terms, in a thread's sequence then a tree.
   check_reduce_dim<float>(1, 1000003, 1, 1e-4, s);
   check_reduce_dim<double>(1, 1000003, 1, 1e-12, s);
-  k::reduce_dim(DType::Float32, k::Reduce::Sum, nullptr, nullptr, 0, 5, 3, s);  // no outputs
+  k::reduce_dim(DType::Float32, k::Reduce::Sum, nullptr, nullptr, 0, 5, 3, dtensor::Scalar::of(1.f),
+                s);  // no outputs
 }
 
 template <class T>
@@ -505,7 +506,8 @@ void check_softmax(int64_t outer, int64_t len, int64_t inner, bool log, cudaStre
   INFO("[", outer, ", ", len, ", ", inner, "] ", dtensor::name(dtype_of<T>()), log ? " log-softmax" : " softmax");
   const auto x = random_values<T>(outer * len * inner, -5, 5, 13);
   Device<T> dx(x, s), dmax(std::vector<T>(outer * inner), s), dsums(std::vector<T>(outer * inner, T(42)), s);
-  k::reduce_dim(dtype_of<T>(), k::Reduce::Max, dx.get(), dmax.get(), outer, len, inner, s);
+  k::reduce_dim(dtype_of<T>(), k::Reduce::Max, dx.get(), dmax.get(), outer, len, inner, dtensor::Scalar::of(T(1)),
+                s);
   k::softmax_shift(dtype_of<T>(), dx.get(), dmax.get(), dsums.get(), outer, len, inner, log, s);
 
   std::vector<T> want(x.size()), want_sums(outer * inner);

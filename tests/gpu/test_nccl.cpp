@@ -191,7 +191,37 @@ void all_reduce_one_complex(NcclComm& comm) {
   CHECK_THROWS_AS(comm.all_reduce(send.data(), recv.data(), 5, dtype_of<C>(), ReduceOp::Max), InvalidArgument);
 }
 
+// bfloat16 and float16 reduce through float staging (nccl_collectives.hpp): on one rank
+// every reduction gives the input's bits back, in place too, and a count of 0 is nothing.
+template <class H>
+void all_reduce_one_half(NcclComm& comm) {
+  std::vector<H> in;
+  for (int i = 0; i < 9; ++i) in.push_back(H(0.37f * static_cast<float>(i) - 1.1f));
+  auto bits = [](const std::vector<H>& v) {
+    std::vector<std::uint16_t> b;
+    for (H x : v) b.push_back(x.bits);
+    return b;
+  };
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
+    CAPTURE(name(op));
+    DeviceVec<H> send(comm, in), recv(comm, in.size(), H(0.f));
+    comm.all_reduce(send.data(), recv.data(), in.size(), dtype_of<H>(), op);
+    CHECK(bits(recv.host()) == bits(in));
+    comm.all_reduce(send.data(), send.data(), in.size(), dtype_of<H>(), op);
+    CHECK(bits(send.host()) == bits(in));
+    Request req = comm.start_all_reduce(send.data(), recv.data(), in.size(), dtype_of<H>(), op);
+    req.wait();
+    CHECK(bits(recv.host()) == bits(in));
+  }
+}
+
 }  // namespace
+
+TEST_CASE("NcclComm: bfloat16 and float16 all_reduce through float staging") {
+  auto comm = one_rank();
+  all_reduce_one_half<bfloat16>(*comm);
+  all_reduce_one_half<float16>(*comm);
+}
 
 TEST_CASE("NcclComm: a one-rank communicator describes itself") {
   auto comm = one_rank();
@@ -657,6 +687,33 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
         c.all_reduce(i.data(), i.data(), 2, DType::Int64, ReduceOp::Avg);
         const int64_t sum = int64_t{n} * (n - 1) / 2 * n + 10 * n;
         expect(i.host() == std::vector<int64_t>(2, sum / n), "all_reduce integer avg");
+      }
+      {  // bfloat16 sums in float, rounded once: 256 on rank 0 and 1 on the others is
+         // 256 + (n - 1) in float (exact), rounded to bfloat16 once; adding in bfloat16
+         // (NCCL's own ncclBfloat16 sum) would stall at 256. That tells the two apart from
+         // three GPUs on (on two, 257 rounds to 256 either way: the staging's plumbing).
+        DeviceVec<bfloat16> h(c, 5, bfloat16(r == 0 ? 256.f : 1.f));
+        c.all_reduce(h.data(), h.data(), 5, DType::BFloat16, ReduceOp::Sum);
+        const bfloat16 want(256.f + static_cast<float>(n - 1));
+        bool ok = true;
+        for (bfloat16 x : h.host()) ok = ok && x.bits == want.bits;
+        expect(ok, "bfloat16 all_reduce sum in float");
+        // reduce_scatter of uneven pieces (rank k's piece holds k + 1 elements) in float16.
+        std::vector<StridedBlock> pieces(static_cast<std::size_t>(n));
+        int64_t total = 0;
+        for (int k = 0; k < n; ++k) pieces[k] = StridedBlock::contiguous(total, k + 1), total += k + 1;
+        std::vector<float16> mine;
+        for (int64_t e = 0; e < total; ++e) mine.push_back(float16(0.25f * static_cast<float>(e + r)));
+        DeviceVec<float16> send(c, mine), out(c, static_cast<std::size_t>(r + 1), float16(-1.f));
+        c.reduce_scatter(send.data(), pieces, out.data(), StridedBlock::contiguous(0, r + 1), DType::Float16,
+                         ReduceOp::Sum);
+        std::vector<float16> got = out.host();
+        for (int64_t i = 0; i <= r; ++i) {
+          float acc = 0;
+          for (int k = 0; k < n; ++k) acc += float(float16(0.25f * static_cast<float>(pieces[r].offset + i + k)));
+          ok = ok && got[static_cast<std::size_t>(i)].bits == float16(acc).bits;
+        }
+        expect(ok, "float16 reduce_scatter, uneven pieces, in float");
       }
       {  // complex elements: sums and averages of both parts, an all-to-all of uneven pieces
         using C = std::complex<double>;
