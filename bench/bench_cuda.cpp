@@ -225,21 +225,30 @@ void timed_loop(benchmark::State& state, Body&& body) {
   }
 }
 
-// range(0): n (M = N = K). TF32 as cuda::set_tf32 sets it for every float product.
-void dtensor_matmul_vs_torch(benchmark::State& state, bool tf32) {
+// range(0): n (M = N = K). TF32 as cuda::set_tf32 sets it for every float product;
+// bfloat16 operands (cast once, outside the timing) through cublasGemmEx with float
+// accumulation (cuda/blas.hpp), against torch.mm on bfloat16.
+void dtensor_matmul_vs_torch(benchmark::State& state, bool tf32, bool bf16) {
   cuda::set_device(0);
   cuda::set_tf32(tf32);
   const int64_t n = state.range(0);
   const auto& mesh = *one_gpu_rank().mesh;
   auto a = rand<float, Shard<0>>(Shape<2>{n, n}, mesh, 1);
   auto b = rand<float, Replicate>(Shape<2>{n, n}, mesh, 2);
-  timed_loop(state, [&] { benchmark::DoNotOptimize(matmul(a, b).local().data()); });
+  if (bf16) {
+    const auto a16 = cast<bfloat16>(a);
+    const auto b16 = cast<bfloat16>(b);
+    timed_loop(state, [&] { benchmark::DoNotOptimize(matmul(a16, b16).local().data()); });
+  } else {
+    timed_loop(state, [&] { benchmark::DoNotOptimize(matmul(a, b).local().data()); });
+  }
   cuda::set_tf32(false);
   set_flops(state, 2.0 * n * n * n);
-  state.SetLabel(std::string(tf32 ? "gemm_tf32_" : "gemm_fp32_") + std::to_string(n));
+  state.SetLabel(std::string(bf16 ? "gemm_bf16_" : tf32 ? "gemm_tf32_" : "gemm_fp32_") + std::to_string(n));
 }
-void BM_dtensor_matmul_fp32_vs_torch(benchmark::State& state) { dtensor_matmul_vs_torch(state, false); }
-void BM_dtensor_matmul_tf32_vs_torch(benchmark::State& state) { dtensor_matmul_vs_torch(state, true); }
+void BM_dtensor_matmul_fp32_vs_torch(benchmark::State& state) { dtensor_matmul_vs_torch(state, false, false); }
+void BM_dtensor_matmul_tf32_vs_torch(benchmark::State& state) { dtensor_matmul_vs_torch(state, true, false); }
+void BM_dtensor_matmul_bf16_vs_torch(benchmark::State& state) { dtensor_matmul_vs_torch(state, false, true); }
 
 // range(0): bytes. The copy bandwidth a device reaches: bytes copied per second.
 void BM_copy_d2d_gpu(benchmark::State& state) {
@@ -283,20 +292,24 @@ ConvDims conv_dims(const GpuConvShape& s) {
   return d;
 }
 
-// range(0): index in kConvShapes; range(1): 1 with TF32; range(2): 1 with the backward
-// (data, weight and bias after the forward, as PyTorch's autograd computes them).
-void BM_dtensor_conv_gpu(benchmark::State& state) {
+// range(0): index in kConvShapes; range(1): 0 float, 1 TF32, 2 bfloat16 (NCHW, float
+// accumulation: cuda/dnn.hpp); range(2): 1 with the backward (data, weight and bias
+// after the forward, as PyTorch's autograd computes them).
+template <class T>
+void conv_gpu(benchmark::State& state) {
   cuda::set_device(0);
   const GpuConvShape& s = kConvShapes[state.range(0)];
-  const bool tf32 = state.range(1) != 0, backward = state.range(2) != 0;
+  const bool tf32 = state.range(1) == 1, backward = state.range(2) != 0;
   cuda::set_tf32(tf32);
   const ConvDims d = conv_dims(s);
   const Device dev = Device::cuda(0);
-  const auto filled = [&](int64_t n, uint64_t seed) { return rand<float>(Shape<1>{n}, seed).to(dev); };
+  const auto filled = [&](int64_t n, uint64_t seed) {
+    return compute::convert<T>(rand<float>(Shape<1>{n}, seed)).to(dev);
+  };
   const auto x = filled(d.x_size(), 1), w = filled(d.w_size(), 2), b = filled(d.out_channels, 3);
   const auto dy = filled(d.y_size(), 4);
-  auto y = Tensor<float, 1>::uninitialized({d.y_size()}, dev), dx = Tensor<float, 1>::uninitialized({d.x_size()}, dev);
-  auto dw = Tensor<float, 1>::uninitialized({d.w_size()}, dev), db = Tensor<float, 1>::uninitialized({d.out_channels}, dev);
+  auto y = Tensor<T, 1>::uninitialized({d.y_size()}, dev), dx = Tensor<T, 1>::uninitialized({d.x_size()}, dev);
+  auto dw = Tensor<T, 1>::uninitialized({d.w_size()}, dev), db = Tensor<T, 1>::uninitialized({d.out_channels}, dev);
   timed_loop(state, [&] {
     compute::conv_forward(dev, d, x.data(), w.data(), b.data(), y.data());
     if (!backward) return;
@@ -307,12 +320,17 @@ void BM_dtensor_conv_gpu(benchmark::State& state) {
   cuda::set_tf32(false);
   const double fwd = 2.0 * d.batch * d.out_channels * d.out_cells() * d.in_channels * d.kernel_cells();
   set_flops(state, backward ? 3 * fwd : fwd);
-  state.SetLabel(conv_key(s) + (tf32 ? "_tf32" : "_fp32") + (backward ? "_fwdbwd" : "_fwd"));
+  const char* precision = is_float16_v<T> ? "_bf16" : tf32 ? "_tf32" : "_fp32";
+  state.SetLabel(conv_key(s) + precision + (backward ? "_fwdbwd" : "_fwd"));
+}
+void BM_dtensor_conv_gpu(benchmark::State& state) {
+  if (state.range(1) == 2) conv_gpu<bfloat16>(state);
+  else conv_gpu<float>(state);
 }
 void conv_args(benchmark::internal::Benchmark* b) {
   for (int64_t shape = 0; shape < static_cast<int64_t>(std::size(kConvShapes)); ++shape)
-    for (int64_t tf32 : {0, 1})
-      for (int64_t backward : {0, 1}) b->Args({shape, tf32, backward});
+    for (int64_t precision : {0, 1, 2})
+      for (int64_t backward : {0, 1}) b->Args({shape, precision, backward});
 }
 
 // --- training steps on one GPU rank, against PyTorch eager (gpu_torch.py's step_cnn_eager
@@ -453,6 +471,7 @@ void BM_dtensor_vcycle_gpu(benchmark::State& state) {
 // or H200, plus the solvers' setup and the iterations' untimed restarts).
 BENCHMARK(BM_dtensor_matmul_fp32_vs_torch)->Arg(4096)->Arg(8192)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_matmul_tf32_vs_torch)->Arg(4096)->Arg(8192)->UseManualTime()->MinTime(0.2);
+BENCHMARK(BM_dtensor_matmul_bf16_vs_torch)->Arg(4096)->Arg(8192)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_copy_d2d_gpu)->Arg(16 << 20)->Arg(256 << 20)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_conv_gpu)->Apply(conv_args)->UseManualTime()->MinTime(0.2);
 BENCHMARK(BM_dtensor_step_cnn_gpu)->UseManualTime()->MinTime(0.2);
@@ -553,7 +572,7 @@ void BM_attention_three_products_gpu(benchmark::State& state) {
   const GemmDims pt_do{.trans_a = true, .m = L, .n = D, .k = L, .batch = bh};
   for (auto _ : state) {
     compute::gemm_ex(dev, qk, scale, b.q.data(), b.k.data(), 0.0f, p.data());
-    be.reduce_dim(t, ReduceOp::Max, p.data(), mx.data(), rows, L, 1);
+    be.reduce_dim(t, ReduceOp::Max, p.data(), mx.data(), rows, L, 1, Scalar::of(1.0f));
     be.softmax_shift(t, p.data(), mx.data(), sums.data(), rows, L, 1, false);
     be.softmax_finish(t, p.data(), sums.data(), rows, L, 1, false);
     compute::gemm_ex(dev, pv, 1.0f, p.data(), b.v.data(), 0.0f, b.o.data());
@@ -561,7 +580,7 @@ void BM_attention_three_products_gpu(benchmark::State& state) {
       compute::gemm_ex(dev, pt_do, 1.0f, p.data(), b.dout.data(), 0.0f, b.dv.data());       // dV = P^T dO
       compute::gemm_ex(dev, qk, 1.0f, b.dout.data(), b.v.data(), 0.0f, dp.data());          // dP = dO V^T
       be.binary(t, BinaryOp::Mul, b.dout.data(), b.o.data(), tmp.data(), rows * D);        // delta = rowsum(dO o)
-      be.reduce_dim(t, ReduceOp::Sum, tmp.data(), sums.data(), rows, D, 1);
+      be.reduce_dim(t, ReduceOp::Sum, tmp.data(), sums.data(), rows, D, 1, Scalar::of(1.0f));
       be.unary(t, UnaryFn::Neg, sums.data(), sums.data(), rows);
       be.add_bias(t, dp.data(), sums.data(), dp.data(), rows, L, false);                  // dP - delta
       be.binary(t, BinaryOp::Mul, dp.data(), p.data(), dp.data(), rows * L);               // dS

@@ -5,10 +5,10 @@ the same shapes as the C++ side, each case timed with CUDA events (warm-ups, the
 median of the repetitions' times):
 
   gemm    torch.mm, M = N = K in {4096, 8192}: fp32 (allow_tf32 off), TF32 (on), bf16
-  conv    F.conv2d / conv3d with bias, NCHW, fp32 and TF32 (cudnn.allow_tf32), forward and
-          forward + backward (input, weight and bias gradients), on bench_conv_cpu's
+  conv    F.conv2d / conv3d with bias, NCHW, fp32, TF32 (cudnn.allow_tf32) and bf16, forward
+          and forward + backward (input, weight and bias gradients), on bench_conv_cpu's
           shapes at batch 32 and one 3-D case [4, 32, 64^3] k3 pad 1 -> 32 channels;
-          bf16 channels_last for reference (dtensor has no bf16 yet)
+          bf16 channels_last for reference (PyTorch's fastest bf16 layout; dtensor is NCHW)
   attn    F.scaled_dot_product_attention, bf16, batch 1, 16 heads, L in {1024, 4096,
           16384}, head dim 64 and 128, causal and not, forward and forward + backward;
           TFLOP/s from 4 B H L^2 D forward (x 0.5 causal), backward 2.5x forward
@@ -150,9 +150,11 @@ def bench_conv(res, dev, timer, quick):
         pad = (ks - 1) // 2
         out = (size + 2 * pad - ks) // stride + 1
         fwd_flops = 2.0 * n * k * out ** spatial * c * ks ** spatial
-        for prec in ("fp32", "tf32", "bf16cl"):
+        # bf16: NCHW, dtensor's layout (the like-for-like row); bf16cl: channels-last,
+        # PyTorch's fastest bf16 layout, for reference.
+        for prec in ("fp32", "tf32", "bf16", "bf16cl"):
             set_tf32(prec == "tf32")
-            dt = torch.bfloat16 if prec == "bf16cl" else torch.float32
+            dt = torch.bfloat16 if prec.startswith("bf16") else torch.float32
             fmt = {2: torch.channels_last, 3: torch.channels_last_3d}[spatial] if prec == "bf16cl" else \
                 torch.contiguous_format
             x = (torch.rand(n, c, *[size] * spatial, device=dev, dtype=dt) - 0.5).to(memory_format=fmt)
