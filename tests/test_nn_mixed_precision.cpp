@@ -11,26 +11,16 @@
 #include <doctest/doctest.h>
 #include <dtensor/nn.hpp>
 
+#include "mixed_precision_mlp.hpp"
 #include "nn_support.hpp"
 #include "spmd.hpp"
 
 using namespace dtensor;
 using namespace dtensor::test;
+using namespace dtensor::test::mixed_mlp;
 
 namespace {
 
-constexpr int64_t kIn = 13, kHidden = 29, kOut = 5, kRows = 37;
-
-template <class T>
-using Cfg = nn::Config<T, 2, nn::Axes<2, 0, 1>>;  // DP over mesh dim 0, TP over mesh dim 1
-template <class T>
-using MLP = nn::Sequential<nn::Linear<Cfg<T>, kIn, kHidden, nn::Colwise>, nn::GELU<Cfg<T>>,
-                           nn::Linear<Cfg<T>, kHidden, kOut, nn::Rowwise>>;
-template <class T>
-MLP<T> make_mlp(const DeviceMesh<2>& mesh) {
-  return MLP<T>(nn::Linear<Cfg<T>, kIn, kHidden, nn::Colwise>(mesh, {1}), nn::GELU<Cfg<T>>(),
-                nn::Linear<Cfg<T>, kHidden, kOut, nn::Rowwise>(mesh, {2}));
-}
 using ReduceBf16 = nn::Precision<float, bfloat16, bfloat16>;
 using ReduceFloat = nn::Precision<float, bfloat16>;  // torchtitan's default
 template <class Policy>

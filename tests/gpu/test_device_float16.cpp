@@ -25,6 +25,8 @@
 #include <dtensor/dtensor.hpp>
 #include <dtensor/nn.hpp>
 
+#include "mixed_precision_mlp.hpp"
+
 using namespace dtensor;
 
 namespace {
@@ -44,45 +46,53 @@ std::vector<double> widened(const X& x) {
   return v;
 }
 
-// The operators on `dev`, on a mesh of `shape`: rank 0's results.
-template <class T>
-std::vector<Result> run_ops(Device dev, std::array<int, 2> shape, const Tensor<float, 2>& a,
-                            const Tensor<float, 2>& b) {
-  std::vector<Result> out;
+// body(comm, mesh) on each rank of a mesh of `shape` whose blocks live on `dev`.
+template <class Body>
+void on_mesh(Device dev, std::array<int, 2> shape, Body&& body) {
   RunOptions opt;
   opt.device = dev;
   run_threads(
       shape[0] * shape[1],
       [&](Comm& comm) {
         DeviceMesh<2> mesh(comm, shape);
-        const auto Af = distribute<Shard<0>, Shard<1>>(a, mesh);
-        const auto Bf = distribute<Shard<0>, Shard<1>>(b, mesh);
-        const auto A = cast<T>(Af), B = cast<T>(Bf);
-        REQUIRE(A.local().device() == dev);
-        std::vector<Result> mine;
-        auto record = [&](const char* name, const auto& x, int terms, bool exact) {
-          mine.push_back({name, widened(x), terms, exact});
-        };
-        record("cast", A, 1, true);
-        record("cast back", cast<float>(A), 1, true);
-        record("add", add(A, A), 1, true);
-        record("mul", mul(A, A), 1, true);
-        record("div", div(A, T(3.f)), 1, true);
-        record("relu", relu(A), 1, true);
-        record("exp", exp(A), 1, false);
-        record("tanh", tanh(A), 1, false);
-        record("sum", sum<1>(A), 5, true);
-        record("max", max<1>(A), 1, true);
-        // [7, 5] x [5, 6]: the contracted dim sharded over mesh dim 1, a Partial<Sum>.
-        record("matmul", matmul(A, redistribute<Shard<1>, Replicate>(B)), 5, false);
-        record("softmax", softmax<1>(A), 5, false);
-        // A Partial<Sum> of 16-bit terms to Replicate (the value plus zeros: a check of the
-        // device path's plumbing; float accumulation itself is checked below).
-        const auto P = redistribute<Replicate, Partial<Sum>>(redistribute<Shard<0>, Replicate>(A));
-        record("partial sum", redistribute<Replicate, Replicate>(P), 1, true);
-        if (comm.rank() == 0) out = std::move(mine);
+        body(comm, mesh);
       },
       opt);
+}
+
+// The operators on `dev`, on a mesh of `shape`: rank 0's results.
+template <class T>
+std::vector<Result> run_ops(Device dev, std::array<int, 2> shape, const Tensor<float, 2>& a,
+                            const Tensor<float, 2>& b) {
+  std::vector<Result> out;
+  on_mesh(dev, shape, [&](Comm& comm, const DeviceMesh<2>& mesh) {
+    const auto Af = distribute<Shard<0>, Shard<1>>(a, mesh);
+    const auto Bf = distribute<Shard<0>, Shard<1>>(b, mesh);
+    const auto A = cast<T>(Af), B = cast<T>(Bf);
+    REQUIRE(A.local().device() == dev);
+    std::vector<Result> mine;
+    auto record = [&](const char* name, const auto& x, int terms, bool exact) {
+      mine.push_back({name, widened(x), terms, exact});
+    };
+    record("cast", A, 1, true);
+    record("cast back", cast<float>(A), 1, true);
+    record("add", add(A, A), 1, true);
+    record("mul", mul(A, A), 1, true);
+    record("div", div(A, T(3.f)), 1, true);
+    record("relu", relu(A), 1, true);
+    record("exp", exp(A), 1, false);
+    record("tanh", tanh(A), 1, false);
+    record("sum", sum<1>(A), 5, true);
+    record("max", max<1>(A), 1, true);
+    // [7, 5] x [5, 6]: the contracted dim sharded over mesh dim 1, a Partial<Sum>.
+    record("matmul", matmul(A, redistribute<Shard<1>, Replicate>(B)), 5, false);
+    record("softmax", softmax<1>(A), 5, false);
+    // A Partial<Sum> of 16-bit terms to Replicate (the value plus zeros: a check of the
+    // device path's plumbing; float accumulation itself is checked below).
+    const auto P = redistribute<Replicate, Partial<Sum>>(redistribute<Shard<0>, Replicate>(A));
+    record("partial sum", redistribute<Replicate, Replicate>(P), 1, true);
+    if (comm.rank() == 0) out = std::move(mine);
+  });
   return out;
 }
 
@@ -352,17 +362,7 @@ TEST_CASE("bfloat16 and float16 convolutions on a device against the host: forwa
 
 namespace {
 
-constexpr int64_t kIn = 13, kHidden = 29, kOut = 5, kRows = 37;
-template <class T>
-using Cfg = nn::Config<T, 2, nn::Axes<2, 0, 1>>;  // DP over mesh dim 0, TP over mesh dim 1
-template <class T>
-using MLP = nn::Sequential<nn::Linear<Cfg<T>, kIn, kHidden, nn::Colwise>, nn::GELU<Cfg<T>>,
-                           nn::Linear<Cfg<T>, kHidden, kOut, nn::Rowwise>>;
-template <class T>
-MLP<T> make_mlp(const DeviceMesh<2>& mesh) {
-  return MLP<T>(nn::Linear<Cfg<T>, kIn, kHidden, nn::Colwise>(mesh, {1}), nn::GELU<Cfg<T>>(),
-                nn::Linear<Cfg<T>, kHidden, kOut, nn::Rowwise>(mesh, {2}));
-}
+using namespace dtensor::test::mixed_mlp;
 
 struct Trained {
   std::vector<double> losses;
@@ -373,40 +373,34 @@ struct Trained {
 template <class Policy>
 Trained train_mixed(Device dev, std::array<int, 2> shape) {
   Trained r;
-  RunOptions opt;
-  opt.device = dev;
-  run_threads(
-      shape[0] * shape[1],
-      [&](Comm& comm) {
-        DeviceMesh<2> mesh(comm, shape);
-        auto f32 = make_mlp<float>(mesh);
-        nn::MixedPrecision<MLP<bfloat16>, Policy> model(make_mlp<bfloat16>(mesh), f32);
-        nn::MSELoss<Cfg<bfloat16>> loss;
-        nn::SGD sgd({.lr = 0.05, .momentum = 0.9});
-        using X = typename MLP<bfloat16>::InputT;
-        using Y = typename MLP<bfloat16>::OutputT;
-        const auto x = dtensor::detail::generate<X>({kRows, kIn}, mesh, {}, [](uint64_t i) {
-          return std::sin(0.37 * static_cast<double>(i));
-        });
-        const auto t = dtensor::detail::generate<Y>({kRows, kOut}, mesh, {}, [](uint64_t i) {
-          return std::cos(0.21 * static_cast<double>(i));
-        });
-        REQUIRE(x.local().device() == dev);
-        Trained mine;
-        for (int s = 0; s < 5; ++s) {
-          model.zero_grad();
-          const auto y = model.forward(x);
-          mine.losses.push_back(double(loss.forward(y, t)));
-          model.backward(loss.backward(y));
-          sgd.step(model);
-        }
-        model.for_each_parameter([&](auto& p) {
-          const auto f = p.value().full_tensor().to(Device::host());
-          mine.params.emplace_back(f.data(), f.data() + f.numel());
-        });
-        if (comm.rank() == 0) r = std::move(mine);
-      },
-      opt);
+  on_mesh(dev, shape, [&](Comm& comm, const DeviceMesh<2>& mesh) {
+    auto f32 = make_mlp<float>(mesh);
+    nn::MixedPrecision<MLP<bfloat16>, Policy> model(make_mlp<bfloat16>(mesh), f32);
+    nn::MSELoss<Cfg<bfloat16>> loss;
+    nn::SGD sgd({.lr = 0.05, .momentum = 0.9});
+    using X = typename MLP<bfloat16>::InputT;
+    using Y = typename MLP<bfloat16>::OutputT;
+    const auto x = dtensor::detail::generate<X>({kRows, kIn}, mesh, {}, [](uint64_t i) {
+      return std::sin(0.37 * static_cast<double>(i));
+    });
+    const auto t = dtensor::detail::generate<Y>({kRows, kOut}, mesh, {}, [](uint64_t i) {
+      return std::cos(0.21 * static_cast<double>(i));
+    });
+    REQUIRE(x.local().device() == dev);
+    Trained mine;
+    for (int s = 0; s < 5; ++s) {
+      model.zero_grad();
+      const auto y = model.forward(x);
+      mine.losses.push_back(double(loss.forward(y, t)));
+      model.backward(loss.backward(y));
+      sgd.step(model);
+    }
+    model.for_each_parameter([&](auto& p) {
+      const auto f = p.value().full_tensor().to(Device::host());
+      mine.params.emplace_back(f.data(), f.data() + f.numel());
+    });
+    if (comm.rank() == 0) r = std::move(mine);
+  });
   return r;
 }
 
