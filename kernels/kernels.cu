@@ -502,7 +502,9 @@ void scatter_add_rows(DType t, const void* dy, const int64_t* index, int64_t row
     const auto* g = static_cast<const T*>(dy);
     if constexpr (is_float16_v<T>) {
       // The table widened into float scratch (exact), the sums there, then rounded back
-      // once: an embedding row hit by many tokens must not add in 16 bits.
+      // once: an embedding row hit by many tokens must not add in 16 bits. The cost is
+      // the whole table's float copy and two passes over it per call, however few rows
+      // are hit (widening only the touched rows is the next step, if a GPU run says so).
       const int64_t n = table_rows * cols;
       const Runs all = runs_of(StridedBlock::contiguous(0, n));
       Scratch<float> wide(static_cast<std::size_t>(n), stream);

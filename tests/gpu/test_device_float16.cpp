@@ -235,8 +235,8 @@ TEST_CASE("bfloat16 on a device: long sums and products accumulate in float, rou
         [&](Comm& comm) {
           DeviceMesh<1> mesh(comm, {ranks});
           // A product over k = 1024 of ones: 1024 in float; added in bfloat16 it would
-          // stop at 256. The contracted dim sharded over 3 ranks: the Partial<Sum> of
-          // 342 + 341 + 341 adds in float too.
+          // stop at 256 (each rank's own 342- or 340-term product tells the two apart; the
+          // Partial<Sum> of the 3 ranks' exact terms, 342 + 342 + 340, adds in float too).
           Tensor<float, 2> ones_a({4, 1024}), ones_b({1024, 3});
           for (int64_t i = 0; i < ones_a.numel(); ++i) ones_a.data()[i] = 1.f;
           for (int64_t i = 0; i < ones_b.numel(); ++i) ones_b.data()[i] = 1.f;
@@ -347,7 +347,7 @@ TEST_CASE("bfloat16 and float16 convolutions on a device against the host: forwa
     };
     near(yd, y, 2, "conv_forward");
     near(dxd, dx, 1, "conv_backward_data");
-    near(dwd, dw, 1, "conv_backward_weight");
+    near(dwd, dw, 2, "conv_backward_weight");  // accumulated into dw: cuDNN may round the sum first
     near(dbd, db, 0.5, "conv_backward_bias");
   };
   RunOptions opt;

@@ -690,8 +690,9 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
       }
       {  // bfloat16 sums in float, rounded once: 256 on rank 0 and 1 on the others is
          // 256 + (n - 1) in float (exact), rounded to bfloat16 once; adding in bfloat16
-         // (NCCL's own ncclBfloat16 sum) would stall at 256. That tells the two apart from
-         // three GPUs on (on two, 257 rounds to 256 either way: the staging's plumbing).
+         // (NCCL's own ncclBfloat16 sum) would stall at 256. From three GPUs on that can
+         // tell the two apart, if NCCL's order adds 256 first (on two, 257 rounds to 256
+         // either way: then it checks the staging's plumbing).
         DeviceVec<bfloat16> h(c, 5, bfloat16(r == 0 ? 256.f : 1.f));
         c.all_reduce(h.data(), h.data(), 5, DType::BFloat16, ReduceOp::Sum);
         const bfloat16 want(256.f + static_cast<float>(n - 1));
@@ -708,6 +709,7 @@ TEST_CASE("NcclComm::init_all: collectives with uneven shards, messages and spli
         c.reduce_scatter(send.data(), pieces, out.data(), StridedBlock::contiguous(0, r + 1), DType::Float16,
                          ReduceOp::Sum);
         std::vector<float16> got = out.host();
+        ok = true;
         for (int64_t i = 0; i <= r; ++i) {
           float acc = 0;
           for (int k = 0; k < n; ++k) acc += float(float16(0.25f * static_cast<float>(pieces[r].offset + i + k)));

@@ -635,7 +635,8 @@ void backward_bias_typed(DType t, const ConvDims& d, const T* dy, T* db, bool ac
     // rounded once. Rows of one double block: [db or 0; the planes' sums, batch x cout].
     const int64_t cout = d.out_channels, planes = d.batch * cout;
     const cudaStream_t s = current_stream();
-    const int dev = thread().handle.device();
+    int dev = 0;  // this thread's device (no cuDNN call here has bound the handle to it)
+    DTENSOR_CUDA(cudaGetDevice(&dev));
     Scratch buf(static_cast<std::size_t>(2 * cout + 2 * planes) * sizeof(double), dev);
     auto* rows = static_cast<double*>(buf.get());
     double* sums = rows + cout + 2 * planes;

@@ -55,8 +55,9 @@ void column_sums(Device d, const T* y, T* s, int64_t rows, int64_t cols, bool ac
       for (int64_t j = 0; j < cols; ++j) s[j] = T(acc[static_cast<std::size_t>(j)]);
       return;
     }
-    // On a device the same sums in the same order: [s (or zeros); y] widened into one
-    // float block, reduced over its rows in float, rounded into s once.
+    // On a device the same sums, s first: [s (or zeros); y] widened into one float block,
+    // reduced over its rows in float (in order, or for many rows a GPU's tree), rounded
+    // into s once.
     const StridedBlock head = StridedBlock::contiguous(0, cols), body = StridedBlock::contiguous(cols, rows * cols);
     auto wide = Tensor<float, 1>::uninitialized({(rows + 1) * cols}, d);
     if (accumulate) movement::convert_block(d, dtype_of<T>(), s, head, DType::Float32, wide.data(), head);
