@@ -9,8 +9,9 @@
 // whose c10::BFloat16 and c10::Half are built from a float); T::from_double(d)
 // rounds it once. NaN stays NaN (sign and leading payload bits kept, made quiet),
 // infinities stay infinite, a finite float beyond the largest finite value rounds to
-// infinity, and float16 subnormals are exact. On a GPU the same 16 bits are
-// __nv_bfloat16 and __half.
+// infinity, and float16 subnormals are exact. The conversions are host-device
+// functions: dtensor's CUDA kernels compute on these very types (the same 16 bits as
+// __nv_bfloat16 and __half), so a value rounds alike on the host and on a GPU.
 //
 // Sums of them never accumulate in 16 bits (a bfloat16 running sum stops growing at
 // 256 when it adds ones): accumulator_t<T> is the type a reduction of T accumulates
