@@ -493,13 +493,15 @@ using FsdpFirst =
 template <class Cfg>
 using FsdpSecond =
     nn::Linear<Cfg, kFsdpHidden, kFsdpOut, std::conditional_t<(Cfg::tp >= 0), nn::Rowwise, nn::NoParallel>>;
-template <class Cfg, bool Reshard>
-using FsdpMlp = nn::Sequential<nn::FullyShard<FsdpFirst<Cfg>, Reshard>, nn::GELU<Cfg>,
-                               nn::FullyShard<FsdpSecond<Cfg>, Reshard>>;
+// Master: the shards' type, or an nn::Precision (a bfloat16 layer on float shards: the
+// gathers' and gradients' conversions run where the blocks live).
+template <class Cfg, bool Reshard, class Master = typename Cfg::value_type>
+using FsdpMlp = nn::Sequential<nn::FullyShard<FsdpFirst<Cfg>, Reshard, Master>, nn::GELU<Cfg>,
+                               nn::FullyShard<FsdpSecond<Cfg>, Reshard, Master>>;
 
 // Rank 0's losses and clip norms of 4 steps of AdamW with clip_grad_norm (each step
 // two micro-batches, the first inside no_sync()), then every parameter gathered whole.
-template <class Cfg, bool Reshard>
+template <class Cfg, bool Reshard, class Master = typename Cfg::value_type>
 std::vector<double> fsdp_run(Device dev, const std::array<int, Cfg::M>& shape) {
   std::vector<double> out;
   RunOptions opt;
@@ -508,9 +510,9 @@ std::vector<double> fsdp_run(Device dev, const std::array<int, Cfg::M>& shape) {
       ranks_of<Cfg::M>(shape),
       [&](Comm& comm) {
         DeviceMesh<Cfg::M> mesh(comm, shape);
-        using Model = FsdpMlp<Cfg, Reshard>;
-        Model model(nn::FullyShard<FsdpFirst<Cfg>, Reshard>(FsdpFirst<Cfg>(mesh, {1})), nn::GELU<Cfg>(),
-                    nn::FullyShard<FsdpSecond<Cfg>, Reshard>(FsdpSecond<Cfg>(mesh, {2})));
+        using Model = FsdpMlp<Cfg, Reshard, Master>;
+        Model model(nn::FullyShard<FsdpFirst<Cfg>, Reshard, Master>(FsdpFirst<Cfg>(mesh, {1})), nn::GELU<Cfg>(),
+                    nn::FullyShard<FsdpSecond<Cfg>, Reshard, Master>(FsdpSecond<Cfg>(mesh, {2})));
         nn::MSELoss<Cfg> loss;
         nn::AdamW adam({.lr = 0.01, .eps = 1e-4});  // eps: see train_run
         std::vector<double> mine;
@@ -529,7 +531,7 @@ std::vector<double> fsdp_run(Device dev, const std::array<int, Cfg::M>& shape) {
           }
           const auto y = model.forward(x);
           CHECK(y.local().device() == dev);
-          mine.push_back(loss.forward(y, t));
+          mine.push_back(double(loss.forward(y, t)));
           model.backward(loss.backward(y));
           mine.push_back(nn::clip_grad_norm(model, 0.5));
           adam.step(model);
@@ -545,15 +547,18 @@ std::vector<double> fsdp_run(Device dev, const std::array<int, Cfg::M>& shape) {
   return out;
 }
 
-template <class Cfg, bool Reshard>
-void fsdp_same_on_device(const std::array<int, Cfg::M>& shape) {
+// tol: 1e-12 for double layers; a bfloat16 layer's products sum in another order on the
+// device (cuBLAS or the emulator's loops against oneDNN), so an activation or gradient
+// may round to its bfloat16 neighbour.
+template <class Cfg, bool Reshard, class Master = typename Cfg::value_type>
+void fsdp_same_on_device(const std::array<int, Cfg::M>& shape, double tol = 1e-12) {
   INFO("reshard_after_forward ", Reshard, ", mesh of ", ranks_of<Cfg::M>(shape), " ranks, ", Cfg::M, "-D");
-  const auto host = fsdp_run<Cfg, Reshard>(Device::host(), shape);
-  const auto dev = fsdp_run<Cfg, Reshard>(Device::cuda(0), shape);
+  const auto host = fsdp_run<Cfg, Reshard, Master>(Device::host(), shape);
+  const auto dev = fsdp_run<Cfg, Reshard, Master>(Device::cuda(0), shape);
   REQUIRE(host.size() == static_cast<std::size_t>(8 + kFsdpIn * kFsdpHidden + kFsdpHidden +
                                                   kFsdpHidden * kFsdpOut + kFsdpOut));
   CHECK(std::all_of(host.begin(), host.end(), [](double v) { return std::isfinite(v); }));
-  CHECK(worst(host, dev) < 1e-12);
+  CHECK(worst(host, dev) < tol);
 }
 
 }  // namespace
@@ -565,4 +570,15 @@ TEST_CASE("fully sharded data parallelism on device buffers equals the host's: 1
   fsdp_same_on_device<Dp1, false>({4});  // an empty shard of the output layer
   fsdp_same_on_device<DpTp, true>({2, 2});
   fsdp_same_on_device<DpTp, false>({3, 2});
+}
+
+TEST_CASE("fully sharded data parallelism with bfloat16 layers on float shards, on device buffers, against the "
+          "host") {
+  // Precision<float, bfloat16>: gathers in bfloat16, gradients reduce-scattered in float
+  // and added into the float shards; each conversion on the device.
+  using Bf16Dp = nn::Config<bfloat16, 2, nn::Axes<1, 0, nn::kNone>>;
+  using Bf16DpTp = nn::Config<bfloat16, 2, nn::Axes<2, 0, 1>>;
+  using Policy = nn::Precision<float, bfloat16>;
+  fsdp_same_on_device<Bf16Dp, true, Policy>({3}, 2e-2);
+  fsdp_same_on_device<Bf16DpTp, false, Policy>({3, 2}, 2e-2);
 }
