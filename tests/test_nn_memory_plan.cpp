@@ -122,6 +122,7 @@ nn::MemoryOptions runtime() {
 // optimizer state and the input, all in the plan's first events), measured and planned.
 struct Peaks {
   int64_t measured = 0, planned = 0;
+  int64_t largest_planned = -1;  // peak_bytes() (the largest rank's) less what this rank holds; -1: not asked
 };
 template <class C, class Model>
 Peaks step_peaks(const DeviceMesh<C::M>& mesh) {
@@ -143,6 +144,7 @@ Peaks step_peaks(const DeviceMesh<C::M>& mesh) {
                                                                      Model::input_placements)
                            .bytes(plan.mesh_shape, coords);
   p.planned = plan.peak_at(coords).bytes - held;
+  p.largest_planned = plan.peak_bytes() - held;
   return p;
 }
 
@@ -152,6 +154,7 @@ void check_peaks(const Peaks& p, const std::string& what) {
   CHECK(p.measured > 0);
   CHECK(p.planned >= p.measured);
   CHECK(p.planned <= p.measured * 11 / 10);
+  if (p.largest_planned >= 0) CHECK(p.largest_planned >= p.measured);  // the figure a user checks bounds every rank
 }
 
 TEST_CASE("memory plan: a step's peak on one rank against the allocator's, with and without recompute and FSDP") {
@@ -341,8 +344,9 @@ constexpr nn::AttentionShape kBalancedAttn{
 constexpr nn::AttentionShape kAllToAllAttn{
     .hidden = kHid, .heads = 4, .kv_heads = 2, .context = nn::ContextParallel::AllToAll};
 // Wrap: the blocks as they are, recomputed, or fully sharded.
-template <class Cfg, class Style, template <class> class Wrap, nn::AttentionShape A = kAttn>
+template <class Cfg, class Style, template <class> class Wrap, nn::AttentionShape A = kAttn, int64_t Len = kLen>
 struct Gpt {
+  static constexpr int64_t len = Len;  // the sequence (at most kLen positions)
   using Block = nn::TransformerBlock<Cfg, A, kFfn, Style>;
   using Model = nn::Sequential<nn::Embedding<Cfg, kVocab, kHid, nn::RowwiseParallel<SeqOnTP<Style>>>,
                                nn::PositionEmbedding<Cfg, kLen, kHid>, Wrap<Block>, Wrap<Block>,
@@ -369,16 +373,16 @@ template <class G>
 Peaks gpt_peaks(const DeviceMesh<2>& mesh) {
   using Model = typename G::Model;
   using Cfg = typename Model::config;
-  const auto plan = Model::template memory_plan<nn::CrossEntropy<Cfg>, nn::AdamW>({kSeqs, kLen}, mesh.shape(), runtime());
+  const auto plan = Model::template memory_plan<nn::CrossEntropy<Cfg>, nn::AdamW>({kSeqs, G::len}, mesh.shape(), runtime());
   auto model = G::make(mesh);
   nn::CrossEntropy<Cfg> loss;
   nn::AdamW opt({.lr = 1e-3});
   Peaks p;
   for (int step = 0; step < 2; ++step) {
     const auto ids = dtensor::detail::generate<typename Model::InputT>(
-        {kSeqs, kLen}, mesh, {}, [&](uint64_t i) { return static_cast<int64_t>((7 * i + 3 + step) % kVocab); });
+        {kSeqs, G::len}, mesh, {}, [&](uint64_t i) { return static_cast<int64_t>((7 * i + 3 + step) % kVocab); });
     const auto targets = dtensor::detail::generate<typename G::Targets>(
-        {kSeqs, kLen}, mesh, {}, [&](uint64_t i) { return static_cast<int64_t>((5 * i + 1) % kVocab); });
+        {kSeqs, G::len}, mesh, {}, [&](uint64_t i) { return static_cast<int64_t>((5 * i + 1) % kVocab); });
     model.zero_grad();
     const int64_t before = host_memory_in_use();
     reset_host_memory_peak();
@@ -391,20 +395,21 @@ Peaks gpt_peaks(const DeviceMesh<2>& mesh) {
   const auto coords = mesh.coords();
   const int64_t held = plan.bytes(MemoryUse::Parameters, coords) + plan.bytes(MemoryUse::Gradients, coords) +
                        plan.bytes(MemoryUse::OptimizerState, coords) +
-                       nn::PlannedTensor<2>::template of<int64_t>(std::array<int64_t, 2>{kSeqs, kLen},
+                       nn::PlannedTensor<2>::template of<int64_t>(std::array<int64_t, 2>{kSeqs, G::len},
                                                                   Model::input_placements)
                            .bytes(plan.mesh_shape, coords);
   p.planned = plan.peak_at(coords).bytes - held;
+  p.largest_planned = plan.peak_bytes() - held;
   return p;
 }
 
 // Wrapped: the blocks also recomputed (whole and selectively) and, with a DP dim, fully
 // sharded (each variant is a model of its own to compile: the context-parallel schemes
 // other than the ring are checked plain).
-template <class Cfg, class Style, nn::AttentionShape A = kAttn, bool Wrapped = true>
+template <class Cfg, class Style, nn::AttentionShape A = kAttn, bool Wrapped = true, int64_t Len = kLen>
 void check_gpt(const std::array<int, 2>& shape, const char* what) {
   auto run = [&](const DeviceMesh<2>& mesh, const std::string& where) {
-    check_peaks(gpt_peaks<Gpt<Cfg, Style, AsIs, A>>(mesh), std::string(what) + " on " + where);
+    check_peaks(gpt_peaks<Gpt<Cfg, Style, AsIs, A, Len>>(mesh), std::string(what) + " on " + where);
     if constexpr (Wrapped) {
       check_peaks(gpt_peaks<Gpt<Cfg, Style, RecomputedBlock, A>>(mesh), std::string(what) + ", recomputed, on " + where);
       check_peaks(gpt_peaks<Gpt<Cfg, Style, SelectiveBlock, A>>(mesh), std::string(what) + ", selective, on " + where);
@@ -438,6 +443,11 @@ TEST_CASE("memory plan: a GPT's step against the allocator, plain, recomputed an
   check_gpt<GTpCp, nn::HeadParallel<>, kBalancedAttn, false>({2, 2}, "TP x CP (balanced ring)");
   check_gpt<GTpCp, nn::HeadParallel<>, kBalancedAttn, false>({1, 3}, "CP (balanced ring)");
   check_gpt<GTpCp, nn::HeadParallel<>, kAllToAllAttn, false>({1, 2}, "CP (all-to-all)");
+  // Uneven sequences: 47 positions in the balanced ring's 4 chunks 12 | 12 | 12 | 11 give
+  // rank 0 the pair 12 + 11 and rank 1 12 + 12, the larger (peak_bytes() is rank 1's, not
+  // coordinate 0's); the ring's 16 | 16 | 15.
+  check_gpt<GTpCp, nn::HeadParallel<>, kBalancedAttn, false, 47>({1, 2}, "CP (balanced ring), 47 positions");
+  check_gpt<GTpCp, nn::HeadParallel<>, kAttn, false, 47>({1, 3}, "CP (ring), 47 positions");
 }
 }  // namespace
 }  // namespace dtensor::test

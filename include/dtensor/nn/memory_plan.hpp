@@ -20,9 +20,9 @@
 // (tests/test_nn_memory_plan*.cpp), and set_host_memory_limit can hold a run to it.
 //
 // Each tensor is its global extents and placements, so a rank's bytes are its block's by
-// the chunk rule, exactly, on uneven shards too (an empty block is 0 bytes); the largest
-// rank is the one at coordinate 0 of every mesh dim, whose blocks the chunk rule makes
-// the largest.
+// the chunk rule (or the layer's own layout: a balanced ring's chunk pairs, a valid
+// convolution's anchored rows), exactly, on uneven shards too (an empty block is 0
+// bytes); peak_bytes() follows every rank's timeline and takes the largest.
 //
 // Layers say what they hold, beside the code that allocates it: a layer declares
 //   static constexpr LayerMemory<M> memory(const PlannedTensor<M>& x);
@@ -846,10 +846,20 @@ struct MemoryPlan {
     return p;
   }
   constexpr MemoryPeak peak(int rank) const { return peak_at(coords_of(rank)); }
-  // The largest rank's: coordinate 0 everywhere (the chunk rule's largest blocks), with
-  // each halo's staging buffer at its largest over the ranks (a block between two
-  // neighbours sends to both, one at an edge to one): never below any rank's peak.
-  constexpr MemoryPeak peak() const { return peak_from(std::array<int, M>{}, largest_halo_staging_bytes()); }
+  // The largest rank's peak, every rank's timeline followed: which rank holds the most
+  // depends on the model, not only on the chunk rule (coordinate 0's blocks are the
+  // largest of a chunked dim, but a valid convolution's output rows follow its input's
+  // anchors, a balanced ring pairs chunk r with chunk 2n-1-r, a halo's staging is larger
+  // between two neighbours than at an edge).
+  constexpr MemoryPeak peak() const { return peak(largest_rank()); }
+  // The rank whose peak is the largest (the first such).
+  constexpr int largest_rank() const {
+    int worst = 0;
+    int64_t most = -1;
+    for (int r = 0, n = ranks(); r < n; ++r)
+      if (const int64_t b = peak(r).bytes; b > most) most = b, worst = r;
+    return worst;
+  }
   // Each halo's staging buffer at its largest over the ranks, summed.
   constexpr int64_t largest_halo_staging_bytes() const {
     int64_t b = 0;

@@ -334,7 +334,6 @@ class Pipeline {
     if constexpr (PC::mesh_dims > 1)
       for (int d = 0, i = 0; d < PC::mesh_dims; ++d)
         if (d != PC::pp) stage_shape[static_cast<std::size_t>(i++)] = mesh_shape[static_cast<std::size_t>(d)];
-    const std::array<int, SM> largest{};  // coordinate 0 everywhere: the chunk rule's largest blocks
     PipelineMemoryPlan<S, ranks> plan;
     // The largest micro-batch: each data-parallel block of the batch dim cut into M,
     // the first piece the longest (ceil(ceil(B / D) / M) rows on every block: a batch
@@ -360,10 +359,13 @@ class Pipeline {
       return e;
     };
     const BlockAllocator alloc = options.allocator;
-    plan.batch = PlannedTensor<SM>::template of<typename InputT::value_type>(extents, InputT::placement_state)
-                     .bytes(stage_shape, largest, alloc) +
-                 PlannedTensor<SM>::template of<typename TargetT::value_type>(out_extents(), TargetT::placement_state)
-                     .bytes(stage_shape, largest, alloc);
+    // A tensor's block at its largest over the stage mesh's ranks.
+    const auto largest_block = [&](const PlannedTensor<SM>& t) {
+      return largest_over_ranks(stage_shape, [&](const std::array<int, SM>& c) { return t.bytes(stage_shape, c, alloc); });
+    };
+    plan.batch =
+        largest_block(PlannedTensor<SM>::template of<typename InputT::value_type>(extents, InputT::placement_state)) +
+        largest_block(PlannedTensor<SM>::template of<typename TargetT::value_type>(out_extents(), TargetT::placement_state));
     // Each stage's input and the gradient placements at each boundary.
     const PlannedTensor<SM> x0 = PlannedTensor<SM>::template of<typename InputT::value_type>(mb, InputT::placement_state);
     std::array<PlannedTensor<SM>, S + 1> at{};  // at[s]: stage s's input; at[S]: the output
@@ -375,18 +377,16 @@ class Pipeline {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((grad[I] = output_gradient_placements<static_cast<int>(I), LossT>()), ...);
       // Each stage's own step.
-      (stage_memory<static_cast<int>(I), LossT, Opt, C>(plan, at[I], stage_shape, largest, options), ...);
+      (stage_memory<static_cast<int>(I), LossT, Opt, C>(plan, at[I], stage_shape, options), ...);
     }(std::make_index_sequence<S>{});
-    plan.step_peak[S - 1] +=
-        PlannedTensor<SM>::template of<typename TargetT::value_type>(mb_out_extents(), TargetT::placement_state)
-            .bytes(stage_shape, largest, alloc);  // the micro-batch's targets
+    plan.step_peak[S - 1] += largest_block(  // the micro-batch's targets
+        PlannedTensor<SM>::template of<typename TargetT::value_type>(mb_out_extents(), TargetT::placement_state));
     // Between computes, per pipeline rank.
     for (int r = 0; r < ranks; ++r)
       plan.between[static_cast<std::size_t>(r)] = pipeline::held_between_computes(
           schedule_table, r, [&](bool gradient, int boundary) {
             const PlannedTensor<SM>& y = at[static_cast<std::size_t>(boundary + 1)];
-            return (gradient ? y.placed(grad[static_cast<std::size_t>(boundary)]) : y)
-                .bytes(stage_shape, largest, alloc);
+            return largest_block(gradient ? y.placed(grad[static_cast<std::size_t>(boundary)]) : y);
           });
     return plan;
   }
@@ -430,11 +430,26 @@ class Pipeline {
     if constexpr (I == S - 1) return LossT::grad_input(stage_t<S - 1>::output_placements);
     else return stage_t<I + 1>::grad_input(stage_t<I + 1>::input_placements, output_gradient_placements<I + 1, LossT>());
   }
+  // The largest of bytes_at(coords) over the ranks of a mesh of `shape`.
+  template <std::size_t SM, class Fn>
+  static constexpr int64_t largest_over_ranks(const std::array<int, SM>& shape, Fn bytes_at) {
+    int n = 1;
+    for (int s : shape) n *= s;
+    int64_t most = 0;
+    for (int r = 0; r < n; ++r) {
+      std::array<int, SM> c{};
+      for (int m = static_cast<int>(SM) - 1, rest = r; m >= 0; --m) {
+        c[static_cast<std::size_t>(m)] = rest % shape[static_cast<std::size_t>(m)];
+        rest /= shape[static_cast<std::size_t>(m)];
+      }
+      most = std::max<int64_t>(most, bytes_at(c));
+    }
+    return most;
+  }
   // Stage I's own plan (one micro-batch) into the pipeline's.
   template <int I, class LossT, class Opt, int C, std::size_t SM>
   static constexpr void stage_memory(PipelineMemoryPlan<S, ranks>& plan, const PlannedTensor<SM>& x,
-                                     const std::array<int, SM>& shape, const std::array<int, SM>& largest,
-                                     const MemoryOptions& options) {
+                                     const std::array<int, SM>& shape, const MemoryOptions& options) {
     using St = stage_t<I>;
     std::array<int64_t, St::InputT::rank> e{};
     for (int d = 0; d < St::InputT::rank; ++d) e[static_cast<std::size_t>(d)] = x.global[static_cast<std::size_t>(d)];
@@ -446,21 +461,33 @@ class Pipeline {
     };
     const auto p = one();
     const auto i = static_cast<std::size_t>(I);
-    plan.persistent[i] = p.bytes(MemoryUse::Parameters, largest) + p.bytes(MemoryUse::Gradients, largest) +
-                         p.bytes(MemoryUse::OptimizerState, largest);
-    // A halo's reverse staging buffer lives in its exchange, which a micro-batch's saved
-    // state carries (nn/saved_state.hpp: the window op's plan moves with it): counted
-    // with each micro-batch held, not once, at its largest over the stage's ranks (the
-    // stage's plan holds it from the start, so its excess below leaves it out).
+    // Each term at its largest over the stage's ranks (which rank holds the most can
+    // differ from term to term: a valid convolution's output rows, a balanced ring's
+    // chunk pairs), so the sums below bound every rank's. A halo's reverse staging buffer
+    // lives in its exchange, which a micro-batch's saved state carries (nn/saved_state.hpp:
+    // the window op's plan moves with it): counted with each micro-batch held, not once,
+    // at its largest over the stage's ranks (the stage's plan holds it from the start, so
+    // the excess leaves it out).
     const int64_t staging = p.largest_halo_staging_bytes();
-    plan.saved[i] = p.bytes(MemoryUse::Saved, largest) + staging;
-    plan.step_peak[i] = p.peak_from(largest, staging).bytes;
+    const auto persistent = [&](const std::array<int, SM>& c) {
+      return p.bytes(MemoryUse::Parameters, c) + p.bytes(MemoryUse::Gradients, c) +
+             p.bytes(MemoryUse::OptimizerState, c);
+    };
+    const auto saved = [&](const std::array<int, SM>& c) { return p.bytes(MemoryUse::Saved, c) + staging; };
+    plan.persistent[i] = largest_over_ranks(shape, persistent);
+    plan.saved[i] = largest_over_ranks(shape, saved);
+    // The step's peak above what it holds throughout and saves (each rank's own), on top
+    // of the largest of those.
+    const int64_t excess = largest_over_ranks(
+        shape, [&](const std::array<int, SM>& c) { return p.peak_from(c, staging).bytes - persistent(c) - saved(c); });
+    plan.step_peak[i] = plan.persistent[i] + plan.saved[i] + excess;
     // Micro-batches from a forward to the end of their backward (a zero-bubble
     // schedule's W); between its I and W steps a micro-batch keeps, of what the forward
     // saved, at most all, plus what the split layers keep for their weight gradients.
     plan.held[i] = pipeline::held_microbatches(schedule_table, I, pipeline::Held::WeightInputs);
     if constexpr (schedule_table.split_backward)
-      plan.pending[i] = nn::memory_pending<St>(x, shape, largest, options.allocator);
+      plan.pending[i] = largest_over_ranks(
+          shape, [&](const std::array<int, SM>& c) { return nn::memory_pending<St>(x, shape, c, options.allocator); });
   }
 
   template <class Fn>

@@ -35,7 +35,7 @@ namespace dtensor::nn {
 
 template <int S, int Ranks>
 struct PipelineMemoryPlan {
-  // Per stage, on its stage mesh's largest rank, for the largest micro-batch.
+  // Per stage, each at its largest over the stage mesh's ranks, for the largest micro-batch.
   std::array<int64_t, S> persistent{};  // parameters, gradients, optimizer state
   std::array<int64_t, S> saved{};       // what one micro-batch's forward keeps (its halos' staging too)
   std::array<int64_t, S> step_peak{};   // the stage's own plan's peak (one micro-batch)
