@@ -240,5 +240,39 @@ TEST_CASE("complex tensors: collectives sum in the complex type, elementwise ope
     }
     CHECK(worst < 1e-14);
     CHECK(fd_worst < 1e-8);
+
+    // c = a b (matrices 5 x 3 and 3 x 4, sharded unevenly on both mesh dims): dA =
+    // dC conj(B)^T and dB = conj(A)^T dC, against the sums written out.
+    using MA = DTensor<C, 2, Shard<0>, Shard<1>>;
+    using MB = DTensor<C, 2, Shard<1>, Replicate>;
+    const MA ma = filled_like<MA>(ShardLayout<2>::make({5, 3}, MA::placement_state, mesh.shape()), mesh, 5);
+    const MB mb = filled_like<MB>(ShardLayout<2>::make({3, 4}, MB::placement_state, mesh.shape()), mesh, 6);
+    const auto mc = matmul(ma, mb);
+    using MG = DTensor<C, 2, Shard<0>, Replicate>;
+    const MG mg = filled_like<MG>(ShardLayout<2>::make({5, 4}, MG::placement_state, mesh.shape()), mesh, 7);
+    const auto [mda, mdb] = matmul_backward(ma, mb, mg);
+    const auto Af = ma.full_tensor(), Bf = mb.full_tensor(), Gf = mg.full_tensor(), Cf = mc.full_tensor(),
+               dAf = mda.full_tensor(), dBf = mdb.full_tensor();
+    auto at = [](const auto& t, int64_t i, int64_t j, int64_t cols) { return t.data()[i * cols + j]; };
+    double mm_worst = 0;
+    for (int64_t i = 0; i < 5; ++i)
+      for (int64_t j = 0; j < 4; ++j) {
+        C sum = 0;
+        for (int64_t k = 0; k < 3; ++k) sum += at(Af, i, k, 3) * at(Bf, k, j, 4);
+        mm_worst = worst_of(mm_worst, std::abs(at(Cf, i, j, 4) - sum));
+      }
+    for (int64_t i = 0; i < 5; ++i)
+      for (int64_t k = 0; k < 3; ++k) {
+        C sum = 0;
+        for (int64_t j = 0; j < 4; ++j) sum += at(Gf, i, j, 4) * std::conj(at(Bf, k, j, 4));
+        mm_worst = worst_of(mm_worst, std::abs(at(dAf, i, k, 3) - sum));
+      }
+    for (int64_t k = 0; k < 3; ++k)
+      for (int64_t j = 0; j < 4; ++j) {
+        C sum = 0;
+        for (int64_t i = 0; i < 5; ++i) sum += std::conj(at(Af, i, k, 3)) * at(Gf, i, j, 4);
+        mm_worst = worst_of(mm_worst, std::abs(at(dBf, k, j, 4) - sum));
+      }
+    CHECK(mm_worst < 1e-13);
   });
 }

@@ -151,8 +151,19 @@ auto contract(const DTensor<T, RA, PA...>& a, const DTensor<T, RB, PB...>& b) {
   return Out(a.mesh(), std::move(layout), std::move(out));
 }
 
+namespace detail {
+// conj(x) with x's placements and blocks (a host block: compute::conj).
+template <class T, int R, class... P>
+DTensor<T, R, P...> conjugated(const DTensor<T, R, P...>& x) {
+  Tensor<T, R> local = x.local();
+  compute::conj(local, local);
+  return DTensor<T, R, P...>(x.mesh(), x.layout(), std::move(local));
+}
+}  // namespace detail
+
 // The gradients of contraction S at (a, b) given the output's gradient dc:
-// dA = dC (x) B and dB = A (x) dC (contraction_specs::grad_a, grad_b), each then
+// dA = dC (x) B and dB = A (x) dC (contraction_specs::grad_a, grad_b; complex: with
+// the other operand conjugated), each then
 // brought to the placements of ContractionGradient (the dual rule). Collective where
 // the contractions or the dual rule need it.
 template <ContractionSpec S, class Policy = Implicit, class T, int RA, int RB, int RC, class... PA, class... PB,
@@ -174,9 +185,18 @@ auto contract_backward(const DTensor<T, RA, PA...>& a, const DTensor<T, RB, PB..
     }
   constexpr ContractionSpec SA = contraction_specs::grad_a(S);
   constexpr ContractionSpec SB = contraction_specs::grad_b(S);
-  auto da = detail::redistribute_owned<typename G::grad_a>(contract<SA, Policy>(dc, b));
-  auto db = detail::redistribute_owned<typename G::grad_b>(contract<SB, Policy>(a, dc));
-  return ContractionGrads<decltype(da), decltype(db)>{std::move(da), std::move(db)};
+  if constexpr (is_complex_v<T>) {
+    // PyTorch's convention for a holomorphic product: the gradient takes the conjugate of
+    // the derivative, dA = dC (x) conj(B), dB = conj(A) (x) dC (conjugating commutes with
+    // every placement, Partial<Sum>'s terms included).
+    auto da = detail::redistribute_owned<typename G::grad_a>(contract<SA, Policy>(dc, detail::conjugated(b)));
+    auto db = detail::redistribute_owned<typename G::grad_b>(contract<SB, Policy>(detail::conjugated(a), dc));
+    return ContractionGrads<decltype(da), decltype(db)>{std::move(da), std::move(db)};
+  } else {
+    auto da = detail::redistribute_owned<typename G::grad_a>(contract<SA, Policy>(dc, b));
+    auto db = detail::redistribute_owned<typename G::grad_b>(contract<SB, Policy>(a, dc));
+    return ContractionGrads<decltype(da), decltype(db)>{std::move(da), std::move(db)};
+  }
 }
 
 // The rule of contraction S for operands placed PA and PB as text, computed by the
