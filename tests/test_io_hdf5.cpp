@@ -408,6 +408,31 @@ TEST_CASE("hdf5: bad input raises Hdf5Error on every rank, naming the problem") 
                   {"Hdf5WriteOptions::chunk [2] has 1 extents but the dataset has 2 dims"});
       check_error([&] { io::write_hdf5(file, "k", make_field<F2>(line, {5, 3}), {.deflate = 12}); },
                   {"Hdf5WriteOptions::deflate is 12"});
+      // Extents whose element count wraps around: chunked datasets never written (no
+      // space in the file), as another program makes them: [2^40, 2^40], and one whose
+      // element count wraps past 2^64 to 4 (once read as a tensor of that shape holding
+      // 4 elements).
+      if (comm.rank() == 0) {
+        io::detail::Hdf5Lock lock;
+        const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+        REQUIRE(f >= 0);
+        const std::vector<hsize_t> huge{hsize_t{1} << 40, hsize_t{1} << 40}, wraps{548354, 134560842621442};
+        for (const auto& [name, dims] : {std::pair{"huge", huge}, std::pair{"wraps", wraps}}) {
+          const hid_t space = H5Screate_simple(2, dims.data(), nullptr);
+          const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+          const std::vector<hsize_t> chunk{1, 1024};
+          H5Pset_chunk(dcpl, 2, chunk.data());
+          const hid_t d = H5Dcreate2(f, name, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+          REQUIRE(d >= 0);
+          H5Dclose(d), H5Pclose(dcpl), H5Sclose(space);
+        }
+        H5Fclose(f);
+      }
+      comm.barrier();
+      check_error([&] { io::read_hdf5<F2>(file, "huge", line); },
+                  {"dataset /huge in", "has extents [1099511627776, 1099511627776]", "2^63 bytes or more"});
+      check_error([&] { io::read_hdf5<F2>(file, "wraps", line); },
+                  {"has extents [548354, 134560842621442]", "2^63 bytes or more"});
       // Ranks that disagree on the call (a collective HDF5 call that a rank would miss).
       if (n > 1) {
         const std::string mine = comm.rank() == 1 ? "g/cube" : "u";

@@ -48,6 +48,7 @@
 // The file must be visible to every rank at the same path.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -204,6 +205,27 @@ std::string unreadable(const Probe& p, const fs::path& file, const std::string& 
     return dtensor::detail::cat("dataset ", path, " in ", f, " holds ", p.type, " but the program's tensor holds ",
                                 element_name<T>(), "; read it into a DTensor of ", p.type,
                                 " (dtensor does not convert element types)");
+  // Extents a tensor can hold: HDF5 allows dims up to 2^64 - 1 (read as negative here),
+  // and a chunked dataset of huge extents, never written, takes no space in the file;
+  // its element count must not wrap around (to a small or empty tensor).
+  bool empty = false, over = false;
+  uint64_t bytes = sizeof(T);
+  for (int64_t d : p.shape) {
+    if (d < 0) over = true;
+    else if (d == 0) empty = true;
+  }
+  if (!over && !empty)
+    for (int64_t d : p.shape) {
+      if (bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / static_cast<uint64_t>(d)) over = true;
+      else bytes *= static_cast<uint64_t>(d);
+    }
+  if (over) {
+    std::string dims;
+    for (std::size_t i = 0; i < p.shape.size(); ++i)
+      dims += (i ? ", " : "") + std::to_string(static_cast<uint64_t>(p.shape[i]));
+    return dtensor::detail::cat("dataset ", path, " in ", f, " has extents [", dims, "], whose ", element_name<T>(),
+                                " elements would take 2^63 bytes or more (dtensor reads datasets of fewer)");
+  }
   return "";
 }
 
