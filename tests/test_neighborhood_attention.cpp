@@ -179,3 +179,85 @@ TEST_CASE("neighborhood attention: windows wider than a shard take ghosts from r
     CHECK(na.ghosts()[1] == std::array<int64_t, 2>{4, 3});  // the last rank's window starts 4 left of its cell
   });
 }
+
+namespace {
+
+// Relative RMS error of `got` against `want`, in units of T's unit roundoff (2^-8 for
+// bfloat16, 2^-11 for float16): a result computed in float and rounded once lands near
+// 0.4; sums in 16 bits (a 128-long dot product, a key's gradient added from each of 25
+// windows) land several units out.
+template <class T>
+double rms_units(const std::vector<double>& got, const std::vector<double>& want) {
+  double e = 0, s = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) e += (got[i] - want[i]) * (got[i] - want[i]), s += want[i] * want[i];
+  const double u = std::is_same_v<T, bfloat16> ? 0x1p-8 : 0x1p-11;
+  return std::isnan(e) || s == 0 ? kInfinite : std::sqrt(e / s) / u;
+}
+
+// The core and the op sharded in space on 16-bit elements against the float64 core on
+// the same (rounded) values: computed in float, each value rounded once.
+template <class T>
+void check_16bit() {
+  constexpr int64_t B = 1, X = 6, Y = 7, H = 2, D = 128;
+  const NeighborhoodSpec s{{5, 5}, {1, 1}};
+  const int64_t n = B * X * Y * H * D;
+  auto rounded = [&](uint64_t seed) {
+    auto x = values(n, seed);
+    for (double& e : x) e = static_cast<float>(T(static_cast<float>(e)));
+    return x;
+  };
+  const auto q = rounded(1), k = rounded(2), v = rounded(3), dout = rounded(4);
+  compute::NeighborhoodDims d{.batch = B, .heads = H, .head_dim = D, .extent = {X, Y}, .kernel = s.kernel,
+                              .dilation = s.dilation, .q_first = {0, 0}, .q_len = {X, Y}, .kv_first = {0, 0},
+                              .kv_len = {X, Y}};
+  std::vector<double> o(n), dq(n), dk(n, 0.0), dv(n, 0.0);
+  compute::neighborhood_attention_forward(d, q.data(), k.data(), v.data(), o.data());
+  compute::neighborhood_attention_backward(d, q.data(), k.data(), v.data(), dout.data(), dq.data(), dk.data(),
+                                           dv.data());
+  auto narrow = [](const std::vector<double>& x) {
+    std::vector<T> t(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) t[i] = T(static_cast<float>(x[i]));
+    return t;
+  };
+  auto widen = [](const T* t, int64_t count) {
+    std::vector<double> x(static_cast<std::size_t>(count));
+    for (int64_t i = 0; i < count; ++i) x[static_cast<std::size_t>(i)] = static_cast<float>(t[i]);
+    return x;
+  };
+  const auto q16 = narrow(q), k16 = narrow(k), v16 = narrow(v), dout16 = narrow(dout);
+  std::vector<T> o16(n), dq16(n), dk16(n, T(0.0f)), dv16(n, T(0.0f));
+  compute::neighborhood_attention_forward(d, q16.data(), k16.data(), v16.data(), o16.data());
+  compute::neighborhood_attention_backward(d, q16.data(), k16.data(), v16.data(), dout16.data(), dq16.data(),
+                                           dk16.data(), dv16.data());
+  CHECK(rms_units<T>(widen(o16.data(), n), o) < 1.0);
+  CHECK(rms_units<T>(widen(dq16.data(), n), dq) < 1.0);
+  CHECK(rms_units<T>(widen(dk16.data(), n), dk) < 1.0);
+  CHECK(rms_units<T>(widen(dv16.data(), n), dv) < 1.0);
+  // Sharded in space, uneven: the same outputs (a ghost's key gradient rounded once more
+  // where the reverse exchange adds it to its owner's).
+  using XY = DTensor<T, 5, Shard<1>, Shard<2>>;
+  for (const std::array<int, 2> shape : {std::array{2, 2}, std::array{1, 3}}) {
+    spmd(shape[0] * shape[1], [&](Comm& comm) {
+      DeviceMesh<2> mesh(comm, shape);
+      INFO("mesh ", mesh.to_string());
+      auto make = [&](const std::vector<double>& x) {
+        return dtensor::detail::generate<XY>({B, X, Y, H, D}, mesh, {},
+                                             [&](uint64_t i) { return T(static_cast<float>(x[i])); });
+      };
+      NeighborhoodAttention2d<XY> na(s);
+      const XY y = na.forward(make(q), make(k), make(v));
+      auto [gq, gk, gv] = na.backward(make(dout));
+      CHECK(rms_units<T>(widen(y.full_tensor().data(), n), o) < 1.0);
+      CHECK(rms_units<T>(widen(gq.full_tensor().data(), n), dq) < 1.0);
+      CHECK(rms_units<T>(widen(gk.full_tensor().data(), n), dk) < 1.0);
+      CHECK(rms_units<T>(widen(gv.full_tensor().data(), n), dv) < 1.0);
+    });
+  }
+}
+
+}  // namespace
+
+TEST_CASE("neighborhood attention in bfloat16 and float16: float sums, each value rounded once; sharded as one rank") {
+  check_16bit<bfloat16>();
+  check_16bit<float16>();
+}

@@ -20,9 +20,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "dtensor/compute/neighborhood_dims.hpp"
+#include "dtensor/core/float16.hpp"
 #include "dtensor/util/error.hpp"
 #include "dtensor/util/compiled_runtime.hpp"
 
@@ -53,80 +55,105 @@ void for_each_query(const NeighborhoodDims& d, F&& f) {
         f((b * d.q_len[0] + x) * d.q_len[1] + y, keys);
       }
 }
-}  // namespace dtensor::detail::neighborhood
-
-namespace dtensor::compute {
-
-// o from q, k, v.
-template <class T>
-void neighborhood_attention_forward(const NeighborhoodDims& d, const T* q, const T* k, const T* v, T* o) {
+// The backward with dk, dv added into accumulators of type A.
+template <class T, class A>
+void backward_into(const NeighborhoodDims& d, const T* q, const T* k, const T* v,
+                   const T* dout, T* dq, A* dk, A* dv) {
   const int64_t H = d.heads, D = d.head_dim, pix = H * D;
-  const T scale = static_cast<T>(d.softmax_scale());
-  std::vector<T> s(static_cast<std::size_t>(d.kernel[0] * d.kernel[1]));
-  dtensor::detail::neighborhood::for_each_query<T>(d, [&](int64_t p, const std::vector<int64_t>& keys) {
-    for (int64_t h = 0; h < H; ++h) {
-      const T* qp = q + p * pix + h * D;
-      T mx = -std::numeric_limits<T>::infinity();
-      for (std::size_t m = 0; m < keys.size(); ++m) {
-        const T* km = k + keys[m] * pix + h * D;
-        T acc = 0;
-        for (int64_t c = 0; c < D; ++c) acc += qp[c] * km[c];
-        s[m] = acc * scale;
-        mx = std::max(mx, s[m]);
-      }
-      T sum = 0;
-      for (auto& e : s) sum += (e = std::exp(e - mx));
-      T* op = o + p * pix + h * D;
-      std::fill(op, op + D, T(0));
-      for (std::size_t m = 0; m < keys.size(); ++m) {
-        const T w = s[m] / sum;
-        const T* vm = v + keys[m] * pix + h * D;
-        for (int64_t c = 0; c < D; ++c) op[c] += w * vm[c];
-      }
-    }
-  });
-}
-
-// dq (written) and dk, dv (added into: zero them first, ghosts included) from dout.
-template <class T>
-void neighborhood_attention_backward(const NeighborhoodDims& d, const T* q, const T* k, const T* v, const T* dout,
-                                     T* dq, T* dk, T* dv) {
-  const int64_t H = d.heads, D = d.head_dim, pix = H * D;
-  const T scale = static_cast<T>(d.softmax_scale());
-  std::vector<T> p(static_cast<std::size_t>(d.kernel[0] * d.kernel[1])), dp(p.size());
-  dtensor::detail::neighborhood::for_each_query<T>(d, [&](int64_t i, const std::vector<int64_t>& keys) {
+  const A scale = static_cast<A>(d.softmax_scale());
+  std::vector<A> p(static_cast<std::size_t>(d.kernel[0] * d.kernel[1])), dp(p.size()),
+      dqa(static_cast<std::size_t>(D));
+  for_each_query<T>(d, [&](int64_t i, const std::vector<int64_t>& keys) {
     for (int64_t h = 0; h < H; ++h) {
       const T* qi = q + i * pix + h * D;
       const T* doi = dout + i * pix + h * D;
-      T mx = -std::numeric_limits<T>::infinity();
+      A mx = -std::numeric_limits<A>::infinity();
       for (std::size_t m = 0; m < keys.size(); ++m) {
         const T* km = k + keys[m] * pix + h * D;
         const T* vm = v + keys[m] * pix + h * D;
-        T acc = 0, dacc = 0;
-        for (int64_t c = 0; c < D; ++c) acc += qi[c] * km[c], dacc += doi[c] * vm[c];
+        A acc = 0, dacc = 0;
+        for (int64_t c = 0; c < D; ++c)
+          acc += static_cast<A>(qi[c]) * static_cast<A>(km[c]), dacc += static_cast<A>(doi[c]) * static_cast<A>(vm[c]);
         p[m] = acc * scale;
         dp[m] = dacc;
         mx = std::max(mx, p[m]);
       }
-      T sum = 0;
+      A sum = 0;
       for (auto& e : p) sum += (e = std::exp(e - mx));
-      T delta = 0;  // sum_m P_m dP_m (= do . o)
+      A delta = 0;  // sum_m P_m dP_m (= do . o)
       for (std::size_t m = 0; m < keys.size(); ++m) delta += (p[m] /= sum) * dp[m];
-      T* dqi = dq + i * pix + h * D;
-      std::fill(dqi, dqi + D, T(0));
+      std::fill(dqa.begin(), dqa.end(), A(0));
       for (std::size_t m = 0; m < keys.size(); ++m) {
-        const T ds = p[m] * (dp[m] - delta) * scale;
+        const A ds = p[m] * (dp[m] - delta) * scale;
         const T* km = k + keys[m] * pix + h * D;
-        T* dkm = dk + keys[m] * pix + h * D;
-        T* dvm = dv + keys[m] * pix + h * D;
+        A* dkm = dk + keys[m] * pix + h * D;
+        A* dvm = dv + keys[m] * pix + h * D;
         for (int64_t c = 0; c < D; ++c) {
-          dqi[c] += ds * km[c];
-          dkm[c] += ds * qi[c];
-          dvm[c] += p[m] * doi[c];
+          dqa[static_cast<std::size_t>(c)] += ds * static_cast<A>(km[c]);
+          dkm[c] += ds * static_cast<A>(qi[c]);
+          dvm[c] += p[m] * static_cast<A>(doi[c]);
         }
       }
+      T* dqi = dq + i * pix + h * D;
+      for (int64_t c = 0; c < D; ++c) dqi[c] = static_cast<T>(dqa[static_cast<std::size_t>(c)]);
     }
   });
+}
+}  // namespace dtensor::detail::neighborhood
+
+namespace dtensor::compute {
+
+// o from q, k, v. Computed in accumulator_t<T> (float for bfloat16 and float16: the
+// scores, the softmax and each output's sum), each output rounded once.
+template <class T>
+void neighborhood_attention_forward(const NeighborhoodDims& d, const T* q, const T* k, const T* v, T* o) {
+  using A = accumulator_t<T>;
+  const int64_t H = d.heads, D = d.head_dim, pix = H * D;
+  const A scale = static_cast<A>(d.softmax_scale());
+  std::vector<A> s(static_cast<std::size_t>(d.kernel[0] * d.kernel[1])), out(static_cast<std::size_t>(D));
+  dtensor::detail::neighborhood::for_each_query<T>(d, [&](int64_t p, const std::vector<int64_t>& keys) {
+    for (int64_t h = 0; h < H; ++h) {
+      const T* qp = q + p * pix + h * D;
+      A mx = -std::numeric_limits<A>::infinity();
+      for (std::size_t m = 0; m < keys.size(); ++m) {
+        const T* km = k + keys[m] * pix + h * D;
+        A acc = 0;
+        for (int64_t c = 0; c < D; ++c) acc += static_cast<A>(qp[c]) * static_cast<A>(km[c]);
+        s[m] = acc * scale;
+        mx = std::max(mx, s[m]);
+      }
+      A sum = 0;
+      for (auto& e : s) sum += (e = std::exp(e - mx));
+      std::fill(out.begin(), out.end(), A(0));
+      for (std::size_t m = 0; m < keys.size(); ++m) {
+        const A w = s[m] / sum;
+        const T* vm = v + keys[m] * pix + h * D;
+        for (int64_t c = 0; c < D; ++c) out[static_cast<std::size_t>(c)] += w * static_cast<A>(vm[c]);
+      }
+      T* op = o + p * pix + h * D;
+      for (int64_t c = 0; c < D; ++c) op[c] = static_cast<T>(out[static_cast<std::size_t>(c)]);
+    }
+  });
+}
+
+
+// dq (written) and dk, dv (added into: zero them first, ghosts included) from dout.
+// Computed in accumulator_t<T>: for bfloat16 and float16, dk and dv (each key's terms
+// from every query whose window holds it) add up in float buffers, then are added into
+// dk and dv rounding once.
+template <class T>
+void neighborhood_attention_backward(const NeighborhoodDims& d, const T* q, const T* k, const T* v, const T* dout,
+                                     T* dq, T* dk, T* dv) {
+  using A = accumulator_t<T>;
+  if constexpr (std::is_same_v<A, T>) {
+    dtensor::detail::neighborhood::backward_into<T, A>(d, q, k, v, dout, dq, dk, dv);
+  } else {
+    const std::size_t n = static_cast<std::size_t>(d.batch * d.kv_len[0] * d.kv_len[1] * d.heads * d.head_dim);
+    std::vector<A> dka(n), dva(n);
+    for (std::size_t e = 0; e < n; ++e) dka[e] = static_cast<A>(dk[e]), dva[e] = static_cast<A>(dv[e]);
+    dtensor::detail::neighborhood::backward_into<T, A>(d, q, k, v, dout, dq, dka.data(), dva.data());
+    for (std::size_t e = 0; e < n; ++e) dk[e] = static_cast<T>(dka[e]), dv[e] = static_cast<T>(dva[e]);
+  }
 }
 
 #ifdef DTENSOR_KERNEL_INSTANCE  // compiled once in the compiled runtime (util/compiled_runtime.hpp)
