@@ -265,12 +265,48 @@ TEST_CASE("loader: a run resumed from a checkpoint reads the batches of an unint
     io::load(sd, dir / "ckpt", comm);
     CHECK(r.position() == io::LoaderPosition{1, 1, 11});
     for (int i = 4; i < 7; ++i) check_block(r.next(), whole[static_cast<std::size_t>(i)]);
-    // A loader with another batch size refuses the position, on every rank.
-    io::Loader<io::image_batch_t<Img>, io::Hdf5Samples> other(mesh, io::Hdf5Samples(dir / "x.h5", "x"),
-                                                              {.batch_size = 5});
-    io::StateDict so;
-    io::add_loader(so, other);
-    CHECK_THROWS_WITH_AS(io::load(so, dir / "ckpt", comm), doctest::Contains("loader.batch_size"), io::CheckpointError);
+    // A loader that would read other batches from the position refuses it, on every
+    // rank, naming what differs, before its position is touched: another batch size
+    // (larger: the checkpoint's batch would lie outside this loader's epoch), no
+    // shuffling, a short last batch dropped.
+    auto refused = [&](const io::LoaderOptions& lo, const char* key) {
+      io::Loader<io::image_batch_t<Img>, io::Hdf5Samples> other(mesh, io::Hdf5Samples(dir / "x.h5", "x"), lo);
+      other.next();
+      const io::LoaderPosition before = other.position();
+      io::StateDict so;
+      io::add_loader(so, other);
+      INFO("refused for ", key);
+      CHECK_THROWS_WITH_AS(io::load(so, dir / "ckpt", comm), doctest::Contains(key), io::CheckpointError);
+      CHECK(other.position() == before);
+    };
+    refused({.batch_size = 5}, "loader.batch_size");
+    refused({.batch_size = 8}, "loader.batch_size");
+    refused({.batch_size = 4, .shuffle = false}, "loader.shuffle");
+    refused({.batch_size = 4, .drop_last = true}, "loader.drop_last");
+    // A checkpoint written before shuffle and drop_last were saved loads without those
+    // checks; a position outside the loader's epoch is refused by name.
+    auto old_style = [&](int64_t batch, const fs::path& where) {
+      int64_t samples = N, batch_size = 4, epoch = 1, seed = 11;
+      io::StateDict so;
+      so.add("loader.samples", samples);
+      so.add("loader.batch_size", batch_size);
+      so.add("loader.epoch", epoch);
+      so.add("loader.batch", batch);
+      so.add("loader.seed", seed);
+      io::save(so, where, comm);
+    };
+    old_style(1, dir / "old");
+    old_style(99, dir / "far");
+    io::Loader<io::image_batch_t<Img>, io::Hdf5Samples> o2(mesh, io::Hdf5Samples(dir / "x.h5", "x"), o);
+    io::StateDict s2;
+    io::add_loader(s2, o2);
+    io::load(s2, dir / "old", comm);
+    CHECK(o2.position() == io::LoaderPosition{1, 1, 11});
+    for (int i = 4; i < 7; ++i) check_block(o2.next(), whole[static_cast<std::size_t>(i)]);
+    const io::LoaderPosition before = o2.position();
+    CHECK_THROWS_WITH_AS(io::load(s2, dir / "far", comm), doctest::Contains("(epoch 1, batch 99) is not one of"),
+                         io::CheckpointError);
+    CHECK(o2.position() == before);
   });
 }
 

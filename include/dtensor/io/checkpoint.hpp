@@ -429,6 +429,10 @@ class Checkpoint {
     for (auto& e : sd.entries()) {
       if (e.is_scalar) {
         const auto it = ix_.scalars.find(e.name);
+        if (it == ix_.scalars.end() && e.optional) {
+          if (e.missing) e.missing();
+          continue;
+        }
         if (it == ix_.scalars.end())
           throw CheckpointError(
               dtensor::detail::cat("dtensor: checkpoint: ", path().string(), " has no scalar \"", e.name, "\""));

@@ -2,16 +2,20 @@
 // A data loader's position in a checkpoint, so that a resumed run reads the same
 // batches as one that never stopped:
 //
-//   io::add_loader(sd, loader);      // "loader.epoch", "loader.batch", "loader.seed",
-//                                    // "loader.samples", "loader.batch_size"
+//   io::add_loader(sd, loader);      // "loader.samples", "loader.batch_size",
+//                                    // "loader.shuffle", "loader.drop_last",
+//                                    // "loader.epoch", "loader.batch", "loader.seed"
 //   io::save(sd, dir, comm);  ...  io::load(sd, dir, comm);   // the loader seeks there
 //
 // Saved: the position (the batch next() returns next, and the seed of the order) and,
-// to be checked on load, the data set's sample count and the batch size: a position
-// means other batches in a data set of another size or with another batch size, so
-// loading into such a loader raises CheckpointError (on every rank: the scalars are
-// the same everywhere) instead of resuming elsewhere. Save between steps: a batch that
-// next() has returned counts as read.
+// to be checked on load, what makes a position name those batches: the data set's
+// sample count, the batch size, whether the order is shuffled and whether a short last
+// batch is dropped. A loader that differs in any of them would resume on other batches,
+// so loading into it raises CheckpointError (on every rank: the scalars are the same
+// everywhere), checked before the position is touched; the position is then applied in
+// one seek. (Checkpoints written before shuffle and drop_last were saved load without
+// those two checks.) Save between steps: a batch that next() has returned counts as read.
+#include <memory>
 #include <string>
 
 #include "dtensor/io/loader.hpp"
@@ -22,23 +26,8 @@ namespace dtensor::io {
 template <class DT, class Source>
 void add_loader(StateDict& sd, Loader<DT, Source>& loader, const std::string& prefix = "loader.") {
   auto* l = &loader;
-  auto position_entry = [&](const char* key, auto get, auto set) {
-    sd.add_scalar(
-        prefix + key, [l, get]() -> Scalar { return get(l->position()); },
-        [l, set, name = prefix + key](const Scalar& s) {
-          int64_t v = 0;
-          detail::assign_scalar(name, s, v);
-          LoaderPosition p = l->position();
-          set(p, v);
-          l->seek(p);
-        });
-  };
-  position_entry("epoch", [](const LoaderPosition& p) { return p.epoch; }, [](LoaderPosition& p, int64_t v) { p.epoch = v; });
-  position_entry("batch", [](const LoaderPosition& p) { return p.batch; }, [](LoaderPosition& p, int64_t v) { p.batch = v; });
-  // The seed's 64 bits as an int64.
-  position_entry("seed", [](const LoaderPosition& p) { return static_cast<int64_t>(p.seed); },
-                 [](LoaderPosition& p, int64_t v) { p.seed = static_cast<uint64_t>(v); });
-  auto fixed = [&](const char* key, int64_t have, const char* what) {
+  // What the position means, checked first (entries load in the order they are added).
+  auto fixed = [&](const char* key, int64_t have, const char* what, bool optional) {
     sd.add_scalar(
         prefix + key, [have]() -> Scalar { return have; },
         [have, what, name = prefix + key](const Scalar& s) {
@@ -48,10 +37,38 @@ void add_loader(StateDict& sd, Loader<DT, Source>& loader, const std::string& pr
             throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: ", name, ": the checkpoint's loader read ",
                                                        what, " ", v, " but this one reads ", have,
                                                        "; its position would name other batches"));
-        });
+        },
+        optional);
   };
-  fixed("samples", loader.order().size(), "a data set of samples");
-  fixed("batch_size", loader.order().options().batch_size, "batches of");
+  const BatchOptions& o = loader.order().options();
+  fixed("samples", loader.order().size(), "a data set of samples", false);
+  fixed("batch_size", o.batch_size, "batches of", false);
+  fixed("shuffle", o.shuffle ? 1 : 0, "with shuffle (1: shuffled)", true);
+  fixed("drop_last", o.drop_last ? 1 : 0, "with drop_last (1: a short last batch dropped)", true);
+  // The position: epoch and batch gathered, then one seek when the seed (the last)
+  // arrives, so a refused position leaves the loader where it was.
+  auto pending = std::make_shared<LoaderPosition>();
+  sd.add_scalar(
+      prefix + "epoch", [l]() -> Scalar { return l->position().epoch; },
+      [pending, name = prefix + "epoch"](const Scalar& s) { detail::assign_scalar(name, s, pending->epoch); });
+  sd.add_scalar(
+      prefix + "batch", [l]() -> Scalar { return l->position().batch; },
+      [pending, name = prefix + "batch"](const Scalar& s) { detail::assign_scalar(name, s, pending->batch); });
+  // The seed's 64 bits as an int64.
+  sd.add_scalar(
+      prefix + "seed", [l]() -> Scalar { return static_cast<int64_t>(l->position().seed); },
+      [l, pending, name = prefix + "seed"](const Scalar& s) {
+        int64_t v = 0;
+        detail::assign_scalar(name, s, v);
+        pending->seed = static_cast<uint64_t>(v);
+        try {
+          l->seek(*pending);
+        } catch (const InvalidArgument& e) {  // a position outside this loader's epochs
+          throw CheckpointError(dtensor::detail::cat("dtensor: checkpoint: the checkpoint's loader position (epoch ",
+                                                     pending->epoch, ", batch ", pending->batch,
+                                                     ") is not one of this loader's: ", e.what()));
+        }
+      });
 }
 
 }  // namespace dtensor::io

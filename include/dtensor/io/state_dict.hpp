@@ -146,13 +146,18 @@ class StateDict {
         [&v, n](const Scalar& s) { detail::assign_scalar(n, s, v); });
   }
 
-  // A scalar behind accessors (an optimizer's step count).
-  void add_scalar(std::string name, std::function<Scalar()> get, std::function<void(const Scalar&)> set) {
+  // A scalar behind accessors (an optimizer's step count). optional: a load from a
+  // checkpoint without it calls missing() instead of failing (a scalar a later version
+  // added). Entries load in the order they were added.
+  void add_scalar(std::string name, std::function<Scalar()> get, std::function<void(const Scalar&)> set,
+                  bool optional = false, std::function<void()> missing = {}) {
     detail::Entry e;
     e.name = std::move(name);
     e.is_scalar = true;
     e.get = std::move(get);
     e.set = std::move(set);
+    e.optional = optional;
+    e.missing = std::move(missing);
     push(std::move(e));
   }
 
