@@ -17,7 +17,8 @@ step_cnn);
 bench_cuda_attention's BM_fused_attention_bf16/<L>/<D>/<causal>/<backward> becomes
 attn_L<L>_d<D>_<causal|full>_<fwd|fwdbwd> (BM_fused_attention_staged: the same with
 _staged, a reference row against the same PyTorch case); the gather rows join bench_cuda's
-BM_dtensor_gather_gpu with BM_memcpy_gather_gpu (its bare copies) of the same bytes.
+BM_dtensor_gather_gpu (a wait per iteration) and BM_dtensor_gather_pipelined_gpu (back to
+back) with BM_memcpy_gather_gpu (its bare copies) of the same bytes.
 """
 import argparse
 import json
@@ -72,7 +73,7 @@ def bench_key(name, label):
     """The case a Google Benchmark entry measures, or ('gather', side, bytes), or None."""
     m = re.match(r"BM_fused_attention_(bf16|staged)/(?:\w+:)?(\d+)/(?:\w+:)?(\d+)/(?:\w+:)?(\d+)/(?:\w+:)?(\d+)",
                  name)
-    g = re.match(r"BM_(dtensor|memcpy)_gather_gpu/(?:\w+:)?(\d+)", name)
+    g = re.match(r"BM_(dtensor|memcpy|dtensor_gather_pipelined)(?:_gather)?_gpu/(?:\w+:)?(\d+)", name)
     if m:
         L, D, causal, backward = (int(v) for v in m.groups()[1:])
         key = f"attn_L{L}_d{D}_{'causal' if causal else 'full'}_{'fwdbwd' if backward else 'fwd'}"
@@ -215,19 +216,22 @@ def main():
                     row.update(dtensor_ms=d["ms"], ratio=row["torch_ms"] / d["ms"], why=None)
                     row["met"] = row["ratio"] >= GOALS["step"][0] if kind == "eager" else None
     rows = [r for r in rows if not (r["case"] in ("step_cnn", "step_gpt"))]
+    # Two rows per size: the gather waited on each iteration (as the copies are), and the
+    # gather issued back to back as a training step issues its collectives.
     for nbytes in sorted(gather):
         g = gather[nbytes]
-        d, c = g.get("dtensor"), g.get("memcpy")
-        row = {"case": f"gather_{nbytes >> 20}MiB", "group": "gather", "dtensor_ms": d["ms"] if d else None,
-               "torch_ms": c["ms"] if c else None, "unit": "GB/s",
-               "dtensor_rate": d.get("gbps") if d else None, "torch_rate": c.get("gbps") if c else None,
-               "goal": GOALS["gather"][1]}
-        if d and c:
-            row["ratio"] = c["ms"] / d["ms"]
-            row["met"] = row["ratio"] >= GOALS["gather"][0]
-        else:
-            row["why"] = "one side of the gather missing from bench_cuda's results"
-        rows.append(row)
+        for side, case in (("dtensor", "gather"), ("dtensor_gather_pipelined", "gather_back_to_back")):
+            d, c = g.get(side), g.get("memcpy")
+            row = {"case": f"{case}_{nbytes >> 20}MiB", "group": "gather", "dtensor_ms": d["ms"] if d else None,
+                   "torch_ms": c["ms"] if c else None, "unit": "GB/s",
+                   "dtensor_rate": d.get("gbps") if d else None, "torch_rate": c.get("gbps") if c else None,
+                   "goal": GOALS["gather"][1]}
+            if d and c:
+                row["ratio"] = c["ms"] / d["ms"]
+                row["met"] = row["ratio"] >= GOALS["gather"][0]
+            else:
+                row["why"] = "one side of the gather missing from bench_cuda's results"
+            rows.append(row)
 
     # solver rows: bench_cuda's modelled traffic per second against the largest copy's
     # (a copy reads and writes each byte: twice its bytes per second)

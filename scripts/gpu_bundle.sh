@@ -10,6 +10,11 @@
 # On the GPU machine, whose CUDA toolkit (or PyTorch's wheels) provides cuBLAS,
 # cuDNN 9 and NCCL 2 of the same CUDA major version:
 #   mkdir b && tar -xJf bundle.tar.xz -C b && b/run.sh [results dir] [compare]
+# or, through the device tool, scripts/gpu_session.sh (a part per call, under a
+# deadline, its files in $OUT):
+#   scripts/gpu_bundle.sh .gpu/bundle.tar.xz          (here; .gpu/ in .git/info/exclude)
+#   run: scripts/gpu_session.sh .gpu/bundle.tar.xz tests 540      (carry: .gpu)
+#   run: scripts/gpu_session.sh .gpu/bundle.tar.xz compare 540    (carry: .gpu)
 # runs every entry, train_cnn_cuda and bench_cuda, with "compare" (or
 # DTENSOR_GPU_COMPARE=1) then dtensor against PyTorch on the same GPU
 # (scripts/gpu_compare.sh: bench_cuda_attention where this tree builds it,
@@ -82,6 +87,13 @@ cp bench/gpu_torch.py bench/gpu_report.py "$stage/bench/"
   sed -n 's/.*dtensor: \(cuDNN .* found\|NCCL .* found\).*/\1/p' "$log"
 } > "$stage/BUILD_INFO"
 mkdir -p "$(dirname "$bundle")"
-tar -C "$stage" -cJf "$bundle" .
-echo "gpu_bundle: $bundle ($(du -h "$bundle" | cut -f1)): $(wc -l < "$stage/entries.tsv") test entries, train_cnn_cuda," \
+# One xz stream with a dictionary larger than a binary: the test binaries share most of
+# their code, which xz's default 8 MiB window does not reach across (3-4x smaller;
+# unpacking needs as much memory as the dictionary).
+tar -C "$stage" -cf - . | xz -9 --lzma2=preset=9,dict=192MiB > "$bundle"
+size=$(stat -c %s "$bundle")
+echo "gpu_bundle: $bundle ($((size >> 20)) MiB): $(wc -l < "$stage/entries.tsv") test entries, train_cnn_cuda," \
   "${benches// /, } and the comparison with PyTorch (run.sh DIR compare)"
+# The device tool carries at most 64 MiB with the working tree (scripts/gpu_session.sh).
+((size < 56 << 20)) || echo "gpu_bundle: warning: $((size >> 20)) MiB leaves little of the device tool's 64 MiB" \
+  "for the working tree it travels with" >&2

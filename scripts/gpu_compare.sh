@@ -11,7 +11,8 @@
 # A bench_cuda.json given as the second argument is used instead of running bench_cuda.
 # Writes to RESULTS_DIR: compare.md (the table) and compare.json, torch.json,
 # bench_cuda.json, bench_cuda_attention.json (the raw results) and each step's log.
-# About 4 minutes on an H200 (bench_cuda about 90 s, PyTorch about 2 minutes).
+# About 5.5 minutes on an H200 (2026-11-28: bench_cuda about 50 s, bench_cuda_attention
+# 216 s, most of it building a cuDNN graph per case, PyTorch 67 s).
 # Environment:
 #   PYTHON                           the Python with PyTorch (default python3)
 #   DTENSOR_COMPARE_TORCH_ARGS       more arguments for gpu_torch.py (e.g. --no-compile)

@@ -5,7 +5,8 @@
 # With "compare" as the second argument, or DTENSOR_GPU_COMPARE=1, the comparison with
 # PyTorch on the same GPU runs after the tests (scripts/gpu_compare.sh: bench_cuda's
 # results reused, gpu_torch.py, bench_cuda_attention where the bundle has it; the table
-# in <results dir>/compare/compare.md; about 4 minutes on an H200).
+# in <results dir>/compare/compare.md; about 5.5 minutes on an H200 on 2026-11-28, the
+# attention's cuDNN graphs most of it).
 # Environment:
 #   DTENSOR_GPU_CHECK_SANITIZER=1     also run each test binary under compute-sanitizer memcheck
 #   DTENSOR_GPU_CHECK_SKIP_BENCH=1    skip bench_cuda
@@ -59,7 +60,8 @@ done
 
 bench_status="skipped (DTENSOR_GPU_CHECK_SKIP_BENCH=1)" bench_rc=0
 if [[ ${DTENSOR_GPU_CHECK_SKIP_BENCH:-0} != 1 ]]; then
-  bin/bench_cuda --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json > "$out/bench_cuda.txt" 2>&1
+  timeout 300 bin/bench_cuda --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json \
+    > "$out/bench_cuda.txt" 2>&1
   bench_rc=$?
   cat "$out/bench_cuda.txt"
   bench_status="$out/bench_cuda.txt, $out/bench_cuda.json"

@@ -30,6 +30,7 @@ BENCH = {"context": {"executable": "bin/bench_cuda"}, "benchmarks": [
     iteration("BM_dtensor_fft_gpu/256/0/manual_time", 2.0, label="fft_r2c_c2r_fp32_256"),
     iteration("BM_memcpy_gather_gpu/16777216/real_time/threads:2", 20.0, "us"),
     iteration("BM_dtensor_gather_gpu/16777216/real_time/threads:2", 21.0, "us"),
+    iteration("BM_dtensor_gather_pipelined_gpu/16777216/real_time/threads:2", 25.0, "us"),
     dict(iteration("BM_dtensor_matmul_fp32_vs_torch/4096/manual_time_mean", 1.0), run_type="aggregate"),
 ]}
 ATTENTION = {"context": {}, "benchmarks": [
@@ -99,6 +100,9 @@ def main():
     expect("PyTorch skipped it" in rows["step_cnn_compiled"]["why"], "compiled step skipped")
     r = rows["gather_16MiB"]
     expect(abs(r["ratio"] - 20 / 21) < 1e-9 and r["met"] is True, f"gather: copies / dtensor, 1.05x: met: {r}")
+    r = rows.get("gather_back_to_back_16MiB", {})
+    expect(abs(r.get("ratio", 0) - 20 / 25) < 1e-9 and r.get("met") is False,
+           f"gather issued back to back: its own row, 1.25x the copies: not met: {r}")
     r = rows["solver_cg_256"]
     expect(abs(r["ratio"] - 0.75) < 1e-9 and r["met"] is True, f"CG: traffic / the copy's (2 x 1.6e12): met: {r}")
     r = rows["solver_vcycle_256"]
