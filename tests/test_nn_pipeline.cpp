@@ -584,7 +584,7 @@ TEST_CASE("pipeline: the memory plan per rank bounds the allocator's peak over a
   check_pipeline_memory<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::ZeroBubbleH1, 4>>({2, 2, 2}, 67);
 }
 
-TEST_CASE("pipeline: a batch too small for its micro-batches is refused on every rank") {
+TEST_CASE("pipeline: a batch too small for its micro-batches, other targets or another mesh are refused on every rank") {
   // DP x PP: the batch of 2 rows is one row per data-parallel rank, so micro-batch 1 of 2 has none.
   using Model = Stages<Dp, 2>::pipeline<nn::PipelineConfig<2, 1, pipeline::OneFOneB, 2>>;
   spmd(4, [&](Comm& comm) {
@@ -601,6 +601,18 @@ TEST_CASE("pipeline: a batch too small for its micro-batches is refused on every
     const auto [x1, t1] = batch(1);
     CHECK_THROWS_WITH_AS(model.step(x1, t1, mse), doctest::Contains("a batch of 1 rows cannot make 2 micro-batches"),
                          InvalidArgument);
+    // Targets of other rows than the batch's; a batch of the right type on another
+    // mesh (the pipeline dim's, a 1-D mesh too): refused before any message is posted.
+    const auto [x4, t4] = batch(4);
+    const auto [x5, t5] = batch(5);
+    CHECK_THROWS_WITH_AS(model.step(x4, t5, mse), doctest::Contains("the batch has 4 rows but its targets 5"),
+                         InvalidArgument);
+    const DeviceMesh<1> pp_line = mesh.submesh<1>({1});
+    const auto xo = batch_values<Model::InputT>({4, kIn}, pp_line, 1);
+    CHECK_THROWS_WITH_AS(model.step(xo, t4, mse), doctest::Contains("not on the pipeline's stage mesh"),
+                         InvalidArgument);
+    // The model still steps after the refusals.
+    CHECK(std::isfinite(static_cast<double>(model.step(x4, t4, mse))));
   });
 }
 

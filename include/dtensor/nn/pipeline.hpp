@@ -44,10 +44,10 @@
 // Schedules: GPipe, OneFOneB, Interleaved1F1B<V> (V stages per rank), ZeroBubbleH1 and
 // a user's table (pipeline::Custom<table>). A zero-bubble schedule runs each backward
 // in two steps (nn/layer.hpp's split: the input gradient, later the weight gradient):
-// Linear and attention layers, and blocks of them (Sequential, Residual, a transformer
-// block with the GELU MLP), split theirs; any other layer (norms, embeddings, SwiGLU's
-// gated MLP, convolutions) does its whole backward in the first step (the same
-// gradients; its weight work stays on the critical path). Stages with fully sharded
+// Linear, attention, embeddings, SwiGLU's gated MLP and convolutions, and blocks of them
+// (Sequential, Residual, transformer blocks), split theirs; any other layer (norms, for
+// one) does its whole backward in the first step (the same gradients; its weight work
+// stays on the critical path). Stages with fully sharded
 // layers are refused with it (their reduce-scatter follows their whole backward).
 #include <array>
 #include <chrono>
@@ -541,6 +541,16 @@ class Pipeline {
         : p_(p), x_(x), target_(target), loss_(loss), comm_(p.mesh_.comm(PC::pp)) {}
 
     T go() {
+      // The batch on the stage mesh (a tensor of the same type on another mesh, the
+      // pipeline dim's say, would be cut as if its blocks were the stage mesh's), and
+      // targets for every row, checked before any message is posted. Every rank passes
+      // its own tensors, so each checks its own and every rank throws alike.
+      DTENSOR_CHECK(&x_.mesh().comm() == &p_.stage_mesh_.comm() && x_.mesh().shape() == p_.stage_mesh_.shape(),
+                    InvalidArgument, "nn::Pipeline::step: the batch lives on ", x_.mesh().to_string(),
+                    ", not on the pipeline's stage mesh ", p_.stage_mesh_.to_string(),
+                    "; make it on model.stage_mesh()");
+      DTENSOR_CHECK(target_.shape()[0] == x_.shape()[0], InvalidArgument, "nn::Pipeline::step: the batch has ",
+                    x_.shape()[0], " rows but its targets ", target_.shape()[0], "; give one target row per row");
       batch_rows_ = x_.shape()[0];
       DTENSOR_CHECK(batch_rows_ >= M, InvalidArgument, "nn::Pipeline::step: a batch of ", batch_rows_,
                     " rows cannot make ", M, " micro-batches");
