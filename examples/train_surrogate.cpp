@@ -22,8 +22,9 @@
 // error against the solver on the held-out samples, before and after training. Exits 1
 // if any step's loss differs from one rank's by more than 1e-4 relative, or the
 // held-out error is not below 0.1 after training (nor a third of the untrained one).
-// With -out DIR, rank 0 writes the first held-out sample as DIR/surrogate_{logk, u,
-// pred, error}.npy (float64, [31, 31], row y, column x); examples/plot_surrogate.py
+// With -out DIR (made where missing), rank 0 writes the first held-out sample as
+// DIR/surrogate_{logk, u, pred, error}.npy (float64, [31, 31], row y, column x: a
+// gather, for the plot only); examples/plot_surrogate.py
 // draws them as DIR/surrogate.png. Where parallel HDF5 was found, every rank also
 // writes its blocks of the same fields to DIR/surrogate.h5, described by
 // DIR/surrogate.xmf (ParaView and VisIt open it).
@@ -41,6 +42,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numbers>
 #include <string>
@@ -139,15 +141,19 @@ double held_out_error(Model& model, const std::vector<Sample>& test, double u_sc
   for (int s = 0; s < kTest; ++s) {
     const auto y = model.forward(batch(test, s, 1, false, u_scale, mesh));
     model.release_saved();
-    const auto pred = y.full_tensor();
-    const auto want = batch(test, s, 1, true, u_scale, mesh).full_tensor();
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < pred.numel(); ++i) {
-      num += std::pow(double(pred.data()[i]) - want.data()[i], 2);
-      den += std::pow(double(want.data()[i]), 2);
+    const auto want = batch(test, s, 1, true, u_scale, mesh);
+    // Each rank's block (the prediction's blocks are the target's), its two sums added
+    // over the mesh: no gather.
+    double sums[2] = {0, 0};
+    const auto& p = y.local();
+    const auto& w = want.local();
+    for (int64_t i = 0; i < p.numel(); ++i) {
+      sums[0] += std::pow(double(p.data()[i]) - w.data()[i], 2);
+      sums[1] += std::pow(double(w.data()[i]), 2);
     }
-    total += std::sqrt(num / den);
-    if (s == 0 && first_prediction) *first_prediction = pred;
+    all_reduce_values(mesh.comm(), sums, 2, ReduceOp::Sum);
+    total += std::sqrt(sums[0] / sums[1]);
+    if (s == 0 && first_prediction) *first_prediction = y.full_tensor();  // for rank 0's .npy files
     if (s == 0 && first_block) *first_block = y.local();
   }
   return total / kTest;
@@ -246,6 +252,15 @@ int main(int argc, char** argv) {
   std::string out_dir;
   for (int i = 1; i + 1 < argc; ++i)
     if (std::strcmp(argv[i], "-out") == 0) out_dir = argv[i + 1];
+  if (!out_dir.empty()) {  // made where missing; a path that cannot be is refused before any work
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    if (ec || !std::filesystem::is_directory(out_dir)) {
+      std::fprintf(stderr, "train_surrogate: -out %s: cannot make that directory (%s)\n", out_dir.c_str(),
+                   ec ? ec.message().c_str() : "a file is in the way");
+      return 2;
+    }
+  }
   std::atomic<int> failed = 0;
   auto program = [&](Comm& comm) {
     Outcome one, mesh22;
