@@ -90,7 +90,7 @@ int64_t planned_increment(const std::array<int64_t, R>& extents) {
                                                                {.runtime = nn::MemoryOptions::Runtime::InProcess});
   const std::array<int, 1> at{};
   return plan.peak_at(at).bytes - plan.bytes(nn::MemoryUse::Parameters, at) - plan.bytes(nn::MemoryUse::Gradients, at) -
-         plan.bytes(nn::MemoryUse::OptimizerState, at) -
+         plan.bytes(nn::MemoryUse::OptimizerState, at) - plan.bytes(nn::MemoryUse::RunningState, at) -
          nn::PlannedTensor<1>::template of<float>(extents, Model::input_placements).bytes(plan.mesh_shape, at);
 }
 

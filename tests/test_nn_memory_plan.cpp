@@ -139,7 +139,7 @@ Peaks step_peaks(const DeviceMesh<C::M>& mesh) {
   }
   const auto coords = mesh.coords();
   const int64_t held = plan.bytes(MemoryUse::Parameters, coords) + plan.bytes(MemoryUse::Gradients, coords) +
-                       plan.bytes(MemoryUse::OptimizerState, coords) +
+                       plan.bytes(MemoryUse::OptimizerState, coords) + plan.bytes(MemoryUse::RunningState, coords) +
                        nn::PlannedTensor<C::M>::template of<double>(std::array<int64_t, 2>{kBatch, kIn},
                                                                      Model::input_placements)
                            .bytes(plan.mesh_shape, coords);
@@ -290,6 +290,19 @@ static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({kDeviceRows, 6}, {1
 static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({kDeviceRows + 1, 6}, {1, 1}, kOnDevice).peak_bytes() >
               3_MiB);
 static_assert(Two::memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({kDeviceRows, 6}, {1, 1}).peak_bytes() > 3_MiB);
+TEST_CASE("memory plan: nonsense arguments are refused by name") {
+  using Loss = nn::MSELoss<Cfg>;
+  const auto plan = [](std::array<int64_t, 2> extents, std::array<int, 2> mesh) {
+    return Two::memory_plan<Loss, nn::AdamW>(extents, mesh).peak_bytes();
+  };
+  CHECK_THROWS_WITH_AS(plan({7, 6}, {0, 2}), doctest::Contains("a mesh dim has no ranks"), InvalidArgument);
+  CHECK_THROWS_WITH_AS(plan({-7, 6}, {2, 2}), doctest::Contains("an input extent is negative"), InvalidArgument);
+  const auto largest = [](int dim) {
+    return nn::largest_fitting_extent<Two, Loss, nn::AdamW>(std::array<int64_t, 2>{100, 6}, {2, 2}, 10_KiB, dim);
+  };
+  CHECK_THROWS_WITH_AS(largest(7), doctest::Contains("dim is not one of the input's dims"), InvalidArgument);
+}
+
 TEST_CASE("memory plan: the largest batch and the smallest mesh that fit a budget") {
   MESSAGE("largest batch in 10 KiB on 2x2: ", kLargest, "; smallest mesh for 100 rows in 12 KiB: ", kMesh[0], "x",
           kMesh[1]);
@@ -394,7 +407,7 @@ Peaks gpt_peaks(const DeviceMesh<2>& mesh) {
   }
   const auto coords = mesh.coords();
   const int64_t held = plan.bytes(MemoryUse::Parameters, coords) + plan.bytes(MemoryUse::Gradients, coords) +
-                       plan.bytes(MemoryUse::OptimizerState, coords) +
+                       plan.bytes(MemoryUse::OptimizerState, coords) + plan.bytes(MemoryUse::RunningState, coords) +
                        nn::PlannedTensor<2>::template of<int64_t>(std::array<int64_t, 2>{kSeqs, G::len},
                                                                   Model::input_placements)
                            .bytes(plan.mesh_shape, coords);

@@ -235,6 +235,36 @@ struct ValidConvs {
   static constexpr bool target_like_output = true;
 };
 
+// A recomputed block with batch norm and dropout between convolutions, whole or
+// selectively: the block's forward keeps a copy of the running statistics (replayed
+// from it), and its backward one more while the forward runs again.
+template <nn::RecomputePolicy Policy>
+struct RecomputedCnn {
+  using Img = DpH<double>;
+  using Block = nn::Sequential<nn::Conv<Img, 3, 16, k3>, nn::BatchNorm<Img, 16>, nn::ReLU<Img>, nn::Dropout<Img>,
+                               nn::Conv<Img, 16, 16, k3>, nn::ReLU<Img>>;
+  using Model = nn::Sequential<nn::ReLU<Img>, nn::Recompute<Block, Policy>, nn::Conv<Img, 16, 1, k3>>;
+  using Loss = nn::MSELoss<Img>;
+  static Model make(const DeviceMesh<2>& mesh) {
+    return Model(nn::ReLU<Img>(),
+                 nn::Recompute<Block, Policy>(Block(nn::Conv<Img, 3, 16, k3>(mesh, {1}), nn::BatchNorm<Img, 16>(mesh),
+                                                    nn::ReLU<Img>(), nn::Dropout<Img>(0.2, 7),
+                                                    nn::Conv<Img, 16, 16, k3>(mesh, {2}), nn::ReLU<Img>())),
+                 nn::Conv<Img, 16, 1, k3>(mesh, {3}));
+  }
+  static constexpr std::array<int64_t, 4> in{3, 3, 41, 30};
+  static constexpr bool target_like_output = true;
+  static constexpr int64_t held_from_first_step = 2 * 16 * 8;  // the copy of the statistics
+};
+// Batch norm's running mean and variance (C doubles each) are held throughout; a
+// recomputed block holds its copy too.
+static_assert(CNN<DpH<double>>::Model::memory_plan<nn::MSELoss<CNN<DpH<double>>::Head>, nn::SGD>(CNN<DpH<double>>::in,
+                                                                                                  {1, 1})
+                  .bytes(MemoryUse::RunningState) == 2 * 8 * (8 + 16));
+static_assert(RecomputedCnn<nn::RecomputePolicy::Full>::Model::memory_plan<nn::MSELoss<DpH<double>>, nn::SGD>(
+                  RecomputedCnn<nn::RecomputePolicy::Full>::in, {1, 1})
+                  .bytes(MemoryUse::RunningState) == 2 * 2 * 8 * 16);
+
 // Neighborhood attention in a residual block between convolutions (both kinds of
 // halo): a 5 x 3 window, the columns dilated by 2.
 struct Natten {
@@ -296,9 +326,11 @@ Peaks step_peaks(const DeviceMesh<2>& mesh) {
   const auto coords = mesh.coords();
   p.planned_grown =
       plan.bytes(MemoryUse::OptimizerState, coords) + plan.bytes(MemoryUse::HaloStaging, coords) + target_bytes;
+  if constexpr (requires { Net::held_from_first_step; }) p.planned_grown += Net::held_from_first_step;
   const int64_t held =
       plan.bytes(MemoryUse::Parameters, coords) + plan.bytes(MemoryUse::Gradients, coords) +
       plan.bytes(MemoryUse::OptimizerState, coords) + plan.bytes(MemoryUse::HaloStaging, coords) +
+      plan.bytes(MemoryUse::RunningState, coords) +
       nn::PlannedTensor<2>::template of<typename Model::InputT::value_type>(Net::in, Model::input_placements)
           .bytes(plan.mesh_shape, coords);
   p.planned = plan.peak_at(coords).bytes - held;
@@ -339,6 +371,10 @@ TEST_CASE("image memory plan: a step's peak on one rank against the allocator's,
                 Runtime::InProcess);
     check_peaks(step_peaks<Natten>(mesh), "neighborhood attention in a residual block, on one rank", Runtime::InProcess);
     check_peaks(step_peaks<ValidConvs>(mesh), "valid convolutions, on one rank", Runtime::InProcess);
+    check_peaks(step_peaks<RecomputedCnn<nn::RecomputePolicy::Full>>(mesh), "a recomputed CNN block, on one rank",
+                Runtime::InProcess);
+    check_peaks(step_peaks<RecomputedCnn<nn::RecomputePolicy::Selective>>(mesh),
+                "a selectively recomputed CNN block, on one rank", Runtime::InProcess);
   });
 }
 
@@ -445,6 +481,10 @@ void check_on_mesh(const std::array<int, 2>& shape) {
     check_peaks(step_peaks<Vit>(mesh), "pixels as tokens on " + where, Runtime::Mpi);
     check_peaks(step_peaks<Natten>(mesh), "neighborhood attention on " + where, Runtime::Mpi);
     check_peaks(step_peaks<ValidConvs>(mesh), "valid convolutions on " + where, Runtime::Mpi);
+    check_peaks(step_peaks<RecomputedCnn<nn::RecomputePolicy::Full>>(mesh), "a recomputed CNN block on " + where,
+                Runtime::Mpi);
+    check_peaks(step_peaks<RecomputedCnn<nn::RecomputePolicy::Selective>>(mesh),
+                "a selectively recomputed CNN block on " + where, Runtime::Mpi);
   });
 }
 

@@ -405,6 +405,7 @@ void check_memory_plan(const DeviceMesh<2>& mesh) {
   }
   const int64_t held = plan.bytes(nn::MemoryUse::Parameters, coords) + plan.bytes(nn::MemoryUse::Gradients, coords) +
                        plan.bytes(nn::MemoryUse::OptimizerState, coords) +
+                       plan.bytes(nn::MemoryUse::RunningState, coords) +
                        nn::PlannedTensor<2>::template of<bfloat16>(std::array<int64_t, 2>{kBatch, kWideIn},
                                                                     Model::input_placements)
                            .bytes(plan.mesh_shape, coords);

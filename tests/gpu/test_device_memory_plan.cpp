@@ -117,6 +117,7 @@ Peaks step_peaks(Device dev) {
         const int64_t held = plan.bytes(MemoryUse::Parameters, coords) + plan.bytes(MemoryUse::Gradients, coords) +
                              plan.bytes(MemoryUse::OptimizerState, coords) +
                              plan.bytes(MemoryUse::HaloStaging, coords) +
+                             plan.bytes(MemoryUse::RunningState, coords) +
                              nn::PlannedTensor<2>::template of<double>(Net::in, Model::input_placements)
                                  .block_bytes(plan.mesh_shape, coords);
         p.planned = plan.peak_at(coords).bytes - held;

@@ -358,6 +358,7 @@ class FullyShard : public detail::forwarded_input<L>, public detail::forwarded_o
   // --- the memory plan (nn/memory_plan.hpp), as the run time below allocates ---
   // L's slots, and one for this layer's gathers and reduce-scatters.
   static constexpr int kMemoryGroups = nn::memory_groups<L>() + 1;
+  static constexpr RunningTensors running_state() { return nn::running_state<L>(); }
   template <std::size_t MM>
   static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
     return nn::memory_output<L>(x);

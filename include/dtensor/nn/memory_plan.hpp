@@ -488,13 +488,67 @@ enum class MemoryUse : std::uint8_t {
   // A halo's reverse exchange receives the ghosts' gradients into a buffer it allocates
   // at the first backward and keeps (halo/halo_exchange.hpp): held throughout the step.
   HaloStaging,
+  // What a training forward changes for good besides the parameters (batch norm's
+  // running statistics) and nn::Recompute's copy of it: held throughout.
+  RunningState,
 };
 constexpr const char* name(MemoryUse u) {
-  constexpr const char* names[] = {"parameters", "gradients", "optimizer state", "activations", "saved",
-                                   "temporary",  "gathered",  "buffers",         "halo staging"};
+  constexpr const char* names[] = {"parameters", "gradients", "optimizer state", "activations",  "saved",
+                                   "temporary",  "gathered",  "buffers",         "halo staging", "running state"};
   return names[static_cast<int>(u)];
 }
-inline constexpr int kMemoryUses = 9;
+inline constexpr int kMemoryUses = 10;
+
+// A layer's running state: its tensors by size, the same on every rank (batch norm's
+// running mean and variance, replicated), each size with how many tensors have it and
+// whether they are a recomputed block's copy (nn::Recompute keeps one per forward in
+// flight: a pipeline stage holds one per micro-batch). A leaf says so with a static
+// running_state(); a block lists its layers' (nn::running_state).
+struct RunningTensors {
+  static constexpr int kMax = 64;  // distinct sizes
+  struct Entry {
+    int64_t bytes = 0;
+    int count = 0;
+    bool copy = false;
+  };
+  int n = 0;
+  std::array<Entry, kMax> entries{};
+  constexpr void add(int64_t bytes, int count = 1, bool copy = false) {
+    for (int i = 0; i < n; ++i) {
+      Entry& e = entries[static_cast<std::size_t>(i)];
+      if (e.bytes == bytes && e.copy == copy) {
+        e.count += count;
+        return;
+      }
+    }
+    if (n == kMax)
+      throw InvalidArgument("dtensor::nn memory plan: running-state tensors of more than 64 sizes in one model");
+    entries[static_cast<std::size_t>(n++)] = {bytes, count, copy};
+  }
+  constexpr void add(const RunningTensors& o) {
+    for (int i = 0; i < o.n; ++i) {
+      const Entry& e = o.entries[static_cast<std::size_t>(i)];
+      add(e.bytes, e.count, e.copy);
+    }
+  }
+  // o's tensors again, as a recomputed block's copy of them.
+  constexpr void add_copy_of(const RunningTensors& o) {
+    for (int i = 0; i < o.n; ++i) {
+      const Entry& e = o.entries[static_cast<std::size_t>(i)];
+      add(e.bytes, e.count, true);
+    }
+  }
+  constexpr int tensors() const {
+    int t = 0;
+    for (int i = 0; i < n; ++i) t += entries[static_cast<std::size_t>(i)].count;
+    return t;
+  }
+};
+template <class L>
+constexpr RunningTensors running_state() {
+  if constexpr (requires { L::running_state(); }) return L::running_state();
+  else return {};
+}
 
 // Several tensors packed into one buffer (nn::FullyShard's gather and reduce-scatter):
 // one allocation of their blocks' bytes together.
@@ -836,10 +890,15 @@ struct MemoryPlan {
   constexpr MemoryPeak peak_from(const std::array<int, M>& coords, int64_t staging) const {
     MemoryPeak p;
     int64_t held = staging;
+    // A free releases what its allocation took: its bytes looked up, not computed again
+    // (half the events; the compiler's constexpr operations are the cost of a plan).
+    std::array<int64_t, Capacity> taken{};
     for (int e = 0; e < size; ++e) {
       const auto& ev = events[static_cast<std::size_t>(e)];
       if (ev.use == MemoryUse::HaloStaging) continue;  // held from the start
-      const int64_t b = event_bytes(e, coords);
+      const int64_t b =
+          ev.allocate || ev.frees < 0 ? event_bytes(e, coords) : taken[static_cast<std::size_t>(ev.frees)];
+      if (ev.allocate) taken[static_cast<std::size_t>(e)] = b;
       held += ev.allocate ? b : -b;
       if (held > p.bytes) p = {held, ev.phase, ev.layer};
     }
@@ -851,13 +910,17 @@ struct MemoryPlan {
   // largest of a chunked dim, but a valid convolution's output rows follow its input's
   // anchors, a balanced ring pairs chunk r with chunk 2n-1-r, a halo's staging is larger
   // between two neighbours than at an edge).
-  constexpr MemoryPeak peak() const { return peak(largest_rank()); }
+  constexpr MemoryPeak peak() const { return largest().peak; }
   // The rank whose peak is the largest (the first such).
-  constexpr int largest_rank() const {
-    int worst = 0;
-    int64_t most = -1;
+  constexpr int largest_rank() const { return largest().rank; }
+  struct RankPeak {
+    int rank = 0;
+    MemoryPeak peak{};
+  };
+  constexpr RankPeak largest() const {
+    RankPeak worst{0, {-1, Phase::Forward, -1}};
     for (int r = 0, n = ranks(); r < n; ++r)
-      if (const int64_t b = peak(r).bytes; b > most) most = b, worst = r;
+      if (const MemoryPeak p = peak(r); p.bytes > worst.peak.bytes) worst = {r, p};
     return worst;
   }
   // Each halo's staging buffer at its largest over the ranks, summed.
@@ -873,6 +936,14 @@ struct MemoryPlan {
   }
   constexpr int64_t peak_bytes() const { return peak().bytes; }
   constexpr int64_t peak_bytes(int rank) const { return peak(rank).bytes; }
+  // Whether every rank's peak is at most `budget`: peak_bytes() <= budget, stopping at
+  // the first rank over it (coordinate 0's first, whose chunks are the largest), so a
+  // search that probes sizes that do not fit pays for one rank's timeline, not all.
+  constexpr bool fits(int64_t budget) const {
+    for (int r = 0, n = ranks(); r < n; ++r)
+      if (peak(r).bytes > budget) return false;
+    return true;
+  }
 
   // The index of the first event after the forward (the loss's gradient on).
   constexpr int forward_end() const {
@@ -881,7 +952,7 @@ struct MemoryPlan {
     return size;
   }
   // Bytes the rank at `coords` holds for one use: Parameters, Gradients,
-  // OptimizerState and HaloStaging throughout the step; Saved at the end of the forward
+  // OptimizerState, RunningState and HaloStaging throughout the step; Saved at the end of the forward
   // (what the forward keeps for the backward, the loss's included).
   constexpr int64_t bytes(MemoryUse use, const std::array<int, M>& coords = {}) const {
     return use == MemoryUse::HaloStaging ? halo_staging_bytes(coords) : held_at_forward_end(use, -2, coords);
@@ -1141,6 +1212,45 @@ constexpr void memory_parameters(MemoryPlan<M, C>& p, const PlacementState<M>& g
   }
 }
 
+// What every memory plan checks of its arguments first (in a constant expression a
+// refusal is a compile error at the throw; at run time an InvalidArgument).
+template <std::size_t R, std::size_t M>
+constexpr void check_plan_arguments(const std::array<int64_t, R>& extents, const std::array<int, M>& mesh_shape) {
+  for (int64_t e : extents)
+    if (e < 0) throw InvalidArgument("dtensor::nn memory plan: an input extent is negative");
+  for (int s : mesh_shape)
+    if (s < 1) throw InvalidArgument("dtensor::nn memory plan: a mesh dim has no ranks (every dim needs at least 1)");
+}
+
+// Running-state tensors on p's timeline as `use` (each a block of its own, as the host
+// or device allocator holds it): allocated, and freed again where `free` (temporaries).
+// Returns the first event (the allocations are consecutive: r.tensors() of them).
+template <std::size_t M, int C>
+constexpr int memory_running_state(MemoryPlan<M, C>& p, const RunningTensors& r, Phase phase, int layer,
+                                   MemoryUse use, bool free) {
+  const int first = p.size;
+  for (int i = 0; i < r.n; ++i) {
+    const auto& e = r.entries[static_cast<std::size_t>(i)];
+    for (int k = 0; k < e.count; ++k) {
+      PlannedTensor<M> t = PlannedTensor<M>::template of<char>(std::array<int64_t, 1>{e.bytes}, {});
+      p.allocate(phase, layer, use, t);
+    }
+  }
+  if (free)
+    for (int e = first, n = r.tensors(); e < first + n; ++e) p.free_event(phase, layer, e);
+  return first;
+}
+// The bytes a recomputed block's copies of r take (each tensor as the allocator holds it).
+template <std::size_t M, int C>
+constexpr int64_t running_state_copy_bytes(const MemoryPlan<M, C>& p, const RunningTensors& r) {
+  int64_t b = 0;
+  for (int i = 0; i < r.n; ++i) {
+    const auto& e = r.entries[static_cast<std::size_t>(i)];
+    if (e.copy) b += e.count * p.held(e.bytes);
+  }
+  return b;
+}
+
 // How many tensors of a parameter's size an optimizer keeps per parameter (AdamW's two
 // moments, SGD's momentum: counted whether or not momentum is on, never under).
 template <class Optimizer>
@@ -1170,6 +1280,8 @@ std::string to_string(const MemoryPlan<M, C>& p, const std::array<int, M>& coord
   s += "):\n";
   for (MemoryUse u : {MemoryUse::Parameters, MemoryUse::Gradients, MemoryUse::OptimizerState})
     s += std::string("  ") + name(u) + ": " + mib(p.bytes(u, coords)) + "\n";
+  if (const int64_t b = p.bytes(MemoryUse::RunningState, coords); b > 0)
+    s += "  running state (batch norm's statistics, recompute's copies): " + mib(b) + "\n";
   if (const int64_t b = p.bytes(MemoryUse::HaloStaging, coords); b > 0)
     s += "  halos' reverse staging: " + mib(b) + "\n";
   s += "  saved for the backward: " + mib(p.bytes(MemoryUse::Saved, coords)) + "\n";
@@ -1198,9 +1310,11 @@ std::string to_string(const MemoryPlan<M, C>& p, const std::array<int, M>& coord
 template <class Model, class Loss, class Opt, std::size_t R>
 constexpr int64_t largest_fitting_extent(std::array<int64_t, R> extents, const std::array<int, Model::M>& mesh_shape,
                                          int64_t budget, int dim = 0, const MemoryOptions& options = {}) {
+  if (dim < 0 || dim >= static_cast<int>(R))
+    throw InvalidArgument("dtensor::nn::largest_fitting_extent: dim is not one of the input's dims");
   auto fits = [&](int64_t n) {
     extents[static_cast<std::size_t>(dim)] = n;
-    return Model::template memory_plan<Loss, Opt>(extents, mesh_shape, options).peak_bytes() <= budget;
+    return Model::template memory_plan<Loss, Opt>(extents, mesh_shape, options).fits(budget);
   };
   int64_t lo = 0, hi = extents[static_cast<std::size_t>(dim)];
   while (lo < hi) {  // the largest n in [0, hi] that fits (0 fits: nothing to hold)
@@ -1225,7 +1339,7 @@ constexpr std::array<int, Model::M> smallest_fitting_mesh(const std::array<int64
     while (true) {
       int product = 1;
       for (int s : shape) product *= s;
-      if (product == n && Model::template memory_plan<Loss, Opt>(extents, shape, options).peak_bytes() <= budget)
+      if (product == n && Model::template memory_plan<Loss, Opt>(extents, shape, options).fits(budget))
         return shape;
       int m = static_cast<int>(M) - 1;
       while (m >= 0 && shape[static_cast<std::size_t>(m)] == n) shape[static_cast<std::size_t>(m--)] = 1;

@@ -152,6 +152,7 @@ class MixedPrecision {
   static constexpr MemoryPlan<M, C> memory_plan(const std::array<int64_t, InputT::rank>& extents,
                                                 const std::array<int, M>& mesh_shape,
                                                 const MemoryOptions& options = {}) {
+    nn::check_plan_arguments(extents, mesh_shape);
     MemoryPlan<M, C> p;
     p.mesh_shape = mesh_shape;
     p.options = options;
@@ -161,6 +162,7 @@ class MixedPrecision {
     const auto list = nn::parameter_list<Model>(gout);
     detail::memory_parameters<Param>(p, list, nn::optimizer_states<Opt>(),
                                      std::make_index_sequence<std::tuple_size_v<decltype(list)>>{});
+    nn::memory_running_state(p, nn::running_state<Model>(), Phase::Forward, -1, MemoryUse::RunningState, false);
     Model::template memory_step<LossT>(p, extents);
     return p;
   }

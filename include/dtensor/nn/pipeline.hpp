@@ -328,6 +328,7 @@ class Pipeline {
   static constexpr PipelineMemoryPlan<S, ranks> memory_plan(const std::array<int64_t, InputT::rank>& extents,
                                                            const std::array<int, PC::mesh_dims>& mesh_shape,
                                                            const MemoryOptions& options = {}) {
+    nn::check_plan_arguments(extents, mesh_shape);
     constexpr std::size_t SM = static_cast<std::size_t>(PC::stage_mesh_dims);
     std::array<int, SM> stage_shape{};
     stage_shape.fill(1);
@@ -471,9 +472,14 @@ class Pipeline {
     const int64_t staging = p.largest_halo_staging_bytes();
     const auto persistent = [&](const std::array<int, SM>& c) {
       return p.bytes(MemoryUse::Parameters, c) + p.bytes(MemoryUse::Gradients, c) +
-             p.bytes(MemoryUse::OptimizerState, c);
+             p.bytes(MemoryUse::OptimizerState, c) + p.bytes(MemoryUse::RunningState, c);
     };
-    const auto saved = [&](const std::array<int, SM>& c) { return p.bytes(MemoryUse::Saved, c) + staging; };
+    // A recomputed block's copy of its running state travels with each micro-batch's
+    // saved state too (nn::Recompute's ReplayState, stashed per micro-batch).
+    const int64_t replay_copies = nn::running_state_copy_bytes(p, nn::running_state<St>());
+    const auto saved = [&](const std::array<int, SM>& c) {
+      return p.bytes(MemoryUse::Saved, c) + staging + replay_copies;
+    };
     plan.persistent[i] = largest_over_ranks(shape, persistent);
     plan.saved[i] = largest_over_ranks(shape, saved);
     // The step's peak above what it holds throughout and saves (each rank's own), on top

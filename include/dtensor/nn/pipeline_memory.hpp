@@ -36,9 +36,13 @@ namespace dtensor::nn {
 template <int S, int Ranks>
 struct PipelineMemoryPlan {
   // Per stage, each at its largest over the stage mesh's ranks, for the largest micro-batch.
-  std::array<int64_t, S> persistent{};  // parameters, gradients, optimizer state
-  std::array<int64_t, S> saved{};       // what one micro-batch's forward keeps (its halos' staging too)
-  std::array<int64_t, S> step_peak{};   // the stage's own plan's peak (one micro-batch)
+  std::array<int64_t, S> persistent{};  // parameters, gradients, optimizer state, running state
+  // What one micro-batch's forward keeps (its halos' staging and recomputed blocks'
+  // copies of their running state too).
+  std::array<int64_t, S> saved{};
+  // The stage's own plan's peak for one micro-batch, as a bound over its ranks:
+  // persistent + saved + the largest excess above them of any rank.
+  std::array<int64_t, S> step_peak{};
   std::array<int64_t, S> pending{};     // a zero-bubble schedule: kept from a backward's I to its W
   std::array<int, S> held{};            // micro-batches in flight on the stage (forward to W)
   std::array<int64_t, Ranks> between{};  // per pipeline rank: values between computes

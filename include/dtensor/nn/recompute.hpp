@@ -206,6 +206,15 @@ class Recompute {
   // The block's slots, one for the input kept, and (selective) one for the kept outputs.
   static constexpr int kBlockGroups = nn::memory_groups<Block>();
   static constexpr int kMemoryGroups = kBlockGroups + (kSelective ? 2 : 1);
+  // The block's, and the copy of it kept from a forward to its backward (ReplayState:
+  // held from the first forward on).
+  // (A copy inside a copy, a Recompute in a Recompute, is counted though ReplayState
+  // copies only the block's own state: over, never under.)
+  static constexpr RunningTensors running_state() {
+    RunningTensors r = nn::running_state<Block>();
+    r.add_copy_of(nn::running_state<Block>());
+    return r;
+  }
   template <std::size_t MM>
   static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
     return nn::memory_output<Block>(x);
@@ -218,6 +227,8 @@ class Recompute {
   static constexpr PlannedTensor<MM> memory_forward(MemoryPlan<MM, C>& p, int layer, int group,
                                                     const PlannedTensor<MM>& x) {
     using Mode = typename MemoryPlan<MM, C>::Selective;
+    // The forward's new copy of the running state beside the last one, until it replaces it.
+    nn::memory_running_state(p, nn::running_state<Block>(), p.forward_phase, layer, MemoryUse::Temporary, true);
     PlannedTensor<MM> y;
     if constexpr (kSelective) {
       const auto outer = p.selective;  // a selective recompute around this one (its layer)
@@ -255,7 +266,12 @@ class Recompute {
       p.selective.mode = Mode::Replaying;
       p.selective.kept_group = group + kBlockGroups + 1;
     }
+    // The running state after the first forward, kept while the forward runs again from
+    // the state before it, then put back.
+    const RunningTensors after = nn::running_state<Block>();
+    const int after_first = nn::memory_running_state(p, after, Phase::Backward, layer, MemoryUse::Temporary, false);
     const PlannedTensor<MM> y = nn::memory_forward<Block>(p, layer, group, x);
+    for (int e = after_first, n = after.tensors(); e < after_first + n; ++e) p.free_event(Phase::Backward, layer, e);
     p.selective = outer;
     p.forward_phase = was;
     p.free(Phase::Backward, layer, y);

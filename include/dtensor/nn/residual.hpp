@@ -150,6 +150,11 @@ class Residual {
 
   // --- the memory plan (nn/memory_plan.hpp) ---
   static constexpr int kMemoryGroups = nn::memory_groups<Block>() + (kProjected ? nn::memory_groups<ProjectionT>() : 0);
+  static constexpr RunningTensors running_state() {
+    RunningTensors r = nn::running_state<Block>();
+    if constexpr (kProjected) r.add(nn::running_state<ProjectionT>());
+    return r;
+  }
   template <std::size_t MM>
   static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
     return nn::memory_output<Block>(x.placed(in_placements));

@@ -369,6 +369,11 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
 
   // --- the memory plan (nn/memory_plan.hpp) ---
   static constexpr int kMemoryGroups = (nn::memory_groups<L>() + ... + 0);
+  static constexpr RunningTensors running_state() {
+    RunningTensors r;
+    (r.add(nn::running_state<L>()), ...);
+    return r;
+  }
   static constexpr std::array<int, N + 1> memory_group_offsets = [] {
     std::array<int, N + 1> o{};
     int i = 0;
@@ -536,12 +541,14 @@ class Model : public detail::forwarded_input<std::tuple_element_t<0, std::tuple<
   static constexpr MemoryPlan<M, C> memory_plan(const std::array<int64_t, InputT::rank>& extents,
                                                 const std::array<int, M>& mesh_shape,
                                                 const MemoryOptions& options = {}, bool input_gradient = false) {
+    nn::check_plan_arguments(extents, mesh_shape);
     MemoryPlan<M, C> p;
     p.mesh_shape = mesh_shape;
     p.options = options;
     const State gout = LossT::grad_input(output_placements);
     p.template add_reductions<T>(plan<kPlanCapacity>(gout, 1), N, config::dp);
     memory_parameters(p, gout, nn::optimizer_states<Opt>());
+    nn::memory_running_state(p, running_state(), Phase::Forward, -1, MemoryUse::RunningState, false);
     memory_step<LossT>(p, extents, input_gradient);
     return p;
   }

@@ -143,6 +143,7 @@ class SkipConcat {
 
   // --- the memory plan (nn/memory_plan.hpp) ---
   static constexpr int kMemoryGroups = nn::memory_groups<Block>();
+  static constexpr RunningTensors running_state() { return nn::running_state<Block>(); }
   template <std::size_t MM>
   static constexpr PlannedTensor<MM> memory_output(const PlannedTensor<MM>& x) {
     const PlannedTensor<MM> xin = x.placed(in_placements).unpadded();

@@ -247,6 +247,13 @@ class BatchNorm : public KeepsPlacements<Cfg, Takes::Activation> {
     return m;
   }
 
+  // Its running mean and variance, C values each, held throughout (nn/memory_plan.hpp).
+  static constexpr RunningTensors running_state() {
+    RunningTensors r;
+    r.add(static_cast<int64_t>(C * sizeof(T)), 2);
+    return r;
+  }
+
   // What the forward leaves for the backward, which a pipeline stage sets aside per
   // micro-batch (nn/saved_state.hpp).
   DTENSOR_SAVED_STATE(saved_training_, count_, mean_, inv_, xhat_, layout_)
