@@ -217,6 +217,7 @@ std::vector<OpResult> run_ops(int ranks) {
     record("relu", relu(A), relu(A64), 1, {});
     // Sums over the 5 columns: Partial over mesh dim 1 on the 2x2 mesh.
     record("sum", sum<1>(A), sum<1>(A64), 5, widened(sum<1>(abs(A64))));
+    record("mean", mean<1>(A), mean<1>(A64), 5, widened(mean<1>(abs(A64))));
     record("max", max<1>(A), max<1>(A64), 1, {});
     // [7, 5] x [5, 6]: K sharded over mesh dim 1, a Partial<Sum> product.
     auto prod16 = matmul(A, redistribute<Shard<1>, Replicate>(B));
@@ -262,6 +263,42 @@ void check_ops_against_float64() {
 }
 
 }  // namespace
+
+// A mean of 16-bit values on one rank: summed in float, scaled by 1/n and rounded once,
+// so within half a unit of T of the exact mean, plus float's error for the scaling (an
+// exact tie may go either way). Rounding the sum to T first and dividing the rounded sum
+// misses by up to about a unit (the sum's rounding, then the quotient's).
+template <class T>
+void check_mean_rounded_once() {
+  constexpr int64_t rows = 4000, n = 7;
+  const auto a16 = randn<T>(Shape<2>{rows, n}, 31);
+  const double eps = double(std::numeric_limits<T>::epsilon());
+  run_threads(1, [&](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    const auto m = mean<1>(distribute<Shard<0>>(a16, mesh)).full_tensor();
+    int64_t off = 0;
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      double exact = 0;
+      for (int64_t j = 0; j < n; ++j) exact += double(a16.data()[r * n + j]);
+      exact /= n;
+      const double got = double(m.data()[r]);
+      // Half a unit of T at the exact mean (T's spacing there), and float's share.
+      const double unit = exact == 0 ? 0 : eps * std::exp2(std::floor(std::log2(std::fabs(exact))));
+      const double err = std::fabs(got - exact), bound = 0.5 * unit + std::ldexp(std::fabs(exact), -22);
+      worst = std::max(worst, unit > 0 ? err / unit : (err > 0 ? std::numeric_limits<double>::infinity() : 0.0));
+      off += !(err <= bound);
+    }
+    INFO(name(dtype_of<T>()), ": ", off, " of ", rows, " means beyond half a unit of the exact mean; the worst ",
+         worst, " units");
+    CHECK(off == 0);
+  });
+}
+
+TEST_CASE("a mean of bfloat16 or float16 values is rounded once") {
+  check_mean_rounded_once<bfloat16>();
+  check_mean_rounded_once<float16>();
+}
 
 TEST_CASE("operators on bfloat16 and float16 DTensors against float64 on the same inputs, one rank and 2x2") {
   check_ops_against_float64<bfloat16>();

@@ -75,9 +75,18 @@ auto reduce(const DTensor<T, Rank, P...>& x) {
     if (d != D) out_shape[o++] = ls[d];
   const Device dev = x2.local().device();
   auto out = Tensor<T, Rank - 1>::uninitialized(out_shape, dev);
-  compute::reduce_dim<local_reduce(R)>(dev, x2.local().data(), out.data(), outer_size(ls, D), ls[D], inner_size(ls, D));
-  if constexpr (R == Reduction::Mean)  // the global extent, not the local one: exact on uneven shards
-    compute::binary_scalar(BinaryOp::Div, out, static_cast<accumulator_t<T>>(x.shape()[D]), out);
+  // A mean divides by the global extent, not the local one: exact on uneven shards. In
+  // 16 bits the sum is scaled in float and rounded once (dividing the rounded sum would
+  // round twice); float and double divide, as before.
+  if constexpr (R == Reduction::Mean && is_float16_v<T>) {
+    compute::reduce_dim<local_reduce(R)>(dev, x2.local().data(), out.data(), outer_size(ls, D), ls[D],
+                                         inner_size(ls, D), 1.0f / static_cast<float>(x.shape()[D]));
+  } else {
+    compute::reduce_dim<local_reduce(R)>(dev, x2.local().data(), out.data(), outer_size(ls, D), ls[D],
+                                         inner_size(ls, D));
+    if constexpr (R == Reduction::Mean)
+      compute::binary_scalar(BinaryOp::Div, out, static_cast<accumulator_t<T>>(x.shape()[D]), out);
+  }
   dtensor_t<T, Rank - 1, QOut> y(x.mesh(), std::move(layout), std::move(out));
   if constexpr (finalize) return redistribute_as<placements_t<plan.value>>(y);
   else return y;

@@ -55,11 +55,11 @@ class TokenMeanPool {
   OutputT forward(const InputT& x) {
     DTENSOR_CHECK(x.shape()[1] > 0, InvalidArgument, name, ": a sequence of no tokens has no mean");
     const Shape<3> ls = x.local().shape();
-    const T scale = T(1) / static_cast<T>(x.shape()[1]);
+    // The sum scaled by 1/n before it is stored (in float for 16-bit tokens: rounded once).
+    const accumulator_t<T> scale = accumulator_t<T>(1) / static_cast<accumulator_t<T>>(x.shape()[1]);
     const Device dev = x.local().device();
     auto y = Tensor<T, 2>::uninitialized({ls[0], ls[2]}, dev);
-    compute::reduce_dim(dev, ReduceOp::Sum, x.local().data(), y.data(), ls[0], ls[1], ls[2]);
-    compute::binary_scalar(BinaryOp::Mul, y, scale, y);
+    compute::reduce_dim<ReduceOp::Sum>(dev, x.local().data(), y.data(), ls[0], ls[1], ls[2], scale);
     saved_.emplace(Saved{x.layout(), ls, x.shape()[1]});
     return OutputT(x.mesh(), out_layout(x.layout()), std::move(y));
   }
@@ -76,7 +76,8 @@ class TokenMeanPool {
     if constexpr (!NeedInputGrad) {
       return 0;
     } else {
-      const T scale = T(1) / static_cast<T>(s.total);
+      // 1/n in float for 16-bit tokens (the product rounded once).
+      const accumulator_t<T> scale = accumulator_t<T>(1) / static_cast<accumulator_t<T>>(s.total);
       const Device dev = dy.local().device();
       const int64_t tokens = s.local[1], c = s.local[2];
       auto scaled = Tensor<T, 2>::uninitialized(dy.local().shape(), dev);  // dy / tokens, then repeated
