@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """HDF5 files between h5py and dtensor, both ways, and dtensor's XDMF parsed back.
 
-Usage: hdf5_interop.py TEST_IO_HDF5_BINARY
+Usage: hdf5_interop.py TEST_IO_HDF5_BINARY [LAUNCHER...]
+   e.g. hdf5_interop.py build/tests/test_io_hdf5_mpi mpiexec -n 4 --oversubscribe
 
 1. Writes h5py.h5 with h5py as another program would: a chunked, shuffled and
    gzip-compressed float32 dataset, a big-endian float64 one, int64, float16, and a
    4-D [N, C, H, W] set in a group, none with any attribute.
 2. Runs the binary's test case "hdf5: h5py interop*" with DTENSOR_HDF5_PY_DIR set: it
-   reads those on a 2x2 mesh (4 in-process ranks) and checks every element, then
+   reads those on a 2x2 mesh (4 in-process ranks, or 4 MPI processes where a launcher
+   is given: collective MPI-IO reads of the compressed and big-endian datasets) and
+   checks every element, then
    writes dtensor.h5, fields/grid.h5 + grid.xmf and step*.h5 + series.xmf.
 3. Reads dtensor.h5 with h5py and compares every dataset with the values the test
    wrote (the same formula as tests/test_io_hdf5.cpp's value_at), bit for bit: float32,
@@ -200,14 +203,14 @@ def check_xdmf(tmp):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         print(__doc__)
         return 2
     with tempfile.TemporaryDirectory(prefix="dtensor-h5py-") as tmp:
         write_inputs(os.path.join(tmp, "h5py.h5"))
         env = dict(os.environ, DTENSOR_HDF5_PY_DIR=tmp)
-        run = subprocess.run([sys.argv[1], "--test-case=hdf5: h5py interop*"], env=env, capture_output=True,
-                             text=True)
+        run = subprocess.run(sys.argv[2:] + [sys.argv[1], "--test-case=hdf5: h5py interop*"], env=env,
+                             capture_output=True, text=True)
         if run.returncode != 0:
             print(run.stdout, run.stderr)
             print("FAILED: dtensor could not read h5py's file or write its own")
