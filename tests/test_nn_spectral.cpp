@@ -271,5 +271,10 @@ TEST_CASE("spectral conv: more frequencies than the image holds is refused on ev
     auto x = random<typename Spec<H1>::InputT>(Shape<4>{1, 2, 3, 7}, mesh, 1);  // 2 x 2 rows of 3
     CHECK_THROWS_WITH_AS(layer.forward(x), doctest::Contains("2 frequencies kept along spatial dim 0 of extent 3"),
                          InvalidArgument);
+    // The last dim keeps the low end of its half spectrum: W = 3 holds 2 bins, fewer than
+    // the 3 modes kept there.
+    auto xw = random<typename Spec<H1>::InputT>(Shape<4>{1, 2, 8, 2 * (kModes[1] - 1) - 1}, mesh, 2);
+    CHECK_THROWS_WITH_AS(layer.forward(xw), doctest::Contains("kept along spatial dim 1"), InvalidArgument);
+    CHECK_THROWS_WITH_AS(layer.forward(xw), doctest::Contains("(the half spectrum)"), InvalidArgument);
   });
 }

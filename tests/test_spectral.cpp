@@ -180,6 +180,10 @@ TEST_CASE("bad input: a transformed dim of extent 0, an irfft length that does n
     DeviceMesh<1> mesh(world, {2});
     const auto x = zeros<double, Shard<0>>(Shape<2>{3, 0}, mesh);
     CHECK_THROWS_WITH_AS(spectral::rfft<Dims<1>>(x), doctest::Contains("tensor dim 1 has extent 0"), InvalidArgument);
+    const auto z0 = zeros<C, Shard<0>>(Shape<2>{3, 0}, mesh);
+    CHECK_THROWS_WITH_AS(spectral::fft<Dims<1>>(z0), doctest::Contains("tensor dim 1 has extent 0"), InvalidArgument);
+    CHECK_THROWS_WITH_AS(spectral::ifft<Dims<1>>(z0), doctest::Contains("tensor dim 1 has extent 0"), InvalidArgument);
+    CHECK_THROWS_WITH_AS(spectral::irfft<Dims<1>>(z0, {.n = 4}), doctest::Contains("has extent 0"), InvalidArgument);
     const auto z = zeros<C, Shard<0>>(Shape<2>{4, 5}, mesh);
     CHECK_THROWS_WITH_AS(spectral::irfft<Dims<1>>(z, {.n = 11}), doctest::Contains("needs 6 bins"), InvalidArgument);
     CHECK_NOTHROW(spectral::irfft<Dims<1>>(z, {.n = 9}));
