@@ -438,7 +438,13 @@ TEST_CASE("hostile: no file outside the checkpoint's directory is opened, and li
       s.load(d);
       FAIL("a link to /etc/passwd loaded");
     } catch (const io::CheckpointError& e) {
-      if (!ec) CHECK_MESSAGE(std::string(e.what()).find(std::to_string(passwd)) == std::string::npos, e.what());
+      // The size looked for outside the checkpoint's path (a directory named after the
+      // process id can hold the same digits).
+      std::string what = e.what();
+      for (const std::string& path : {d.string(), d.parent_path().string()})
+        for (auto at = what.find(path); !path.empty() && at != std::string::npos; at = what.find(path))
+          what.erase(at, path.size());
+      if (!ec) CHECK_MESSAGE(what.find(std::to_string(passwd)) == std::string::npos, std::string(e.what()));
     }
     // The index and its checksum as links.
     s.refused("link_index", [&](const fs::path& p) {
