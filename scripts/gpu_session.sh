@@ -14,7 +14,8 @@
 # (its log says where), and the files are still written. Without $OUT (run by hand) the
 # files go to ./gpu_session_out.
 # Exit status: the part's (0: every entry passed, or the comparison ran whole), 124 past
-# the deadline, 2 for a missing bundle.
+# the deadline (137 where the part ignored the stop for 15 s and was killed), 2 for a
+# missing bundle.
 set -uo pipefail
 bundle=${1:?usage: scripts/gpu_session.sh BUNDLE [tests|compare|all] [DEADLINE_S]}
 part=${2:-tests}
@@ -45,7 +46,7 @@ start=$SECONDS
     *) echo "gpu_session: the part is tests, compare or all, not $part" >&2; exit 2 ;;
   esac
   rc=$?
-  ((rc == 124)) && echo "== gpu_session: stopped at the ${deadline} s deadline; the logs say what had finished"
+  ((rc == 124 || rc == 137)) && echo "== gpu_session: stopped at the ${deadline} s deadline; the logs say what had finished"
   echo "== gpu_session: $part exit $rc in $((SECONDS - start)) s"
   exit "$rc"
 } 2>&1 | tee "$out/summary.txt"
