@@ -362,11 +362,13 @@ class Pipeline {
     const BlockAllocator alloc = options.allocator;
     // A tensor's block at its largest over the stage mesh's ranks.
     const auto largest_block = [&](const PlannedTensor<SM>& t) {
-      return largest_over_ranks(stage_shape, [&](const std::array<int, SM>& c) { return t.bytes(stage_shape, c, alloc); });
+      return largest_over_ranks(stage_shape,
+                                [&](const std::array<int, SM>& c) { return t.bytes(stage_shape, c, alloc); });
     };
-    plan.batch =
-        largest_block(PlannedTensor<SM>::template of<typename InputT::value_type>(extents, InputT::placement_state)) +
-        largest_block(PlannedTensor<SM>::template of<typename TargetT::value_type>(out_extents(), TargetT::placement_state));
+    using InT = typename InputT::value_type;
+    using TargetValue = typename TargetT::value_type;
+    plan.batch = largest_block(PlannedTensor<SM>::template of<InT>(extents, InputT::placement_state)) +
+                 largest_block(PlannedTensor<SM>::template of<TargetValue>(out_extents(), TargetT::placement_state));
     // Each stage's input and the gradient placements at each boundary.
     const PlannedTensor<SM> x0 = PlannedTensor<SM>::template of<typename InputT::value_type>(mb, InputT::placement_state);
     std::array<PlannedTensor<SM>, S + 1> at{};  // at[s]: stage s's input; at[S]: the output
@@ -484,8 +486,9 @@ class Pipeline {
     plan.saved[i] = largest_over_ranks(shape, saved);
     // The step's peak above what it holds throughout and saves (each rank's own), on top
     // of the largest of those.
-    const int64_t excess = largest_over_ranks(
-        shape, [&](const std::array<int, SM>& c) { return p.peak_from(c, staging).bytes - persistent(c) - saved(c); });
+    const int64_t excess = largest_over_ranks(shape, [&](const std::array<int, SM>& c) {
+      return p.peak_from(c, staging).bytes - persistent(c) - saved(c);
+    });
     plan.step_peak[i] = plan.persistent[i] + plan.saved[i] + excess;
     // Micro-batches from a forward to the end of their backward (a zero-bubble
     // schedule's W); between its I and W steps a micro-batch keeps, of what the forward
