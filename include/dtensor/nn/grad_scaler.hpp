@@ -24,12 +24,12 @@
 // reductions, as clip_grad_norm. The scale divides in double (PyTorch computes the
 // inverse scale in fp64): a power of two unscales exactly.
 #include <cmath>
-#include <concepts>
 
 #include "dtensor/comm/host_values.hpp"
 #include "dtensor/compute/local.hpp"
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/nn/local_math.hpp"
+#include "dtensor/nn/optim.hpp"
 #include "dtensor/util/error.hpp"
 
 namespace dtensor::nn {
@@ -73,15 +73,11 @@ class GradScaler {
                   "GradScaler::unscale: already called since the last update(); call it once per step");
     unscaled_ = true;
     double bad = 0;
-    // The ranks that decide together: the parameters' mesh, or a model's own where its
-    // parameters live on several meshes (a pipeline's stages: model.comm(), as
-    // clip_grad_norm reads it), so that every stage skips the same steps.
-    Comm* world = nullptr;
-    constexpr bool own_comm = requires { { model.comm() } -> std::same_as<Comm&>; };
-    if constexpr (own_comm) world = &model.comm();
+    // The ranks that decide together, as clip_grad_norm's (every stage of a pipeline
+    // skips the same steps).
+    Comm* const world = model_comm(model);
     const double inverse = 1.0 / scale_;
     model.for_each_parameter([&](auto& p) {
-      if constexpr (!own_comm) world = &p.value().mesh().comm();
       if (!std::isfinite(detail::sum_of_squares(p.grad()))) bad = 1;  // an inf or a NaN makes the sum one
       multiply(p.grad(), inverse);
     });

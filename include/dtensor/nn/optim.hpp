@@ -169,6 +169,20 @@ class AdamW {
   detail::StateBuffers m_, v_;
 };
 
+// The ranks a decision over the whole model runs on (a gradient norm, GradScaler's
+// skip): a model's own where its parameters live on several meshes (a pipeline's
+// stages: model.comm()), else its parameters' mesh; nullptr for a model without any.
+template <class Model>
+Comm* model_comm(Model& model) {
+  if constexpr (requires { { model.comm() } -> std::same_as<Comm&>; }) {
+    return &model.comm();
+  } else {
+    Comm* world = nullptr;
+    model.for_each_parameter([&](auto& p) { world = &p.value().mesh().comm(); });
+    return world;
+  }
+}
+
 // Scales every gradient so that their global 2-norm is at most max_norm, and returns
 // the norm before scaling. Exact whatever the placements: each rank adds the squares
 // of its blocks, counting a replicated block once (on the ranks at coordinate 0 of
@@ -177,14 +191,9 @@ class AdamW {
 template <class Model>
 double clip_grad_norm(Model& model, double max_norm) {
   double local = 0;
-  // The ranks the sum runs over: those of the parameters' mesh, or a model's own where
-  // its parameters live on several meshes (a pipeline's stages: model.comm()).
-  Comm* world = nullptr;
-  constexpr bool own_comm = requires { { model.comm() } -> std::same_as<Comm&>; };
-  if constexpr (own_comm) world = &model.comm();
+  Comm* world = model_comm(model);
   model.for_each_parameter([&](auto& p) {
     const auto& mesh = p.value().mesh();
-    if (!own_comm) world = &mesh.comm();
     bool owner = true;
     for (int m = 0; m < static_cast<int>(p.placement_state.size()); ++m)
       if (!p.placement_state[m].is_shard()) owner = owner && mesh.coord(m) == 0;
