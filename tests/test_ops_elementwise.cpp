@@ -3,6 +3,8 @@
 #include "ops_support.hpp"
 
 #include <cmath>
+#include <complex>
+#include <limits>
 
 using namespace dtensor;
 using namespace dtensor::test;
@@ -234,5 +236,166 @@ TEST_CASE("operands split into different blocks are a clear error") {
     auto a = distribute<Shard<0>>(g, mesh);
     auto b = distribute<Shard<0>>(g, mesh, 0, {std::vector<int64_t>{3, 1}, {}});
     CHECK_THROWS_WITH_AS(add(a, b), doctest::Contains("different block sizes"), InvalidArgument);
+  });
+}
+
+// ---- The parts of complex tensors (ops/complex.hpp) ----
+using Z = std::complex<double>;
+using DZP = DTensor<Z, 2, Partial<Sum>>;
+static_assert(std::is_same_v<P1<decltype(real(std::declval<DZP>()))>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(imag(std::declval<DTensor<Z, 2, Partial<Avg>>>()))>, Placements<Partial<Avg>>>);
+static_assert(std::is_same_v<P1<decltype(conj(std::declval<DZP>()))>, Placements<Partial<Sum>>>);
+static_assert(std::is_same_v<P1<decltype(abs(std::declval<DZP>()))>, Placements<Replicate>>);
+static_assert(std::is_same_v<P1<decltype(angle(std::declval<DTensor<Z, 2, Shard<1>>>()))>, Placements<Shard<1>>>);
+static_assert(std::is_same_v<decltype(abs(std::declval<DZP>()))::value_type, double>);
+static_assert(std::is_same_v<P1<decltype(make_complex(std::declval<DPS>(), std::declval<DR>()))>,
+                             Placements<Partial<Sum>>>);
+
+namespace {
+// The placements of a gradient of a tensor placed PL: Replicate for a Partial.
+template <class PL>
+struct GradSource;
+template <class... P>
+struct GradSource<Placements<P...>> {
+  template <class T, int M>
+  static auto make(const Tensor<T, 2>& g, const DeviceMesh<M>& mesh) {
+    if constexpr (is_complex_v<T>) {  // made of its parts, each placed so
+      Tensor<double, 2> re(g.shape()), im(g.shape());
+      for (int64_t i = 0; i < g.numel(); ++i) re.data()[i] = g.data()[i].real(), im.data()[i] = g.data()[i].imag();
+      return make_complex(make(re, mesh), make(im, mesh));
+    } else {
+      return make_source<std::conditional_t<is_partial_v<P>, Replicate, P>...>(g, mesh);
+    }
+  }
+};
+
+// Real and imaginary parts of the test's complex tensors: element 0 is 0 + 0i (where
+// abs and angle take PyTorch's zero gradient), the others mixed signs and sizes.
+std::pair<Tensor<double, 2>, Tensor<double, 2>> complex_parts_of(const Shape<2>& shape) {
+  Tensor<double, 2> re(shape), im(shape);
+  for (int64_t i = 0; i < re.numel(); ++i) {
+    re.data()[i] = i == 0 ? 0 : static_cast<double>((i * 7 + 3) % 41 - 20) / 8;
+    im.data()[i] = i == 0 ? 0 : static_cast<double>((i * 5 + 2) % 23 - 11) / 4;
+  }
+  return {std::move(re), std::move(im)};
+}
+
+template <class F>
+double worst_over(int64_t n, F&& f) {
+  double w = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double e = f(i);
+    w = std::isnan(e) || std::isnan(w) ? std::numeric_limits<double>::quiet_NaN() : std::max(w, e);
+  }
+  return w;
+}
+
+// z = make_complex(re, im) with re placed PA and im placed PB: every part and its
+// gradient against the element functions of the global tensors, and each gradient
+// against central differences of L(z) = sum g part(z) in the real and imaginary
+// directions (the gradient is dL/dx + i dL/dy).
+template <class PA, class PB>
+struct CheckComplexParts;
+template <class... PA, class... PB>
+struct CheckComplexParts<Placements<PA...>, Placements<PB...>> {
+  template <int M>
+  static void run(const DeviceMesh<M>& mesh, const Shape<2>& shape) {
+    INFO("re ", names<PA...>(), " im ", names<PB...>(), " shape ", to_string(shape), " on ", mesh.to_string());
+    const auto [gre, gim] = complex_parts_of(shape);
+    const auto re = make_source<PA...>(gre, mesh);
+    const auto im = make_source<PB...>(gim, mesh);
+    const auto z = make_complex(re, im);
+    const int64_t n = gre.numel();
+    const auto zf = z.full_tensor();
+    auto zat = [&](int64_t i) { return Z(gre.data()[i], gim.data()[i]); };
+    CHECK(worst_over(n, [&](int64_t i) { return std::abs(zf.data()[i] - zat(i)); }) == 0);
+
+    // The forward of each part, and its gradient for g = a real tensor placed as the
+    // gradient of the part's output.
+    const auto g = positive<double, 2>(shape);
+    auto check_part = [&](auto part, auto part_backward, auto element, const char* what, bool linear) {
+      INFO(what);
+      const auto y = part(z);
+      const auto yf = y.full_tensor();
+      CHECK(worst_over(n, [&](int64_t i) { return std::abs(yf.data()[i] - element(zat(i))); }) <= 1e-15);
+      using Y = std::remove_cvref_t<decltype(y)>;
+      const auto dy = GradSource<typename Y::placements>::make(g, mesh);
+      const auto dz = part_backward(z, dy);
+      const auto dzf = dz.full_tensor();
+      const double h = 1e-6;
+      CHECK(worst_over(n, [&](int64_t i) {
+              const Z zi = zat(i);
+              const double gi = g.data()[i];
+              // abs and angle have no derivative at 0: PyTorch's gradient there is 0.
+              if (zi == Z(0) && !linear) return std::abs(dzf.data()[i]);
+              auto L = [&](Z v) { return gi * element(v); };
+              const Z fd((L(zi + h) - L(zi - h)) / (2 * h), (L(zi + Z(0, h)) - L(zi - Z(0, h))) / (2 * h));
+              return std::abs(dzf.data()[i] - fd) / std::max(1.0, std::abs(fd));
+            }) < 1e-8);
+    };
+    check_part([](const auto& v) { return real(v); }, [](const auto& v, const auto& d) { return real_backward(v, d); },
+               [](Z v) { return v.real(); }, "real", true);
+    check_part([](const auto& v) { return imag(v); }, [](const auto& v, const auto& d) { return imag_backward(v, d); },
+               [](Z v) { return v.imag(); }, "imag", true);
+    check_part([](const auto& v) { return abs(v); }, [](const auto& v, const auto& d) { return abs_backward(v, d); },
+               [](Z v) { return std::abs(v); }, "abs", false);
+    check_part([](const auto& v) { return angle(v); },
+               [](const auto& v, const auto& d) { return angle_backward(v, d); }, [](Z v) { return std::arg(v); },
+               "angle", false);
+
+    // conj and its gradient conj(dy); make_complex's gradient: the parts of dz.
+    Tensor<Z, 2> gz(shape);
+    for (int64_t i = 0; i < n; ++i) gz.data()[i] = Z(g.data()[i], -0.5 * g.data()[i] + 1);
+    const auto c = conj(z);
+    const auto cf = c.full_tensor();
+    CHECK(worst_over(n, [&](int64_t i) { return std::abs(cf.data()[i] - std::conj(zat(i))); }) == 0);
+    using CZ = std::remove_cvref_t<decltype(c)>;
+    const auto dc = GradSource<typename CZ::placements>::make(gz, mesh);
+    const auto dcz = conj_backward(z, dc).full_tensor();
+    CHECK(worst_over(n, [&](int64_t i) { return std::abs(dcz.data()[i] - std::conj(gz.data()[i])); }) == 0);
+    const auto dz = GradSource<typename decltype(z)::placements>::make(gz, mesh);
+    const auto [dre, dim] = make_complex_backward(re, im, dz);
+    const auto dref = dre.full_tensor(), dimf = dim.full_tensor();
+    CHECK(worst_over(n, [&](int64_t i) {
+            return std::abs(dref.data()[i] - gz.data()[i].real()) + std::abs(dimf.data()[i] - gz.data()[i].imag());
+          }) <= 1e-15);
+  }
+};
+}  // namespace
+
+TEST_CASE("complex parts: real, imag, abs, angle, conj and make_complex with their gradients") {
+  using Set4 = std::tuple<Placements<Replicate>, Placements<Shard<0>>, Placements<Shard<1>>, Placements<Partial<Sum>>>;
+  on_1d_meshes([](const DeviceMesh<1>& mesh) {
+    for (const auto& shape : op_shapes(mesh.size()))
+      for_each_pair<Set4>([&]<class A, class B>() { CheckComplexParts<A, B>::run(mesh, shape); });
+  });
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    for (const auto& shape : {Shape<2>{5, 7}, Shape<2>{1, 3}}) {
+      CheckComplexParts<Placements<Shard<0>, Partial<Sum>>, Placements<Shard<0>, Replicate>>::run(mesh, shape);
+      CheckComplexParts<Placements<Shard<1>, Shard<0>>, Placements<Shard<1>, Shard<0>>>::run(mesh, shape);
+      CheckComplexParts<Placements<Partial<Sum>, Shard<1>>, Placements<Replicate, Partial<Sum>>>::run(mesh, shape);
+    }
+  });
+}
+
+TEST_CASE("complex parts: the collectives the rules call for, and bad input") {
+  spmd(3, [](Comm& comm) {
+    DeviceMesh<1> mesh(comm);
+    const auto [gre, gim] = complex_parts_of({7, 5});
+    const auto p = make_complex(make_source<Partial<Sum>>(gre, mesh), make_source<Partial<Sum>>(gim, mesh));
+    auto count = [](auto&& f) {
+      CommCounter c;
+      f();
+      return std::pair{c.count(), c.count(StepKind::AllReduce)};
+    };
+    CHECK(count([&] { (void)real(p); }) == std::pair{0, 0});
+    CHECK(count([&] { (void)conj(p); }) == std::pair{0, 0});
+    CHECK(count([&] { (void)abs(p); }) == std::pair{1, 1});
+    CHECK(count([&] { (void)angle(p); }) == std::pair{1, 1});
+    // Parts of other shapes or blocks are refused by name.
+    const auto a = distribute<Shard<0>>(gre, mesh);
+    const auto b = distribute<Shard<0>>(gim, mesh, 0, {std::vector<int64_t>{1, 2, 4}, {}});
+    CHECK_THROWS_WITH_AS(make_complex(a, b), doctest::Contains("different block sizes"), InvalidArgument);
   });
 }

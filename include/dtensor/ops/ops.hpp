@@ -5,6 +5,7 @@
 #include "dtensor/distributed/comm_counter.hpp"
 #include "dtensor/ops/arithmetic.hpp"
 #include "dtensor/ops/cast.hpp"
+#include "dtensor/ops/complex.hpp"
 #include "dtensor/ops/elementwise.hpp"
 #include "dtensor/ops/matmul.hpp"
 #include "dtensor/ops/policy.hpp"
