@@ -9,11 +9,14 @@
 // collectives must match); rank 0 reports.
 //
 // 16-bit all-reduce (BM_all_reduce_16bit; sizes are the bytes of bfloat16 data, 4 KiB
-// to 64 MiB): dtensor's all_reduce of bfloat16, which widens to float, reduces with
-// MPI_FLOAT and rounds once (comm/mpi/mpi_float_staging.hpp); a commutative user
-// MPI_Op on the same bits as MPI_UINT16_T that widens, adds and rounds back at every
-// combine step (half the bytes on the wire; not dtensor's rule, see bench/README.md);
-// and raw MPI_Allreduce of as many floats, the baseline. The three alternate per size:
+// to 64 MiB): dtensor's all_reduce of bfloat16 (comm/mpi/mpi_float_staging.hpp: from
+// kExchange16BitMinBytes, 16-bit words exchanged and added in float on each piece's
+// rank; below, staged in float); the float staging alone (widen, MPI_Allreduce of the
+// floats, round once: dtensor's path at every size before the exchange); a commutative
+// user MPI_Op on the same bits as MPI_UINT16_T that widens, adds and rounds back at
+// every combine step (half the bytes on the wire; not dtensor's rule, see
+// bench/README.md); and raw MPI_Allreduce of as many floats, the baseline. The four
+// alternate per size:
 //
 //   mpiexec --oversubscribe -n 4 build/bench/bench_mpi --benchmark_filter=BM_all_reduce_16bit
 //       --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -102,12 +105,26 @@ std::vector<bf16> bf16_input(int64_t n) {
   return v;
 }
 
-void BM_all_reduce_bf16_staged(benchmark::State& state) {  // dtensor: through float, rounded once
+void BM_all_reduce_bf16_dtensor(benchmark::State& state) {  // dtensor: the float sum, rounded once
   const int64_t n = std::max<int64_t>(1, state.range(0) / 2);
   const auto in = bf16_input(n);
   std::vector<bf16> out(in.size());
   world->barrier();
   for (auto _ : state) world->all_reduce(in.data(), out.data(), n, DType::BFloat16, ReduceOp::Sum);
+  set_bandwidth(state, double(n) * 2);
+}
+
+void BM_all_reduce_bf16_float_staged(benchmark::State& state) {  // widened, reduced in float, rounded once
+  const int64_t n = std::max<int64_t>(1, state.range(0) / 2);
+  const auto in = bf16_input(n);
+  std::vector<bf16> out(in.size());
+  std::vector<float> acc(in.size());  // kept between calls, as the communicator's pool keeps its buffers
+  world->barrier();
+  for (auto _ : state) {
+    for (int64_t i = 0; i < n; ++i) acc[i] = float(in[i]);
+    MPI_Allreduce(MPI_IN_PLACE, acc.data(), int(n), MPI_FLOAT, MPI_SUM, world->native());
+    for (int64_t i = 0; i < n; ++i) out[i] = bf16(acc[i]);
+  }
   set_bandwidth(state, double(n) * 2);
 }
 
@@ -138,10 +155,11 @@ void BM_all_reduce_float_raw(benchmark::State& state) {  // as many floats: the 
   set_bandwidth(state, double(n) * 2);
 }
 
-// The three of one size one after the other, so that a noisy machine's drift hits them alike.
+// The four of one size one after the other, so that a noisy machine's drift hits them alike.
 void register_16bit() {
   for (int64_t s = int64_t{4} << 10; s <= (int64_t{64} << 20); s *= 4) {
-    for (auto [name, fn] : {std::pair{"/dtensor_staged", &BM_all_reduce_bf16_staged},
+    for (auto [name, fn] : {std::pair{"/dtensor", &BM_all_reduce_bf16_dtensor},
+                            std::pair{"/float_staged", &BM_all_reduce_bf16_float_staged},
                             std::pair{"/user_op_16bit", &BM_all_reduce_bf16_user_op},
                             std::pair{"/raw_mpi_float", &BM_all_reduce_float_raw}})
       benchmark::RegisterBenchmark((std::string("BM_all_reduce_16bit") + name).c_str(), fn)

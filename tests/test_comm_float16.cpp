@@ -14,6 +14,7 @@
 // the 16-bit rounding of the float sum in rank order. A last case has terms whose float
 // sum is exact but whose every 16-bit accumulation (any order, any tree) stalls below
 // it: a runtime that reduced in 16 bits would fail it on every rank count from 3 up.
+#include <dtensor/comm/mpi/mpi_float_staging.hpp>  // kExchange16BitMinBytes (no MPI in it)
 #include <dtensor/dtensor.hpp>
 
 #include <doctest/doctest.h>
@@ -114,9 +115,11 @@ double ulp_of(T x) {
 // addition, which this bound does not allow once partial sums are large beside the
 // result, and which the stall case below catches for certain.
 //
-// Bitwise, where the order is rank order (in-process; and on 2 ranks anywhere: one
-// float addition, which commutes): T(((x_0 + x_1) + x_2) + ...), Avg divided by float(n)
-// first, as core/block.hpp's reduce_sources computes it.
+// Bitwise, where the order is rank order (in-process; under MPI every reduce_scatter
+// and every all_reduce of kExchange16BitMinBytes or more, which add the exchanged
+// 16-bit terms by reduce_sources too; and on 2 ranks anywhere: one float addition,
+// which commutes): T(((x_0 + x_1) + x_2) + ...), Avg divided by float(n) first, as
+// core/block.hpp's reduce_sources computes it.
 //
 // Every comparison is false for a NaN or an infinity, so neither can pass.
 template <class T>
@@ -181,6 +184,11 @@ struct Reference {
 };
 
 constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
+
+// Whether an all_reduce of `count` 16-bit elements on n ranks adds in rank order.
+bool rank_order(int n, int64_t count) {
+  return !under_mpi() || n <= 2 || static_cast<std::size_t>(count) * 2 >= kExchange16BitMinBytes;
+}
 
 }  // namespace
 
@@ -313,7 +321,7 @@ TEST_CASE_TEMPLATE("16-bit all_reduce accumulates in float and rounds once: bloc
       const auto term_at = [](int k, int64_t i) { return term<T>(k, i, 0); };
       for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{40000}})
         for (ReduceOp op : kOps) {
-          const Reference<T> ref{n, op, !under_mpi() || n <= 2};
+          const Reference<T> ref{n, op, rank_order(n, count)};
           std::vector<T> in(static_cast<std::size_t>(count));
           for (int64_t i = 0; i < count; ++i) in[i] = term_at(r, i);
           const auto keep = in;
@@ -361,8 +369,7 @@ TEST_CASE_TEMPLATE("16-bit non-blocking all_reduces in flight together, complete
   for (int n = 1; n <= 4; ++n)
     spmd(n, [n](Comm& comm) {
       const int r = comm.rank();
-      const Reference<T> ref{n, ReduceOp::Sum, !under_mpi() || n <= 2};
-      const int64_t sizes[] = {3000, 10, 3000, 70000};
+      const int64_t sizes[] = {3000, 10, 3000, 70000};  // the last by exchange under MPI, the others staged
       std::vector<std::vector<T>> bufs;
       std::vector<Request> reqs;
       for (int j = 0; j < 4; ++j) {
@@ -374,6 +381,7 @@ TEST_CASE_TEMPLATE("16-bit non-blocking all_reduces in flight together, complete
         reqs.push_back(comm.start_all_reduce(b.data(), b.data(), b.size(), dtype_of<T>(), ReduceOp::Sum));
       for (int j = 3; j >= 0; --j) {
         reqs[j].wait();
+        const Reference<T> ref{n, ReduceOp::Sum, rank_order(n, sizes[j])};
         ref.check(std::span<const T>(bufs[j]), [j](int k, int64_t i) { return term<T>(k, i, 10 + j); },
                   "start_all_reduce, one of four in flight");
       }
@@ -389,7 +397,7 @@ TEST_CASE_TEMPLATE("16-bit segmented all_reduce: different cuts per rank, and th
       constexpr int64_t kTotal = 50000;  // a segment of 40000 is over MpiComm::kInPlaceSegmentBytes
       for (SegmentCuts cuts : {SegmentCuts::MayDiffer, SegmentCuts::Same})
         for (ReduceOp op : kOps) {
-          const Reference<T> ref{n, op, !under_mpi() || n <= 2};
+          const Reference<T> ref{n, op, rank_order(n, kTotal)};
           std::vector<int64_t> sizes = cuts == SegmentCuts::Same
                                            ? std::vector<int64_t>{40000, 7, 0, kTotal - 40007}
                                            : std::vector<int64_t>{1 + 997 * r, 0, 30000 - 5 * r};
@@ -439,7 +447,7 @@ TEST_CASE_TEMPLATE("16-bit reduce_scatter accumulates in float and rounds once: 
       for (std::size_t i = 0; i < mat.size(); ++i) mat[i] = term_at(r, 100000 + static_cast<int64_t>(i));
       const int64_t w = widths[r];
       for (ReduceOp op : kOps) {
-        const Reference<T> ref{n, op, !under_mpi() || n <= 2};
+        const Reference<T> ref{n, op, true};  // by exchange under MPI, whatever the size
         std::vector<T> out(static_cast<std::size_t>(counts[r]));
         reduce_scatterv<T>(comm, in, out, counts, op);
         ref.check(std::span<const T>(out), term_at, [&](int64_t j) { return base + j; }, "reduce_scatterv");
@@ -481,41 +489,43 @@ TEST_CASE_TEMPLATE("16-bit sums that a 16-bit accumulation would stall: all_redu
   for (int n = 3; n <= 4; ++n)
     spmd(n, [n](Comm& comm) {
       const int r = comm.rank();
-      constexpr int64_t kCount = 96;
-      const auto term_at = [n](int k, int64_t i) { return stall_term<T>(k, i, n); };
-      std::vector<T> in(static_cast<std::size_t>(kCount));
-      for (int64_t i = 0; i < kCount; ++i) in[i] = term_at(r, i);
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
-        std::vector<T> want(in.size());
-        int64_t stalls = 0;
-        for (int64_t i = 0; i < kCount; ++i) {
-          float exact = 0;  // exact in float
-          T acc16 = term_at(0, i);
-          for (int k = 0; k < n; ++k) {
-            exact += float(term_at(k, i));
-            if (k > 0) acc16 = T(float(acc16) + float(term_at(k, i)));
+      // 96: staged in float under MPI; 20000: 16-bit words exchanged (kExchange16BitMinBytes).
+      for (const int64_t count : {int64_t{96}, int64_t{20000}}) {
+        const auto term_at = [n](int k, int64_t i) { return stall_term<T>(k, i, n); };
+        std::vector<T> in(static_cast<std::size_t>(count));
+        for (int64_t i = 0; i < count; ++i) in[i] = term_at(r, i);
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
+          std::vector<T> want(in.size());
+          int64_t stalls = 0;
+          for (int64_t i = 0; i < count; ++i) {
+            float exact = 0;  // exact in float
+            T acc16 = term_at(0, i);
+            for (int k = 0; k < n; ++k) {
+              exact += float(term_at(k, i));
+              if (k > 0) acc16 = T(float(acc16) + float(term_at(k, i)));
+            }
+            want[i] = T(op == ReduceOp::Avg ? exact / static_cast<float>(n) : exact);
+            stalls += acc16.bits != T(exact).bits;
           }
-          want[i] = T(op == ReduceOp::Avg ? exact / static_cast<float>(n) : exact);
-          stalls += acc16.bits != T(exact).bits;
+          CHECK(stalls == count);  // the case has its power: a 16-bit sum is wrong everywhere
+          std::vector<T> blocking(in.size());
+          comm.all_reduce(in.data(), blocking.data(), in.size(), dtype_of<T>(), op);
+          CHECK(first_bit_difference(blocking, want) == -1);
+          std::vector<T> nb = in;
+          comm.start_all_reduce(nb.data(), nb.data(), nb.size(), dtype_of<T>(), op).wait();
+          CHECK(first_bit_difference(nb, want) == -1);
+          std::vector<T> seg = in;
+          const Segment parts[] = {{seg.data(), 10}, {seg.data() + 10, seg.size() - 10}};
+          comm.start_all_reduce(parts, dtype_of<T>(), op, SegmentCuts::Same).wait();
+          CHECK(first_bit_difference(seg, want) == -1);
+          // reduce_scatter: 96 / n... pieces of count / n (the last takes the rest).
+          std::vector<int64_t> counts(static_cast<std::size_t>(n), count / n);
+          counts.back() = count - (n - 1) * (count / n);
+          std::vector<T> out(static_cast<std::size_t>(counts[r]));
+          reduce_scatterv<T>(comm, in, out, counts, op);
+          const auto at = static_cast<std::size_t>(r * (count / n));
+          CHECK(first_bit_difference(std::span<const T>(out), std::span<const T>(want).subspan(at, out.size())) == -1);
         }
-        CHECK(stalls == kCount);  // the case has its power: a 16-bit sum is wrong everywhere
-        std::vector<T> blocking(in.size());
-        comm.all_reduce(in.data(), blocking.data(), in.size(), dtype_of<T>(), op);
-        CHECK(first_bit_difference(blocking, want) == -1);
-        std::vector<T> nb = in;
-        comm.start_all_reduce(nb.data(), nb.data(), nb.size(), dtype_of<T>(), op).wait();
-        CHECK(first_bit_difference(nb, want) == -1);
-        std::vector<T> seg = in;
-        const Segment parts[] = {{seg.data(), 10}, {seg.data() + 10, seg.size() - 10}};
-        comm.start_all_reduce(parts, dtype_of<T>(), op, SegmentCuts::Same).wait();
-        CHECK(first_bit_difference(seg, want) == -1);
-        // reduce_scatter: 96 / n... pieces of kCount / n (the last takes the rest).
-        std::vector<int64_t> counts(static_cast<std::size_t>(n), kCount / n);
-        counts.back() = kCount - (n - 1) * (kCount / n);
-        std::vector<T> out(static_cast<std::size_t>(counts[r]));
-        reduce_scatterv<T>(comm, in, out, counts, op);
-        const auto at = static_cast<std::size_t>(r * (kCount / n));
-        CHECK(first_bit_difference(std::span<const T>(out), std::span<const T>(want).subspan(at, out.size())) == -1);
       }
     });
 }

@@ -12,9 +12,10 @@
 // Point to point is MpiExchange (mpi_exchange.hpp), the non-blocking all-reduce
 // MpiAllReduce (mpi_all_reduce.hpp), the datatypes mpi_types.hpp.
 //
-// bfloat16 and float16 move as 16-bit words, but every reduction of them (all_reduce,
-// blocking or not, and reduce_scatter) goes through float (mpi_float_staging.hpp):
-// the float sum of the terms, rounded once, as in-process.
+// bfloat16 and float16 move as 16-bit words, and every reduction of them (all_reduce,
+// blocking or not, and reduce_scatter) is the float sum of the terms, rounded once, as
+// in-process (mpi_float_staging.hpp): a large one exchanges 16-bit words and adds them
+// in float on the rank that owns each piece; a small all_reduce stages in float.
 //
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
 //
@@ -127,6 +128,7 @@ class MpiComm final : public Comm {
     detail::check_orderable(t, op, "MpiComm::all_reduce");
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     const auto watched = enter(Collective::AllReduce, t, op, 0, n);
+    if (detail::exchanges_16bit(t, n, size_)) return all_reduce_by_exchange(send, recv, n, t, op);
     if (is_float16(t)) {  // through float, rounded once
       const auto acc = staging_->take(static_cast<std::size_t>(n));
       const StridedBlock all = StridedBlock::contiguous(0, n);
@@ -232,19 +234,16 @@ class MpiComm final : public Comm {
     for (int k = 0; k < size_; ++k) counts[k] = detail::mpi_count(send_blocks[k].numel(), "reduce_scatter");
     DTENSOR_CHECK(counts[rank_] == recv_block.numel(), CommError, "reduce_scatter: rank ", rank_, " receives ",
                   recv_block.numel(), " elements but its piece has ", counts[rank_]);
-    if (is_float16(t)) {  // through float, rounded once: widened in rank order, packed by the widening
-      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-      const auto in = staging_->take(static_cast<std::size_t>(total));
-      const auto out = staging_->take(static_cast<std::size_t>(counts[rank_]));
-      int64_t at = 0;
-      for (int k = 0; k < size_; ++k) {
-        detail::widen_to_float(t, send, send_blocks[k], in.data() + at);
-        at += counts[k];
-      }
-      check_collective(MPI_Reduce_scatter(in.data(), out.data(), counts.data(), MPI_FLOAT, detail::mpi_op(op), comm_),
-                       "MPI_Reduce_scatter", Collective::ReduceScatter);
-      detail::finish_in_float(op, out.span(), size_);
-      detail::narrow_from_float(t, out.data(), recv, recv_block);
+    if (is_float16(t)) {
+      // By exchange (mpi_float_staging.hpp): this rank's piece from every rank as 16-bit
+      // words, the send blocks read in place, then added in float and rounded once.
+      const int mine = counts[rank_];
+      const auto terms = staging_->take_words(static_cast<std::size_t>(size_) * static_cast<std::size_t>(mine));
+      std::vector<StridedBlock> pieces(static_cast<std::size_t>(size_));
+      for (int k = 0; k < size_; ++k) pieces[k] = StridedBlock::contiguous(int64_t{k} * mine, mine);
+      check_collective(alltoallw(send, send_blocks, terms.data(), pieces, t, "reduce_scatter (16-bit, MPI_Alltoallw)"),
+                       "reduce_scatter (16-bit, MPI_Alltoallw)", Collective::ReduceScatter);
+      detail::reduce_received(t, op, terms.data(), mine, size_, recv, recv_block);
       return;
     }
     // MPI_Reduce_scatter wants the pieces packed in rank order and the output contiguous.
@@ -484,6 +483,26 @@ class MpiComm final : public Comm {
   // engine (packed, then unpacked): on two ranks that is half the bytes (a 256^3 FFT
   // spectrum's redistribution: 6-7% less time in two alternated runs, bench/README).
   // Returns MPI's error code.
+  // A 16-bit all_reduce by exchange (mpi_float_staging.hpp): the all-to-all of the
+  // pieces, this rank's piece reduced into recv, the all-gather of the pieces in place.
+  // recv is written only after the all-to-all has read send (so send == recv is fine).
+  void all_reduce_by_exchange(const void* send, void* recv, int n, DType t, ReduceOp op) {
+    const detail::ExchangePieces p(n, size_);
+    const int mine = p.counts[rank_];
+    const auto terms = staging_->take_words(static_cast<std::size_t>(size_) * static_cast<std::size_t>(mine));
+    std::vector<int> counts(static_cast<std::size_t>(size_), mine), displs(static_cast<std::size_t>(size_));
+    for (int k = 0; k < size_; ++k) displs[k] = k * mine;
+    const MPI_Datatype w = detail::mpi_type(t);
+    const auto expects = [&](int) { return int64_t{n}; };
+    check_collective(MPI_Alltoallv(send, p.counts.data(), p.displs.data(), w, terms.data(), counts.data(),
+                                   displs.data(), w, comm_),
+                     "all_reduce (16-bit, MPI_Alltoallv)", Collective::AllReduce, expects);
+    detail::reduce_received(t, op, terms.data(), mine, size_, recv, StridedBlock::contiguous(p.displs[rank_], mine));
+    check_collective(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, p.counts.data(), p.displs.data(), w,
+                                    comm_),
+                     "all_reduce (16-bit, MPI_Allgatherv)", Collective::AllReduce, expects);
+  }
+
   int alltoallw(const void* send, std::span<const StridedBlock> sb, void* recv, std::span<const StridedBlock> rb,
                 DType t, const char* op) {
     const int elem = static_cast<int>(size_of(t));

@@ -14,6 +14,16 @@
 // MPI_Op on the 16-bit bits halves the bytes but rounds at every step of MPI's
 // reduction tree, which is not this rule (bench/README.md, "16-bit all-reduce").
 //
+// So large reductions exchange 16-bit words instead (kExchange16BitMinBytes and up;
+// every reduce_scatter): the n elements are cut into one piece per rank (the chunk
+// rule), an all-to-all brings rank k piece k of every rank's input, rank k adds its
+// pieces' terms in float in rank order, divides an Avg, rounds once (the in-process
+// runtime's reduce_sources, so both runtimes give the same bits), and an all-gather
+// hands every rank every piece (an all_reduce; a reduce_scatter stops at its piece).
+// The bytes of a 16-bit ring all-reduce, half the staged floats', and the rule kept.
+// Below the threshold one MPI_Allreduce of the staged floats costs less than two
+// collectives' latencies.
+//
 // The float buffers come from a FloatStagingPool that keeps them between collectives:
 // a fresh one per call pays its page faults every time (a zeroed 32 MiB vector<float>
 // took 20 ms on the 2-core VM, the time of the whole float all-reduce of it).
@@ -32,7 +42,43 @@
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/util/error.hpp"
 
+namespace dtensor {
+
+// 16-bit reductions of at least this many bytes exchange 16-bit words (see above).
+inline constexpr std::size_t kExchange16BitMinBytes = std::size_t{32} << 10;
+
+}  // namespace dtensor
+
 namespace dtensor::detail {
+
+// Whether the MPI runtime reduces `count` elements of `t` over `ranks` by exchange.
+inline bool exchanges_16bit(DType t, int64_t count, int ranks) {
+  return is_float16(t) && ranks > 1 && static_cast<std::size_t>(count) * 2 >= kExchange16BitMinBytes;
+}
+
+// A reduction by exchange's pieces: n elements over `ranks` by the chunk rule (pieces of
+// ceil(n / ranks), the last ones short or empty), as MPI's counts and displacements.
+struct ExchangePieces {
+  std::vector<int> counts, displs;
+  ExchangePieces(int n, int ranks) : counts(static_cast<std::size_t>(ranks)), displs(static_cast<std::size_t>(ranks)) {
+    const int64_t c = (int64_t{n} + ranks - 1) / ranks;
+    for (int k = 0; k < ranks; ++k) {
+      displs[k] = static_cast<int>(std::min<int64_t>(int64_t{k} * c, n));
+      counts[k] = static_cast<int>(std::clamp<int64_t>(n - int64_t{k} * c, 0, c));
+    }
+  }
+};
+
+// What rank k of `ranks` received in an exchange, `terms`: piece `len` elements long
+// from every rank, rank-major; reduced by the rule (float, rank order, rounded once)
+// into block `db` of `dst`.
+inline void reduce_received(DType t, ReduceOp op, const void* terms, int len, int ranks, void* dst,
+                            const StridedBlock& db) {
+  const auto piece = [&](int k) {
+    return std::pair<const void*, StridedBlock>{terms, StridedBlock::contiguous(int64_t{k} * len, len)};
+  };
+  reduce_sources(t, op, ranks, piece, dst, db);
+}
 
 // Calls f(T{}) with T = bfloat16 or float16, the C++ type of `t`.
 template <class F>
@@ -110,6 +156,9 @@ class FloatStagingPool : public std::enable_shared_from_this<FloatStagingPool> {
     std::unique_ptr<float[]> data_;
     std::size_t capacity_ = 0, size_ = 0;
   };
+
+  // A buffer of `words` 16-bit elements (in a float buffer of half as many).
+  Lease take_words(std::size_t words) { return take((words + 1) / 2); }
 
   // A buffer of n floats: the smallest kept one that holds them, else a new one.
   Lease take(std::size_t n) {
