@@ -32,12 +32,27 @@ namespace {
 
 using namespace dtensor::test::pipeline_stages;  // kIn, kOut, Stage<Cfg, I, S>, make_stage
 
-template <class Cfg, int S, class Seq = std::make_integer_sequence<int, S>>
+// How each stage is built: as it is, or as a model of one block, the stage's layers
+// inside nn::Recompute (full or selective).
+enum class Wrap { None, Full, Selective };
+template <class Cfg, int I, int S, Wrap W>
+using Recomputed = nn::Recompute<Stage<Cfg, I, S>, W == Wrap::Full ? nn::RecomputePolicy::Full
+                                                                   : nn::RecomputePolicy::Selective>;
+template <class Cfg, int I, int S, Wrap W>
+using WrappedStage =
+    std::conditional_t<W == Wrap::None, Stage<Cfg, I, S>, nn::Sequential<Recomputed<Cfg, I, S, W>>>;
+template <class Cfg, int I, int S, Wrap W, class Mesh>
+WrappedStage<Cfg, I, S, W> make_wrapped_stage(const Mesh& mesh) {
+  if constexpr (W == Wrap::None) return make_stage<Cfg, I, S>(mesh);
+  else return WrappedStage<Cfg, I, S, W>(Recomputed<Cfg, I, S, W>(make_stage<Cfg, I, S>(mesh)));
+}
+
+template <class Cfg, int S, Wrap W = Wrap::None, class Seq = std::make_integer_sequence<int, S>>
 struct Stages;
-template <class Cfg, int S, int... I>
-struct Stages<Cfg, S, std::integer_sequence<int, I...>> {
+template <class Cfg, int S, Wrap W, int... I>
+struct Stages<Cfg, S, W, std::integer_sequence<int, I...>> {
   template <class PC>
-  using pipeline = nn::Pipeline<PC, Stage<Cfg, I, S>...>;
+  using pipeline = nn::Pipeline<PC, WrappedStage<Cfg, I, S, W>...>;
   using reference = nn::Sequential<Stage<Cfg, I, S>...>;
   template <class Mesh>
   static reference make_reference(const Mesh& mesh) {
@@ -116,9 +131,9 @@ void check_close(const std::vector<std::vector<double>>& a, const std::vector<st
 }
 
 // The pipeline on `shape` (the pipeline dim PC::pp among them), checked against the reference.
-template <class Cfg, int S, class PC>
+template <class Cfg, int S, class PC, Wrap W = Wrap::None>
 void check_pipeline(std::array<int, PC::mesh_dims> shape, int64_t batch) {
-  using Model = typename Stages<Cfg, S>::template pipeline<PC>;
+  using Model = typename Stages<Cfg, S, W>::template pipeline<PC>;
   CAPTURE(Model::explain());
   const Trace want = reference<Cfg, S>(batch);
   int n = 1;
@@ -126,7 +141,7 @@ void check_pipeline(std::array<int, PC::mesh_dims> shape, int64_t batch) {
   spmd(n, [&](Comm& comm) {
     DeviceMesh<PC::mesh_dims> mesh(comm, shape);
     Model model(mesh, [](auto stage, const auto& stage_mesh) {
-      return make_stage<Cfg, decltype(stage)::value, S>(stage_mesh);
+      return make_wrapped_stage<Cfg, decltype(stage)::value, S, W>(stage_mesh);
     });
     nn::MSELoss<Cfg> mse;
     nn::AdamW adam({.lr = 1e-2, .weight_decay = 0.01});
@@ -580,15 +595,16 @@ TEST_CASE("pipeline: the values a rank holds between computes, worked by hand fo
 
 // The plan of a pipeline step per rank bounds what the step allocates (measured per
 // process: under MPI only, in-process ranks share one allocator count).
-template <class Cfg, int S, class PC>
+template <class Cfg, int S, class PC, Wrap W = Wrap::None>
 void check_pipeline_memory(std::array<int, PC::mesh_dims> shape, int64_t batch) {
-  using Model = typename Stages<Cfg, S>::template pipeline<PC>;
+  using Model = typename Stages<Cfg, S, W>::template pipeline<PC>;
   int n = 1;
   for (int e : shape) n *= e;
   const auto plan = Model::template memory_plan<nn::MSELoss<Cfg>, nn::AdamW>({batch, kIn}, shape);
   spmd(n, [&](Comm& comm) {
     DeviceMesh<PC::mesh_dims> mesh(comm, shape);
-    Model model(mesh, [](auto stage, const auto& m) { return make_stage<Cfg, decltype(stage)::value, S>(m); });
+    Model model(mesh,
+                [](auto stage, const auto& m) { return make_wrapped_stage<Cfg, decltype(stage)::value, S, W>(m); });
     nn::MSELoss<Cfg> mse;
     nn::AdamW adam({.lr = 1e-2});
     int64_t measured = 0;
@@ -654,6 +670,44 @@ TEST_CASE("pipeline: the memory plan per rank bounds the allocator's peak over a
   check_pipeline_memory<Plain, 2, OnLine<pipeline::ZeroBubbleH1, 4>>({2}, 64);
   check_pipeline_memory<Plain, 4, OnLine<pipeline::ZeroBubbleH1, 6>>({4}, 61);
   check_pipeline_memory<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::ZeroBubbleH1, 4>>({2, 2, 2}, 67);
+}
+
+// Stages inside nn::Recompute, full and selective: a stage keeps only its input per
+// micro-batch (selective: the products' outputs too) and replays its forward in its
+// backward. The step equals one rank's plain layers as every pipeline here does, its
+// collectives counted with the replayed forward's (step_collectives reads the stages'
+// plans), and the memory plan's bound falls by what the stages no longer keep.
+TEST_CASE("pipeline: stages inside nn::Recompute, full and selective, train as one rank's plain layers") {
+  check_pipeline<Plain, 2, OnLine<pipeline::OneFOneB, 3>, Wrap::Full>({2}, 7);
+  check_pipeline<Plain, 3, OnLine<pipeline::GPipe, 4>, Wrap::Selective>({3}, 9);
+  check_pipeline<Plain, 4, OnLine<pipeline::Interleaved1F1B<2>, 2>, Wrap::Full>({2}, 7);
+  check_pipeline<Plain, 2, OnLine<pipeline::ZeroBubbleH1, 4>, Wrap::Full>({2}, 9);
+  // PP x DP x TP: the replayed forward's collectives (the row-parallel all-reduce) too.
+  check_pipeline<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::OneFOneB, 4>, Wrap::Full>({2, 2, 2}, 67);
+  check_pipeline<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::GPipe, 2>, Wrap::Selective>({2, 2, 2}, 67);
+
+  using GPipe = Stages<Plain, 2>::pipeline<OnLine<pipeline::GPipe, 4>>;
+  using GPipeFull = Stages<Plain, 2, Wrap::Full>::pipeline<OnLine<pipeline::GPipe, 4>>;
+  using GPipeSelective = Stages<Plain, 2, Wrap::Selective>::pipeline<OnLine<pipeline::GPipe, 4>>;
+  constexpr auto plain = GPipe::memory_plan<nn::MSELoss<Plain>, nn::AdamW>({64, kIn}, {2});
+  constexpr auto full = GPipeFull::memory_plan<nn::MSELoss<Plain>, nn::AdamW>({64, kIn}, {2});
+  constexpr auto selective = GPipeSelective::memory_plan<nn::MSELoss<Plain>, nn::AdamW>({64, kIn}, {2});
+  // Per micro-batch of 16 rows, full recompute keeps the stage's input: kIn doubles a row
+  // on the first stage, kWidth on the second (and there the output the loss reads).
+  static_assert(full.saved[0] == 16 * kIn * 8 && full.saved[1] == 16 * (kWidth + kOut) * 8);
+  static_assert(full.saved[0] < plain.saved[0] && full.peak_bytes() < plain.peak_bytes());
+  // Selective keeps the input and the products' outputs (kHidden and kWidth a row), where
+  // the plain stage keeps the layers' inputs (kIn, kHidden, kHidden): more here, where
+  // the second product widens; the plan says so rather than assume a saving.
+  static_assert(selective.saved[0] == 16 * (kIn + kHidden + kWidth) * 8 && selective.saved[0] > plain.saved[0]);
+  if (!under_mpi()) {
+    MESSAGE("the measured peaks are skipped in-process (its ranks share one allocator count): the mpirun entries "
+            "run them");
+    return;
+  }
+  check_pipeline_memory<Plain, 2, OnLine<pipeline::GPipe, 4>, Wrap::Full>({2}, 64);
+  check_pipeline_memory<Plain, 2, OnLine<pipeline::OneFOneB, 4>, Wrap::Selective>({2}, 63);
+  check_pipeline_memory<DpTp, 2, nn::PipelineConfig<3, 0, pipeline::OneFOneB, 4>, Wrap::Full>({2, 2, 2}, 67);
 }
 
 TEST_CASE("pipeline: a batch too small for its micro-batches, other targets or another mesh are refused on every rank") {

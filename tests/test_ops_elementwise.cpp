@@ -243,7 +243,8 @@ TEST_CASE("operands split into different blocks are a clear error") {
 using Z = std::complex<double>;
 using DZP = DTensor<Z, 2, Partial<Sum>>;
 static_assert(std::is_same_v<P1<decltype(real(std::declval<DZP>()))>, Placements<Partial<Sum>>>);
-static_assert(std::is_same_v<P1<decltype(imag(std::declval<DTensor<Z, 2, Partial<Avg>>>()))>, Placements<Partial<Avg>>>);
+static_assert(std::is_same_v<P1<decltype(imag(std::declval<DTensor<Z, 2, Partial<Avg>>>()))>,
+                             Placements<Partial<Avg>>>);
 static_assert(std::is_same_v<P1<decltype(conj(std::declval<DZP>()))>, Placements<Partial<Sum>>>);
 static_assert(std::is_same_v<P1<decltype(abs(std::declval<DZP>()))>, Placements<Replicate>>);
 static_assert(std::is_same_v<P1<decltype(angle(std::declval<DTensor<Z, 2, Shard<1>>>()))>, Placements<Shard<1>>>);
