@@ -16,6 +16,7 @@ using namespace dtensor;
 
 inline constexpr int64_t kBatch = 8, kChannels = 3, kH = 30, kW = 34, kClasses = 4;
 inline constexpr int kSteps = 30;
+inline int steps = kSteps;  // examples::kBf16Steps with -bf16 (main sets it before any run)
 inline constexpr auto k3 = nn::ConvSpec<2>::square_same(3);
 
 template <class Img>

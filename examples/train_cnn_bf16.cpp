@@ -42,7 +42,7 @@ std::vector<float> train_bf16(const DeviceMesh<2>& mesh, int* off_plan) {
   typename Net::Loss loss;  // the float loss of the widened logits
   nn::SGD sgd({.lr = 0.1, .momentum = 0.9});
   std::vector<float> losses;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const auto [x, t] = batch<Net>(step, mesh);  // the float32 run's pixels, rounded once
     CommCounter counted;
     model.zero_grad();

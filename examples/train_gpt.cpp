@@ -37,7 +37,8 @@
 // With -bf16, mixed precision instead (FSDP2's MixedPrecisionPolicy, torchtitan's
 // default): FSDP x TP with every layer fully sharded under nn::Precision<float,
 // bfloat16>: float shards, AdamW state and gradient reduce-scatters, the forward and
-// backward in bfloat16 (the attention core, norms' statistics and the loss in float).
+// backward in bfloat16 (the attention core, norms' statistics and the loss in float);
+// 50 steps (examples::kBf16Steps), the float run it is compared with too.
 //
 // The example is four translation units, at most two model configurations in each (every
 // configuration compiles its layers anew): train_gpt.hpp holds the model and the run
@@ -93,6 +94,7 @@ int main(int argc, char** argv) {
     bf16 = bf16 || std::string(argv[i]) == "-bf16";
     recompute = recompute || std::string(argv[i]) == "-recompute";
   }
+  if (bf16) steps = examples::kBf16Steps;
   auto program = [&](Comm& comm) {
     if (bf16 || recompute) {
       if (!(bf16 ? mixed_precision(comm) : recomputed(comm))) failed = 1;

@@ -28,6 +28,7 @@ inline constexpr nn::AttentionShape kPlain{.hidden = kHidden, .heads = 4};
 inline constexpr nn::AttentionShape kBalanced{
     .hidden = kHidden, .heads = 4, .context = nn::ContextParallel::RingBalanced};
 inline constexpr int kSteps = 30;
+inline int steps = kSteps;  // examples::kBf16Steps with -bf16 (main sets it before any run)
 
 using DpTp = nn::Config<float, 3, nn::Axes<2, /*dp*/ 0, /*tp*/ 1>>;
 using TpCp = nn::Config<float, 3, nn::Axes<2, nn::kNone, /*tp*/ 0, /*cp*/ 1>>;
@@ -70,7 +71,7 @@ std::vector<float> train(const DeviceMesh<2>& mesh, int* off_plan) {
   typename G::Loss loss;
   nn::AdamW adam({.lr = 3e-3, .weight_decay = 0});
   std::vector<float> losses;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     // ids [batch, len]; targets the next token, the last position ignored
     const auto ids = examples::token_ids<typename G::Model::InputT>(step, kBatch, kLen, kVocab, mesh);
     const auto targets = examples::next_tokens<typename G::Targets>(step, kBatch, kLen, kVocab, mesh);

@@ -39,7 +39,8 @@
 // default reduce type). The loss is float32 (MSELoss of bfloat16 outputs). On each 2x2
 // mesh its loss curve must follow the one-rank bfloat16 run's within PyTorch's bfloat16
 // tolerance (1.6e-2) and the float32 run's within twice that, as a relative RMS
-// difference over the 20 steps, every step's collectives as planned. Exits 1 otherwise.
+// difference over 50 steps (examples::kBf16Steps, the float32 runs too; measured
+// 0.06-0.08% and 0.20-0.21%), every step's collectives as planned. Exits 1 otherwise.
 #include "train_unet.hpp"
 
 #include <atomic>
@@ -91,7 +92,7 @@ bool compare(Comm& comm, const char* what, std::vector<float>* losses = nullptr)
     realigned = 0;
     return train<Img>(mesh, off, &realigned);
   });
-  const bool learned = r.got[kSteps - 1] < 0.5 * r.got[0];
+  const bool learned = r.got[steps - 1] < 0.5 * r.got[0];
   const bool ok = r.worst <= 1e-5 && r.off_plan == 0 && learned;
   if (comm.rank() == 0) {
     std::printf("== %s on %s\nplan of one training step (batch %lld):\n%s", what, r.mesh.c_str(),
@@ -100,7 +101,8 @@ bool compare(Comm& comm, const char* what, std::vector<float>* losses = nullptr)
     examples::print_losses(r.got, r.ref, "loss 2x2");
     std::printf("largest relative difference %.3g (limit 1e-5); collectives off the plan in %d steps; rank 0 "
                 "realigned blocks %d times in %d steps; loss %s: %s\n\n",
-                r.worst, r.off_plan, realigned, kSteps, learned ? "halved or better" : "NOT halved", ok ? "OK" : "FAILED");
+                r.worst, r.off_plan, realigned, steps, learned ? "halved or better" : "NOT halved",
+                ok ? "OK" : "FAILED");
   }
   if (losses) *losses = r.got;
   return ok;
@@ -112,6 +114,7 @@ int main(int argc, char** argv) {
   std::atomic<int> failed = 0;  // written by every rank's thread in-process
   bool bf16 = false;
   for (int i = 1; i < argc; ++i) bf16 = bf16 || std::strcmp(argv[i], "-bf16") == 0;
+  if (bf16) steps = examples::kBf16Steps;
   auto program = [&](Comm& comm) {
     const auto check = [&]<class Img>(std::type_identity<Img>, const char* what, std::vector<float>* losses = nullptr) {
       return compare<Img>(comm, what, losses);

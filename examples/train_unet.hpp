@@ -19,6 +19,7 @@ using namespace dtensor;
 
 inline constexpr int64_t kBatch = 6, kH = 28, kW = 36;
 inline constexpr int kSteps = 20;
+inline int steps = kSteps;  // examples::kBf16Steps with -bf16 (main sets it before any run)
 using Spatial = nn::ImageConfig<float, 2, nn::DomainAxes<2, nn::kNone, 0, 1>>;
 using Hybrid = nn::ImageConfig<float, 2, nn::DomainAxes<2, 0, 1, nn::kNone>>;
 
@@ -64,7 +65,7 @@ constexpr bool same_collectives(const A& a, const B& b) {
          a.template bytes<bfloat16>(nn::Phase::GradReduce, 1, {2, 2}) ==
              b.template bytes<float>(nn::Phase::GradReduce, 1, {2, 2});
 }
-// kSteps SGD steps of `model` (a U-Net, or one around it) on the batches above: the
+// `steps` SGD steps of `model` (a U-Net, or one around it) on the batches above: the
 // losses. off_plan counts the steps whose collectives differ from `plan` (its gradient
 // buckets of reduce_bytes-sized elements) or that realign more blocks than it says;
 // realigned, where given, adds up the realignments run.
@@ -75,7 +76,7 @@ std::vector<float> train_steps(Model& model, const Plan& plan, std::size_t reduc
   nn::SGD sgd({.lr = 0.03, .momentum = 0.9});
   std::vector<float> losses;
   const int planned = plan.count_realignments(nn::Phase::Forward) + plan.count_realignments(nn::Phase::Backward);
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < steps; ++step) {
     const auto [x, t] = batch<typename Model::InputT>(step, mesh);
     CommCounter counted;
     model.zero_grad();

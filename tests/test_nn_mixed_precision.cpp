@@ -333,6 +333,16 @@ TEST_CASE("MixedPrecision: a step on 2x2 and 3x1 meshes against one rank, both r
 TEST_CASE_TEMPLATE("MixedPrecision in float16 with GradScaler: an overflow on one rank skips the step on every rank",
                    Policy, nn::Precision<float, float16>, nn::Precision<float, float16, float16>) {
   using Mixed16 = nn::MixedPrecision<MLP<float16>, Policy>;
+  // The scaler's check is in the plan when the step says so: one all-reduce of a double
+  // over the whole mesh, after the gradient reductions; explain names it.
+  static constexpr auto plan = Mixed16::template training_plan<nn::MSELoss<Cfg<float16>>>(kIn);
+  static constexpr auto scaled = plan.with_grad_scaler();
+  static_assert(scaled.count(nn::Phase::Step, StepKind::AllReduce, -1) == 1 && plan.count(nn::Phase::Step) == 0);
+  static_assert(scaled.template bytes<float16>(nn::Phase::Step, kRows, {2, 2}) == 8);
+  static_assert(scaled.with_clip_grad_norm().count(nn::Phase::Step) == 2);
+  const std::string text = nn::to_string(scaled, kRows, {2, 2}, sizeof(float16));
+  CHECK(text.ends_with("optimizer step: nn::GradScaler (is any rank's gradient not finite?): all_reduce over the "
+                       "whole mesh, 8 bytes per rank\n"));
   for (const auto shape : {std::array<int, 2>{2, 2}, std::array<int, 2>{3, 1}}) {
     spmd(shape[0] * shape[1], [&](Comm& comm) {
       DeviceMesh<2> mesh(comm, shape);
@@ -341,15 +351,24 @@ TEST_CASE_TEMPLATE("MixedPrecision in float16 with GradScaler: an overflow on on
       nn::GradScaler scaler({.init_scale = 4.0});
       nn::SGD sgd({.lr = 0.1});
       auto step = [&](double blow_up) {
+        CommCounter counted;
         model.zero_grad();
         const auto y = model.forward(inputs<MLP<float16>::InputT>(mesh, 0, kIn));
+        // The loss's forward, for its all-reduce (the plan's); its gradient is set by hand.
+        nn::MSELoss<Cfg<float16>> mse;
+        (void)mse.forward(y, normal_rows<MLP<float16>::OutputT>({kRows, kOut}, mesh, 41, y.layout().blocks));
         auto dy = normal_rows<MLP<float16>::OutputT>({kRows, kOut}, mesh, 40, y.layout().blocks);
         if (comm.rank() == comm.size() - 1)  // this rank's terms overflow float16
           for (int64_t i = 0; i < dy.local().numel(); ++i)
             dy.local().data()[i] = float16(float(dy.local().data()[i]) * static_cast<float>(blow_up));
         model.backward(scaler.scale(std::move(dy)));
+        scaler.unscale(model);
+        nn::clip_grad_norm(model, 1e30);  // clips nothing: here for its all-reduce
         const bool stepped = scaler.step(sgd, model);
         scaler.update();
+        // The model's collectives, the scaler's check and the norm's sum, as planned.
+        CHECK(counted.count() == scaled.with_clip_grad_norm().step_collectives(
+                                     model.bucket_bytes(), Mixed16::reduce_bytes, mesh.shape(), mesh.coords()));
         return stepped;
       };
       const auto before = gathered_parameters(model);

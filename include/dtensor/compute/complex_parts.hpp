@@ -89,7 +89,7 @@ void complex_part_backward(ComplexPart part, const Tensor<std::complex<R>, Rank>
     case ComplexPart::Abs:
       for (int64_t i = 0; i < n; ++i) {
         const R a = std::abs(zp[i]);
-        o[i] = a == R(0) ? C(0) : zp[i] * (g[i] / a);
+        o[i] = a == R(0) ? C(0) : zp[i] / a * g[i];  // z / |z| first: g / |z| overflows for a tiny z
       }
       break;
     case ComplexPart::Angle:

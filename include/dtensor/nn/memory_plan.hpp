@@ -1197,7 +1197,8 @@ constexpr void memory_parameter(MemoryPlan<M, C>& p, const D& d, int states) {
   }
 }
 template <class U = void, std::size_t M, int C, class List, std::size_t... I>
-constexpr void memory_parameters(MemoryPlan<M, C>& p, const List& list, int states, std::index_sequence<I...>) {
+constexpr void memory_parameters(MemoryPlan<M, C>& p, const List& list, [[maybe_unused]] int states,
+                                  std::index_sequence<I...>) {
   (memory_parameter<U>(p, std::get<I>(list), states), ...);
 }
 }  // namespace detail

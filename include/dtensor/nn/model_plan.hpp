@@ -1,6 +1,7 @@
 #pragma once
 // The communication plan of a model: every collective of one training step (forward,
-// backward, gradient reduction), which layer issues it, on which mesh dim, and how
+// backward, gradient reduction; and, where asked, the optimizer step's: a loss
+// scaler's check for infinities, clip_grad_norm's norm), which layer issues it, on which mesh dim, and how
 // many bytes each rank's buffer holds, as a function of the number of tokens (the
 // product of the activations' leading dims: batch, or batch x sequence) and of the
 // mesh's sizes. A ModelPlan is a constant expression: a model's plan is checked
@@ -23,10 +24,12 @@
 
 namespace dtensor::nn {
 
-enum class Phase : std::uint8_t { Forward, Backward, GradReduce };
+// Step: between the gradient reductions and the optimizer's update (ModelPlan::
+// with_grad_scaler, with_clip_grad_norm).
+enum class Phase : std::uint8_t { Forward, Backward, GradReduce, Step };
 
 constexpr const char* name(Phase p) {
-  constexpr const char* names[] = {"forward", "backward", "gradient reduction"};
+  constexpr const char* names[] = {"forward", "backward", "gradient reduction", "optimizer step"};
   return names[static_cast<int>(p)];
 }
 
@@ -80,6 +83,10 @@ struct PlannedCollective {
   bool gradient_sync = false;
   // A forward's collective run again in the backward (nn::Recompute).
   bool recomputed = false;
+  // Phase::Step: what issues it (explain's name for it), and its bytes per rank, the
+  // same whatever the model's element type (one double).
+  const char* what = nullptr;
+  int64_t step_bytes = 0;
 
   // Elements of the parameter block the rank at `coords` holds (GradReduce entries):
   // exact, by the chunk rule (a chunk of a chunk where two mesh dims shard one dim).
@@ -259,8 +266,38 @@ struct ModelPlan {
   constexpr int64_t bytes(Phase p, int64_t tokens, const std::array<int, M>& mesh_shape) const {
     int64_t b = 0;
     for (int i = 0; i < size; ++i)
-      if (entries[i].phase == p) b += entries[i].local_elements(tokens, mesh_shape) * static_cast<int64_t>(sizeof(T));
+      if (entries[i].phase == p)
+        b += entries[i].phase == Phase::Step
+                 ? entries[i].step_bytes
+                 : entries[i].local_elements(tokens, mesh_shape) * static_cast<int64_t>(sizeof(T));
     return b;
+  }
+
+  // The plan with the optimizer step's all-reduce of nn::GradScaler (whether any rank's
+  // gradient is not finite: unscale, or step without it) or of nn::clip_grad_norm (the
+  // sum of the squared norms' terms): one double over every rank of the model, as
+  // CommCounter records it (an all-reduce over the whole mesh). The model alone does
+  // not know whether its step scales or clips, so the step says it:
+  //   static constexpr auto plan = Model::training_plan<Loss>(F).with_grad_scaler().with_clip_grad_norm();
+  //   CHECK(counted.count() == plan.step_collectives(...));  // a step that calls both
+  constexpr ModelPlan with_grad_scaler() const {
+    return with_step_all_reduce("nn::GradScaler (is any rank's gradient not finite?)");
+  }
+  constexpr ModelPlan with_clip_grad_norm() const {
+    return with_step_all_reduce("nn::clip_grad_norm (the squared norm's terms summed)");
+  }
+  constexpr ModelPlan with_step_all_reduce(const char* what) const {
+    ModelPlan p = *this;
+    PlannedCollective<M> c;
+    c.phase = Phase::Step;
+    c.kind = StepKind::AllReduce;
+    c.mesh_dim = -1;
+    c.per_token = false;
+    c.elements = 1;
+    c.what = what;
+    c.step_bytes = static_cast<int64_t>(sizeof(double));
+    p.add(c);
+    return p;
   }
 
   // The buckets the gradient reductions over `mesh_dim` form on the rank at `coords`
@@ -280,10 +317,10 @@ struct ModelPlan {
     return rule.buckets();
   }
   // The collectives of one training step as CommCounter sees them: forward,
-  // backward, and the gradient reductions bucketed.
+  // backward, the gradient reductions bucketed, and the optimizer step's (if listed).
   constexpr int step_collectives(std::size_t bucket_bytes, std::size_t elem_bytes,
                                  const std::array<int, M>& mesh_shape, const std::array<int, M>& coords) const {
-    int n = count(Phase::Forward) + count(Phase::Backward);
+    int n = count(Phase::Forward) + count(Phase::Backward) + count(Phase::Step);
     for (int m = 0; m < static_cast<int>(M); ++m) n += buckets(m, bucket_bytes, elem_bytes, mesh_shape, coords);
     return n;
   }
@@ -330,6 +367,7 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
   auto rank_of = [&](int i) {
     const auto& e = plan.entries[i];
     const int64_t layer = e.layer < 0 ? 1 << 20 : e.layer;  // the loss after the last layer
+    if (e.phase == Phase::Step) return int64_t{1} << 30;        // after every gradient reduction
     if (e.phase == Phase::Forward) return layer * 4;
     // a recomputed forward's before the layer's backward
     return (int64_t{1} << 24) - layer * 4 + (e.phase == Phase::GradReduce ? 1 : e.recomputed ? -1 : 0);
@@ -338,6 +376,11 @@ std::string to_string(const ModelPlan<M, C>& plan, int64_t tokens, const std::ar
   std::string s;
   for (int k = 0; k < plan.size; ++k) {
     const auto& e = plan.entries[order[k]];
+    if (e.phase == Phase::Step) {
+      s += std::string(name(e.phase)) + ": " + e.what + ": " + name(e.kind) + " over the whole mesh, " +
+           std::to_string(e.step_bytes) + " bytes per rank\n";
+      continue;
+    }
     std::string who = e.layer < 0 ? std::string("loss") : "layer " + std::to_string(e.layer);
     if (e.layer >= 0 && e.layer < 64 && !layer_names[e.layer].empty()) who += " (" + layer_names[e.layer] + ")";
     s += std::string(name(e.phase)) + (e.recomputed ? " (recomputed forward)" : "") + ": " + who + ": " + name(e.kind) +

@@ -7,7 +7,7 @@
 //   abs(z), angle(z)      magnitude and phase; a Partial is reduced first (they need the value)
 //   make_complex(re, im)  re + i im (torch.complex); the operands placed as for re + im
 // Shard and Replicate are kept: every one of them is local to each element.
-//   auto power = mul(abs(X), abs(X));     // |X|^2 of a spectrum, on X's placements
+//   auto power = mul(abs(X), abs(X));     // |X|^2 of a spectrum (X's placements, a Partial reduced)
 //   auto dX = abs_backward(X, dpower_dabs);
 #include <complex>
 #include <type_traits>

@@ -11,22 +11,17 @@
 // ring runs as fast as the blocking one (bench/README.md): prefer_ring_iallreduce()
 // selects the ring before MPI_Init (run_mpi calls it), unless the user chose.
 //
-// bfloat16 and float16 follow the blocking all_reduce's rule and arithmetic
-// (mpi_float_staging.hpp), in buffers the MpiAllReduce holds (lent by the
-// communicator's FloatStagingPool until it goes), and the caller's buffers are written
-// only when it completes (wait or test). A large one exchanges 16-bit words in two
-// non-blocking steps: MPI_Ialltoallv of the pieces; once it completes (a test or wait
-// finds it), this rank's piece added in float and rounded, and MPI_Iallgatherv of the
-// pieces posted; once that completes, the result copied out. A small one is widened
-// when posted into a float buffer, MPI_Iallreduce'd, rounded once on completion. A
-// segmented one is packed from its segments (16-bit words or widened floats) and
-// unpacked straight back into them: one all-reduce, whatever the cuts.
+// bfloat16 and float16 are reduced through float (mpi_float_staging.hpp): the input is
+// widened when the all-reduce is posted, into a float buffer the MpiAllReduce holds
+// (lent by the communicator's FloatStagingPool until the MpiAllReduce goes), and the
+// result is rounded into the caller's buffer once, when it completes (wait or
+// test), with the blocking all_reduce's rule and arithmetic. A segmented one is
+// widened straight from its segments and rounded straight back into them: one
+// all-reduce, whatever the cuts, with no 16-bit packing in between.
 #include <mpi.h>
 
 #include <chrono>
 #include <climits>
-#include <cstddef>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -65,13 +60,7 @@ class MpiAllReduce final : public PendingExchange {
   // type's float buffer comes from.
   MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, const void* send, void* recv,
                int count, DType t, ReduceOp op, FloatStagingPool& staging)
-      : comm_(comm), rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), recv_(recv), count_(count), t_(t),
-        op_(op) {
-    if (exchanges_16bit(t, count, size)) {
-      out_.push_back({recv, static_cast<std::size_t>(count)});
-      post_exchange(send, staging);
-      return;
-    }
+      : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), recv_(recv), count_(count), t_(t), op_(op) {
     if (is_float16(t)) {
       staged_ = staging.take(static_cast<std::size_t>(count));
       widen_to_float(t, send, StridedBlock::contiguous(0, count), staged_.data());
@@ -85,21 +74,10 @@ class MpiAllReduce final : public PendingExchange {
   // elements in all): the float staging buffer is their packing.
   MpiAllReduce(MPI_Comm comm, int rank, int size, double timeout_s, int64_t seq, std::span<const Segment> segments,
                int count, DType t, ReduceOp op, FloatStagingPool& staging)
-      : comm_(comm), rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), count_(count), t_(t), op_(op),
+      : rank_(rank), size_(size), timeout_s_(timeout_s), seq_(seq), count_(count), t_(t), op_(op),
         out_(segments.begin(), segments.end()) {
     DTENSOR_CHECK(is_float16(t), InvalidArgument, "all_reduce (non-blocking, segments): ", name(t),
                   " segments are packed by Comm; only 16-bit types are staged here");
-    if (exchanges_16bit(t, count, size)) {
-      packed_ = staging.take_words(static_cast<std::size_t>(count));
-      auto* words = reinterpret_cast<std::byte*>(packed_.data());
-      std::size_t at = 0;
-      for (const Segment& s : out_) {
-        if (s.count > 0) std::memcpy(words + at * 2, s.data, s.count * 2);
-        at += s.count;
-      }
-      post_exchange(packed_.data(), staging);
-      return;
-    }
     staged_ = staging.take(static_cast<std::size_t>(count));
     std::size_t at = 0;
     for (const Segment& s : out_) {
@@ -139,45 +117,6 @@ class MpiAllReduce final : public PendingExchange {
     check_mpi(MPI_Iallreduce(send, recv, count_, type, mpi_op(op_), comm, &req_), "MPI_Iallreduce");
   }
 
-  // A 16-bit all-reduce by exchange, step one: this rank's piece of every rank's input
-  // (`send`, count_ words) into terms_. MPI reads the count and displacement arrays
-  // until the step completes: they are members.
-  void post_exchange(const void* send, FloatStagingPool& staging) {
-    pieces_.emplace(count_, size_);
-    const int mine = pieces_->counts[rank_];
-    terms_ = staging.take_words(static_cast<std::size_t>(size_) * static_cast<std::size_t>(mine));
-    gathered_ = staging.take_words(static_cast<std::size_t>(count_));
-    term_counts_.assign(static_cast<std::size_t>(size_), mine);
-    term_displs_.resize(static_cast<std::size_t>(size_));
-    for (int k = 0; k < size_; ++k) term_displs_[k] = k * mine;
-    const MPI_Datatype w = mpi_type(t_);
-    check_mpi(MPI_Ialltoallv(send, pieces_->counts.data(), pieces_->displs.data(), w, terms_.data(),
-                             term_counts_.data(), term_displs_.data(), w, comm_, &req_),
-              "MPI_Ialltoallv (16-bit all_reduce)");
-    phase_ = Phase::Exchange;
-  }
-  // Step two, once step one has completed: this rank's piece reduced (`reduce`: false
-  // when abandoned, whose result nobody reads), then the all-gather of the pieces.
-  void post_gather(bool reduce) {
-    const int mine = pieces_->counts[rank_];
-    if (reduce)
-      reduce_received(t_, op_, terms_.data(), mine, size_, gathered_.data(),
-                      StridedBlock::contiguous(pieces_->displs[rank_], mine));
-    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, gathered_.data(), pieces_->counts.data(),
-                              pieces_->displs.data(), mpi_type(t_), comm_, &req_),
-              "MPI_Iallgatherv (16-bit all_reduce)");
-    phase_ = Phase::Gather;
-  }
-  // The gathered result into the caller's buffers.
-  void copy_out() {
-    const auto* words = reinterpret_cast<const std::byte*>(gathered_.data());
-    std::size_t at = 0;
-    for (const Segment& s : out_) {
-      if (s.count > 0) std::memmove(s.data, words + at * 2, s.count * 2);
-      at += s.count;
-    }
-  }
-
   // The reduced floats, finished (an Avg divided) and rounded once into the caller's
   // buffers. Only on completion: an abandoned all-reduce writes nothing there.
   void unstage() {
@@ -198,12 +137,7 @@ class MpiAllReduce final : public PendingExchange {
       check_mpi(MPI_Test(&req_, &done, MPI_STATUS_IGNORE), "MPI_Test (all_reduce)");
       if (!done) return false;
       req_ = MPI_REQUEST_NULL;
-      if (phase_ == Phase::Exchange) {
-        post_gather(/*reduce=*/true);
-        return false;
-      }
-      if (phase_ == Phase::Gather) copy_out();
-      else if (is_float16(t_)) unstage();
+      if (is_float16(t_)) unstage();
       else if (op_ == ReduceOp::Avg) divide_block(t_, recv_, StridedBlock::contiguous(0, count_), size_);
     } catch (...) {
       // MPI's error ended the collective (Open MPI keeps the request: drop it).
@@ -234,18 +168,7 @@ class MpiAllReduce final : public PendingExchange {
                           std::chrono::duration<double>(failed_ ? 0.0 : timeout_s_);
     for (int spins = 0;; ++spins) {
       int done = 0;
-      if (MPI_Test(&req_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
-      if (done) {
-        req_ = MPI_REQUEST_NULL;
-        if (phase_ != Phase::Exchange) return;
-        // The peers go on to the all-gather: take part, or they would wait for this rank.
-        try {
-          post_gather(/*reduce=*/false);
-        } catch (...) {
-          return;
-        }
-        continue;
-      }
+      if (MPI_Test(&req_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || done) return;
       if (std::chrono::steady_clock::now() > deadline) break;
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
     }
@@ -269,7 +192,6 @@ class MpiAllReduce final : public PendingExchange {
     std::abort();
   }
 
-  MPI_Comm comm_;
   int rank_, size_;
   double timeout_s_;
   int64_t seq_;
@@ -282,13 +204,6 @@ class MpiAllReduce final : public PendingExchange {
   // caller's buffers that receive the rounded result.
   FloatStagingPool::Lease staged_;
   std::vector<Segment> out_;
-  // By exchange: which step is in flight, the pieces, the segments packed (segmented
-  // only), the terms received and the gathered result (16-bit words in float leases).
-  enum class Phase : std::uint8_t { One, Exchange, Gather };
-  Phase phase_ = Phase::One;
-  std::optional<ExchangePieces> pieces_;
-  std::vector<int> term_counts_, term_displs_;
-  FloatStagingPool::Lease packed_, terms_, gathered_;
   MPI_Request req_ = MPI_REQUEST_NULL;
   std::optional<std::chrono::steady_clock::time_point> polled_since_;
   std::exception_ptr failed_;

@@ -14,8 +14,9 @@
 //
 // bfloat16 and float16 move as 16-bit words, and every reduction of them (all_reduce,
 // blocking or not, and reduce_scatter) is the float sum of the terms, rounded once, as
-// in-process (mpi_float_staging.hpp): a large one exchanges 16-bit words and adds them
-// in float on the rank that owns each piece; a small all_reduce stages in float.
+// in-process (mpi_float_staging.hpp): a blocking all_reduce of 32 KiB or more and a
+// reduce_scatter exchange 16-bit words and add them in float on the rank that owns each
+// piece; a smaller all_reduce and every non-blocking one stage in float.
 //
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
 //
@@ -40,6 +41,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdio>
@@ -234,7 +236,12 @@ class MpiComm final : public Comm {
     for (int k = 0; k < size_; ++k) counts[k] = detail::mpi_count(send_blocks[k].numel(), "reduce_scatter");
     DTENSOR_CHECK(counts[rank_] == recv_block.numel(), CommError, "reduce_scatter: rank ", rank_, " receives ",
                   recv_block.numel(), " elements but its piece has ", counts[rank_]);
-    if (is_float16(t)) {
+    // MPI_Alltoallw places blocks by byte displacements (ints): the exchange takes what
+    // they reach, the same on every rank (the send blocks and counts are), staging the rest.
+    int64_t reach = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+    for (const StridedBlock& b : send_blocks)
+      if (b.numel() > 0) reach = std::max(reach, b.offset + (b.count - 1) * b.stride + b.len);
+    if (is_float16(t) && reach * 2 <= INT_MAX) {
       // By exchange (mpi_float_staging.hpp): this rank's piece from every rank as 16-bit
       // words, the send blocks read in place, then added in float and rounded once.
       const int mine = counts[rank_];
@@ -244,6 +251,21 @@ class MpiComm final : public Comm {
       check_collective(alltoallw(send, send_blocks, terms.data(), pieces, t, "reduce_scatter (16-bit, MPI_Alltoallw)"),
                        "reduce_scatter (16-bit, MPI_Alltoallw)", Collective::ReduceScatter);
       detail::reduce_received(t, op, terms.data(), mine, size_, recv, recv_block);
+      return;
+    }
+    if (is_float16(t)) {  // through float, rounded once: widened in rank order, packed by the widening
+      const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      const auto in = staging_->take(static_cast<std::size_t>(total));
+      const auto out = staging_->take(static_cast<std::size_t>(counts[rank_]));
+      int64_t at = 0;
+      for (int k = 0; k < size_; ++k) {
+        detail::widen_to_float(t, send, send_blocks[k], in.data() + at);
+        at += counts[k];
+      }
+      check_collective(MPI_Reduce_scatter(in.data(), out.data(), counts.data(), MPI_FLOAT, detail::mpi_op(op), comm_),
+                       "MPI_Reduce_scatter", Collective::ReduceScatter);
+      detail::finish_in_float(op, out.span(), size_);
+      detail::narrow_from_float(t, out.data(), recv, recv_block);
       return;
     }
     // MPI_Reduce_scatter wants the pieces packed in rank order and the output contiguous.
@@ -477,12 +499,6 @@ class MpiComm final : public Comm {
     return {std::move(c), std::move(d)};
   }
 
-  // Per-peer datatypes: strided blocks are read and written in place. (Alltoallw has
-  // one algorithm, so derived types are safe here.) This rank's own block is copied
-  // here, run by run, and not given to MPI, which would move it through its datatype
-  // engine (packed, then unpacked): on two ranks that is half the bytes (a 256^3 FFT
-  // spectrum's redistribution: 6-7% less time in two alternated runs, bench/README).
-  // Returns MPI's error code.
   // A 16-bit all_reduce by exchange (mpi_float_staging.hpp): the all-to-all of the
   // pieces, this rank's piece reduced into recv, the all-gather of the pieces in place.
   // recv is written only after the all-to-all has read send (so send == recv is fine).
@@ -503,6 +519,12 @@ class MpiComm final : public Comm {
                      "all_reduce (16-bit, MPI_Allgatherv)", Collective::AllReduce, expects);
   }
 
+  // Per-peer datatypes: strided blocks are read and written in place. (Alltoallw has
+  // one algorithm, so derived types are safe here.) This rank's own block is copied
+  // here, run by run, and not given to MPI, which would move it through its datatype
+  // engine (packed, then unpacked): on two ranks that is half the bytes (a 256^3 FFT
+  // spectrum's redistribution: 6-7% less time in two alternated runs, bench/README).
+  // Returns MPI's error code.
   int alltoallw(const void* send, std::span<const StridedBlock> sb, void* recv, std::span<const StridedBlock> rb,
                 DType t, const char* op) {
     const int elem = static_cast<int>(size_of(t));

@@ -14,15 +14,18 @@
 // MPI_Op on the 16-bit bits halves the bytes but rounds at every step of MPI's
 // reduction tree, which is not this rule (bench/README.md, "16-bit all-reduce").
 //
-// So large reductions exchange 16-bit words instead (kExchange16BitMinBytes and up;
-// every reduce_scatter): the n elements are cut into one piece per rank (the chunk
-// rule), an all-to-all brings rank k piece k of every rank's input, rank k adds its
-// pieces' terms in float in rank order, divides an Avg, rounds once (the in-process
-// runtime's reduce_sources, so both runtimes give the same bits), and an all-gather
-// hands every rank every piece (an all_reduce; a reduce_scatter stops at its piece).
-// The bytes of a 16-bit ring all-reduce, half the staged floats', and the rule kept.
-// Below the threshold one MPI_Allreduce of the staged floats costs less than two
-// collectives' latencies.
+// So the blocking reductions exchange 16-bit words instead (an all_reduce of
+// kExchange16BitMinBytes and up; every reduce_scatter): the n elements are cut into one
+// piece per rank (the chunk rule), an all-to-all brings rank k piece k of every rank's
+// input, rank k adds its pieces' terms in float in rank order, divides an Avg, rounds
+// once (the in-process runtime's reduce_sources, so both runtimes give the same bits),
+// and an all-gather hands every rank every piece (an all_reduce; a reduce_scatter stops
+// at its piece). The bytes of a 16-bit ring all-reduce, half the staged floats', and
+// the rule kept. Below the threshold one MPI_Allreduce of the staged floats costs less
+// than two collectives' latencies. The non-blocking all-reduce (start_all_reduce,
+// GradBuckets') stays staged: its all-gather could only be posted once its all-to-all
+// has completed, which each rank finds at a different point of its program, and MPI
+// needs every rank to post its collectives on a communicator in one order.
 //
 // The float buffers come from a FloatStagingPool that keeps them between collectives:
 // a fresh one per call pays its page faults every time (a zeroed 32 MiB vector<float>
@@ -44,7 +47,7 @@
 
 namespace dtensor {
 
-// 16-bit reductions of at least this many bytes exchange 16-bit words (see above).
+// Blocking 16-bit all-reduces of at least this many bytes exchange 16-bit words (see above).
 inline constexpr std::size_t kExchange16BitMinBytes = std::size_t{32} << 10;
 
 }  // namespace dtensor
@@ -157,7 +160,8 @@ class FloatStagingPool : public std::enable_shared_from_this<FloatStagingPool> {
     std::size_t capacity_ = 0, size_ = 0;
   };
 
-  // A buffer of `words` 16-bit elements (in a float buffer of half as many).
+  // A buffer of `words` 16-bit elements (in a float buffer of half as many; only MPI
+  // and the 16-bit element types read and write it, never as floats).
   Lease take_words(std::size_t words) { return take((words + 1) / 2); }
 
   // A buffer of n floats: the smallest kept one that holds them, else a new one.
