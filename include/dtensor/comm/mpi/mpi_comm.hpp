@@ -40,8 +40,8 @@
 // function is named. Off by default: it costs one small all-gather per collective.
 #include <mpi.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdio>

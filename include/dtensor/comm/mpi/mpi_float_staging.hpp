@@ -43,6 +43,7 @@
 #include "dtensor/core/dtype.hpp"
 #include "dtensor/core/float16.hpp"
 #include "dtensor/core/reduce_op.hpp"
+#include "dtensor/placement/shard_layout.hpp"  // chunk_size
 #include "dtensor/util/error.hpp"
 
 namespace dtensor {
@@ -64,10 +65,10 @@ inline bool exchanges_16bit(DType t, int64_t count, int ranks) {
 struct ExchangePieces {
   std::vector<int> counts, displs;
   ExchangePieces(int n, int ranks) : counts(static_cast<std::size_t>(ranks)), displs(static_cast<std::size_t>(ranks)) {
-    const int64_t c = (int64_t{n} + ranks - 1) / ranks;
+    int at = 0;
     for (int k = 0; k < ranks; ++k) {
-      displs[k] = static_cast<int>(std::min<int64_t>(int64_t{k} * c, n));
-      counts[k] = static_cast<int>(std::clamp<int64_t>(n - int64_t{k} * c, 0, c));
+      displs[k] = at;
+      at += counts[k] = static_cast<int>(chunk_size(n, ranks, k));
     }
   }
 };
