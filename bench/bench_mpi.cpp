@@ -11,11 +11,12 @@
 // 16-bit all-reduce (BM_all_reduce_16bit; sizes are the bytes of bfloat16 data, 4 KiB
 // to 64 MiB): dtensor's all_reduce of bfloat16 (comm/mpi/mpi_float_staging.hpp: from
 // kExchange16BitMinBytes, 16-bit words exchanged and added in float on each piece's
-// rank; below, staged in float); the float staging alone (widen, MPI_Allreduce of the
-// floats, round once: dtensor's path at every size before the exchange); a commutative
+// rank; below, staged in float), blocking and non-blocking (start_all_reduce, waited);
+// the float staging alone (widen, MPI_Allreduce of the floats, round once: dtensor's
+// path at every size before the exchange); a commutative
 // user MPI_Op on the same bits as MPI_UINT16_T that widens, adds and rounds back at
 // every combine step (half the bytes on the wire; not dtensor's rule, see
-// bench/README.md); and raw MPI_Allreduce of as many floats, the baseline. The four
+// bench/README.md); and raw MPI_Allreduce of as many floats, the baseline. The five
 // alternate per size:
 //
 //   mpiexec --oversubscribe -n 4 build/bench/bench_mpi --benchmark_filter=BM_all_reduce_16bit
@@ -114,6 +115,19 @@ void BM_all_reduce_bf16_dtensor(benchmark::State& state) {  // dtensor: the floa
   set_bandwidth(state, double(n) * 2);
 }
 
+// The non-blocking all_reduce (what GradBuckets posts), started and waited: from
+// kExchange16BitMinBytes the same exchange in two steps, the second posted by a test or
+// wait (comm/mpi/mpi_all_reduce_exchange.hpp).
+void BM_all_reduce_bf16_dtensor_nonblocking(benchmark::State& state) {
+  const int64_t n = std::max<int64_t>(1, state.range(0) / 2);
+  const auto in = bf16_input(n);
+  std::vector<bf16> out(in.size());
+  world->barrier();
+  for (auto _ : state)
+    world->start_all_reduce(in.data(), out.data(), static_cast<std::size_t>(n), DType::BFloat16, ReduceOp::Sum).wait();
+  set_bandwidth(state, double(n) * 2);
+}
+
 void BM_all_reduce_bf16_float_staged(benchmark::State& state) {  // widened, reduced in float, rounded once
   const int64_t n = std::max<int64_t>(1, state.range(0) / 2);
   const auto in = bf16_input(n);
@@ -155,10 +169,11 @@ void BM_all_reduce_float_raw(benchmark::State& state) {  // as many floats: the 
   set_bandwidth(state, double(n) * 2);
 }
 
-// The four of one size one after the other, so that a noisy machine's drift hits them alike.
+// The five of one size one after the other, so that a noisy machine's drift hits them alike.
 void register_16bit() {
   for (int64_t s = int64_t{4} << 10; s <= (int64_t{64} << 20); s *= 4) {
     for (auto [name, fn] : {std::pair{"/dtensor", &BM_all_reduce_bf16_dtensor},
+                            std::pair{"/dtensor_nonblocking", &BM_all_reduce_bf16_dtensor_nonblocking},
                             std::pair{"/float_staged", &BM_all_reduce_bf16_float_staged},
                             std::pair{"/user_op_16bit", &BM_all_reduce_bf16_user_op},
                             std::pair{"/raw_mpi_float", &BM_all_reduce_float_raw}})

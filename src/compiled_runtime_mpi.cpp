@@ -9,6 +9,7 @@
 #define DTENSOR_COMPILED_RUNTIME_MPI_SOURCE
 
 #include "dtensor/comm/mpi/mpi_all_reduce.hpp"
+#include "dtensor/comm/mpi/mpi_all_reduce_exchange.hpp"
 #include "dtensor/comm/mpi/mpi_comm.hpp"
 #include "dtensor/comm/mpi/mpi_exchange.hpp"
 #include "dtensor/comm/mpi/run_mpi.hpp"
@@ -18,5 +19,6 @@ void MpiComm::compiled_runtime_key_MpiComm() const {}
 namespace detail {
 void MpiExchange::compiled_runtime_key_MpiExchange() const {}
 void MpiAllReduce::compiled_runtime_key_MpiAllReduce() const {}
+void MpiAllReduceByExchange::compiled_runtime_key_MpiAllReduceByExchange() const {}
 }  // namespace detail
 }  // namespace dtensor

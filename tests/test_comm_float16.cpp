@@ -116,7 +116,7 @@ double ulp_of(T x) {
 // result, and which the stall case below catches for certain.
 //
 // Bitwise, where the order is rank order (in-process; under MPI every reduce_scatter
-// and every blocking all_reduce of kExchange16BitMinBytes or more, which add the
+// and every all_reduce, blocking or not, of kExchange16BitMinBytes or more, which add the
 // exchanged 16-bit terms by reduce_sources too; and on 2 ranks anywhere: one float
 // addition, which commutes): T(((x_0 + x_1) + x_2) + ...), Avg divided by float(n) first, as
 // core/block.hpp's reduce_sources computes it.
@@ -185,10 +185,11 @@ struct Reference {
 
 constexpr ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min};
 
-// Whether an all_reduce of `count` 16-bit elements on n ranks adds in rank order: a
-// blocking one, or (blocking = false) a non-blocking one, which MPI stages in float.
-bool rank_order(int n, int64_t count, bool blocking = true) {
-  return !under_mpi() || n <= 2 || (blocking && static_cast<std::size_t>(count) * 2 >= kExchange16BitMinBytes);
+// Whether an all_reduce of `count` 16-bit elements on n ranks adds in rank order:
+// in-process always; under MPI from kExchange16BitMinBytes, blocking or not (the
+// exchange of 16-bit words), below it (staged floats) only on 2 ranks.
+bool rank_order(int n, int64_t count) {
+  return !under_mpi() || n <= 2 || static_cast<std::size_t>(count) * 2 >= kExchange16BitMinBytes;
 }
 
 }  // namespace
@@ -323,7 +324,7 @@ TEST_CASE_TEMPLATE("16-bit all_reduce accumulates in float and rounds once: bloc
       for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{40000}})
         for (ReduceOp op : kOps) {
           const Reference<T> ref{n, op, rank_order(n, count)};
-          const Reference<T> ref_nb{n, op, rank_order(n, count, /*blocking=*/false)};
+          const Reference<T>& ref_nb = ref;  // the same rule, blocking or not
           std::vector<T> in(static_cast<std::size_t>(count));
           for (int64_t i = 0; i < count; ++i) in[i] = term_at(r, i);
           const auto keep = in;
@@ -383,7 +384,7 @@ TEST_CASE_TEMPLATE("16-bit non-blocking all_reduces in flight together, complete
         reqs.push_back(comm.start_all_reduce(b.data(), b.data(), b.size(), dtype_of<T>(), ReduceOp::Sum));
       for (int j = 3; j >= 0; --j) {
         reqs[j].wait();
-        const Reference<T> ref{n, ReduceOp::Sum, rank_order(n, sizes[j], /*blocking=*/false)};
+        const Reference<T> ref{n, ReduceOp::Sum, rank_order(n, sizes[j])};
         ref.check(std::span<const T>(bufs[j]), [j](int k, int64_t i) { return term<T>(k, i, 10 + j); },
                   "start_all_reduce, one of four in flight");
       }
@@ -394,26 +395,33 @@ TEST_CASE_TEMPLATE("16-bit non-blocking all_reduces in flight together, complete
 // for in an order that differs between ranks, then a blocking one. A runtime that posts
 // a later step of a non-blocking reduction from the test or wait that finds its first
 // step done posts it at a different point on each rank, which MPI's collective order
-// forbids: it gave wrong sums here.
+// forbids: it gave wrong sums here. Under MPI these exchange 16-bit words, the second
+// step point to point: a rank's wait for b must post a's second step too, or a peer
+// waiting for a first never gets this rank's piece. A third is waited first on even
+// ranks and last on odd ones.
 TEST_CASE_TEMPLATE("16-bit non-blocking all_reduces completed in a different order on each rank", T,
                    dtensor::bfloat16, dtensor::float16) {
   for (int n = 2; n <= 4; ++n)
     spmd(n, [n](Comm& comm) {
       const int r = comm.rank();
       constexpr int64_t kCount = 70000;  // over kExchange16BitMinBytes
-      std::vector<std::vector<T>> bufs(3, std::vector<T>(static_cast<std::size_t>(kCount)));
-      for (int j = 0; j < 3; ++j)
+      std::vector<std::vector<T>> bufs(4, std::vector<T>(static_cast<std::size_t>(kCount)));
+      for (int j = 0; j < 4; ++j)
         for (int64_t i = 0; i < kCount; ++i) bufs[j][i] = term<T>(r, i, 20 + j);
-      Request a = comm.start_all_reduce(bufs[0].data(), bufs[0].data(), kCount, dtype_of<T>(), ReduceOp::Sum);
-      if (r == 0) (void)a.test();
-      Request b = comm.start_all_reduce(bufs[1].data(), bufs[1].data(), kCount, dtype_of<T>(), ReduceOp::Sum);
-      if (r % 2) b.wait(), a.wait();
-      else a.wait(), b.wait();
+      {
+        Request a = comm.start_all_reduce(bufs[0].data(), bufs[0].data(), kCount, dtype_of<T>(), ReduceOp::Sum);
+        if (r == 0) (void)a.test();
+        Request b = comm.start_all_reduce(bufs[1].data(), bufs[1].data(), kCount, dtype_of<T>(), ReduceOp::Sum);
+        Request c = comm.start_all_reduce(bufs[3].data(), bufs[3].data(), kCount, dtype_of<T>(), ReduceOp::Sum);
+        if (r % 2) b.wait(), a.wait(), c.wait();
+        else c.wait(), a.wait(), b.wait();
+      }
       comm.all_reduce(bufs[2].data(), bufs[2].data(), kCount, dtype_of<T>(), ReduceOp::Sum);
-      for (int j = 0; j < 3; ++j) {
-        const Reference<T> ref{n, ReduceOp::Sum, rank_order(n, kCount, /*blocking=*/j == 2)};
+      for (int j = 0; j < 4; ++j) {
+        const Reference<T> ref{n, ReduceOp::Sum, rank_order(n, kCount)};
         ref.check(std::span<const T>(bufs[j]), [j](int k, int64_t i) { return term<T>(k, i, 20 + j); },
-                  j == 2 ? "all_reduce after them" : "start_all_reduce, waited in a rank-dependent order");
+                  j == 2   ? "all_reduce after them"
+                           : "start_all_reduce, waited in a rank-dependent order");
       }
     });
 }
@@ -427,7 +435,7 @@ TEST_CASE_TEMPLATE("16-bit segmented all_reduce: different cuts per rank, and th
       constexpr int64_t kTotal = 50000;  // a segment of 40000 is over MpiComm::kInPlaceSegmentBytes
       for (SegmentCuts cuts : {SegmentCuts::MayDiffer, SegmentCuts::Same})
         for (ReduceOp op : kOps) {
-          const Reference<T> ref{n, op, rank_order(n, kTotal, /*blocking=*/false)};
+          const Reference<T> ref{n, op, rank_order(n, kTotal)};
           std::vector<int64_t> sizes = cuts == SegmentCuts::Same
                                            ? std::vector<int64_t>{40000, 7, 0, kTotal - 40007}
                                            : std::vector<int64_t>{1 + 997 * r, 0, 30000 - 5 * r};
@@ -519,8 +527,8 @@ TEST_CASE_TEMPLATE("16-bit sums that a 16-bit accumulation would stall: all_redu
   for (int n = 3; n <= 4; ++n)
     spmd(n, [n](Comm& comm) {
       const int r = comm.rank();
-      // 96: staged in float under MPI; 20000: the blocking all_reduce exchanges 16-bit
-      // words (kExchange16BitMinBytes). reduce_scatter exchanges at both sizes.
+      // 96: staged in float under MPI; 20000: the all_reduces, blocking or not, exchange
+      // 16-bit words (kExchange16BitMinBytes). reduce_scatter exchanges at both sizes.
       for (const int64_t count : {int64_t{96}, int64_t{20000}}) {
         const auto term_at = [n](int k, int64_t i) { return stall_term<T>(k, i, n); };
         std::vector<T> in(static_cast<std::size_t>(count));

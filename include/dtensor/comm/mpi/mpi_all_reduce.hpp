@@ -11,7 +11,8 @@
 // ring runs as fast as the blocking one (bench/README.md): prefer_ring_iallreduce()
 // selects the ring before MPI_Init (run_mpi calls it), unless the user chose.
 //
-// bfloat16 and float16 are reduced through float (mpi_float_staging.hpp): the input is
+// bfloat16 and float16 below kExchange16BitMinBytes are reduced through float
+// (mpi_float_staging.hpp; larger ones by exchange, mpi_all_reduce_exchange.hpp): the input is
 // widened when the all-reduce is posted, into a float buffer the MpiAllReduce holds
 // (lent by the communicator's FloatStagingPool until the MpiAllReduce goes), and the
 // result is rounded into the caller's buffer once, when it completes (wait or

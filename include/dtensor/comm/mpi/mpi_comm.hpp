@@ -10,13 +10,14 @@
 // error string and the operation's name.
 //
 // Point to point is MpiExchange (mpi_exchange.hpp), the non-blocking all-reduce
-// MpiAllReduce (mpi_all_reduce.hpp), the datatypes mpi_types.hpp.
+// MpiAllReduce (mpi_all_reduce.hpp) and, for 16-bit buffers of 32 KiB or more,
+// MpiAllReduceByExchange (mpi_all_reduce_exchange.hpp), the datatypes mpi_types.hpp.
 //
 // bfloat16 and float16 move as 16-bit words, and every reduction of them (all_reduce,
 // blocking or not, and reduce_scatter) is the float sum of the terms, rounded once, as
-// in-process (mpi_float_staging.hpp): a blocking all_reduce of 32 KiB or more and a
-// reduce_scatter exchange 16-bit words and add them in float on the rank that owns each
-// piece; a smaller all_reduce and every non-blocking one stage in float.
+// in-process (mpi_float_staging.hpp): an all_reduce of 32 KiB or more, blocking or not,
+// and a reduce_scatter exchange 16-bit words and add them in float on the rank that owns
+// each piece; a smaller all_reduce stages in float.
 //
 // Limits: MPI counts are `int`, so one message is at most INT_MAX elements per peer.
 //
@@ -61,6 +62,7 @@
 #include "dtensor/comm/comm.hpp"
 #include "dtensor/comm/deadline.hpp"
 #include "dtensor/comm/mpi/mpi_all_reduce.hpp"
+#include "dtensor/comm/mpi/mpi_all_reduce_exchange.hpp"
 #include "dtensor/comm/mpi/mpi_exchange.hpp"
 #include "dtensor/comm/mpi/mpi_float_staging.hpp"
 #include "dtensor/comm/mpi/mpi_types.hpp"
@@ -154,6 +156,9 @@ class MpiComm final : public Comm {
     detail::check_orderable(t, op, "MpiComm::start_all_reduce");
     const int n = detail::mpi_count(static_cast<int64_t>(count), "all_reduce");
     (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // polled against the deadline: not watched
+    if (detail::exchanges_16bit(t, n, size_))
+      return Request(std::make_unique<detail::MpiAllReduceByExchange>(
+          comm_, exchanges_, rank_, size_, exchange_timeout_s(), ++nb_seq_, send, recv, n, t, op, *staging_));
     return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
                                                           send, recv, n, t, op, *staging_));
   }
@@ -166,14 +171,17 @@ class MpiComm final : public Comm {
   // with the same cuts, large segments in place and the small ones packed together,
   // posted in segment order (the same on every rank), completed as one Request.
   // Guarded mode compares every posted count, so ranks whose cuts differ after all
-  // get a CommError. A 16-bit type is staged in float anyway: one all-reduce of the
-  // concatenation, widened from the segments and rounded back into them, whatever the
-  // cuts (the staging buffer is the packing).
+  // get a CommError. A 16-bit type is one all-reduce of the concatenation whatever the
+  // cuts: by exchange of 16-bit words from kExchange16BitMinBytes (packed, unpacked when
+  // complete), else widened from the segments into float and rounded back into them.
   Request start_all_reduce(std::span<const Segment> segments, DType t, ReduceOp op, SegmentCuts cuts) override {
     detail::check_orderable(t, op, "MpiComm::start_all_reduce");
     if (is_float16(t)) {
       const int n = detail::mpi_count(static_cast<int64_t>(total_count(segments)), "all_reduce");
       (void)enter(Collective::AllReduce, t, op, 0, n, /*watched=*/false);  // as start_all_reduce's
+      if (detail::exchanges_16bit(t, n, size_))
+        return Request(std::make_unique<detail::MpiAllReduceByExchange>(
+            comm_, exchanges_, rank_, size_, exchange_timeout_s(), ++nb_seq_, segments, n, t, op, *staging_));
       return Request(std::make_unique<detail::MpiAllReduce>(comm_, rank_, size_, exchange_timeout_s(), ++nb_seq_,
                                                             segments, n, t, op, *staging_));
     }
@@ -564,6 +572,9 @@ class MpiComm final : public Comm {
   std::shared_ptr<detail::P2PPoison> poison_ = std::make_shared<detail::P2PPoison>();
   // The float buffers of 16-bit reductions (mpi_float_staging.hpp), kept between calls.
   std::shared_ptr<detail::FloatStagingPool> staging_ = std::make_shared<detail::FloatStagingPool>();
+  // The pending non-blocking 16-bit all-reduces by exchange, and their step 2 communicator.
+  std::shared_ptr<detail::PendingExchangeAllReduces> exchanges_ =
+      std::make_shared<detail::PendingExchangeAllReduces>();
 };
 
 }  // namespace dtensor

@@ -23,9 +23,9 @@
 // at its piece). The bytes of a 16-bit ring all-reduce, half the staged floats', and
 // the rule kept. Below the threshold one MPI_Allreduce of the staged floats costs less
 // than two collectives' latencies. The non-blocking all-reduce (start_all_reduce,
-// GradBuckets') stays staged: its all-gather could only be posted once its all-to-all
-// has completed, which each rank finds at a different point of its program, and MPI
-// needs every rank to post its collectives on a communicator in one order.
+// GradBuckets') exchanges too, from the same size: its all-to-all is posted with it, its
+// all-gather is point to point (mpi_all_reduce_exchange.hpp: a collective posted from the
+// test or wait that finds the all-to-all complete would break MPI's collective order).
 //
 // The float buffers come from a FloatStagingPool that keeps them between collectives:
 // a fresh one per call pays its page faults every time (a zeroed 32 MiB vector<float>
@@ -48,7 +48,7 @@
 
 namespace dtensor {
 
-// Blocking 16-bit all-reduces of at least this many bytes exchange 16-bit words (see above).
+// 16-bit all-reduces (blocking or not) of at least this many bytes exchange 16-bit words (see above).
 inline constexpr std::size_t kExchange16BitMinBytes = std::size_t{32} << 10;
 
 }  // namespace dtensor

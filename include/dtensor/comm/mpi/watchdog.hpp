@@ -36,7 +36,9 @@
 // Non-blocking operations (exchanges, start_all_reduce) are polled with their own
 // deadlines and need no watching; the watchdog's probes of the side channel also
 // drive MPI's progress, so a rank that computes for a while still moves its part of a
-// posted non-blocking all-reduce along, a step every tenth of a second.
+// posted non-blocking all-reduce along, a step every tenth of a second (a 16-bit one by
+// exchange only through its all-to-all: its second step is posted by a test or wait,
+// mpi_all_reduce_exchange.hpp).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
