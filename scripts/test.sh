@@ -55,8 +55,16 @@ echo "== sanitizers: address,undefined on ${asan_tests[*]}"
 # convolutions with dtensor's own code (DTENSOR_WITH_ONEDNN=OFF): the main build takes
 # OpenBLAS and oneDNN, so CI runs both paths of each; 16-bit products and layers here go
 # through the conversion path (test_reduced_precision, test_nn_mixed_precision).
+# test_device_emulated (the device paths on the emulated device) is built there from the
+# cases that drive the runtime, device memory and the emulated device's stream threads;
+# the model-level cases (training, pipeline, spectral, solvers, memory plan, loader) go
+# through the same paths, took about 120 s of -Og compiling per build, and run in the
+# main build (tests/CMakeLists.txt: DTENSOR_DEVICE_CASES).
+san_device_cases=(test_device_dtensor test_device_collectives test_device_halo test_device_compute
+  test_device_float16 test_device_nn_image test_device_checkpoint)
 san_flags=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DDTENSOR_BUILD_EXAMPLES=OFF -DDTENSOR_WITH_CUDA=OFF
-  -DDTENSOR_WITH_BLAS=OFF -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_GCC_HEAP_MB="$heap_mb")
+  -DDTENSOR_WITH_BLAS=OFF -DDTENSOR_WITH_ONEDNN=OFF -DDTENSOR_GCC_HEAP_MB="$heap_mb"
+  -DDTENSOR_DEVICE_CASES="$(list "${san_device_cases[@]}")")
 cmake -S . -B build-asan "${san_flags[@]}" -DDTENSOR_SANITIZE=address,undefined -DDTENSOR_TEST_OPT=-O0 \
   -DDTENSOR_NO_SANITIZE=alignment,vptr,null,pointer-overflow -DDTENSOR_TEST_ONLY="$(list "${asan_tests[@]}")" > /dev/null
 cmake --build build-asan -j"$jobs"
