@@ -2,11 +2,15 @@
 """PyTorch's CPU training steps on bench_cpu_steps' models: train_cnn's CNN (batch 8,
 3 x 128 x 128) and the 256-1024-256 MLP (batch 64), float32, one thread and two,
 wall time per step, best of the rounds' means (10 steps a round after 3 warm ones).
+With -bf16 each model also under bf16 autocast (torch.autocast("cpu", torch.bfloat16)
+around the forward and the loss, float32 parameters and SGD, as a PyTorch user
+switches bf16 on; bench_cpu_steps -bf16 runs dtensor's counterpart).
 
-    python3 bench/steps_torch.py [rounds]
+    python3 bench/steps_torch.py [rounds] [-bf16]
 
 Exits 77 (skipped) without PyTorch.
 """
+import contextlib
 import sys
 import time
 import warnings
@@ -35,7 +39,11 @@ def best_ms(step, rounds):
     return best / STEPS * 1e3
 
 
-def cnn_step(rounds):
+def forward_context(bf16):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def cnn_step(rounds, bf16):
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
@@ -46,13 +54,15 @@ def cnn_step(rounds):
 
     def step():
         sgd.zero_grad()
-        loss(model(x), t).backward()
+        with forward_context(bf16):
+            out = loss(model(x), t)
+        out.backward()
         sgd.step()
 
     return best_ms(step, rounds)
 
 
-def mlp_step(rounds):
+def mlp_step(rounds, bf16):
     model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
     loss = nn.MSELoss()
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -60,21 +70,25 @@ def mlp_step(rounds):
 
     def step():
         sgd.zero_grad()
-        loss(model(x), t).backward()
+        with forward_context(bf16):
+            out = loss(model(x), t)
+        out.backward()
         sgd.step()
 
     return best_ms(step, rounds)
 
 
 def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    args = [a for a in sys.argv[1:] if a != "-bf16"]
+    rounds = int(args[0]) if args else 3
     print(f"torch {torch.__version__}, oneDNN {'on' if torch.backends.mkldnn.is_available() else 'off'}; "
           f"wall ms per step, best of {rounds} rounds of {STEPS}")
-    for threads in (1, 2):
-        torch.set_num_threads(threads)
-        cnn, mlp = cnn_step(rounds), mlp_step(rounds)
-        print(f"{threads} thread{'s' if threads > 1 else ' '}: cnn step (batch 8, 128x128) {cnn:8.3f} ms   "
-              f"mlp step (64, 256-1024-256) {mlp:8.3f} ms")
+    for bf16 in (False, True) if "-bf16" in sys.argv else (False,):
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            cnn, mlp = cnn_step(rounds, bf16), mlp_step(rounds, bf16)
+            print(f"{'bfloat16' if bf16 else 'float32':8} {threads} thread{'s' if threads > 1 else ' '}: "
+                  f"cnn step (batch 8, 128x128) {cnn:8.3f} ms   mlp step (64, 256-1024-256) {mlp:8.3f} ms")
 
 
 if __name__ == "__main__":

@@ -69,3 +69,46 @@ TEST_CASE("GELU and its derivative on float host tensors, against double") {
   compute::unary(UnaryFn::Gelu, x, x);  // in place: the same values
   for (int64_t i = 0; i < n; ++i) REQUIRE(x.data()[i] == y.data()[i]);
 }
+
+// GELU on 16-bit host tensors (gelu_host.hpp's forward_16bit, backward_16bit): every
+// bit pattern of the type as x, each result the float path's on the widened inputs,
+// rounded once (bitwise; NaN for NaN), and within the type's rounding of the double
+// formula over [-10, 10]; in place the same bits.
+TEST_CASE_TEMPLATE("GELU and its derivative on 16-bit host tensors: the float path rounded once", T, bfloat16,
+                   float16) {
+  constexpr int64_t n = 1 << 16;
+  Tensor<T, 1> x({n}), dy({n}), y({n}), dx({n});
+  Tensor<float, 1> xf({n}), dyf({n}), yf({n}), dxf({n});
+  for (int64_t i = 0; i < n; ++i) {
+    x.data()[i] = T::from_bits(static_cast<std::uint16_t>(i));
+    dy.data()[i] = T(0.5f + static_cast<float>(i % 7) / 7.f);
+    xf.data()[i] = static_cast<float>(x.data()[i]);
+    dyf.data()[i] = static_cast<float>(dy.data()[i]);
+  }
+  compute::unary(UnaryFn::Gelu, x, y);
+  compute::unary_backward(UnaryFn::Gelu, x, dy, dx);
+  compute::unary(UnaryFn::Gelu, xf, yf);
+  compute::unary_backward(UnaryFn::Gelu, xf, dyf, dxf);
+  const auto same = [](T got, float want) {
+    return std::isnan(want) ? std::isnan(static_cast<float>(got)) : got.bits == T(want).bits;
+  };
+  using M = UnaryMath<UnaryFn::Gelu>;
+  const double eps = static_cast<double>(static_cast<float>(std::numeric_limits<T>::epsilon()));
+  int64_t differ = 0, checked = 0;
+  double worst_y = 0, worst_dx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    differ += !same(y.data()[i], yf.data()[i]) + !same(dx.data()[i], dxf.data()[i]);
+    const double v = static_cast<double>(xf.data()[i]);
+    if (!(std::abs(v) <= 10)) continue;
+    ++checked;
+    const double ry = M::value(v), rd = M::derivative(v) * static_cast<double>(dyf.data()[i]);
+    worst_y = test::worst_of(worst_y, std::abs(static_cast<float>(y.data()[i]) - ry) / std::max(std::abs(ry), 1e-3));
+    worst_dx = test::worst_of(worst_dx, std::abs(static_cast<float>(dx.data()[i]) - rd) / std::max(std::abs(rd), 1e-3));
+  }
+  CHECK(differ == 0);
+  CHECK(checked > 1000);
+  CHECK(worst_y <= eps / 2 + 1e-4);  // half an ulp of T, and the float path's error
+  CHECK(worst_dx <= eps / 2 + 1e-4);
+  compute::unary(UnaryFn::Gelu, x, x);  // in place: the same bits
+  for (int64_t i = 0; i < n; ++i) REQUIRE(same(x.data()[i], static_cast<float>(y.data()[i])));
+}

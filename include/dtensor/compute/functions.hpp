@@ -134,9 +134,14 @@ struct UnaryMath<UnaryFn::Relu> {
     if constexpr (std::is_unsigned_v<T>) return x;
     else return x < T(0) ? T(0) : x;
   }
-  // 0 at x = 0, as PyTorch's threshold_backward.
+  // 0 at x = 0, as PyTorch's threshold_backward; NaN for NaN. Two selects rather than
+  // nested ones: loops over it vectorise (nested, they stayed branches, mispredicted on
+  // activations of random sign).
   template <class T>
-  DTENSOR_HOST_DEVICE static T derivative(T x) { return x > T(0) ? T(1) : x == x ? T(0) : x; }
+  DTENSOR_HOST_DEVICE static T derivative(T x) {
+    const T step = x > T(0) ? T(1) : T(0);
+    return x == x ? step : x;
+  }
 };
 template <>
 struct UnaryMath<UnaryFn::Tanh> {
