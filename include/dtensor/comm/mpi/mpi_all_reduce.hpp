@@ -54,6 +54,29 @@ namespace dtensor::detail {
 // (on a healthy run the peers post the same collectives, so it completes), and if
 // it still has not completed, the job is aborted rather than letting MPI write into
 // memory the caller is about to free.
+// Ends the job for a non-blocking all-reduce dropped before it completed: MPI cannot
+// cancel it and would write into memory its owner is about to free. The job ends here,
+// before the exception that unwound it (if any) reaches run_mpi: say what it was.
+[[noreturn]] inline void abort_abandoned_all_reduce(int rank, const char* what, int64_t seq,
+                                                    const std::exception_ptr& failed) noexcept {
+  std::string why = "it was dropped before it completed";
+  if (failed) {
+    try {
+      std::rethrow_exception(failed);
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
+  }
+  std::fprintf(stderr,
+               "dtensor: rank %d: %s #%lld was abandoned and has not completed (%s); MPI cannot cancel it and "
+               "would write into freed memory: aborting the job\n",
+               rank, what, static_cast<long long>(seq), why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();
+}
+
 class MpiAllReduce final : public PendingExchange {
  public:
   DTENSOR_RUNTIME_KEY_FUNCTION(MpiAllReduce)  // util/compiled_runtime.hpp
@@ -173,24 +196,7 @@ class MpiAllReduce final : public PendingExchange {
       if (std::chrono::steady_clock::now() > deadline) break;
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
     }
-    // The job ends here, before the exception that unwound this (if any) reaches
-    // run_mpi: say what it was.
-    std::string why = "it was dropped before it completed";
-    if (failed_) {
-      try {
-        std::rethrow_exception(failed_);
-      } catch (const std::exception& e) {
-        why = e.what();
-      } catch (...) {
-      }
-    }
-    std::fprintf(stderr,
-                 "dtensor: rank %d: all_reduce (non-blocking) #%lld was abandoned and has not completed (%s); MPI "
-                 "cannot cancel a collective and would write into freed memory: aborting the job\n",
-                 rank_, static_cast<long long>(seq_), why.c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();
+    abort_abandoned_all_reduce(rank_, "all_reduce (non-blocking)", seq_, failed_);
   }
 
   int rank_, size_;

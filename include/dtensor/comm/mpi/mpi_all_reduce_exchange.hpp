@@ -38,18 +38,16 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
-#include <string>
 #include <thread>
 #include <vector>
 
+#include "dtensor/comm/mpi/mpi_all_reduce.hpp"  // abort_abandoned_all_reduce
 #include "dtensor/comm/mpi/mpi_float_staging.hpp"
 #include "dtensor/comm/mpi/mpi_types.hpp"
 #include "dtensor/comm/request.hpp"
@@ -331,22 +329,7 @@ class MpiAllReduceByExchange final : public PendingExchange {
       if (std::chrono::steady_clock::now() > deadline) break;
       if (spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1024 ? 200 : 10));
     }
-    std::string why = "it was dropped before it completed";
-    if (failed_) {
-      try {
-        std::rethrow_exception(failed_);
-      } catch (const std::exception& e) {
-        why = e.what();
-      } catch (...) {
-      }
-    }
-    std::fprintf(stderr,
-                 "dtensor: rank %d: all_reduce (non-blocking, 16-bit by exchange) #%lld was abandoned and has not "
-                 "completed (%s); MPI cannot cancel it and would write into freed memory: aborting the job\n",
-                 rank_, static_cast<long long>(seq_), why.c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::abort();
+    abort_abandoned_all_reduce(rank_, "all_reduce (non-blocking, 16-bit by exchange)", seq_, failed_);
   }
 
   std::shared_ptr<PendingExchangeAllReduces> pending_;
