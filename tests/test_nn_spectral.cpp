@@ -43,11 +43,20 @@ struct Result {
   Tensor<double, 5> spectral;
 };
 
-template <class Img, int M>
+// The same model with both parametrized layers under FSDP over the batch's mesh dim.
+template <class Img>
+using FsdpNet = nn::Sequential<nn::FullyShard<Spec<Img>>, nn::GELU<Img>, nn::FullyShard<nn::Conv<Img, 3, 2, k1>>>;
+
+template <class Img, int M, bool Fsdp = false>
 Result run(Comm& comm, const std::array<int, M>& shape, const Shape<4>& image) {
   DeviceMesh<M> mesh(comm, shape);
-  using Model = Net<Img>;
-  Model model(Spec<Img>(mesh, {3}), nn::GELU<Img>(), nn::Conv<Img, 3, 2, k1>(mesh, {4}));
+  using Model = std::conditional_t<Fsdp, FsdpNet<Img>, Net<Img>>;
+  Model model = [&] {
+    if constexpr (Fsdp)
+      return Model(nn::FullyShard(Spec<Img>(mesh, {3})), nn::GELU<Img>(),
+                   nn::FullyShard(nn::Conv<Img, 3, 2, k1>(mesh, {4})));
+    else return Model(Spec<Img>(mesh, {3}), nn::GELU<Img>(), nn::Conv<Img, 3, 2, k1>(mesh, {4}));
+  }();
   auto x = random<typename Model::InputT>(image, mesh, 11);
   model.zero_grad();
   auto y = model.forward(x);
@@ -57,8 +66,8 @@ Result run(Comm& comm, const std::array<int, M>& shape, const Shape<4>& image) {
   auto dx = model.template backward<true>(dy);
   Result r{y.full_tensor(), dx.full_tensor(), {}, {}};
   model.for_each_parameter([&](auto& p) {
-    if constexpr (std::decay_t<decltype(p)>::rank == 5) r.spectral = p.grad();
-    else if constexpr (std::decay_t<decltype(p)>::rank == 4) r.conv.push_back(p.grad());
+    if constexpr (std::decay_t<decltype(p)>::rank == 5) r.spectral = p.gradient().full_tensor();
+    else if constexpr (std::decay_t<decltype(p)>::rank == 4) r.conv.push_back(p.gradient().full_tensor());
   });
   return r;
 }
@@ -97,6 +106,58 @@ TEST_CASE("spectral conv model on 2x2 meshes over H and W, and over batch and H;
     const Result ref_hw = single_rank<HW>(image), ref_dp = single_rank<DpH>(image);
     spmd(4, [&](Comm& comm) { compare(run<HW, 2>(comm, {2, 2}, image), ref_hw); });
     spmd(4, [&](Comm& comm) { compare(run<DpH, 2>(comm, {2, 2}, image), ref_dp); });
+  }
+}
+
+// The weights are stored sharded like the spectrum's frequency dims (the transform
+// leaves the last one Shard over the mesh dim that held the rows): each rank of such a
+// mesh dim stores its chunk of the modes, the others replicate; the forward realigns
+// them to the spectrum's blocks (rank 0 of that dim holds the half spectrum's low
+// columns) and the backward brings the gradient back, as the tests above compare.
+TEST_CASE("spectral conv weights are stored sharded like the spectrum's frequencies") {
+  static_assert(Spec<HW>::WeightT::placement_state[0].is_shard(4) && !Spec<HW>::WeightT::placement_state[1].is_shard());
+  static_assert(Spec<DpH>::WeightT::placement_state[1].is_shard(4) && !Spec<DpH>::WeightT::placement_state[0].is_shard());
+  static_assert(Spec<H1>::WeightT::placement_state[0].is_shard(4));
+  spmd(4, [](Comm& comm) {
+    DeviceMesh<2> mesh(comm, {2, 2});
+    Spec<HW> layer(mesh, {3});
+    const auto& w = layer.weight().value();
+    const int64_t global = w.shape()[0] * w.shape()[1] * w.shape()[2] * w.shape()[3] * w.shape()[4];
+    const int64_t mine = w.local().numel();
+    CHECK(w.shape()[4] == kModes[1]);
+    // The chunk rule over 3 modes: 2 and 1.
+    CHECK(mine == global / kModes[1] * (mesh.coords()[0] == 0 ? 2 : 1));
+    const auto all = all_gather_values(comm, &mine, 1);
+    CHECK(all[0] + all[2] == global);  // the ranks at (0, 0) and (1, 0)
+    // The stored values are the one-rank layer's (generated from their global index).
+    Tensor<double, 5> ref;
+    dtensor::run_threads(1, [&](Comm& c1) {
+      DeviceMesh<2> one(c1, {1, 1});
+      ref = Spec<HW>(one, {3}).weight().value().full_tensor();
+    });
+    CHECK(max_abs_diff(w.full_tensor(), ref) == 0);
+    // A forward then a backward leave the stored blocks as they were.
+    auto x = random<typename Spec<HW>::InputT>(Shape<4>{3, 2, 8, 10}, mesh, 7);
+    layer.weight().zero_grad();
+    auto y = layer.forward(x);
+    layer.backward<true>(y);
+    CHECK(layer.weight().value().local().numel() == mine);
+    CHECK(layer.weight().grad().numel() == mine);
+  });
+}
+
+// FSDP over the batch's mesh dim (FSDP2's fully_shard on each layer) of a Fourier layer
+// whose weights are sharded like the spectrum over the other: each rank stores a chunk
+// over DP of its chunk of the modes, gathered over DP before the forward, the gradients
+// reduce-scattered after the backward; equal to one rank. Extents whose half spectrum
+// puts every retained column on one rank (10 columns: 6 frequencies, 3 and 3) and
+// uneven ones, a batch smaller than the DP dim (an empty batch block).
+TEST_CASE("spectral conv under FSDP over the batch, its weights sharded over the rows' mesh dim") {
+  for (const Shape<4>& image : {Shape<4>{4, 2, 9, 10}, Shape<4>{1, 2, 7, 7}}) {
+    const Result ref = single_rank<DpH>(image);
+    spmd(4, [&](Comm& comm) { compare(run<DpH, 2, true>(comm, {2, 2}, image), ref); });
+    spmd(3, [&](Comm& comm) { compare(run<DpH, 2, true>(comm, {1, 3}, image), ref); });
+    spmd(3, [&](Comm& comm) { compare(run<DpH, 2, true>(comm, {3, 1}, image), ref); });
   }
 }
 

@@ -9,7 +9,11 @@
 // [2, Cin, Cout, weight modes...] reals (the real plane, then the imaginary one), one
 // complex Cin x Cout matrix per retained frequency. Retained: the lowest modes[d]
 // frequencies at both ends of each spatial dim but the last, the lowest modes[S-1] of
-// the last (a half spectrum); the others are dropped (zero out, no weight term).
+// the last (a half spectrum); the others are dropped (zero out, no weight term). A
+// weight mode index counts the retained frequencies in order (retained_modes), so the
+// retained frequencies of a block of the spectrum meet one range of weight modes per
+// dim: the weight passed in may be just that block of the weight (weight_block,
+// weight_offset), as a layer whose weights are sharded like its spectrum holds it.
 //
 //   forward     out[b, o, k] = sum_i in[b, i, k] W[i, o, k]            (in = X, out = Y)
 //   conjugate   out[b, i, k] = sum_o in[b, o, k] conj(W[i, o, k])      (in = dY, out = dX)
@@ -23,6 +27,21 @@
 
 namespace dtensor::compute {
 
+// The weight modes of the frequencies [lo, hi) along a spatial dim of real extent n
+// keeping m frequencies (at both ends, or the lowest m of a half spectrum): the range
+// [first, last) of mode indices, first = how many retained frequencies lie below lo.
+struct ModeRange {
+  int64_t first = 0, last = 0;
+};
+DTENSOR_HOST_DEVICE constexpr ModeRange retained_modes(int64_t lo, int64_t hi, int64_t n, int64_t m, bool half) {
+  auto below = [&](int64_t k) {
+    int64_t c = k < m ? k : m;
+    if (!half) c += k <= n - m ? 0 : k - (n - m) < m ? k - (n - m) : m;
+    return c < 0 ? int64_t{0} : c;
+  };
+  return {below(lo), below(hi)};
+}
+
 struct SpectralMixDims {
   int spatial = 1;                           // S, 1 to 3
   int64_t batch = 0;
@@ -32,6 +51,11 @@ struct SpectralMixDims {
   int64_t offset[3] = {0, 0, 0};              // its global frequency offsets
   int64_t real[3] = {1, 1, 1};                // the real-space extents of the spatial dims
   int64_t modes[3] = {1, 1, 1};               // retained frequencies per spatial dim
+  // The block of the weight passed in: its mode extents (-1: every mode of the dim) and
+  // the first mode index along each dim; it must hold every retained frequency of the
+  // spectrum's block.
+  int64_t weight_block[3] = {-1, -1, -1};
+  int64_t weight_offset[3] = {0, 0, 0};
   bool conjugate = false;
 
   // That the dims describe a mixing the functions below can run without reading past
@@ -45,20 +69,30 @@ struct SpectralMixDims {
       const int64_t extent = d + 1 < spatial ? real[d] : d + 1 == spatial ? real[d] / 2 + 1 : 1;
       ok = block[d] >= 0 && offset[d] >= 0 && real[d] >= 1 && modes[d] >= 1 && offset[d] + block[d] <= extent &&
            (d + 1 < spatial ? 2 * modes[d] <= real[d] : true);
+      if (ok && d < spatial) {
+        const ModeRange need = retained_modes(offset[d], offset[d] + block[d], real[d], modes[d], d + 1 == spatial);
+        ok = weight_offset[d] >= 0 && weight_extent(d) >= 0 && weight_offset[d] + weight_extent(d) <= weight_modes(d) &&
+             (need.first == need.last ||
+              (weight_offset[d] <= need.first && need.last <= weight_offset[d] + weight_extent(d)));
+      }
     }
     DTENSOR_CHECK(ok, InvalidArgument, who, ": a spectral mixing of ", spatial, " spatial dims, ", in_channels, " -> ",
                   out_channels, " channels (weight ", weight_in, " x ", weight_out,
-                  "), whose block, offsets, extents or modes do not fit its spectrum");
+                  "), whose block, offsets, extents or modes do not fit its spectrum, or whose weight block does "
+                  "not hold the block's retained frequencies");
   }
 
   DTENSOR_HOST_DEVICE int64_t cells() const { return block[0] * block[1] * block[2]; }
   DTENSOR_HOST_DEVICE int64_t weight_modes(int d) const { return d + 1 < spatial ? 2 * modes[d] : modes[d]; }
+  DTENSOR_HOST_DEVICE int64_t weight_extent(int d) const { return weight_block[d] < 0 ? weight_modes(d) : weight_block[d]; }
+  // The mode cells of the weight block passed in.
   DTENSOR_HOST_DEVICE int64_t mode_cells() const {
     int64_t n = 1;
-    for (int d = 0; d < spatial; ++d) n *= weight_modes(d);
+    for (int d = 0; d < spatial; ++d) n *= weight_extent(d);
     return n;
   }
-  // The weight's flat cell of the block's cell c, or -1 where its frequency is dropped.
+  // The weight block's flat cell of the block's cell c, or -1 where its frequency is
+  // dropped.
   DTENSOR_HOST_DEVICE int64_t weight_cell(int64_t c) const {
     int64_t k[3] = {0, 0, 0};
     for (int d = spatial - 1; d >= 0; --d) k[d] = offset[d] + c % block[d], c /= block[d];
@@ -70,7 +104,7 @@ struct SpectralMixDims {
       else if (k[d] < m) j = k[d];
       else if (k[d] >= n - m) j = m + (k[d] - (n - m));
       if (j < 0) return -1;
-      cell = cell * weight_modes(d) + j;
+      cell = cell * weight_extent(d) + (j - weight_offset[d]);
     }
     return cell;
   }

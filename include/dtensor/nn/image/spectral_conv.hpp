@@ -14,13 +14,19 @@
 // Nothing is gathered: the spectrum stays where the transform's plan leaves it (the
 // spatial shards transposed among the spatial dims, spectral/fft_plan.hpp), each rank
 // mixes the channels of its own frequencies, and the inverse transform returns the
-// output to the input's placements and blocks. The weights are replicated (as every
-// convolution's are here): a rank reads the slice for its frequencies; their gradient
-// is Partial<Sum> over the mesh dims that shard the batch or space, reduced by the
-// model's gradient reduction like a convolution's. Stored as a real tensor
-// [2, Cin, Cout, modes...] (real and imaginary parts), so optimizers, FSDP and
-// checkpoints see a real parameter; initialized uniform in [0, 1) / (Cin Cout) as
-// PhysicsNeMo's.
+// output to the input's placements and blocks. The weights are sharded like the
+// spectrum: Shard<3 + d> on each mesh dim that shards frequency dim 2 + d of the
+// spectrum, Replicate on the others (weight_placements()), so a rank stores its part of
+// the modes only. Stored by the chunk rule over the modes (a layout that does not
+// depend on the image), the weight is realigned each forward, point to point
+// (distributed/realign.hpp), to the blocks this image's spectrum needs (retained_modes
+// of each spectrum block: the first and last ranks of a dim hold its low and high
+// frequencies); the backward realigns the gradient back. Where the blocks agree nothing
+// moves. The gradient is Shard like the value on those mesh dims and Partial<Sum> over
+// the others that shard the batch or space, reduced by the model's gradient reduction
+// like a convolution's. Stored as a real tensor [2, Cin, Cout, modes...] (real and
+// imaginary parts), so optimizers, FSDP and checkpoints see a real parameter;
+// initialized uniform in [0, 1) / (Cin Cout) as PhysicsNeMo's.
 //
 // Backward: dy -> the adjoint of irfft (spectral::irfft_backward) -> per frequency
 // dX = dY conj(W)^T and dW += conj(X)^T dY (PyTorch's complex-gradient convention) ->
@@ -34,10 +40,12 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "dtensor/compute/device_backend.hpp"
 #include "dtensor/compute/spectral_mix.hpp"
 #include "dtensor/distributed/factory.hpp"
+#include "dtensor/distributed/realign.hpp"
 #include "dtensor/nn/activation.hpp"
 #include "dtensor/nn/gradient_layout.hpp"
 #include "dtensor/nn/image/conv.hpp"
@@ -100,7 +108,6 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
     return true;
   }(), "dtensor::nn::SpectralConv: every spatial dim keeps at least one frequency");
 
-  using WeightT = dtensor_t<T, 3 + S, placements_t<State{}>>;
   using InputT = dtensor_t<T, Rank, placements_t<Rule::input()>>;
   using Spectrum = decltype(spectral::rfft<Dims>(std::declval<const InputT&>()));
   static_assert(![] {
@@ -110,11 +117,30 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
   }(), "dtensor::nn::SpectralConv: the transform's plan would shard the channels of the spectrum (a 1-D image "
        "whose batch mesh dim comes after its spatial one); put the data-parallel mesh dim first");
 
+  // The weight's placements: Shard<3 + d> where the spectrum is Shard<2 + d> (frequency
+  // dim d), Replicate elsewhere (the batch's mesh dims, and any the spectrum is whole on).
+  static constexpr State weight_placements() {
+    State w{};
+    for (std::size_t m = 0; m < w.size(); ++m)
+      for (int d = 0; d < S; ++d)
+        if (Spectrum::placement_state[m].is_shard(2 + d)) w[m] = shard(3 + d);
+    return w;
+  }
+  // Its gradient's: Shard like the value where the value is sharded (each rank's modes
+  // see only its own frequencies), the convolutions' rule elsewhere.
+  static constexpr State weight_grad(const State& grad_out) {
+    State g = Rule::parameter_grad(grad_out);
+    for (std::size_t m = 0; m < g.size(); ++m)
+      if (weight_placements()[m].is_shard()) g[m] = weight_placements()[m];
+    return g;
+  }
+  using WeightT = dtensor_t<T, 3 + S, placements_t<weight_placements()>>;
+
   static constexpr int64_t in_features = Cin;
   static constexpr int64_t out_features(int64_t) { return Cout; }
   static constexpr auto parameters(const State& grad_out) {
     return std::tuple{
-        declare<&SpectralConv::weight_>(State{}, Rule::parameter_grad(grad_out), {Cin, 2 * Cout * mode_cells()})};
+        declare<&SpectralConv::weight_>(weight_placements(), weight_grad(grad_out), {Cin, 2 * Cout * mode_cells()})};
   }
 
   template <int GivenDims>
@@ -136,18 +162,25 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
                     d + 1 < S ? n / 2 : n / 2 + 1, " (", d + 1 < S ? "both ends" : "the half spectrum", ")");
     }
     auto X = spectral::rfft<Dims>(x);
+    // The weight in the blocks this spectrum needs (moved only where they differ).
+    std::optional<WeightT> realigned;
+    const Splits<3 + S> blocks = weight_blocks(X.layout(), x.shape());
+    if (!holds_blocks(weight_.value().layout(), blocks)) realigned.emplace(realign(weight_.value(), blocks));
+    const WeightT& w = realigned ? *realigned : weight_.value();
     ShardLayout<Rank> ylay = X.layout();
     ylay.global[1] = Cout;
     Shape<Rank> yshape = X.local().shape();
     yshape[1] = Cout;
     auto yl = Tensor<C, Rank>::uninitialized(yshape, X.local().device());
-    mix(X.local(), X.local_offset(), x.shape(), yl, /*conjugate=*/false);
+    mix(X.local(), X.local_offset(), x.shape(), w, yl, /*conjugate=*/false);
     Spectrum Y(X.mesh(), ylay, std::move(yl));
     ShardLayout<Rank> out_layout = x.layout();
     out_layout.global[1] = Cout;
     ShardLayout<Rank> y_layout = Y.layout();
     auto y = spectral::irfft_to<Dims, typename InputT::placements>(std::move(Y), out_layout);
-    saved_.emplace(Saved{x.layout(), std::move(y_layout), std::move(X)});  // once the forward has succeeded
+    // Saved once the forward has succeeded; a realigned weight is kept for dX (its
+    // blocks, not the whole weight).
+    saved_.emplace(Saved{x.layout(), std::move(y_layout), std::move(X), std::move(realigned)});
     return y;
   }
 
@@ -169,14 +202,24 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
       DTENSOR_CHECK(d == 1 || (dY.layout().blocks[d] == s.X.layout().blocks[d] &&
                                dY.layout().global[d] == s.X.layout().global[d]),
                     InvalidArgument, name, ": the output gradient's spectrum is laid out unlike the input's");
-    weight_terms(s.X.local(), s.X.local_offset(), dY.local(), s.x_layout.global);
+    const WeightT& w = s.weight ? *s.weight : weight_.value();
+    if (!s.weight) {
+      weight_terms(s.X.local(), s.X.local_offset(), dY.local(), s.x_layout.global, w, weight_.grad());
+    } else {
+      // The terms in the forward's blocks, realigned back to the stored ones (realign's
+      // adjoint is the inverse move) and added.
+      Tensor<T, 3 + S> g(w.local().shape(), w.local().device());
+      weight_terms(s.X.local(), s.X.local_offset(), dY.local(), s.x_layout.global, w, g);
+      const WeightT home = realign(WeightT(w.mesh(), w.layout(), std::move(g)), weight_.value().layout().blocks);
+      weight_.accumulate(home.local());
+    }
     if constexpr (!NeedInputGrad) {
       return 0;
     } else {
       Shape<Rank> xshape = dY.local().shape();
       xshape[1] = Cin;
       auto dxl = Tensor<C, Rank>::uninitialized(xshape, dY.local().device());
-      mix(dY.local(), dY.local_offset(), s.x_layout.global, dxl, /*conjugate=*/true);
+      mix(dY.local(), dY.local_offset(), s.x_layout.global, w, dxl, /*conjugate=*/true);
       ShardLayout<Rank> dxlay = dY.layout();
       dxlay.global[1] = Cin;
       using DX = std::remove_cvref_t<decltype(dY)>;
@@ -208,7 +251,8 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
   // (compute/spectral_mix.hpp): forward (in = X, out = Y) or conjugate (in = dY, out =
   // dX); on the host or through the device table, where the blocks are.
   compute::SpectralMixDims mix_dims(const Tensor<C, Rank>& in, const Shape<Rank>& off, const Shape<Rank>& real_global,
-                                    int64_t out_channels, bool conjugate) const {
+                                    const WeightT& w, int64_t out_channels, bool conjugate) const {
+    const Shape<3 + S> w_off = w.local_offset(), w_shape = w.local().shape();
     compute::SpectralMixDims d;
     d.spatial = S;
     d.batch = in.shape()[0];
@@ -217,26 +261,28 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
     d.weight_in = Cin;
     d.weight_out = Cout;
     for (int k = 0; k < S; ++k)
-      d.block[k] = in.shape()[2 + k], d.offset[k] = off[2 + k], d.real[k] = real_global[2 + k], d.modes[k] = Modes[k];
+      d.block[k] = in.shape()[2 + k], d.offset[k] = off[2 + k], d.real[k] = real_global[2 + k], d.modes[k] = Modes[k],
+      d.weight_block[k] = w_shape[3 + k], d.weight_offset[k] = w_off[3 + k];
     d.conjugate = conjugate;
     return d;
   }
-  void mix(const Tensor<C, Rank>& in, const Shape<Rank>& off, const Shape<Rank>& real_global, Tensor<C, Rank>& out,
-           bool conjugate) const {
-    const auto d = mix_dims(in, off, real_global, out.shape()[1], conjugate);
-    const T* w = weight_.value().local().data();
+  void mix(const Tensor<C, Rank>& in, const Shape<Rank>& off, const Shape<Rank>& real_global, const WeightT& weight,
+           Tensor<C, Rank>& out, bool conjugate) const {
+    const auto d = mix_dims(in, off, real_global, weight, out.shape()[1], conjugate);
+    const T* w = weight.local().data();
     const auto* pin = reinterpret_cast<const T*>(in.data());  // complex numbers as pairs of reals
     auto* pout = reinterpret_cast<T*>(out.data());
     if (in.device().is_host()) compute::spectral_mix(d, pin, w, pout);
     else dtensor::detail::device_backend(in.device()).spectral_mix(dtype_of<T>(), d, pin, w, pout);
   }
 
-  // dW += conj(X)^T dY per frequency of this rank's block (the terms of a Partial<Sum>
-  // gradient), real and imaginary parts in their planes.
+  // grad += conj(X)^T dY per frequency of this rank's block (the terms of a Partial<Sum>
+  // gradient over the batch), real and imaginary parts in their planes; grad is laid out
+  // as the weight block w.
   void weight_terms(const Tensor<C, Rank>& X, const Shape<Rank>& off, const Tensor<C, Rank>& dY,
-                    const Shape<Rank>& real_global) {
-    const auto d = mix_dims(X, off, real_global, Cout, false);
-    T* g = weight_.grad().data();
+                    const Shape<Rank>& real_global, const WeightT& w, Tensor<T, 3 + S>& grad) {
+    const auto d = mix_dims(X, off, real_global, w, Cout, false);
+    T* g = grad.data();
     const auto* px = reinterpret_cast<const T*>(X.data());
     const auto* py = reinterpret_cast<const T*>(dY.data());
     if (X.device().is_host()) compute::spectral_weight_terms(d, px, py, g);
@@ -251,9 +297,30 @@ class SpectralConv : public KeepsPlacements<Cfg, Takes::Activation> {
         shape, mesh, {}, [&](uint64_t i) { return static_cast<T>(dtensor::detail::uniform01(seed, i)) * scale; });
   }
 
+  // The weight blocks a spectrum laid out as `spectrum` needs along each sharded mode
+  // dim: per spectrum block, the count of its retained frequencies.
+  static Splits<3 + S> weight_blocks(const ShardLayout<Rank>& spectrum, const Shape<Rank>& real_global) {
+    Splits<3 + S> w{};
+    for (int d = 0; d < S; ++d) {
+      int64_t lo = 0;
+      for (int64_t size : spectrum.blocks[2 + d]) {
+        const auto r = compute::retained_modes(lo, lo + size, real_global[2 + d], Modes[d], d + 1 == S);
+        w[3 + d].push_back(r.last - r.first);
+        lo += size;
+      }
+    }
+    return w;
+  }
+  static bool holds_blocks(const ShardLayout<3 + S>& l, const Splits<3 + S>& blocks) {
+    for (int d = 0; d < 3 + S; ++d)
+      if (!blocks[d].empty() && blocks[d] != l.blocks[d]) return false;
+    return true;
+  }
+
   struct Saved {
     ShardLayout<Rank> x_layout, y_layout;
     Spectrum X;
+    std::optional<WeightT> weight;  // the forward's realigned weight, where it moved
   };
   Parameter<WeightT> weight_;
   std::optional<Saved> saved_;
