@@ -4,7 +4,9 @@
 // random values, ties, the largest finite values, overflow, NaN payloads and float16
 // subnormals; double -> 16-bit rounding once (from_double) against the same reference;
 // and, where the compiler has them, against its own _Float16 conversions (F16C) as a
-// second reference.
+// second reference; the array conversions (every vector path this CPU has) against
+// the scalar rule.
+#include <dtensor/core/float16_arrays.hpp>
 #include <dtensor/dtensor.hpp>
 
 #include <doctest/doctest.h>
@@ -227,6 +229,71 @@ TEST_CASE("arithmetic is float arithmetic, rounded once when stored") {
   static_assert(dtype_of<bfloat16>() == DType::BFloat16 && dtype_of<float16>() == DType::Float16);
   static_assert(size_of(DType::BFloat16) == 2 && accumulator_dtype(DType::Float16) == DType::Float32);
   CHECK(std::string(name(DType::BFloat16)) == "bfloat16");
+}
+
+// The array conversions (core/float16_arrays.hpp): each path this CPU can run (AVX-512,
+// AVX2 with F16C, the plain loop) against the scalar rule, bit for bit: floats of every
+// 16-bit upper half with low halves at and around the ties of both types, random
+// patterns (NaN payloads and subnormals among them), every 16-bit pattern widened, and
+// lengths 0 to 19 from unaligned starts (the vector loops' tails).
+template <class T>
+void check_array_paths(dtensor::detail::Float16Isa isa) {
+  namespace fa = dtensor::detail::float16_arrays;
+  std::vector<std::uint32_t> bits;
+  for (std::uint32_t hi = 0; hi < 65536; ++hi)
+    for (std::uint32_t lo : {0x0000u, 0x0001u, 0x0FFFu, 0x1000u, 0x1001u, 0x1FFFu, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu})
+      bits.push_back(hi << 16 | lo);
+  std::mt19937 gen(3);
+  for (int i = 0; i < 1000000; ++i) bits.push_back(static_cast<std::uint32_t>(gen()));
+  std::vector<float> x(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) x[i] = std::bit_cast<float>(bits[i]);
+  std::vector<T> got(x.size());
+  fa::round_with(isa, x.data(), got.data(), static_cast<int64_t>(x.size()));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) wrong += got[i].bits != T(x[i]).bits;
+  CHECK(wrong == 0);
+  std::vector<T> all(65536);
+  for (int i = 0; i < 65536; ++i) all[static_cast<std::size_t>(i)] = T::from_bits(static_cast<std::uint16_t>(i));
+  std::vector<float> wide(all.size());
+  fa::widen_with(isa, all.data(), wide.data(), 65536);
+  wrong = 0;
+  for (int i = 0; i < 65536; ++i)
+    wrong += std::bit_cast<std::uint32_t>(wide[static_cast<std::size_t>(i)]) !=
+             std::bit_cast<std::uint32_t>(float(all[static_cast<std::size_t>(i)]));
+  CHECK(wrong == 0);
+  for (int64_t n = 0; n < 20; ++n)
+    for (int64_t start = 0; start < 3; ++start) {
+      std::vector<T> out(static_cast<std::size_t>(n + 1), T::from_bits(0x1234));
+      fa::round_with(isa, x.data() + 65536 * 10 + start, out.data(), n);
+      for (int64_t i = 0; i < n; ++i) REQUIRE(out[static_cast<std::size_t>(i)].bits == T(x[static_cast<std::size_t>(65536 * 10 + start + i)]).bits);
+      CHECK(out[static_cast<std::size_t>(n)].bits == 0x1234);  // nothing written past n
+      std::vector<float> back(static_cast<std::size_t>(n + 1), -7.f);
+      fa::widen_with(isa, all.data() + 1000 + start, back.data(), n);
+      for (int64_t i = 0; i < n; ++i) REQUIRE(back[static_cast<std::size_t>(i)] == float(all[static_cast<std::size_t>(1000 + start + i)]));
+      CHECK(back[static_cast<std::size_t>(n)] == -7.f);
+    }
+}
+
+TEST_CASE("bfloat16 and float16 arrays: every conversion path this CPU has equals the scalar rule") {
+  using dtensor::detail::Float16Isa;
+  const Float16Isa best = dtensor::detail::float16_isa();
+  int ran = 0;
+  for (Float16Isa isa : {Float16Isa::Avx512, Float16Isa::Avx2, Float16Isa::Plain}) {
+    if (static_cast<int>(isa) < static_cast<int>(best)) {
+      MESSAGE("SKIPPED: conversion path ", static_cast<int>(isa), " (0 AVX-512, 1 AVX2): this CPU lacks it, or DTENSOR_FLOAT16_ISA leaves it out");
+      continue;
+    }
+    INFO("path ", static_cast<int>(isa));
+    check_array_paths<bfloat16>(isa);
+    check_array_paths<float16>(isa);
+    ++ran;
+  }
+  CHECK(ran >= 1);
+  // convert_array takes the best path; other pairs (double) by the element rule.
+  const std::vector<double> d{1 + 0x1p-8 + 0x1p-40, -3.5, 1e300, 0.0};
+  std::vector<bfloat16> b(d.size());
+  dtensor::detail::convert_array(d.data(), b.data(), static_cast<int64_t>(d.size()));
+  for (std::size_t i = 0; i < d.size(); ++i) CHECK(b[i].bits == bfloat16::from_double(d[i]).bits);
 }
 
 #if defined(__FLT16_MAX__) && (defined(__x86_64__) || defined(__aarch64__))

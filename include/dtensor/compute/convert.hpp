@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "dtensor/core/float16.hpp"
+#include "dtensor/core/float16_arrays.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/tensor/tensor.hpp"
 #include "dtensor/util/error.hpp"
@@ -34,10 +35,7 @@ void convert(const Tensor<From, R>& in, Tensor<To, R>& out) {
                                         " to ", name(dtype_of<To>()), " runs on host tensors"));
     }
   }
-  const From* s = in.data();
-  To* d = out.data();
-  const int64_t n = in.numel();
-  for (int64_t i = 0; i < n; ++i) d[i] = detail::convert_element<To>(s[i]);
+  detail::convert_array(in.data(), out.data(), in.numel());  // the CPU's fastest path (core/float16_arrays.hpp)
 }
 
 template <class To, class From, int R>

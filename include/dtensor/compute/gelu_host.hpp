@@ -13,6 +13,7 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "dtensor/compute/functions.hpp"
+#include "dtensor/core/float16_arrays.hpp"
 
 namespace dtensor::detail::gelu {
 
@@ -65,9 +66,9 @@ void forward_16bit(const T* x, T* out, int64_t n) {
   Chunk xc, oc;
   for (int64_t at = 0; at < n; at += kChunk) {
     const int64_t m = std::min(kChunk, n - at);
-    for (int64_t i = 0; i < m; ++i) xc[i] = static_cast<float>(x[at + i]);
+    convert_array(x + at, xc.data(), m);
     forward(xc.data(), oc.data(), m);
-    for (int64_t i = 0; i < m; ++i) out[at + i] = T(oc[i]);
+    convert_array(oc.data(), out + at, m);
   }
 }
 template <class T>
@@ -75,9 +76,10 @@ void backward_16bit(const T* x, const T* dy, T* dx, int64_t n) {
   Chunk xc, gc, oc;
   for (int64_t at = 0; at < n; at += kChunk) {
     const int64_t m = std::min(kChunk, n - at);
-    for (int64_t i = 0; i < m; ++i) xc[i] = static_cast<float>(x[at + i]), gc[i] = static_cast<float>(dy[at + i]);
+    convert_array(x + at, xc.data(), m);
+    convert_array(dy + at, gc.data(), m);
     backward(xc.data(), gc.data(), oc.data(), m);
-    for (int64_t i = 0; i < m; ++i) dx[at + i] = T(oc[i]);
+    convert_array(oc.data(), dx + at, m);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "dtensor/compute/gelu_host.hpp"
 #include "dtensor/compute/gemm.hpp"
 #include "dtensor/compute/onednn_matmul.hpp"
+#include "dtensor/core/float16_arrays.hpp"
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/tensor/movement.hpp"
 #include "dtensor/util/compiled_runtime.hpp"
@@ -38,17 +39,18 @@ void assign_binary(BinaryOp k, O&& o, const X& x, const Y& y) {
 // 16-bit elements: each loaded into float, computed in float, rounded once when stored.
 // A chunk at a time, in three loops (widen, compute, round): each vectorises on its own,
 // where one loop doing all three did not (the rounding's NaN test and a function's
-// select are control flow; ReLU's backward on bfloat16 ran 7x its float time). The
-// chunks are copied first, so out may alias a or b.
+// select are control flow; ReLU's backward on bfloat16 ran 7x its float time), and the
+// widening and rounding take the CPU's widest path (core/float16_arrays.hpp). The chunks
+// are copied first, so out may alias a or b.
 inline constexpr int64_t kFloat16MapChunk = 256;
 template <class T, class F>
 void map_float16(const T* a, T* out, int64_t n, F&& f) {
   float fa[kFloat16MapChunk];
   for (int64_t at = 0; at < n; at += kFloat16MapChunk) {
     const int64_t m = std::min(kFloat16MapChunk, n - at);
-    for (int64_t i = 0; i < m; ++i) fa[i] = static_cast<float>(a[at + i]);
+    detail::convert_array(a + at, fa, m);
     for (int64_t i = 0; i < m; ++i) fa[i] = f(fa[i]);
-    for (int64_t i = 0; i < m; ++i) out[at + i] = T(fa[i]);
+    detail::convert_array(fa, out + at, m);
   }
 }
 template <class T, class F>
@@ -56,10 +58,10 @@ void map_float16(const T* a, const T* b, T* out, int64_t n, F&& f) {
   float fa[kFloat16MapChunk], fb[kFloat16MapChunk];
   for (int64_t at = 0; at < n; at += kFloat16MapChunk) {
     const int64_t m = std::min(kFloat16MapChunk, n - at);
-    for (int64_t i = 0; i < m; ++i) fa[i] = static_cast<float>(a[at + i]);
-    for (int64_t i = 0; i < m; ++i) fb[i] = static_cast<float>(b[at + i]);
+    detail::convert_array(a + at, fa, m);
+    detail::convert_array(b + at, fb, m);
     for (int64_t i = 0; i < m; ++i) fa[i] = f(fa[i], fb[i]);
-    for (int64_t i = 0; i < m; ++i) out[at + i] = T(fa[i]);
+    detail::convert_array(fa, out + at, m);
   }
 }
 

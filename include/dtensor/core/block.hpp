@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtensor/core/dtype.hpp"
+#include "dtensor/core/float16_arrays.hpp"
 #include "dtensor/core/reduce_op.hpp"
 #include "dtensor/core/shape.hpp"
 #include "dtensor/util/error.hpp"
@@ -103,7 +104,8 @@ inline void divide_block(DType t, void* dst, const StridedBlock& db, int terms) 
 }
 
 // dst[db] = src[sb], each element converted from `from` to `to` (both floating) by
-// convert_element (core/float16.hpp): one rounding, to nearest even.
+// convert_element (core/float16.hpp): one rounding, to nearest even (each contiguous
+// run by convert_array, core/float16_arrays.hpp).
 inline void convert_block(DType from, const void* src, const StridedBlock& sb, DType to, void* dst,
                           const StridedBlock& db) {
   DTENSOR_CHECK(is_floating(from) && is_floating(to), InvalidArgument, "convert_block: converts between float32, "
@@ -114,9 +116,7 @@ inline void convert_block(DType from, const void* src, const StridedBlock& sb, D
       using T = decltype(to_tag);
       auto* s = static_cast<const F*>(src);
       auto* d = static_cast<T*>(dst);
-      zip_runs(sb, db, [&](int64_t so, int64_t dof, int64_t n) {
-        for (int64_t i = 0; i < n; ++i) d[dof + i] = convert_element<T>(s[so + i]);
-      });
+      zip_runs(sb, db, [&](int64_t so, int64_t dof, int64_t n) { convert_array(s + so, d + dof, n); });
     });
   });
 }

@@ -172,7 +172,7 @@ void convert_into(Device dev, const From* src, int64_t src_off, To* dst, int64_t
                               StridedBlock::contiguous(dst_off, n));
   } else {
     // Each element rounded once (compute/convert.hpp: double -> 16-bit included).
-    for (int64_t i = 0; i < n; ++i) dst[dst_off + i] = dtensor::detail::convert_element<To>(src[src_off + i]);
+    dtensor::detail::convert_array(src + src_off, dst + dst_off, n);
   }
 }
 // dst[0..n) += src[0..n), src converted to dst's type (a master's gradient, To, at least
@@ -224,7 +224,7 @@ void convert_region(Device dev, const From* src, const Region& sr, To* dst, cons
     });
   } else {
     dtensor::detail::zip_regions(sr, dr, [&](int64_t so, int64_t dof, int64_t n) {
-      for (int64_t i = 0; i < n; ++i) dst[dof + i] = dtensor::detail::convert_element<To>(src[so + i]);
+      dtensor::detail::convert_array(src + so, dst + dof, n);
     });
   }
 }
