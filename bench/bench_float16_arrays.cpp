@@ -15,7 +15,7 @@
 #include <vector>
 
 using namespace dtensor;
-using dtensor::detail::Float16Isa;
+using dtensor::detail::HostIsa;
 namespace fa = dtensor::detail::float16_arrays;
 
 namespace {
@@ -31,10 +31,6 @@ double best_us(F&& f) {
   return best;
 }
 
-const char* name(Float16Isa isa) {
-  return isa == Float16Isa::Avx512 ? "avx512" : isa == Float16Isa::Avx2 ? "avx2+f16c" : "plain";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,10 +41,10 @@ int main(int argc, char** argv) {
   std::vector<float16> h(x.size());
   std::vector<char> c1(x.size() * 2), c2(x.size() * 2);
   std::printf("%lld elements, us (best of 30); the CPU's best path: %s\n", static_cast<long long>(n),
-              name(dtensor::detail::float16_isa()));
+              name(dtensor::detail::host_isa()));
   std::printf("%-10s %12s %12s %12s %12s\n", "path", "round bf16", "widen bf16", "round f16", "widen f16");
-  for (Float16Isa isa : {Float16Isa::Avx512, Float16Isa::Avx2, Float16Isa::Plain}) {
-    if (static_cast<int>(isa) < static_cast<int>(dtensor::detail::float16_isa())) continue;  // the CPU lacks it
+  for (HostIsa isa : {HostIsa::Avx512, HostIsa::Avx2, HostIsa::Plain}) {
+    if (static_cast<int>(isa) < static_cast<int>(dtensor::detail::host_isa())) continue;  // the CPU lacks it
     const double rb = best_us([&] { fa::round_with(isa, x.data(), b.data(), n); });
     const double wb = best_us([&] { fa::widen_with(isa, b.data(), back.data(), n); });
     const double rh = best_us([&] { fa::round_with(isa, x.data(), h.data(), n); });

@@ -237,7 +237,7 @@ TEST_CASE("arithmetic is float arithmetic, rounded once when stored") {
 // patterns (NaN payloads and subnormals among them), every 16-bit pattern widened, and
 // lengths 0 to 19 from unaligned starts (the vector loops' tails).
 template <class T>
-void check_array_paths(dtensor::detail::Float16Isa isa) {
+void check_array_paths(dtensor::detail::HostIsa isa) {
   namespace fa = dtensor::detail::float16_arrays;
   std::vector<std::uint32_t> bits;
   for (std::uint32_t hi = 0; hi < 65536; ++hi)
@@ -275,12 +275,12 @@ void check_array_paths(dtensor::detail::Float16Isa isa) {
 }
 
 TEST_CASE("bfloat16 and float16 arrays: every conversion path this CPU has equals the scalar rule") {
-  using dtensor::detail::Float16Isa;
-  const Float16Isa best = dtensor::detail::float16_isa();
+  using dtensor::detail::HostIsa;
+  const HostIsa best = dtensor::detail::host_isa();
   int ran = 0;
-  for (Float16Isa isa : {Float16Isa::Avx512, Float16Isa::Avx2, Float16Isa::Plain}) {
+  for (HostIsa isa : {HostIsa::Avx512, HostIsa::Avx2, HostIsa::Plain}) {
     if (static_cast<int>(isa) < static_cast<int>(best)) {
-      MESSAGE("SKIPPED: conversion path ", static_cast<int>(isa), " (0 AVX-512, 1 AVX2): this CPU lacks it, or DTENSOR_FLOAT16_ISA leaves it out");
+      MESSAGE("SKIPPED: conversion path ", static_cast<int>(isa), " (0 AVX-512, 1 AVX2): this CPU lacks it, or DTENSOR_HOST_ISA leaves it out");
       continue;
     }
     INFO("path ", static_cast<int>(isa));

@@ -7,56 +7,25 @@
 // shuffles and float16's rounding (branches for subnormals) does not vectorise at all,
 // while PyTorch picks AVX-512 or AVX2 kernels at run time. These conversions are a
 // 16-bit model's every elementwise map, its masters rounded into the layers and its
-// gradients widened back (a third of a bfloat16 MLP step, measured). So the loops are
+// gradients widened back (dispatched, a bfloat16 MLP step went from 1.36-1.66 to
+// 1.16-1.21 ms in a plain build: bench/README.md). So the loops are
 // compiled a second and third time for AVX-512 and AVX2 (bfloat16: the rounding is
 // integer arithmetic the compiler vectorises; float16: F16C's conversions, which round
 // to nearest even, keep subnormals and quiet a NaN keeping its leading payload bits, as
-// the scalar rule does), and each call takes the best the CPU reports (once per
-// process). Elsewhere (other architectures, CUDA translation units, compilers without
-// GCC's target attribute) the plain loop runs. tests/test_reduced_precision.cpp checks
-// every path against the scalar rule.
+// the scalar rule does), and each call takes the best the CPU reports (host_isa(),
+// core/host_isa.hpp). Elsewhere (other architectures, CUDA translation units) the plain
+// loop runs. tests/test_float16.cpp checks every path against the scalar rule.
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "dtensor/core/float16.hpp"
+#include "dtensor/core/host_isa.hpp"
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDACC__)
-#define DTENSOR_FLOAT16_ARRAYS_X86 1
+#if DTENSOR_HOST_ISA_X86
 #include <immintrin.h>
-#else
-#define DTENSOR_FLOAT16_ARRAYS_X86 0
 #endif
 
 namespace dtensor::detail {
-
-// The instruction sets a conversion may use, best first.
-enum class Float16Isa { Avx512, Avx2, Plain };
-
-// The best this CPU offers (Plain where the paths are not compiled), or a lesser one
-// the environment names (DTENSOR_FLOAT16_ISA=avx2 or plain, as oneDNN's
-// ONEDNN_MAX_CPU_ISA: to compare the paths in one build; it never raises the CPU's).
-inline Float16Isa float16_isa() {
-#if DTENSOR_FLOAT16_ARRAYS_X86
-  static const Float16Isa isa = [] {
-    __builtin_cpu_init();
-    Float16Isa best = Float16Isa::Plain;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("f16c"))
-      best = Float16Isa::Avx512;
-    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
-      best = Float16Isa::Avx2;
-    const char* asked = std::getenv("DTENSOR_FLOAT16_ISA");
-    const std::string_view a = asked ? asked : "";
-    const Float16Isa cap = a == "plain" ? Float16Isa::Plain : a == "avx2" ? Float16Isa::Avx2 : Float16Isa::Avx512;
-    return static_cast<int>(cap) > static_cast<int>(best) ? cap : best;
-  }();
-  return isa;
-#else
-  return Float16Isa::Plain;
-#endif
-}
 
 namespace float16_arrays {
 
@@ -69,7 +38,7 @@ void widen_plain(const T* in, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(in[i]);
 }
 
-#if DTENSOR_FLOAT16_ARRAYS_X86
+#if DTENSOR_HOST_ISA_X86
 // bfloat16: the scalar rule's loops, vectorised by the compiler for the wider target.
 [[gnu::target("avx512f,avx512bw,avx512vl")]] inline void round_bf16_avx512(const float* in, bfloat16* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i].bits = bfloat16_bits_from(in[i]);
@@ -116,30 +85,30 @@ void widen_plain(const T* in, float* out, int64_t n) {
 #endif
 
 // out[i] = in[i] rounded to T (bfloat16 or float16), by the path `isa` names; one the
-// CPU lacks must not be asked for (float16_isa() says which it has).
+// CPU lacks must not be asked for (host_isa() says which it has).
 template <class T>
-void round_with(Float16Isa isa, const float* in, T* out, int64_t n) {
+void round_with(HostIsa isa, const float* in, T* out, int64_t n) {
   static_assert(is_float16_v<T>);
-#if DTENSOR_FLOAT16_ARRAYS_X86
+#if DTENSOR_HOST_ISA_X86
   if constexpr (std::is_same_v<T, bfloat16>) {
-    if (isa == Float16Isa::Avx512) return round_bf16_avx512(in, out, n);
-    if (isa == Float16Isa::Avx2) return round_bf16_avx2(in, out, n);
+    if (isa == HostIsa::Avx512) return round_bf16_avx512(in, out, n);
+    if (isa == HostIsa::Avx2) return round_bf16_avx2(in, out, n);
   } else {
-    if (isa != Float16Isa::Plain) return round_f16_f16c(in, out, n);
+    if (isa != HostIsa::Plain) return round_f16_f16c(in, out, n);
   }
 #endif
   (void)isa;
   round_plain(in, out, n);
 }
 template <class T>
-void widen_with(Float16Isa isa, const T* in, float* out, int64_t n) {
+void widen_with(HostIsa isa, const T* in, float* out, int64_t n) {
   static_assert(is_float16_v<T>);
-#if DTENSOR_FLOAT16_ARRAYS_X86
+#if DTENSOR_HOST_ISA_X86
   if constexpr (std::is_same_v<T, bfloat16>) {
-    if (isa == Float16Isa::Avx512) return widen_bf16_avx512(in, out, n);
-    if (isa == Float16Isa::Avx2) return widen_bf16_avx2(in, out, n);
+    if (isa == HostIsa::Avx512) return widen_bf16_avx512(in, out, n);
+    if (isa == HostIsa::Avx2) return widen_bf16_avx2(in, out, n);
   } else {
-    if (isa != Float16Isa::Plain) return widen_f16_f16c(in, out, n);
+    if (isa != HostIsa::Plain) return widen_f16_f16c(in, out, n);
   }
 #endif
   (void)isa;
@@ -154,9 +123,9 @@ void widen_with(Float16Isa isa, const T* in, float* out, int64_t n) {
 template <class To, class From>
 void convert_array(const From* in, To* out, int64_t n) {
   if constexpr (is_float16_v<To> && std::is_same_v<From, float>)
-    float16_arrays::round_with(float16_isa(), in, out, n);
+    float16_arrays::round_with(host_isa(), in, out, n);
   else if constexpr (std::is_same_v<To, float> && is_float16_v<From>)
-    float16_arrays::widen_with(float16_isa(), in, out, n);
+    float16_arrays::widen_with(host_isa(), in, out, n);
   else
     for (int64_t i = 0; i < n; ++i) out[i] = convert_element<To>(in[i]);
 }
