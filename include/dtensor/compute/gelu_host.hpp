@@ -25,7 +25,9 @@
 #include "dtensor/core/float16_arrays.hpp"
 #include "dtensor/core/host_isa.hpp"
 
-namespace dtensor::detail::gelu {
+namespace dtensor::detail {
+inline namespace DTENSOR_HOST_ISA_ABI {  // core/host_isa.hpp
+namespace gelu {
 
 inline constexpr int64_t kChunk = 256;
 // Inputs outside [kLow, kHigh] (and NaN) take the scalar formula: below, 1 + erf
@@ -187,4 +189,6 @@ void backward_16bit(const T* x, const T* dy, T* dx, int64_t n) {
   }
 }
 
-}  // namespace dtensor::detail::gelu
+}  // namespace gelu
+}  // namespace DTENSOR_HOST_ISA_ABI
+}  // namespace dtensor::detail

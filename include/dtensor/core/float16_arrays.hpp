@@ -26,6 +26,7 @@
 #endif
 
 namespace dtensor::detail {
+inline namespace DTENSOR_HOST_ISA_ABI {  // core/host_isa.hpp
 
 namespace float16_arrays {
 
@@ -130,4 +131,5 @@ void convert_array(const From* in, To* out, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = convert_element<To>(in[i]);
 }
 
+}  // namespace DTENSOR_HOST_ISA_ABI
 }  // namespace dtensor::detail

@@ -13,11 +13,22 @@
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(__CUDACC__)
 #define DTENSOR_HOST_ISA_X86 1
+#include <cpuid.h>
 #else
 #define DTENSOR_HOST_ISA_X86 0
 #endif
 
+// The two sets of definitions (with and without the x86 paths: a CUDA translation unit
+// sees the latter) live in inline namespaces of their own, so that one program holding
+// both links each call to its own and no inline function has two meanings.
+#if DTENSOR_HOST_ISA_X86
+#define DTENSOR_HOST_ISA_ABI host_x86
+#else
+#define DTENSOR_HOST_ISA_ABI host_portable
+#endif
+
 namespace dtensor::detail {
+inline namespace DTENSOR_HOST_ISA_ABI {
 
 // Best first: AVX-512 (F, BW, VL, with FMA and F16C), AVX2 (with FMA and F16C), the
 // build's own target.
@@ -30,7 +41,9 @@ inline HostIsa host_isa() {
 #if DTENSOR_HOST_ISA_X86
   static const HostIsa isa = [] {
     __builtin_cpu_init();
-    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // F16C by CPUID (clang's __builtin_cpu_supports lacks it)
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
     HostIsa best = HostIsa::Plain;
     if (avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl"))
@@ -52,4 +65,5 @@ inline const char* name(HostIsa isa) {
   return isa == HostIsa::Avx512 ? "avx512" : isa == HostIsa::Avx2 ? "avx2" : "plain";
 }
 
+}  // namespace DTENSOR_HOST_ISA_ABI
 }  // namespace dtensor::detail
