@@ -9,6 +9,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -224,6 +225,44 @@ TEST_CASE("attention: a block of a causal sequence equals those rows of the whol
   CHECK(diff(g.dq, want.dq) < 1e-14);
   CHECK(diff(g.dk, want.dk) < 1e-14);
   for (int64_t c = 0; c < 4; ++c) CHECK(g.o[c] == 0.0);
+}
+
+// A masked key (causal, or -inf in the mask) has weight exactly 0: Eigen's vectorised
+// exp gives ~2.9e-39 (float) or ~5.6e-309 (double) for -inf, which a value of 1e35 (or
+// 1e300) at that key turns into an error of 1e-4 (or 1e-9) in the output; dv and dk of a
+// key no query sees are exactly 0. (Larger values would overflow do v^T in float.)
+TEST_CASE_TEMPLATE("attention: a masked key's weight is exactly 0 (causal and -inf in the mask, float and double)", T,
+                   float, double) {
+  const T inf = std::numeric_limits<T>::infinity();
+  const T huge = [] {
+    if constexpr (std::is_same_v<T, float>) return T(1e35);
+    else return T(1e300);
+  }();
+  for (int64_t tile : {2, 8}) {
+    AttentionDims d;
+    d.batch = 1, d.heads = 1, d.kv_heads = 1, d.q_len = 5, d.kv_len = 6, d.head_dim = 3, d.causal = true;
+    d.tile = tile;
+    INFO("tile ", tile);
+    const auto q = normal<T>(5 * 3, 41), k = normal<T>(6 * 3, 42), dout = normal<T>(5 * 3, 44);
+    auto v = normal<T>(6 * 3, 43);
+    std::vector<T> mask(5 * 6, T(0));
+    for (int64_t i = 0; i < 5; ++i) mask[i * 6 + 1] = -inf;  // key 1: masked for every query
+    for (int64_t c = 0; c < 3; ++c) v[1 * 3 + c] = huge, v[5 * 3 + c] = -huge;  // key 5: after every query (causal)
+    const Grads got = tiled(d, q, k, v, mask.data(), dout);
+    std::vector<double> md(mask.begin(), mask.end());
+    const Grads want = naive(d, std::vector<double>(q.begin(), q.end()), std::vector<double>(k.begin(), k.end()),
+                             std::vector<double>(v.begin(), v.end()), md.data(),
+                             std::vector<double>(dout.begin(), dout.end()));
+    const double tol = std::is_same_v<T, float> ? 1e-5 : 1e-13;
+    CHECK(diff(got.o, want.o) < tol);
+    CHECK(diff(got.dq, want.dq) < tol);
+    for (int64_t c = 0; c < 3; ++c) {  // no query sees keys 1 and 5
+      CHECK(got.dv[1 * 3 + c] == 0.0);
+      CHECK(got.dv[5 * 3 + c] == 0.0);
+      CHECK(got.dk[1 * 3 + c] == 0.0);
+      CHECK(got.dk[5 * 3 + c] == 0.0);
+    }
+  }
 }
 
 TEST_CASE("attention: float tiles equal float without tiles; bad head counts are refused") {

@@ -36,6 +36,24 @@ void assign_binary(BinaryOp k, O&& o, const X& x, const Y& y) {
   }
 }
 
+// exp of a float or double array: Eigen's vectorised exp, exact down to the smallest
+// normal result, but below (x < -87.3 in float) it returns ~2.9e-39 (float) or ~5.6e-309
+// (double) for every x, -inf included, where exp is a denormal or 0: those elements are
+// computed again by std::exp. A chunk at a time, copied first, so out may alias a.
+template <class T>
+void exp_array(const T* a, T* out, int64_t n) {
+  constexpr int64_t kChunk = 256;
+  static const T smallest_normal_result = std::log(std::numeric_limits<T>::min());
+  T x[kChunk];
+  for (int64_t at = 0; at < n; at += kChunk) {
+    const int64_t m = std::min(kChunk, n - at);
+    std::copy_n(a + at, m, x);
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(out + at, m) = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(x, m).exp();
+    for (int64_t i = 0; i < m; ++i)
+      if (x[i] < smallest_normal_result) out[at + i] = std::exp(x[i]);
+  }
+}
+
 // 16-bit elements: each loaded into float, computed in float, rounded once when stored.
 // A chunk at a time, in three loops (widen, compute, round): each vectorises on its own,
 // where one loop doing all three did not (the rounding's NaN test and a function's
@@ -136,7 +154,7 @@ void unary_real(UnaryFn f, const Tensor<T, R>& a, Tensor<T, R>& out) {
   if constexpr (std::is_floating_point_v<T>) {
     switch (f) {  // Eigen's vectorised forms where it has them; the table's formula otherwise
       case UnaryFn::Neg: o = -x; return;
-      case UnaryFn::Exp: o = x.exp(); return;
+      case UnaryFn::Exp: return exp_array(a.data(), out.data(), a.numel());
       case UnaryFn::Log: o = x.log(); return;
       case UnaryFn::Sqrt: o = x.sqrt(); return;
       case UnaryFn::Abs: o = x.abs(); return;
