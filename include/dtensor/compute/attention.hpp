@@ -35,15 +35,72 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "dtensor/compute/attention_dims.hpp"
 #include "dtensor/compute/counter_rng.hpp"
 #include "dtensor/compute/device_backend.hpp"
+#include "dtensor/compute/gelu_host.hpp"
 #include "dtensor/compute/local.hpp"
+#include "dtensor/core/host_isa.hpp"
 #include "dtensor/tensor/eigen.hpp"
 #include "dtensor/util/error.hpp"
 #include "dtensor/util/compiled_runtime.hpp"
 
+
+// The softmax's weights in place: w = exp(w - shift), exactly 0 where that is below
+// 4x the smallest normal (w - shift < -86 in float, -707 in double). Eigen's vectorised
+// exp returns ~2.9e-39 below its clamp, -inf (a masked key) included: a masked key got a
+// denormal weight instead of 0, and every product of a tile holding denormals ran ~4x
+// slower (x86's microcode assists; the transformer block's step was 3.5x its time with
+// denormals flushed). So the argument is clamped to log(smallest normal) + 1 first (no
+// denormal inside exp either), and what falls below the flush level after exp is 0. A
+// weight below 5e-38 of the row's largest (which is 1) changes no float sum of weights;
+// flash attention's kernels flush the same way on a GPU. NaN stays NaN. Loops of their
+// own (a compare and a blend, which the compiler vectorises; Eigen's select is scalar
+// and would take exp with it). Float on a CPU with AVX-512 (core/host_isa.hpp): one loop
+// compiled for it, exp by GELU's Cody-Waite form (compute/gelu_host.hpp; Eigen's exp is
+// compiled for the build's target, SSE2 in a plain build).
+namespace dtensor::detail {
+inline namespace DTENSOR_HOST_ISA_ABI {  // core/host_isa.hpp
+namespace softmax {
+
+template <class T>
+inline const T kWeightFloor = std::log(std::numeric_limits<T>::min()) + 1;  // exp: e x the smallest normal
+template <class T>
+inline constexpr T kWeightFlush = 4 * std::numeric_limits<T>::min();
+
+#if DTENSOR_HOST_ISA_X86
+[[gnu::target("avx512f,avx512bw,avx512vl,fma")]] inline void weights_avx512(float* w, int64_t n, float shift) {
+  const float floor = kWeightFloor<float>;
+  for (int64_t i = 0; i < n; ++i) {
+    float x = w[i] - shift;
+    x = x < floor ? floor : x;
+    const float e = gelu::exp_nonpositive(x);
+    w[i] = e < kWeightFlush<float> ? 0.f : e;
+  }
+}
+#endif
+
+template <class T>
+void weights(T* w, int64_t n, T shift) {
+#if DTENSOR_HOST_ISA_X86
+  if constexpr (std::is_same_v<T, float>)
+    if (host_isa() == HostIsa::Avx512) return weights_avx512(w, n, shift);
+#endif
+  const T floor = kWeightFloor<T>;
+  for (int64_t i = 0; i < n; ++i) {
+    const T x = w[i] - shift;
+    w[i] = x < floor ? floor : x;
+  }
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> a(w, n);
+  a = a.exp();
+  for (int64_t i = 0; i < n; ++i) w[i] = w[i] < kWeightFlush<T> ? T(0) : w[i];
+}
+
+}  // namespace softmax
+}  // namespace DTENSOR_HOST_ISA_ABI
+}  // namespace dtensor::detail
 
 // (in dtensor::detail, not dtensor::compute::detail: a compute::detail would hide
 // dtensor::detail from the compute headers that name detail:: inside dtensor::local)
@@ -68,20 +125,6 @@ void product(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T
   compute::gemm_ex(Device::host(),
                    GemmDims{.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc},
                    alpha, a, b, beta, c);
-}
-
-// exp(x) for the softmax's weights, exactly 0 below log(smallest normal) (x < -87.3
-// in float): Eigen's vectorised exp returns ~2.9e-39 there, -inf (a masked key)
-// included, so a masked key got a denormal weight instead of 0, and every product of a
-// tile holding denormals ran ~4x slower (x86's microcode assists: the transformer
-// block's step was 3.5x its time with denormals flushed). A weight below 1.2e-38 of the
-// row's largest (which is 1) changes no float sum of weights; flash attention's kernels
-// flush the same way on a GPU.
-template <class X>
-auto softmax_weights(const X& x) {
-  using T = typename X::Scalar;
-  static const T cutoff = std::log(std::numeric_limits<T>::min());
-  return (x < cutoff).select(T(0), x.exp());
 }
 
 // The scores of q rows [i0, i0 + ni) against keys [j0, j0 + nj): scale q k^T + mask,
@@ -156,11 +199,12 @@ void attention_forward(const AttentionDims& d, const T* q, const T* k, const T* 
             s.row(r).setZero();
             continue;
           }
-          s.row(r) = A::softmax_weights(s.row(r).array() - m_new(r)).matrix();
+          dtensor::detail::softmax::weights(s.row(r).data(), nj, m_new(r));
         }
         // the earlier terms' factor exp(m - m_new): 0 where there were none, 1 where
         // there still are none (both -inf: exp would give NaN)
-        rescale = A::softmax_weights(m - m_new);  // -inf - x: 0
+        rescale = m - m_new;  // -inf - x: a weight of 0; -inf - -inf: NaN, replaced by 1 below
+        dtensor::detail::softmax::weights(rescale.data(), ni, T(0));
         rescale = (m_new == -inf).select(T(1), rescale);
         l = l * rescale + s.rowwise().sum().array();
         acc = rescale.matrix().asDiagonal() * acc;
@@ -213,7 +257,7 @@ void attention_backward(const AttentionDims& d, const T* q, const T* k, const T*
           if (lse_t[r] == -inf)
             s.row(r).setZero();
           else
-            s.row(r) = A::softmax_weights(s.row(r).array() - lse_t[r]).matrix();
+            dtensor::detail::softmax::weights(s.row(r).data(), nj, lse_t[r]);
         }
         const T* dot_p = dout + (bh * d.q_len + i0) * D;
         T* dv_t = dv + (bkv * d.kv_len + j0) * D;
