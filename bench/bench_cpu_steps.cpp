@@ -5,8 +5,12 @@
 //        max pool 2, conv 3x3 8->16, batch norm, ReLU, max pool 2, global average pool,
 //        linear 16->4, cross-entropy; SGD with momentum; batch 8 of 3 x 128 x 128, float
 //   mlp  linear 256->1024, GELU, linear 1024->256, MSE; SGD; batch 64, float
+//   block  one pre-norm transformer block (nn::TransformerBlock: LayerNorm, causal
+//        attention of 4 heads of 64, residual, LayerNorm, linear 256->1024, GELU,
+//        linear 1024->256, residual), MSE; SGD; batch 4 of 256 tokens of 256, float
 // on one rank, and on two in-process ranks (threads) against PyTorch's two threads: the
-// CNN data parallel (4 images per rank), the MLP tensor parallel (columns, then rows).
+// CNN data parallel (4 images per rank), the MLP tensor parallel (columns, then rows),
+// the block tensor parallel (heads and the MLP's inner features, PyTorch's TP plan).
 // Wall time per step, best of the rounds' means (10 steps a round, after 3 warm ones).
 // With -bf16 (issue 41) each model also in bfloat16 on float32 masters
 // (nn::MixedPrecision<Model16, Precision<float, bfloat16>>: the layers compute in
@@ -16,6 +20,7 @@
 //   bench_cpu_steps [rounds] [-bf16]
 #include <dtensor/cnn.hpp>
 #include <dtensor/dtensor.hpp>
+#include <dtensor/nn.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -49,6 +54,14 @@ using Cfg = nn::Config<T, 2, nn::Axes<1, nn::kNone, 0>>;
 template <class T>
 using MLP = nn::Sequential<nn::Linear<Cfg<T>, 256, 1024, nn::Colwise>, nn::GELU<Cfg<T>>,
                            nn::Linear<Cfg<T>, 1024, 256, nn::Rowwise>>;
+
+// The transformer block, heads and inner features over mesh dim 0 (tensor parallel).
+constexpr int64_t kTokens = 256, kSeqBatch = 4;
+constexpr nn::AttentionShape kHeads{.hidden = 256, .heads = 4};
+template <class T>
+using SeqCfg = nn::Config<T, 3, nn::Axes<1, nn::kNone, 0>>;
+template <class T>
+using Block = nn::TransformerBlock<SeqCfg<T>, kHeads, 1024, nn::HeadParallel<>>;
 
 // The model to step: the float model itself, or the bfloat16 one on float masters.
 template <class T, class Model>
@@ -115,16 +128,36 @@ double mlp_step_ms(Comm& comm, int rounds) {
 }
 
 template <class T>
+double block_step_ms(Comm& comm, int rounds) {
+  DeviceMesh<1> mesh(comm, {comm.size()});
+  auto model = trained<T>(Block<T>(mesh, nn::AttentionOptions{.causal = true}, 1));
+  auto x = rand<T, Replicate>(Shape<3>{kSeqBatch, kTokens, kHeads.hidden}, mesh, 3);
+  auto t = rand<T, Replicate>(Shape<3>{kSeqBatch, kTokens, kHeads.hidden}, mesh, 4);
+  nn::MSELoss<SeqCfg<T>> loss;
+  nn::SGD sgd({.lr = 0.01});
+  return best_ms(comm, rounds, [&] {
+    model.zero_grad();
+    auto y = model.forward(x);
+    loss.forward(y, t);
+    model.backward(loss.backward(y));
+    sgd.step(model);
+  });
+}
+
+template <class T>
 void report(int rounds, const char* type) {
   for (int ranks : {1, 2}) {
-    double cnn = 0, mlp = 0;
+    double cnn = 0, mlp = 0, block = 0;
     run_threads(ranks, [&](Comm& comm) {
       const double c = cnn_step_ms<T>(comm, rounds);
       const double m = mlp_step_ms<T>(comm, rounds);
-      if (comm.rank() == 0) cnn = c, mlp = m;
+      const double b = block_step_ms<T>(comm, rounds);
+      if (comm.rank() == 0) cnn = c, mlp = m, block = b;
     });
-    std::printf("%-8s %d rank%s: cnn step (batch 8, 128x128) %8.3f ms   mlp step (64, 256-1024-256) %8.3f ms\n", type,
-                ranks, ranks > 1 ? "s" : " ", cnn, mlp);
+    std::printf(
+        "%-8s %d rank%s: cnn step (batch 8, 128x128) %8.3f ms   mlp step (64, 256-1024-256) %8.3f ms   "
+        "block step (4 x 256 x 256, causal) %8.3f ms\n",
+        type, ranks, ranks > 1 ? "s" : " ", cnn, mlp, block);
   }
 }
 

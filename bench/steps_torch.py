@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch's CPU training steps on bench_cpu_steps' models: train_cnn's CNN (batch 8,
-3 x 128 x 128) and the 256-1024-256 MLP (batch 64), float32, one thread and two,
+3 x 128 x 128), the 256-1024-256 MLP (batch 64) and a pre-norm transformer block
+(hidden 256, 4 causal heads, MLP 1024; batch 4 of 256 tokens), float32, one thread and two,
 wall time per step, best of the rounds' means (10 steps a round after 3 warm ones).
 With -bf16 each model also under bf16 autocast (torch.autocast("cpu", torch.bfloat16)
 around the forward and the loss, float32 parameters and SGD, as a PyTorch user
@@ -78,6 +79,43 @@ def mlp_step(rounds, bf16):
     return best_ms(step, rounds)
 
 
+class Block(nn.Module):
+    """dtensor's nn::TransformerBlock: x + attention(norm(x)), then x + down(gelu(up(norm(x))));
+    the attention's q, k and v projections with bias, the causal core as PyTorch's SDPA."""
+
+    def __init__(self, hidden=256, heads=4, ffn=1024):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.q, self.k, self.v = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, hidden)
+        self.up, self.down = nn.Linear(hidden, ffn), nn.Linear(ffn, hidden)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        n = self.norm1(x)
+        q, k, v = (p(n).view(b, s, self.heads, h // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(a.transpose(1, 2).reshape(b, s, h))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+def block_step(rounds, bf16):
+    model = Block()
+    loss = nn.MSELoss()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, t = torch.rand(4, 256, 256), torch.rand(4, 256, 256)
+
+    def step():
+        sgd.zero_grad()
+        with forward_context(bf16):
+            out = loss(model(x), t)
+        out.backward()
+        sgd.step()
+
+    return best_ms(step, rounds)
+
+
 def main():
     args = [a for a in sys.argv[1:] if a != "-bf16"]
     rounds = int(args[0]) if args else 3
@@ -86,9 +124,10 @@ def main():
     for bf16 in (False, True) if "-bf16" in sys.argv else (False,):
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            cnn, mlp = cnn_step(rounds, bf16), mlp_step(rounds, bf16)
+            cnn, mlp, block = cnn_step(rounds, bf16), mlp_step(rounds, bf16), block_step(rounds, bf16)
             print(f"{'bfloat16' if bf16 else 'float32':8} {threads} thread{'s' if threads > 1 else ' '}: "
-                  f"cnn step (batch 8, 128x128) {cnn:8.3f} ms   mlp step (64, 256-1024-256) {mlp:8.3f} ms")
+                  f"cnn step (batch 8, 128x128) {cnn:8.3f} ms   mlp step (64, 256-1024-256) {mlp:8.3f} ms   "
+                  f"block step (4 x 256 x 256, causal) {block:8.3f} ms")
 
 
 if __name__ == "__main__":
