@@ -109,14 +109,10 @@ double cnn_step_ms(Comm& comm, int rounds) {
   });
 }
 
-template <class T>
-double mlp_step_ms(Comm& comm, int rounds) {
-  DeviceMesh<1> mesh(comm, {comm.size()});
-  auto model = trained<T>(MLP<T>{nn::Linear<Cfg<T>, 256, 1024, nn::Colwise>(mesh, {1}), nn::GELU<Cfg<T>>(),
-                                 nn::Linear<Cfg<T>, 1024, 256, nn::Rowwise>(mesh, {2})});
-  auto x = rand<T, Replicate>(Shape<2>{64, 256}, mesh, 3);
-  auto t = rand<T, Replicate>(Shape<2>{64, 256}, mesh, 4);
-  nn::MSELoss<Cfg<T>> loss;
+// A step of MSE regression on the replicated input x against t, plain SGD.
+template <class Loss, class Model, class X>
+double regression_step_ms(Comm& comm, int rounds, Model& model, const X& x, const X& t) {
+  Loss loss;
   nn::SGD sgd({.lr = 0.01});
   return best_ms(comm, rounds, [&] {
     model.zero_grad();
@@ -128,20 +124,22 @@ double mlp_step_ms(Comm& comm, int rounds) {
 }
 
 template <class T>
+double mlp_step_ms(Comm& comm, int rounds) {
+  DeviceMesh<1> mesh(comm, {comm.size()});
+  auto model = trained<T>(MLP<T>{nn::Linear<Cfg<T>, 256, 1024, nn::Colwise>(mesh, {1}), nn::GELU<Cfg<T>>(),
+                                 nn::Linear<Cfg<T>, 1024, 256, nn::Rowwise>(mesh, {2})});
+  auto x = rand<T, Replicate>(Shape<2>{64, 256}, mesh, 3);
+  auto t = rand<T, Replicate>(Shape<2>{64, 256}, mesh, 4);
+  return regression_step_ms<nn::MSELoss<Cfg<T>>>(comm, rounds, model, x, t);
+}
+
+template <class T>
 double block_step_ms(Comm& comm, int rounds) {
   DeviceMesh<1> mesh(comm, {comm.size()});
   auto model = trained<T>(Block<T>(mesh, nn::AttentionOptions{.causal = true}, 1));
   auto x = rand<T, Replicate>(Shape<3>{kSeqBatch, kTokens, kHeads.hidden}, mesh, 3);
   auto t = rand<T, Replicate>(Shape<3>{kSeqBatch, kTokens, kHeads.hidden}, mesh, 4);
-  nn::MSELoss<SeqCfg<T>> loss;
-  nn::SGD sgd({.lr = 0.01});
-  return best_ms(comm, rounds, [&] {
-    model.zero_grad();
-    auto y = model.forward(x);
-    loss.forward(y, t);
-    model.backward(loss.backward(y));
-    sgd.step(model);
-  });
+  return regression_step_ms<nn::MSELoss<SeqCfg<T>>>(comm, rounds, model, x, t);
 }
 
 template <class T>

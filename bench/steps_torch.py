@@ -63,11 +63,11 @@ def cnn_step(rounds, bf16):
     return best_ms(step, rounds)
 
 
-def mlp_step(rounds, bf16):
-    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+def regression_step_ms(model, shape, rounds, bf16):
+    """A step of MSE regression of random inputs of `shape` onto random targets, plain SGD."""
     loss = nn.MSELoss()
     sgd = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, t = torch.rand(64, 256), torch.rand(64, 256)
+    x, t = torch.rand(*shape), torch.rand(*shape)
 
     def step():
         sgd.zero_grad()
@@ -77,6 +77,11 @@ def mlp_step(rounds, bf16):
         sgd.step()
 
     return best_ms(step, rounds)
+
+
+def mlp_step(rounds, bf16):
+    return regression_step_ms(nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)), (64, 256),
+                              rounds, bf16)
 
 
 class Block(nn.Module):
@@ -101,19 +106,7 @@ class Block(nn.Module):
 
 
 def block_step(rounds, bf16):
-    model = Block()
-    loss = nn.MSELoss()
-    sgd = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, t = torch.rand(4, 256, 256), torch.rand(4, 256, 256)
-
-    def step():
-        sgd.zero_grad()
-        with forward_context(bf16):
-            out = loss(model(x), t)
-        out.backward()
-        sgd.step()
-
-    return best_ms(step, rounds)
+    return regression_step_ms(Block(), (4, 256, 256), rounds, bf16)
 
 
 def main():
