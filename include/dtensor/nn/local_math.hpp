@@ -3,7 +3,6 @@
 // row-major [rows, cols] matrices (the leading dims of an activation are its rows).
 // The host runs Eigen maps (a transposed operand is a transposed map, no copy); a
 // device runs the backend's kernels.
-#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -31,26 +30,17 @@ void matmul(Device d, const T* a, bool trans_a, const T* b, bool trans_b, T* c, 
                    accumulate ? T(1) : T(0), c);
 }
 
-// y[i, :] += v for every row i of y [rows, cols]. 16-bit on the host: v widened once,
-// each row widened, added in float and rounded once, a chunk of kFloat16MapChunk at a
-// time through the CPU's widest conversions (Eigen's bfloat16 sum converts each element
-// by scalar code: the biases were 5% of a bfloat16 transformer block's step).
+// y[i, :] += v for every row i of y [rows, cols]. 16-bit on the host: each row through
+// compute::map_float16 (widened, added in float, rounded once, by the CPU's widest
+// conversions), where Eigen's bfloat16 sum converts each element by scalar code (the
+// biases were 5% of a bfloat16 transformer block's step).
 template <class T>
 void add_row_vector(Device d, T* y, const T* v, int64_t rows, int64_t cols) {
   if (rows == 0 || cols == 0) return;
   if constexpr (is_float16_v<T>) {
     if (d.is_host()) {
-      std::vector<float> vf(static_cast<std::size_t>(cols));
-      dtensor::detail::convert_array(v, vf.data(), cols);
-      float row[compute::kFloat16MapChunk];
       for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j0 = 0; j0 < cols; j0 += compute::kFloat16MapChunk) {
-          const int64_t m = std::min(compute::kFloat16MapChunk, cols - j0);
-          T* yr = y + i * cols + j0;
-          dtensor::detail::convert_array(yr, row, m);
-          for (int64_t j = 0; j < m; ++j) row[j] += vf[static_cast<std::size_t>(j0 + j)];
-          dtensor::detail::convert_array(row, yr, m);
-        }
+        compute::map_float16(y + i * cols, v, y + i * cols, cols, [](float a, float b) { return a + b; });
       return;
     }
   }
